@@ -1,0 +1,127 @@
+"""The `onelane` command: up, web, worker, redis, make-demo-model."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from tasks.errors import OnelaneError
+from tasks.settings import Settings
+
+logger = logging.getLogger("onelane")
+
+
+def _settings() -> Settings:
+    try:
+        return Settings.from_env()
+    except OnelaneError as exc:
+        raise click.ClickException(exc.message) from None
+
+
+@click.group()
+@click.option("--log-level", default="INFO", show_default=True, envvar="ONELANE_LOG_LEVEL")
+def main(log_level: str) -> None:
+    """onelane: a fair, observable job queue in front of one GPU running MLX."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"
+    )
+
+
+@main.command()
+@click.option("--host", default=None, help="Address to bind (default ONELANE_HOST, 127.0.0.1).")
+@click.option("--port", default=None, type=int, help="Port (default ONELANE_PORT, 8000).")
+def up(host: str | None, port: int | None) -> None:
+    """Run everything: Redis (unless REDIS_URL is set), the worker and the web. Ctrl-C stops all."""
+    from tasks.embedded_redis import EmbeddedRedis
+
+    settings = _settings()
+    env = dict(os.environ)
+    embedded = None
+    if settings.redis_url is None:
+        try:
+            embedded = EmbeddedRedis(settings.var_dir / "redis").start()
+        except OnelaneError as exc:
+            raise click.ClickException(exc.message) from None
+        env["REDIS_URL"] = embedded.url
+    web_args = [*(["--host", host] if host else []), *(["--port", str(port)] if port else [])]
+    children = [
+        subprocess.Popen([sys.executable, "-m", "tasks.cli", "worker"], env=env),
+        subprocess.Popen([sys.executable, "-m", "tasks.cli", "web", *web_args], env=env),
+    ]
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            dead = [child.args for child in children if child.poll() is not None]
+            if dead:
+                raise click.ClickException(f"{dead[0][-1]} exited; stopping everything")
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        if embedded:
+            embedded.stop()
+        logger.info("onelane stopped")
+
+
+@main.command()
+@click.option("--host", default=None, help="Address to bind (default ONELANE_HOST, 127.0.0.1).")
+@click.option("--port", default=None, type=int, help="Port (default ONELANE_PORT, 8000).")
+@click.option("--threads", default=64, show_default=True, help="Threads; each open stream holds one.")
+def web(host: str | None, port: int | None, threads: int) -> None:
+    """Serve the web front end with gunicorn."""
+    from web.server import serve
+
+    settings = _settings()
+    serve(settings, host or settings.host, port or settings.port, threads)
+
+
+@main.command()
+def worker() -> None:
+    """Run the GPU worker: dramatiq with 1 process, 1 thread, prefetch 1."""
+    from worker.main import run
+
+    run(_settings())
+
+
+@main.command()
+def redis() -> None:
+    """Run onelane's private redis-server in the foreground (what `up` does when REDIS_URL is unset)."""
+    from tasks.embedded_redis import EmbeddedRedis
+
+    settings = _settings()
+    server = EmbeddedRedis(settings.var_dir / "redis").start()
+    click.echo(f"REDIS_URL={server.url}")
+    try:
+        assert server.process is not None
+        server.process.wait()
+    except KeyboardInterrupt:
+        server.stop()
+
+
+@main.command("make-demo-model")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--size", type=click.Choice(["tiny", "small"]), default="tiny", show_default=True)
+def make_demo_model_cmd(path: Path, size: str) -> None:
+    """Write a tiny random-weight llama model (its output is noise) that mlx_lm.load can load."""
+    from worker.demo_model import make_demo_model
+
+    make_demo_model(path, size=size)
+    click.echo(f"demo model written to {path}")
+
+
+if __name__ == "__main__":
+    main()

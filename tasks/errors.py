@@ -1,0 +1,56 @@
+"""onelane's errors: a tiny hierarchy that the web edge maps to HTTP statuses."""
+
+from __future__ import annotations
+
+
+class OnelaneError(Exception):
+    """Base class for all onelane errors; `type` is the machine-readable name clients see."""
+
+    type = "error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class SettingsError(OnelaneError):
+    """A setting is missing or invalid; raised at start-up."""
+
+    type = "invalid_settings"
+
+
+class InvalidRequest(OnelaneError):
+    """The request is malformed or names values out of range."""
+
+    type = "invalid_request"
+
+
+class InvalidJSON(InvalidRequest):
+    """The body is not a JSON object."""
+
+    type = "invalid_json"
+
+
+class PromptTooLarge(InvalidRequest):
+    """The prompt (or the whole body) is larger than the server accepts."""
+
+    type = "prompt_too_large"
+
+
+class JobNotFound(OnelaneError):
+    """No such job, or not one of the caller's."""
+
+    type = "not_found"
+
+
+class JobAlreadyEnded(OnelaneError):
+    """The job reached a terminal state; it can no longer change."""
+
+    type = "job_ended"
+
+
+class Unavailable(OnelaneError):
+    """Redis, or the worker behind it, cannot be reached right now."""
+
+    type = "unavailable"

@@ -1,0 +1,175 @@
+"""The one record that the web, the store and the worker exchange about a job."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class JobStatus(str, Enum):
+    """OpenAI's background-response vocabulary, plus `expired`."""
+
+    QUEUED = "queued"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+    @property
+    def ended(self) -> bool:
+        return self not in (JobStatus.QUEUED, JobStatus.IN_PROGRESS)
+
+
+TERMINAL = frozenset(s for s in JobStatus if s.ended)
+
+
+class Message(BaseModel):
+    """One chat message."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class SamplingParams(BaseModel):
+    """What a request may choose about generation; load options belong to the server."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+class JobSpec(BaseModel):
+    """The immutable part of a job, fixed at admission."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    owner: str
+    model: str
+    prompt: str | None = None
+    messages: tuple[Message, ...] | None = None
+    params: SamplingParams = SamplingParams()
+
+
+class JobError(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    message: str
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class Timings(BaseModel):
+    """Seconds since the epoch, all read from Redis's clock."""
+
+    model_config = ConfigDict(frozen=True)
+
+    queued_at: float
+    started_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+
+class Job(BaseModel):
+    """A job as stored in Redis: its spec plus everything that happened to it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    spec: JobSpec
+    status: JobStatus
+    deadline: float
+    timings: Timings
+    attempts: int = 0
+    output: str = ""
+    finish_reason: Literal["stop", "length", "cancelled"] | None = None
+    error: JobError | None = None
+    usage: Usage = Usage()
+    position: int | None = None
+    eta_s: float | None = None
+
+    @property
+    def owner(self) -> str:
+        return self.spec.owner
+
+    @classmethod
+    def from_redis(cls, job_id: str, fields: dict[str, str], output: str) -> Job:
+        """Assemble a job from its Redis hash (see store.py for the layout) and its output text."""
+
+        def num(name: str) -> float | None:
+            value = fields.get(name)
+            return float(value) if value not in (None, "") else None
+
+        error = fields.get("error")
+        return cls(
+            id=job_id,
+            spec=JobSpec.model_validate_json(fields["spec"]),
+            status=JobStatus(fields["status"]),
+            deadline=float(fields["deadline"]),
+            timings=Timings(
+                queued_at=float(fields["queued_at"]),
+                started_at=num("started_at"),
+                first_token_at=num("first_token_at"),
+                finished_at=num("finished_at"),
+            ),
+            attempts=int(fields.get("attempts", 0)),
+            output=output,
+            finish_reason=fields.get("finish_reason") or None,
+            error=JobError.model_validate_json(error) if error else None,
+            usage=Usage(
+                prompt_tokens=int(fields.get("prompt_tokens", 0)),
+                completion_tokens=int(fields.get("completion_tokens", 0)),
+            ),
+        )
+
+    def public(self) -> dict[str, object]:
+        """The JSON shape clients see."""
+        spec = self.spec
+        return {
+            "id": self.id,
+            "object": "job",
+            "status": self.status.value,
+            "model": spec.model,
+            "prompt": spec.prompt,
+            "messages": [m.model_dump() for m in spec.messages] if spec.messages is not None else None,
+            "params": spec.params.model_dump(mode="json"),
+            "position": self.position,
+            "eta_s": self.eta_s,
+            "deadline": self.deadline,
+            "output": self.output,
+            "finish_reason": self.finish_reason,
+            "error": self.error.model_dump() if self.error else None,
+            "usage": {**self.usage.model_dump(), "total_tokens": self.usage.total_tokens},
+            "timings": self.timings.model_dump(),
+            "attempts": self.attempts,
+        }
+
+
+def new_job_id() -> str:
+    """An unguessable id: 128 random bits."""
+    return "job_" + secrets.token_urlsafe(16)
+
+
+def error_json(type_: str, message: str) -> str:
+    return json.dumps({"type": type_, "message": message})

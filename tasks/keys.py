@@ -1,0 +1,54 @@
+"""Every Redis key and channel onelane uses. No other module formats a key.
+
+Lua scripts that must reach keys chosen at run time (the user at the head of the ring, the job it pops)
+receive the prefixes below as arguments, so the names still come from this module only.
+"""
+
+from __future__ import annotations
+
+NS = "onelane:"
+
+JOB_PREFIX = NS + "job:"  # hash: the job record (layout in store.py)
+OUTPUT_PREFIX = NS + "out:"  # string: the output text so far
+EVENTS_PREFIX = NS + "ev:"  # list: the job's durable event log (started, token..., terminal)
+CHANNEL_PREFIX = NS + "ch:"  # pub/sub: live copy of each event, with its index in the log
+USER_QUEUE_PREFIX = NS + "q:"  # sorted set: one user's waiting job ids, FIFO by score
+USER_JOBS_PREFIX = NS + "jobs:"  # sorted set: one user's recent job ids by admission time
+
+RING = NS + "ring"  # list: users with waiting jobs, in round-robin order
+WAITING = NS + "waiting"  # sorted set: every waiting job id by its deadline
+QUEUE_MOVED = NS + "queue-moved"  # pub/sub: "the queue changed, recompute your position"
+RUNNING = NS + "running"  # hash: the job the worker runs now (id, started_at)
+SERVICE_TIMES = NS + "service-times"  # list: the last 20 job service times in seconds, for the ETA
+
+
+def job(job_id: str) -> str:
+    return JOB_PREFIX + job_id
+
+
+def output(job_id: str) -> str:
+    return OUTPUT_PREFIX + job_id
+
+
+def events(job_id: str) -> str:
+    return EVENTS_PREFIX + job_id
+
+
+def channel(job_id: str) -> str:
+    return CHANNEL_PREFIX + job_id
+
+
+def user_queue(owner: str) -> str:
+    return USER_QUEUE_PREFIX + owner
+
+
+def user_jobs(owner: str) -> str:
+    return USER_JOBS_PREFIX + owner
+
+
+def prefixes() -> list[str]:
+    """The prefixes, in the order every Lua script expects them as its first arguments."""
+    return [
+        JOB_PREFIX, OUTPUT_PREFIX, EVENTS_PREFIX, CHANNEL_PREFIX, USER_QUEUE_PREFIX, USER_JOBS_PREFIX,
+        RING, WAITING, QUEUE_MOVED, RUNNING, SERVICE_TIMES,
+    ]  # fmt: skip

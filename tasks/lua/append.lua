@@ -1,0 +1,15 @@
+-- Count generated tokens, append their text as one token event (if any), and report whether the job was
+-- asked to stop. ARGV: id, n_tokens, text, event_json, prompt_tokens  ->  1 to stop, 0 to go on
+local id, n, text, ev, prompt_tokens = ARGV[A + 1], tonumber(ARGV[A + 2]), ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
+local jkey = JOB .. id
+local f = redis.call('HMGET', jkey, 'status', 'cancel_requested', 'first_token_at')
+if f[1] ~= 'in_progress' then return 1 end
+redis.call('HINCRBY', jkey, 'completion_tokens', n)
+redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens)
+if not f[3] and n > 0 then redis.call('HSET', jkey, 'first_token_at', fmt(now())) end
+if text ~= '' then
+  if redis.call('APPEND', OUT .. id, text) == #text then same_life(OUT .. id, id) end
+  emit(id, ev)
+end
+if f[2] == '1' then return 1 end
+return 0

@@ -1,0 +1,17 @@
+-- Cancel a job on behalf of its owner. A waiting job ends `cancelled` at once; a running one is flagged
+-- and the worker, which checks the flag at every token, ends it. Returns the status it found, or
+-- 'not_found' (also for another owner's job), or 'cancelling'.
+-- ARGV: id, owner, result_ttl_s, error_json
+local id, owner, result_ttl, err = ARGV[A + 1], ARGV[A + 2], tonumber(ARGV[A + 3]), ARGV[A + 4]
+local jkey = JOB .. id
+local f = redis.call('HMGET', jkey, 'status', 'owner')
+if not f[1] or f[2] ~= owner then return 'not_found' end
+if f[1] == 'queued' then
+  unqueue(id, owner)
+  finish(id, 'cancelled', 'cancelled', err, result_ttl, now())
+  return 'queued'
+elseif f[1] == 'in_progress' then
+  redis.call('HSET', jkey, 'cancel_requested', '1')
+  return 'cancelling'
+end
+return f[1]

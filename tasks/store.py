@@ -1,0 +1,165 @@
+"""The only module that talks to Redis about jobs.
+
+A job is a hash at keys.job(id) with the fields `spec` (JobSpec JSON, fixed at admission), `owner`,
+`status`, `queued_at`, `deadline`, `started_at`, `first_token_at`, `finished_at`, `attempts`,
+`finish_reason`, `error` (JSON), `prompt_tokens`, `completion_tokens` and, while a cancel is pending,
+`cancel_requested`. Its output text is a string at keys.output(id); its event log a list at keys.events(id).
+Every change that must not interleave with another is one Lua script in tasks/lua/.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import redis
+
+from tasks import keys
+from tasks.errors import JobAlreadyEnded, JobNotFound
+from tasks.job import TERMINAL, Job, JobSpec, JobStatus, error_json
+from tasks.settings import Settings
+
+
+def _load_scripts(client: redis.Redis) -> dict[str, Any]:
+    folder = resources.files("tasks") / "lua"
+    common = (folder / "common.lua").read_text()
+    names = ("admit", "claim", "cancel", "append", "finish", "position", "expire_due")
+    return {name: client.register_script(common + (folder / f"{name}.lua").read_text()) for name in names}
+
+
+def connect(url: str) -> redis.Redis:
+    """A client for onelane's Redis, decoding replies as text."""
+    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=10)
+
+
+TERMINAL_EVENTS = frozenset(status.value for status in TERMINAL)
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where a waiting job stands: position 1 runs next; eta_s is None until a job has been timed."""
+
+    position: int | None
+    eta_s: float | None
+
+
+class Store:
+    """Verbs on jobs; each either one Redis command, one pipeline, or one script."""
+
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        self.redis = client
+        self.settings = settings
+        self._scripts = _load_scripts(client)
+
+    def _run(self, name: str, *args: object) -> Any:
+        return self._scripts[name](keys=[], args=[*keys.prefixes(), *args])
+
+    # --- the web's verbs -------------------------------------------------------------------------
+
+    def create(self, job_id: str, spec: JobSpec, ttl_s: float) -> Job:
+        """Admit a job at the tail of its owner's queue."""
+        self._run("admit", job_id, spec.owner, spec.model_dump_json(), ttl_s, self.settings.result_ttl_s)
+        return self.get(job_id)
+
+    def get(self, job_id: str, owner: str | None = None) -> Job:
+        """The job as it stands now, with its position while it waits. Another owner's job is not found."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(keys.job(job_id))
+        pipe.get(keys.output(job_id))
+        fields, output = pipe.execute()
+        if not fields or (owner is not None and fields.get("owner") != owner):
+            raise JobNotFound(f"no job {job_id!r}", param="id")
+        job = Job.from_redis(job_id, fields, output or "")
+        if job.status is JobStatus.QUEUED:
+            standing = self.standing(job)
+            job = job.model_copy(update={"position": standing.position, "eta_s": standing.eta_s})
+        return job
+
+    def list(self, owner: str, limit: int = 50) -> list[Job]:
+        """The owner's most recent jobs, newest first."""
+        ids = self.redis.zrevrange(keys.user_jobs(owner), 0, limit - 1)
+        jobs = []
+        for job_id in ids:
+            try:
+                jobs.append(self.get(job_id, owner))
+            except JobNotFound:  # ended and past its result TTL
+                continue
+        return jobs
+
+    def cancel(self, job_id: str, owner: str, wait_s: float = 0.0) -> Job:
+        """Cancel a waiting job now; flag a running one and wait up to `wait_s` for the worker to end it.
+
+        Cancelling a job that is already cancelled is harmless; one that ended otherwise is JobAlreadyEnded.
+        """
+        with self.redis.pubsub(ignore_subscribe_messages=True) as sub:
+            sub.subscribe(keys.channel(job_id))  # before the cancel, so the worker's answer cannot be missed
+            found = self._run("cancel", job_id, owner, self.settings.result_ttl_s, "")
+            if found == "not_found":
+                raise JobNotFound(f"no job {job_id!r}", param="id")
+            if found not in ("queued", "cancelling", JobStatus.CANCELLED.value):
+                raise JobAlreadyEnded(f"job {job_id!r} already ended: {found}", param="id")
+            deadline = time.monotonic() + wait_s
+            while found == "cancelling" and (left := deadline - time.monotonic()) > 0:
+                message = sub.get_message(timeout=left)
+                if message and json.loads(message["data"])["e"]["type"] in TERMINAL_EVENTS:
+                    break
+        return self.get(job_id, owner)
+
+    def standing(self, job: Job) -> Standing:
+        """Position and ETA of a waiting job, from the round-robin order and recent service times."""
+        position, running_since, now = self._run("position", job.id, job.owner)
+        if not position:
+            return Standing(None, None)
+        times = [float(t) for t in self.redis.lrange(keys.SERVICE_TIMES, 0, -1)]
+        if not times:
+            return Standing(int(position), None)
+        mean = sum(times) / len(times)
+        left_of_running = max(0.0, mean - (float(now) - float(running_since))) if running_since else 0.0
+        return Standing(int(position), round(left_of_running + (int(position) - 1) * mean, 3))
+
+    def events(self, job_id: str, start: int = 0) -> list[dict[str, Any]]:
+        """The job's durable events from index `start` on, each with its index as `i`."""
+        raw = self.redis.lrange(keys.events(job_id), start, -1)
+        return [{"i": start + n, **json.loads(event)} for n, event in enumerate(raw)]
+
+    def ping(self) -> bool:
+        return bool(self.redis.ping())
+
+    # --- the worker's verbs ----------------------------------------------------------------------
+
+    def claim_next(self) -> Job | None:
+        """Atomically take the next job to run (round-robin across users) and mark it in_progress."""
+        run_life = int(self.settings.job_time_limit_s + self.settings.result_ttl_s)
+        job_id = self._run("claim", self.settings.result_ttl_s, run_life)
+        return self.get(job_id) if job_id else None
+
+    def append(self, job_id: str, n_tokens: int, text: str, prompt_tokens: int) -> bool:
+        """Record generated text as one token event; True when the job must stop (cancelled)."""
+        event = json.dumps({"type": "token", "text": text, "n": n_tokens}, separators=(",", ":"))
+        return bool(self._run("append", job_id, n_tokens, text, event, prompt_tokens))
+
+    def finish(
+        self,
+        job_id: str,
+        status: JobStatus,
+        *,
+        finish_reason: str | None = None,
+        error: tuple[str, str] | None = None,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+    ) -> bool:
+        """End a running job; False if it was not running (it already has its one terminal state)."""
+        err = error_json(*error) if error else ""
+        args = (status.value, finish_reason or "", err, prompt_tokens, completion_tokens, self.settings.result_ttl_s)
+        return bool(self._run("finish", job_id, *args))
+
+    def expire_due(self, limit: int = 500) -> int:
+        """End waiting jobs whose deadline passed as `expired`; returns how many."""
+        return int(self._run("expire_due", self.settings.result_ttl_s, limit))
+
+    def waiting(self) -> int:
+        """How many jobs wait."""
+        return int(self.redis.zcard(keys.WAITING))

@@ -1,0 +1,56 @@
+"""JSON API under /v1: submit, poll, cancel, list."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, jsonify, request, url_for
+
+from tasks.broker import send_run_next
+from tasks.job import Job, new_job_id
+from web import services
+from web.auth import current_owner
+from web.schemas import SubmitJob, json_body, parse, to_spec
+
+bp = Blueprint("api", __name__)
+
+CANCEL_WAIT_S = 2.0
+
+
+def job_response(job: Job, status: int = 200) -> Response:
+    response = jsonify(job.public())
+    response.status_code = status
+    return response
+
+
+@bp.post("/v1/jobs")
+def submit() -> Response:
+    svc = services()
+    req = parse(SubmitJob, json_body(request))
+    spec, ttl_s = to_spec(req, current_owner(), svc.settings)
+    job = svc.store.create(new_job_id(), spec, ttl_s)
+    send_run_next(svc.broker, job.id)
+    response = job_response(job, 202)
+    response.headers["Location"] = url_for("api.get_job", job_id=job.id)
+    return response
+
+
+@bp.get("/v1/jobs/<job_id>")
+def get_job(job_id: str) -> Response:
+    return job_response(services().store.get(job_id, current_owner()))
+
+
+@bp.delete("/v1/jobs/<job_id>")
+def cancel_job(job_id: str) -> Response:
+    """Cancel a waiting job at once; for a running one, wait briefly for the worker to stop it."""
+    return job_response(services().store.cancel(job_id, current_owner(), wait_s=CANCEL_WAIT_S))
+
+
+@bp.get("/v1/jobs")
+def list_jobs() -> Response:
+    limit = request.args.get("limit", 50, type=int)
+    jobs = services().store.list(current_owner(), max(1, min(limit, 200)))
+    return jsonify({"object": "list", "data": [job.public() for job in jobs]})
+
+
+@bp.get("/healthz")
+def healthz() -> Response:
+    return jsonify({"status": "ok"})

@@ -1,0 +1,57 @@
+"""The one edge where errors become HTTP: JSON bodies, the right status, never a stack trace."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from flask import Flask, Response, jsonify
+from werkzeug.exceptions import HTTPException
+
+from tasks import errors
+
+logger = logging.getLogger(__name__)
+
+STATUS: dict[type[errors.OnelaneError], int] = {
+    errors.InvalidJSON: 400,
+    errors.PromptTooLarge: 413,
+    errors.InvalidRequest: 422,
+    errors.JobNotFound: 404,
+    errors.JobAlreadyEnded: 409,
+    errors.Unavailable: 503,
+}
+
+
+def error_response(status: int, type_: str, message: str, param: str | None = None) -> Response:
+    body: dict[str, object] = {"type": type_, "message": message}
+    if param is not None:
+        body["param"] = param
+    response = jsonify({"error": body})
+    response.status_code = status
+    return response
+
+
+def register(app: Flask) -> None:
+    @app.errorhandler(errors.OnelaneError)
+    def onelane_error(exc: errors.OnelaneError) -> Response:
+        status = next((code for cls, code in STATUS.items() if isinstance(exc, cls)), 500)
+        return error_response(status, exc.type, exc.message, exc.param)
+
+    @app.errorhandler(redis.exceptions.ConnectionError)
+    @app.errorhandler(redis.exceptions.TimeoutError)
+    def redis_down(exc: Exception) -> Response:
+        logger.warning("redis unreachable: %s", exc)
+        response = error_response(503, "unavailable", "the job store is unreachable; try again shortly")
+        response.headers["Retry-After"] = "5"
+        return response
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        type_ = "payload_too_large" if status == 413 else (exc.name or "error").lower().replace(" ", "_")
+        return error_response(status, type_, exc.description or exc.name)
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception) -> Response:
+        logger.exception("unhandled error")
+        return error_response(500, "internal_error", "internal error; it has been logged")

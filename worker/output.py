@@ -1,0 +1,63 @@
+"""Send a running job's output to Redis off the generation loop, batching what piles up."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+from tasks.store import Store
+
+logger = logging.getLogger(__name__)
+
+_CLOSE = None
+
+
+class OutputWriter:
+    """A thread that appends text to the job in Redis, so the GPU loop never waits on a round trip.
+
+    Whatever was produced while the previous write was in flight goes out as one batch (one token
+    event). Each write also tells whether the job was asked to stop; `stop_requested` is then set.
+    """
+
+    def __init__(self, store: Store, job_id: str) -> None:
+        self.store = store
+        self.job_id = job_id
+        self.stop_requested = threading.Event()
+        self.error: BaseException | None = None
+        self._queue: queue.SimpleQueue[tuple[str, int, int] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=f"output-{job_id}", daemon=True)
+        self._thread.start()
+
+    def put(self, text: str, n_tokens: int, prompt_tokens: int) -> None:
+        self._queue.put((text, n_tokens, prompt_tokens))
+
+    def close(self) -> None:
+        """Flush everything put so far, then stop the thread; raise what a write raised, if any."""
+        self._queue.put(_CLOSE)
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def _loop(self) -> None:
+        closing = False
+        while not closing:
+            batch = [self._queue.get()]
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            closing = _CLOSE in batch
+            items = [item for item in batch if item is not None]
+            if not items or self.error is not None:
+                continue
+            text = "".join(item[0] for item in items)
+            n_tokens = sum(item[1] for item in items)
+            try:
+                if self.store.append(self.job_id, n_tokens, text, items[-1][2]):
+                    self.stop_requested.set()
+            except Exception as exc:  # Redis gone: stop generating, the caller reports it
+                logger.warning("job %s: writing output failed: %s", self.job_id, exc)
+                self.error = exc
+                self.stop_requested.set()
