@@ -2,8 +2,9 @@
 
 A job is a hash at keys.job(id) with the fields `spec` (JobSpec JSON, fixed at admission), `owner`,
 `status`, `queued_at`, `deadline`, `started_at`, `first_token_at`, `finished_at`, `attempts`,
-`finish_reason`, `error` (JSON), `prompt_tokens`, `completion_tokens` and, while a cancel is pending,
-`cancel_requested`. Its output text is a string at keys.output(id); its event log a list at keys.events(id).
+`finish_reason`, `error` (JSON), `prompt_tokens`, `completion_tokens` and, once a running job is asked to
+stop, `cancel_requested` (the completion tokens counted at that moment). Its output text is a string at
+keys.output(id); its event log a list at keys.events(id).
 Every change that must not interleave with another is one Lua script in tasks/lua/.
 """
 

@@ -11,5 +11,5 @@ if text ~= '' then
   if redis.call('APPEND', OUT .. id, text) == #text then same_life(OUT .. id, id) end
   emit(id, ev)
 end
-if f[2] == '1' then return 1 end
+if f[2] then return 1 end
 return 0

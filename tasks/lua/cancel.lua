@@ -11,7 +11,8 @@ if f[1] == 'queued' then
   finish(id, 'cancelled', 'cancelled', err, result_ttl, now())
   return 'queued'
 elseif f[1] == 'in_progress' then
-  redis.call('HSET', jkey, 'cancel_requested', '1')
+  -- remember how far generation had got when asked, so "stops within a step" can be checked
+  redis.call('HSET', jkey, 'cancel_requested', redis.call('HGET', jkey, 'completion_tokens') or '0')
   return 'cancelling'
 end
 return f[1]

@@ -31,7 +31,6 @@ local function finish(id, status, finish_reason, error_json, result_ttl, t)
   redis.call('HSET', jkey, 'status', status, 'finished_at', fmt(t))
   if finish_reason ~= '' then redis.call('HSET', jkey, 'finish_reason', finish_reason) end
   if error_json ~= '' then redis.call('HSET', jkey, 'error', error_json) end
-  redis.call('HDEL', jkey, 'cancel_requested')
   emit(id, '{"type":"' .. status .. '"}')
   for _, k in ipairs({jkey, OUT .. id, EV .. id}) do redis.call('EXPIRE', k, result_ttl) end
 end

@@ -1,0 +1,53 @@
+#!/bin/sh
+# onelane's one entry point for a fresh machine: it installs what the project needs, then runs it.
+#   ./dev.sh up [--port N]   Redis (private, unless REDIS_URL is set) + worker + web on http://127.0.0.1:8000
+#   ./dev.sh test [ARGS]     the whole test suite (pytest ARGS)
+#   ./dev.sh bench NAME      a benchmark from bench/
+set -eu
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+
+apt_install() {  # apt_install PACKAGE...: install Debian packages when we can (root with apt-get)
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null
+    else
+        echo "dev.sh: please install: $*" >&2
+        return 1
+    fi
+}
+
+venv() {  # venv EXTRAS: a local virtualenv with onelane installed (re-installed when pyproject.toml changes)
+    if [ ! -x .venv/bin/python ]; then
+        "$PYTHON" -m venv .venv 2>/dev/null || { apt_install python3-venv && "$PYTHON" -m venv .venv; }
+    fi
+    stamp=".venv/.onelane-$1-$(cksum pyproject.toml | cut -d' ' -f1)"
+    if [ ! -f "$stamp" ]; then
+        .venv/bin/python -m pip install -q --upgrade pip
+        .venv/bin/python -m pip install -q -e ".$1"
+        touch "$stamp"
+    fi
+}
+
+command="${1:-}"
+[ $# -gt 0 ] && shift
+case "$command" in
+    up)
+        venv ""
+        exec .venv/bin/onelane up "$@"
+        ;;
+    test)
+        venv "[test]"
+        command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+        exec .venv/bin/python -m pytest "$@"
+        ;;
+    bench)
+        venv "[test]"
+        name="$1"; shift
+        exec .venv/bin/python "bench/$name.py" "$@"
+        ;;
+    *)
+        sed -n '2,6p' "$0" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,105 @@
+"""Real parts only: a redis-server started here, real dramatiq, real mlx-lm on a demo model built offline."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tasks.embedded_redis import EmbeddedRedis, RedisUnavailable, redis_binary
+from tasks.settings import Settings
+from tasks.store import Store, connect
+from tests.helpers import JobsClient
+
+IN_CI = bool(os.environ.get("CI"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    """A private redis-server on a free loopback port; absent locally -> skip, absent in CI -> fail."""
+    try:
+        redis_binary(install=False)
+    except RedisUnavailable as exc:
+        if IN_CI:
+            pytest.fail(f"CI needs redis-server: {exc}")
+        pytest.skip(str(exc))
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), port=free_port(), appendonly=False).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from worker.demo_model import make_demo_model
+
+    return make_demo_model(tmp_path_factory.mktemp("models") / "demo")
+
+
+@pytest.fixture(scope="session")
+def engine(demo_model: Path):  # type: ignore[no-untyped-def]
+    from worker.engine import Engine
+
+    return Engine.load(str(demo_model))
+
+
+@pytest.fixture
+def settings(redis_server: EmbeddedRedis, demo_model: Path, tmp_path: Path) -> Settings:
+    return Settings(redis_url=redis_server.url, model=str(demo_model), var_dir=tmp_path)
+
+
+@pytest.fixture
+def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    """A flushed database before and after each test ("we like our hygiene")."""
+    client = connect(redis_server.url)
+    client.flushall()
+    yield client
+    client.flushall()
+    client.close()
+
+
+@pytest.fixture
+def store(redis_client: redis.Redis, settings: Settings) -> Store:
+    return Store(redis_client, settings)
+
+
+@pytest.fixture
+def app(settings: Settings, redis_client: redis.Redis):  # type: ignore[no-untyped-def]
+    from web import create_app
+
+    app = create_app(settings)
+    app.config["TESTING"] = True
+    return app
+
+
+@pytest.fixture
+def jobs(app) -> JobsClient:  # type: ignore[no-untyped-def]
+    return JobsClient(app.test_client())
+
+
+@pytest.fixture
+def start_worker(settings: Settings, engine, redis_client: redis.Redis):  # type: ignore[no-untyped-def]
+    """Start the real dramatiq GPU worker in this process (call it when the story needs it)."""
+    from worker.main import GpuWorker
+
+    started: list[GpuWorker] = []
+
+    def start(**overrides: Any) -> GpuWorker:
+        worker = GpuWorker(settings.model_copy(update=overrides), engine=engine)
+        worker.start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()

@@ -1,0 +1,54 @@
+"""Helpers that keep tests short: the REST API as a test reads it, and waits on a job's live feed."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tasks import keys
+from tasks.store import Store
+
+TERMINAL = {"completed", "failed", "cancelled", "expired"}
+
+
+class JobsClient:
+    """The REST API as a test reads it."""
+
+    def __init__(self, client) -> None:  # type: ignore[no-untyped-def]
+        self.client = client
+
+    def submit(self, prompt: str = "hi", expect: int = 202, **fields: Any) -> dict[str, Any]:
+        response = self.client.post("/v1/jobs", json={"prompt": prompt, **fields})
+        assert response.status_code == expect, response.get_json()
+        return response.get_json()  # type: ignore[no-any-return]
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        response = self.client.get(f"/v1/jobs/{job_id}")
+        assert response.status_code == 200, response.get_json()
+        return response.get_json()  # type: ignore[no-any-return]
+
+    def cancel(self, job_id: str) -> Any:
+        return self.client.delete(f"/v1/jobs/{job_id}")
+
+
+def wait_ended(store: Store, job_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Wait on the job's live feed (not a sleep loop) until it ends; return the job as clients see it."""
+    return wait_event(store, job_id, lambda e: e["type"] in TERMINAL, timeout_s)
+
+
+def wait_event(
+    store: Store, job_id: str, match: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0
+) -> dict[str, Any]:
+    """Wait until an event matching `match` is in the job's log (already there, or arriving live)."""
+    with store.redis.pubsub(ignore_subscribe_messages=True) as sub:
+        sub.subscribe(keys.channel(job_id))
+        if any(match(e) for e in store.events(job_id)):
+            return store.get(job_id).public()
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            message = sub.get_message(timeout=left)
+            if message and match(json.loads(message["data"])["e"]):
+                return store.get(job_id).public()
+    raise AssertionError(f"job {job_id}: no matching event within {timeout_s} s; events: {store.events(job_id)}")

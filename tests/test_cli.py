@@ -1,0 +1,32 @@
+"""The real `onelane worker` process, as users start it, runs jobs admitted through the web."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.helpers import wait_ended
+
+
+def test_onelane_worker_process_runs_a_job_with_one_thread_and_prefetch_one(jobs, store, settings, tmp_path):
+    env = {
+        **os.environ,
+        "REDIS_URL": settings.effective_redis_url,
+        "ONELANE_MODEL": settings.model_path,
+        "ONELANE_VAR_DIR": str(tmp_path),
+    }
+    log = tmp_path / "worker.log"
+    with open(log, "w") as out:
+        worker = subprocess.Popen([sys.executable, "-m", "tasks.cli", "worker"], env=env, stdout=out, stderr=out)
+    try:
+        job = jobs.submit("through the cli", max_tokens=6, ignore_eos=True)
+        done = wait_ended(store, job["id"], timeout_s=60)
+        assert done["status"] == "completed"
+        assert done["usage"]["completion_tokens"] == 6
+    finally:
+        worker.terminate()
+        assert worker.wait(timeout=30) == 0
+    text = log.read_text()
+    assert "worker consuming (1 process, 1 thread, prefetch 1)" in text
+    assert "Traceback" not in text

@@ -1,0 +1,221 @@
+"""Stories of a job through the real worker: run, serialize, skip the dead, cancel, deliver twice."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from tasks import keys
+from tasks.broker import QUEUE_NAME, send_run_next
+from tests.helpers import wait_ended, wait_event
+
+
+def test_submitted_job_completes_with_output_and_usage(jobs, store, start_worker):
+    start_worker()
+    job = jobs.submit("hello", max_tokens=8, ignore_eos=True)
+    assert job["status"] == "queued" and job["position"] == 1
+
+    done = wait_ended(store, job["id"])
+
+    assert done["status"] == "completed"
+    assert done["finish_reason"] == "length"
+    assert done["output"]
+    assert done["usage"]["completion_tokens"] == 8
+    assert done["usage"]["prompt_tokens"] > 0
+    t = done["timings"]
+    assert t["queued_at"] <= t["started_at"] <= t["first_token_at"] <= t["finished_at"]
+    assert done["attempts"] == 1
+
+
+def test_chat_messages_are_rendered_with_the_chat_template(jobs, store, start_worker, engine):
+    start_worker()
+    job = jobs.submit(prompt=None, messages=[{"role": "user", "content": "hi"}], max_tokens=4, ignore_eos=True)
+    done = wait_ended(store, job["id"])
+    assert done["status"] == "completed"
+    # the ChatML template wraps one short message in several special tokens
+    assert done["usage"]["prompt_tokens"] > len(engine.tokenizer.encode("hi")) + 3
+
+
+def test_jobs_submitted_together_never_overlap(jobs, store, start_worker):
+    start_worker()
+    ids = [jobs.submit(f"job {n}", max_tokens=12, ignore_eos=True)["id"] for n in range(4)]
+
+    done = [wait_ended(store, job_id) for job_id in ids]
+
+    assert [d["status"] for d in done] == ["completed"] * 4
+    spans = sorted((d["timings"]["started_at"], d["timings"]["finished_at"]) for d in done)
+    for (_, end), (next_start, _) in zip(spans, spans[1:]):
+        assert end <= next_start, f"two generations overlapped: {spans}"
+
+
+def test_engine_lock_serializes_generations_even_with_two_threads(engine):
+    # Given a misconfiguration with two threads generating in one process
+    from tasks.job import JobSpec, SamplingParams
+
+    spec = JobSpec(owner="t", model="m", prompt="x", params=SamplingParams(max_tokens=20, ignore_eos=True))
+    spans: list[tuple[float, float]] = []
+
+    def generate() -> None:
+        chunks = engine.generate(spec)
+        first = next(chunks)
+        begin = time.perf_counter()
+        for _ in chunks:
+            pass
+        spans.append((begin, time.perf_counter()))
+        assert first.tokens == 1
+
+    threads = [threading.Thread(target=generate) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Then one generation ran entirely before the other
+    (a_start, a_end), (b_start, b_end) = sorted(spans)
+    assert a_end <= b_start
+
+
+def test_job_cancelled_while_queued_is_never_generated(jobs, store, start_worker):
+    victim = jobs.submit("never run", max_tokens=8)
+    response = jobs.cancel(victim["id"])
+    assert response.status_code == 200
+    assert response.get_json()["status"] == "cancelled"
+
+    start_worker()
+    other = jobs.submit("run me", max_tokens=4, ignore_eos=True)
+    assert wait_ended(store, other["id"])["status"] == "completed"
+
+    job = jobs.get(victim["id"])
+    assert job["status"] == "cancelled"
+    assert job["finish_reason"] == "cancelled"
+    assert job["usage"]["completion_tokens"] == 0
+    assert job["timings"]["started_at"] is None
+    assert [e["type"] for e in store.events(victim["id"])] == ["cancelled"]
+
+
+def test_cancel_is_idempotent_and_refused_once_the_job_ended_otherwise(jobs, store, start_worker):
+    job = jobs.submit("x", max_tokens=4)
+    assert jobs.cancel(job["id"]).status_code == 200
+    again = jobs.cancel(job["id"])
+    assert again.status_code == 200 and again.get_json()["status"] == "cancelled"
+
+    start_worker()
+    done = jobs.submit("y", max_tokens=4, ignore_eos=True)
+    wait_ended(store, done["id"])
+    refused = jobs.cancel(done["id"])
+    assert refused.status_code == 409
+    assert refused.get_json()["error"]["type"] == "job_ended"
+    assert jobs.get(done["id"])["status"] == "completed"
+
+
+def test_job_whose_ttl_passes_while_queued_expires_without_generating(jobs, store, start_worker):
+    # Given the worker busy with a long job
+    start_worker()
+    busy = jobs.submit("busy", max_tokens=3000, ignore_eos=True)
+    wait_event(store, busy["id"], lambda e: e["type"] == "token")
+
+    # When a job behind it outlives its TTL
+    job = jobs.submit("too late", max_tokens=8, ttl_s=0.3)
+    done = wait_ended(store, job["id"], timeout_s=10)
+
+    # Then it ends expired, never generated, while the long job still runs
+    assert done["status"] == "expired"
+    assert done["error"]["type"] == "expired"
+    assert done["usage"]["completion_tokens"] == 0
+    assert done["timings"]["started_at"] is None
+    assert jobs.get(busy["id"])["status"] == "in_progress"
+    jobs.cancel(busy["id"])
+
+
+def test_claim_judges_the_deadline_by_redis_clock(store, jobs):
+    job = jobs.submit("late", max_tokens=4, ttl_s=0.05)
+    wait_until = time.monotonic() + 5
+    while store.redis.time()[0] + store.redis.time()[1] / 1e6 < job["deadline"]:
+        assert time.monotonic() < wait_until
+    assert store.claim_next() is None
+    assert jobs.get(job["id"])["status"] == "expired"
+
+
+def test_cancelling_a_running_job_stops_it_within_a_step_keeping_partial_output(jobs, store, start_worker):
+    start_worker()
+    job = jobs.submit("long", max_tokens=3000, ignore_eos=True)
+    wait_event(store, job["id"], lambda e: e["type"] == "token")
+
+    response = jobs.cancel(job["id"])
+
+    assert response.status_code == 200
+    done = wait_ended(store, job["id"])
+    assert done["status"] == "cancelled"
+    assert done["finish_reason"] == "cancelled"
+    assert done["output"]
+    tokens = done["usage"]["completion_tokens"]
+    asked_at = int(store.redis.hget(keys.job(job["id"]), "cancel_requested"))
+    assert 0 < tokens < 3000
+    # the worker saw the flag on its next write and stopped at the next token
+    assert tokens - asked_at <= 3, (asked_at, tokens)
+
+
+def test_a_duplicated_message_generates_once(jobs, store, start_worker, settings):
+    job = jobs.submit("once", max_tokens=6, ignore_eos=True)
+    broker = jobs.client.application.extensions["onelane"].broker
+    send_run_next(broker, job["id"])  # dramatiq is at-least-once: the same message arrives again
+    send_run_next(broker, job["id"])
+
+    worker = start_worker()
+    assert wait_ended(store, job["id"])["status"] == "completed"
+    worker.broker.join(QUEUE_NAME, timeout=10_000)
+
+    assert [e["type"] for e in store.events(job["id"])].count("started") == 1
+    assert jobs.get(job["id"])["attempts"] == 1
+    assert jobs.get(job["id"])["usage"]["completion_tokens"] == 6
+
+
+def test_messages_carry_only_the_job_id(jobs, store):
+    secret = "my private prompt 1234"
+    job = jobs.submit(secret, max_tokens=4)
+
+    broker_keys = [k for k in store.redis.keys("*") if not k.startswith(keys.NS)]
+    messages = [json.loads(v) for k in broker_keys if store.redis.type(k) == "hash" for v in store.redis.hvals(k)]
+
+    assert [m["args"] for m in messages] == [[job["id"]]]
+    assert secret not in json.dumps(messages)
+
+
+def test_every_onelane_key_has_a_ttl(jobs, store, start_worker):
+    start_worker()
+    done = jobs.submit("a", max_tokens=4, ignore_eos=True)
+    waiting = jobs.submit("b", max_tokens=4, ttl_s=100)
+    cancelled = jobs.submit("c", max_tokens=4)
+    jobs.cancel(cancelled["id"])
+    wait_ended(store, done["id"])
+    wait_ended(store, waiting["id"])
+
+    onelane_keys = store.redis.keys(keys.NS + "*")
+    assert onelane_keys
+    without_ttl = [k for k in onelane_keys if store.redis.ttl(k) < 0]
+    assert without_ttl == []
+    assert store.redis.ttl(keys.job(done["id"])) <= store.settings.result_ttl_s
+
+
+def test_stop_string_ends_the_job_before_it(jobs, store, start_worker):
+    start_worker()
+    free = wait_ended(store, jobs.submit("stop test", max_tokens=24, ignore_eos=True)["id"])
+    text = free["output"]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+
+    done = wait_ended(store, jobs.submit("stop test", max_tokens=24, ignore_eos=True, stop=[stop])["id"])
+
+    assert done["finish_reason"] == "stop"
+    assert done["status"] == "completed"
+    assert done["output"] == text[: text.index(stop)]
+    assert stop not in done["output"]
+
+
+def test_worker_is_one_thread_prefetch_one_no_retries_explicit_time_limit(start_worker, settings):
+    worker = start_worker(job_time_limit_s=123)
+    assert worker.worker.worker_threads == 1
+    assert worker.worker.queue_prefetch == 1
+    actor = worker.broker.get_actor("run_next")
+    assert actor.options["max_retries"] == 0
+    assert actor.options["time_limit"] == 123_000
+    assert actor.queue_name == "onelane-gpu"
