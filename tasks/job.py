@@ -60,6 +60,8 @@ class JobSpec(BaseModel):
     prompt: str | None = None
     messages: tuple[Message, ...] | None = None
     params: SamplingParams = SamplingParams()
+    # True: the job is skipped before generation once its client stops watching (stream or polling).
+    watched: bool = False
 
 
 class JobError(BaseModel):
@@ -154,6 +156,7 @@ class Job(BaseModel):
             "prompt": spec.prompt,
             "messages": [m.model_dump() for m in spec.messages] if spec.messages is not None else None,
             "params": spec.params.model_dump(mode="json"),
+            "abandon_on_disconnect": spec.watched,
             "position": self.position,
             "eta_s": self.eta_s,
             "deadline": self.deadline,

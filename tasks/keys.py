@@ -14,6 +14,7 @@ EVENTS_PREFIX = NS + "ev:"  # list: the job's durable event log (started, token.
 CHANNEL_PREFIX = NS + "ch:"  # pub/sub: live copy of each event, with its index in the log
 USER_QUEUE_PREFIX = NS + "q:"  # sorted set: one user's waiting job ids, FIFO by score
 USER_JOBS_PREFIX = NS + "jobs:"  # sorted set: one user's recent job ids by admission time
+WATCH_PREFIX = NS + "watch:"  # string with a short TTL: a watched job's client is still there
 
 RING = NS + "ring"  # list: users with waiting jobs, in round-robin order
 WAITING = NS + "waiting"  # sorted set: every waiting job id by its deadline
@@ -42,6 +43,10 @@ def user_queue(owner: str) -> str:
     return USER_QUEUE_PREFIX + owner
 
 
+def watch(job_id: str) -> str:
+    return WATCH_PREFIX + job_id
+
+
 def user_jobs(owner: str) -> str:
     return USER_JOBS_PREFIX + owner
 
@@ -50,5 +55,5 @@ def prefixes() -> list[str]:
     """The prefixes, in the order every Lua script expects them as its first arguments."""
     return [
         JOB_PREFIX, OUTPUT_PREFIX, EVENTS_PREFIX, CHANNEL_PREFIX, USER_QUEUE_PREFIX, USER_JOBS_PREFIX,
-        RING, WAITING, QUEUE_MOVED, RUNNING, SERVICE_TIMES,
+        RING, WAITING, QUEUE_MOVED, RUNNING, SERVICE_TIMES, WATCH_PREFIX,
     ]  # fmt: skip

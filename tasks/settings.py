@@ -22,6 +22,8 @@ ENV_NAMES: dict[str, str] = {
     "max_prompt_chars": "ONELANE_MAX_PROMPT_CHARS",
     "max_concurrent": "ONELANE_MAX_CONCURRENT",
     "job_time_limit_s": "ONELANE_JOB_TIME_LIMIT",
+    "watch_grace_s": "ONELANE_WATCH_GRACE_S",
+    "sse_ping_s": "ONELANE_SSE_PING_S",
     "host": "ONELANE_HOST",
     "port": "ONELANE_PORT",
 }
@@ -42,6 +44,8 @@ class Settings(BaseModel):
     max_prompt_chars: int = Field(32_000, ge=1)
     max_concurrent: int = Field(1, ge=1)
     job_time_limit_s: float = Field(900.0, gt=0)
+    watch_grace_s: float = Field(10.0, gt=0, le=3600)
+    sse_ping_s: float = Field(15.0, gt=0, le=15)
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
 

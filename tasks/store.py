@@ -62,8 +62,14 @@ class Store:
 
     def create(self, job_id: str, spec: JobSpec, ttl_s: float) -> Job:
         """Admit a job at the tail of its owner's queue."""
-        self._run("admit", job_id, spec.owner, spec.model_dump_json(), ttl_s, self.settings.result_ttl_s)
+        grace = self.settings.watch_grace_s if spec.watched else 0
+        self._run("admit", job_id, spec.owner, spec.model_dump_json(), ttl_s, self.settings.result_ttl_s, grace)
         return self.get(job_id)
+
+    def keep_watching(self, job: Job) -> None:
+        """Renew a watched, waiting job's lease: its client (a stream, or polling) is still there."""
+        if job.spec.watched and job.status is JobStatus.QUEUED:
+            self.redis.set(keys.watch(job.id), "1", px=int(self.settings.watch_grace_s * 1000))
 
     def get(self, job_id: str, owner: str | None = None) -> Job:
         """The job as it stands now, with its position while it waits. Another owner's job is not found."""
@@ -164,3 +170,42 @@ class Store:
     def waiting(self) -> int:
         """How many jobs wait."""
         return int(self.redis.zcard(keys.WAITING))
+
+
+class Feed:
+    """A job's events as they happen, each exactly once and in order.
+
+    It subscribes first, then reads the durable log: an event published in between is in both and is
+    dropped by its index; a live message that was missed (pub/sub is at-most-once) shows up as a gap in
+    the indices and is read back from the log. Also reports {"type": "moved"} when the queue moved.
+    """
+
+    def __init__(self, store: Store, job_id: str, after: int = -1) -> None:
+        self.store = store
+        self.job_id = job_id
+        self.next_index = after + 1
+        self._sub = store.redis.pubsub(ignore_subscribe_messages=True)
+        self._sub.subscribe(keys.channel(job_id), keys.QUEUE_MOVED)
+        self._backlog = store.events(job_id, self.next_index)
+
+    def get(self, timeout_s: float) -> dict[str, Any] | None:
+        """The next event, or None if none came (possibly before `timeout_s` elapsed)."""
+        if not self._backlog:
+            message = self._sub.get_message(timeout=max(timeout_s, 0.0))
+            if message is None:
+                return None
+            if message["channel"] == keys.QUEUE_MOVED:
+                return {"type": "moved"}
+            live = json.loads(message["data"])
+            if live["i"] < self.next_index:
+                return None  # already delivered from the log
+            if live["i"] > self.next_index:
+                self._backlog = self.store.events(self.job_id, self.next_index)  # missed some: catch up
+            else:
+                self._backlog = [{"i": live["i"], **live["e"]}]
+        event = self._backlog.pop(0)
+        self.next_index = event["i"] + 1
+        return event
+
+    def close(self) -> None:
+        self._sub.close()

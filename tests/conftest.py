@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,10 @@ def engine(demo_model: Path):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def settings(redis_server: EmbeddedRedis, demo_model: Path, tmp_path: Path) -> Settings:
-    return Settings(redis_url=redis_server.url, model=str(demo_model), var_dir=tmp_path)
+    # short pings and a short watch grace keep the stories quick
+    return Settings(
+        redis_url=redis_server.url, model=str(demo_model), var_dir=tmp_path, sse_ping_s=0.25, watch_grace_s=1.0
+    )
 
 
 @pytest.fixture
@@ -80,6 +84,19 @@ def app(settings: Settings, redis_client: redis.Redis):  # type: ignore[no-untyp
     app = create_app(settings)
     app.config["TESTING"] = True
     return app
+
+
+@pytest.fixture
+def live_server(app):  # type: ignore[no-untyped-def]
+    """The app on a real loopback socket (threaded), for streams and browsers; yields its base URL."""
+    from werkzeug.serving import make_server
+
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    thread.join()
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tasks import keys
@@ -52,3 +52,40 @@ def wait_event(
             if message and match(json.loads(message["data"])["e"]):
                 return store.get(job_id).public()
     raise AssertionError(f"job {job_id}: no matching event within {timeout_s} s; events: {store.events(job_id)}")
+
+
+class EventStream:
+    """A real HTTP client of /v1/jobs/<id>/events that parses server-sent events."""
+
+    def __init__(self, base_url: str, job_id: str, last_event_id: int | None = None) -> None:
+        import requests
+
+        headers = {"Accept": "text/event-stream"}
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = str(last_event_id)
+        self.response = requests.get(f"{base_url}/v1/jobs/{job_id}/events", headers=headers, stream=True, timeout=30)
+        assert self.response.status_code == 200, self.response.text
+        assert self.response.headers["Content-Type"].startswith("text/event-stream")
+        self._lines = self.response.iter_lines(decode_unicode=True)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Each event as {"event", "id", "data"}; comments as {"comment": text}. Ends when the server ends."""
+        fields: dict[str, Any] = {}
+        for line in self._lines:
+            if line == "":
+                if "event" in fields:
+                    yield fields
+                fields = {}
+            elif line.startswith(":"):
+                yield {"comment": line[1:].strip()}
+            else:
+                name, _, value = line.partition(": ")
+                if name == "data":
+                    fields["data"] = json.loads(value)
+                elif name == "id":
+                    fields["id"] = int(value)
+                elif name == "event":
+                    fields["event"] = value
+
+    def close(self) -> None:
+        self.response.close()

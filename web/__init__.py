@@ -36,8 +36,9 @@ def create_app(settings: Settings | None = None) -> Flask:
         broker=make_broker(settings),
     )
 
-    from web import api, errors
+    from web import api, errors, stream
 
     errors.register(app)
     app.register_blueprint(api.bp)
+    app.register_blueprint(stream.bp)
     return app

@@ -35,7 +35,11 @@ def submit() -> Response:
 
 @bp.get("/v1/jobs/<job_id>")
 def get_job(job_id: str) -> Response:
-    return job_response(services().store.get(job_id, current_owner()))
+    """The job now; polling a watched job counts as watching it."""
+    store = services().store
+    job = store.get(job_id, current_owner())
+    store.keep_watching(job)
+    return job_response(job)
 
 
 @bp.delete("/v1/jobs/<job_id>")

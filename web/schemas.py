@@ -26,6 +26,7 @@ class SubmitJob(BaseModel):
     stop: str | list[str] | None = None
     ignore_eos: bool = False
     ttl_s: float | None = Field(None, gt=0)
+    abandon_on_disconnect: bool = False
 
     @field_validator("temperature", "top_p", "ttl_s", mode="before")
     @classmethod
@@ -67,7 +68,7 @@ def parse(model: type[BaseModel], body: dict[str, Any]) -> Any:
         raise InvalidRequest(message, param=where or None) from None
 
 
-def to_spec(req: SubmitJob, owner: str, settings: Settings) -> tuple[JobSpec, float]:
+def to_spec(req: SubmitJob, owner: str, settings: Settings, watched: bool = False) -> tuple[JobSpec, float]:
     """Apply the server's limits and defaults; return the job spec and its TTL."""
     size = len(req.prompt) if req.prompt is not None else sum(len(m.content) for m in req.messages or [])
     if size > settings.max_prompt_chars:
@@ -90,5 +91,12 @@ def to_spec(req: SubmitJob, owner: str, settings: Settings) -> tuple[JobSpec, fl
         ignore_eos=req.ignore_eos,
     )
     messages = tuple(req.messages) if req.messages is not None else None
-    spec = JobSpec(owner=owner, model=settings.model_name, prompt=req.prompt, messages=messages, params=params)
+    spec = JobSpec(
+        owner=owner,
+        model=settings.model_name,
+        prompt=req.prompt,
+        messages=messages,
+        params=params,
+        watched=watched or req.abandon_on_disconnect,
+    )
     return spec, ttl_s

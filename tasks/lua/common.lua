@@ -1,7 +1,7 @@
--- Shared by every onelane script (store.py prepends it). Key prefixes come from tasks/keys.py as ARGV[1..11].
-local JOB, OUT, EV, CH, UQ, UJ, RING, WAITING, MOVED, RUNNING, SERVICE_TIMES =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11]
-local A = 11 -- the script's own arguments start at ARGV[A + 1]
+-- Shared by every onelane script (store.py prepends it). Key prefixes come from tasks/keys.py as ARGV[1..12].
+local JOB, OUT, EV, CH, UQ, UJ, RING, WAITING, MOVED, RUNNING, SERVICE_TIMES, WATCH =
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]
+local A = 12 -- the script's own arguments start at ARGV[A + 1]
 
 local function now()
   local t = redis.call('TIME')

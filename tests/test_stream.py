@@ -1,0 +1,160 @@
+"""The live feed: every token exactly once and in order, resumable, with position while waiting."""
+
+from __future__ import annotations
+
+import time
+
+from tasks import keys
+from tests.helpers import TERMINAL, EventStream, wait_ended, wait_event
+
+
+def read_until(stream: EventStream, stop) -> list[dict]:  # type: ignore[no-untyped-def]
+    seen = []
+    for item in stream:
+        seen.append(item)
+        if stop(item):
+            break
+    return seen
+
+
+def test_late_subscriber_gets_every_token_once_in_order_then_the_stream_ends(jobs, store, start_worker, live_server):
+    start_worker()
+    job = jobs.submit("late", max_tokens=30, ignore_eos=True)
+    done = wait_ended(store, job["id"])
+
+    events = [e for e in EventStream(live_server, job["id"]) if "event" in e]  # ends by itself
+
+    assert events[0]["event"] == "started"
+    assert events[-1]["event"] == "completed"
+    assert events[-1]["data"]["output"] == done["output"]
+    tokens = [e for e in events if e["event"] == "token"]
+    assert "".join(e["data"]["text"] for e in tokens) == done["output"]
+    assert sum(e["data"]["n"] for e in tokens) == 30
+    assert [e["id"] for e in events] == list(range(len(events)))
+
+
+def test_reconnect_with_last_event_id_resumes_without_gap_or_duplicate(jobs, store, start_worker, live_server):
+    start_worker()
+    job = jobs.submit("resume", max_tokens=400, ignore_eos=True)
+
+    first = EventStream(live_server, job["id"])
+    before = [e for e in read_until(first, lambda e: e.get("event") == "token" and e["id"] >= 4) if "id" in e]
+    first.close()
+    after = [e for e in EventStream(live_server, job["id"], last_event_id=before[-1]["id"]) if "id" in e]
+
+    ids = [e["id"] for e in before + after]
+    assert ids == list(range(len(ids)))
+    assert after[-1]["event"] == "completed"
+    text = "".join(e["data"]["text"] for e in before + after if e["event"] == "token")
+    assert text == after[-1]["data"]["output"]
+    assert after[-1]["data"]["usage"]["completion_tokens"] == 400
+
+
+def test_pings_keep_a_waiting_stream_alive(jobs, live_server):
+    job = jobs.submit("nobody runs me", max_tokens=4)  # no worker: it waits
+
+    stream = EventStream(live_server, job["id"])
+    seen: list[dict] = []
+    pings = 0
+    for item in stream:
+        seen.append(item)
+        pings += item.get("comment") == "ping"
+        if pings == 2:
+            break
+    stream.close()
+
+    assert seen[0]["event"] == "queued" and seen[0]["data"]["position"] == 1
+    assert seen[1:] == [{"comment": "ping"}, {"comment": "ping"}]
+
+
+def test_position_counts_down_as_jobs_ahead_finish_and_each_change_is_pushed(jobs, store, start_worker, live_server):
+    # Given a running job and three waiting jobs
+    start_worker()
+    running = jobs.submit("a", max_tokens=3000, ignore_eos=True)
+    wait_event(store, running["id"], lambda e: e["type"] == "token")
+    b = jobs.submit("b", max_tokens=3000, ignore_eos=True)
+    c = jobs.submit("c", max_tokens=3000, ignore_eos=True)
+    d = jobs.submit("d", max_tokens=3, ignore_eos=True)
+    stream = EventStream(live_server, d["id"])
+    items = iter(stream)
+    positions = [next(e for e in items if e.get("event") == "queued")["data"]["position"]]
+
+    # When each job ahead ends, the next one starts
+    for ahead in (running, b, c):
+        jobs.cancel(ahead["id"])
+        event = next(e for e in items if e.get("event") in ("queued", "started"))
+        if event["event"] == "queued":
+            positions.append(event["data"]["position"])
+
+    # Then the stream was told 3 -> 2 -> 1, then started
+    assert positions == [3, 2, 1]
+    assert event["event"] == "started"
+    rest = [e for e in items if "event" in e]
+    assert rest[-1]["event"] == "completed"
+
+
+def test_eta_comes_from_recent_service_times(jobs, store, start_worker):
+    start_worker()
+    for n in range(2):
+        wait_ended(store, jobs.submit(f"warm {n}", max_tokens=20, ignore_eos=True)["id"])
+    running = jobs.submit("a", max_tokens=3000, ignore_eos=True)
+    wait_event(store, running["id"], lambda e: e["type"] == "token")
+    second = jobs.submit("b", max_tokens=4)
+    third = jobs.get(jobs.submit("c", max_tokens=4)["id"])
+
+    mean = sum(float(t) for t in store.redis.lrange(keys.SERVICE_TIMES, 0, -1)) / 2
+    assert third["position"] == 2
+    assert mean <= third["eta_s"] <= 2 * mean + 0.01
+    assert jobs.get(second["id"])["eta_s"] < third["eta_s"]
+    jobs.cancel(running["id"])
+
+
+def _wait_lease_lapsed(store, job_id: str, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while store.redis.exists(keys.watch(job_id)):
+        assert time.monotonic() < deadline, "the watch lease never lapsed"
+        time.sleep(0.05)
+
+
+def test_watched_job_whose_stream_closed_is_skipped_before_generation(jobs, store, start_worker, live_server):
+    start_worker()
+    busy = jobs.submit("busy", max_tokens=3000, ignore_eos=True)
+    wait_event(store, busy["id"], lambda e: e["type"] == "token")
+    watched = jobs.submit("watched", max_tokens=8, abandon_on_disconnect=True)
+    unwatched = jobs.submit("fire and forget", max_tokens=8, ignore_eos=True)
+
+    stream = EventStream(live_server, watched["id"])
+    read_until(stream, lambda e: e.get("event") == "queued")
+    stream.close()  # the page was closed
+    _wait_lease_lapsed(store, watched["id"])
+    jobs.cancel(busy["id"])
+
+    gone = wait_ended(store, watched["id"])
+    assert gone["status"] == "cancelled"
+    assert gone["error"]["type"] == "client_gone"
+    assert gone["usage"]["completion_tokens"] == 0 and gone["timings"]["started_at"] is None
+    kept = wait_ended(store, unwatched["id"])
+    assert kept["status"] == "completed" and kept["usage"]["completion_tokens"] == 8
+
+
+def test_an_open_stream_keeps_a_watched_job_in_the_queue_past_the_grace(jobs, store, start_worker, live_server):
+    start_worker()
+    busy = jobs.submit("busy", max_tokens=3000, ignore_eos=True)
+    wait_event(store, busy["id"], lambda e: e["type"] == "token")
+    watched = jobs.submit("watched", max_tokens=6, ignore_eos=True, abandon_on_disconnect=True)
+    stream = EventStream(live_server, watched["id"])
+    items = iter(stream)
+
+    # hold the stream open for three times the grace (1 s in tests) while the job waits
+    pings_needed = int(3 * store.settings.watch_grace_s / min(store.settings.sse_ping_s, 1 / 3)) + 1
+    pings = 0
+    for item in items:
+        pings += item.get("comment") == "ping"
+        if pings >= pings_needed:
+            break
+    jobs.cancel(busy["id"])
+
+    rest = [e for e in items if "event" in e]
+    assert rest[-1]["event"] == "completed"
+    assert rest[-1]["data"]["usage"]["completion_tokens"] == 6
+    assert {e["event"] for e in rest} & TERMINAL == {"completed"}
