@@ -50,6 +50,32 @@ class JobAlreadyEnded(OnelaneError):
     type = "job_ended"
 
 
+class Overloaded(OnelaneError):
+    """Admission refused to keep waits bounded; `retry_after_s` says when a place should free up."""
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QueueFull(Overloaded):
+    """The queue holds as many waiting jobs as the server allows."""
+
+    type = "queue_full"
+
+
+class QuotaExceeded(Overloaded):
+    """The caller already has as many waiting jobs as its quota allows."""
+
+    type = "quota_exceeded"
+
+
+class Unauthorized(OnelaneError):
+    """No API key, or a wrong one."""
+
+    type = "unauthorized"
+
+
 class Unavailable(OnelaneError):
     """Redis, or the worker behind it, cannot be reached right now."""
 

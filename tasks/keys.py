@@ -1,7 +1,7 @@
 """Every Redis key and channel onelane uses. No other module formats a key.
 
-Lua scripts that must reach keys chosen at run time (the user at the head of the ring, the job it pops)
-receive the prefixes below as arguments, so the names still come from this module only.
+Lua scripts that must reach keys chosen at run time (the job at the head of the queue, its owner's
+queue) receive the names and prefixes below as arguments, so the names still come from this module only.
 """
 
 from __future__ import annotations
@@ -12,12 +12,15 @@ JOB_PREFIX = NS + "job:"  # hash: the job record (layout in store.py)
 OUTPUT_PREFIX = NS + "out:"  # string: the output text so far
 EVENTS_PREFIX = NS + "ev:"  # list: the job's durable event log (started, token..., terminal)
 CHANNEL_PREFIX = NS + "ch:"  # pub/sub: live copy of each event, with its index in the log
-USER_QUEUE_PREFIX = NS + "q:"  # sorted set: one user's waiting job ids, FIFO by score
+USER_QUEUE_PREFIX = NS + "q:"  # sorted set: one user's waiting job ids, by the same score as QUEUE
 USER_JOBS_PREFIX = NS + "jobs:"  # sorted set: one user's recent job ids by admission time
 WATCH_PREFIX = NS + "watch:"  # string with a short TTL: a watched job's client is still there
 
-RING = NS + "ring"  # list: users with waiting jobs, in round-robin order
+QUEUE = NS + "queue"  # sorted set: every waiting job id by its fair-queuing start tag: the run order
 WAITING = NS + "waiting"  # sorted set: every waiting job id by its deadline
+VIRTUAL_TIME = NS + "vtime"  # string: the start tag of the job claimed last
+FINISH_TAGS = NS + "finish-tags"  # hash: user -> start tag their next job gets at the earliest
+SEQUENCE = NS + "seq"  # string: admission counter, breaks ties between equal start tags
 QUEUE_MOVED = NS + "queue-moved"  # pub/sub: "the queue changed, recompute your position"
 RUNNING = NS + "running"  # hash: the job the worker runs now (id, started_at)
 SERVICE_TIMES = NS + "service-times"  # list: the last 20 job service times in seconds, for the ETA
@@ -52,8 +55,8 @@ def user_jobs(owner: str) -> str:
 
 
 def prefixes() -> list[str]:
-    """The prefixes, in the order every Lua script expects them as its first arguments."""
+    """The names and prefixes, in the order every Lua script (tasks/lua/common.lua) expects them first."""
     return [
-        JOB_PREFIX, OUTPUT_PREFIX, EVENTS_PREFIX, CHANNEL_PREFIX, USER_QUEUE_PREFIX, USER_JOBS_PREFIX,
-        RING, WAITING, QUEUE_MOVED, RUNNING, SERVICE_TIMES, WATCH_PREFIX,
+        JOB_PREFIX, OUTPUT_PREFIX, EVENTS_PREFIX, CHANNEL_PREFIX, USER_QUEUE_PREFIX, USER_JOBS_PREFIX, WATCH_PREFIX,
+        QUEUE, WAITING, QUEUE_MOVED, RUNNING, SERVICE_TIMES, VIRTUAL_TIME, FINISH_TAGS, SEQUENCE,
     ]  # fmt: skip

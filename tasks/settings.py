@@ -21,6 +21,8 @@ ENV_NAMES: dict[str, str] = {
     "default_max_tokens": "ONELANE_DEFAULT_MAX_TOKENS",
     "max_prompt_chars": "ONELANE_MAX_PROMPT_CHARS",
     "max_concurrent": "ONELANE_MAX_CONCURRENT",
+    "max_queue": "ONELANE_MAX_QUEUE",
+    "max_queued_per_user": "ONELANE_MAX_QUEUED_PER_USER",
     "job_time_limit_s": "ONELANE_JOB_TIME_LIMIT",
     "watch_grace_s": "ONELANE_WATCH_GRACE_S",
     "sse_ping_s": "ONELANE_SSE_PING_S",
@@ -43,6 +45,8 @@ class Settings(BaseModel):
     default_max_tokens: int = Field(256, ge=1)
     max_prompt_chars: int = Field(32_000, ge=1)
     max_concurrent: int = Field(1, ge=1)
+    max_queue: int = Field(256, ge=1, le=10_000_000)
+    max_queued_per_user: int = Field(32, ge=1, le=10_000_000)
     job_time_limit_s: float = Field(900.0, gt=0)
     watch_grace_s: float = Field(10.0, gt=0, le=3600)
     sse_ping_s: float = Field(15.0, gt=0, le=15)

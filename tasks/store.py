@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from tasks import keys
-from tasks.errors import JobAlreadyEnded, JobNotFound
+from tasks.errors import JobAlreadyEnded, JobNotFound, QueueFull, QuotaExceeded
 from tasks.job import TERMINAL, Job, JobSpec, JobStatus, error_json
 from tasks.settings import Settings
 
@@ -60,10 +60,21 @@ class Store:
 
     # --- the web's verbs -------------------------------------------------------------------------
 
-    def create(self, job_id: str, spec: JobSpec, ttl_s: float) -> Job:
-        """Admit a job at the tail of its owner's queue."""
-        grace = self.settings.watch_grace_s if spec.watched else 0
-        self._run("admit", job_id, spec.owner, spec.model_dump_json(), ttl_s, self.settings.result_ttl_s, grace)
+    def create(self, job_id: str, spec: JobSpec, ttl_s: float, quota: int | None = None) -> Job:
+        """Admit a job in fair order, or raise QueueFull / QuotaExceeded leaving nothing behind.
+
+        `quota` is the owner's bound on waiting jobs (default: the server's per-user bound).
+        """
+        s = self.settings
+        grace = s.watch_grace_s if spec.watched else 0
+        quota = quota or s.max_queued_per_user
+        verdict, *rest = self._run(
+            "admit", job_id, spec.owner, spec.model_dump_json(), ttl_s, s.result_ttl_s, grace, s.max_queue, quota
+        )
+        if verdict == "queue_full":
+            raise QueueFull(f"the queue is full ({s.max_queue} jobs waiting); try again later", retry_after_s=rest[0])
+        if verdict == "quota_exceeded":
+            raise QuotaExceeded(f"you already have {quota} jobs waiting; try again later", retry_after_s=rest[0])
         return self.get(job_id)
 
     def keep_watching(self, job: Job) -> None:
@@ -116,16 +127,12 @@ class Store:
         return self.get(job_id, owner)
 
     def standing(self, job: Job) -> Standing:
-        """Position and ETA of a waiting job, from the round-robin order and recent service times."""
-        position, running_since, now = self._run("position", job.id, job.owner)
+        """Position and ETA of a waiting job: its rank in the fair order, times the recent mean service time."""
+        position, mean, left, timed = self._run("position", job.id)
         if not position:
             return Standing(None, None)
-        times = [float(t) for t in self.redis.lrange(keys.SERVICE_TIMES, 0, -1)]
-        if not times:
-            return Standing(int(position), None)
-        mean = sum(times) / len(times)
-        left_of_running = max(0.0, mean - (float(now) - float(running_since))) if running_since else 0.0
-        return Standing(int(position), round(left_of_running + (int(position) - 1) * mean, 3))
+        eta = float(left) + (int(position) - 1) * float(mean) if timed else None
+        return Standing(int(position), round(eta, 3) if eta is not None else None)
 
     def events(self, job_id: str, start: int = 0) -> list[dict[str, Any]]:
         """The job's durable events from index `start` on, each with its index as `i`."""

@@ -18,6 +18,9 @@ STATUS: dict[type[errors.OnelaneError], int] = {
     errors.InvalidRequest: 422,
     errors.JobNotFound: 404,
     errors.JobAlreadyEnded: 409,
+    errors.QuotaExceeded: 429,
+    errors.QueueFull: 503,
+    errors.Unauthorized: 401,
     errors.Unavailable: 503,
 }
 
@@ -35,7 +38,12 @@ def register(app: Flask) -> None:
     @app.errorhandler(errors.OnelaneError)
     def onelane_error(exc: errors.OnelaneError) -> Response:
         status = next((code for cls, code in STATUS.items() if isinstance(exc, cls)), 500)
-        return error_response(status, exc.type, exc.message, exc.param)
+        response = error_response(status, exc.type, exc.message, exc.param)
+        if isinstance(exc, errors.Overloaded):
+            response.headers["Retry-After"] = str(exc.retry_after_s)
+        if isinstance(exc, errors.Unauthorized):
+            response.headers["WWW-Authenticate"] = 'Bearer realm="onelane"'
+        return response
 
     @app.errorhandler(redis.exceptions.ConnectionError)
     @app.errorhandler(redis.exceptions.TimeoutError)

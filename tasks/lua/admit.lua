@@ -1,25 +1,48 @@
--- Admit a job: create its record and put it at the tail of its owner's queue.
+-- Admit a job, atomically with the bounds: nothing is written when the queue (global bound) or the owner's
+-- share of it (quota) is full. Fair order is start-time fair queuing with one unit per job: a job's start tag
+-- is max(virtual time, its owner's previous tag + 1), the queue runs in tag order (admission order on ties).
+-- So users take turns, one job each, FIFO within a user, and an idle user earns no credit.
 -- A watched job gets a lease of `watch_grace_s` (0: not watched) that its client's stream or polling renews.
--- ARGV: id, owner, spec_json, ttl_s, result_ttl_s, watch_grace_s  ->  {queued_at, deadline}
+-- ARGV: id, owner, spec_json, ttl_s, result_ttl_s, watch_grace_s, max_queue, max_per_user (0: no bound)
+-- -> {'ok', queued_at, deadline} or {'queue_full' | 'quota_exceeded', retry_after_s}
 local id, owner, spec = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
 local ttl, result_ttl, grace = tonumber(ARGV[A + 4]), tonumber(ARGV[A + 5]), tonumber(ARGV[A + 6])
+local max_queue, max_per_user = tonumber(ARGV[A + 7]), tonumber(ARGV[A + 8])
 local t = now()
+local q = UQ .. owner
+
+if max_queue > 0 and redis.call('ZCARD', WAITING) >= max_queue then
+  -- a place frees when the running job ends and the next one starts
+  local mean, left, running = service_estimate(t)
+  if not running then left = mean end
+  return {'queue_full', math.max(1, math.ceil(left))}
+end
+if max_per_user > 0 and redis.call('ZCARD', q) >= max_per_user then
+  -- a place frees when this user's first waiting job starts
+  local mean, left = service_estimate(t)
+  local first = redis.call('ZRANGE', q, 0, 0)[1]
+  local ahead = redis.call('ZRANK', QUEUE, first) or 0
+  return {'quota_exceeded', math.max(1, math.ceil(left + ahead * mean))}
+end
+
 local deadline = t + ttl
 local life = math.ceil(ttl + result_ttl)
+local tag = math.max(virtual_time(), tonumber(redis.call('HGET', TAGS, owner) or '0'))
+local score = tag * TIE + redis.call('INCR', SEQ) % TIE
 local jkey = JOB .. id
 redis.call('HSET', jkey, 'spec', spec, 'owner', owner, 'status', 'queued', 'queued_at', fmt(t),
-  'deadline', fmt(deadline), 'attempts', 0, 'prompt_tokens', 0, 'completion_tokens', 0)
+  'deadline', fmt(deadline), 'attempts', 0, 'prompt_tokens', 0, 'completion_tokens', 0, 'tag', tag)
 redis.call('EXPIRE', jkey, life)
 if grace > 0 then
   redis.call('HSET', jkey, 'watched', '1')
   redis.call('SET', WATCH .. id, '1', 'PX', math.ceil(grace * 1000))
 end
-local q = UQ .. owner
-if redis.call('ZCARD', q) == 0 then redis.call('RPUSH', RING, owner) end
-redis.call('ZADD', q, t, id)
+redis.call('HSET', TAGS, owner, tag + 1)
+redis.call('ZADD', QUEUE, score, id)
+redis.call('ZADD', q, score, id)
 redis.call('ZADD', WAITING, deadline, id)
 redis.call('ZADD', UJ .. owner, t, id)
 redis.call('ZREMRANGEBYRANK', UJ .. owner, 0, -1001) -- a user's listing keeps the newest 1000
-for _, k in ipairs({q, RING, WAITING, UJ .. owner}) do extend(k, life) end
+for _, k in ipairs({QUEUE, q, WAITING, UJ .. owner, TAGS, SEQ, VTIME}) do extend(k, life) end
 redis.call('PUBLISH', MOVED, id)
-return {fmt(t), fmt(deadline)}
+return {'ok', fmt(t), fmt(deadline)}
