@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -26,9 +27,43 @@ ENV_NAMES: dict[str, str] = {
     "job_time_limit_s": "ONELANE_JOB_TIME_LIMIT",
     "watch_grace_s": "ONELANE_WATCH_GRACE_S",
     "sse_ping_s": "ONELANE_SSE_PING_S",
+    "users": "ONELANE_API_KEYS",
+    "api_keys_file": "ONELANE_API_KEYS_FILE",
+    "secret_key": "ONELANE_SECRET_KEY",
     "host": "ONELANE_HOST",
     "port": "ONELANE_PORT",
 }
+
+
+SECRETS = {"users", "secret_key"}  # never echoed in error messages
+
+
+class User(BaseModel):
+    """A user who may call the API with `key`; `max_queued` overrides the server's per-user bound."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$")
+    key: str = Field(min_length=1)
+    max_queued: int | None = Field(None, ge=1)
+
+
+def parse_api_keys(value: str) -> list[dict[str, str]]:
+    """`alice:k1,bob:k2` -> users."""
+    users = []
+    for pair in filter(None, (p.strip() for p in value.split(","))):
+        name, sep, key = pair.partition(":")
+        if not sep:
+            raise ValueError(f"expected user:key pairs separated by commas, got {pair!r}")
+        users.append({"name": name.strip(), "key": key.strip()})
+    return users
+
+
+def read_keys_file(path: str) -> list[dict[str, object]]:
+    """A TOML file: one [users.NAME] table per user with `key` and optional `max_queued`."""
+    with open(path, "rb") as f:
+        table = tomllib.load(f).get("users", {})
+    return [{"name": name, **entry} for name, entry in table.items()]
 
 
 class Settings(BaseModel):
@@ -50,6 +85,9 @@ class Settings(BaseModel):
     job_time_limit_s: float = Field(900.0, gt=0)
     watch_grace_s: float = Field(10.0, gt=0, le=3600)
     sse_ping_s: float = Field(15.0, gt=0, le=15)
+    users: tuple[User, ...] = ()
+    api_keys_file: Path | None = None
+    secret_key: str | None = Field(None, min_length=16)
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
 
@@ -59,6 +97,20 @@ class Settings(BaseModel):
         if value != 1:
             raise ValueError("only 1 is supported: one worker owns the GPU and runs one job at a time")
         return value
+
+    @field_validator("users", mode="before")
+    @classmethod
+    def _parse_users(cls, value: object) -> object:
+        return parse_api_keys(value) if isinstance(value, str) else value
+
+    @field_validator("users")
+    @classmethod
+    def _unique(cls, users: tuple[User, ...]) -> tuple[User, ...]:
+        for attr in ("name", "key"):
+            values = [getattr(u, attr) for u in users]
+            if len(set(values)) != len(values):
+                raise ValueError(f"each user needs a distinct {attr}")
+        return users
 
     @field_validator("redis_url")
     @classmethod
@@ -71,15 +123,23 @@ class Settings(BaseModel):
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Read every setting from the environment; raise SettingsError naming the bad variable."""
         environ = os.environ if environ is None else environ
-        raw = {field: environ[name] for field, name in ENV_NAMES.items() if environ.get(name, "") != ""}
+        raw: dict[str, object] = {
+            field: environ[name] for field, name in ENV_NAMES.items() if environ.get(name, "") != ""
+        }
         try:
+            if "api_keys_file" in raw:
+                from_file = read_keys_file(str(raw["api_keys_file"]))
+                raw["users"] = [*parse_api_keys(str(raw.get("users", ""))), *from_file]
             return cls(**raw)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SettingsError(f"invalid configuration: ONELANE_API_KEYS_FILE: {exc}") from None
         except ValidationError as exc:
             problems = []
             for error in exc.errors():
                 field = str(error["loc"][0]) if error["loc"] else ""
                 name = ENV_NAMES.get(field, field)
-                problems.append(f"{name}={raw.get(field)!r}: {error['msg']}")
+                shown = "<secret>" if field in SECRETS else repr(raw.get(field))
+                problems.append(f"{name}={shown}: {error['msg']}")
             raise SettingsError("invalid configuration: " + "; ".join(problems)) from None
 
     @property
@@ -95,6 +155,11 @@ class Settings(BaseModel):
     def model_path(self) -> str:
         """ONELANE_MODEL, or the demo model built under var/ on first use."""
         return self.model or str((self.var_dir / "demo-model").resolve())
+
+    @property
+    def keys_required(self) -> bool:
+        """With no users configured onelane runs in single-user local mode."""
+        return bool(self.users)
 
     @property
     def model_name(self) -> str:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 from dataclasses import dataclass
+from pathlib import Path
 
 import dramatiq
 from flask import Flask, current_app
@@ -23,6 +26,22 @@ def services() -> Services:
     return current_app.extensions["onelane"]  # type: ignore[no-any-return]
 
 
+def _stored_secret(path: Path) -> str:
+    """A random session-signing key kept under var/, so restarts and several web processes agree."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        secret = secrets.token_urlsafe(32)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another web process wrote it first
+            return path.read_text().strip()
+        with os.fdopen(fd, "w") as f:
+            f.write(secret)
+        return secret
+
+
 def create_app(settings: Settings | None = None) -> Flask:
     """Build the app from `settings` (default: the environment)."""
     settings = settings or Settings.from_env()
@@ -30,15 +49,18 @@ def create_app(settings: Settings | None = None) -> Flask:
     # Large enough for the longest allowed prompt in JSON escapes; larger bodies get a JSON 413.
     app.config["MAX_CONTENT_LENGTH"] = settings.max_prompt_chars * 6 + 64 * 1024
     app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.secret_key = settings.secret_key or _stored_secret(settings.var_dir / "secret_key")
+    app.config.update(SESSION_COOKIE_SAMESITE="Lax", SESSION_COOKIE_HTTPONLY=True)
     app.extensions["onelane"] = Services(
         settings=settings,
         store=Store(connect(settings.effective_redis_url), settings),
         broker=make_broker(settings),
     )
 
-    from web import api, errors, stream
+    from web import api, errors, pages, stream
 
     errors.register(app)
     app.register_blueprint(api.bp)
     app.register_blueprint(stream.bp)
+    app.register_blueprint(pages.bp)
     return app

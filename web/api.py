@@ -5,9 +5,9 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify, request, url_for
 
 from tasks.broker import send_run_next
-from tasks.job import Job, new_job_id
+from tasks.job import Job, JobSpec, new_job_id
 from web import services
-from web.auth import current_owner
+from web.auth import current_owner, current_user
 from web.schemas import SubmitJob, json_body, parse, to_spec
 
 bp = Blueprint("api", __name__)
@@ -21,13 +21,19 @@ def job_response(job: Job, status: int = 200) -> Response:
     return response
 
 
+def admit(spec: JobSpec, ttl_s: float) -> Job:
+    """Admit a job for the current caller (their own quota applies) and wake the worker."""
+    svc = services()
+    user = current_user()
+    job = svc.store.create(new_job_id(), spec, ttl_s, quota=user.max_queued if user else None)
+    send_run_next(svc.broker, job.id)
+    return job
+
+
 @bp.post("/v1/jobs")
 def submit() -> Response:
-    svc = services()
     req = parse(SubmitJob, json_body(request))
-    spec, ttl_s = to_spec(req, current_owner(), svc.settings)
-    job = svc.store.create(new_job_id(), spec, ttl_s)
-    send_run_next(svc.broker, job.id)
+    job = admit(*to_spec(req, current_owner(), services().settings))
     response = job_response(job, 202)
     response.headers["Location"] = url_for("api.get_job", job_id=job.id)
     return response

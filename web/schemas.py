@@ -50,7 +50,9 @@ class SubmitJob(BaseModel):
 
 def json_body(request: Request) -> dict[str, Any]:
     """The body as a JSON object, or InvalidJSON."""
-    body = request.get_json(silent=True, force=True)
+    if not request.is_json:
+        raise InvalidJSON("send a JSON object with 'Content-Type: application/json'")
+    body = request.get_json(silent=True)
     if not isinstance(body, dict):
         raise InvalidJSON("the body must be a JSON object")
     return body

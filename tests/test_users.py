@@ -1,0 +1,150 @@
+"""Many users: keys and ownership, bounded admission with Retry-After, fair turns."""
+
+from __future__ import annotations
+
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from tasks import keys
+from tests.helpers import wait_ended
+
+USERS = "alice:ka,bob:kb,carol:kc,dave:kd"
+
+
+def auth(user: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer k{user[0]}"}
+
+
+@pytest.fixture
+def settings(settings):  # type: ignore[no-untyped-def]
+    return settings.model_copy(
+        update={"users": settings.model_validate({"users": USERS}).users, "max_queue": 50, "max_queued_per_user": 20}
+    )
+
+
+def submit(client, user: str, prompt: str = "x", **fields):  # type: ignore[no-untyped-def]
+    return client.post("/v1/jobs", json={"prompt": prompt, "max_tokens": 3, "ignore_eos": True, **fields},
+                       headers=auth(user))  # fmt: skip
+
+
+def test_no_key_or_a_wrong_key_gets_401(jobs):
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic a2E="}):
+        response = jobs.client.post("/v1/jobs", json={"prompt": "x"}, headers=headers)
+        assert response.status_code == 401
+        assert response.get_json()["error"]["type"] == "unauthorized"
+        assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    assert jobs.client.get("/v1/jobs").status_code == 401
+
+
+def test_another_user_cannot_see_stream_list_or_cancel_a_job(jobs, live_server, store):
+    job = submit(jobs.client, "alice").get_json()
+    c = jobs.client
+
+    assert c.get(f"/v1/jobs/{job['id']}", headers=auth("bob")).status_code == 404
+    assert requests.get(f"{live_server}/v1/jobs/{job['id']}/events", headers=auth("bob"), timeout=5).status_code == 404
+    assert c.delete(f"/v1/jobs/{job['id']}", headers=auth("bob")).status_code == 404
+    assert c.get("/v1/jobs", headers=auth("bob")).get_json()["data"] == []
+    # indistinguishable from a job that does not exist
+    foreign = c.get(f"/v1/jobs/{job['id']}", headers=auth("bob")).get_json()
+    missing = c.get("/v1/jobs/job_nope", headers=auth("bob")).get_json()
+    assert str(foreign).replace(job["id"], "ID") == str(missing).replace("job_nope", "ID")
+    # and alice still sees and owns it
+    assert c.get(f"/v1/jobs/{job['id']}", headers=auth("alice")).get_json()["status"] == "queued"
+    assert [j["id"] for j in c.get("/v1/jobs", headers=auth("alice")).get_json()["data"]] == [job["id"]]
+
+
+def test_200_concurrent_submits_never_exceed_the_bounds(live_server, store):
+    # alice floods (80 submits), the three others send 40 each: 200 at once, 32 in flight
+    plan = ["alice"] * 80 + ["bob", "carol", "dave"] * 40
+
+    def post(user: str) -> tuple[str, requests.Response]:
+        r = requests.post(f"{live_server}/v1/jobs", json={"prompt": "x", "max_tokens": 3}, headers=auth(user), timeout=30)
+        return user, r
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(post, plan))
+
+    accepted = Counter(user for user, r in results if r.status_code == 202)
+    assert sum(accepted.values()) == 50  # the global bound, reached exactly and never passed
+    assert max(accepted.values()) <= 20 and accepted["alice"] == 20
+    for user, r in results:
+        if r.status_code == 202:
+            continue
+        error = r.json()["error"]["type"]
+        assert (r.status_code, error) in {(429, "quota_exceeded"), (503, "queue_full")}, r.text
+        assert r.headers["Retry-After"].isdigit() and int(r.headers["Retry-After"]) >= 1
+    assert Counter(r.status_code for _, r in results)[429] >= 60  # alice's 60 beyond her quota
+    # rejected submissions left nothing behind
+    assert store.redis.zcard(keys.WAITING) == 50
+    assert len(store.redis.keys(keys.JOB_PREFIX + "*")) == 50
+
+
+def test_retry_after_follows_the_eta(jobs, store, start_worker, settings):
+    start_worker()
+    c = jobs.client
+    for n in range(2):  # time a few jobs so the ETA is known
+        wait_ended(store, submit(c, "bob", max_tokens=20).get_json()["id"])
+    mean = sum(float(t) for t in store.redis.lrange(keys.SERVICE_TIMES, 0, -1)) / 2
+    assert submit(c, "carol", max_tokens=4000).status_code == 202  # runs long
+    for _ in range(20):
+        assert submit(c, "alice").status_code == 202
+
+    over = submit(c, "alice")
+
+    assert over.status_code == 429
+    # alice's first waiting job has nobody else's ahead: it starts when the long job ends (< 1 mean)
+    assert 1 <= int(over.headers["Retry-After"]) <= max(1, int(mean) + 1)
+
+
+def test_a_user_quota_from_the_keys_file_applies(jobs, tmp_path, settings, redis_client):
+    from tasks.settings import Settings
+    from web import create_app
+
+    keys_file = tmp_path / "keys.toml"
+    keys_file.write_text('[users.erin]\nkey = "ke"\nmax_queued = 2\n')
+    env = {"REDIS_URL": settings.effective_redis_url, "ONELANE_API_KEYS_FILE": str(keys_file)}
+    client = create_app(Settings.from_env(env)).test_client()
+
+    assert [submit(client, "erin").status_code for _ in range(3)] == [202, 202, 429]
+
+
+def test_a_flood_from_one_user_delays_another_by_at_most_one_job(jobs, store, start_worker):
+    c = jobs.client
+    flood = [submit(c, "alice", f"a{n}").get_json()["id"] for n in range(10)]
+    single = submit(c, "bob", "b").get_json()["id"]
+
+    start_worker()
+    done = {job_id: wait_ended(store, job_id) for job_id in [*flood, single]}
+
+    order = sorted(done, key=lambda job_id: done[job_id]["timings"]["started_at"])
+    assert order.index(single) <= 1  # runs no later than second
+    assert [j for j in order if j != single] == flood  # FIFO within alice
+
+
+def test_three_users_interleave(jobs, store, start_worker):
+    c = jobs.client
+    ids = {user: [submit(c, user, f"{user}{n}").get_json()["id"] for n in range(5)] for user in ("alice", "bob", "carol")}
+    owner = {job_id: user for user, job_ids in ids.items() for job_id in job_ids}
+
+    start_worker()
+    done = {job_id: wait_ended(store, job_id) for job_id in owner}
+
+    order = sorted(done, key=lambda job_id: done[job_id]["timings"]["started_at"])
+    assert [owner[j][0] for j in order] == list("abc" * 5)
+
+
+def test_positions_reported_match_the_order_jobs_run(jobs, store, start_worker):
+    c = jobs.client
+    plan = ["alice"] * 4 + ["bob"] * 2 + ["carol"] + ["alice"] + ["dave"] * 2
+    ids = [submit(c, user).get_json()["id"] for user in plan]
+    reported = {job_id: c.get(f"/v1/jobs/{job_id}", headers=auth(user)).get_json()["position"]
+                for job_id, user in zip(ids, plan)}  # fmt: skip
+
+    start_worker()
+    done = {job_id: wait_ended(store, job_id) for job_id in ids}
+
+    order = sorted(ids, key=lambda job_id: done[job_id]["timings"]["started_at"])
+    assert [reported[j] for j in order] == list(range(1, len(ids) + 1))
