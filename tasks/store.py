@@ -107,14 +107,16 @@ class Store:
                 continue
         return jobs
 
-    def cancel(self, job_id: str, owner: str, wait_s: float = 0.0) -> Job:
+    def cancel(self, job_id: str, owner: str, wait_s: float = 0.0, error: tuple[str, str] | None = None) -> Job:
         """Cancel a waiting job now; flag a running one and wait up to `wait_s` for the worker to end it.
 
         Cancelling a job that is already cancelled is harmless; one that ended otherwise is JobAlreadyEnded.
+        `error` (type, message) records why, e.g. ("client_gone", ...) when the client hung up.
         """
         with self.redis.pubsub(ignore_subscribe_messages=True) as sub:
             sub.subscribe(keys.channel(job_id))  # before the cancel, so the worker's answer cannot be missed
-            found = self._run("cancel", job_id, owner, self.settings.result_ttl_s, "")
+            err = error_json(*error) if error else ""
+            found = self._run("cancel", job_id, owner, self.settings.result_ttl_s, err)
             if found == "not_found":
                 raise JobNotFound(f"no job {job_id!r}", param="id")
             if found not in ("queued", "cancelling", JobStatus.CANCELLED.value):

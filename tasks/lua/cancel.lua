@@ -1,7 +1,7 @@
 -- Cancel a job on behalf of its owner. A waiting job ends `cancelled` at once; a running one is flagged
 -- and the worker, which checks the flag at every token, ends it. Returns the status it found, or
 -- 'not_found' (also for another owner's job), or 'cancelling'.
--- ARGV: id, owner, result_ttl_s, error_json
+-- ARGV: id, owner, result_ttl_s, error_json ('' for a plain cancel; the job's error otherwise)
 local id, owner, result_ttl, err = ARGV[A + 1], ARGV[A + 2], tonumber(ARGV[A + 3]), ARGV[A + 4]
 local jkey = JOB .. id
 local f = redis.call('HMGET', jkey, 'status', 'owner')
@@ -13,6 +13,7 @@ if f[1] == 'queued' then
 elseif f[1] == 'in_progress' then
   -- remember how far generation had got when asked, so "stops within a step" can be checked
   redis.call('HSET', jkey, 'cancel_requested', redis.call('HGET', jkey, 'completion_tokens') or '0')
+  if err ~= '' then redis.call('HSET', jkey, 'cancel_error', err) end
   return 'cancelling'
 end
 return f[1]

@@ -5,6 +5,7 @@ local id, status, reason, err = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3], ARGV[A + 
 local prompt_tokens, completion_tokens, result_ttl = ARGV[A + 5], ARGV[A + 6], tonumber(ARGV[A + 7])
 local jkey = JOB .. id
 if redis.call('HGET', jkey, 'status') ~= 'in_progress' then return 0 end
+if status == 'cancelled' and err == '' then err = redis.call('HGET', jkey, 'cancel_error') or '' end
 local t = now()
 redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens, 'completion_tokens', completion_tokens)
 local started = tonumber(redis.call('HGET', jkey, 'started_at'))

@@ -1,0 +1,67 @@
+"""Follow one job from the web: the one loop behind the SSE feed, OpenAI streams and blocking waits."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from tasks.job import Job, JobStatus
+from tasks.store import TERMINAL_EVENTS, Feed, Store
+from web.connection import client_connected
+
+SOCKET_CHECK_S = 0.25  # how often a waiting request looks whether its client hung up
+
+
+def follow(
+    store: Store,
+    job: Job,
+    *,
+    after: int = -1,
+    ping_s: float = 15.0,
+    environ: dict[str, Any] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Yield the job's story as dicts with a "type", ending after exactly one terminal event:
+
+    - {"type": "queued", "position", "eta_s"} while it waits, whenever its standing changes;
+    - {"type": "ping"} every `ping_s` seconds (a watched, waiting job's lease is renewed right after);
+    - the job's own events from the durable log after index `after`, each with its index "i";
+    - {"type": "gone"} (and nothing more) if `environ`'s client closed its connection.
+    """
+    feed = Feed(store, job.id, after)
+    try:
+        job = store.get(job.id)  # fresh, now that the feed is subscribed
+        waiting = job.status is JobStatus.QUEUED
+        if waiting and job.spec.watched:
+            ping_s = min(ping_s, store.settings.watch_grace_s / 3)
+            store.keep_watching(job)
+        shown: tuple[int, float | None] | None = None
+        moved = True  # recompute the standing once no more queue moves are pending
+        next_ping = time.monotonic() + ping_s
+        while True:
+            wait = next_ping - time.monotonic()
+            event = feed.get(timeout_s=0 if moved else min(wait, SOCKET_CHECK_S) if environ else wait)
+            if event is None:
+                if moved and waiting:
+                    standing = store.standing(job)
+                    if standing.position is not None and (standing.position, standing.eta_s) != shown:
+                        shown = (standing.position, standing.eta_s)
+                        yield {"type": "queued", "position": standing.position, "eta_s": standing.eta_s}
+                moved = False
+            elif event["type"] == "moved":
+                moved = True
+            else:
+                waiting = False
+                yield event
+                if event["type"] in TERMINAL_EVENTS:
+                    return
+            if environ is not None and not client_connected(environ):
+                yield {"type": "gone"}
+                return
+            if time.monotonic() >= next_ping:
+                yield {"type": "ping"}
+                if waiting:
+                    store.keep_watching(job)
+                next_ping = time.monotonic() + ping_s
+    finally:
+        feed.close()
