@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tasks.job import Job
+
 
 class OnelaneError(Exception):
     """Base class for all onelane errors; `type` is the machine-readable name clients see."""
@@ -44,10 +49,43 @@ class JobNotFound(OnelaneError):
     type = "not_found"
 
 
+class ModelNotFound(OnelaneError):
+    """The request names a model this server does not serve."""
+
+    type = "model_not_found"
+
+
 class JobAlreadyEnded(OnelaneError):
     """The job reached a terminal state; it can no longer change."""
 
     type = "job_ended"
+
+
+class JobDidNotComplete(OnelaneError):
+    """A caller waited for a job's answer, but the job ended otherwise (for the OpenAI endpoints)."""
+
+    @staticmethod
+    def of(job: Job) -> JobDidNotComplete:
+        kind = {"cancelled": JobCancelled, "expired": JobExpired}.get(job.status.value, JobFailed)
+        return kind(job.error.message if job.error else f"the job was {job.status.value}")
+
+
+class JobCancelled(JobDidNotComplete):
+    """The job was cancelled before it completed."""
+
+    type = "job_cancelled"
+
+
+class JobExpired(JobDidNotComplete):
+    """The job waited past its deadline and never started."""
+
+    type = "job_expired"
+
+
+class JobFailed(JobDidNotComplete):
+    """Generation failed."""
+
+    type = "job_failed"
 
 
 class Overloaded(OnelaneError):

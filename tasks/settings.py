@@ -7,7 +7,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tasks.errors import SettingsError
 
@@ -98,6 +98,15 @@ class Settings(BaseModel):
             raise ValueError("only 1 is supported: one worker owns the GPU and runs one job at a time")
         return value
 
+    @model_validator(mode="after")
+    def _default_within_limit(self) -> Settings:
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise ValueError(
+                f"ONELANE_DEFAULT_MAX_TOKENS ({self.default_max_tokens}) exceeds ONELANE_MAX_TOKENS_LIMIT "
+                f"({self.max_tokens_limit})"
+            )
+        return self
+
     @field_validator("users", mode="before")
     @classmethod
     def _parse_users(cls, value: object) -> object:
@@ -136,7 +145,10 @@ class Settings(BaseModel):
         except ValidationError as exc:
             problems = []
             for error in exc.errors():
-                field = str(error["loc"][0]) if error["loc"] else ""
+                if not error["loc"]:  # a rule across several settings names them in its message
+                    problems.append(error["msg"].removeprefix("Value error, "))
+                    continue
+                field = str(error["loc"][0])
                 name = ENV_NAMES.get(field, field)
                 shown = "<secret>" if field in SECRETS else repr(raw.get(field))
                 problems.append(f"{name}={shown}: {error['msg']}")

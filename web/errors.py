@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import redis
-from flask import Flask, Response, jsonify
+from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from tasks import errors
@@ -18,6 +18,10 @@ STATUS: dict[type[errors.OnelaneError], int] = {
     errors.InvalidRequest: 422,
     errors.JobNotFound: 404,
     errors.JobAlreadyEnded: 409,
+    errors.JobCancelled: 410,
+    errors.JobExpired: 503,
+    errors.JobFailed: 500,
+    errors.ModelNotFound: 404,
     errors.QuotaExceeded: 429,
     errors.QueueFull: 503,
     errors.Unauthorized: 401,
@@ -25,13 +29,28 @@ STATUS: dict[type[errors.OnelaneError], int] = {
 }
 
 
+OPENAI_CATEGORY = {401: "authentication_error", 429: "rate_limit_error"}
+
+
 def error_response(status: int, type_: str, message: str, param: str | None = None) -> Response:
-    body: dict[str, object] = {"type": type_, "message": message}
-    if param is not None:
-        body["param"] = param
+    """onelane's error body; on the OpenAI endpoints, OpenAI's shape (and 400 for any invalid request)."""
+    body: dict[str, object]
+    if request.blueprint == "openai":
+        status = 400 if status == 422 else status
+        category = OPENAI_CATEGORY.get(status, "server_error" if status >= 500 else "invalid_request_error")
+        body = {"message": message, "type": category, "param": param, "code": type_}
+    else:
+        body = {"type": type_, "message": message}
+        if param is not None:
+            body["param"] = param
     response = jsonify({"error": body})
     response.status_code = status
     return response
+
+
+def openai_error(exc: errors.OnelaneError) -> dict[str, object]:
+    """The error object inside an OpenAI stream's `data: {"error": ...}` line."""
+    return {"message": exc.message, "type": "server_error", "param": exc.param, "code": exc.type}
 
 
 def register(app: Flask) -> None:

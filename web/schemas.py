@@ -71,21 +71,9 @@ def parse(model: type[BaseModel], body: dict[str, Any]) -> Any:
 
 
 def to_spec(req: SubmitJob, owner: str, settings: Settings, watched: bool = False) -> tuple[JobSpec, float]:
-    """Apply the server's limits and defaults; return the job spec and its TTL."""
-    size = len(req.prompt) if req.prompt is not None else sum(len(m.content) for m in req.messages or [])
-    if size > settings.max_prompt_chars:
-        raise PromptTooLarge(
-            f"the prompt has {size} characters; this server accepts at most {settings.max_prompt_chars}",
-            param="prompt" if req.prompt is not None else "messages",
-        )
-    max_tokens = req.max_tokens or min(settings.default_max_tokens, settings.max_tokens_limit)
-    if max_tokens > settings.max_tokens_limit:
-        raise InvalidRequest(f"max_tokens may be at most {settings.max_tokens_limit}", param="max_tokens")
-    ttl_s = req.ttl_s or settings.job_ttl_s
-    if ttl_s > settings.job_ttl_s:
-        raise InvalidRequest(f"ttl_s may be at most {settings.job_ttl_s:g}", param="ttl_s")
+    """The job spec and TTL for a /v1/jobs submission."""
     params = SamplingParams(
-        max_tokens=max_tokens,
+        max_tokens=req.max_tokens or settings.default_max_tokens,
         temperature=req.temperature,
         top_p=req.top_p,
         seed=req.seed,
@@ -93,12 +81,31 @@ def to_spec(req: SubmitJob, owner: str, settings: Settings, watched: bool = Fals
         ignore_eos=req.ignore_eos,
     )
     messages = tuple(req.messages) if req.messages is not None else None
+    return make_spec(owner, settings, params, req.prompt, messages, req.ttl_s, watched or req.abandon_on_disconnect)
+
+
+def make_spec(
+    owner: str,
+    settings: Settings,
+    params: SamplingParams,
+    prompt: str | None,
+    messages: tuple[Message, ...] | None,
+    ttl_s: float | None = None,
+    watched: bool = False,
+) -> tuple[JobSpec, float]:
+    """Apply the server's limits (prompt size, max_tokens, TTL); every way in goes through here."""
+    size = len(prompt) if prompt is not None else sum(len(m.content) for m in messages or ())
+    if size > settings.max_prompt_chars:
+        raise PromptTooLarge(
+            f"the prompt has {size} characters; this server accepts at most {settings.max_prompt_chars}",
+            param="prompt" if prompt is not None else "messages",
+        )
+    if params.max_tokens > settings.max_tokens_limit:
+        raise InvalidRequest(f"max_tokens may be at most {settings.max_tokens_limit}", param="max_tokens")
+    ttl_s = ttl_s or settings.job_ttl_s
+    if ttl_s > settings.job_ttl_s:
+        raise InvalidRequest(f"ttl_s may be at most {settings.job_ttl_s:g}", param="ttl_s")
     spec = JobSpec(
-        owner=owner,
-        model=settings.model_name,
-        prompt=req.prompt,
-        messages=messages,
-        params=params,
-        watched=watched or req.abandon_on_disconnect,
+        owner=owner, model=settings.model_name, prompt=prompt, messages=messages, params=params, watched=watched
     )
     return spec, ttl_s

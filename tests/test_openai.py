@@ -1,0 +1,175 @@
+"""Code written for the OpenAI API works against onelane unchanged, with the official SDK as the client."""
+
+from __future__ import annotations
+
+import threading
+
+import openai
+import pytest
+import requests
+
+from tests.helpers import wait_ended, wait_event
+
+MODEL = "onelane-demo"
+
+
+@pytest.fixture
+def settings(settings):  # type: ignore[no-untyped-def]
+    return settings.model_copy(update={"model": None})  # serve under the demo name clients use
+
+
+@pytest.fixture
+def client(live_server):  # type: ignore[no-untyped-def]
+    return openai.OpenAI(base_url=f"{live_server}/v1", api_key="anything", max_retries=0, timeout=30)
+
+
+@pytest.fixture
+def worker(start_worker, settings, engine):  # type: ignore[no-untyped-def]
+    return start_worker()
+
+
+def chat(client, content="hi", **kw):  # type: ignore[no-untyped-def]
+    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], **kw)
+
+
+def test_models_lists_the_served_model(client):
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_chat_completion(client, worker, store):
+    response = chat(client, max_tokens=6, extra_body={"ignore_eos": True})
+
+    assert response.object == "chat.completion"
+    assert response.choices[0].message.role == "assistant"
+    assert response.choices[0].finish_reason == "length"
+    assert response.usage.completion_tokens == 6
+    job = store.list("local")[0]
+    assert response.choices[0].message.content == job.output
+
+
+def test_completion(client, worker):
+    response = client.completions.create(model=MODEL, prompt="once upon", max_tokens=5, extra_body={"ignore_eos": True})
+    assert response.object == "text_completion"
+    assert response.choices[0].text and response.usage.completion_tokens == 5
+
+
+def test_stream_has_content_deltas_then_done_and_usage(client, worker, store):
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=12, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    job_id = raw.headers["x-onelane-job-id"]
+    chunks = list(raw.parse())
+
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == store.get(job_id).output
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+
+
+def test_raw_stream_ends_with_done(live_server, worker):
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 3, "stream": True}
+    lines = [ln for ln in requests.post(f"{live_server}/v1/completions", json=body, timeout=30).text.splitlines() if ln]
+    assert lines[-1] == "data: [DONE]"
+    assert all(ln.startswith(("data: ", ":")) for ln in lines)
+
+
+def test_max_tokens_gives_finish_reason_length(client, worker):
+    response = chat(client, max_completion_tokens=3, extra_body={"ignore_eos": True})
+    assert response.choices[0].finish_reason == "length"
+    assert response.usage.completion_tokens == 3
+
+
+def test_a_stop_string_ends_the_answer_before_it(client, worker):
+    free = chat(client, "stop", max_tokens=20, temperature=0, extra_body={"ignore_eos": True})
+    text = free.choices[0].message.content
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+
+    stopped = chat(client, "stop", max_tokens=20, temperature=0, stop=[stop], extra_body={"ignore_eos": True})
+
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].message.content == text[: text.index(stop)]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"tools": [{"type": "function", "function": {"name": "f"}}]}, {"n": 2}, {"logprobs": True}, {"presence_penalty": 1}],
+)
+def test_unsupported_parameter_is_a_bad_request(client, extra, store):
+    with pytest.raises(openai.BadRequestError) as err:
+        chat(client, extra_body=extra)
+    assert err.value.body["param"] == next(iter(extra))
+    assert err.value.body["type"] == "invalid_request_error"
+    assert store.list("local") == []
+
+
+def test_unknown_model_is_not_found(client):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    assert err.value.body["code"] == "model_not_found"
+
+
+def test_headers_carry_the_job_id_and_queue_time(client, worker, store):
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2
+    )
+    assert store.get(raw.headers["x-onelane-job-id"]).status.value == "completed"
+    assert float(raw.headers["x-queue-time"]) >= 0
+
+
+def test_a_waiting_stream_gets_its_position_as_comments(live_server, jobs, store, worker):
+    busy = jobs.submit("busy", max_tokens=3000, ignore_eos=True)
+    wait_event(store, busy["id"], lambda e: e["type"] == "token")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True}
+    with requests.post(f"{live_server}/v1/chat/completions", json=body, stream=True, timeout=30) as response:
+        lines = response.iter_lines(decode_unicode=True)
+        comment = next(ln for ln in lines if ln.startswith(":"))
+        jobs.cancel(busy["id"])
+        rest = [ln for ln in lines if ln]
+    assert comment.startswith(": queued, position 1")
+    assert rest[-1] == "data: [DONE]"
+
+
+def test_closing_a_stream_cancels_its_job(client, worker, store):
+    stream = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=3000, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    job_id = stream.headers["x-onelane-job-id"]
+    chunks = stream.parse()
+    for _, _ in zip(range(5), chunks):
+        pass
+    chunks.close()
+
+    done = wait_ended(store, job_id)
+    assert done["status"] == "cancelled"
+    assert done["error"]["type"] == "client_gone"
+    assert 0 < done["usage"]["completion_tokens"] < 3000
+
+
+def test_a_non_streaming_client_that_leaves_while_queued_is_never_generated(live_server, jobs, store, worker):
+    busy = jobs.submit("busy", max_tokens=3000, ignore_eos=True)
+    wait_event(store, busy["id"], lambda e: e["type"] == "token")
+    impatient = openai.OpenAI(base_url=f"{live_server}/v1", api_key="x", max_retries=0, timeout=1.0)
+
+    gave_up = threading.Event()
+
+    def ask() -> None:
+        try:
+            chat(impatient, max_tokens=5)
+        except openai.APITimeoutError:
+            gave_up.set()
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    thread.join()
+    assert gave_up.is_set()
+    job_id = next(j.id for j in store.list("local") if j.id != busy["id"])
+
+    left = wait_ended(store, job_id)
+    jobs.cancel(busy["id"])
+
+    assert left["status"] == "cancelled"
+    assert left["error"]["type"] == "client_gone"
+    assert left["timings"]["started_at"] is None and left["usage"]["completion_tokens"] == 0

@@ -1,0 +1,278 @@
+"""OpenAI-compatible endpoints on the queue: /v1/models, /v1/chat/completions, /v1/completions.
+
+Each request is a job in the same queue (same bounds, quotas, fairness, TTL). The client's connection is the
+watcher: a client that hangs up, streaming or not, gets its job cancelled (skipped if it still waits, stopped
+within a step if it runs). Unsupported request fields get a 400 rather than being silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from flask import Blueprint, Response, jsonify, request, stream_with_context
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.errors import InvalidRequest, JobDidNotComplete, ModelNotFound, OnelaneError
+from tasks.job import Job, JobStatus, Message, SamplingParams
+from web import services
+from web.api import admit
+from web.auth import current_owner
+from web.errors import openai_error
+from web.follow import follow
+from web.schemas import json_body, make_spec, parse
+
+bp = Blueprint("openai", __name__)
+
+#: Fields onelane accepts only with their neutral value: anything else would change the answer's meaning.
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "n": (1, None),
+    "presence_penalty": (0, 0.0, None),
+    "frequency_penalty": (0, 0.0, None),
+    "logprobs": (False, None),
+    "echo": (False, None),
+    "best_of": (1, None),
+    "parallel_tool_calls": (None,),
+    "response_format": ({"type": "text"}, None),
+    "store": (False, None),
+    "suffix": (None, ""),
+}
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def to_message(self) -> Message:
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
+        return Message(role="system" if self.role == "developer" else self.role, content=content)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
+    include_obfuscation: bool | None = None
+
+
+class Sampling(BaseModel):
+    """What both endpoints share. Defaults are OpenAI's (temperature 1)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    ignore_eos: bool = False  # an extension, as in vLLM: generate to max_tokens past EOS
+
+    def params(self, default_max_tokens: int, max_tokens: int | None = None) -> SamplingParams:
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if len(stops) > 4 or any(not s for s in stops):
+            raise InvalidRequest("stop takes up to 4 non-empty strings", param="stop")
+        return SamplingParams(
+            max_tokens=max_tokens or self.max_tokens or default_max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            seed=self.seed,
+            stop=tuple(stops),
+            ignore_eos=self.ignore_eos,
+        )
+
+
+class ChatRequest(Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[str]
+
+
+def _parse(model: type[Sampling], body: dict[str, Any]) -> Any:
+    """Validate, refusing unsupported fields by name; the neutral value of a known field is let through."""
+    for field in list(body):
+        if field in NEUTRAL and field not in model.model_fields:
+            if body[field] not in NEUTRAL[field]:
+                raise InvalidRequest(f"'{field}' = {body[field]!r} is not supported by onelane", param=field)
+            del body[field]
+        elif field not in model.model_fields:
+            raise InvalidRequest(f"'{field}' is not supported by onelane", param=field)
+    req = parse(model, body)
+    if req.model != services().settings.model_name:
+        raise ModelNotFound(f"the model '{req.model}' does not exist; this server serves "
+                            f"'{services().settings.model_name}'", param="model")  # fmt: skip
+    return req
+
+
+@bp.get("/v1/models")
+def models() -> Response:
+    current_owner()
+    settings = services().settings
+    model = {"id": settings.model_name, "object": "model", "created": 0, "owned_by": "onelane"}
+    return jsonify({"object": "list", "data": [model]})
+
+
+@bp.post("/v1/chat/completions")
+def chat_completions() -> Response:
+    req: ChatRequest = _parse(ChatRequest, json_body(request))
+    settings = services().settings
+    params = req.params(settings.default_max_tokens, req.max_completion_tokens)
+    messages = tuple(m.to_message() for m in req.messages)
+    job = admit(*make_spec(current_owner(), settings, params, None, messages, watched=True))
+    return _respond(job, Chat(job, req), req.stream)
+
+
+@bp.post("/v1/completions")
+def completions() -> Response:
+    req: CompletionRequest = _parse(CompletionRequest, json_body(request))
+    if isinstance(req.prompt, list) and len(req.prompt) != 1:
+        raise InvalidRequest("onelane takes one prompt per request", param="prompt")
+    prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+    settings = services().settings
+    params = req.params(min(16, settings.max_tokens_limit))  # the legacy endpoint's default is 16 tokens
+    job = admit(*make_spec(current_owner(), settings, params, prompt, None, watched=True))
+    return _respond(job, Text(job, req), req.stream)
+
+
+class Chat:
+    """The chat.completion wire format for one job."""
+
+    object = "chat.completion"
+    prefix = "chatcmpl-"
+
+    def __init__(self, job: Job, req: Sampling) -> None:
+        self.id = self.prefix + job.id.removeprefix("job_")
+        self.model = job.spec.model
+        self.created = int(job.timings.queued_at)
+        self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+    def envelope(self, obj: str, choices: list[dict[str, Any]], usage: dict[str, int] | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        body["choices"] = choices
+        if usage is not None or obj == self.object or self.include_usage:
+            body["usage"] = usage
+        return body
+
+    def choice(self, text: str, finish_reason: str | None, delta: bool) -> dict[str, Any]:
+        key = "delta" if delta else "message"
+        content: dict[str, Any] = {"content": text} if delta else {"role": "assistant", "content": text}
+        return {"index": 0, key: content, "logprobs": None, "finish_reason": finish_reason}
+
+    def chunk_object(self) -> str:
+        return self.object + ".chunk"
+
+    def first_chunk(self) -> dict[str, Any] | None:
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        return self.envelope(self.chunk_object(), [choice], None)
+
+
+class Text(Chat):
+    """The text_completion wire format for one job."""
+
+    object = "text_completion"
+    prefix = "cmpl-"
+
+    def choice(self, text: str, finish_reason: str | None, delta: bool) -> dict[str, Any]:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+    def chunk_object(self) -> str:
+        return self.object
+
+    def first_chunk(self) -> dict[str, Any] | None:
+        return None
+
+
+def _usage(job: Job) -> dict[str, int]:
+    u = job.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens}
+
+
+def _headers(job: Job) -> dict[str, str]:
+    headers = {"x-onelane-job-id": job.id}
+    if job.timings.started_at is not None:
+        headers["x-queue-time"] = f"{job.timings.started_at - job.timings.queued_at:.3f}"
+    return headers
+
+
+def _hang_up(job: Job) -> None:
+    """The client left: cancel its job, unless it ended meanwhile."""
+    try:
+        services().store.cancel(job.id, job.owner, error=("client_gone", "the client closed its connection"))
+    except OnelaneError:  # it ended meanwhile
+        pass
+
+
+def _respond(job: Job, view: Chat, stream: bool) -> Response:
+    settings = services().settings
+    story = follow(services().store, job, ping_s=settings.sse_ping_s, environ=request.environ)
+    if stream:
+        return Response(
+            stream_with_context(_stream(job, view, story)),
+            mimetype="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **_headers(job)},
+        )
+    for item in story:
+        if item["type"] == "gone":
+            _hang_up(job)
+            return Response(status=499)  # nobody reads it; the job was cancelled
+    final = services().store.get(job.id)
+    if final.status is not JobStatus.COMPLETED:
+        raise JobDidNotComplete.of(final)
+    response = jsonify(view.envelope(view.object, [view.choice(final.output, final.finish_reason, False)], _usage(final)))
+    response.headers.update(_headers(final))
+    return response
+
+
+def _stream(job: Job, view: Chat, story: Iterator[dict[str, Any]]) -> Iterator[str]:
+    """OpenAI's SSE: `data: {chunk}` lines, queue position as comments, `data: [DONE]` at the end."""
+    ended = False
+    try:
+        first = view.first_chunk()
+        if first is not None:
+            yield _data(first)
+        for item in story:
+            kind = item["type"]
+            if kind == "queued":
+                yield f": queued, position {item['position']}, eta_s {item['eta_s']}\n\n"
+            elif kind == "ping":
+                yield ": ping\n\n"
+            elif kind == "token":
+                yield _data(view.envelope(view.chunk_object(), [view.choice(item["text"], None, True)], None))
+            elif kind == "gone":
+                return
+            elif kind in ("completed", "failed", "cancelled", "expired"):
+                ended = True
+                final = services().store.get(job.id)
+                if final.status is JobStatus.COMPLETED:
+                    yield _data(view.envelope(view.chunk_object(), [view.choice("", final.finish_reason, True)], None))
+                    if view.include_usage:
+                        yield _data(view.envelope(view.chunk_object(), [], _usage(final)))
+                else:
+                    yield _data({"error": openai_error(JobDidNotComplete.of(final))})
+                yield "data: [DONE]\n\n"
+                return
+    finally:
+        if not ended:
+            _hang_up(job)
+
+
+def _data(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
