@@ -90,11 +90,19 @@ def web(host: str | None, port: int | None, threads: int) -> None:
 
 
 @main.command()
-def worker() -> None:
+@click.option("--supervise/--no-supervise", default=True, show_default=True,
+              help="Restart the worker process when it dies or its job stalls.")  # fmt: skip
+def worker(supervise: bool) -> None:
     """Run the GPU worker: dramatiq with 1 process, 1 thread, prefetch 1."""
-    from worker.main import run
+    settings = _settings()
+    if supervise:
+        from worker.supervisor import run as supervise_worker
 
-    run(_settings())
+        supervise_worker(settings)
+    else:
+        from worker.main import run
+
+        run(settings)
 
 
 @main.command()

@@ -114,6 +114,12 @@ class Unauthorized(OnelaneError):
     type = "unauthorized"
 
 
+class LeaseLost(OnelaneError):
+    """This worker no longer holds its device's lease: another worker took over, so it must stop."""
+
+    type = "lease_lost"
+
+
 class Unavailable(OnelaneError):
     """Redis, or the worker behind it, cannot be reached right now."""
 

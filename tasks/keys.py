@@ -22,7 +22,10 @@ VIRTUAL_TIME = NS + "vtime"  # string: the start tag of the job claimed last
 FINISH_TAGS = NS + "finish-tags"  # hash: user -> start tag their next job gets at the earliest
 SEQUENCE = NS + "seq"  # string: admission counter, breaks ties between equal start tags
 QUEUE_MOVED = NS + "queue-moved"  # pub/sub: "the queue changed, recompute your position"
-RUNNING = NS + "running"  # hash: the job the worker runs now (id, started_at)
+IN_PROGRESS = NS + "in-progress"  # sorted set: running job ids by started_at
+DEVICE_PREFIX = NS + "device:"  # hash with a short TTL: the lease of the worker that owns a device
+DEVICES = NS + "devices"  # set: device names seen, for health checks
+STATS = NS + "stats"  # hash: counters and histogram buckets behind /metrics
 SERVICE_TIMES = NS + "service-times"  # list: the last 20 job service times in seconds, for the ETA
 
 
@@ -50,6 +53,10 @@ def watch(job_id: str) -> str:
     return WATCH_PREFIX + job_id
 
 
+def device(name: str) -> str:
+    return DEVICE_PREFIX + name
+
+
 def user_jobs(owner: str) -> str:
     return USER_JOBS_PREFIX + owner
 
@@ -58,5 +65,6 @@ def prefixes() -> list[str]:
     """The names and prefixes, in the order every Lua script (tasks/lua/common.lua) expects them first."""
     return [
         JOB_PREFIX, OUTPUT_PREFIX, EVENTS_PREFIX, CHANNEL_PREFIX, USER_QUEUE_PREFIX, USER_JOBS_PREFIX, WATCH_PREFIX,
-        QUEUE, WAITING, QUEUE_MOVED, RUNNING, SERVICE_TIMES, VIRTUAL_TIME, FINISH_TAGS, SEQUENCE,
+        QUEUE, WAITING, QUEUE_MOVED, IN_PROGRESS, SERVICE_TIMES, VIRTUAL_TIME, FINISH_TAGS, SEQUENCE,
+        DEVICE_PREFIX, DEVICES, STATS,
     ]  # fmt: skip

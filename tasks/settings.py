@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +28,10 @@ ENV_NAMES: dict[str, str] = {
     "job_time_limit_s": "ONELANE_JOB_TIME_LIMIT",
     "watch_grace_s": "ONELANE_WATCH_GRACE_S",
     "sse_ping_s": "ONELANE_SSE_PING_S",
+    "device": "ONELANE_DEVICE",
+    "lease_s": "ONELANE_LEASE_S",
+    "max_attempts": "ONELANE_MAX_ATTEMPTS",
+    "stall_s": "ONELANE_STALL_S",
     "users": "ONELANE_API_KEYS",
     "api_keys_file": "ONELANE_API_KEYS_FILE",
     "secret_key": "ONELANE_SECRET_KEY",
@@ -85,6 +90,10 @@ class Settings(BaseModel):
     job_time_limit_s: float = Field(900.0, gt=0)
     watch_grace_s: float = Field(10.0, gt=0, le=3600)
     sse_ping_s: float = Field(15.0, gt=0, le=15)
+    device: str = Field(default_factory=socket.gethostname, min_length=1, max_length=128)
+    lease_s: float = Field(3.0, ge=0.5, le=60)
+    max_attempts: int = Field(2, ge=1, le=10)
+    stall_s: float = Field(120.0, gt=0)
     users: tuple[User, ...] = ()
     api_keys_file: Path | None = None
     secret_key: str | None = Field(None, min_length=16)

@@ -11,6 +11,7 @@ Every change that must not interleave with another is one Lua script in tasks/lu
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -19,7 +20,7 @@ from typing import Any
 import redis
 
 from tasks import keys
-from tasks.errors import JobAlreadyEnded, JobNotFound, QueueFull, QuotaExceeded
+from tasks.errors import JobAlreadyEnded, JobNotFound, LeaseLost, QueueFull, QuotaExceeded
 from tasks.job import TERMINAL, Job, JobSpec, JobStatus, error_json
 from tasks.settings import Settings
 
@@ -27,7 +28,7 @@ from tasks.settings import Settings
 def _load_scripts(client: redis.Redis) -> dict[str, Any]:
     folder = resources.files("tasks") / "lua"
     common = (folder / "common.lua").read_text()
-    names = ("admit", "claim", "cancel", "append", "finish", "position", "expire_due")
+    names = ("admit", "claim", "cancel", "append", "finish", "position", "expire_due", "recover", "lease", "stall")
     return {name: client.register_script(common + (folder / f"{name}.lua").read_text()) for name in names}
 
 
@@ -144,37 +145,65 @@ class Store:
     def ping(self) -> bool:
         return bool(self.redis.ping())
 
-    # --- the worker's verbs ----------------------------------------------------------------------
+    # --- the worker's verbs: `worker` is the id of the worker process acting ---------------------
 
-    def claim_next(self) -> Job | None:
-        """Atomically take the next job to run (round-robin across users) and mark it in_progress."""
+    def take_device(self, worker: str) -> str:
+        """Take or renew this device's lease for `worker`: 'ok', or the id of the worker holding it."""
+        lease_ms = int(self.settings.lease_s * 1000)
+        return str(self._run("lease", self.settings.device, worker, os.getpid(), lease_ms))
+
+    def claim_next(self, worker: str) -> Job | None:
+        """Atomically take the next job in fair order and mark it in_progress for `worker`.
+
+        Raises LeaseLost if `worker` no longer holds the device (it must stop: another worker took over).
+        """
         run_life = int(self.settings.job_time_limit_s + self.settings.result_ttl_s)
-        job_id = self._run("claim", self.settings.result_ttl_s, run_life)
+        job_id = self._run("claim", self.settings.result_ttl_s, run_life, self.settings.device, worker)
+        if job_id == "lost":
+            raise LeaseLost(f"worker {worker} lost the lease of device {self.settings.device}")
         return self.get(job_id) if job_id else None
 
-    def append(self, job_id: str, n_tokens: int, text: str, prompt_tokens: int) -> bool:
-        """Record generated text as one token event; True when the job must stop (cancelled)."""
+    def append(self, job_id: str, n_tokens: int, text: str, prompt_tokens: int, worker: str) -> bool:
+        """Record generated text as one token event; True when the job must stop (cancelled, or taken away)."""
         event = json.dumps({"type": "token", "text": text, "n": n_tokens}, separators=(",", ":"))
-        return bool(self._run("append", job_id, n_tokens, text, event, prompt_tokens))
+        return bool(self._run("append", job_id, n_tokens, text, event, prompt_tokens, worker))
 
     def finish(
         self,
         job_id: str,
         status: JobStatus,
+        worker: str,
         *,
         finish_reason: str | None = None,
         error: tuple[str, str] | None = None,
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
     ) -> bool:
-        """End a running job; False if it was not running (it already has its one terminal state)."""
+        """End a job `worker` runs; False if it was not running there (it has its one terminal state)."""
         err = error_json(*error) if error else ""
-        args = (status.value, finish_reason or "", err, prompt_tokens, completion_tokens, self.settings.result_ttl_s)
+        s = self.settings
+        args = (status.value, finish_reason or "", err, prompt_tokens, completion_tokens, s.result_ttl_s, worker)
         return bool(self._run("finish", job_id, *args))
+
+    def recover(self, job_id: str = "", worker: str = "") -> list[tuple[str, str]]:
+        """Release running jobs whose worker lost its device (or `job_id`, for its own `worker`): requeued at
+        the front, or failed after max_attempts. Returns (job id, what happened) pairs."""
+        s = self.settings
+        flat = self._run("recover", s.max_attempts, s.job_ttl_s, s.result_ttl_s, job_id, worker)
+        return list(zip(flat[::2], flat[1::2]))
+
+    def fail_if_stalled(self) -> str | None:
+        """End this device's running job as failed (stalled) if it made no progress for stall_s seconds."""
+        s = self.settings
+        return self._run("stall", s.device, s.stall_s, s.result_ttl_s) or None
 
     def expire_due(self, limit: int = 500) -> int:
         """End waiting jobs whose deadline passed as `expired`; returns how many."""
         return int(self._run("expire_due", self.settings.result_ttl_s, limit))
+
+    def count(self, field: str, n: int = 1) -> None:
+        """Add to one of the counters behind /metrics."""
+        self.redis.hincrby(keys.STATS, field, n)
 
     def waiting(self) -> int:
         """How many jobs wait."""

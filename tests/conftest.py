@@ -110,13 +110,15 @@ def start_worker(settings: Settings, engine, redis_client: redis.Redis):  # type
     from worker.main import GpuWorker
 
     started: list[GpuWorker] = []
+    fatal: list[str] = []
 
     def start(**overrides: Any) -> GpuWorker:
-        worker = GpuWorker(settings.model_copy(update=overrides), engine=engine)
-        worker.start()
+        worker = GpuWorker(settings.model_copy(update=overrides), engine=engine, on_fatal=fatal.append)
+        assert worker.start()
         started.append(worker)
         return worker
 
     yield start
     for worker in started:
         worker.stop()
+    assert fatal == [], "the in-process worker hit a fatal condition"

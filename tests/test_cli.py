@@ -28,5 +28,5 @@ def test_onelane_worker_process_runs_a_job_with_one_thread_and_prefetch_one(jobs
         worker.terminate()
         assert worker.wait(timeout=30) == 0
     text = log.read_text()
-    assert "worker consuming (1 process, 1 thread, prefetch 1)" in text
+    assert "(1 process, 1 thread, prefetch 1)" in text
     assert "Traceback" not in text

@@ -1,16 +1,25 @@
-"""The worker process: load the model once, then consume the GPU queue with one thread."""
+"""The worker process: load the model once, take the device's lease, then consume the GPU queue.
+
+One dramatiq worker thread with prefetch 1 runs jobs; a heartbeat thread renews the device lease; a
+housekeeping thread expires overdue jobs, recovers jobs of dead workers and re-rings a lost doorbell.
+Neither of those threads touches MLX.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import dramatiq
+import redis
 
-from tasks.broker import make_broker
+from tasks.broker import make_broker, send_run_next
 from tasks.settings import Settings
 from tasks.store import Store, connect
 from worker import actors
@@ -19,7 +28,7 @@ from worker.runner import Runner
 
 logger = logging.getLogger(__name__)
 
-HOUSEKEEPING_INTERVAL_S = 1.0
+HOUSEKEEPING_INTERVAL_S = 0.5
 POLL_MS = 100  # dramatiq's Redis consumer polls; 1000 ms (its default) adds up to a second to every pickup
 
 
@@ -33,51 +42,116 @@ def ensure_model(settings: Settings) -> str:
     return settings.model_path
 
 
-class GpuWorker:
-    """One dramatiq worker, one thread, prefetch 1, plus a housekeeping thread that never touches MLX."""
+def _exit_now(reason: str) -> None:
+    logger.error("worker exiting: %s", reason)
+    os._exit(3)
 
-    def __init__(self, settings: Settings, engine: Engine | None = None) -> None:
+
+class GpuWorker:
+    """One dramatiq worker, one thread, prefetch 1, on one device held by a lease in Redis."""
+
+    def __init__(
+        self, settings: Settings, engine: Engine | None = None, on_fatal: Callable[[str], None] = _exit_now
+    ) -> None:
         self.settings = settings
+        self.id = uuid.uuid4().hex
         self.engine = engine or Engine.load(ensure_model(settings))
         self.store = Store(connect(settings.effective_redis_url), settings)
         self.broker = make_broker(settings)
-        self.runner = Runner(self.store, self.engine)
+        self.on_fatal = on_fatal
+        self.runner = Runner(self.store, self.engine, self.id, on_fatal)
         actors.declare(self.broker, self.runner, int(settings.job_time_limit_s * 1000))
         self.worker = dramatiq.Worker(self.broker, worker_threads=1, worker_timeout=POLL_MS)
         # A prefetched message is invisible in Redis and strands on a crash: take one at a time.
         self.worker.queue_prefetch = 1
         self.worker.delay_prefetch = 1
-        self._stopping = threading.Event()
-        self._housekeeping = threading.Thread(target=self._housekeep, name="housekeeping", daemon=True)
+        self.stopping = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True),
+            threading.Thread(target=self._housekeep, name="housekeeping", daemon=True),
+        ]
 
-    def start(self) -> None:
+    def start(self) -> bool:
+        """Wait for the device's lease, recover what a dead worker left, then consume. False if stopped first."""
+        if not self._take_device():
+            return False
+        for thread in self._threads:
+            thread.start()
+        self._recover()
         self.worker.start()
-        self._housekeeping.start()
-        logger.info("worker consuming (1 process, 1 thread, prefetch 1)")
+        logger.info("worker %s consuming on device %s (1 process, 1 thread, prefetch 1)", self.id, self.settings.device)
+        return True
 
     def stop(self, timeout_ms: int = 10_000) -> None:
-        self._stopping.set()
+        self.stopping.set()
         self.worker.stop(timeout=timeout_ms)
         self.broker.close()
 
+    def _take_device(self) -> bool:
+        """Block until this worker holds the device: a second worker on the same device waits here."""
+        waiting_since = time.monotonic()
+        while not self.stopping.is_set():
+            try:
+                holder = self.store.take_device(self.id)
+            except redis.RedisError as exc:
+                logger.warning("cannot reach Redis to take device %s: %s", self.settings.device, exc)
+                holder = "?"
+            if holder == "ok":
+                if time.monotonic() - waiting_since > 1:
+                    logger.info("took device %s after %.1f s", self.settings.device, time.monotonic() - waiting_since)
+                return True
+            logger.info("device %s is held by worker %s; waiting", self.settings.device, holder)
+            self.stopping.wait(self.settings.lease_s / 3)
+        return False
+
+    def _heartbeat(self) -> None:
+        """Renew the device lease; a worker that lost it (presumed dead) must stop at once."""
+        while not self.stopping.wait(self.settings.lease_s / 3):
+            try:
+                holder = self.store.take_device(self.id)
+            except redis.RedisError as exc:
+                logger.warning("heartbeat failed: %s", exc)
+                continue
+            if holder != "ok":
+                self.on_fatal(f"lost device {self.settings.device} to worker {holder}")
+                return
+
     def _housekeep(self) -> None:
-        """Expire waiting jobs whose deadline passed, so their watchers hear about it promptly."""
-        while not self._stopping.wait(HOUSEKEEPING_INTERVAL_S):
+        idle_with_work = 0
+        while not self.stopping.wait(HOUSEKEEPING_INTERVAL_S):
             try:
                 self.store.expire_due()
-            except Exception as exc:  # Redis away: try again next round
+                self._recover()
+                # A doorbell can be lost (the web died between admit and send, a message died with a worker):
+                # if jobs wait while this worker idles for two rounds, ring once more. Extra rings are harmless.
+                idle_with_work = idle_with_work + 1 if not self.runner.busy and self.store.waiting() else 0
+                if idle_with_work >= 2:
+                    send_run_next(self.broker, "housekeeping")
+                    idle_with_work = 0
+            except redis.RedisError as exc:  # Redis away: try again next round
                 logger.warning("housekeeping failed: %s", exc)
+
+    def _recover(self) -> None:
+        for job_id, verdict in self.store.recover():
+            logger.warning("job %s: its worker died; %s", job_id, verdict)
+            if verdict == "requeued":
+                send_run_next(self.broker, job_id)
 
 
 def run(settings: Settings) -> None:
-    """Run until SIGINT or SIGTERM."""
+    """Run one worker until SIGINT or SIGTERM."""
     started = time.perf_counter()
     worker = GpuWorker(settings)
-    worker.start()
-    logger.info("worker ready in %.2f s", time.perf_counter() - started)
-    stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+        signal.signal(sig, lambda *_: worker.stopping.set())
+    if worker.start():
+        logger.info("worker ready in %.2f s", time.perf_counter() - started)
+        worker.stopping.wait()
     logger.info("worker stopping")
     worker.stop()
+
+
+if __name__ == "__main__":
+    from tasks.cli import main
+
+    main(["worker", "--no-supervise"])

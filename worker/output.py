@@ -20,9 +20,10 @@ class OutputWriter:
     event). Each write also tells whether the job was asked to stop; `stop_requested` is then set.
     """
 
-    def __init__(self, store: Store, job_id: str) -> None:
+    def __init__(self, store: Store, job_id: str, worker_id: str) -> None:
         self.store = store
         self.job_id = job_id
+        self.worker_id = worker_id
         self.stop_requested = threading.Event()
         self.error: BaseException | None = None
         self._queue: queue.SimpleQueue[tuple[str, int, int] | None] = queue.SimpleQueue()
@@ -55,7 +56,7 @@ class OutputWriter:
             text = "".join(item[0] for item in items)
             n_tokens = sum(item[1] for item in items)
             try:
-                if self.store.append(self.job_id, n_tokens, text, items[-1][2]):
+                if self.store.append(self.job_id, n_tokens, text, items[-1][2], self.worker_id):
                     self.stop_requested.set()
             except Exception as exc:  # Redis gone: stop generating, the caller reports it
                 logger.warning("job %s: writing output failed: %s", self.job_id, exc)

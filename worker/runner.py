@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
+import redis
 from dramatiq.middleware import Interrupt
 
 from tasks.job import Job, JobStatus
@@ -16,20 +19,29 @@ logger = logging.getLogger(__name__)
 
 
 class Runner:
-    def __init__(self, store: Store, engine: Engine) -> None:
+    """Runs jobs for one worker process, identified by `worker_id` (the holder of the device's lease)."""
+
+    def __init__(self, store: Store, engine: Engine, worker_id: str, on_fatal: Callable[[str], None]) -> None:
         self.store = store
         self.engine = engine
+        self.worker_id = worker_id
+        self.on_fatal = on_fatal
+        self.busy = False
 
     def run_next(self) -> Job | None:
         """Claim the next job in fair order and run it; None when nothing was waiting."""
-        job = self.store.claim_next()
-        if job is not None:
-            self.run(job)
-        return job
+        self.busy = True
+        try:
+            job = self.store.claim_next(self.worker_id)
+            if job is not None:
+                self.run(job)
+            return job
+        finally:
+            self.busy = False
 
     def run(self, job: Job) -> None:
         logger.info("job %s: started (owner %s, attempt %d)", job.id, job.owner, job.attempts)
-        writer = OutputWriter(self.store, job.id)
+        writer = OutputWriter(self.store, job.id, self.worker_id)
         stops = StopMatcher(job.spec.params.stop)
         reason: str | None = None
         sent = tokens = prompt_tokens = 0
@@ -57,12 +69,32 @@ class Runner:
             error = ("generation_error", f"{type(exc).__name__}: {exc}")
         try:
             writer.close()
-        except Exception as exc:
-            error = error or ("redis_error", f"could not record output: {exc}")
-        if writer.stop_requested.is_set() and reason is None and error is None:
-            reason = "cancelled"
-        status = JobStatus.FAILED if error else JobStatus.CANCELLED if reason == "cancelled" else JobStatus.COMPLETED
-        self.store.finish(
-            job.id, status, finish_reason=reason, error=error, prompt_tokens=prompt_tokens, completion_tokens=tokens
-        )
-        logger.info("job %s: %s (%s, %d tokens)", job.id, status.value, reason, tokens)
+            if writer.stop_requested.is_set() and reason is None and error is None:
+                reason = "cancelled"
+            status = JobStatus.FAILED if error else JobStatus.CANCELLED if reason == "cancelled" else JobStatus.COMPLETED
+            ended = self.store.finish(
+                job.id, status, self.worker_id,
+                finish_reason=reason, error=error, prompt_tokens=prompt_tokens, completion_tokens=tokens,
+            )  # fmt: skip
+        except redis.RedisError as exc:
+            logger.warning("job %s: could not record its outcome (%s); handing it back", job.id, exc)
+            self.hand_back(job)
+            return
+        if ended:
+            logger.info("job %s: %s (%s, %d tokens)", job.id, status.value, reason, tokens)
+        else:
+            logger.warning("job %s: taken away from this worker (presumed dead); its outcome was dropped", job.id)
+
+    def hand_back(self, job: Job, patience_s: float = 30.0) -> None:
+        """Requeue a job whose outcome could not be recorded (Redis away), retrying until Redis answers.
+
+        If it never does, this worker exits: its lease lapses, and the next worker recovers the job.
+        """
+        deadline = time.monotonic() + patience_s
+        while time.monotonic() < deadline:
+            try:
+                logger.info("job %s: handed back: %s", job.id, self.store.recover(job.id, self.worker_id))
+                return
+            except redis.RedisError:
+                time.sleep(0.5)
+        self.on_fatal(f"job {job.id}: Redis unreachable for {patience_s:.0f} s")

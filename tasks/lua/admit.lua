@@ -15,6 +15,7 @@ if max_queue > 0 and redis.call('ZCARD', WAITING) >= max_queue then
   -- a place frees when the running job ends and the next one starts
   local mean, left, running = service_estimate(t)
   if not running then left = mean end
+  stat('rejected:queue_full')
   return {'queue_full', math.max(1, math.ceil(left))}
 end
 if max_per_user > 0 and redis.call('ZCARD', q) >= max_per_user then
@@ -22,6 +23,7 @@ if max_per_user > 0 and redis.call('ZCARD', q) >= max_per_user then
   local mean, left = service_estimate(t)
   local first = redis.call('ZRANGE', q, 0, 0)[1]
   local ahead = redis.call('ZRANK', QUEUE, first) or 0
+  stat('rejected:quota_exceeded')
   return {'quota_exceeded', math.max(1, math.ceil(left + ahead * mean))}
 end
 
@@ -31,7 +33,7 @@ local tag = math.max(virtual_time(), tonumber(redis.call('HGET', TAGS, owner) or
 local score = tag * TIE + redis.call('INCR', SEQ) % TIE
 local jkey = JOB .. id
 redis.call('HSET', jkey, 'spec', spec, 'owner', owner, 'status', 'queued', 'queued_at', fmt(t),
-  'deadline', fmt(deadline), 'attempts', 0, 'prompt_tokens', 0, 'completion_tokens', 0, 'tag', tag)
+  'deadline', fmt(deadline), 'attempts', 0, 'prompt_tokens', 0, 'completion_tokens', 0, 'tag', tag, 'score', score)
 redis.call('EXPIRE', jkey, life)
 if grace > 0 then
   redis.call('HSET', jkey, 'watched', '1')
@@ -45,4 +47,5 @@ redis.call('ZADD', UJ .. owner, t, id)
 redis.call('ZREMRANGEBYRANK', UJ .. owner, 0, -1001) -- a user's listing keeps the newest 1000
 for _, k in ipairs({QUEUE, q, WAITING, UJ .. owner, TAGS, SEQ, VTIME}) do extend(k, life) end
 redis.call('PUBLISH', MOVED, id)
+stat('admitted')
 return {'ok', fmt(t), fmt(deadline)}

@@ -1,8 +1,8 @@
--- Shared by every onelane script (store.py prepends it). Key names come from tasks/keys.py as ARGV[1..15].
+-- Shared by every onelane script (store.py prepends it). Key names come from tasks/keys.py as ARGV[1..18].
 local JOB, OUT, EV, CH, UQ, UJ, WATCH = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-local QUEUE, WAITING, MOVED, RUNNING, SERVICE_TIMES = ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]
-local VTIME, TAGS, SEQ = ARGV[13], ARGV[14], ARGV[15]
-local A = 15 -- the script's own arguments start at ARGV[A + 1]
+local QUEUE, WAITING, MOVED, IN_PROGRESS, SERVICE_TIMES = ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]
+local VTIME, TAGS, SEQ, DEVICE, DEVICES, STATS = ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17], ARGV[18]
+local A = 18 -- the script's own arguments start at ARGV[A + 1]
 local TIE = 16777216 -- queue score = start tag * TIE + admission counter (mod TIE)
 
 local function now()
@@ -36,9 +36,28 @@ local function error_json(type_, message)
   return cjson.encode({type = type_, message = message})
 end
 
+-- Counters and histograms behind /metrics (a histogram keeps one field per bucket's upper bound).
+local BUCKETS = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+
+local function stat(field, n)
+  redis.call('HINCRBY', STATS, field, n or 1)
+  redis.call('EXPIRE', STATS, 2592000)
+end
+
+local function observe(name, value)
+  local le = '+Inf'
+  for _, b in ipairs(BUCKETS) do
+    if value <= b then le = tostring(b); break end
+  end
+  stat('h:' .. name .. ':' .. le)
+  redis.call('HINCRBYFLOAT', STATS, 'h:' .. name .. ':sum', value)
+end
+
 -- End a job. Every key of an ended job lives for result_ttl seconds from now.
 local function finish(id, status, finish_reason, error_json_, result_ttl, t)
   local jkey = JOB .. id
+  stat('finished:' .. status)
+  redis.call('ZREM', IN_PROGRESS, id)
   redis.call('HSET', jkey, 'status', status, 'finished_at', fmt(t))
   if finish_reason ~= '' then redis.call('HSET', jkey, 'finish_reason', finish_reason) end
   if error_json_ ~= '' then redis.call('HSET', jkey, 'error', error_json_) end
@@ -59,7 +78,8 @@ local function service_estimate(t)
     for _, x in ipairs(times) do sum = sum + tonumber(x) end
     mean = sum / #times
   end
-  local started = tonumber(redis.call('HGET', RUNNING, 'started_at') or '')
+  local running = redis.call('ZRANGE', IN_PROGRESS, 0, 0, 'WITHSCORES')
+  local started = tonumber(running[2] or '')
   local left = 0
   if started then left = math.max(0, mean - (t - started)) end
   return mean, left, started ~= nil, #times
@@ -76,4 +96,36 @@ local function unqueue(id, owner)
     if tonumber(redis.call('HGET', TAGS, owner) or '0') > cap then redis.call('HSET', TAGS, owner, cap) end
   end
   redis.call('PUBLISH', MOVED, id)
+end
+
+-- A running job whose worker is gone (or could not record its outcome) goes back to the front of the queue
+-- with its original score, output cleared and a `requeued` event; after max_attempts it ends failed
+-- instead, so a prompt that kills the worker every time is quarantined. A job asked to stop just ends.
+local function release(id, max_attempts, ttl, result_ttl, why)
+  local jkey = JOB .. id
+  local f = redis.call('HMGET', jkey, 'status', 'attempts', 'cancel_requested', 'owner', 'score', 'deadline')
+  redis.call('ZREM', IN_PROGRESS, id)
+  if f[1] ~= 'in_progress' then return 'ended' end
+  local t = now()
+  if f[3] then
+    finish(id, 'cancelled', 'cancelled', redis.call('HGET', jkey, 'cancel_error') or '', result_ttl, t)
+    return 'cancelled'
+  end
+  if tonumber(f[2]) >= max_attempts then
+    finish(id, 'failed', '', error_json(why, 'the worker died while running this job, ' .. f[2] .. ' times'),
+      result_ttl, t)
+    return 'failed'
+  end
+  local deadline = math.max(tonumber(f[6]), t + ttl)
+  redis.call('HSET', jkey, 'status', 'queued', 'deadline', fmt(deadline), 'completion_tokens', 0)
+  redis.call('HDEL', jkey, 'started_at', 'first_token_at', 'last_token_at', 'worker', 'device')
+  redis.call('DEL', OUT .. id)
+  redis.call('EXPIRE', jkey, math.ceil(deadline - t + result_ttl))
+  redis.call('ZADD', QUEUE, f[5], id)
+  redis.call('ZADD', UQ .. f[4], f[5], id)
+  redis.call('ZADD', WAITING, deadline, id)
+  emit(id, '{"type":"requeued","attempt":' .. f[2] .. '}')
+  redis.call('PUBLISH', MOVED, id)
+  stat('requeued')
+  return 'requeued'
 end

@@ -1,0 +1,61 @@
+"""Does streaming output through Redis slow generation? Direct stream_generate vs the worker's runner.
+
+Baseline: the same prompt and token count through `Engine.generate` alone (no Redis). Prints tokens/s for
+both and the ratio. Run: ./dev.sh bench publish_overhead [--size tiny|small] [--tokens N] [--runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from bench.common import bench_env
+from tasks.job import JobSpec, SamplingParams, new_job_id
+from tasks.store import Store, connect
+from worker.engine import Engine
+from worker.runner import Runner
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
+    parser.add_argument("--tokens", type=int, default=400)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    with bench_env(args.size) as settings:
+        engine = Engine.load(settings.model_path)
+        store = Store(connect(settings.effective_redis_url), settings)
+        runner = Runner(store, engine, "bench", on_fatal=print)
+        assert store.take_device("bench") == "ok"
+        spec = JobSpec(
+            owner="bench", model="demo", prompt="benchmark", params=SamplingParams(max_tokens=args.tokens, ignore_eos=True)
+        )
+        for _ in engine.generate(spec):  # warm up
+            pass
+        direct, queued, events = [], [], []
+        for _ in range(args.runs):
+            started = time.perf_counter()
+            for _ in engine.generate(spec):
+                pass
+            direct.append(time.perf_counter() - started)
+
+            job = store.create(new_job_id(), spec, 600)
+            claimed = store.claim_next("bench")
+            assert claimed is not None and claimed.id == job.id
+            started = time.perf_counter()
+            runner.run(claimed)
+            queued.append(time.perf_counter() - started)
+            done = store.get(job.id)
+            assert done.usage.completion_tokens == args.tokens, done.usage
+            events.append(sum(1 for e in store.events(job.id) if e["type"] == "token"))
+        d, q = statistics.median(direct), statistics.median(queued)
+        print(f"model {args.size}, {args.tokens} tokens, median of {args.runs} runs")
+        print(f"direct Engine.generate:        {d * 1000:8.1f} ms  {args.tokens / d:8.1f} tok/s")
+        print(f"runner (Redis append+publish): {q * 1000:8.1f} ms  {args.tokens / q:8.1f} tok/s")
+        print(f"overhead: {(q - d) * 1000:+.1f} ms ({(q / d - 1) * 100:+.2f} %), ratio {q / d:.3f} vs direct")
+        print(f"token events per job (batched writes): median {statistics.median(events):.0f} for {args.tokens} tokens")
+
+
+if __name__ == "__main__":
+    main()
