@@ -39,12 +39,14 @@ case "$command" in
     test)
         venv "[test]"
         command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+        # the browser tests drive Debian's chromium; without it they skip (and fail in CI), so do not stop here
+        command -v chromium >/dev/null 2>&1 || apt_install chromium || true
         exec .venv/bin/python -m pytest "$@"
         ;;
     bench)
-        venv "[test]"
+        venv "[test,bench]"
         name="$1"; shift
-        exec .venv/bin/python "bench/$name.py" "$@"
+        exec .venv/bin/python -m "bench.$name" "$@"
         ;;
     *)
         sed -n '2,6p' "$0" >&2

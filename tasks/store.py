@@ -28,7 +28,8 @@ from tasks.settings import Settings
 def _load_scripts(client: redis.Redis) -> dict[str, Any]:
     folder = resources.files("tasks") / "lua"
     common = (folder / "common.lua").read_text()
-    names = ("admit", "claim", "cancel", "append", "finish", "position", "expire_due", "recover", "lease", "stall")
+    names = ("admit", "claim", "cancel", "append", "finish", "position", "expire_due", "recover", "lease", "stall",
+             "drop_lease")
     return {name: client.register_script(common + (folder / f"{name}.lua").read_text()) for name in names}
 
 
@@ -38,6 +39,27 @@ def connect(url: str) -> redis.Redis:
 
 
 TERMINAL_EVENTS = frozenset(status.value for status in TERMINAL)
+
+
+@dataclass(frozen=True)
+class DeviceLease:
+    """A live worker, as its lease in Redis shows it."""
+
+    device: str
+    worker: str
+    pid: int
+    heartbeat_age_s: float
+    job: str | None
+    progress_age_s: float | None  # since the running job started or last produced a token
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: float
+    queue_depth: int
+    in_progress: int
+    stats: dict[str, str]
+    workers: list[DeviceLease]
 
 
 @dataclass(frozen=True)
@@ -192,6 +214,15 @@ class Store:
         flat = self._run("recover", s.max_attempts, s.job_ttl_s, s.result_ttl_s, job_id, worker)
         return list(zip(flat[::2], flat[1::2]))
 
+    def drop_device(self, pid: int) -> bool:
+        """Free this device if the process `pid` (known dead) holds it."""
+        return bool(self._run("drop_lease", self.settings.device, pid))
+
+    def device_holder(self) -> int | None:
+        """The pid of the worker process holding this device, if any."""
+        pid = self.redis.hget(keys.device(self.settings.device), "pid")
+        return int(pid) if pid else None
+
     def fail_if_stalled(self) -> str | None:
         """End this device's running job as failed (stalled) if it made no progress for stall_s seconds."""
         s = self.settings
@@ -200,6 +231,33 @@ class Store:
     def expire_due(self, limit: int = 500) -> int:
         """End waiting jobs whose deadline passed as `expired`; returns how many."""
         return int(self._run("expire_due", self.settings.result_ttl_s, limit))
+
+    def snapshot(self) -> Snapshot:
+        """Everything /readyz and /metrics report, read in one pipeline."""
+        devices = sorted(self.redis.smembers(keys.DEVICES))
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.time()
+        pipe.zcard(keys.QUEUE)
+        pipe.zcard(keys.IN_PROGRESS)
+        pipe.hgetall(keys.STATS)
+        for name in devices:
+            pipe.hgetall(keys.device(name))
+        now_parts, depth, running, stats, *leases = pipe.execute()
+        now = now_parts[0] + now_parts[1] / 1e6
+        workers = []
+        for name, lease in zip(devices, leases):
+            if not lease:
+                continue
+            job = lease.get("job") or None
+            progress = None
+            if job:
+                started, last = self.redis.hmget(keys.job(job), "started_at", "last_token_at")
+                progress = float(last or started) if (last or started) else None
+            workers.append(
+                DeviceLease(name, lease["worker"], int(lease.get("pid", 0)), now - float(lease["beat"]), job,
+                            now - progress if progress is not None else None)  # fmt: skip
+            )
+        return Snapshot(now, int(depth), int(running), stats, workers)
 
     def count(self, field: str, n: int = 1) -> None:
         """Add to one of the counters behind /metrics."""

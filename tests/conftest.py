@@ -122,3 +122,38 @@ def start_worker(settings: Settings, engine, redis_client: redis.Redis):  # type
     for worker in started:
         worker.stop()
     assert fatal == [], "the in-process worker hit a fatal condition"
+
+
+@pytest.fixture
+def worker_process(settings: Settings, tmp_path: Path, redis_client: redis.Redis):  # type: ignore[no-untyped-def]
+    """Start real `onelane worker` processes (supervised by default); all are stopped at the end."""
+    import subprocess
+    import sys
+
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(supervise: bool = True, **env: str) -> subprocess.Popen[bytes]:
+        environ = {
+            **os.environ,
+            "REDIS_URL": settings.effective_redis_url,
+            "ONELANE_MODEL": settings.model_path,
+            "ONELANE_VAR_DIR": str(tmp_path),
+            "ONELANE_LEASE_S": "1",
+            **env,
+        }
+        flag = "--supervise" if supervise else "--no-supervise"
+        log = open(tmp_path / f"worker-{len(started)}.log", "wb")
+        process = subprocess.Popen([sys.executable, "-m", "tasks.cli", "worker", flag], env=environ, stdout=log,
+                                   stderr=subprocess.STDOUT)  # fmt: skip
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.terminate()
+    for process in started:
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()

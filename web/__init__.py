@@ -57,10 +57,12 @@ def create_app(settings: Settings | None = None) -> Flask:
         broker=make_broker(settings),
     )
 
-    from web import api, errors, pages, stream
+    from web import api, errors, health, openai_compat, pages, stream
 
     errors.register(app)
     app.register_blueprint(api.bp)
+    app.register_blueprint(health.bp)
     app.register_blueprint(stream.bp)
+    app.register_blueprint(openai_compat.bp)
     app.register_blueprint(pages.bp)
     return app

@@ -60,7 +60,3 @@ def list_jobs() -> Response:
     jobs = services().store.list(current_owner(), max(1, min(limit, 200)))
     return jsonify({"object": "list", "data": [job.public() for job in jobs]})
 
-
-@bp.get("/healthz")
-def healthz() -> Response:
-    return jsonify({"status": "ok"})

@@ -53,11 +53,15 @@ def openai_error(exc: errors.OnelaneError) -> dict[str, object]:
     return {"message": exc.message, "type": "server_error", "param": exc.param, "code": exc.type}
 
 
+def status_for(exc: errors.OnelaneError) -> int:
+    """The HTTP status of an onelane error (the first, most specific match in STATUS)."""
+    return next((code for cls, code in STATUS.items() if isinstance(exc, cls)), 500)
+
+
 def register(app: Flask) -> None:
     @app.errorhandler(errors.OnelaneError)
     def onelane_error(exc: errors.OnelaneError) -> Response:
-        status = next((code for cls, code in STATUS.items() if isinstance(exc, cls)), 500)
-        response = error_response(status, exc.type, exc.message, exc.param)
+        response = error_response(status_for(exc), exc.type, exc.message, exc.param)
         if isinstance(exc, errors.Overloaded):
             response.headers["Retry-After"] = str(exc.retry_after_s)
         if isinstance(exc, errors.Unauthorized):

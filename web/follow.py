@@ -51,7 +51,8 @@ def follow(
             elif event["type"] == "moved":
                 moved = True
             else:
-                waiting = False
+                waiting = event["type"] == "requeued"  # its worker died: it waits again, at the front
+                moved = moved or waiting
                 yield event
                 if event["type"] in TERMINAL_EVENTS:
                     return

@@ -29,6 +29,7 @@ from worker.runner import Runner
 logger = logging.getLogger(__name__)
 
 HOUSEKEEPING_INTERVAL_S = 0.5
+TAKEOVER_POLL_S = 0.1  # how often a standby worker tries to take a free device
 POLL_MS = 100  # dramatiq's Redis consumer polls; 1000 ms (its default) adds up to a second to every pickup
 
 
@@ -55,11 +56,11 @@ class GpuWorker:
     ) -> None:
         self.settings = settings
         self.id = uuid.uuid4().hex
-        self.engine = engine or Engine.load(ensure_model(settings))
+        self.engine = engine
         self.store = Store(connect(settings.effective_redis_url), settings)
         self.broker = make_broker(settings)
         self.on_fatal = on_fatal
-        self.runner = Runner(self.store, self.engine, self.id, on_fatal)
+        self.runner = Runner(self.store, engine, self.id, on_fatal)
         actors.declare(self.broker, self.runner, int(settings.job_time_limit_s * 1000))
         self.worker = dramatiq.Worker(self.broker, worker_threads=1, worker_timeout=POLL_MS)
         # A prefetched message is invisible in Redis and strands on a crash: take one at a time.
@@ -72,11 +73,18 @@ class GpuWorker:
         ]
 
     def start(self) -> bool:
-        """Wait for the device's lease, recover what a dead worker left, then consume. False if stopped first."""
+        """Wait for the device's lease, load the model, recover what a dead worker left, then consume.
+
+        Returns False if stopped first. The model loads only once the device is ours, so a standby worker
+        (imports done, waiting for the lease) holds no second copy of the weights.
+        """
         if not self._take_device():
             return False
-        for thread in self._threads:
-            thread.start()
+        self._threads[0].start()  # heartbeat: keep the lease while the model loads
+        if self.engine is None:
+            self.engine = Engine.load(ensure_model(self.settings))
+        self.runner.engine = self.engine
+        self._threads[1].start()
         self._recover()
         self.worker.start()
         logger.info("worker %s consuming on device %s (1 process, 1 thread, prefetch 1)", self.id, self.settings.device)
@@ -100,8 +108,9 @@ class GpuWorker:
                 if time.monotonic() - waiting_since > 1:
                     logger.info("took device %s after %.1f s", self.settings.device, time.monotonic() - waiting_since)
                 return True
-            logger.info("device %s is held by worker %s; waiting", self.settings.device, holder)
-            self.stopping.wait(self.settings.lease_s / 3)
+            if waiting_since + 0.1 > time.monotonic():
+                logger.info("device %s is held by worker %s; waiting", self.settings.device, holder)
+            self.stopping.wait(min(self.settings.lease_s / 3, TAKEOVER_POLL_S))
         return False
 
     def _heartbeat(self) -> None:

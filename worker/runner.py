@@ -21,7 +21,9 @@ logger = logging.getLogger(__name__)
 class Runner:
     """Runs jobs for one worker process, identified by `worker_id` (the holder of the device's lease)."""
 
-    def __init__(self, store: Store, engine: Engine, worker_id: str, on_fatal: Callable[[str], None]) -> None:
+    def __init__(
+        self, store: Store, engine: Engine | None, worker_id: str, on_fatal: Callable[[str], None]
+    ) -> None:
         self.store = store
         self.engine = engine
         self.worker_id = worker_id
@@ -41,6 +43,7 @@ class Runner:
 
     def run(self, job: Job) -> None:
         logger.info("job %s: started (owner %s, attempt %d)", job.id, job.owner, job.attempts)
+        assert self.engine is not None, "the model loads before the first claim"
         writer = OutputWriter(self.store, job.id, self.worker_id)
         stops = StopMatcher(job.spec.params.stop)
         reason: str | None = None

@@ -1,7 +1,10 @@
-"""Keep one worker process alive: restart it when it dies, kill it when its job stalls.
+"""Keep the GPU worker alive: restart it when it dies, kill it when it freezes or its job stalls.
 
-MLX on Metal used to abort the whole process on a command-buffer error, so the worker is treated as
-disposable. The supervisor never imports MLX; it watches the worker from outside, through Redis.
+MLX on Metal used to abort the whole process on a command-buffer error, so worker processes are treated as
+disposable. The supervisor keeps two: the active one holds the device's lease; a standby has done its slow
+imports and waits for the lease. When the active one dies, the supervisor frees its lease at once, the
+standby takes over (and loads the model), and a new standby is started. The supervisor never imports MLX;
+it watches the workers from outside, through Redis.
 """
 
 from __future__ import annotations
@@ -20,61 +23,96 @@ from tasks.store import Store, connect
 
 logger = logging.getLogger(__name__)
 
-CHECK_S = 0.5
+CHECK_S = 0.1
+WORKERS = 2  # the active one and a standby
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, command: list[str] | None = None) -> None:
+    def __init__(
+        self, settings: Settings, command: list[str] | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.settings = settings
         self.command = command or [sys.executable, "-m", "worker.main"]
+        self.env = env  # None: the workers inherit ours, which the settings were read from
         self.store = Store(connect(settings.effective_redis_url), settings)
         self.stopping = threading.Event()
+        self.children: dict[int, subprocess.Popen[bytes]] = {}
+        self.spawned_at: dict[int, float] = {}
+        self.holder: int | None = None  # our child seen holding the lease
+        self.lost_since: float | None = None  # when the holder was last seen without its lease
+        self.died_at: float | None = None
+        self.backoff = 0.0
 
     def run(self) -> None:
-        """Run the worker until asked to stop; restart it (with backoff when it dies young)."""
-        backoff = 0.2
-        while not self.stopping.is_set():
-            started = time.monotonic()
-            child = subprocess.Popen(self.command)
-            logger.info("worker process %d started", child.pid)
-            self._watch(child)
-            if self.stopping.is_set():
-                self._stop(child)
-                return
-            lived = time.monotonic() - started
-            backoff = 0.2 if lived > 10 else min(backoff * 2, 10.0)
-            logger.warning("worker process %d exited (%s) after %.1f s; restarting in %.1f s",
-                           child.pid, child.returncode, lived, backoff)  # fmt: skip
-            self._count_restart()
-            self.stopping.wait(backoff)
+        """Supervise until asked to stop, then stop the workers."""
+        try:
+            while not self.stopping.wait(CHECK_S):
+                self._reap()
+                if len(self.children) < WORKERS and not self.stopping.wait(self.backoff):
+                    self._spawn()
+                self._check_holder()
+        finally:
+            for child in self.children.values():
+                child.send_signal(signal.SIGTERM)
+                child.send_signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+            for child in self.children.values():
+                try:
+                    child.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    child.kill()
 
-    def _watch(self, child: subprocess.Popen[bytes]) -> None:
-        """Return when the child exits, or after killing it because its job stalled."""
-        while child.poll() is None and not self.stopping.wait(CHECK_S):
-            try:
-                stalled = self.store.fail_if_stalled()
-            except redis.RedisError:
+    def _spawn(self) -> None:
+        child = subprocess.Popen(self.command, env=self.env)
+        self.children[child.pid] = child
+        self.spawned_at[child.pid] = time.monotonic()
+        logger.info("worker process %d started", child.pid)
+
+    def _reap(self) -> None:
+        """Forget dead children; free the device at once if the dead one held it."""
+        for pid, child in list(self.children.items()):
+            if child.poll() is None:
                 continue
+            del self.children[pid]
+            lived = time.monotonic() - self.spawned_at.pop(pid)
+            self.backoff = 0.0 if lived > 10 else min(max(self.backoff * 2, 0.2), 10.0)
+            logger.warning("worker process %d exited (%s) after %.1f s", pid, child.returncode, lived)
+            self._redis(lambda: self.store.count("worker_restarts"))
+            if pid == self.holder:
+                self.holder, self.died_at = None, time.monotonic()
+                self._redis(lambda: self.store.drop_device(pid))
+
+    def _check_holder(self) -> None:
+        """Track which child holds the device; kill it if its job stalled or it froze past its lease."""
+        pid = self._redis(self.store.device_holder)
+        if pid is False:
+            return
+        old = self.holder
+        if old is not None and pid != old and old in self.children:
+            # alive but no longer holding the device: frozen past its lease (or about to notice and exit)
+            self.lost_since = self.lost_since or time.monotonic()
+            if pid is not None or time.monotonic() - self.lost_since > self.settings.lease_s:
+                logger.error("worker process %d lost the device but is still there (frozen?): killing it", old)
+                self.children[old].send_signal(signal.SIGKILL)
+                self.holder, self.died_at = None, time.monotonic()
+        if pid in self.children and pid != self.holder:
+            self.holder, self.lost_since = pid, None
+            if self.died_at is not None:
+                logger.info("worker process %d took the device %.2f s after the previous one was lost",
+                            pid, time.monotonic() - self.died_at)  # fmt: skip
+                self.died_at = None
+        if self.holder is not None and pid == self.holder:
+            stalled = self._redis(self.store.fail_if_stalled)
             if stalled:
                 logger.error("job %s made no progress for %.0f s: ended failed (stalled); killing worker %d",
-                             stalled, self.settings.stall_s, child.pid)  # fmt: skip
-                child.kill()
-                child.wait()
+                             stalled, self.settings.stall_s, self.holder)  # fmt: skip
+                self.children[self.holder].kill()
 
-    def _stop(self, child: subprocess.Popen[bytes]) -> None:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-            try:
-                child.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-
-    def _count_restart(self) -> None:
+    def _redis(self, call):  # type: ignore[no-untyped-def]
+        """Run a Redis call; False when Redis is away (the supervisor just tries again next round)."""
         try:
-            self.store.count("worker_restarts")
+            return call()
         except redis.RedisError:
-            pass
+            return False
 
 
 def run(settings: Settings) -> None:

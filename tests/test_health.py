@@ -1,0 +1,60 @@
+"""Health reflects real progress; metrics move as jobs pass."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.helpers import wait_ended
+
+
+def scrape(client) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    samples = {}
+    for family in text_string_to_metric_families(response.get_data(as_text=True)):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return samples
+
+
+def test_readyz_needs_a_live_worker(jobs, start_worker):
+    not_ready = jobs.client.get("/readyz")
+    assert not_ready.status_code == 503
+    assert "no worker" in not_ready.get_json()["error"]["message"]
+
+    start_worker()
+    ready = jobs.client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.get_json()["workers"][0]["heartbeat_age_s"] < 3
+
+
+def test_metrics_move_as_jobs_pass(jobs, store, start_worker):
+    before = scrape(jobs.client)
+    assert before["onelane_jobs_admitted_total"] == 0
+
+    start_worker()
+    done = [jobs.submit(f"m{n}", max_tokens=5, ignore_eos=True) for n in range(3)]
+    cancelled = jobs.submit("c", max_tokens=5, ttl_s=600)
+    for job in done:
+        wait_ended(store, job["id"])
+    jobs.cancel(cancelled["id"])
+
+    after = scrape(jobs.client)
+    assert after["onelane_jobs_admitted_total"] == 4
+    assert after["onelane_jobs_finished_total{status=completed}"] >= 3
+    assert after["onelane_tokens_generated_total"] >= 15
+    assert after["onelane_queue_wait_seconds_count"] >= 3
+    assert after["onelane_time_to_first_token_seconds_count"] >= 3
+    assert after["onelane_job_duration_seconds_count"] >= 3
+    assert after["onelane_workers_alive"] == 1
+    assert after["onelane_queue_depth"] == 0
+
+
+def test_rejections_are_counted_by_reason(jobs, store, settings):
+    from web import create_app
+
+    client = create_app(settings.model_copy(update={"max_queue": 1})).test_client()
+    assert client.post("/v1/jobs", json={"prompt": "a"}).status_code == 202
+    assert client.post("/v1/jobs", json={"prompt": "b"}).status_code == 503
+    assert scrape(client)["onelane_jobs_rejected_total{reason=queue_full}"] == 1

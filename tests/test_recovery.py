@@ -1,0 +1,133 @@
+"""A worker that dies, freezes or races another loses no job and never generates one twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from tasks import keys
+from tests.helpers import wait_ended, wait_event
+
+
+def wait_for_worker(store, other_than: int | None = None, timeout_s: float = 60):  # type: ignore[no-untyped-def]
+    """The live worker holding the device (optionally: not the process `other_than`)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        workers = [w for w in store.snapshot().workers if w.pid != other_than]
+        if workers:
+            return workers[0]
+        time.sleep(0.05)
+    raise AssertionError("no worker took the device")
+
+
+def events(store, job_id: str) -> list[str]:  # type: ignore[no-untyped-def]
+    return [e["type"] for e in store.events(job_id)]
+
+
+def test_a_worker_killed_mid_generation_loses_nothing(jobs, store, worker_process):
+    worker_process()
+    long = jobs.submit("long", max_tokens=600, ignore_eos=True)
+    others = [jobs.submit(f"o{n}", max_tokens=5, ignore_eos=True) for n in range(3)]
+    wait_event(store, long["id"], lambda e: e["type"] == "token")
+
+    os.kill(wait_for_worker(store).pid, signal.SIGKILL)
+
+    done = wait_ended(store, long["id"], timeout_s=60)
+    assert done["status"] == "completed" and done["attempts"] == 2
+    assert done["usage"]["completion_tokens"] == 600
+    assert events(store, long["id"]).count("requeued") == 1
+    assert [wait_ended(store, o["id"])["status"] for o in others] == ["completed"] * 3
+    assert int(store.redis.hget(keys.STATS, "worker_restarts")) == 1
+
+
+def test_a_job_that_kills_the_worker_twice_is_quarantined(jobs, store, worker_process):
+    worker_process()
+    poison = jobs.submit("poison", max_tokens=3000, ignore_eos=True)
+    after = jobs.submit("next", max_tokens=4, ignore_eos=True)
+
+    for attempt in (1, 2):
+        wait_event(store, poison["id"], lambda e: e["type"] == "token" and store.get(poison["id"]).attempts == attempt)
+        os.kill(wait_for_worker(store).pid, signal.SIGKILL)
+
+    failed = wait_ended(store, poison["id"], timeout_s=60)
+    assert failed["status"] == "failed"
+    assert failed["error"]["type"] == "worker_crashed"
+    assert failed["attempts"] == 2
+    assert wait_ended(store, after["id"], timeout_s=60)["status"] == "completed"
+
+
+def test_two_workers_on_one_device_never_overlap_and_the_second_takes_over(jobs, store, worker_process):
+    first = worker_process(supervise=False)
+    holder = wait_for_worker(store)
+    worker_process(supervise=False)  # waits for the device
+    ids = [jobs.submit(f"j{n}", max_tokens=30, ignore_eos=True)["id"] for n in range(6)]
+    for job_id in ids[:3]:
+        wait_ended(store, job_id)
+
+    first.send_signal(signal.SIGKILL)  # the standby takes the device once the lease lapses
+    done = [wait_ended(store, job_id, timeout_s=60) for job_id in ids]
+
+    assert all(d["status"] == "completed" for d in done)
+    spans = sorted((d["timings"]["started_at"], d["timings"]["finished_at"]) for d in done)
+    for (_, end), (next_start, _) in zip(spans, spans[1:]):
+        assert end <= next_start, spans
+    runners = {store.redis.hget(keys.job(job_id), "worker") for job_id in ids}
+    assert len(runners) == 2 and holder.worker in runners
+
+
+def test_a_frozen_worker_is_killed_and_its_job_runs_again(jobs, store, worker_process):
+    worker_process()
+    job = jobs.submit("frozen", max_tokens=600, ignore_eos=True)
+    wait_event(store, job["id"], lambda e: e["type"] == "token")
+
+    frozen = wait_for_worker(store).pid
+    os.kill(frozen, signal.SIGSTOP)  # alive but silent: its lease lapses, the supervisor kills it
+
+    done = wait_ended(store, job["id"], timeout_s=60)
+    assert done["status"] == "completed" and done["attempts"] == 2
+    assert wait_for_worker(store, other_than=frozen).pid != frozen
+
+
+def test_a_job_that_stops_producing_tokens_fails_stalled_and_its_worker_is_killed(jobs, store, settings):
+    import sys
+    import threading
+
+    from worker.supervisor import Supervisor
+
+    stuck = jobs.submit("stuck", max_tokens=8)
+    env = {**os.environ, "REDIS_URL": settings.effective_redis_url, "ONELANE_LEASE_S": "1"}
+    supervisor = Supervisor(
+        settings.model_copy(update={"stall_s": 1.0, "lease_s": 1.0}),
+        command=[sys.executable, "-m", "tests.stuck_worker"],
+        env=env,
+    )
+    thread = threading.Thread(target=supervisor.run)
+    thread.start()
+    try:
+        failed = wait_ended(store, stuck["id"], timeout_s=30)
+        first = store.redis.hget(keys.job(stuck["id"]), "worker")
+        deadline = time.monotonic() + 30
+        while not store.redis.hget(keys.STATS, "worker_restarts"):
+            assert time.monotonic() < deadline, "the stuck worker was never killed"
+            time.sleep(0.05)
+    finally:
+        supervisor.stopping.set()
+        thread.join()
+    assert failed["status"] == "failed" and failed["error"]["type"] == "stalled"
+    assert failed["usage"]["completion_tokens"] == 0 and first
+
+
+def test_readyz_follows_the_worker(jobs, store, worker_process):
+    worker_process()
+    pid = wait_for_worker(store).pid
+    assert jobs.client.get("/readyz").status_code == 200
+
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while jobs.client.get("/readyz").status_code == 200:
+        assert time.monotonic() < deadline, "/readyz stayed 200 with the worker dead"
+        time.sleep(0.05)
+
+    wait_for_worker(store, other_than=pid)
+    assert jobs.client.get("/readyz").status_code == 200

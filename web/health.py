@@ -1,0 +1,122 @@
+"""Health that tells the truth, and Prometheus metrics that are right across processes.
+
+/healthz: this web process answers. /readyz: Redis answers, a worker holds a device with a fresh heartbeat,
+and its job (if any) is making progress. /metrics: counters and histograms are recorded in Redis by the
+Lua scripts at the moment things happen (admission, claim, first token, end), so web and worker, and
+several web processes, report the same numbers; gauges are read at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+
+from flask import Blueprint, Response, jsonify
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from tasks.store import Snapshot, Store
+from web import services
+from web.errors import error_response
+
+bp = Blueprint("health", __name__)
+
+HISTOGRAMS = {
+    "queue_wait": "Seconds from admission to start, for jobs that started.",
+    "time_to_first_token": "Seconds from admission to the first generated token.",
+    "job_duration": "Seconds from start to end of a generation.",
+}
+
+
+@bp.get("/healthz")
+def healthz() -> Response:
+    return jsonify({"status": "ok"})
+
+
+@bp.get("/readyz")
+def readyz() -> Response:
+    svc = services()
+    snap = svc.store.snapshot()
+    workers = [w.__dict__ for w in snap.workers]
+    if not snap.workers:
+        return _not_ready("no worker holds a device: none is running, or its heartbeat stopped", workers)
+    stalled = [w for w in snap.workers if w.progress_age_s is not None and w.progress_age_s > svc.settings.stall_s]
+    if stalled:
+        return _not_ready(f"job {stalled[0].job} made no progress for {stalled[0].progress_age_s:.0f} s", workers)
+    return jsonify({"status": "ready", "queue_depth": snap.queue_depth, "workers": workers})
+
+
+def _not_ready(reason: str, workers: list[dict[str, object]]) -> Response:
+    response = error_response(503, "unavailable", reason)
+    body = response.get_json()
+    body["workers"] = workers
+    response.set_data(jsonify(body).get_data())
+    return response
+
+
+@bp.get("/metrics")
+def metrics() -> Response:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(services().store))
+    return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+
+
+class _Collector:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.store.snapshot()
+        yield from _gauges(snap)
+        yield from _counters(snap.stats)
+        yield from _histograms(snap.stats)
+
+
+def _gauges(snap: Snapshot) -> Iterator[Metric]:
+    yield GaugeMetricFamily("onelane_queue_depth", "Jobs waiting to run.", value=snap.queue_depth)
+    yield GaugeMetricFamily("onelane_jobs_in_progress", "Jobs generating now.", value=snap.in_progress)
+    age = GaugeMetricFamily(
+        "onelane_worker_heartbeat_age_seconds", "Seconds since each live worker renewed its lease.", labels=["device"]
+    )
+    for w in snap.workers:
+        age.add_metric([w.device], w.heartbeat_age_s)
+    yield age
+    yield GaugeMetricFamily("onelane_workers_alive", "Workers holding a device lease.", value=len(snap.workers))
+
+
+def _counters(stats: dict[str, str]) -> Iterator[Metric]:
+    def total(field: str) -> float:
+        return float(stats.get(field, 0))
+
+    yield CounterMetricFamily("onelane_jobs_admitted", "Jobs admitted into the queue.", value=total("admitted"))
+    rejected = CounterMetricFamily("onelane_jobs_rejected", "Submissions refused, by reason.", labels=["reason"])
+    for reason in ("queue_full", "quota_exceeded"):
+        rejected.add_metric([reason], total(f"rejected:{reason}"))
+    yield rejected
+    finished = CounterMetricFamily("onelane_jobs_finished", "Jobs that reached a terminal state.", labels=["status"])
+    for status in ("completed", "failed", "cancelled", "expired"):
+        finished.add_metric([status], total(f"finished:{status}"))
+    yield finished
+    yield CounterMetricFamily("onelane_tokens_generated", "Tokens generated.", value=total("tokens"))
+    yield CounterMetricFamily("onelane_jobs_requeued", "Jobs put back after their worker died.", value=total("requeued"))
+    yield CounterMetricFamily("onelane_worker_restarts", "Worker processes restarted.", value=total("worker_restarts"))
+
+
+def _histograms(stats: dict[str, str]) -> Iterator[Metric]:
+    buckets: dict[str, dict[str, float]] = defaultdict(dict)
+    for field, value in stats.items():
+        if field.startswith("h:"):
+            _, name, le = field.split(":", 2)
+            buckets[name][le] = float(value)
+    for name, help_text in HISTOGRAMS.items():
+        found = buckets.get(name, {})
+        total_sum = found.pop("sum", 0.0)
+        bounds = sorted(found, key=lambda le: float("inf") if le == "+Inf" else float(le))
+        cumulative, running = [], 0.0
+        for le in bounds:
+            running += found[le]
+            cumulative.append((le, running))
+        if not cumulative or cumulative[-1][0] != "+Inf":
+            cumulative.append(("+Inf", running))
+        yield HistogramMetricFamily(f"onelane_{name}_seconds", help_text, buckets=cumulative, sum_value=total_sum)

@@ -1,0 +1,143 @@
+"""Server-rendered pages: a form to submit a job, a live page per job, and the visitor's list of jobs."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import Blueprint, Response, redirect, render_template, request, url_for
+from werkzeug.datastructures import MultiDict
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from tasks.errors import JobNotFound, OnelaneError, Overloaded, PromptTooLarge
+from tasks.job import Job
+from web import services
+from web.api import admit
+from web.auth import csrf_token, current_owner, start_visit
+from web.errors import status_for
+from web.schemas import SubmitJob, parse, to_spec
+
+bp = Blueprint("pages", __name__)
+
+FORM_DEFAULTS = {"prompt": "", "max_tokens": "64", "temperature": "0", "ignore_eos": ""}
+NUMBER_FIELDS = ("max_tokens", "temperature")
+EXCERPT_CHARS = 80
+
+# Prompts and outputs are untrusted text: no inline script, no third-party origin, no framing.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+
+
+@bp.before_request
+def _visit() -> None:
+    # A browser gets its own identity before anything is looked up; a POST must already have one (and its CSRF token).
+    if request.method in ("GET", "HEAD"):
+        start_visit()
+
+
+@bp.context_processor
+def _template_globals() -> dict[str, Any]:
+    return {"csrf_token": csrf_token}
+
+
+@bp.after_request
+def _security_headers(response: Response) -> Response:
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+@bp.app_template_filter("iso_time")
+def iso_time(epoch_s: float) -> str:
+    """Seconds since the epoch as ISO 8601 in UTC."""
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="seconds")
+
+
+@bp.app_template_filter("utc_time")
+def utc_time(epoch_s: float) -> str:
+    """Seconds since the epoch as a readable UTC time (the page's script shows it in local time)."""
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def excerpt(job: Job) -> str:
+    """The start of the job's prompt (or last message) on one line."""
+    messages = job.spec.messages or ()
+    text = " ".join((job.spec.prompt if job.spec.prompt is not None else messages[-1].content).split())
+    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 1].rstrip() + "…"
+
+
+def _number(raw: str) -> int | float | str:
+    """A form field as the number it spells; anything else is left for validation to refuse."""
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            continue
+    return raw
+
+
+def submission(form: MultiDict[str, str]) -> dict[str, Any]:
+    """The form as the API's request body: numbers converted, empty fields omitted."""
+    body: dict[str, Any] = {}
+    if form.get("prompt"):
+        body["prompt"] = form["prompt"]
+    for name in NUMBER_FIELDS:
+        raw = form.get(name, "").strip()
+        if raw:
+            body[name] = _number(raw)
+    if form.get("ignore_eos"):
+        body["ignore_eos"] = True
+    return body
+
+
+def render_form(values: dict[str, str], error: OnelaneError | None = None) -> Response:
+    """The submit form, filled with `values`, with the error that refused them (and its API status), if any."""
+    response = Response(render_template("index.html", values=values, error=error, settings=services().settings))
+    if error is not None:
+        response.status_code = status_for(error)
+        if isinstance(error, Overloaded):
+            response.headers["Retry-After"] = str(error.retry_after_s)
+    return response
+
+
+@bp.get("/")
+def index() -> Response:
+    return render_form(FORM_DEFAULTS)
+
+
+@bp.post("/jobs")
+def submit() -> Response:
+    """Admit the form's job as watched (skipped if its page is closed before it starts), then show its page."""
+    svc = services()
+    try:
+        form = request.form
+    except RequestEntityTooLarge:
+        limit = svc.settings.max_prompt_chars
+        return render_form(FORM_DEFAULTS, PromptTooLarge(f"the prompt is too large; the limit is {limit} characters"))
+    values = {**FORM_DEFAULTS, **form.to_dict()}
+    try:
+        req = parse(SubmitJob, submission(form))
+        job = admit(*to_spec(req, current_owner(), svc.settings, watched=True))
+    except OnelaneError as exc:
+        return render_form(values, exc)
+    return redirect(url_for("pages.job_page", job_id=job.id), code=303)
+
+
+@bp.get("/jobs/<job_id>")
+def job_page(job_id: str) -> tuple[str, int]:
+    """The job, live: opening its page counts as watching it."""
+    store = services().store
+    try:
+        job = store.get(job_id, current_owner())
+    except JobNotFound:
+        return render_template("not_found.html", job_id=job_id), 404
+    store.keep_watching(job)
+    return render_template("job.html", job=job), 200
+
+
+@bp.get("/jobs")
+def job_list() -> tuple[str, int]:
+    jobs = services().store.list(current_owner())
+    return render_template("jobs.html", jobs=jobs, excerpt=excerpt), 200

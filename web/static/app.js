@@ -1,0 +1,198 @@
+// onelane's pages: the live job page and local times. Model output and prompts are untrusted text:
+// they only ever go into the page through textContent or text nodes, never as HTML.
+"use strict";
+
+const ENDED = new Set(["completed", "failed", "cancelled", "expired"]);
+
+/** A duration in seconds, readable: "0.42 s", "12.3 s", "2 min 5 s". */
+function duration(s) {
+  if (s < 10) return `${s.toFixed(2)} s`;
+  if (s < 60) return `${s.toFixed(1)} s`;
+  const whole = Math.round(s);
+  return `${Math.floor(whole / 60)} min ${whole % 60} s`;
+}
+
+/** Where a waiting job stands. */
+function queuedText(position, eta) {
+  if (position == null) return "Waiting in the queue";
+  const where = `#${position} in queue`;
+  return eta == null ? `${where}, ETA unknown` : `${where}, about ${duration(eta)}`;
+}
+
+/** What happened to an ended job, in words. */
+function endedText(job) {
+  switch (job.status) {
+    case "completed":
+      return job.finish_reason === "length"
+        ? `Completed: reached the limit of ${job.params.max_tokens} tokens.`
+        : "Completed: the model finished.";
+    case "failed":
+      return `Failed: ${job.error ? job.error.message : "unknown error"}`;
+    case "cancelled":
+      return cancelledText(job);
+    case "expired":
+      return "Expired: it waited too long in the queue and never started.";
+    default:
+      return job.status;
+  }
+}
+
+/** Why a cancelled job ended, and whether it had started. */
+function cancelledText(job) {
+  const started = job.timings.started_at != null;
+  if (job.error && job.error.type === "client_gone") {
+    return started
+      ? "Cancelled: its client went away while it ran; the output so far is kept."
+      : "Cancelled: you left the page before it started.";
+  }
+  return started ? "Cancelled while running; the output so far is kept." : "Cancelled before it started.";
+}
+
+/** The timings of an ended job as [label, value] rows; rows whose moments are missing are left out. */
+function timingRows(job) {
+  const t = job.timings;
+  const tokens = job.usage.completion_tokens;
+  const rows = [];
+  if (t.started_at != null) rows.push(["Waited in queue", duration(t.started_at - t.queued_at)]);
+  if (t.first_token_at != null) rows.push(["Time to first token", duration(t.first_token_at - t.queued_at)]);
+  if (t.finished_at != null) rows.push(["Total", duration(t.finished_at - t.queued_at)]);
+  rows.push(["Tokens", String(tokens)]);
+  if (t.first_token_at != null && t.finished_at != null && t.finished_at > t.first_token_at) {
+    rows.push(["Speed", `${(tokens / (t.finished_at - t.first_token_at)).toFixed(1)} tokens/s`]);
+  }
+  return rows;
+}
+
+/** One job's page: its status, its output as it streams, a cancel button, and timings once it ended. */
+class JobPage {
+  constructor(root, job) {
+    this.root = root;
+    this.status = document.getElementById("status");
+    this.note = document.getElementById("note");
+    this.output = document.getElementById("output");
+    this.timings = document.getElementById("timings");
+    this.timingsSection = document.getElementById("timings-section");
+    this.cancelButton = document.getElementById("cancel");
+    this.lastIndex = -1; // the last started/token event shown: a replayed one is skipped
+    this.tokens = 0;
+    this.source = null;
+    if (ENDED.has(job.status)) {
+      this.end(job);
+      return;
+    }
+    this.setStatus(job.status, job.status === "queued" ? queuedText(job.position, job.eta_s) : "Running…");
+    this.output.textContent = ""; // the stream replays every token from the start
+    this.cancelButton.addEventListener("click", () => this.cancel());
+    this.follow();
+  }
+
+  setStatus(status, text) {
+    this.status.dataset.status = status;
+    this.status.textContent = text;
+  }
+
+  setNote(text) {
+    this.note.textContent = text;
+    this.note.hidden = !text;
+  }
+
+  /** Listen to the job's events until its terminal one. */
+  follow() {
+    const source = new EventSource(this.root.dataset.eventsUrl);
+    this.source = source;
+    source.addEventListener("open", () => this.setNote(""));
+    source.addEventListener("queued", (e) => {
+      const data = JSON.parse(e.data);
+      this.setStatus("queued", queuedText(data.position, data.eta_s));
+    });
+    source.addEventListener("started", (e) => this.onStarted(JSON.parse(e.data)));
+    source.addEventListener("token", (e) => this.onToken(JSON.parse(e.data)));
+    source.addEventListener("requeued", (e) => this.onRequeued(JSON.parse(e.data)));
+    for (const name of ENDED) source.addEventListener(name, (e) => this.end(JSON.parse(e.data)));
+    source.addEventListener("error", () => {
+      if (source.readyState === EventSource.CLOSED) this.setNote("Lost the live feed. Reload the page to see the job.");
+      else this.setNote("Reconnecting…");
+    });
+  }
+
+  /** True for an event not shown yet; the browser resumes after the last id, this guards against replays. */
+  fresh(index) {
+    if (index <= this.lastIndex) return false;
+    this.lastIndex = index;
+    return true;
+  }
+
+  onStarted(data) {
+    if (this.fresh(data.index)) this.setStatus("in_progress", "Running…");
+  }
+
+  onToken(data) {
+    if (!this.fresh(data.index)) return;
+    this.output.append(document.createTextNode(data.text));
+    this.tokens += data.n;
+    this.setStatus("in_progress", `Running: ${this.tokens} token${this.tokens === 1 ? "" : "s"} so far`);
+  }
+
+  /** The worker stopped mid-run: the job waits again at the front and will start over from scratch. */
+  onRequeued(data) {
+    if (!this.fresh(data.index)) return;
+    this.output.textContent = "";
+    this.tokens = 0;
+    this.setStatus("queued", "Back at the front of the queue: the worker stopped, so it will start over.");
+  }
+
+  /** Show the ended job as the server has it, and stop listening. */
+  end(job) {
+    if (this.source) this.source.close();
+    this.setNote("");
+    this.setStatus(job.status, endedText(job));
+    this.output.textContent = job.output;
+    if (this.cancelButton) this.cancelButton.remove();
+    this.timings.replaceChildren();
+    for (const [label, value] of timingRows(job)) {
+      const dt = document.createElement("dt");
+      const dd = document.createElement("dd");
+      dt.textContent = label;
+      dd.textContent = value;
+      this.timings.append(dt, dd);
+    }
+    this.timingsSection.hidden = false;
+  }
+
+  /** Ask the server to cancel; the job's end arrives in the answer or, for a running job, on the stream. */
+  async cancel() {
+    this.cancelButton.disabled = true;
+    this.cancelButton.textContent = "Cancelling…";
+    try {
+      const response = await fetch(this.root.dataset.cancelUrl, {
+        method: "DELETE",
+        headers: { Accept: "application/json", "X-CSRF-Token": this.root.dataset.csrf },
+      });
+      const body = await response.json();
+      if (response.ok && ENDED.has(body.status)) this.end(body);
+      else if (!response.ok && response.status !== 409) this.cancelFailed(body.error.message);
+    } catch (err) {
+      this.cancelFailed("the server could not be reached");
+    }
+  }
+
+  cancelFailed(reason) {
+    this.setNote(`Could not cancel: ${reason}.`);
+    this.cancelButton.disabled = false;
+    this.cancelButton.textContent = "Cancel";
+  }
+}
+
+/** Show each <time datetime> in the visitor's time zone. */
+function localTimes() {
+  for (const el of document.querySelectorAll("time[datetime]")) {
+    el.textContent = new Date(el.dateTime).toLocaleString();
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  localTimes();
+  const root = document.getElementById("job");
+  const data = document.getElementById("job-data");
+  if (root && data) new JobPage(root, JSON.parse(data.textContent));
+});
