@@ -169,3 +169,25 @@ def test_an_unknown_job_is_a_404_page(browser):
     assert response.status_code == 404
     assert response.mimetype == "text/html"
     assert "No such job" in response.get_data(as_text=True)
+
+
+def test_with_keys_configured_a_browser_signs_in_with_its_key(settings, redis_client):
+    from web import create_app
+
+    users = settings.model_validate({"users": "alice:ka,bob:kb"}).users
+    client = create_app(settings.model_copy(update={"users": users})).test_client()
+
+    assert client.get("/").status_code == 303 and client.get("/").headers["Location"].endswith("/login")
+    page = client.get("/login").get_data(as_text=True)
+    token = page.split('name="csrf_token" value="')[1].split('"')[0]
+    assert client.post("/login", data={"key": "nope", "csrf_token": token}).status_code == 401
+    assert client.post("/login", data={"key": "ka", "csrf_token": "forged"}).status_code == 400
+    assert client.post("/login", data={"key": "ka", "csrf_token": token}).status_code == 303
+
+    form = client.get("/").get_data(as_text=True)
+    token = form.split('name="csrf_token" value="')[1].split('"')[0]
+    submitted = client.post("/jobs", data={"prompt": "mine", "max_tokens": "4", "csrf_token": token})
+    job_id = submitted.headers["Location"].rsplit("/", 1)[1]
+    # the job is alice's: her API key sees it, bob's does not
+    assert client.get(f"/v1/jobs/{job_id}", headers={"Authorization": "Bearer ka"}).status_code == 200
+    assert client.get(f"/v1/jobs/{job_id}", headers={"Authorization": "Bearer kb"}).status_code == 404

@@ -97,6 +97,11 @@ def sign_in(key: str) -> User | None:
     return user
 
 
+def signed_in() -> bool:
+    """This browser's session belongs to a configured user."""
+    return any(u.name == session.get("user") for u in services().settings.users)
+
+
 def csrf_token() -> str:
     start_visit()
     return str(session["csrf"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,7 +14,7 @@ from tasks.errors import JobNotFound, OnelaneError, Overloaded, PromptTooLarge
 from tasks.job import Job
 from web import services
 from web.api import admit
-from web.auth import csrf_token, current_owner, start_visit
+from web.auth import csrf_token, current_owner, sign_in, signed_in, start_visit
 from web.errors import status_for
 from web.schemas import SubmitJob, parse, to_spec
 
@@ -32,10 +33,13 @@ SECURITY_HEADERS = {
 
 
 @bp.before_request
-def _visit() -> None:
+def _visit() -> Response | None:
     # A browser gets its own identity before anything is looked up; a POST must already have one (and its CSRF token).
     if request.method in ("GET", "HEAD"):
         start_visit()
+    if services().settings.keys_required and not signed_in() and request.endpoint != "pages.login":
+        return redirect(url_for("pages.login"), code=303)  # type: ignore[return-value]
+    return None
 
 
 @bp.context_processor
@@ -100,6 +104,18 @@ def render_form(values: dict[str, str], error: OnelaneError | None = None) -> Re
         if isinstance(error, Overloaded):
             response.headers["Retry-After"] = str(error.retry_after_s)
     return response
+
+
+@bp.route("/login", methods=["GET", "POST"])
+def login() -> Response | tuple[str, int]:
+    """With API keys configured, a browser signs in once with its key."""
+    if request.method == "GET":
+        return render_template("login.html", error=None), 200
+    if not hmac.compare_digest(request.form.get("csrf_token", ""), csrf_token()):
+        return render_template("login.html", error="The form expired; please try again."), 400
+    if sign_in(request.form.get("key", "")) is None:
+        return render_template("login.html", error="That API key is not valid."), 401
+    return redirect(url_for("pages.index"), code=303)  # type: ignore[return-value]
 
 
 @bp.get("/")
