@@ -26,6 +26,7 @@ IN_PROGRESS = NS + "in-progress"  # sorted set: running job ids by started_at
 DEVICE_PREFIX = NS + "device:"  # hash with a short TTL: the lease of the worker that owns a device
 DEVICES = NS + "devices"  # set: device names seen, for health checks
 STATS = NS + "stats"  # hash: counters and histogram buckets behind /metrics
+WAKE_PREFIX = NS + "wake:"  # list: wake-ups for the consumer blocked on a dramatiq queue
 SERVICE_TIMES = NS + "service-times"  # list: the last 20 job service times in seconds, for the ETA
 
 
@@ -51,6 +52,10 @@ def user_queue(owner: str) -> str:
 
 def watch(job_id: str) -> str:
     return WATCH_PREFIX + job_id
+
+
+def wake(queue_name: str) -> str:
+    return WAKE_PREFIX + queue_name
 
 
 def device(name: str) -> str:

@@ -144,7 +144,7 @@ def worker_process(settings: Settings, tmp_path: Path, redis_client: redis.Redis
         flag = "--supervise" if supervise else "--no-supervise"
         log = open(tmp_path / f"worker-{len(started)}.log", "wb")
         process = subprocess.Popen([sys.executable, "-m", "tasks.cli", "worker", flag], env=environ, stdout=log,
-                                   stderr=subprocess.STDOUT)  # fmt: skip
+                                   stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         started.append(process)
         return process
 

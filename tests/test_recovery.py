@@ -118,16 +118,25 @@ def test_a_job_that_stops_producing_tokens_fails_stalled_and_its_worker_is_kille
     assert failed["usage"]["completion_tokens"] == 0 and first
 
 
-def test_readyz_follows_the_worker(jobs, store, worker_process):
-    worker_process()
-    pid = wait_for_worker(store).pid
-    assert jobs.client.get("/readyz").status_code == 200
-
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while jobs.client.get("/readyz").status_code == 200:
-        assert time.monotonic() < deadline, "/readyz stayed 200 with the worker dead"
+def wait_ready(client, status: int, timeout_s: float = 30) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while client.get("/readyz").status_code != status:
+        assert time.monotonic() < deadline, f"/readyz never answered {status}"
         time.sleep(0.05)
 
-    wait_for_worker(store, other_than=pid)
-    assert jobs.client.get("/readyz").status_code == 200
+
+def test_readyz_follows_the_worker(jobs, store, worker_process):
+    first = worker_process()
+    wait_ready(jobs.client, 200)
+
+    # the active worker dies: the standby takes over within a fraction of a second, /readyz stays up
+    os.kill(wait_for_worker(store).pid, signal.SIGKILL)
+    wait_ready(jobs.client, 200)
+
+    os.killpg(first.pid, signal.SIGKILL)  # the supervisor and both its workers: nothing serves now
+    wait_ready(jobs.client, 503, timeout_s=5)
+    body = jobs.client.get("/readyz").get_json()
+    assert body["error"]["type"] == "unavailable" and body["workers"] == []
+
+    worker_process()
+    wait_ready(jobs.client, 200)

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 HOUSEKEEPING_INTERVAL_S = 0.5
 TAKEOVER_POLL_S = 0.1  # how often a standby worker tries to take a free device
-POLL_MS = 100  # dramatiq's Redis consumer polls; 1000 ms (its default) adds up to a second to every pickup
+IDLE_WAIT_MS = 1000  # an idle consumer blocks this long on its wake-up list before looking again
 
 
 def ensure_model(settings: Settings) -> str:
@@ -62,7 +62,7 @@ class GpuWorker:
         self.on_fatal = on_fatal
         self.runner = Runner(self.store, engine, self.id, on_fatal)
         actors.declare(self.broker, self.runner, int(settings.job_time_limit_s * 1000))
-        self.worker = dramatiq.Worker(self.broker, worker_threads=1, worker_timeout=POLL_MS)
+        self.worker = dramatiq.Worker(self.broker, worker_threads=1, worker_timeout=IDLE_WAIT_MS)
         # A prefetched message is invisible in Redis and strands on a crash: take one at a time.
         self.worker.queue_prefetch = 1
         self.worker.delay_prefetch = 1
