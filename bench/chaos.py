@@ -109,9 +109,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def redis_memory(client: redis.Redis) -> tuple[str, int]:
+def redis_memory(client: redis.Redis) -> tuple[str, int, int, str]:
+    """used_memory_human, used_memory (bytes), number of keys, used_memory_peak_human."""
     info = client.info("memory")
-    return str(info["used_memory_human"]), int(info["used_memory"])
+    return str(info["used_memory_human"]), int(info["used_memory"]), int(client.dbsize()), str(info["used_memory_peak_human"])
 
 
 # --- observers ---------------------------------------------------------------------------------------------
@@ -177,9 +178,10 @@ class LeaseWatch(threading.Thread):
         last: int | None | str = "unset"
         while not self.stop.wait(0.02) and time.monotonic() < deadline:
             try:
-                pid = self.store.device_holder()
+                raw = self.store.redis.hget(keys.device(self.store.settings.device), "pid")
             except redis.RedisError:
                 continue
+            pid = int(raw) if raw else None
             if pid != last:
                 self.changes.append((time.monotonic(), pid))
                 last = pid
@@ -672,8 +674,11 @@ def report_overload(args, rate, target, result, jobs, unfinished, mem_before, me
         completed = sum(1 for j in jobs if j["status"] == "completed")
         print(f"throughput under load: {completed} jobs completed in {busy_s:.1f} s = {completed / max(busy_s, 1e-9):.2f} "
               f"jobs/s (sequential estimate was {rate:.2f} jobs/s)")  # fmt: skip
-    print(f"Redis memory:     before {mem_before[0]} ({mem_before[1]} B), after the flood {mem_after[0]} "
-          f"({mem_after[1]} B), after all jobs finished {mem_done[0]} ({mem_done[1]} B)")  # fmt: skip
+    print("Redis memory (INFO memory used_memory):")
+    for label, m in (("before the flood", mem_before), ("after the flood", mem_after),
+                     ("after all jobs finished", mem_done)):  # fmt: skip
+        print(f"  {label:<24} {m[0]:>8} ({m[1]} B), {m[2]} keys, peak so far {m[3]}")
+    print("  (an ended job and its output are kept for ONELANE_RESULT_TTL, so the last figure still holds every job of the run)")
     print(f"worker and web still running at the end: {alive}; stuck client threads: {result['stuck_threads']}; "
           f"whole run {time.monotonic() - wall:.1f} s")  # fmt: skip
 
@@ -709,10 +714,12 @@ def main(argv: list[str] | None = None) -> None:
     failures = []
     if args.mode in ("kill", "both"):
         print("Why ONELANE_MAX_ATTEMPTS=3: a job is requeued each time its worker dies, up to MAX_ATTEMPTS runs,")
-        print("then it ends failed `worker_crashed` (quarantine for a prompt that kills the worker). With 20 random")
-        print("kills among 200 jobs, a requeued job runs first on the next worker, so a second kill soon after the")
-        print("first can hit the same job again: with the default 2 that job would end failed worker_crashed")
-        print("although it never crashed anything itself (not lost, but a spurious failure); 3 tolerates it.")
+        print("then it ends failed `worker_crashed` (quarantine for a prompt that kills the worker). With "
+              f"{args.kills} random")
+        print(f"kills among {args.jobs} jobs, a requeued job runs first on the next worker, so a second kill soon after")
+        print("the first can hit the same job again: with the default 2 that job ends failed worker_crashed although")
+        print("it crashed nothing itself (not lost, but a spurious failure); 3 tolerates one such double hit.")
+        print("Run with --attempts 3 2 to see both.")
         for attempts in args.attempts:
             summary = run_kill(args, attempts)
             if summary["lost"] or summary["twice"]:

@@ -54,20 +54,25 @@ class WakingRedisBroker(RedisBroker):
 
 
 class _WakingConsumer(_RedisConsumer):  # type: ignore[misc]
+    woken = False
+
     def __next__(self) -> Any:
         if self.message_cache:
             return super().__next__()
         wake = keys.wake(self.queue_name)
         try:
             # Clear the wake-ups first, then look: an enqueue after the look leaves a wake-up for the wait.
-            self.broker.client.delete(wake)
+            # Right after a wake-up, look at once: whatever enqueue comes next leaves a wake-up of its own.
+            if not self.woken:
+                self.broker.client.delete(wake)
+            self.woken = False
             if self.outstanding_message_count < self.prefetch:
                 self.message_cache = self.broker.do_fetch(
                     self.queue_name, self.prefetch - self.outstanding_message_count
                 )
                 if self.message_cache:
                     return super().__next__()
-            self.broker.client.blpop([wake], timeout=self.timeout / 1000)
+            self.woken = self.broker.client.blpop([wake], timeout=self.timeout / 1000) is not None
             return None
         except redis.ConnectionError as exc:
             raise ConnectionClosed(exc) from None

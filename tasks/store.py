@@ -29,7 +29,7 @@ def _load_scripts(client: redis.Redis) -> dict[str, Any]:
     folder = resources.files("tasks") / "lua"
     common = (folder / "common.lua").read_text()
     names = ("admit", "claim", "cancel", "append", "finish", "position", "expire_due", "recover", "lease", "stall",
-             "drop_lease")
+             "drop_lease", "housekeep")
     return {name: client.register_script(common + (folder / f"{name}.lua").read_text()) for name in names}
 
 
@@ -84,6 +84,11 @@ class Store:
     # --- the web's verbs -------------------------------------------------------------------------
 
     def create(self, job_id: str, spec: JobSpec, ttl_s: float, quota: int | None = None) -> Job:
+        """Admit a job (see admit) and read it back."""
+        self.admit(job_id, spec, ttl_s, quota)
+        return self.get(job_id)
+
+    def admit(self, job_id: str, spec: JobSpec, ttl_s: float, quota: int | None = None) -> None:
         """Admit a job in fair order, or raise QueueFull / QuotaExceeded leaving nothing behind.
 
         `quota` is the owner's bound on waiting jobs (default: the server's per-user bound).
@@ -98,7 +103,6 @@ class Store:
             raise QueueFull(f"the queue is full ({s.max_queue} jobs waiting); try again later", retry_after_s=rest[0])
         if verdict == "quota_exceeded":
             raise QuotaExceeded(f"you already have {quota} jobs waiting; try again later", retry_after_s=rest[0])
-        return self.get(job_id)
 
     def keep_watching(self, job: Job) -> None:
         """Renew a watched, waiting job's lease: its client (a stream, or polling) is still there."""
@@ -207,26 +211,28 @@ class Store:
         args = (status.value, finish_reason or "", err, prompt_tokens, completion_tokens, s.result_ttl_s, worker)
         return bool(self._run("finish", job_id, *args))
 
-    def recover(self, job_id: str = "", worker: str = "") -> list[tuple[str, str]]:
-        """Release running jobs whose worker lost its device (or `job_id`, for its own `worker`): requeued at
-        the front, or failed after max_attempts. Returns (job id, what happened) pairs."""
+    def hand_back(self, job_id: str, worker: str) -> str | None:
+        """Release a job `worker` runs but cannot finish: requeued at the front, or failed after max_attempts."""
         s = self.settings
-        flat = self._run("recover", s.max_attempts, s.job_ttl_s, s.result_ttl_s, job_id, worker)
-        return list(zip(flat[::2], flat[1::2]))
+        found = self._run("recover", s.max_attempts, s.job_ttl_s, s.result_ttl_s, job_id, worker)
+        return found[1] if found else None
+
+    def housekeep(self) -> tuple[int, list[tuple[str, str]]]:
+        """One periodic round: expire overdue waiting jobs, release running jobs whose worker lost its device
+        (requeued at the front, or failed after max_attempts). Returns (jobs waiting, [(job id, verdict)])."""
+        s = self.settings
+        waiting, *flat = self._run("housekeep", s.max_attempts, s.job_ttl_s, s.result_ttl_s, 500)
+        return int(waiting), list(zip(flat[::2], flat[1::2]))
 
     def drop_device(self, pid: int) -> bool:
         """Free this device if the process `pid` (known dead) holds it."""
         return bool(self._run("drop_lease", self.settings.device, pid))
 
-    def device_holder(self) -> int | None:
-        """The pid of the worker process holding this device, if any."""
-        pid = self.redis.hget(keys.device(self.settings.device), "pid")
-        return int(pid) if pid else None
-
-    def fail_if_stalled(self) -> str | None:
-        """End this device's running job as failed (stalled) if it made no progress for stall_s seconds."""
+    def watch_device(self) -> tuple[int | None, str | None]:
+        """The pid holding this device, and the job ended as stalled (no progress for stall_s s) if any."""
         s = self.settings
-        return self._run("stall", s.device, s.stall_s, s.result_ttl_s) or None
+        pid, stalled = self._run("stall", s.device, s.stall_s, s.result_ttl_s)
+        return (int(pid) if pid else None), (stalled or None)
 
     def expire_due(self, limit: int = 500) -> int:
         """End waiting jobs whose deadline passed as `expired`; returns how many."""

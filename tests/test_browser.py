@@ -201,7 +201,7 @@ def test_a_job_the_worker_dropped_starts_over_without_the_lost_text(page, store)
     store.append(job_id, 2, "lost text", 1, "w")
     expect(output).to_have_text("lost text")
 
-    store.recover(job_id, "w")  # as after the worker died mid-run: back to the front, output cleared
+    store.hand_back(job_id, "w")  # as after the worker died mid-run: back to the front, output cleared
 
     expect(status).to_have_text("Back at the front of the queue: the worker stopped, so it will start over.")
     expect(output).to_have_text("")

@@ -19,7 +19,7 @@ from pathlib import Path
 import dramatiq
 import redis
 
-from tasks.broker import make_broker, send_run_next
+from tasks.broker import QUEUE_NAME, make_broker, send_run_next
 from tasks.settings import Settings
 from tasks.store import Store, connect
 from worker import actors
@@ -28,9 +28,9 @@ from worker.runner import Runner
 
 logger = logging.getLogger(__name__)
 
-HOUSEKEEPING_INTERVAL_S = 0.5
+HOUSEKEEPING_INTERVAL_S = 1.0
 TAKEOVER_POLL_S = 0.1  # how often a standby worker tries to take a free device
-IDLE_WAIT_MS = 1000  # an idle consumer blocks this long on its wake-up list before looking again
+IDLE_WAIT_MS = 2000  # an idle consumer blocks this long on its wake-up list before looking again
 
 
 def ensure_model(settings: Settings) -> str:
@@ -62,7 +62,8 @@ class GpuWorker:
         self.on_fatal = on_fatal
         self.runner = Runner(self.store, engine, self.id, on_fatal)
         actors.declare(self.broker, self.runner, int(settings.job_time_limit_s * 1000))
-        self.worker = dramatiq.Worker(self.broker, worker_threads=1, worker_timeout=IDLE_WAIT_MS)
+        # Only the GPU queue: no consumer for the delay queue, which onelane never uses.
+        self.worker = dramatiq.Worker(self.broker, queues={QUEUE_NAME}, worker_threads=1, worker_timeout=IDLE_WAIT_MS)
         # A prefetched message is invisible in Redis and strands on a crash: take one at a time.
         self.worker.queue_prefetch = 1
         self.worker.delay_prefetch = 1
@@ -129,22 +130,25 @@ class GpuWorker:
         idle_with_work = 0
         while not self.stopping.wait(HOUSEKEEPING_INTERVAL_S):
             try:
-                self.store.expire_due()
-                self._recover()
-                # A doorbell can be lost (the web died between admit and send, a message died with a worker):
-                # if jobs wait while this worker idles for two rounds, ring once more. Extra rings are harmless.
-                idle_with_work = idle_with_work + 1 if not self.runner.busy and self.store.waiting() else 0
-                if idle_with_work >= 2:
-                    send_run_next(self.broker, "housekeeping")
-                    idle_with_work = 0
+                waiting = self._recover()
             except redis.RedisError as exc:  # Redis away: try again next round
                 logger.warning("housekeeping failed: %s", exc)
+                continue
+            # A doorbell can be lost (the web died between admit and send, a message died with a worker): if
+            # jobs wait while this worker idles for two rounds, ring once more. Extra rings are harmless.
+            idle_with_work = idle_with_work + 1 if waiting and not self.runner.busy else 0
+            if idle_with_work >= 2:
+                send_run_next(self.broker, "housekeeping")
+                idle_with_work = 0
 
-    def _recover(self) -> None:
-        for job_id, verdict in self.store.recover():
+    def _recover(self) -> int:
+        """Expire overdue jobs and requeue those of dead workers (ringing for each); returns how many wait."""
+        waiting, released = self.store.housekeep()
+        for job_id, verdict in released:
             logger.warning("job %s: its worker died; %s", job_id, verdict)
             if verdict == "requeued":
                 send_run_next(self.broker, job_id)
+        return waiting
 
 
 def run(settings: Settings) -> None:

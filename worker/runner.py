@@ -96,7 +96,7 @@ class Runner:
         deadline = time.monotonic() + patience_s
         while time.monotonic() < deadline:
             try:
-                logger.info("job %s: handed back: %s", job.id, self.store.recover(job.id, self.worker_id))
+                logger.info("job %s: handed back: %s", job.id, self.store.hand_back(job.id, self.worker_id))
                 return
             except redis.RedisError:
                 time.sleep(0.5)

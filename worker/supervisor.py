@@ -23,7 +23,8 @@ from tasks.store import Store, connect
 
 logger = logging.getLogger(__name__)
 
-CHECK_S = 0.1
+CHECK_S = 0.1  # how often dead children are reaped (no Redis involved)
+WATCH_EVERY = 5  # look at the device in Redis every 5th check: 2 commands/s
 WORKERS = 2  # the active one and a standby
 
 
@@ -46,11 +47,14 @@ class Supervisor:
     def run(self) -> None:
         """Supervise until asked to stop, then stop the workers."""
         try:
+            tick = 0
             while not self.stopping.wait(CHECK_S):
                 self._reap()
                 if len(self.children) < WORKERS and not self.stopping.wait(self.backoff):
                     self._spawn()
-                self._check_holder()
+                tick += 1
+                if tick % WATCH_EVERY == 0:
+                    self._check_holder()
         finally:
             for child in self.children.values():
                 child.send_signal(signal.SIGTERM)
@@ -83,9 +87,10 @@ class Supervisor:
 
     def _check_holder(self) -> None:
         """Track which child holds the device; kill it if its job stalled or it froze past its lease."""
-        pid = self._redis(self.store.device_holder)
-        if pid is False:
+        watched = self._redis(self.store.watch_device)
+        if watched is False:
             return
+        pid, stalled = watched
         old = self.holder
         if old is not None and pid != old and old in self.children:
             # alive but no longer holding the device: frozen past its lease (or about to notice and exit)
@@ -101,7 +106,6 @@ class Supervisor:
                             pid, time.monotonic() - self.died_at)  # fmt: skip
                 self.died_at = None
         if self.holder is not None and pid == self.holder:
-            stalled = self._redis(self.store.fail_if_stalled)
             if stalled:
                 logger.error("job %s made no progress for %.0f s: ended failed (stalled); killing worker %d",
                              stalled, self.settings.stall_s, self.holder)  # fmt: skip

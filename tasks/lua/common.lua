@@ -129,3 +129,22 @@ local function release(id, max_attempts, ttl, result_ttl, why)
   stat('requeued')
   return 'requeued'
 end
+
+-- End a waiting job whose deadline passed as `expired`.
+local function expire_waiting(id, result_ttl, t)
+  local f = redis.call('HMGET', JOB .. id, 'status', 'owner')
+  if f[1] == 'queued' then
+    unqueue(id, f[2])
+    finish(id, 'expired', '', error_json('expired', 'the job waited past its deadline and was never started'),
+      result_ttl, t)
+  else
+    redis.call('ZREM', WAITING, id)
+  end
+end
+
+-- A running job is orphaned when the worker that claimed it no longer holds its device.
+local function orphaned(id)
+  local f = redis.call('HMGET', JOB .. id, 'worker', 'device')
+  if not f[1] or not f[2] then return true end
+  return redis.call('HGET', DEVICE .. f[2], 'worker') ~= f[1]
+end
