@@ -82,17 +82,18 @@ class _WakingConsumer(_RedisConsumer):  # type: ignore[misc]
         self.broker.wake(self.queue_name)  # the worker is free: fetch the next message now
 
 
-def make_broker(settings: Settings) -> RedisBroker:
-    """A Redis broker with GPU-safe middleware: no retries, an explicit time limit, no age limit."""
-    broker = WakingRedisBroker(
-        url=settings.effective_redis_url,
-        namespace=NAMESPACE,
-        middleware=[
-            TimeLimit(time_limit=int(settings.job_time_limit_s * 1000)),
-            ShutdownNotifications(),
-            Retries(max_retries=0),
-        ],
+def make_broker(settings: Settings, worker: bool = True) -> RedisBroker:
+    """The broker; for the worker with GPU-safe middleware: no retries, an explicit time limit, no age limit.
+
+    The web only sends messages and needs no middleware (dramatiq's time-limit and shutdown middleware also
+    refuse to start under gevent, which the web server uses).
+    """
+    middleware = (
+        [TimeLimit(time_limit=int(settings.job_time_limit_s * 1000)), ShutdownNotifications(), Retries(max_retries=0)]
+        if worker
+        else []
     )
+    broker = WakingRedisBroker(url=settings.effective_redis_url, namespace=NAMESPACE, middleware=middleware)
     broker.declare_queue(QUEUE_NAME)
     return broker
 

@@ -80,13 +80,19 @@ def up(host: str | None, port: int | None) -> None:
 @main.command()
 @click.option("--host", default=None, help="Address to bind (default ONELANE_HOST, 127.0.0.1).")
 @click.option("--port", default=None, type=int, help="Port (default ONELANE_PORT, 8000).")
-@click.option("--threads", default=64, show_default=True, help="Threads; each open stream holds one.")
-def web(host: str | None, port: int | None, threads: int) -> None:
-    """Serve the web front end with gunicorn."""
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="gunicorn worker processes (gevent: each holds many open streams).")  # fmt: skip
+@click.option("--connections", default=1000, show_default=True, type=click.IntRange(1, 100_000),
+              help="Open connections per worker process.")  # fmt: skip
+def web(host: str | None, port: int | None, workers: int, connections: int) -> None:
+    """Serve the web front end with gunicorn (gevent workers)."""
+    from gevent import monkey
+
+    monkey.patch_all()  # before redis, ssl and friends are imported, as gevent asks
     from web.server import serve
 
     settings = _settings()
-    serve(settings, host or settings.host, port or settings.port, threads)
+    serve(settings, host or settings.host, port or settings.port, workers, connections)
 
 
 @main.command()

@@ -54,7 +54,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["onelane"] = Services(
         settings=settings,
         store=Store(connect(settings.effective_redis_url), settings),
-        broker=make_broker(settings),
+        broker=make_broker(settings, worker=False),
     )
 
     from web import api, errors, health, openai_compat, pages, stream

@@ -1,4 +1,8 @@
-"""Serve the Flask app with gunicorn, configured in code (no config file to keep in sync)."""
+"""Serve the Flask app with gunicorn, configured in code (no config file to keep in sync).
+
+gevent workers: an open event stream costs a greenlet, not a thread, so one process holds hundreds of
+waiting clients. The app is built in each worker after gevent has patched the standard library.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +14,13 @@ from flask import Flask
 from gunicorn.app.base import BaseApplication
 
 from tasks.settings import Settings
-from web import create_app
 
 logger = logging.getLogger(__name__)
 
 
 class _Gunicorn(BaseApplication):  # type: ignore[misc]
-    def __init__(self, app: Flask, options: dict[str, Any]) -> None:
-        self.application = app
+    def __init__(self, settings: Settings, options: dict[str, Any]) -> None:
+        self.settings = settings
         self.options = options
         super().__init__()
 
@@ -26,26 +29,33 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
             self.cfg.set(key, value)
 
     def load(self) -> Flask:
-        return self.application
+        from web import create_app
+
+        return create_app(self.settings)
 
 
-def serve(settings: Settings, host: str, port: int, threads: int = 64) -> None:
-    """One gunicorn worker process with `threads` threads: each open event stream holds a thread."""
-    app = create_app(settings)
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    if not loopback:
-        logger.warning("listening on %s: anyone who can reach it can submit jobs", host)
+def serve(settings: Settings, host: str, port: int, workers: int = 1, connections: int = 1000) -> None:
+    """gunicorn with `workers` gevent processes of up to `connections` open connections each."""
+    if not settings.keys_required and not _loopback(host):
+        logger.warning("listening on %s without API keys (ONELANE_API_KEYS): anyone who can reach it can "
+                       "submit jobs", host)  # fmt: skip
     options = {
         "bind": f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
-        "workers": 1,
-        "worker_class": "gthread",
-        "threads": threads,
+        "workers": workers,
+        "worker_class": "gevent",
+        "worker_connections": connections,
         "timeout": 60,
         "graceful_timeout": 10,
-        "accesslog": "-",
+        "keepalive": 5,
+        "accesslog": None,
         "loglevel": "info",
+        "control_socket_disable": True,
     }
-    _Gunicorn(app, options).run()
+    _Gunicorn(settings, options).run()
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
