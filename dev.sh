@@ -29,16 +29,23 @@ venv() {  # venv EXTRAS: a local virtualenv with onelane installed (re-installed
     fi
 }
 
+openblas() {  # MLX's Linux CPU build bundles a slow BLAS; the worker preloads Debian's OpenBLAS when present
+    [ "$(uname)" = Linux ] || return 0
+    ls /usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0 >/dev/null 2>&1 || apt_install libopenblas0-pthread || true
+}
+
 command="${1:-}"
 [ $# -gt 0 ] && shift
 case "$command" in
     up)
         venv ""
+        openblas
         exec .venv/bin/onelane up "$@"
         ;;
     test)
         venv "[test]"
         command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+        openblas
         # the browser tests drive Debian's chromium; without it they skip (and fail in CI), so do not stop here
         command -v chromium >/dev/null 2>&1 || apt_install chromium || true
         exec .venv/bin/python -m pytest "$@"

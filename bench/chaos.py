@@ -687,15 +687,15 @@ def report_overload(args: argparse.Namespace, rate: float, result: Flood, jobs: 
     rejected = sum(result.rejected.values())
     print(f"target {rate * args.factor:.1f} jobs/s for {args.seconds:.0f} s = {result.planned} requests; sent in "
           f"{result.elapsed:.1f} s = {submitted / max(result.elapsed, 1e-9):.1f} requests/s")  # fmt: skip
-    print(f"submitted:        {submitted}  (+ {sum(result.errors.values())} without an answer "
-          f"{dict(result.errors) or ''})")  # fmt: skip
+    errors = f" {dict(result.errors)}" if result.errors else ""
+    print(f"submitted:        {submitted}  (+ {sum(result.errors.values())} without an answer{errors})")
     print(f"accepted (202):   {len(result.accepted)}")
     print(f"rejected:         {rejected}  ({', '.join(f'{k}: {v}' for k, v in sorted(result.rejected.items())) or '-'})")
     ra = result.retry_after
     values = f"; values min {min(ra)}, median {median(ra):g}, max {max(ra)} s" if ra else ""
+    bad = f" {result.retry_malformed[:5]}" if result.retry_malformed else ""
     print(f"Retry-After:      a positive integer on {len(ra)} of {rejected} rejections; missing on "
-          f"{result.retry_missing}, malformed on {len(result.retry_malformed)} {result.retry_malformed[:5] or ''}"
-          f"{values}")  # fmt: skip
+          f"{result.retry_missing}, malformed on {len(result.retry_malformed)}{bad}{values}")  # fmt: skip
     if result.latency:
         lat = result.latency
         print(f"POST latency:     p50 {pct(lat, 50) * 1000:.1f} ms, p99 {pct(lat, 99) * 1000:.1f} ms, "

@@ -106,6 +106,11 @@ def worker(supervise: bool) -> None:
 
         supervise_worker(settings)
     else:
+        from worker.blas import worker_env
+
+        env = worker_env(dict(os.environ))
+        if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):  # it only takes effect from the start
+            os.execve(sys.executable, [sys.executable, "-m", "tasks.cli", *sys.argv[1:]], env)
         from worker.main import run
 
         run(settings)

@@ -30,3 +30,19 @@ def test_onelane_worker_process_runs_a_job_with_one_thread_and_prefetch_one(jobs
     text = log.read_text()
     assert "(1 process, 1 thread, prefetch 1)" in text
     assert "Traceback" not in text
+
+
+def test_the_worker_runs_with_openblas_preloaded_on_linux(store, worker_process):
+    import pytest
+
+    from tests.test_recovery import wait_for_worker
+    from worker.blas import openblas_path
+
+    library = openblas_path()
+    if library is None:
+        assert not (sys.platform.startswith("linux") and os.environ.get("CI")), "./dev.sh installs OpenBLAS on Linux"
+        pytest.skip("no OpenBLAS on this machine")
+    worker_process()
+    pid = wait_for_worker(store).pid
+    with open(f"/proc/{pid}/maps") as maps:
+        assert os.path.realpath(library) in maps.read()

@@ -10,6 +10,7 @@ it watches the workers from outside, through Redis.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import redis
 
 from tasks.settings import Settings
 from tasks.store import Store, connect
+from worker.blas import worker_env
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +36,8 @@ class Supervisor:
     ) -> None:
         self.settings = settings
         self.command = command or [sys.executable, "-m", "worker.main"]
-        self.env = env  # None: the workers inherit ours, which the settings were read from
+        # The workers inherit our environment (the settings were read from it), with OpenBLAS preloaded.
+        self.env = worker_env(dict(os.environ) if env is None else env)
         self.store = Store(connect(settings.effective_redis_url), settings)
         self.stopping = threading.Event()
         self.children: dict[int, subprocess.Popen[bytes]] = {}
