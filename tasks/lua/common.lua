@@ -69,19 +69,22 @@ local function virtual_time()
   return tonumber(redis.call('GET', VTIME) or '0')
 end
 
--- Mean of the recent service times (1 s until a job has been timed), and what is left of the running job.
+-- Mean of the recent service times, and what is left of the running job. Until a job has been timed, the
+-- running job's age stands in for both (it has taken this long; assume as long again), at least 1 s.
 local function service_estimate(t)
   local times = redis.call('LRANGE', SERVICE_TIMES, 0, -1)
+  local running = redis.call('ZRANGE', IN_PROGRESS, 0, 0, 'WITHSCORES')
+  local started = tonumber(running[2] or '')
   local mean = 1.0
   if #times > 0 then
     local sum = 0
     for _, x in ipairs(times) do sum = sum + tonumber(x) end
     mean = sum / #times
+  elseif started then
+    mean = math.max(1.0, t - started)
   end
-  local running = redis.call('ZRANGE', IN_PROGRESS, 0, 0, 'WITHSCORES')
-  local started = tonumber(running[2] or '')
   local left = 0
-  if started then left = math.max(0, mean - (t - started)) end
+  if started then left = #times > 0 and math.max(0, mean - (t - started)) or mean end
   return mean, left, started ~= nil, #times
 end
 
