@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import openai
@@ -173,3 +174,22 @@ def test_a_non_streaming_client_that_leaves_while_queued_is_never_generated(live
     assert left["status"] == "cancelled"
     assert left["error"]["type"] == "client_gone"
     assert left["timings"]["started_at"] is None and left["usage"]["completion_tokens"] == 0
+
+
+def test_a_stream_whose_worker_died_mid_answer_ends_with_an_error_not_a_garbled_answer(live_server, store):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "stream": True}
+    with requests.post(f"{live_server}/v1/chat/completions", json=body, stream=True, timeout=30) as response:
+        job_id = response.headers["x-onelane-job-id"]
+        lines = response.iter_lines(decode_unicode=True)
+        # this test plays the worker: it runs the job a little, then dies
+        assert store.take_device("w") == "ok"
+        assert store.claim_next("w").id == job_id
+        store.append(job_id, 1, "half an answer", 1, "w")
+        next(ln for ln in lines if "half an answer" in ln)
+        store.hand_back(job_id, "w")
+        rest = [ln for ln in lines if ln.startswith("data: ")]
+
+    assert json.loads(rest[0].removeprefix("data: "))["error"]["code"] == "worker_restarted"
+    assert rest[-1] == "data: [DONE]"
+    # and the job is not run again for a client that has gone
+    assert wait_ended(store, job_id)["status"] == "cancelled"

@@ -243,18 +243,26 @@ def _respond(job: Job, view: Chat, stream: bool) -> Response:
 
 def _stream(job: Job, view: Chat, story: Iterator[dict[str, Any]]) -> Iterator[str]:
     """OpenAI's SSE: `data: {chunk}` lines, queue position as comments, `data: [DONE]` at the end."""
-    ended = False
+    ended = sent = False
     try:
         first = view.first_chunk()
         if first is not None:
             yield _data(first)
         for item in story:
             kind = item["type"]
+            if kind == "requeued" and sent:
+                # its worker died mid-answer: the job starts over, but this client already has part of an answer
+                error = {"message": "the worker restarted mid-answer; please retry", "type": "server_error",
+                         "param": None, "code": "worker_restarted"}  # fmt: skip
+                yield _data({"error": error})
+                yield "data: [DONE]\n\n"
+                return
             if kind == "queued":
                 yield f": queued, position {item['position']}, eta_s {item['eta_s']}\n\n"
             elif kind == "ping":
                 yield ": ping\n\n"
             elif kind == "token":
+                sent = True
                 yield _data(view.envelope(view.chunk_object(), [view.choice(item["text"], None, True)], None))
             elif kind == "gone":
                 return
