@@ -8,7 +8,6 @@ within a step if it runs). Unsupported request fields get a 400 rather than bein
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any, Literal
 

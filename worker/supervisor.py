@@ -86,7 +86,7 @@ class Supervisor:
             self._redis(lambda: self.store.count("worker_restarts"))
             if pid == self.holder:
                 self.holder, self.died_at = None, time.monotonic()
-                self._redis(lambda: self.store.drop_device(pid))
+                self._redis(lambda dead=pid: self.store.drop_device(dead))
 
     def _check_holder(self) -> None:
         """Track which child holds the device; kill it if its job stalled or it froze past its lease."""
