@@ -97,8 +97,9 @@ class Store:
         grace = s.watch_grace_s if spec.watched else 0
         quota = quota or s.max_queued_per_user
         verdict, *rest = self._run(
-            "admit", job_id, spec.owner, spec.model_dump_json(), ttl_s, s.result_ttl_s, grace, s.max_queue, quota
-        )
+            "admit", job_id, spec.owner, spec.model_dump_json(), ttl_s, s.result_ttl_s, grace, s.max_queue, quota,
+            spec.params.max_tokens,
+        )  # fmt: skip
         if verdict == "queue_full":
             raise QueueFull(f"the queue is full ({s.max_queue} jobs waiting); try again later", retry_after_s=rest[0])
         if verdict == "quota_exceeded":

@@ -10,7 +10,7 @@ from tasks.job import Job, JobStatus
 from tasks.store import TERMINAL_EVENTS, Feed, Store
 from web.connection import client_connected
 
-SOCKET_CHECK_S = 0.25  # how often a waiting request looks whether its client hung up
+SOCKET_CHECK_S = 0.1  # how often a waiting request looks whether its client hung up
 
 
 def follow(

@@ -3,11 +3,12 @@
 -- is max(virtual time, its owner's previous tag + 1), the queue runs in tag order (admission order on ties).
 -- So users take turns, one job each, FIFO within a user, and an idle user earns no credit.
 -- A watched job gets a lease of `watch_grace_s` (0: not watched) that its client's stream or polling renews.
--- ARGV: id, owner, spec_json, ttl_s, result_ttl_s, watch_grace_s, max_queue, max_per_user (0: no bound)
+-- ARGV: id, owner, spec_json, ttl_s, result_ttl_s, watch_grace_s, max_queue, max_per_user (0: no bound),
+--       max_tokens
 -- -> {'ok', queued_at, deadline} or {'queue_full' | 'quota_exceeded', retry_after_s}
 local id, owner, spec = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
 local ttl, result_ttl, grace = tonumber(ARGV[A + 4]), tonumber(ARGV[A + 5]), tonumber(ARGV[A + 6])
-local max_queue, max_per_user = tonumber(ARGV[A + 7]), tonumber(ARGV[A + 8])
+local max_queue, max_per_user, max_tokens = tonumber(ARGV[A + 7]), tonumber(ARGV[A + 8]), ARGV[A + 9]
 local t = now()
 local q = UQ .. owner
 
@@ -33,7 +34,8 @@ local tag = math.max(virtual_time(), tonumber(redis.call('HGET', TAGS, owner) or
 local score = tag * TIE + redis.call('INCR', SEQ) % TIE
 local jkey = JOB .. id
 redis.call('HSET', jkey, 'spec', spec, 'owner', owner, 'status', 'queued', 'queued_at', fmt(t),
-  'deadline', fmt(deadline), 'attempts', 0, 'prompt_tokens', 0, 'completion_tokens', 0, 'tag', tag, 'score', score)
+  'deadline', fmt(deadline), 'attempts', 0, 'prompt_tokens', 0, 'completion_tokens', 0, 'tag', tag, 'score', score,
+  'max_tokens', max_tokens)
 redis.call('EXPIRE', jkey, life)
 if grace > 0 then
   redis.call('HSET', jkey, 'watched', '1')

@@ -69,8 +69,9 @@ local function virtual_time()
   return tonumber(redis.call('GET', VTIME) or '0')
 end
 
--- Mean of the recent service times, and what is left of the running job. Until a job has been timed, the
--- running job's age stands in for both (it has taken this long; assume as long again), at least 1 s.
+-- Mean of the recent service times, and what is left of the running job: once it produces tokens, its
+-- remaining tokens at its own rate (an upper bound: EOS may come first), else the mean less its age. Until a
+-- job has been timed, the running job's age stands in for the mean (it took this long; assume as long again).
 local function service_estimate(t)
   local times = redis.call('LRANGE', SERVICE_TIMES, 0, -1)
   local running = redis.call('ZRANGE', IN_PROGRESS, 0, 0, 'WITHSCORES')
@@ -84,7 +85,17 @@ local function service_estimate(t)
     mean = math.max(1.0, t - started)
   end
   local left = 0
-  if started then left = #times > 0 and math.max(0, mean - (t - started)) or mean end
+  if started then
+    local f = redis.call('HMGET', JOB .. running[1], 'max_tokens', 'completion_tokens', 'first_token_at')
+    local done, first = tonumber(f[2] or '0'), tonumber(f[3] or '')
+    if first and done > 0 and tonumber(f[1] or '') then
+      left = math.max(0, tonumber(f[1]) - done) * (t - first) / done
+    elseif #times > 0 then
+      left = math.max(0, mean - (t - started))
+    else
+      left = mean
+    end
+  end
   return mean, left, started ~= nil, #times
 end
 
