@@ -42,10 +42,12 @@ class Supervisor:
         self.stopping = threading.Event()
         self.children: dict[int, subprocess.Popen[bytes]] = {}
         self.spawned_at: dict[int, float] = {}
-        self.holder: int | None = None  # our child seen holding the lease
+        self.held: set[int] = set()  # children seen holding the lease at some point
+        self.holder: int | None = None  # our child seen holding the lease now
         self.lost_since: float | None = None  # when the holder was last seen without its lease
-        self.died_at: float | None = None
-        self.backoff = 0.0
+        self.died_at: float | None = None  # when the device last lost its holder
+        self.backoff = 0.0  # grows only while workers die before ever holding the device (a crash loop)
+        self.next_spawn = 0.0
 
     def run(self) -> None:
         """Supervise until asked to stop, then stop the workers."""
@@ -53,7 +55,7 @@ class Supervisor:
             tick = 0
             while not self.stopping.wait(CHECK_S):
                 self._reap()
-                if len(self.children) < WORKERS and not self.stopping.wait(self.backoff):
+                if len(self.children) < WORKERS and time.monotonic() >= self.next_spawn:
                     self._spawn()
                 tick += 1
                 if tick % WATCH_EVERY == 0:
@@ -75,18 +77,25 @@ class Supervisor:
         logger.info("worker process %d started", child.pid)
 
     def _reap(self) -> None:
-        """Forget dead children; free the device at once if the dead one held it."""
+        """Forget dead children; free the device at once if a dead one holds it (seen or not)."""
         for pid, child in list(self.children.items()):
             if child.poll() is None:
                 continue
             del self.children[pid]
             lived = time.monotonic() - self.spawned_at.pop(pid)
-            self.backoff = 0.0 if lived > 10 else min(max(self.backoff * 2, 0.2), 10.0)
             logger.warning("worker process %d exited (%s) after %.1f s", pid, child.returncode, lived)
             self._redis(lambda: self.store.count("worker_restarts"))
-            if pid == self.holder:
+            dropped = self._redis(lambda dead=pid: self.store.drop_device(dead))
+            if dropped or pid == self.holder:
                 self.holder, self.died_at = None, time.monotonic()
-                self._redis(lambda dead=pid: self.store.drop_device(dead))
+            # A worker killed while working is replaced at once; one that dies before it ever held the device
+            # is likely to die again (a bad model path, a broken install): back off, up to 10 s.
+            if pid in self.held or dropped:
+                self.held.discard(pid)
+                self.backoff = 0.0
+            else:
+                self.backoff = min(max(self.backoff * 2, 0.2), 10.0)
+            self.next_spawn = time.monotonic() + self.backoff
 
     def _check_holder(self) -> None:
         """Track which child holds the device; kill it if its job stalled or it froze past its lease."""
@@ -104,6 +113,7 @@ class Supervisor:
                 self.holder, self.died_at = None, time.monotonic()
         if pid in self.children and pid != self.holder:
             self.holder, self.lost_since = pid, None
+            self.held.add(pid)
             if self.died_at is not None:
                 logger.info("worker process %d took the device %.2f s after the previous one was lost",
                             pid, time.monotonic() - self.died_at)  # fmt: skip
