@@ -306,10 +306,10 @@ def audit_job(store: Store, job_id: str, max_tokens: int) -> dict[str, Any]:
     events = store.events(job_id)
     types = [e["type"] for e in events]
     problems: list[str] = []
-    terminals = [i for i, t in enumerate(types) if t in TERMINAL_EVENTS]
-    if len(terminals) != 1:
+    terminals = [i for i, t in enumerate(types) if t in TERMINAL_EVENTS]  # none: not ended, counted as lost
+    if len(terminals) > 1:
         problems.append(f"{len(terminals)} terminal events")
-    elif terminals[0] != len(types) - 1:
+    elif terminals and terminals[0] != len(types) - 1:
         problems.append("events after the terminal event")
     starts = [i for i, t in enumerate(types) if t == "started"]
     for prev, cur in zip(starts, starts[1:]):
@@ -437,6 +437,7 @@ def run_kill(args: argparse.Namespace, max_attempts: int) -> dict[str, int]:
             lease.stop.set()
             clock.join(5)
             lease.join(5)
+            lease.client.close()
         try:
             for job_id in run.ids:  # the workers are stopped; Redis is still up
                 if client.exists(keys.job(job_id)):
@@ -451,12 +452,12 @@ def run_kill(args: argparse.Namespace, max_attempts: int) -> dict[str, int]:
             keep_log(args, worker_log, f"kill-attempts{max_attempts}-worker.log")
             if clock.errors:
                 print(f"  ! the event listener saw {clock.errors} errors")
-            return report_kill(args, max_attempts, run, wall)
+            return report_kill(args, run, wall)
         finally:
             client.close()
 
 
-def report_kill(args: argparse.Namespace, max_attempts: int, run: KillRun, wall: float) -> dict[str, int]:
+def report_kill(args: argparse.Namespace, run: KillRun, wall: float) -> dict[str, int]:
     audits = run.audits
     by_status = Counter(a["status"] for a in audits.values())
     not_terminal = [j for j, a in audits.items() if a["status"] not in TERMINAL_EVENTS]
@@ -466,8 +467,10 @@ def report_kill(args: argparse.Namespace, max_attempts: int, run: KillRun, wall:
     event_problems = {j: a["problems"] for j, a in audits.items() if a["problems"]}
     logged_twice = {j: c for j, c in completed_lines.items() if c > 1}
     completed = {j for j, a in audits.items() if a["status"] == "completed"}
-    log_mismatch = completed ^ (set(completed_lines) & set(run.ids))
-    twice = set(event_problems) | set(logged_twice) | log_mismatch
+    logged_not_completed = (set(completed_lines) & set(run.ids)) - completed
+    # completed in Redis but never logged: the kill landed between the worker's finish() and its log line
+    unlogged = completed - set(completed_lines)
+    twice = set(event_problems) | set(logged_twice) | logged_not_completed
     crashed = sum(1 for a in audits.values() if a["status"] == "failed" and a["error"] == "worker_crashed")
     # a job whose worker died under it twice or more: requeued twice, or requeued once then failed worker_crashed
     hit_twice = sum(1 for a in audits.values() if a["requeues"] + (a["error"] == "worker_crashed") >= 2)
@@ -492,14 +495,16 @@ def report_kill(args: argparse.Namespace, max_attempts: int, run: KillRun, wall:
           f"({', '.join(f'{s} {c}' for s, c in sorted(by_status.items()))})")  # fmt: skip
     print(f"LOST (not terminal or missing): {lost}  (missing {len(run.missing)}, not terminal {len(not_terminal)})")
     print(f"GENERATED TWICE:                {len(twice)}")
-    print("  = jobs with any of: in the durable event log (store.events), not exactly one terminal event or one that")
+    print("  = jobs with any of: in the durable event log (store.events), more than one terminal event, or one that")
     print("  is not last; a `started` after the first without a `requeued` since the previous one; starts !=")
     print("  requeues + 1; attempts != starts; an attempt whose token events count (n) more than max_tokens;")
     print("  completed with completion_tokens != max_tokens or output != the text of its last attempt's token")
-    print("  events. In the worker log: a job id logged 'completed' twice, or the set of ids completed differing")
-    print("  from the jobs completed in Redis.")
-    print(f"  event-log violations {len(event_problems)}; ids 'completed' more than once in the worker log "
-          f"{len(logged_twice)}; completed in Redis vs in the log differ for {len(log_mismatch)}")  # fmt: skip
+    print("  events. In the worker log: a job id logged 'completed' twice, or logged 'completed' while Redis says")
+    print("  otherwise.")
+    print(f"  event-log violations {len(event_problems)}; logged 'completed' twice {len(logged_twice)}; logged "
+          f"'completed' but not completed in Redis {len(logged_not_completed)}")  # fmt: skip
+    print("  (completed in Redis without a 'completed' log line, the kill having landed between the worker's")
+    print(f"  finish and its log line: {len(unlogged)})")
     for j, problems in list(event_problems.items())[:5]:
         print(f"    {j}: {problems}")
     for j, c in list(logged_twice.items())[:5]:

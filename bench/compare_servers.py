@@ -1,0 +1,729 @@
+"""onelane vs mlx_lm.server: same machine, same run, same demo model, same prompts, same request counts.
+
+    .venv/bin/python -m bench.compare_servers [--size tiny|small] [--levels 1,8,32] [--max-tokens 64]
+
+1. Inside one bench_env: `onelane worker` (supervised) and `onelane web` as subprocesses, queue bounds of 1000
+   so nothing is rejected; closed-loop clients at each level through POST /v1/chat/completions (non-streaming,
+   `"ignore_eos": true`, the usage returned is checked), then time to first token through its stream at 1 client.
+2. The web restarted with ONELANE_MAX_QUEUE=16 (and 16 per user) for the overload probe: 64 clients at once,
+   1000 tokens each, 3 s client timeout; the jobs are read back from Redis to see what the worker did for
+   clients that had gone, and a 1-token request is sent right after they gave up.
+3. onelane stopped (worker included), then bench.mlx_server_baseline.run(...) with the same parameters, and
+   mlx_lm.server's own stream at 1 client for time to first token.
+4. One side-by-side table.
+
+Loopback only; every loop is bounded in count and time; every process started here is stopped before the
+script returns. Every figure printed is measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import math
+import os
+import statistics
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+import requests
+
+from bench import mlx_server_baseline as mlx
+from bench.chaos import WORKER, base_env, free_port, process, tail
+from bench.common import bench_env, pct
+from bench.mlx_server_baseline import (
+    LEVEL_DEADLINE_S,
+    MIN_REQUESTS,
+    OVERLOAD_CAP_S,
+    OVERLOAD_CLIENTS,
+    OVERLOAD_TIMEOUT_S,
+    OVERLOAD_TOKENS,
+    PROMPTS,
+    REQUEST_TIMEOUT_S,
+    Level,
+    Outcome,
+    classify,
+    cpu_seconds,
+    wait_idle,
+)
+from tasks import keys
+from tasks.settings import Settings
+from tasks.store import Store, connect
+
+BIG_QUEUE = "1000"  # the main levels: a bound no level reaches
+OVERLOAD_QUEUE = "16"  # the overload probe: onelane sheds the rest
+TTFT_REQUESTS = 16  # sequential streams at 1 client, per server
+START_TIMEOUT_S = 90.0
+SETTLE_S = 60.0
+LOG_NEEDLES = ("Traceback", " ERROR ", " CRITICAL ")
+
+
+# --- requests ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Reply(Outcome):
+    """One onelane answer: an Outcome plus what onelane adds (job id, queue time, finish reason, error shape)."""
+
+    job_id: str | None = None
+    queue_s: float | None = None
+    finish_reason: str | None = None
+    json_error: bool | None = None  # non-200: the body is OpenAI's {"error": {"type", "message"}}
+    error_type: str | None = None  # the error's `code` (onelane's own error type), else its `type`
+    tag: int | None = None
+
+
+def onelane_body(model: str, prompt: str, max_tokens: int, stream: bool = False, tag: int | None = None) -> dict[str, Any]:
+    """The same chat request the baseline sends, with onelane's `ignore_eos` instead of a logit bias.
+
+    `tag` goes in `seed`, which does not change a temperature-0 answer; it lets a job be matched to its client.
+    """
+    request: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": stream,
+        "ignore_eos": True,
+    }
+    if tag is not None:
+        request["seed"] = tag
+    return request
+
+
+def post_onelane(url: str, request: dict[str, Any], timeout_s: float) -> Reply:
+    """POST one chat completion to onelane; never raises for network or HTTP errors."""
+    tag = request.get("seed")
+    started = time.monotonic()
+    try:
+        reply = requests.post(f"{url}/v1/chat/completions", json=request, timeout=timeout_s)
+    except requests.RequestException as exc:
+        ended = time.monotonic()
+        return Reply(False, ended - started, classify(exc), ended=ended, tag=tag)
+    ended = time.monotonic()
+    common: dict[str, Any] = {
+        "status": reply.status_code, "retry_after": reply.headers.get("Retry-After"), "ended": ended,
+        "job_id": reply.headers.get("x-onelane-job-id"), "tag": tag,
+    }  # fmt: skip
+    try:
+        data = reply.json()
+    except ValueError:
+        data = None
+    if reply.status_code != 200:
+        err = data.get("error") if isinstance(data, dict) else None
+        shaped = isinstance(err, dict) and isinstance(err.get("type"), str) and isinstance(err.get("message"), str)
+        return Reply(False, ended - started, f"http {reply.status_code}", json_error=shaped,
+                     error_type=str(err.get("code") or err["type"]) if shaped else None, **common)  # fmt: skip
+    if not isinstance(data, dict):
+        return Reply(False, ended - started, "200 without JSON", json_error=False, **common)
+    usage = data.get("usage") or {}
+    choice = (data.get("choices") or [{}])[0]
+    queue = reply.headers.get("x-queue-time")
+    return Reply(
+        True, ended - started, None,
+        completion_tokens=int(usage.get("completion_tokens", 0)), prompt_tokens=int(usage.get("prompt_tokens", 0)),
+        finish_reason=choice.get("finish_reason"), queue_s=float(queue) if queue else None, **common,
+    )  # fmt: skip
+
+
+@dataclass
+class Streamed:
+    """One streamed answer: time to the first non-empty content delta, to the end, and what came."""
+
+    ttft: float | None
+    total: float
+    content_chunks: int
+    done: bool
+    error: str | None
+
+
+def stream_once(url: str, request: dict[str, Any], timeout_s: float) -> Streamed:
+    """POST with "stream": true and read the SSE as it arrives (read1: no waiting for a full buffer)."""
+    parts = urlsplit(url)
+    payload = json.dumps(request).encode()
+    started = time.monotonic()
+    first: float | None = None
+    chunks, done, error = 0, False, None
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=timeout_s)
+    try:
+        conn.request("POST", "/v1/chat/completions", body=payload, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            return Streamed(None, time.monotonic() - started, 0, False, f"http {resp.status}")
+        buffer = b""
+        for _ in range(100_000):  # bounded; a 64-token stream takes well under 1000 reads
+            if time.monotonic() - started > timeout_s:
+                error = "stream too slow"
+                break
+            data = resp.read1(65536)
+            if not data:
+                break
+            buffer += data
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                body = line[5:].strip()
+                if body == b"[DONE]":
+                    done = True
+                    break
+                obj = json.loads(body)
+                if "error" in obj:
+                    error = f"error event: {obj['error']}"
+                    break
+                for choice in obj.get("choices") or []:
+                    if (choice.get("delta") or {}).get("content"):
+                        chunks += 1
+                        if first is None:
+                            first = time.monotonic() - started
+            if done or error:
+                break
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        error = type(exc).__name__
+    finally:
+        conn.close()
+    if not done and error is None:
+        error = "stream ended without [DONE]"
+    return Streamed(first, time.monotonic() - started, chunks, done, error)
+
+
+def ttft_series(url: str, make: Callable[[str], dict[str, Any]]) -> list[Streamed]:
+    """TTFT_REQUESTS streams one after another (1 client), cycling through the prompts."""
+    return [stream_once(url, make(PROMPTS[i % len(PROMPTS)]), REQUEST_TIMEOUT_S) for i in range(TTFT_REQUESTS)]
+
+
+# --- onelane -------------------------------------------------------------------------------------------------
+
+
+def web_cmd(port: int) -> list[str]:
+    return [sys.executable, "-m", "tasks.cli", "web", "--port", str(port)]
+
+
+def wait_ready(base: str, web: Any, folder: Path, log: str) -> float:
+    """Poll /readyz until 200 (bounded); returns the seconds it took."""
+    started = time.monotonic()
+    deadline = started + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if web.poll() is not None:
+            raise RuntimeError(f"onelane web exited:\n{tail(folder / log)}")
+        try:
+            if requests.get(f"{base}/readyz", timeout=2).status_code == 200:
+                return time.monotonic() - started
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"onelane not ready within {START_TIMEOUT_S:.0f} s:\n{tail(folder / log)}\n"
+                       f"{tail(folder / 'worker.log')}")  # fmt: skip
+
+
+def settle_queue(store: Store, timeout_s: float = SETTLE_S) -> bool:
+    """Wait (bounded) until nothing waits and nothing runs."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        snap = store.snapshot()
+        if snap.queue_depth == 0 and snap.in_progress == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def onelane_level(base: str, model: str, clients: int, max_tokens: int) -> Level:
+    """Same shape as the baseline's load_level: MIN_REQUESTS in all, at least 2 per client, bounded in time."""
+    rounds = max(2, math.ceil(MIN_REQUESTS / clients))
+    deadline = time.monotonic() + LEVEL_DEADLINE_S
+
+    def client(c: int) -> list[Outcome]:
+        out: list[Outcome] = []
+        for i in range(rounds):
+            if time.monotonic() > deadline:
+                break
+            prompt = PROMPTS[(c * rounds + i) % len(PROMPTS)]
+            out.append(post_onelane(base, onelane_body(model, prompt, max_tokens), REQUEST_TIMEOUT_S))
+        return out
+
+    level = Level(clients)
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        for future in [pool.submit(client, c) for c in range(clients)]:
+            level.outcomes.extend(future.result())
+    level.wall_s = time.monotonic() - started
+    return level
+
+
+def holder_pid(store: Store) -> int | None:
+    workers = store.snapshot().workers
+    return workers[0].pid if workers else None
+
+
+def onelane_overload(base: str, model: str, store: Store, client: redis.Redis) -> dict[str, Any]:
+    """The baseline's probe against onelane, then the jobs read back from Redis."""
+    settled = settle_queue(store)
+    pid = holder_pid(store)
+    if pid is not None:
+        settled = settled and wait_idle(pid, time.monotonic() + SETTLE_S) is not None
+    cpu_before = cpu_seconds(pid) if pid else None
+    to_wall = time.time() - time.monotonic()
+    barrier = threading.Barrier(OVERLOAD_CLIENTS, timeout=30)
+
+    def one(n: int) -> Reply:
+        request = onelane_body(model, PROMPTS[0], OVERLOAD_TOKENS, tag=n)
+        barrier.wait()
+        return post_onelane(base, request, OVERLOAD_TIMEOUT_S)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=OVERLOAD_CLIENTS) as pool:
+        outcomes = list(pool.map(one, range(OVERLOAD_CLIENTS)))
+    gave_up = max(o.ended for o in outcomes)
+    deadline = started + OVERLOAD_CAP_S
+    fresh: list[Reply] = []
+    fresh_request = onelane_body(model, PROMPTS[1], 1)
+    fresh_request["ignore_eos"] = False  # as the baseline's fresh request: no EOS suppression
+    prober = threading.Thread(
+        target=lambda: fresh.append(post_onelane(base, fresh_request, max(1.0, deadline - time.monotonic())))
+    )
+    prober.start()
+    idle_at = wait_idle(pid, deadline) if pid else None
+    prober.join(timeout=max(0.0, deadline - time.monotonic()) + 5)
+    cpu_after = cpu_seconds(pid) if pid else None
+    drained = settle_queue(store, max(1.0, deadline - time.monotonic()))
+
+    # read the probe's jobs back: the newest of the local user's, tagged by seed, asking for OVERLOAD_TOKENS
+    burst_wall = started + to_wall
+    jobs = {}
+    for job in store.list("local", 200):
+        seed = job.spec.params.seed
+        if job.timings.queued_at >= burst_wall - 1 and job.spec.params.max_tokens == OVERLOAD_TOKENS and seed is not None:
+            raw = client.hmget(keys.job(job.id), "cancel_requested", "last_token_at")
+            jobs[seed] = (job, raw[0], raw[1])
+    return {
+        "outcomes": outcomes, "jobs": jobs, "to_wall": to_wall, "started": started, "gave_up": gave_up,
+        "gave_up_after_s": gave_up - started, "settled_before": settled, "drained": drained,
+        "busy_after_give_up_s": None if idle_at is None else max(0.0, idle_at - gave_up),
+        "still_busy_at_cap": idle_at is None and pid is not None,
+        "cpu_s": None if cpu_before is None or cpu_after is None else cpu_after - cpu_before,
+        "fresh_request": fresh[0] if fresh else None,
+    }  # fmt: skip
+
+
+@dataclass
+class Abandoned:
+    """What the worker did for clients that timed out, from the jobs in Redis."""
+
+    jobs: int = 0  # admitted jobs whose client timed out
+    started: int = 0  # ... that started generating at all
+    started_after_gone: int = 0  # ... that started after their client had gone
+    tokens: int = 0  # completion tokens spent on them
+    tokens_after_cancel: int = 0  # ... generated after the web had flagged the cancel
+    statuses: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    gone_to_end: list[float] = field(default_factory=list)  # seconds from client gone to its job ended
+    last_token_after_give_up: float | None = None  # last token of any of them, after the last client gave up
+    examples: list[str] = field(default_factory=list)
+
+
+def abandoned(probe: dict[str, Any]) -> Abandoned:
+    out = Abandoned()
+    to_wall = probe["to_wall"]
+    gave_up_wall = probe["gave_up"] + to_wall
+    for o in probe["outcomes"]:
+        if o.ok or o.status is not None or o.tag not in probe["jobs"]:
+            continue  # answered, rejected, or never admitted
+        job, cancel_at_tokens, last_token_at = probe["jobs"][o.tag]
+        gone = o.ended + to_wall
+        out.jobs += 1
+        out.statuses[job.status.value] += 1
+        if job.error:
+            out.errors[job.error.type] += 1
+        out.tokens += job.usage.completion_tokens
+        if cancel_at_tokens is not None:
+            out.tokens_after_cancel += job.usage.completion_tokens - int(cancel_at_tokens)
+        if job.timings.started_at is not None:
+            out.started += 1
+            if job.timings.started_at > gone:
+                out.started_after_gone += 1
+                out.examples.append(f"{job.id}: client gone at {gone:.3f}, started {job.timings.started_at:.3f}, "
+                                    f"{job.usage.completion_tokens} tokens, {job.status.value}")  # fmt: skip
+        if job.timings.finished_at is not None:
+            out.gone_to_end.append(job.timings.finished_at - gone)
+        if last_token_at:
+            after = float(last_token_at) - gave_up_wall
+            out.last_token_after_give_up = max(after, out.last_token_after_give_up or after)
+    return out
+
+
+# --- printing ------------------------------------------------------------------------------------------------
+
+
+def ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f}"
+
+
+def level_stats(level: Level) -> dict[str, float | None]:
+    ok = level.ok
+    lat = [o.latency for o in ok]
+    return {
+        "p50": pct(lat, 50) if lat else None, "p99": pct(lat, 99) if lat else None,
+        "rps": len(ok) / level.wall_s if level.wall_s else None,
+        "tps": sum(o.completion_tokens for o in ok) / level.wall_s if level.wall_s else None,
+    }  # fmt: skip
+
+
+def onelane_level_lines(level: Level, max_tokens: int) -> list[str]:
+    ok, failed = level.ok, [o for o in level.outcomes if not o.ok]
+    errors = ", ".join(f"{k} {n}" for k, n in Counter(o.error for o in failed).most_common()) or "none"
+    head = f"onelane c={level.clients}:"
+    lines = [f"{head} sent {len(level.outcomes)}, ok {len(ok)}, failed {len(failed)} ({errors})"]
+    if ok:
+        s = level_stats(level)
+        tokens = [o.completion_tokens for o in ok]
+        wrong = sum(1 for t in tokens if t != max_tokens)
+        reasons = Counter(getattr(o, "finish_reason", None) for o in ok)
+        queue = [o.queue_s for o in ok if isinstance(o, Reply) and o.queue_s is not None]
+        lines += [
+            (f"{head} latency p50 {ms(s['p50'])} ms, p99 {ms(s['p99'])} ms, mean "
+            f"{statistics.fmean(o.latency for o in ok) * 1000:.0f} ms; of which queue wait (x-queue-time) p50 "
+            f"{ms(pct(queue, 50) if queue else None)} ms, p99 {ms(pct(queue, 99) if queue else None)} ms"),
+            f"{head} {s['rps']:.2f} req/s, {s['tps']:.1f} completion tok/s over {level.wall_s:.2f} s",
+            (f"{head} usage.completion_tokens min {min(tokens)}, max {max(tokens)} ({wrong} answers != {max_tokens}); "
+            f"finish_reason {dict(reasons)}"),
+        ]  # fmt: skip
+    return lines
+
+
+def ttft_line(name: str, series: list[Streamed]) -> str:
+    firsts = [s.ttft for s in series if s.ttft is not None and s.error is None]
+    bad = Counter(s.error or "no content" for s in series if s.error or s.ttft is None)
+    if not firsts:
+        return f"{name} stream c=1: no successful stream of {len(series)} ({dict(bad)})"
+    totals = [s.total for s in series if s.error is None]
+    chunks = [s.content_chunks for s in series if s.error is None]
+    return (f"{name} stream c=1: time to first content delta p50 {ms(pct(firsts, 50))} ms, p99 {ms(pct(firsts, 99))} ms;"
+            f" whole stream p50 {ms(pct(totals, 50))} ms; content chunks/stream median {statistics.median(chunks):.0f}"
+            f" (n={len(firsts)}, failed {sum(bad.values())}{' ' + str(dict(bad)) if bad else ''})")  # fmt: skip
+
+
+def onelane_overload_lines(probe: dict[str, Any], ab: Abandoned) -> list[str]:
+    outcomes: list[Reply] = probe["outcomes"]
+    head = f"onelane overload ({OVERLOAD_CLIENTS} clients x {OVERLOAD_TOKENS} tokens, {OVERLOAD_TIMEOUT_S:.0f} s timeout):"
+    ok = [o for o in outcomes if o.ok]
+    rejected = [o for o in outcomes if o.status in (429, 503)]
+    other_http = [o for o in outcomes if o.status is not None and not o.ok and o.status not in (429, 503)]
+    timeouts = [o for o in outcomes if o.status is None]
+    with_ra = [o for o in rejected if o.retry_after]
+    shaped = sum(1 for o in rejected if o.json_error)
+    lines = [] if probe["settled_before"] else [f"{head} WARNING: worker still busy with earlier requests at start"]
+    lines += [
+        f"{head} answered {len(ok)}, rejected {len(rejected)} "
+        f"({', '.join(f'{k} {n}' for k, n in Counter(f'{o.status} {o.error_type}' for o in rejected).items()) or '-'}),"
+        f" timed out/no answer {len(timeouts)} ({', '.join(f'{k} {n}' for k, n in Counter(o.error for o in timeouts).items()) or '-'})"
+        + (f", other HTTP {Counter(o.status for o in other_http)}" if other_http else ""),
+        (f"{head} Retry-After on {len(with_ra)} of {len(rejected)} rejections (values {sorted({o.retry_after for o in with_ra}) or '-'});"
+        f" OpenAI error JSON on {shaped} of {len(rejected)}; rejections answered in p50 "
+        f"{ms(pct([o.latency for o in rejected], 50) if rejected else None)} ms"),
+        (f"{head} last client gave up {probe['gave_up_after_s']:.2f} s after the burst; {len(probe['jobs'])} jobs were "
+        f"admitted, {sum(1 for j, _, _ in probe['jobs'].values() if j.timings.started_at is not None)} started generating"),
+        (f"{head} jobs of the {ab.jobs} admitted clients that timed out: {ab.started} started at all, "
+        f"{ab.started_after_gone} started after their client had gone; statuses {dict(ab.statuses)}, "
+        f"errors {dict(ab.errors)}"),
+        (f"{head} completion tokens spent on them: {ab.tokens} in all, {ab.tokens_after_cancel} after the web flagged "
+        f"the cancel; client gone -> job ended p50 {ms(pct(ab.gone_to_end, 50) if ab.gone_to_end else None)} ms, "
+        f"max {ms(max(ab.gone_to_end) if ab.gone_to_end else None)} ms"),
+    ]  # fmt: skip
+    last = ab.last_token_after_give_up
+    lines.append(f"{head} last token generated for a departed client: "
+                 + ("none" if last is None else f"{last:+.2f} s relative to the last client giving up"))  # fmt: skip
+    busy = probe["busy_after_give_up_s"]
+    cpu = f"{probe['cpu_s']:.1f} s worker CPU" if probe["cpu_s"] is not None else "CPU time unavailable"
+    if busy is not None:
+        lines.append(f"{head} worker CPU idle {busy:.2f} s after the last client gave up ({cpu} in all; the 1-token "
+                     "request below runs in that window too)")  # fmt: skip
+    elif probe["still_busy_at_cap"]:
+        lines.append(f"{head} worker still busy when the {OVERLOAD_CAP_S:.0f} s cap ended the probe ({cpu})")
+    fresh: Reply | None = probe["fresh_request"]
+    if fresh is not None:
+        state = "answered" if fresh.ok else f"failed ({fresh.error}, Retry-After {fresh.retry_after})"
+        lines.append(f"{head} a 1-token request sent right after they gave up {state} in {fresh.latency:.2f} s")
+    freed = first_place_freed(probe)
+    if freed is not None:
+        lines.append(f"{head} the last rejection arrived at +{freed[0]:.2f} s; the first queue place freed (a waiting "
+                     f"job started or was cancelled) at +{freed[1]:.2f} s")  # fmt: skip
+    for example in ab.examples[:5]:
+        lines.append(f"{head} SUSPICIOUS: {example}")
+    lines += timeline(probe, head)
+    if not probe["drained"]:
+        lines.append(f"{head} WARNING: queue not drained by the {OVERLOAD_CAP_S:.0f} s cap")
+    return lines
+
+
+def first_place_freed(probe: dict[str, Any]) -> tuple[float, float] | None:
+    """(when the last rejected answer arrived, when a waiting job next left the queue), seconds after the burst."""
+    base = probe["started"] + probe["to_wall"]
+    rejected = [o.ended + probe["to_wall"] for o in probe["outcomes"] if o.status in (429, 503)]
+    if not rejected:
+        return None
+    last = max(rejected)
+    left = [j.timings.started_at if j.timings.started_at is not None else j.timings.finished_at
+            for j, _, _ in probe["jobs"].values()]  # fmt: skip
+    later = [t for t in left if t is not None and t > last]
+    return (last - base, min(later) - base) if later else None
+
+
+def timeline(probe: dict[str, Any], head: str) -> list[str]:
+    """Every probe job that started generating, in seconds after the burst (Redis's clock, same machine)."""
+    base = probe["started"] + probe["to_wall"]
+    ended = {o.tag: (o.ended + probe["to_wall"], "answered" if o.ok else o.error or f"http {o.status}")
+             for o in probe["outcomes"] if o.tag is not None}  # fmt: skip
+    lines = []
+    started = sorted((j for j, _, _ in probe["jobs"].values() if j.timings.started_at is not None),
+                     key=lambda j: j.timings.started_at or 0.0)  # fmt: skip
+    for job in started:
+        t = job.timings
+
+        def rel(v: float | None) -> str:
+            return "-" if v is None else f"{v - base:+.2f}"
+
+        lines.append(f"{head}   job seed={job.spec.params.seed}: queued {rel(t.queued_at)} s, started {rel(t.started_at)},"
+                     f" first token {rel(t.first_token_at)}, ended {rel(t.finished_at)} {job.status.value}"
+                     f" ({job.usage.completion_tokens} tokens); its client: {ended[job.spec.params.seed][1]} at "
+                     f"{rel(ended[job.spec.params.seed][0])}")  # fmt: skip
+    return lines
+
+
+@dataclass
+class OverloadRow:
+    answered: int
+    rejected: str
+    timed_out: int
+    for_nobody: str
+    busy_after: str
+    fresh: str
+
+
+def onelane_row(probe: dict[str, Any], ab: Abandoned) -> OverloadRow:
+    outcomes: list[Reply] = probe["outcomes"]
+    rejected = [o for o in outcomes if o.status in (429, 503)]
+    ra = sum(1 for o in rejected if o.retry_after)
+    fresh = probe["fresh_request"]
+    busy = probe["busy_after_give_up_s"]
+    return OverloadRow(
+        sum(1 for o in outcomes if o.ok), f"{len(rejected)} (RA {ra})", sum(1 for o in outcomes if o.status is None),
+        str(ab.tokens), "-" if busy is None else f"{busy:.1f}",
+        "-" if fresh is None else f"{fresh.latency:.2f}" + ("" if fresh.ok else f" {fresh.error}"),
+    )  # fmt: skip
+
+
+def mlx_row(probe: dict[str, Any]) -> OverloadRow:
+    outcomes: list[Outcome] = probe["outcomes"]
+    rejected = [o for o in outcomes if o.status in (429, 503)]
+    ra = sum(1 for o in rejected if o.retry_after)
+    fresh = probe["fresh_request"]
+    busy = probe["busy_after_give_up_s"]
+    return OverloadRow(
+        sum(1 for o in outcomes if o.ok), f"{len(rejected)} (RA {ra})",
+        sum(1 for o in outcomes if not o.ok and o.status is None),
+        f"{probe['write_errors'] * OVERLOAD_TOKENS}", "-" if busy is None else f"{busy:.1f}",
+        "-" if fresh is None else f"{fresh.latency:.2f}" + ("" if fresh.ok else f" {fresh.error}"),
+    )  # fmt: skip
+
+
+def table(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], ttft: tuple[float | None, float | None],
+          over: tuple[OverloadRow, OverloadRow] | None) -> list[str]:  # fmt: skip
+    """One table; each cell is `onelane | mlx_lm.server`."""
+    cols = ["clients", "p50 ms", "p99 ms", "req/s", "tok/s", "TTFT p50 ms", "answered", "429/503 (Retry-After)",
+            "no answer", "tok for gone clients", "busy after give-up s", "next 1-tok req s"]  # fmt: skip
+
+    def pair(a: Any, b: Any) -> str:
+        return f"{a} | {b}"
+
+    def num(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    body: list[list[str]] = []
+    for name, a, b in rows:
+        cells = [name, pair(ms(a["p50"]), ms(b["p50"])), pair(ms(a["p99"]), ms(b["p99"])),
+                 pair(num(a["rps"], ".1f"), num(b["rps"], ".1f")), pair(num(a["tps"], ".0f"), num(b["tps"], ".0f"))]
+        cells.append(pair(ms(ttft[0]), ms(ttft[1])) if name == "1" else "")
+        body.append(cells + [""] * 6)
+    if over is not None:
+        a, b = over
+        body.append(["overload", "", "", "", "", "", pair(a.answered, b.answered), pair(a.rejected, b.rejected),
+                     pair(a.timed_out, b.timed_out), pair(a.for_nobody, b.for_nobody),
+                     pair(a.busy_after, b.busy_after), pair(a.fresh, b.fresh)])  # fmt: skip
+    widths = [max(len(c), *(len(r[i]) for r in body)) for i, c in enumerate(cols)]
+    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))
+    return [line(cols), line(["-" * w for w in widths]), *map(line, body)]
+
+
+def verdict(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], ol_probe: dict[str, Any] | None,
+            ab: Abandoned | None, mlx_probe: dict[str, Any] | None) -> list[str]:  # fmt: skip
+    """Where each is ahead, worded from the figures measured above."""
+    lines = []
+    for name, a, b in rows:
+        if a["tps"] and b["tps"]:
+            ratio = b["tps"] / a["tps"]
+            who = "mlx_lm.server" if ratio > 1.05 else "onelane" if ratio < 1 / 1.05 else "neither (within 5%)"
+            lines.append(f"c={name}: {who} ahead on throughput: {b['tps']:.0f} vs {a['tps']:.0f} tok/s for "
+                         f"mlx_lm.server vs onelane ({ratio:.2f}x); p50 latency {ms(b['p50'])} vs {ms(a['p50'])} ms")  # fmt: skip
+    lines.append("Why: mlx_lm.server batches up to 32 sequences per decode step (--decode-concurrency 32), so "
+                 "concurrent clients share each step; onelane runs one job at a time by design (one worker owns the "
+                 "GPU), so above 1 client its latency is mostly queue wait and its throughput stays at one stream's.")  # fmt: skip
+    if ol_probe is not None and mlx_probe is not None and ab is not None:
+        rej = [o for o in ol_probe["outcomes"] if o.status in (429, 503)]
+        mlx_rej = [o for o in mlx_probe["outcomes"] if o.status in (429, 503)]
+        lines.append(f"Overload: onelane refused {len(rej)} of {OVERLOAD_CLIENTS} at once "
+                     f"({sum(1 for o in rej if o.retry_after)} with Retry-After); mlx_lm.server refused {len(mlx_rej)} "
+                     f"and took every request it could accept (listen backlog aside).")  # fmt: skip
+        lines.append(f"Work for departed clients: onelane spent {ab.tokens} tokens on jobs whose client timed out "
+                     f"({ab.started_after_gone} of those jobs started after the client had gone); mlx_lm.server "
+                     f"finished {mlx_probe['write_errors']} answers nobody read "
+                     f"({mlx_probe['write_errors'] * OVERLOAD_TOKENS} tokens).")  # fmt: skip
+        fa, fb = ol_probe["fresh_request"], mlx_probe["fresh_request"]
+        if fa is not None and fb is not None:
+            lines.append(f"The next user's 1-token request right after the burst: {fa.latency:.2f} s on onelane "
+                         f"({'ok' if fa.ok else fa.error}), {fb.latency:.2f} s on mlx_lm.server "
+                         f"({'ok' if fb.ok else fb.error}).")  # fmt: skip
+    return lines
+
+
+def log_problems(path: Path) -> list[str]:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line for line in text if any(n in line for n in LOG_NEEDLES)]
+
+
+# --- main ----------------------------------------------------------------------------------------------------
+
+
+def run_onelane(settings: Settings, levels: Sequence[int], max_tokens: int, overload: bool) -> dict[str, Any]:
+    folder = Path(settings.var_dir)
+    model = settings.model_name
+    client = connect(settings.effective_redis_url)
+    store = Store(client, settings)
+    big = {"ONELANE_MAX_QUEUE": BIG_QUEUE, "ONELANE_MAX_QUEUED_PER_USER": BIG_QUEUE}
+    small = {"ONELANE_MAX_QUEUE": OVERLOAD_QUEUE, "ONELANE_MAX_QUEUED_PER_USER": OVERLOAD_QUEUE}
+    out: dict[str, Any] = {"levels": [], "unsettled": [], "overload": None, "abandoned": None}
+    try:
+        with process(WORKER, base_env(settings, **big), folder / "worker.log") as worker:
+            port = free_port()
+            base = f"http://127.0.0.1:{port}"
+            with process(web_cmd(port), base_env(settings, **big), folder / "web.log") as web:
+                out["ready_s"] = wait_ready(base, web, folder, "web.log")
+                for prompt in PROMPTS[:2]:  # warm-up, as the baseline's
+                    warm = post_onelane(base, onelane_body(model, prompt, 8), START_TIMEOUT_S)
+                    if not warm.ok:
+                        raise RuntimeError(f"warm-up request failed: {warm.error}\n{tail(folder / 'web.log')}")
+                for clients in levels:
+                    out["levels"].append(onelane_level(base, model, clients, max_tokens))
+                    if not settle_queue(store):
+                        out["unsettled"].append(clients)
+                out["ttft"] = ttft_series(base, lambda p: onelane_body(model, p, max_tokens, stream=True))
+                settle_queue(store)
+            if overload:
+                port = free_port()
+                base = f"http://127.0.0.1:{port}"
+                with process(web_cmd(port), base_env(settings, **small), folder / "web-overload.log") as web:
+                    wait_ready(base, web, folder, "web-overload.log")
+                    out["overload"] = onelane_overload(base, model, store, client)
+                    out["abandoned"] = abandoned(out["overload"])
+            out["alive"] = worker.poll() is None
+        out["log_problems"] = {name: log_problems(folder / name) for name in ("worker.log", "web.log", "web-overload.log")}
+    finally:
+        client.close()
+    return out
+
+
+def mlx_ttft(model_path: str, max_tokens: int) -> list[Streamed]:
+    """mlx_lm.server's own stream at 1 client (the baseline does not measure it): a server of our own."""
+    import tempfile
+
+    eos = mlx.eos_id(model_path)
+    with (
+        tempfile.TemporaryDirectory(prefix="onelane-mlx-ttft-") as tmp,
+        mlx.mlx_server(model_path, Path(tmp) / "server.log") as server,
+    ):
+        return ttft_series(server.url, lambda p: {**mlx.body(p, max_tokens, eos), "stream": True})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
+    parser.add_argument("--levels", default=",".join(map(str, mlx.LEVELS)), help="concurrent clients, comma-separated")
+    parser.add_argument("--max-tokens", type=int, default=mlx.MAX_TOKENS)
+    parser.add_argument("--no-overload", action="store_true")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.levels.split(",")]
+    overload = not args.no_overload
+    wall = time.monotonic()
+    load = os.getloadavg()[0]
+    with bench_env(args.size) as settings:
+        t = time.monotonic()
+        ol = run_onelane(settings, levels, args.max_tokens, overload)
+        ol_s = time.monotonic() - t
+        t = time.monotonic()
+        base = mlx.run(settings.model_path, levels, args.max_tokens, False, overload)  # onelane is stopped by now
+        base_ttft = mlx_ttft(settings.model_path, args.max_tokens)
+        mlx_s = time.monotonic() - t
+
+    print(f"onelane vs mlx_lm.server: demo model {args.size}, max_tokens {args.max_tokens}, temperature 0, every answer "
+          f"forced to max_tokens (onelane: ignore_eos; mlx_lm.server: logit_bias against EOS), non-streaming levels; "
+          f"{os.cpu_count()} CPUs, load average {load:.2f} before, {os.getloadavg()[0]:.2f} after")  # fmt: skip
+    print(f"onelane: worker (supervised) + web (gunicorn gevent), ready in {ol['ready_s']:.1f} s; phase took "
+          f"{ol_s:.1f} s. mlx_lm.server phase (run after onelane was stopped) took {mlx_s:.1f} s.")  # fmt: skip
+    print()
+    for level in ol["levels"]:
+        print("\n".join(onelane_level_lines(level, args.max_tokens)))
+        if level.clients in ol["unsettled"]:
+            print(f"onelane c={level.clients}: WARNING: queue not empty {SETTLE_S:.0f} s after the level ended")
+    print(ttft_line("onelane", ol["ttft"]))
+    if ol["overload"] is not None:
+        print("\n".join(onelane_overload_lines(ol["overload"], ol["abandoned"])))
+    print()
+    for level in base["levels"]:
+        print("\n".join(mlx.level_lines(level)))
+        if level.clients in base["unsettled"]:
+            print(f"mlx_lm.server c={level.clients}: WARNING: still generating {mlx.SETTLE_S:.0f} s after the level ended")
+    print(ttft_line("mlx_lm.server", base_ttft))
+    if base["overload"] is not None:
+        print("\n".join(mlx.overload_lines(base["overload"])))
+    print()
+
+    rows = [(str(a.clients), level_stats(a), level_stats(b)) for a, b in zip(ol["levels"], base["levels"])]
+
+    def p50_ttft(series: list[Streamed]) -> float | None:
+        firsts = [s.ttft for s in series if s.ttft is not None and s.error is None]
+        return pct(firsts, 50) if firsts else None
+
+    over = None
+    if ol["overload"] is not None and base["overload"] is not None:
+        over = (onelane_row(ol["overload"], ol["abandoned"]), mlx_row(base["overload"]))
+    print("side by side, each cell `onelane | mlx_lm.server` (tok for gone clients: onelane = completion tokens of "
+          "jobs whose client timed out, from Redis; mlx_lm.server = answers finished for closed sockets x "
+          f"{OVERLOAD_TOKENS}, from its log)")  # fmt: skip
+    print("\n".join(table(rows, (p50_ttft(ol["ttft"]), p50_ttft(base_ttft)), over)))
+    print()
+    print("\n".join(verdict(rows, ol["overload"], ol["abandoned"], base["overload"])))
+    problems = {name: lines for name, lines in ol["log_problems"].items() if lines}
+    print()
+    print(f"onelane worker alive at the end: {ol['alive']}; error lines in onelane's logs: "
+          + (", ".join(f"{n}: {len(v)}" for n, v in problems.items()) or "none"))  # fmt: skip
+    for name, lines in problems.items():
+        for line in lines[:5]:
+            print(f"  {name}: {line[:300]}")
+    print(f"total {time.monotonic() - wall:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
