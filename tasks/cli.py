@@ -110,7 +110,7 @@ def worker(supervise: bool) -> None:
 
         env = worker_env(dict(os.environ))
         if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):  # it only takes effect from the start
-            os.execve(sys.executable, [sys.executable, "-m", "tasks.cli", *sys.argv[1:]], env)
+            os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)  # the same command, again
         from worker.main import run
 
         run(settings)
