@@ -27,7 +27,6 @@ def main() -> None:
         engine = Engine.load(settings.model_path)
         store = Store(connect(settings.effective_redis_url), settings)
         runner = Runner(store, engine, "bench", on_fatal=print)
-        assert store.take_device("bench") == "ok"
         spec = JobSpec(
             owner="bench", model="demo", prompt="benchmark", params=SamplingParams(max_tokens=args.tokens, ignore_eos=True)
         )
@@ -41,6 +40,7 @@ def main() -> None:
             direct.append(time.perf_counter() - started)
 
             job = store.create(new_job_id(), spec, 600)
+            assert store.take_device("bench") == "ok"  # this process plays the worker: hold the device lease
             claimed = store.claim_next("bench")
             assert claimed is not None and claimed.id == job.id
             started = time.perf_counter()

@@ -27,6 +27,7 @@ DEVICE_PREFIX = NS + "device:"  # hash with a short TTL: the lease of the worker
 DEVICES = NS + "devices"  # set: device names seen, for health checks
 STATS = NS + "stats"  # hash: counters and histogram buckets behind /metrics
 WAKE_PREFIX = NS + "wake:"  # list: wake-ups for the consumer blocked on a dramatiq queue
+CANCELS = NS + "cancels"  # pub/sub: ids of running jobs asked to stop, for the worker's listener
 SERVICE_TIMES = NS + "service-times"  # list: the last 20 job service times in seconds, for the ETA
 
 
@@ -71,5 +72,5 @@ def prefixes() -> list[str]:
     return [
         JOB_PREFIX, OUTPUT_PREFIX, EVENTS_PREFIX, CHANNEL_PREFIX, USER_QUEUE_PREFIX, USER_JOBS_PREFIX, WATCH_PREFIX,
         QUEUE, WAITING, QUEUE_MOVED, IN_PROGRESS, SERVICE_TIMES, VIRTUAL_TIME, FINISH_TAGS, SEQUENCE,
-        DEVICE_PREFIX, DEVICES, STATS,
+        DEVICE_PREFIX, DEVICES, STATS, CANCELS,
     ]  # fmt: skip

@@ -112,16 +112,20 @@ class Store:
 
     def get(self, job_id: str, owner: str | None = None) -> Job:
         """The job as it stands now, with its position while it waits. Another owner's job is not found."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(keys.job(job_id))
-        pipe.get(keys.output(job_id))
-        fields, output = pipe.execute()
-        if not fields or (owner is not None and fields.get("owner") != owner):
-            raise JobNotFound(f"no job {job_id!r}", param="id")
-        job = Job.from_redis(job_id, fields, output or "")
-        if job.status is JobStatus.QUEUED:
+        for _ in range(3):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hgetall(keys.job(job_id))
+            pipe.get(keys.output(job_id))
+            fields, output = pipe.execute()
+            if not fields or (owner is not None and fields.get("owner") != owner):
+                raise JobNotFound(f"no job {job_id!r}", param="id")
+            job = Job.from_redis(job_id, fields, output or "")
+            if job.status is not JobStatus.QUEUED:
+                return job
             standing = self.standing(job)
-            job = job.model_copy(update={"position": standing.position, "eta_s": standing.eta_s})
+            if standing.position is not None:
+                return job.model_copy(update={"position": standing.position, "eta_s": standing.eta_s})
+            # it left the queue between the two reads (it started, or ended): read it again
         return job
 
     def list(self, owner: str, limit: int = 50) -> list[Job]:
@@ -205,11 +209,13 @@ class Store:
         error: tuple[str, str] | None = None,
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
+        stop_seen_at: int | None = None,
     ) -> bool:
         """End a job `worker` runs; False if it was not running there (it has its one terminal state)."""
         err = error_json(*error) if error else ""
         s = self.settings
-        args = (status.value, finish_reason or "", err, prompt_tokens, completion_tokens, s.result_ttl_s, worker)
+        seen = "" if stop_seen_at is None else stop_seen_at
+        args = (status.value, finish_reason or "", err, prompt_tokens, completion_tokens, s.result_ttl_s, worker, seen)
         return bool(self._run("finish", job_id, *args))
 
     def hand_back(self, job_id: str, worker: str) -> str | None:
@@ -265,6 +271,12 @@ class Store:
                             now - progress if progress is not None else None)  # fmt: skip
             )
         return Snapshot(now, int(depth), int(running), stats, workers)
+
+    def cancel_requests(self) -> Any:
+        """A pub/sub subscribed to the ids of running jobs asked to stop."""
+        sub = self.redis.pubsub(ignore_subscribe_messages=True)
+        sub.subscribe(keys.CANCELS)
+        return sub
 
     def count(self, field: str, n: int = 1) -> None:
         """Add to one of the counters behind /metrics."""

@@ -14,7 +14,8 @@ from tests.helpers import wait_ended, wait_event
 def test_submitted_job_completes_with_output_and_usage(jobs, store, start_worker):
     start_worker()
     job = jobs.submit("hello", max_tokens=8, ignore_eos=True)
-    assert job["status"] == "queued" and job["position"] == 1
+    # the idle worker may have picked it up before the 202 is written
+    assert (job["status"], job["position"]) in {("queued", 1), ("in_progress", None), ("completed", None)}
 
     done = wait_ended(store, job["id"])
 
@@ -150,10 +151,10 @@ def test_cancelling_a_running_job_stops_it_within_a_step_keeping_partial_output(
     assert done["finish_reason"] == "cancelled"
     assert done["output"]
     tokens = done["usage"]["completion_tokens"]
-    asked_at = int(store.redis.hget(keys.job(job["id"]), "cancel_requested"))
-    assert 0 < tokens < 3000
-    # the worker saw the flag on its next write and stopped at the next token
-    assert tokens - asked_at <= 3, (asked_at, tokens)
+    heard_at = int(store.redis.hget(keys.job(job["id"]), "stop_seen_at"))
+    assert 0 < heard_at <= tokens < 3000
+    # the worker heard the cancel at once and generated at most one more token
+    assert tokens - heard_at <= 1, (heard_at, tokens)
 
 
 def test_a_duplicated_message_generates_once(jobs, store, start_worker, settings):

@@ -71,6 +71,7 @@ class GpuWorker:
         self._threads = [
             threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True),
             threading.Thread(target=self._housekeep, name="housekeeping", daemon=True),
+            threading.Thread(target=self._listen_for_cancels, name="cancels", daemon=True),
         ]
 
     def start(self) -> bool:
@@ -85,7 +86,8 @@ class GpuWorker:
         if self.engine is None:
             self.engine = Engine.load(ensure_model(self.settings))
         self.runner.engine = self.engine
-        self._threads[1].start()
+        for thread in self._threads[1:]:
+            thread.start()
         self._recover()
         self.worker.start()
         logger.info("worker %s consuming on device %s (1 process, 1 thread, prefetch 1)", self.id, self.settings.device)
@@ -140,6 +142,19 @@ class GpuWorker:
             if idle_with_work >= 2:
                 send_run_next(self.broker, "housekeeping")
                 idle_with_work = 0
+
+    def _listen_for_cancels(self) -> None:
+        """Hear cancels of running jobs the moment they happen, so generation stops at the next token."""
+        while not self.stopping.is_set():
+            try:
+                with self.store.cancel_requests() as sub:
+                    while not self.stopping.is_set():
+                        message = sub.get_message(timeout=1.0)
+                        if message is not None:
+                            self.runner.request_stop(message["data"])
+            except redis.RedisError as exc:  # the output writes still carry the flag meanwhile
+                logger.warning("cancel listener: %s; reconnecting", exc)
+                self.stopping.wait(1.0)
 
     def _recover(self) -> int:
         """Expire overdue jobs and requeue those of dead workers (ringing for each); returns how many wait."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -29,6 +30,16 @@ class Runner:
         self.worker_id = worker_id
         self.on_fatal = on_fatal
         self.busy = False
+        self.current: str | None = None  # the job generating now
+        self.tokens = 0  # tokens it has generated so far
+        self.stop = threading.Event()  # set when it must stop: checked at every token
+        self.stop_seen_at: int | None = None
+
+    def request_stop(self, job_id: str) -> None:
+        """Stop the running job at its next token, if it is `job_id` (called from the cancel listener)."""
+        if job_id == self.current and not self.stop.is_set():
+            self.stop_seen_at = self.tokens
+            self.stop.set()
 
     def run_next(self) -> Job | None:
         """Claim the next job in fair order and run it; None when nothing was waiting."""
@@ -44,7 +55,9 @@ class Runner:
     def run(self, job: Job) -> None:
         logger.info("job %s: started (owner %s, attempt %d)", job.id, job.owner, job.attempts)
         assert self.engine is not None, "the model loads before the first claim"
-        writer = OutputWriter(self.store, job.id, self.worker_id)
+        self.stop.clear()
+        self.current, self.tokens, self.stop_seen_at = job.id, 0, None
+        writer = OutputWriter(self.store, job.id, self.worker_id, self.stop)
         stops = StopMatcher(job.spec.params.stop)
         reason: str | None = None
         sent = tokens = prompt_tokens = 0
@@ -52,6 +65,7 @@ class Runner:
         try:
             for chunk in self.engine.generate(job.spec):
                 tokens, prompt_tokens = chunk.tokens, chunk.prompt_tokens
+                self.tokens = tokens
                 text, hit = stops.feed(chunk.text)
                 if hit or chunk.finish_reason is not None:
                     text += "" if hit else stops.flush()
@@ -62,7 +76,7 @@ class Runner:
                     break
                 if chunk.finish_reason is not None:
                     reason = chunk.finish_reason
-                elif writer.stop_requested.is_set():
+                elif self.stop.is_set():
                     reason = "cancelled"
                     break
         except Interrupt as exc:  # dramatiq's time limit or shutdown
@@ -70,14 +84,16 @@ class Runner:
         except Exception as exc:
             logger.exception("job %s: generation failed", job.id)
             error = ("generation_error", f"{type(exc).__name__}: {exc}")
+        self.current = None
         try:
             writer.close()
-            if writer.stop_requested.is_set() and reason is None and error is None:
+            if self.stop.is_set() and reason is None and error is None:
                 reason = "cancelled"
             status = JobStatus.FAILED if error else JobStatus.CANCELLED if reason == "cancelled" else JobStatus.COMPLETED
             ended = self.store.finish(
                 job.id, status, self.worker_id,
                 finish_reason=reason, error=error, prompt_tokens=prompt_tokens, completion_tokens=tokens,
+                stop_seen_at=self.stop_seen_at,
             )  # fmt: skip
         except redis.RedisError as exc:
             logger.warning("job %s: could not record its outcome (%s); handing it back", job.id, exc)

@@ -1,5 +1,6 @@
--- Cancel a job on behalf of its owner. A waiting job ends `cancelled` at once; a running one is flagged
--- and the worker, which checks the flag at every token, ends it. Returns the status it found, or
+-- Cancel a job on behalf of its owner. A waiting job ends `cancelled` at once; a running one is flagged and
+-- announced on CANCELS: the worker's listener hears it at once and the generation loop stops at its next
+-- token (the flag is the fallback: every output write returns it). Returns the status it found, or
 -- 'not_found' (also for another owner's job), or 'cancelling'.
 -- ARGV: id, owner, result_ttl_s, error_json ('' for a plain cancel; the job's error otherwise)
 local id, owner, result_ttl, err = ARGV[A + 1], ARGV[A + 2], tonumber(ARGV[A + 3]), ARGV[A + 4]
@@ -14,6 +15,7 @@ elseif f[1] == 'in_progress' then
   -- remember how far generation had got when asked, so "stops within a step" can be checked
   redis.call('HSET', jkey, 'cancel_requested', redis.call('HGET', jkey, 'completion_tokens') or '0')
   if err ~= '' then redis.call('HSET', jkey, 'cancel_error', err) end
+  redis.call('PUBLISH', CANCELS, id)
   return 'cancelling'
 end
 return f[1]

@@ -1,8 +1,9 @@
--- Shared by every onelane script (store.py prepends it). Key names come from tasks/keys.py as ARGV[1..18].
+-- Shared by every onelane script (store.py prepends it). Key names come from tasks/keys.py as ARGV[1..19].
 local JOB, OUT, EV, CH, UQ, UJ, WATCH = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local QUEUE, WAITING, MOVED, IN_PROGRESS, SERVICE_TIMES = ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 local VTIME, TAGS, SEQ, DEVICE, DEVICES, STATS = ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17], ARGV[18]
-local A = 18 -- the script's own arguments start at ARGV[A + 1]
+local CANCELS = ARGV[19]
+local A = 19 -- the script's own arguments start at ARGV[A + 1]
 local TIE = 16777216 -- queue score = start tag * TIE + admission counter (mod TIE)
 
 local function now()

@@ -1,6 +1,7 @@
 -- End a running job. Only an `in_progress` job, run by this worker, can end here: a job has exactly one
 -- terminal state, and a worker presumed dead (its job requeued) cannot end it.
--- ARGV: id, status, finish_reason, error_json, prompt_tokens, completion_tokens, result_ttl_s, worker_id
+-- ARGV: id, status, finish_reason, error_json, prompt_tokens, completion_tokens, result_ttl_s, worker_id,
+--       stop_seen_at (tokens generated when the worker heard it must stop; '' if it did not)
 -- -> 1 if ended, 0 if it was not running here
 local id, status, reason, err = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3], ARGV[A + 4]
 local prompt_tokens, completion_tokens, result_ttl = ARGV[A + 5], ARGV[A + 6], tonumber(ARGV[A + 7])
@@ -10,6 +11,7 @@ if f[1] ~= 'in_progress' or f[2] ~= ARGV[A + 8] then return 0 end
 if status == 'cancelled' and err == '' then err = redis.call('HGET', jkey, 'cancel_error') or '' end
 local t = now()
 redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens, 'completion_tokens', completion_tokens)
+if ARGV[A + 9] ~= '' then redis.call('HSET', jkey, 'stop_seen_at', ARGV[A + 9]) end
 local started = tonumber(redis.call('HGET', jkey, 'started_at'))
 if started then
   redis.call('LPUSH', SERVICE_TIMES, fmt(t - started))
