@@ -33,12 +33,14 @@ def main() -> None:
         for _ in engine.generate(spec):  # warm up
             pass
         direct, queued, events = [], [], []
-        for _ in range(args.runs):
+
+        def run_direct() -> None:
             started = time.perf_counter()
             for _ in engine.generate(spec):
                 pass
             direct.append(time.perf_counter() - started)
 
+        def run_queued() -> None:
             job = store.create(new_job_id(), spec, 600)
             assert store.take_device("bench") == "ok"  # this process plays the worker: hold the device lease
             claimed = store.claim_next("bench")
@@ -49,6 +51,10 @@ def main() -> None:
             done = store.get(job.id)
             assert done.usage.completion_tokens == args.tokens, done.usage
             events.append(sum(1 for e in store.events(job.id) if e["type"] == "token"))
+
+        for n in range(args.runs):  # alternate which goes first, so neither gains from order
+            for step in (run_direct, run_queued) if n % 2 == 0 else (run_queued, run_direct):
+                step()
         d, q = statistics.median(direct), statistics.median(queued)
         print(f"model {args.size}, {args.tokens} tokens, median of {args.runs} runs")
         print(f"direct Engine.generate:        {d * 1000:8.1f} ms  {args.tokens / d:8.1f} tok/s")
