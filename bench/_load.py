@@ -1,7 +1,7 @@
 """Helpers shared by bench/admission.py and bench/streams.py: run `onelane web` as a child, find its gunicorn
-workers, read their memory and CPU from /proc, and count Redis's own CPU and clients.
+workers, read their memory and CPU (and the whole machine's) from /proc, and read Redis's own CPU.
 
-Standard library only (plus requests-free HTTP via http.client), so a script may gevent-patch before importing.
+Standard library only (HTTP via http.client), so a script may gevent-patch before importing it.
 """
 
 from __future__ import annotations
@@ -81,6 +81,14 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / CLK_TCK
 
 
+def machine_busy() -> float:
+    """CPU seconds the whole machine has been busy (all cores, from /proc/stat)."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return (sum(values[:8]) - idle) / CLK_TCK
+
+
 def rss_kb(pid: int) -> int:
     """VmRSS of `pid` in kB (0 if gone)."""
     try:
@@ -114,45 +122,47 @@ def onelane_web(settings: Settings, port: int, workers: int, log_path: Path, **e
     """`onelane web --port P --workers N` in a process group of its own, up (GET /healthz answers 200) when
     yielded, and stopped on exit: SIGTERM, then SIGKILL for anything of its group still alive."""
     args = [sys.executable, "-m", "tasks.cli", "web", "--port", str(port), "--workers", str(workers)]
-    log = open(log_path, "ab")
-    child = subprocess.Popen(args, env=web_env(settings, **env_extra), stdout=log, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if child.poll() is not None:
-                raise RuntimeError(f"onelane web exited ({child.returncode}):\n{tail(log_path)}")
-            try:
-                if http_request(port, "GET", "/healthz", timeout=2)[0] == 200 and len(children(child.pid)) >= workers:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"onelane web did not answer within 60 s:\n{tail(log_path)}")
-            time.sleep(0.1)
-        yield child
-    finally:
+    with open(log_path, "ab") as log:
+        child = subprocess.Popen(args, env=web_env(settings, **env_extra), stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
         try:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 60
+            while True:
+                if child.poll() is not None:
+                    raise RuntimeError(f"onelane web exited ({child.returncode}):\n{tail(log_path)}")
                 try:
-                    child.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    print(f"  ! onelane web (pid {child.pid}) ignored SIGTERM for 20 s")
-            for _ in range(3):
-                left = group_members(child.pid)
-                if not left:
-                    break
-                for pid in left:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(0.2)
-            if child.poll() is None:
-                child.wait(timeout=10)
+                    if http_request(port, "GET", "/healthz", timeout=2)[0] == 200 and len(children(child.pid)) >= workers:
+                        break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"onelane web did not answer within 60 s:\n{tail(log_path)}")
+                time.sleep(0.1)
+            yield child
         finally:
-            log.close()
+            stop_group(child, "onelane web")
+
+
+def stop_group(child: subprocess.Popen[bytes], name: str) -> None:
+    """SIGTERM `child`, then SIGKILL whatever of its process group is still alive (one pid at a time)."""
+    if child.poll() is None:
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            print(f"  ! {name} (pid {child.pid}) ignored SIGTERM for 20 s")
+    for _ in range(3):
+        left = group_members(child.pid)
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+    if child.poll() is None:
+        child.wait(timeout=10)
 
 
 def tail(path: Path, lines: int = 20) -> str:

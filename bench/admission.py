@@ -3,13 +3,16 @@
 1. `onelane web --workers N` (gunicorn, gevent) against a private Redis, bounds raised so nothing is rejected
    and no worker running: `wrk` (one thread, keep-alive connections, closed loop) POSTs
    {"prompt":"hi","max_tokens":8} to /v1/jobs for `--seconds` at each `--concurrency`. Prints submits/s,
-   latency p50/p99/max (wrk's own histogram), and the CPU used by the web processes, Redis and wrk.
-   Then the Redis commands one submit costs, watched with MONITOR over a few sequential submits.
-2. The store directly: admit `--jobs` waiting jobs from `--owners` owners through the admit script in
-   pipelines of `--batch`; prints Redis used_memory before/after, bytes per waiting job, the fill rate, and
-   the latency of a position lookup (Store.standing and the raw position script) for `--lookups` random jobs.
+   latency p50/p99/max (wrk's own histogram), and the CPU used by the web processes, Redis, wrk and whatever
+   else runs on the machine (from /proc), per second and per submit. Then, for the first N: GET /healthz as a
+   reference (the server with no Redis work), the Redis commands one submit costs (MONITOR over a few
+   sequential submits) and, with `--profile` and py-spy on PATH, where the worker's CPU goes.
+2. The store directly: admit `--jobs` waiting jobs from `--owners` owners through the admit script (exactly
+   the arguments Store.admit passes) in pipelines of `--batch`; prints the fill rate, Redis used_memory
+   before/after, bytes per waiting job and where they go, and the latency of a position lookup
+   (Store.standing and the raw position script) for `--lookups` random jobs.
 
-Needs `wrk` (Debian: apt-get install -y wrk). Run: .venv/bin/python -m bench.admission [--quick]
+Needs `wrk` (Debian: apt-get install -y wrk). Run: .venv/bin/python -m bench.admission [--profile] [--quick]
 """
 
 from __future__ import annotations
@@ -27,8 +30,17 @@ from typing import Any
 
 import redis
 
-from bench._load import cpu_seconds, children, free_port, http_request, onelane_web, redis_cpu, tail
-from bench.common import bench_env, pct, summary
+from bench._load import (
+    children,
+    cpu_seconds,
+    free_port,
+    http_request,
+    machine_busy,
+    onelane_web,
+    redis_cpu,
+    tail,
+)
+from bench.common import bench_env, summary
 from tasks import keys
 from tasks.job import JobSpec, SamplingParams, new_job_id
 from tasks.store import Store, connect
@@ -36,21 +48,19 @@ from tasks.store import Store, connect
 BODY = '{"prompt":"hi","max_tokens":8}'
 BOUND = 10_000_000
 
-WRK_SCRIPT = """
-wrk.method = "POST"
-wrk.body = '%s'
-wrk.headers["Content-Type"] = "application/json"
-local codes = {}
-response = function(status, headers, body)
-  codes[status] = (codes[status] or 0) + 1
-end
+REPORT_LUA = """
 done = function(summary, latency, requests)
   local e = summary.errors
-  io.write(string.format("RESULT %%d %%d %%d %%d %%d %%d %%d %%d %%d %%d\\n", summary.duration, summary.requests,
+  io.write(string.format("RESULT %d %d %d %d %d %d %d %d %d %d\\n", summary.duration, summary.requests,
     e.connect, e.read, e.write, e.status, e.timeout, latency:percentile(50), latency:percentile(99), latency.max))
 end
-""" % BODY
-# `response` runs in wrk's thread state, `done` in another: status codes are checked against Redis's own count.
+"""
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.body = 'BODY_JSON'
+wrk.headers["Content-Type"] = "application/json"
+""".replace("BODY_JSON", BODY) + REPORT_LUA
+# wrk counts answers >= 400 as e.status; the 202s are also checked against Redis's own count of admissions.
 
 
 def children_cpu() -> float:
@@ -58,11 +68,11 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_wrk(port: int, connections: int, seconds: float, script: Path) -> dict[str, Any]:
+def run_wrk(port: int, connections: int, seconds: float, script: Path, path: str = "/v1/jobs") -> dict[str, Any]:
     cmd = ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(script),
-           f"http://127.0.0.1:{port}/v1/jobs"]  # fmt: skip
+           f"http://127.0.0.1:{port}{path}"]  # fmt: skip
     before = children_cpu()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 30)
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=seconds + 30)
     wrk_cpu = children_cpu() - before
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if done.returncode != 0 or line is None:
@@ -76,44 +86,135 @@ def admitted(client: redis.Redis) -> int:
     return int(client.hget(keys.STATS, "admitted") or 0)
 
 
+def settle(client: redis.Redis, limit_s: float = 10.0) -> int:
+    """Wait until the admission count stops moving (requests wrk left in flight are done); returns it."""
+    last, deadline = admitted(client), time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = admitted(client)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
 def http_part(args: argparse.Namespace, settings: Any, folder: Path) -> None:
     client = connect(settings.effective_redis_url)
     script = folder / "post.lua"
     script.write_text(WRK_SCRIPT)
     bounds = {"ONELANE_MAX_QUEUE": str(BOUND), "ONELANE_MAX_QUEUED_PER_USER": str(BOUND)}
-    best: dict[int, float] = {}
-    print(f"\n=== submit rate through `onelane web` (gunicorn gevent), no worker; wrk -t1, {args.seconds:g} s per "
-          f"level, body {BODY} ===")  # fmt: skip
-    print(" web  conns   submits/s    p50 ms   p99 ms   max ms  errors  | CPU (% of one core): web    redis   wrk")
+    best: dict[int, tuple[float, int, float]] = {}
+    print(f"\n=== submit rate through `onelane web` (gunicorn gevent), no worker; wrk -t1 (closed loop, keep-alive), "
+          f"{args.seconds:g} s per level, body {BODY} ===")  # fmt: skip
+    print("CPU columns: % of one core over the run (the machine has 2); `other` = everything else on the machine")
+    print(" web  conns   submits/s    p50 ms   p99 ms   max ms  failed  | CPU %:  web  redis  wrk  other  "
+          "web ms/submit  redis us/submit")  # fmt: skip
     for workers in args.workers:
         client.flushall()
         port = free_port()
         log = folder / f"web-{workers}.log"
         with onelane_web(settings, port, workers, log, **bounds) as web:
             pids = [web.pid, *children(web.pid)]
-            for _ in range(50):  # warm-up: imports, script loading, connection pools in every worker
+            for _ in range(50 * workers):  # warm-up: imports, script loading, connection pools in every worker
                 status, body = http_request(port, "POST", "/v1/jobs", BODY.encode())
                 assert status == 202, (status, body)
             for conns in args.concurrency:
-                n0, web0, redis0 = admitted(client), cpu_seconds(pids), redis_cpu(client)
+                n0 = settle(client)
+                web0, redis0, busy0 = cpu_seconds(pids), redis_cpu(client), machine_busy()
                 r = run_wrk(port, conns, args.seconds, script)
-                n1, web1, redis1 = admitted(client), cpu_seconds(pids), redis_cpu(client)
-                rate = r["requests"] / r["seconds"]
-                best[workers] = max(best.get(workers, 0.0), rate)
-                bad = r["errors"] + r["non2xx"] + abs((n1 - n0) - r["requests"])
+                web1, redis1, busy1 = cpu_seconds(pids), redis_cpu(client), machine_busy()
+                n1 = settle(client)
+                dur = r["seconds"]
+                rate = r["requests"] / dur
+                if rate > best.get(workers, (0.0, 0, 0.0))[0]:
+                    best[workers] = (rate, conns, r["p99_ms"])
+                web_cpu, redis_used = web1 - web0, redis1 - redis0
+                other = (busy1 - busy0) - web_cpu - redis_used - r["wrk_cpu"]
+                in_flight = (n1 - n0) - r["requests"]  # admitted after wrk stopped counting: at most one per connection
+                failed = r["errors"] + r["non2xx"] + (0 if 0 <= in_flight <= conns else abs(in_flight))
                 print(f"{workers:>4} {conns:>6} {rate:>11.0f} {r['p50_ms']:>9.2f} {r['p99_ms']:>8.2f} "
-                      f"{r['max_ms']:>8.1f} {bad:>7}  | {'':>19}{100 * (web1 - web0) / r['seconds']:>5.0f} "
-                      f"{100 * (redis1 - redis0) / r['seconds']:>7.0f} {100 * r['wrk_cpu'] / r['seconds']:>5.0f}")  # fmt: skip
-                if r["errors"] or r["non2xx"] or (n1 - n0) != r["requests"]:
-                    print(f"       ! wrk: {r['errors']} socket errors, {r['non2xx']} non-2xx; Redis counted "
-                          f"{n1 - n0} admissions for {r['requests']} answered requests")  # fmt: skip
+                      f"{r['max_ms']:>8.1f} {failed:>7}  | {'':>6}{100 * web_cpu / dur:>5.0f} {100 * redis_used / dur:>6.0f} "
+                      f"{100 * r['wrk_cpu'] / dur:>4.0f} {100 * other / dur:>6.0f}  "
+                      f"{1e3 * web_cpu / max(r['requests'], 1):>5.2f} {1e6 * redis_used / max(r['requests'], 1):>5.0f}")  # fmt: skip
+                if failed:
+                    print(f"       ! wrk: {r['errors']} socket errors/timeouts, {r['non2xx']} answers >= 400; Redis "
+                          f"counted {n1 - n0} admissions for {r['requests']} answered requests")  # fmt: skip
             if workers == args.workers[0]:
+                reference = folder / "get.lua"
+                reference.write_text(REPORT_LUA)
+                conns = args.concurrency[len(args.concurrency) // 2]
+                web0 = cpu_seconds(pids)
+                r = run_wrk(port, conns, min(args.seconds, 6.0), reference, "/healthz")
+                per = (cpu_seconds(pids) - web0) / max(r["requests"], 1)
+                print(f"reference, GET /healthz (no Redis) at {conns} connections: {r['requests'] / r['seconds']:.0f} "
+                      f"requests/s, p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; web CPU {per * 1e3:.2f} ms "
+                      f"per request")  # fmt: skip
                 commands_per_submit(client, settings.effective_redis_url, port)
+            if args.profile and workers == args.workers[0]:
+                profile_worker(port, children(web.pid)[0], max(args.concurrency), script, folder)
             if web.poll() is not None:
                 print(f"  ! onelane web exited:\n{tail(log)}")
-    for workers, rate in best.items():
-        print(f"best with --workers {workers}: {rate:.0f} submits/s")
+    for workers, (rate, conns, p99) in best.items():
+        print(f"best with --workers {workers}: {rate:.0f} submits/s (at {conns} connections, p99 {p99:.1f} ms)")
     client.close()
+
+
+PROFILE_PARTS = [  # (label, substrings of py-spy frames; a sample counts when any frame of its stack matches)
+    ("the view: submit() in web/api.py", ["submit (web/api.py"]),
+    ("  body parsing + validation (json_body, parse, to_spec)", ["json_body (web/", "parse (web/schemas.py", "to_spec (web/"]),
+    ("  Store.admit (admit script round trip)", ["Store.admit (tasks/store.py"]),
+    ("  send_run_next (dramatiq message + enqueue script + wake pipeline)", ["send_run_next (tasks/broker.py"]),
+    ("  Store.get (HGETALL+GET pipeline, position script, Job model)", ["Store.get (tasks/store.py"]),
+    ("  job_response (Job.public + jsonify) and url_for", ["job_response (web/api.py", "url_for (flask"]),
+    ("redis-py, anywhere (command packing, socket I/O, reply parsing)", ["(redis/"]),
+    ("pydantic, anywhere", ["(pydantic"]),
+    ("dramatiq, anywhere", ["(dramatiq/"]),
+    ("gunicorn: reading + parsing the HTTP request", ["(gunicorn/http/message.py", "(gunicorn/http/parser.py",
+                                                      "(gunicorn/http/unreader.py", "(gunicorn/http/body.py"]),
+    ("gunicorn: writing the response", ["Response.send_headers (gunicorn", "Response.write (gunicorn",
+                                        "Response.close (gunicorn"]),
+]
+VIEW = "submit (web/api.py"
+
+
+def profile_worker(port: int, pid: int, conns: int, script: Path, folder: Path, seconds: float = 8.0) -> None:
+    """Sample the gunicorn worker with py-spy while wrk saturates it; print where its CPU goes."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        print("(no py-spy on PATH: `pip install py-spy` for the profile)")
+        return
+    out = folder / "profile.txt"
+    recorder = subprocess.Popen([spy, "record", "-p", str(pid), "-d", f"{seconds:g}", "-r", "250", "-f", "raw",
+                                 "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        run_wrk(port, conns, seconds + 2, script)
+        recorder.wait(timeout=30)
+    finally:
+        if recorder.poll() is None:
+            recorder.kill()
+            recorder.wait()
+    stacks = []
+    for line in out.read_text().splitlines():
+        frames, _, count = line.rpartition(" ")
+        if frames and count.isdigit():
+            stacks.append((frames, int(count)))
+    total = sum(c for _, c in stacks)
+    if not total:
+        print("(py-spy recorded nothing)")
+        return
+    print(f"where the web worker's CPU goes at {conns} connections (py-spy, {total} samples of the busy thread, "
+          f"inclusive: a sample counts in every line whose frames it has):")  # fmt: skip
+    for label, needles in PROFILE_PARTS:
+        n = sum(c for frames, c in stacks if any(needle in frames for needle in needles))
+        print(f"  {100 * n / total:5.1f} %  {label}")
+    outside = [(frames, c) for frames, c in stacks if VIEW not in frames]
+    framework = sum(c for frames, c in outside if "(flask/" in frames or "(werkzeug/" in frames)
+    print(f"  {100 * sum(c for _, c in outside) / total:5.1f} %  outside the view (gunicorn, flask, werkzeug, gevent); "
+          f"of it flask/werkzeug {100 * framework / total:.1f} %")  # fmt: skip
+    leaves: Counter[str] = Counter()
+    for frames, c in stacks:
+        leaves[frames.rsplit(";", 1)[-1].split(" (")[0]] += c
+    print("  top leaf functions: " + ", ".join(f"{name} {100 * c / total:.1f} %" for name, c in leaves.most_common(6)))
 
 
 def commands_per_submit(client: redis.Redis, url: str, port: int, n: int = 5) -> None:
@@ -170,35 +271,72 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
         JobSpec(owner=f"user{u:03d}", model=s.model_name, prompt="hi", params=SamplingParams(max_tokens=8)).model_dump_json()
         for u in range(args.owners)
     ]
+    # The admit script exactly as Store.admit runs it (same script, same arguments), sent as EVALSHA in
+    # pipelines written straight to the socket: building commands with redis-py would cap the fill at the
+    # client's speed. While Redis runs one batch, the next is encoded and sent.
     script = store._scripts["admit"]
-    prefixes = keys.prefixes()
+    sha = client.script_load(script.script)
+
+    def bulk(value: object) -> bytes:
+        raw = value if isinstance(value, bytes) else str(value).encode()
+        return b"$%d\r\n%s\r\n" % (len(raw), raw)
+
+    # the arguments Store.admit hands the admit script for each owner's job, captured from Store.admit itself
+    captured: list[list[object]] = []
+
+    def record(keys: object = None, args: list[object] | None = None, client: object = None) -> list[str]:
+        captured.append(list(args or []))
+        return ["ok"]
+
+    capture = Store(client, s)
+    capture._scripts = {**capture._scripts, "admit": record}
+    owner_bytes = []
+    for u in range(args.owners):
+        capture.admit("JOB-ID", JobSpec.model_validate_json(specs[u]), s.job_ttl_s)
+        at = captured[-1].index("JOB-ID")
+        assert captured[-1][:at] == captured[0][:at]
+        owner_bytes.append(b"".join(bulk(a) for a in captured[-1][at + 1 :]))
+    before_id = captured[0][: captured[0].index("JOB-ID")]
+    head = b"*%d\r\n" % (3 + len(captured[0])) + b"".join(bulk(a) for a in ["EVALSHA", sha, 0, *before_id])
     sample_at = set(random.Random(7).sample(range(args.jobs), min(args.lookups, args.jobs)))
     sampled: dict[int, str] = {}
     mem0 = int(client.info("memory")["used_memory"])
     cpu0 = redis_cpu(client)
+    conn = client.connection_pool.get_connection()
     started = last = time.perf_counter()
     deadline = started + args.fill_timeout
-    done = 0
-    while done < args.jobs and time.perf_counter() < deadline:
-        size = min(args.batch, args.jobs - done)
-        pipe = client.pipeline(transaction=False)
-        for i in range(done, done + size):
-            job_id = new_job_id()
-            if i in sample_at:
-                sampled[i] = job_id
-            owner = i % args.owners
-            script(keys=[], args=[*prefixes, job_id, f"user{owner:03d}", specs[owner], s.job_ttl_s, s.result_ttl_s, 0,
-                                  s.max_queue, s.max_queued_per_user], client=pipe)  # fmt: skip
-        results = pipe.execute()
-        bad = [r for r in results if r[0] != "ok"]
-        if bad:
-            raise RuntimeError(f"admission refused: {bad[:3]}")
-        done += size
-        if done % args.progress == 0 or done == args.jobs:
-            now = time.perf_counter()
-            print(f"  {done:>9,} admitted  {now - started:6.1f} s  {args.progress / (now - last):>8,.0f} jobs/s "
-                  f"(this step)")  # fmt: skip
-            last = now
+    done = sent = 0
+    pending: list[int] = []  # sizes of the batches sent and not yet answered
+    try:
+        while done < args.jobs:
+            if sent < args.jobs and time.perf_counter() < deadline and len(pending) < 2:
+                size = min(args.batch, args.jobs - sent)
+                parts = []
+                for i in range(sent, sent + size):
+                    job_id = new_job_id()
+                    if i in sample_at:
+                        sampled[i] = job_id
+                    parts.append(head + bulk(job_id) + owner_bytes[i % args.owners])
+                conn.send_packed_command([b"".join(parts)])
+                pending.append(size)
+                sent += size
+                if len(pending) < 2 and sent < args.jobs:
+                    continue
+            if not pending:
+                break
+            size = pending.pop(0)
+            for _ in range(size):
+                reply = conn.read_response()
+                if not isinstance(reply, list) or reply[0] != "ok":
+                    raise RuntimeError(f"admission refused: {reply!r}")
+            done += size
+            if done % args.progress == 0 or done == args.jobs:
+                now = time.perf_counter()
+                print(f"  {done:>9,} admitted  {now - started:6.1f} s  {args.progress / (now - last):>8,.0f} jobs/s "
+                      f"(this step), Redis used_memory {int(client.info('memory')['used_memory']) / 2**20:,.0f} MiB")  # fmt: skip
+                last = now
+    finally:
+        client.connection_pool.release(conn)
     elapsed = time.perf_counter() - started
     redis_busy = redis_cpu(client) - cpu0
     mem1 = int(client.info("memory")["used_memory"])
@@ -212,8 +350,26 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
     print(f"Redis used_memory: before {mem0 / 2**20:.1f} MiB, after {mem1 / 2**20:.1f} MiB -> "
           f"{(mem1 - mem0) / done:.0f} bytes per waiting job")  # fmt: skip
     one = next(iter(sampled.values()))
-    print(f"  one job's keys: record {client.memory_usage(keys.job(one))} B (MEMORY USAGE), spec "
-          f"{len(specs[0])} B of JSON; sorted sets QUEUE + WAITING + its owner's queue hold it too")  # fmt: skip
+    record = client.memory_usage(keys.job(one), samples=0) or 0
+    sets = {"queue": [keys.QUEUE], "waiting": [keys.WAITING],
+            "owners' queues": [keys.user_queue(f"user{u:03d}") for u in range(args.owners)],
+            "owners' listings (newest 1000 each)": [keys.user_jobs(f"user{u:03d}") for u in range(args.owners)]}  # fmt: skip
+    per_set = {name: sum(client.memory_usage(k, samples=0) or 0 for k in names) / done for name, names in sets.items()}
+    print(f"  where it goes, per job: record {record} B (a hash, encoding {client.object('encoding', keys.job(one))}; "
+          f"its spec field alone is {len(client.hget(keys.job(one), 'spec') or '')} B), "
+          + ", ".join(f"{name} {size:.0f} B" for name, size in per_set.items()) + ", the rest is the keyspace's own entries")  # fmt: skip
+    # the same record if Redis kept such hashes compact (hash-max-listpack-value is 64 bytes by default)
+    limit = client.config_get("hash-max-listpack-value")["hash-max-listpack-value"]
+    probe = "bench:probe-record"
+    try:
+        client.config_set("hash-max-listpack-value", 4096)
+        client.hset(probe, mapping=client.hgetall(keys.job(one)))
+        compact = client.memory_usage(probe, samples=0)
+        print(f"  the same record with hash-max-listpack-value 4096 (instead of {limit}): {compact} B, "
+              f"{client.object('encoding', probe)}")  # fmt: skip
+    finally:
+        client.delete(probe)
+        client.config_set("hash-max-listpack-value", limit)
 
     # position lookups for random waiting jobs
     jobs = {i: store.get(job_id) for i, job_id in sampled.items() if i < done}
@@ -242,13 +398,12 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
     evalsha = stats.get("cmdstat_evalsha", {})
     print(f"  Redis commandstats: EVALSHA {evalsha.get('calls')} calls, {evalsha.get('usec_per_call')} us per call "
           f"(admit and position together)")  # fmt: skip
-    client.flushall()
-    client.close()
+    client.close()  # the server goes with bench_env; a FLUSHALL of this much would outlast the socket timeout
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--jobs", type=int, default=1_000_000)
@@ -259,6 +414,7 @@ def main() -> None:
     parser.add_argument("--lookups", type=int, default=1000)
     parser.add_argument("--skip-http", action="store_true")
     parser.add_argument("--skip-fill", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="py-spy the web worker at the highest concurrency")
     parser.add_argument("--quick", action="store_true", help="3 s per level, 50,000 jobs")
     args = parser.parse_args()
     if args.quick:

@@ -70,6 +70,8 @@ class EmbeddedRedis:
             "--appendfsync", "everysec",
             "--save", "",
             "--protected-mode", "yes",
+            # job records (with their spec of a few hundred bytes) stay in Redis's compact hash encoding
+            "--hash-max-listpack-value", "1024",
             "--logfile", str(self.directory / "redis.log"),
         ]  # fmt: skip
         self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL)

@@ -21,7 +21,7 @@ import redis
 
 from tasks import keys
 from tasks.errors import JobAlreadyEnded, JobNotFound, LeaseLost, QueueFull, QuotaExceeded
-from tasks.job import TERMINAL, Job, JobSpec, JobStatus, error_json
+from tasks.job import TERMINAL, Job, JobSpec, JobStatus, Timings, error_json
 from tasks.settings import Settings
 
 
@@ -33,9 +33,12 @@ def _load_scripts(client: redis.Redis) -> dict[str, Any]:
     return {name: client.register_script(common + (folder / f"{name}.lua").read_text()) for name in names}
 
 
+MAX_CONNECTIONS = 10_000  # every open event stream holds one (pub/sub); redis-py's default pool stops at 100
+
+
 def connect(url: str) -> redis.Redis:
     """A client for onelane's Redis, decoding replies as text."""
-    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=10)
+    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=10, max_connections=MAX_CONNECTIONS)
 
 
 TERMINAL_EVENTS = frozenset(status.value for status in TERMINAL)
@@ -88,10 +91,11 @@ class Store:
         self.admit(job_id, spec, ttl_s, quota)
         return self.get(job_id)
 
-    def admit(self, job_id: str, spec: JobSpec, ttl_s: float, quota: int | None = None) -> None:
+    def admit(self, job_id: str, spec: JobSpec, ttl_s: float, quota: int | None = None) -> Job:
         """Admit a job in fair order, or raise QueueFull / QuotaExceeded leaving nothing behind.
 
-        `quota` is the owner's bound on waiting jobs (default: the server's per-user bound).
+        `quota` is the owner's bound on waiting jobs (default: the server's per-user bound). Returns the job
+        as admitted, with its position and ETA, without reading it back.
         """
         s = self.settings
         grace = s.watch_grace_s if spec.watched else 0
@@ -104,6 +108,12 @@ class Store:
             raise QueueFull(f"the queue is full ({s.max_queue} jobs waiting); try again later", retry_after_s=rest[0])
         if verdict == "quota_exceeded":
             raise QuotaExceeded(f"you already have {quota} jobs waiting; try again later", retry_after_s=rest[0])
+        queued_at, deadline, position, mean, left, timed = rest
+        return Job(
+            id=job_id, spec=spec, status=JobStatus.QUEUED, deadline=float(deadline),
+            timings=Timings(queued_at=float(queued_at)), position=int(position),
+            eta_s=self._eta(int(position), float(mean), float(left), int(timed)),
+        )  # fmt: skip
 
     def keep_watching(self, job: Job) -> None:
         """Renew a watched, waiting job's lease: its client (a stream, or polling) is still there."""
@@ -165,8 +175,12 @@ class Store:
         position, mean, left, timed = self._run("position", job.id)
         if not position:
             return Standing(None, None)
-        eta = float(left) + (int(position) - 1) * float(mean) if timed else None
-        return Standing(int(position), round(eta, 3) if eta is not None else None)
+        return Standing(int(position), self._eta(int(position), float(mean), float(left), int(timed)))
+
+    @staticmethod
+    def _eta(position: int, mean: float, left: float, timed: int) -> float | None:
+        """What is left of the running job, then a mean service time per job ahead; None before any timing."""
+        return round(left + (position - 1) * mean, 3) if timed else None
 
     def events(self, job_id: str, start: int = 0) -> list[dict[str, Any]]:
         """The job's durable events from index `start` on, each with its index as `i`."""

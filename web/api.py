@@ -25,10 +25,9 @@ def admit(spec: JobSpec, ttl_s: float) -> Job:
     """Admit a job for the current caller (their own quota applies) and wake the worker."""
     svc = services()
     user = current_user()
-    job_id = new_job_id()
-    svc.store.admit(job_id, spec, ttl_s, quota=user.max_queued if user else None)
-    send_run_next(svc.broker, job_id)  # before reading the job back: every moment here delays the pickup
-    return svc.store.get(job_id)
+    job = svc.store.admit(new_job_id(), spec, ttl_s, quota=user.max_queued if user else None)
+    send_run_next(svc.broker, job.id)
+    return job
 
 
 @bp.post("/v1/jobs")

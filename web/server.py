@@ -36,6 +36,7 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
 
 def serve(settings: Settings, host: str, port: int, workers: int = 1, connections: int = 1000) -> None:
     """gunicorn with `workers` gevent processes of up to `connections` open connections each."""
+    _raise_open_files_limit()
     if not settings.keys_required and not _loopback(host):
         logger.warning("listening on %s without API keys (ONELANE_API_KEYS): anyone who can reach it can "
                        "submit jobs", host)  # fmt: skip
@@ -52,6 +53,19 @@ def serve(settings: Settings, host: str, port: int, workers: int = 1, connection
         "control_socket_disable": True,
     }
     _Gunicorn(settings, options).run()
+
+
+def _raise_open_files_limit() -> None:
+    """An open stream holds ~3 file descriptors (client, pub/sub, a pooled Redis connection): lift the soft
+    limit (often 1024) to the hard one."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 65536
+    if soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def _loopback(host: str) -> bool:

@@ -5,7 +5,8 @@
 -- A watched job gets a lease of `watch_grace_s` (0: not watched) that its client's stream or polling renews.
 -- ARGV: id, owner, spec_json, ttl_s, result_ttl_s, watch_grace_s, max_queue, max_per_user (0: no bound),
 --       max_tokens
--- -> {'ok', queued_at, deadline} or {'queue_full' | 'quota_exceeded', retry_after_s}
+-- -> {'ok', queued_at, deadline, position, mean service s, left of running s, jobs timed}
+--    or {'queue_full' | 'quota_exceeded', retry_after_s}
 local id, owner, spec = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
 local ttl, result_ttl, grace = tonumber(ARGV[A + 4]), tonumber(ARGV[A + 5]), tonumber(ARGV[A + 6])
 local max_queue, max_per_user, max_tokens = tonumber(ARGV[A + 7]), tonumber(ARGV[A + 8]), ARGV[A + 9]
@@ -50,4 +51,5 @@ redis.call('ZREMRANGEBYRANK', UJ .. owner, 0, -1001) -- a user's listing keeps t
 for _, k in ipairs({QUEUE, q, WAITING, UJ .. owner, TAGS, SEQ, VTIME}) do extend(k, life) end
 redis.call('PUBLISH', MOVED, id)
 stat('admitted')
-return {'ok', fmt(t), fmt(deadline)}
+local mean, left, _, timed = service_estimate(t)
+return {'ok', fmt(t), fmt(deadline), redis.call('ZRANK', QUEUE, id) + 1, tostring(mean), tostring(left), timed}

@@ -1,0 +1,360 @@
+"""Many open event streams on one web process: `--streams` SSE clients on `onelane web --workers 1`.
+
+No worker runs, so every admitted job waits and its stream stays open with position updates and pings
+(ONELANE_SSE_PING_S=`--ping`). The client is this process: one gevent greenlet per stream on a plain
+HTTP/1.1 socket that only reads (chunked transfer decoded, SSE parsed), timestamps taken as bytes arrive.
+
+Two runs: REDIS_URL as onelane gets it, then the same URL with `?max_connections=N` (redis-py's connection
+pool bound, which defaults to 100 and caps how many streams one web process can hold). Each prints: streams
+opened and still open after the hold, pings per stream, the gunicorn worker's VmRSS and open descriptors
+before and while holding them (and per stream), Redis connected_clients, the CPU of the web worker while
+holding them, and for `--moves` cancels of the job at the head (DELETE /v1/jobs/<id>) how long the new
+position took to reach every other stream as a `queued` event (p50/p99/max over streams, slowest per move),
+and the web log's warnings and errors.
+
+Run: .venv/bin/python -m bench.streams [--streams 500] [--hold 20] [--moves 5]
+"""
+
+from gevent import monkey
+
+monkey.patch_all()  # before anything opens a socket: the client is gevent greenlets
+
+import argparse
+import json
+import os
+import re
+import resource
+import socket
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gevent
+
+from bench._load import (
+    children,
+    cpu_seconds,
+    free_port,
+    http_request,
+    machine_busy,
+    onelane_web,
+    redis_cpu,
+    rss_kb,
+    tail,
+)
+from bench.common import bench_env, pct
+from tasks.settings import Settings
+from tasks.store import connect
+
+BOUND = "10000000"
+
+
+@dataclass
+class Stream:
+    job_id: str
+    status: int = 0
+    opened_at: float | None = None  # response headers received
+    closed_at: float | None = None
+    error: str | None = None
+    pings: list[float] = field(default_factory=list)
+    queued: list[tuple[float, int]] = field(default_factory=list)  # (arrival, position)
+    others: list[tuple[float, str]] = field(default_factory=list)  # (arrival, event type)
+    stop: bool = False
+
+    @property
+    def position(self) -> int | None:
+        return self.queued[-1][1] if self.queued else None
+
+    @property
+    def open(self) -> bool:
+        return self.opened_at is not None and self.closed_at is None and self.error is None
+
+
+def follow_stream(port: int, stream: Stream, deadline: float, read_timeout: float) -> None:
+    """GET /v1/jobs/<id>/events and record every event until a terminal one, `stop`, an error or `deadline`."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        sock.sendall(f"GET /v1/jobs/{stream.job_id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     "Accept: text/event-stream\r\n\r\n".encode())  # fmt: skip
+        sock.settimeout(read_timeout)
+        raw = b""
+        while b"\r\n\r\n" not in raw:
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed before the response headers")
+            raw += data
+        head, raw = raw.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        stream.status = int(lines[0].split()[1])
+        chunked = any(ln.lower().replace(" ", "") == "transfer-encoding:chunked" for ln in lines[1:])
+        if stream.status != 200:
+            raise ConnectionError(f"HTTP {stream.status}")
+        stream.opened_at = time.monotonic()
+        text = ""  # de-chunked SSE text not yet parsed
+        ended = False
+        while not ended and not stream.stop and time.monotonic() < deadline:
+            # de-chunk whatever complete chunks `raw` holds
+            while True:
+                if not chunked:
+                    text += raw.decode()
+                    raw = b""
+                    break
+                end = raw.find(b"\r\n")
+                if end < 0:
+                    break
+                size = int(raw[:end].split(b";")[0], 16)
+                if len(raw) < end + 2 + size + 2:
+                    break
+                if size == 0:
+                    ended = True
+                    break
+                text += raw[end + 2 : end + 2 + size].decode()
+                raw = raw[end + 2 + size + 2 :]
+            now = time.monotonic()
+            while "\n\n" in text:
+                block, text = text.split("\n\n", 1)
+                kind, data = "message", ""
+                for line in block.split("\n"):
+                    if line.startswith(": ping"):
+                        stream.pings.append(now)
+                    elif line.startswith("event: "):
+                        kind = line[7:]
+                    elif line.startswith("data: "):
+                        data = line[6:]
+                if not data:
+                    continue
+                if kind == "queued":
+                    stream.queued.append((now, int(json.loads(data)["position"])))
+                else:
+                    stream.others.append((now, kind))
+                    if kind in ("completed", "failed", "cancelled", "expired"):
+                        ended = True
+            if ended:
+                break
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed by the server")
+            raw += data
+        stream.closed_at = time.monotonic() if ended else None
+    except Exception as exc:  # noqa: BLE001 - recorded and reported
+        stream.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        sock.close()
+
+
+def report_log(log: Path) -> None:
+    """The web's warnings and errors, each distinct message once with its count."""
+    seen: Counter[str] = Counter()
+    for line in log.read_text(errors="replace").splitlines():
+        if " WARNING " in line or " ERROR " in line or "Traceback" in line or "Error" in line:
+            seen[re.sub(r"job_[A-Za-z0-9_-]+|\d{4}-\d\d-\d\d [\d:,]+ \d+ ", "", line)[:300]] += 1
+    if seen:
+        print(f"web log: {sum(seen.values())} warning/error lines, {len(seen)} distinct:")
+        for message, count in seen.most_common(8):
+            print(f"  {count:>5} x {message}")
+
+
+def open_fds(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
+
+
+def info(client: Any) -> tuple[int, float]:
+    """Redis connected_clients and used_memory (MiB)."""
+    clients = client.info("clients")["connected_clients"]
+    return int(clients), int(client.info("memory")["used_memory"]) / 2**20
+
+
+def phase(settings: Settings, args: argparse.Namespace, label: str, redis_url: str, hold: float, moves_n: int) -> None:
+    """One web process, `args.streams` jobs and streams on it, held `hold` s with `moves_n` head cancels."""
+    n = args.streams
+    folder = Path(settings.var_dir)
+    redis_client = connect(settings.effective_redis_url)
+    redis_client.flushall()
+    port = free_port()
+    log = folder / f"web-{label}.log"
+    env = {"ONELANE_SSE_PING_S": f"{args.ping:g}", "ONELANE_MAX_QUEUE": BOUND, "ONELANE_MAX_QUEUED_PER_USER": BOUND,
+           "REDIS_URL": redis_url}  # fmt: skip
+    greenlets: list[gevent.Greenlet] = []
+    streams: list[Stream] = []
+    try:
+        with onelane_web(settings, port, 1, log, **env) as web:
+            worker = children(web.pid)[0]
+            print(f"\n=== {label}: {n} SSE streams on one `onelane web --workers 1` (gunicorn gevent), "
+                  f"REDIS_URL query: {redis_url.partition('?')[2] or 'none (redis-py defaults)'}, "
+                  f"ONELANE_SSE_PING_S={args.ping:g}, no GPU worker; client: gevent greenlets in this process ===")  # fmt: skip
+            # admit the jobs (all owned by the local user, so positions are 1..n in admission order)
+            ids: list[str] = []
+            body = b'{"prompt":"hi","max_tokens":8}'
+            started = time.monotonic()
+            for _ in range(n):
+                status, answer = http_request(port, "POST", "/v1/jobs", body)
+                if status != 202:
+                    raise RuntimeError(f"submit answered {status}: {answer[:200]!r}")
+                ids.append(json.loads(answer)["id"])
+            print(f"admitted {n} jobs in {time.monotonic() - started:.2f} s")
+            for _ in range(3):  # warm the stream path once (imports, pools) before measuring memory
+                warm = Stream(ids[-1])
+                follow_stream(port, warm, time.monotonic() + 1.2, 5)
+            time.sleep(1.0)
+            rss0, fds0 = rss_kb(worker), open_fds(worker)
+            clients0, _ = info(redis_client)
+            print(f"before: worker VmRSS {rss0 / 1024:.1f} MiB, Redis connected_clients {clients0}")
+
+            # open every stream
+            deadline = time.monotonic() + hold + 60
+            streams = [Stream(job_id) for job_id in ids]
+            t_open = time.monotonic()
+            for s in streams:
+                greenlets.append(gevent.spawn(follow_stream, port, s, deadline, max(5.0, 5 * args.ping)))
+            limit = time.monotonic() + 30
+            while time.monotonic() < limit and sum(1 for s in streams if s.queued or s.error) < n:
+                gevent.sleep(0.05)
+            first = [s.queued[0][0] - t_open for s in streams if s.queued]
+            ok_first = sum(1 for i, s in enumerate(streams) if s.queued and s.queued[0][1] == i + 1)
+            print(f"opened: {sum(1 for s in streams if s.opened_at)} of {n} answered 200; {len(first)} got their "
+                  f"first `queued` event, all within {max(first) if first else float('nan'):.2f} s of the first "
+                  f"connect; {ok_first} with the right position")  # fmt: skip
+            errors = [s.error for s in streams if s.error]
+            if errors:
+                print(f"  ! {len(errors)} streams failed: {sorted(set(errors))[:5]}")
+
+            t0 = time.monotonic()
+            status, answer = http_request(port, "POST", "/v1/jobs", body)
+            post_ms = (time.monotonic() - t0) * 1000
+            status_get, _ = http_request(port, "GET", f"/v1/jobs/{ids[-1]}")
+            print(f"while they are open: POST /v1/jobs answered {status} in {post_ms:.0f} ms"
+                  f"{' ' + answer[:120].decode(errors='replace') if status != 202 else ''}; GET /v1/jobs/<id> "
+                  f"answered {status_get}")  # fmt: skip
+            if status == 202:
+                http_request(port, "DELETE", f"/v1/jobs/{json.loads(answer)['id']}")  # not part of the queue below
+            gevent.sleep(1.5)  # both published a queue move: let every stream look and settle
+            # hold them, moving the queue `moves` times in between
+            hold_start = time.monotonic()
+            cpu0, self0 = cpu_seconds([worker]), resource.getrusage(resource.RUSAGE_SELF)
+            busy0, redis0 = machine_busy(), redis_cpu(redis_client)
+            gevent.sleep(3.0)
+            cpu_idle = (cpu_seconds([worker]) - cpu0) / (time.monotonic() - hold_start)
+            rss1, fds1 = rss_kb(worker), open_fds(worker)
+            clients1, _ = info(redis_client)
+            moves: list[list[float]] = []  # per move: latency per stream that got it
+            missing = 0
+            cancel_ms: list[float] = []
+            gap = max(1.0, (hold - 5.0) / max(moves_n, 1))
+            head = 0
+            for _ in range(moves_n):
+                live = [s for s in streams[head + 1 :] if s.open]
+                expect = {id(s): s.position - 1 for s in live if s.position}  # type: ignore[operator]
+                t0 = time.monotonic()
+                status, _ = http_request(port, "DELETE", f"/v1/jobs/{streams[head].job_id}")
+                cancel_ms.append((time.monotonic() - t0) * 1000)
+                if status != 200:
+                    print(f"  ! DELETE answered {status}")
+                head += 1
+                got: dict[int, float] = {}
+                limit = time.monotonic() + 10
+                while time.monotonic() < limit and len(got) < len(expect):
+                    for s in live:
+                        if id(s) not in got:
+                            hit = next((t for t, p in s.queued if t >= t0 and p == expect[id(s)]), None)
+                            if hit is not None:
+                                got[id(s)] = hit - t0
+                    gevent.sleep(0.02)
+                missing += len(expect) - len(got)
+                moves.append(sorted(got.values()))
+                gevent.sleep(max(0.0, gap - (time.monotonic() - t0)))
+            left = hold - (time.monotonic() - hold_start)
+            if left > 0:
+                gevent.sleep(left)
+            hold_end = time.monotonic()
+            cpu1, self1 = cpu_seconds([worker]), resource.getrusage(resource.RUSAGE_SELF)
+            busy1, redis1 = machine_busy(), redis_cpu(redis_client)
+            rss2 = rss_kb(worker)
+            clients2, _ = info(redis_client)
+            held = hold_end - hold_start
+
+            cancelled = streams[:head]
+            rest = streams[head:]
+            still_open = sum(1 for s in rest if s.open)
+            pings = [sum(1 for t in s.pings if hold_start <= t <= hold_end) for s in rest if s.open] or [0]
+            print(f"held {held:.1f} s: {still_open} of {len(rest)} waiting streams still open; the {head} "
+                  f"cancelled jobs' streams ended with `cancelled`: "
+                  f"{sum(1 for s in cancelled if s.others and s.others[-1][1] == 'cancelled')} of {head}")  # fmt: skip
+            for s in rest:
+                if s.error:
+                    print(f"  ! {s.job_id}: {s.error}")
+                    break
+            print(f"pings per open stream while holding: min {min(pings)}, median {statistics.median(pings):g}, "
+                  f"max {max(pings)} (expected ~{held / args.ping:.0f} at one per {args.ping:g} s)")  # fmt: skip
+            print(f"worker VmRSS: before {rss0 / 1024:.1f} MiB, holding {rss1 / 1024:.1f} MiB (3 s in), "
+                  f"{rss2 / 1024:.1f} MiB (end) -> {(max(rss1, rss2) - rss0) / n:.0f} kB per stream")  # fmt: skip
+            print(f"Redis connected_clients: before {clients0}, holding {clients1} (3 s in), {clients2} (end, after "
+                  f"the moves); worker open file descriptors: before {fds0}, holding {fds1} (3 s in), "
+                  f"{open_fds(worker)} (end)")  # fmt: skip
+            client_cpu = (self1.ru_utime + self1.ru_stime) - (self0.ru_utime + self0.ru_stime)
+            other = (busy1 - busy0) - (cpu1 - cpu0) - client_cpu - (redis1 - redis0)
+            print(f"CPU: web worker {100 * cpu_idle:.0f} % of one core just holding them (first 3 s, no moves), "
+                  f"{100 * (cpu1 - cpu0) / held:.0f} % over the whole hold with the moves; Redis "
+                  f"{100 * (redis1 - redis0) / held:.0f} %, this client {100 * client_cpu / held:.0f} %, everything "
+                  f"else on the machine {100 * other / held:.0f} % (2 cores = 200 %)")  # fmt: skip
+            flat = sorted(x for m in moves for x in m)
+            if flat:
+                print(f"queue moved ({moves_n} cancels of the head job, DELETE answered in "
+                      f"{statistics.median(cancel_ms):.1f} ms median): new position reached "
+                      f"{len(flat)} of {len(flat) + missing} streams expected")  # fmt: skip
+                print(f"  per stream: p50 {pct(flat, 50) * 1000:.0f} ms, p99 {pct(flat, 99) * 1000:.0f} ms, "
+                      f"max {flat[-1] * 1000:.0f} ms (from sending the DELETE)")  # fmt: skip
+                print("  all streams reached, per move: " + ", ".join(
+                    f"{m[-1] * 1000:.0f} ms ({len(m)})" for m in moves if m))  # fmt: skip
+                print("  first stream reached, per move: " + ", ".join(f"{m[0] * 1000:.0f} ms" for m in moves if m))
+
+            # hang up every stream: the web should notice, close their pub/sub connections and free memory
+            for s in streams:
+                s.stop = True
+            gevent.killall(greenlets, timeout=5)
+            hung_up = time.monotonic()
+            clients3, stable_since = clients2, time.monotonic()
+            while time.monotonic() < hung_up + 10 and time.monotonic() - stable_since < 1.5:
+                gevent.sleep(0.25)
+                now_clients, _ = info(redis_client)
+                if now_clients != clients3:
+                    clients3, stable_since = now_clients, time.monotonic()
+            rss3 = rss_kb(worker)
+            print(f"after the clients hung up: Redis connected_clients settled at {clients3} "
+                  f"{stable_since - hung_up:.1f} s later, worker VmRSS {rss3 / 1024:.1f} MiB")  # fmt: skip
+            if web.poll() is not None:
+                print(f"  ! onelane web exited:\n{tail(log)}")
+        report_log(log)
+    finally:
+        gevent.killall(greenlets, timeout=5)
+        redis_client.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--streams", type=int, default=500)
+    parser.add_argument("--hold", type=float, default=20.0, help="seconds to hold the open streams")
+    parser.add_argument("--ping", type=float, default=1.0, help="ONELANE_SSE_PING_S")
+    parser.add_argument("--moves", type=int, default=5, help="cancels of the head job while holding")
+    parser.add_argument("--max-connections", type=int, default=2000,
+                        help="second run: REDIS_URL with ?max_connections=N (redis-py's pool bound; its default is 100)")
+    parser.add_argument("--skip-default", action="store_true", help="skip the run with REDIS_URL as it is")
+    args = parser.parse_args()
+    wall = time.monotonic()
+    with bench_env("tiny") as settings:
+        url = settings.effective_redis_url
+        if not args.skip_default:
+            phase(settings, args, "as shipped", url, min(args.hold, 8.0), 1)
+        if args.max_connections:
+            bigger = f"{url}{'&' if '?' in url else '?'}max_connections={args.max_connections}"
+            phase(settings, args, f"pool bound {args.max_connections}", bigger, args.hold, args.moves)
+    print(f"total {time.monotonic() - wall:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
