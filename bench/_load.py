@@ -143,14 +143,14 @@ def onelane_web(settings: Settings, port: int, workers: int, log_path: Path, **e
             stop_group(child, "onelane web")
 
 
-def stop_group(child: subprocess.Popen[bytes], name: str) -> None:
+def stop_group(child: subprocess.Popen[bytes], name: str, timeout_s: float = 20.0) -> None:
     """SIGTERM `child`, then SIGKILL whatever of its process group is still alive (one pid at a time)."""
     if child.poll() is None:
         child.send_signal(signal.SIGTERM)
         try:
-            child.wait(timeout=20)
+            child.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            print(f"  ! {name} (pid {child.pid}) ignored SIGTERM for 20 s")
+            print(f"  ! {name} (pid {child.pid}) ignored SIGTERM for {timeout_s:.0f} s")
     for _ in range(3):
         left = group_members(child.pid)
         if not left:

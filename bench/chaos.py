@@ -24,7 +24,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from typing import Any
 
 import redis
 
+from bench._load import free_port, stop_group, tail
 from bench.common import bench_env, pct
 from tasks import keys
 from tasks.settings import Settings
@@ -66,22 +66,6 @@ def base_env(settings: Settings, **extra: str) -> dict[str, str]:
     }
 
 
-def group_members(pgid: int) -> list[int]:
-    """Pids of the live processes in process group `pgid` (a group this script created for its child)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            found.append(int(entry))
-    return found
-
-
 @contextmanager
 def process(
     args: list[str], env: dict[str, str], log_path: Path, stop_timeout_s: float = 45.0
@@ -97,25 +81,7 @@ def process(
         yield child
     finally:
         try:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-                try:
-                    child.wait(timeout=stop_timeout_s)
-                except subprocess.TimeoutExpired:
-                    print(f"  ! `{' '.join(args[3:])}` (pid {child.pid}) ignored SIGTERM for {stop_timeout_s:.0f} s")
-            for _ in range(3):
-                left = group_members(child.pid)
-                if not left:
-                    break
-                print(f"  ! still running after `{' '.join(args[3:])}` stopped: pids {left}; SIGKILL")
-                for pid in left:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(0.2)
-            if child.poll() is None:
-                child.wait(timeout=10)
+            stop_group(child, " ".join(args[3:]), stop_timeout_s)
         finally:
             log.close()
 
@@ -127,19 +93,6 @@ def pid_dead(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except (OSError, IndexError):
         return True
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def keep_log(args: argparse.Namespace, path: Path, name: str) -> None:
