@@ -56,12 +56,13 @@ class OutputWriter:
                 except queue.Empty:
                     break
             closing = _CLOSE in batch
-            last_flush = time.monotonic()
             items = [item for item in batch if item is not None]
             if not items or self.error is not None:
                 continue
             text = "".join(item[0] for item in items)
             n_tokens = sum(item[1] for item in items)
+            if text:  # until some text went out (a token may decode to nothing yet), keep sending at once
+                last_flush = time.monotonic()
             try:
                 if self.store.append(self.job_id, n_tokens, text, items[-1][2], self.worker_id):
                     self.stop_requested.set()
