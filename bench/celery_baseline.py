@@ -21,7 +21,7 @@ import celery
 import redis
 
 from bench.celery_app import BROKER_ENV, QUEUE, REDIS_ENV, STARTED_KEY, app, gate, noop
-from bench.common import bench_env, summary
+from bench.common import bench_env, stop_process, summary
 from tasks.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,12 +53,7 @@ def celery_worker(redis_url: str, log_path: Path) -> Iterator[subprocess.Popen[b
     try:
         yield process
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
 
 
 def wait_started(client: redis.Redis, count: int, timeout_s: float = WAIT_S) -> list[tuple[int, float]]:

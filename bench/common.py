@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,16 @@ def bench_env(size: str = "tiny", **overrides: object) -> Iterator[Settings]:
             yield Settings(redis_url=server.url, model=str(model), var_dir=folder, **overrides)  # type: ignore[arg-type]
         finally:
             server.stop()
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it is still there after `timeout_s`."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def pct(values: list[float], q: float) -> float:

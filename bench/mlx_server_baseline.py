@@ -30,7 +30,7 @@ from typing import Any
 
 import requests
 
-from bench.common import bench_env, summary
+from bench.common import bench_env, stop_process, summary
 
 PROMPTS = [
     "Tell me a joke about queues.",
@@ -167,12 +167,7 @@ def mlx_server(model_path: str, log_path: Path) -> Iterator[Server]:
         wait_ready(server, model_path)
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
 
 
 def wait_ready(server: Server, model_path: str) -> None:

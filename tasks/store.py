@@ -28,7 +28,7 @@ from tasks.settings import Settings
 def _load_scripts(client: redis.Redis) -> dict[str, Any]:
     folder = resources.files("tasks") / "lua"
     common = (folder / "common.lua").read_text()
-    names = ("admit", "claim", "cancel", "append", "finish", "position", "expire_due", "recover", "lease", "stall",
+    names = ("admit", "claim", "cancel", "append", "finish", "position", "recover", "lease", "stall",
              "drop_lease", "housekeep")
     return {name: client.register_script(common + (folder / f"{name}.lua").read_text()) for name in names}
 
@@ -254,10 +254,6 @@ class Store:
         s = self.settings
         pid, stalled = self._run("stall", s.device, s.stall_s, s.result_ttl_s)
         return (int(pid) if pid else None), (stalled or None)
-
-    def expire_due(self, limit: int = 500) -> int:
-        """End waiting jobs whose deadline passed as `expired`; returns how many."""
-        return int(self._run("expire_due", self.settings.result_ttl_s, limit))
 
     def snapshot(self) -> Snapshot:
         """Everything /readyz and /metrics report, read in one pipeline."""

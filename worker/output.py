@@ -28,7 +28,7 @@ class OutputWriter:
         self.store = store
         self.job_id = job_id
         self.worker_id = worker_id
-        self.stop_requested = stop
+        self.stop = stop
         self.error: BaseException | None = None
         self._queue: queue.SimpleQueue[tuple[str, int, int] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=f"output-{job_id}", daemon=True)
@@ -65,8 +65,8 @@ class OutputWriter:
                 last_flush = time.monotonic()
             try:
                 if self.store.append(self.job_id, n_tokens, text, items[-1][2], self.worker_id):
-                    self.stop_requested.set()
+                    self.stop.set()
             except Exception as exc:  # Redis gone: stop generating, the caller reports it
                 logger.warning("job %s: writing output failed: %s", self.job_id, exc)
                 self.error = exc
-                self.stop_requested.set()
+                self.stop.set()
