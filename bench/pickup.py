@@ -2,8 +2,9 @@
 
 All three run in this one process's run, on the same machine and a private Redis each:
 - onelane: a real worker process (`python -m worker.main`), jobs admitted the way the web admits them
-  (store.create + send_run_next); pickup = started_at - queued_at, both stamped by Redis's clock at the
-  admission and the claim; the gap = next started_at - previous finished_at in a drained backlog.
+  (store.admit with the job's dramatiq message); pickup = started_at - queued_at, both stamped by Redis's
+  clock at the admission and the claim; the gap = next started_at - previous finished_at in a drained
+  backlog. The bench waits for each job's end on its pub/sub channel (no polling to take CPU meanwhile).
 - Celery 5, solo pool, prefetch 1 (bench/celery_baseline.py): pickup = task start - send; the gap is
   start-to-start of no-op tasks.
 - stock dramatiq (its RedisBroker, polling consumer), one thread, prefetch 1, at its default 1000 ms
@@ -15,6 +16,7 @@ Run: ./dev.sh bench pickup [--n 200]
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -27,10 +29,12 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 
 from bench.common import bench_env, pct, summary
-from tasks.broker import send_run_next
+from tasks import keys
+from tasks.broker import QUEUE_NAME, Doorbell
 from tasks.job import JobSpec, SamplingParams, new_job_id
 from tasks.settings import Settings
-from tasks.store import Store, connect
+from tasks.store import TERMINAL_EVENTS, Store, connect
+from worker.main import IDLE_WAIT_MS
 
 IDLE_PAUSE_S = 0.05  # between pickup samples, so the worker is idle (blocked) each time
 
@@ -42,14 +46,29 @@ def start_worker(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
                             stderr=subprocess.STDOUT)  # fmt: skip
 
 
-def admit(store: Store, broker: dramatiq.Broker, max_tokens: int = 1, owner: str = "bench") -> str:
-    """The web's admission path: admit, ring, then read back."""
+def admit(store: Store, broker: RedisBroker, max_tokens: int = 1, owner: str = "bench", job_id: str = "") -> str:
+    """The web's admission path: the job and its message in one script."""
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    job_id = new_job_id()
-    store.admit(job_id, JobSpec(owner=owner, model="demo", prompt="x", params=params), 600)
-    send_run_next(broker, job_id)
-    store.get(job_id)
+    job_id = job_id or new_job_id()
+    spec = JobSpec(owner=owner, model="demo", prompt="x", params=params)
+    store.admit(job_id, spec, 600, doorbell=Doorbell.ring(broker, job_id))
     return job_id
+
+
+def admit_and_wait(store: Store, broker: RedisBroker, timeout_s: float = 60) -> str:
+    """Admit one job and block (on its channel, subscribed first) until it ends."""
+    job_id = new_job_id()
+    deadline = time.monotonic() + timeout_s
+    with store.redis.pubsub() as sub:
+        sub.subscribe(keys.channel(job_id))
+        while (message := sub.get_message(timeout=timeout_s)) is None or message["type"] != "subscribe":
+            pass
+        admit(store, broker, job_id=job_id)
+        while (left := deadline - time.monotonic()) > 0:
+            message = sub.get_message(timeout=left)
+            if message is not None and json.loads(message["data"])["e"]["type"] in TERMINAL_EVENTS:
+                return job_id
+    raise TimeoutError(f"job {job_id} did not end")
 
 
 def wait_done(store: Store, job_id: str, timeout_s: float = 60) -> None:
@@ -57,7 +76,7 @@ def wait_done(store: Store, job_id: str, timeout_s: float = 60) -> None:
     while not store.get(job_id).status.ended:
         if time.monotonic() > deadline:
             raise TimeoutError(f"job {job_id} did not end")
-        time.sleep(0.001)
+        time.sleep(0.01)
 
 
 def onelane(n: int) -> dict[str, list[float]]:
@@ -68,12 +87,11 @@ def onelane(n: int) -> dict[str, list[float]]:
         broker = make_broker(settings)
         worker = start_worker(settings, settings.var_dir / "worker.log")
         try:
-            wait_done(store, admit(store, broker))  # the worker is up and warm
+            admit_and_wait(store, broker)  # the worker is up and warm
             pickups = []
             for _ in range(n):
                 time.sleep(IDLE_PAUSE_S)
-                job_id = admit(store, broker)
-                wait_done(store, job_id)
+                job_id = admit_and_wait(store, broker)
                 t = store.get(job_id).timings
                 pickups.append(t.started_at - t.queued_at)  # type: ignore[operator]
 
@@ -87,6 +105,11 @@ def onelane(n: int) -> dict[str, list[float]]:
             timings = sorted((store.get(j).timings for j in backlog), key=lambda t: t.started_at or 0)
             gaps = [b.started_at - a.finished_at for a, b in zip(timings, timings[1:])]  # type: ignore[operator]
 
+            # every admitted job rang its doorbell: let the worker drop those of jobs already run, then idle
+            doorbells = keys.dramatiq_queue(broker.namespace, QUEUE_NAME)
+            while store.redis.llen(doorbells):
+                time.sleep(0.1)
+            time.sleep(IDLE_WAIT_MS / 1000)
             idle = idle_commands_per_s(store.redis)
         finally:
             worker.terminate()

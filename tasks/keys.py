@@ -26,7 +26,6 @@ IN_PROGRESS = NS + "in-progress"  # sorted set: running job ids by started_at
 DEVICE_PREFIX = NS + "device:"  # hash with a short TTL: the lease of the worker that owns a device
 DEVICES = NS + "devices"  # set: device names seen, for health checks
 STATS = NS + "stats"  # hash: counters and histogram buckets behind /metrics
-WAKE_PREFIX = NS + "wake:"  # list: wake-ups for the consumer blocked on a dramatiq queue
 CANCELS = NS + "cancels"  # pub/sub: ids of running jobs asked to stop, for the worker's listener
 SERVICE_TIMES = NS + "service-times"  # list: the last 20 job service times in seconds, for the ETA
 
@@ -55,8 +54,14 @@ def watch(job_id: str) -> str:
     return WATCH_PREFIX + job_id
 
 
-def wake(queue_name: str) -> str:
-    return WAKE_PREFIX + queue_name
+def dramatiq_queue(namespace: str, queue_name: str) -> str:
+    """dramatiq's list of message ids waiting on a queue (its Redis broker's layout, not ours)."""
+    return f"{namespace}:{queue_name}"
+
+
+def dramatiq_messages(namespace: str, queue_name: str) -> str:
+    """dramatiq's hash of message id -> encoded message for a queue (its Redis broker's layout)."""
+    return f"{namespace}:{queue_name}.msgs"
 
 
 def device(name: str) -> str:

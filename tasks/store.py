@@ -20,6 +20,7 @@ from typing import Any
 import redis
 
 from tasks import keys
+from tasks.broker import Doorbell
 from tasks.errors import JobAlreadyEnded, JobNotFound, LeaseLost, QueueFull, QuotaExceeded
 from tasks.job import TERMINAL, Job, JobSpec, JobStatus, Timings, error_json
 from tasks.settings import Settings
@@ -91,18 +92,22 @@ class Store:
         self.admit(job_id, spec, ttl_s, quota)
         return self.get(job_id)
 
-    def admit(self, job_id: str, spec: JobSpec, ttl_s: float, quota: int | None = None) -> Job:
+    def admit(
+        self, job_id: str, spec: JobSpec, ttl_s: float, quota: int | None = None, doorbell: Doorbell | None = None
+    ) -> Job:
         """Admit a job in fair order, or raise QueueFull / QuotaExceeded leaving nothing behind.
 
-        `quota` is the owner's bound on waiting jobs (default: the server's per-user bound). Returns the job
-        as admitted, with its position and ETA, without reading it back.
+        `quota` is the owner's bound on waiting jobs (default: the server's per-user bound); `doorbell`, the
+        job's dramatiq message, is enqueued in the same step. Returns the job as admitted, with its position
+        and ETA, without reading it back.
         """
         s = self.settings
         grace = s.watch_grace_s if spec.watched else 0
         quota = quota or s.max_queued_per_user
+        bell = (doorbell.queue_key, doorbell.messages_key, doorbell.message_id, doorbell.payload) if doorbell else ("",) * 4
         verdict, *rest = self._run(
             "admit", job_id, spec.owner, spec.model_dump_json(), ttl_s, s.result_ttl_s, grace, s.max_queue, quota,
-            spec.params.max_tokens,
+            spec.params.max_tokens, *bell,
         )  # fmt: skip
         if verdict == "queue_full":
             raise QueueFull(f"the queue is full ({s.max_queue} jobs waiting); try again later", retry_after_s=rest[0])
@@ -203,10 +208,13 @@ class Store:
         Raises LeaseLost if `worker` no longer holds the device (it must stop: another worker took over).
         """
         run_life = int(self.settings.job_time_limit_s + self.settings.result_ttl_s)
-        job_id = self._run("claim", self.settings.result_ttl_s, run_life, self.settings.device, worker)
-        if job_id == "lost":
+        claimed = self._run("claim", self.settings.result_ttl_s, run_life, self.settings.device, worker)
+        if claimed == "lost":
             raise LeaseLost(f"worker {worker} lost the lease of device {self.settings.device}")
-        return self.get(job_id) if job_id else None
+        if not claimed:
+            return None
+        job_id, flat = claimed
+        return Job.from_redis(job_id, dict(zip(flat[::2], flat[1::2])), "")  # no output yet: it starts now
 
     def append(self, job_id: str, n_tokens: int, text: str, prompt_tokens: int, worker: str) -> bool:
         """Record generated text as one token event; True when the job must stop (cancelled, or taken away)."""

@@ -6,6 +6,8 @@ import json
 import threading
 import time
 
+import pytest
+
 from tasks import keys
 from tasks.broker import QUEUE_NAME, send_run_next
 from tests.helpers import wait_ended, wait_event
@@ -213,11 +215,66 @@ def test_stop_string_ends_the_job_before_it(jobs, store, start_worker):
     assert stop not in done["output"]
 
 
-def test_worker_is_one_thread_prefetch_one_no_retries_explicit_time_limit(start_worker, settings):
-    worker = start_worker(job_time_limit_s=123)
+def test_worker_is_one_thread_prefetch_one_no_retries(start_worker):
+    worker = start_worker()
     assert worker.worker.worker_threads == 1
     assert worker.worker.queue_prefetch == 1
     actor = worker.broker.get_actor("run_next")
     assert actor.options["max_retries"] == 0
-    assert actor.options["time_limit"] == 123_000
     assert actor.queue_name == "onelane-gpu"
+
+
+def test_a_job_past_the_time_limit_fails_and_the_next_one_still_runs(jobs, store, start_worker):
+    start_worker(job_time_limit_s=0.5)
+    endless = jobs.submit("endless", max_tokens=4096, ignore_eos=True)
+    short = jobs.submit("short", max_tokens=4, ignore_eos=True)
+
+    limited = wait_ended(store, endless["id"], timeout_s=60)
+
+    assert limited["status"] == "failed"
+    assert limited["error"]["type"] == "time_limit"
+    t = limited["timings"]
+    assert 0.5 <= t["finished_at"] - t["started_at"] < 30
+    assert wait_ended(store, short["id"])["status"] == "completed"
+
+
+def test_one_doorbell_runs_every_waiting_job_back_to_back(jobs, store, engine):
+    # Given three jobs waiting, and this test playing the worker's one thread with one message in hand
+    from worker.runner import Runner
+
+    ids = [jobs.submit(f"job {n}", max_tokens=4, ignore_eos=True)["id"] for n in range(3)]
+    assert store.take_device("w") == "ok"
+    runner = Runner(store, engine, "w", on_fatal=pytest.fail)
+
+    # When it handles the message, it claims the next job the moment one ends, until none waits
+    assert runner.run_waiting(threading.Event()) == 3
+
+    done = [store.get(job_id) for job_id in ids]
+    assert [d.status.value for d in done] == ["completed"] * 3
+    spans = [(d.timings.started_at, d.timings.finished_at) for d in done]
+    assert spans == sorted(spans)
+    # and a message whose jobs already ran finds nothing to do
+    assert runner.run_waiting(threading.Event()) == 0
+
+
+def test_a_stopping_worker_claims_no_more_jobs(jobs, store, engine):
+    from worker.runner import Runner
+
+    job_id = jobs.submit("left for the next worker", max_tokens=4)["id"]
+    assert store.take_device("w") == "ok"
+    stopping = threading.Event()
+    stopping.set()
+
+    assert Runner(store, engine, "w", on_fatal=pytest.fail).run_waiting(stopping) == 0
+    assert store.get(job_id).status.value == "queued"
+
+
+def test_an_idle_worker_still_picks_up_after_redis_forgot_its_scripts(jobs, store, start_worker, redis_client):
+    start_worker()
+    assert wait_ended(store, jobs.submit("warm", max_tokens=2)["id"])["status"] == "completed"
+    redis_client.script_flush()  # as after a Redis restart: the idle worker's fetch waits behind its block
+
+    done = wait_ended(store, jobs.submit("after", max_tokens=2)["id"])
+    assert done["status"] == "completed"
+    # woken by its own message in milliseconds, not by a housekeeping re-ring (rounds of 1 s)
+    assert done["timings"]["started_at"] - done["timings"]["queued_at"] < 0.5

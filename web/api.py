@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify, request, url_for
 
-from tasks.broker import send_run_next
+from tasks.broker import Doorbell
 from tasks.job import Job, JobSpec, new_job_id
 from web import services
 from web.auth import current_owner, current_user
@@ -22,12 +22,12 @@ def job_response(job: Job, status: int = 200) -> Response:
 
 
 def admit(spec: JobSpec, ttl_s: float) -> Job:
-    """Admit a job for the current caller (their own quota applies) and wake the worker."""
+    """Admit a job for the current caller (their own quota applies), with the message that wakes the worker."""
     svc = services()
     user = current_user()
-    job = svc.store.admit(new_job_id(), spec, ttl_s, quota=user.max_queued if user else None)
-    send_run_next(svc.broker, job.id)
-    return job
+    job_id = new_job_id()
+    return svc.store.admit(job_id, spec, ttl_s, quota=user.max_queued if user else None,
+                           doorbell=Doorbell.ring(svc.broker, job_id))  # fmt: skip
 
 
 @bp.post("/v1/jobs")

@@ -60,14 +60,14 @@ class GpuWorker:
         self.store = Store(connect(settings.effective_redis_url), settings)
         self.broker = make_broker(settings)
         self.on_fatal = on_fatal
+        self.stopping = threading.Event()
         self.runner = Runner(self.store, engine, self.id, on_fatal)
-        actors.declare(self.broker, self.runner, int(settings.job_time_limit_s * 1000))
+        actors.declare(self.broker, self.runner, self.stopping)
         # Only the GPU queue: no consumer for the delay queue, which onelane never uses.
         self.worker = dramatiq.Worker(self.broker, queues={QUEUE_NAME}, worker_threads=1, worker_timeout=IDLE_WAIT_MS)
         # A prefetched message is invisible in Redis and strands on a crash: take one at a time.
         self.worker.queue_prefetch = 1
         self.worker.delay_prefetch = 1
-        self.stopping = threading.Event()
         self._threads = [
             threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True),
             threading.Thread(target=self._housekeep, name="housekeeping", daemon=True),

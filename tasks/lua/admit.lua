@@ -3,13 +3,16 @@
 -- is max(virtual time, its owner's previous tag + 1), the queue runs in tag order (admission order on ties).
 -- So users take turns, one job each, FIFO within a user, and an idle user earns no credit.
 -- A watched job gets a lease of `watch_grace_s` (0: not watched) that its client's stream or polling renews.
+-- The job's dramatiq message (its doorbell), when given, is pushed here as dramatiq's enqueue would: the job and
+-- its message exist together or not at all, and a consumer blocked on the queue wakes as this script ends.
 -- ARGV: id, owner, spec_json, ttl_s, result_ttl_s, watch_grace_s, max_queue, max_per_user (0: no bound),
---       max_tokens
+--       max_tokens, message queue key, message hash key, message id, message ('' for no message)
 -- -> {'ok', queued_at, deadline, position, mean service s, left of running s, jobs timed}
 --    or {'queue_full' | 'quota_exceeded', retry_after_s}
 local id, owner, spec = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
 local ttl, result_ttl, grace = tonumber(ARGV[A + 4]), tonumber(ARGV[A + 5]), tonumber(ARGV[A + 6])
 local max_queue, max_per_user, max_tokens = tonumber(ARGV[A + 7]), tonumber(ARGV[A + 8]), ARGV[A + 9]
+local bell_queue, bell_messages, bell_id, bell = ARGV[A + 10], ARGV[A + 11], ARGV[A + 12], ARGV[A + 13]
 local t = now()
 local q = UQ .. owner
 
@@ -50,6 +53,10 @@ redis.call('ZADD', UJ .. owner, t, id)
 redis.call('ZREMRANGEBYRANK', UJ .. owner, 0, -1001) -- a user's listing keeps the newest 1000
 for _, k in ipairs({QUEUE, q, WAITING, UJ .. owner, TAGS, SEQ, VTIME}) do extend(k, life) end
 redis.call('PUBLISH', MOVED, id)
+if bell ~= '' then
+  redis.call('HSET', bell_messages, bell_id, bell)
+  redis.call('RPUSH', bell_queue, bell_id)
+end
 stat('admitted')
 local mean, left, _, timed = service_estimate(t)
 return {'ok', fmt(t), fmt(deadline), redis.call('ZRANK', QUEUE, id) + 1, tostring(mean), tostring(left), timed}

@@ -2,7 +2,8 @@
 -- deadline has not passed (by Redis's clock) becomes `in_progress`; one past its deadline ends `expired`;
 -- a watched job whose client left (its lease lapsed) ends `cancelled` (client_gone); anything else popped
 -- (cancelled, vanished) is dropped. Only the worker holding the device's lease may claim.
--- ARGV: result_ttl_s, run_life_s, device, worker_id  ->  the claimed id, or false ('lost' without the lease)
+-- ARGV: result_ttl_s, run_life_s, device, worker_id  ->  {id, the job's fields as HGETALL gives them}, or false
+-- ('lost' without the lease)
 local result_ttl, run_life, device, worker = tonumber(ARGV[A + 1]), tonumber(ARGV[A + 2]), ARGV[A + 3], ARGV[A + 4]
 if redis.call('HGET', DEVICE .. device, 'worker') ~= worker then return 'lost' end
 local t = now()
@@ -33,7 +34,7 @@ for _ = 1, 1000 do
       redis.call('HSET', DEVICE .. device, 'job', id)
       if attempt == 1 then observe('queue_wait', t - tonumber(f[6])) end
       emit(id, '{"type":"started"}')
-      return id
+      return {id, redis.call('HGETALL', jkey)}
     end
   end
 end
