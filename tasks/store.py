@@ -28,7 +28,8 @@ from tasks.settings import Settings
 
 def _load_scripts(client: redis.Redis) -> dict[str, Any]:
     folder = resources.files("tasks") / "lua"
-    common = (folder / "common.lua").read_text()
+    names = "local NAMES = {" + ", ".join(json.dumps(name) for name in keys.prefixes()) + "}\n"
+    common = names + (folder / "common.lua").read_text()
     names = ("admit", "claim", "cancel", "append", "finish", "position", "recover", "lease", "stall",
              "drop_lease", "housekeep")
     return {name: client.register_script(common + (folder / f"{name}.lua").read_text()) for name in names}
@@ -83,7 +84,7 @@ class Store:
         self._scripts = _load_scripts(client)
 
     def _run(self, name: str, *args: object) -> Any:
-        return self._scripts[name](keys=[], args=[*keys.prefixes(), *args])
+        return self._scripts[name](keys=[], args=args)
 
     # --- the web's verbs -------------------------------------------------------------------------
 
@@ -304,41 +305,3 @@ class Store:
         """How many jobs wait."""
         return int(self.redis.zcard(keys.WAITING))
 
-
-class Feed:
-    """A job's events as they happen, each exactly once and in order.
-
-    It subscribes first, then reads the durable log: an event published in between is in both and is
-    dropped by its index; a live message that was missed (pub/sub is at-most-once) shows up as a gap in
-    the indices and is read back from the log. Also reports {"type": "moved"} when the queue moved.
-    """
-
-    def __init__(self, store: Store, job_id: str, after: int = -1) -> None:
-        self.store = store
-        self.job_id = job_id
-        self.next_index = after + 1
-        self._sub = store.redis.pubsub(ignore_subscribe_messages=True)
-        self._sub.subscribe(keys.channel(job_id), keys.QUEUE_MOVED)
-        self._backlog = store.events(job_id, self.next_index)
-
-    def get(self, timeout_s: float) -> dict[str, Any] | None:
-        """The next event, or None if none came (possibly before `timeout_s` elapsed)."""
-        if not self._backlog:
-            message = self._sub.get_message(timeout=max(timeout_s, 0.0))
-            if message is None:
-                return None
-            if message["channel"] == keys.QUEUE_MOVED:
-                return {"type": "moved"}
-            live = json.loads(message["data"])
-            if live["i"] < self.next_index:
-                return None  # already delivered from the log
-            if live["i"] > self.next_index:
-                self._backlog = self.store.events(self.job_id, self.next_index)  # missed some: catch up
-            else:
-                self._backlog = [{"i": live["i"], **live["e"]}]
-        event = self._backlog.pop(0)
-        self.next_index = event["i"] + 1
-        return event
-
-    def close(self) -> None:
-        self._sub.close()

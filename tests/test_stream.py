@@ -174,3 +174,32 @@ def test_an_open_stream_keeps_a_watched_job_in_the_queue_past_the_grace(jobs, st
     assert rest[-1]["event"] == "completed"
     assert rest[-1]["data"]["usage"]["completion_tokens"] == 6
     assert {e["event"] for e in rest} & TERMINAL == {"completed"}
+
+
+def test_every_open_stream_of_a_web_process_shares_one_redis_subscription(jobs, live_server, redis_client):
+    waiting = [jobs.submit(f"waiting {n}", max_tokens=4)["id"] for n in range(3)]  # no worker: they wait
+    streams = [EventStream(live_server, job_id) for job_id in waiting]
+    for stream in streams:
+        assert next(iter(stream))["event"] == "queued"  # each stream is open and subscribed
+
+    assert len(redis_client.client_list(_type="pubsub")) == 1
+    assert redis_client.pubsub_numsub(*(keys.channel(job_id) for job_id in waiting)) == [
+        (keys.channel(job_id), 1) for job_id in waiting
+    ]
+    for stream in streams:
+        stream.close()
+
+
+def test_a_stream_survives_losing_its_redis_subscription(jobs, store, start_worker, live_server, redis_client):
+    job = jobs.submit("through a cut", max_tokens=30, ignore_eos=True)  # waits: no worker yet
+    stream = EventStream(live_server, job["id"])
+    items = iter(stream)
+    assert next(items)  # the stream is open and subscribed
+
+    redis_client.client_kill_filter(_type="pubsub")  # the web's subscription is cut...
+    start_worker()  # ...and the job runs while it is down: its live events are lost to the web
+
+    events = [e for e in items if "event" in e]
+    assert events[-1]["event"] == "completed"  # read back from the job's log once subscribed again
+    assert [e["id"] for e in events] == list(range(len(events)))
+    assert "".join(e["data"]["text"] for e in events if e["event"] == "token") == events[-1]["data"]["output"]

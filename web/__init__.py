@@ -13,6 +13,7 @@ from flask import Flask, current_app
 from tasks.broker import make_broker
 from tasks.settings import Settings
 from tasks.store import Store, connect
+from web.feed import Hub
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class Services:
     settings: Settings
     store: Store
     broker: dramatiq.Broker
+    hub: Hub  # the process's one pub/sub connection, for every open stream
 
 
 def services() -> Services:
@@ -55,6 +57,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         settings=settings,
         store=Store(connect(settings.effective_redis_url), settings),
         broker=make_broker(settings, worker=False),
+        hub=Hub(settings.effective_redis_url),
     )
 
     from web import api, errors, health, openai_compat, pages, stream

@@ -21,11 +21,11 @@ def job_response(job: Job, status: int = 200) -> Response:
     return response
 
 
-def admit(spec: JobSpec, ttl_s: float) -> Job:
+def admit(spec: JobSpec, ttl_s: float, job_id: str | None = None) -> Job:
     """Admit a job for the current caller (their own quota applies), with the message that wakes the worker."""
     svc = services()
     user = current_user()
-    job_id = new_job_id()
+    job_id = job_id or new_job_id()
     return svc.store.admit(job_id, spec, ttl_s, quota=user.max_queued if user else None,
                            doorbell=Doorbell.ring(svc.broker, job_id))  # fmt: skip
 

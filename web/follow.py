@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from tasks.job import Job, JobStatus
-from tasks.store import TERMINAL_EVENTS, Feed, Store
+from tasks.store import TERMINAL_EVENTS, Store
+from web.feed import Feed, Hub
 from web.connection import client_connected
 
 SOCKET_CHECK_S = 0.1  # how often a waiting request looks whether its client hung up
@@ -15,11 +16,13 @@ SOCKET_CHECK_S = 0.1  # how often a waiting request looks whether its client hun
 
 def follow(
     store: Store,
+    hub: Hub,
     job: Job,
     *,
     after: int = -1,
     ping_s: float = 15.0,
     environ: dict[str, Any] | None = None,
+    feed: Feed | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield the job's story as dicts with a "type", ending after exactly one terminal event:
 
@@ -27,16 +30,24 @@ def follow(
     - {"type": "ping"} every `ping_s` seconds (a watched, waiting job's lease is renewed right after);
     - the job's own events from the durable log after index `after`, each with its index "i";
     - {"type": "gone"} (and nothing more) if `environ`'s client closed its connection.
+
+    `feed`, when given, was subscribed before `job` was admitted, and `job` is as admitted: nothing needs
+    reading again before the first event.
     """
-    feed = Feed(store, job.id, after)
+    admitted = feed is not None
+    feed = feed or Feed(store, hub, job.id, after)
     try:
-        job = store.get(job.id)  # fresh, now that the feed is subscribed
+        job = job if admitted else store.get(job.id)  # fresh, now that the feed is subscribed
         waiting = job.status is JobStatus.QUEUED
         if waiting and job.spec.watched:
             ping_s = min(ping_s, store.settings.watch_grace_s / 3)
-            store.keep_watching(job)
+            if not admitted:  # admission started its lease
+                store.keep_watching(job)
         shown: tuple[int, float | None] | None = None
         moved = True  # recompute the standing once no more queue moves are pending
+        if admitted and job.position is not None:  # as admitted: no need to ask again
+            shown, moved = (job.position, job.eta_s), False
+            yield {"type": "queued", "position": job.position, "eta_s": job.eta_s}
         next_ping = time.monotonic() + ping_s
         while True:
             wait = next_ping - time.monotonic()

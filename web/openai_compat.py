@@ -15,11 +15,13 @@ from flask import Blueprint, Response, jsonify, request, stream_with_context
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.errors import InvalidRequest, JobDidNotComplete, ModelNotFound, OnelaneError
-from tasks.job import Job, JobStatus, Message, SamplingParams
+from tasks.job import Job, JobSpec, JobStatus, Message, SamplingParams, Usage, new_job_id
+from tasks.store import TERMINAL_EVENTS
 from web import services
 from web.api import admit
 from web.auth import current_owner
 from web.errors import openai_error
+from web.feed import Feed
 from web.follow import follow
 from web.schemas import json_body, make_spec, parse
 
@@ -135,8 +137,7 @@ def chat_completions() -> Response:
     settings = services().settings
     params = req.params(settings.default_max_tokens, req.max_completion_tokens)
     messages = tuple(m.to_message() for m in req.messages)
-    job = admit(*make_spec(current_owner(), settings, params, None, messages, watched=True))
-    return _respond(job, Chat(job, req), req.stream)
+    return _admit_and_respond(make_spec(current_owner(), settings, params, None, messages, watched=True), Chat, req)
 
 
 @bp.post("/v1/completions")
@@ -147,8 +148,7 @@ def completions() -> Response:
     prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
     settings = services().settings
     params = req.params(min(16, settings.max_tokens_limit))  # the legacy endpoint's default is 16 tokens
-    job = admit(*make_spec(current_owner(), settings, params, prompt, None, watched=True))
-    return _respond(job, Text(job, req), req.stream)
+    return _admit_and_respond(make_spec(current_owner(), settings, params, prompt, None, watched=True), Text, req)
 
 
 class Chat:
@@ -199,8 +199,7 @@ class Text(Chat):
         return None
 
 
-def _usage(job: Job) -> dict[str, int]:
-    u = job.usage
+def _usage(u: Usage) -> dict[str, int]:
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens}
 
 
@@ -219,15 +218,31 @@ def _hang_up(job: Job) -> None:
         pass
 
 
-def _respond(job: Job, view: Chat, stream: bool) -> Response:
-    settings = services().settings
-    story = follow(services().store, job, ping_s=settings.sse_ping_s, environ=request.environ)
-    if stream:
-        return Response(
+def _admit_and_respond(admission: tuple[JobSpec, float], view_class: type[Chat], req: Sampling) -> Response:
+    """Admit the job and answer with its story. Its feed subscribes first, so that, once admitted, the job's
+    events all arrive live and nothing is read back before the first token."""
+    svc = services()
+    job_id = new_job_id()
+    feed = Feed(svc.store, svc.hub, job_id, replay=False)
+    try:
+        job = admit(*admission, job_id=job_id)
+    except BaseException:
+        feed.close()
+        raise
+    story = follow(svc.store, svc.hub, job, ping_s=svc.settings.sse_ping_s, environ=request.environ, feed=feed)
+    view = view_class(job, req)
+    if req.stream:
+        response = Response(
             stream_with_context(_stream(job, view, story)),
             mimetype="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **_headers(job)},
         )
+        response.call_on_close(feed.close)  # also when the stream never started (closing twice is harmless)
+        return response
+    return _respond(job, view, story)
+
+
+def _respond(job: Job, view: Chat, story: Iterator[dict[str, Any]]) -> Response:
     for item in story:
         if item["type"] == "gone":
             _hang_up(job)
@@ -235,7 +250,7 @@ def _respond(job: Job, view: Chat, stream: bool) -> Response:
     final = services().store.get(job.id)
     if final.status is not JobStatus.COMPLETED:
         raise JobDidNotComplete.of(final)
-    response = jsonify(view.envelope(view.object, [view.choice(final.output, final.finish_reason, False)], _usage(final)))
+    response = jsonify(view.envelope(view.object, [view.choice(final.output, final.finish_reason, False)], _usage(final.usage)))
     response.headers.update(_headers(final))
     return response
 
@@ -265,15 +280,17 @@ def _stream(job: Job, view: Chat, story: Iterator[dict[str, Any]]) -> Iterator[s
                 yield _data(view.envelope(view.chunk_object(), [view.choice(item["text"], None, True)], None))
             elif kind == "gone":
                 return
-            elif kind in ("completed", "failed", "cancelled", "expired"):
+            elif kind == JobStatus.COMPLETED.value:  # the terminal event has what the last chunks need
                 ended = True
-                final = services().store.get(job.id)
-                if final.status is JobStatus.COMPLETED:
-                    yield _data(view.envelope(view.chunk_object(), [view.choice("", final.finish_reason, True)], None))
-                    if view.include_usage:
-                        yield _data(view.envelope(view.chunk_object(), [], _usage(final)))
-                else:
-                    yield _data({"error": openai_error(JobDidNotComplete.of(final))})
+                yield _data(view.envelope(view.chunk_object(), [view.choice("", item["finish_reason"], True)], None))
+                if view.include_usage:
+                    usage = Usage(prompt_tokens=item["prompt_tokens"], completion_tokens=item["completion_tokens"])
+                    yield _data(view.envelope(view.chunk_object(), [], _usage(usage)))
+                yield "data: [DONE]\n\n"
+                return
+            elif kind in TERMINAL_EVENTS:
+                ended = True
+                yield _data({"error": openai_error(JobDidNotComplete.of(services().store.get(job.id)))})
                 yield "data: [DONE]\n\n"
                 return
     finally:

@@ -16,6 +16,7 @@ from tasks.job import Job
 from tasks.store import TERMINAL_EVENTS, Store
 from web import services
 from web.auth import current_owner
+from web.feed import Hub
 from web.follow import follow
 
 bp = Blueprint("stream", __name__)
@@ -38,7 +39,7 @@ def _last_event_id() -> int:
 def job_events(job_id: str) -> Response:
     svc = services()
     job = svc.store.get(job_id, current_owner())
-    stream = job_stream(svc.store, job, _last_event_id(), svc.settings.sse_ping_s)
+    stream = job_stream(svc.store, svc.hub, job, _last_event_id(), svc.settings.sse_ping_s)
     return Response(
         stream_with_context(stream),
         mimetype="text/event-stream",
@@ -46,14 +47,14 @@ def job_events(job_id: str) -> Response:
     )
 
 
-def job_stream(store: Store, job: Job, after: int, ping_s: float) -> Iterator[str]:
+def job_stream(store: Store, hub: Hub, job: Job, after: int, ping_s: float) -> Iterator[str]:
     """Replay the job's events after index `after`, then follow it live until its terminal event.
 
     A client that left is noticed when a write fails (a ping at the latest), so the stream does not poll its
     socket: hundreds of waiting streams cost nothing between events.
     """
     yield "retry: 1000\n\n"
-    for item in follow(store, job, after=after, ping_s=ping_s):
+    for item in follow(store, hub, job, after=after, ping_s=ping_s):
         kind = item["type"]
         if kind == "ping":
             yield ": ping\n\n"

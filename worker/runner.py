@@ -33,6 +33,7 @@ class Runner:
         self.tokens = 0  # tokens it has generated so far
         self.stop = threading.Event()  # set when it must stop: checked at every token
         self.stop_seen_at: int | None = None
+        self.writer = OutputWriter(store, worker_id)
 
     def request_stop(self, job_id: str) -> None:
         """Stop the running job at its next token, if it is `job_id` (called from the cancel listener)."""
@@ -60,7 +61,8 @@ class Runner:
         assert self.engine is not None, "the model loads before the first claim"
         self.stop.clear()
         self.current, self.tokens, self.stop_seen_at = job.id, 0, None
-        writer = OutputWriter(self.store, job.id, self.worker_id, self.stop)
+        writer = self.writer
+        writer.begin(job.id, self.stop)
         stops = StopMatcher(job.spec.params.stop)
         reason: str | None = None
         sent = tokens = prompt_tokens = 0
@@ -92,7 +94,7 @@ class Runner:
             error = ("generation_error", f"{type(exc).__name__}: {exc}")
         self.current = None
         try:
-            writer.close()
+            writer.end()
             if self.stop.is_set() and reason is None and error is None:
                 reason = "cancelled"
             status = JobStatus.FAILED if error else JobStatus.CANCELLED if reason == "cancelled" else JobStatus.COMPLETED

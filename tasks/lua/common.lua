@@ -1,9 +1,8 @@
--- Shared by every onelane script (store.py prepends it). Key names come from tasks/keys.py as ARGV[1..19].
-local JOB, OUT, EV, CH, UQ, UJ, WATCH = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-local QUEUE, WAITING, MOVED, IN_PROGRESS, SERVICE_TIMES = ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]
-local VTIME, TAGS, SEQ, DEVICE, DEVICES, STATS = ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17], ARGV[18]
-local CANCELS = ARGV[19]
-local A = 19 -- the script's own arguments start at ARGV[A + 1]
+-- Shared by every onelane script (store.py prepends it, after NAMES: the key names and prefixes of
+-- tasks/keys.py, in the order of keys.prefixes(), written into the script so no call has to send them).
+local JOB, OUT, EV, CH, UQ, UJ, WATCH, QUEUE, WAITING, MOVED, IN_PROGRESS, SERVICE_TIMES, VTIME, TAGS, SEQ,
+  DEVICE, DEVICES, STATS, CANCELS = unpack(NAMES)
+local A = 0 -- the script's own arguments start at ARGV[A + 1]
 local TIE = 16777216 -- queue score = start tag * TIE + admission counter (mod TIE)
 
 local function now()
@@ -54,7 +53,8 @@ local function observe(name, value)
   redis.call('HINCRBYFLOAT', STATS, 'h:' .. name .. ':sum', value)
 end
 
--- End a job. Every key of an ended job lives for result_ttl seconds from now.
+-- End a job. Every key of an ended job lives for result_ttl seconds from now. The terminal event carries the
+-- finish reason and token counts, so that a stream can close without reading the job back.
 local function finish(id, status, finish_reason, error_json_, result_ttl, t)
   local jkey = JOB .. id
   stat('finished:' .. status)
@@ -62,7 +62,9 @@ local function finish(id, status, finish_reason, error_json_, result_ttl, t)
   redis.call('HSET', jkey, 'status', status, 'finished_at', fmt(t))
   if finish_reason ~= '' then redis.call('HSET', jkey, 'finish_reason', finish_reason) end
   if error_json_ ~= '' then redis.call('HSET', jkey, 'error', error_json_) end
-  emit(id, '{"type":"' .. status .. '"}')
+  local n = redis.call('HMGET', jkey, 'prompt_tokens', 'completion_tokens')
+  emit(id, cjson.encode({type = status, finish_reason = finish_reason ~= '' and finish_reason or nil,
+    prompt_tokens = tonumber(n[1]) or 0, completion_tokens = tonumber(n[2]) or 0}))
   for _, k in ipairs({jkey, OUT .. id, EV .. id}) do redis.call('EXPIRE', k, result_ttl) end
 end
 
