@@ -105,7 +105,9 @@ class Store:
         s = self.settings
         grace = s.watch_grace_s if spec.watched else 0
         quota = quota or s.max_queued_per_user
-        bell = (doorbell.queue_key, doorbell.messages_key, doorbell.message_id, doorbell.payload) if doorbell else ("",) * 4
+        bell = ("",) * 4 if doorbell is None else (
+            doorbell.queue_key, doorbell.messages_key, doorbell.message_id, doorbell.payload
+        )
         verdict, *rest = self._run(
             "admit", job_id, spec.owner, spec.model_dump_json(), ttl_s, s.result_ttl_s, grace, s.max_queue, quota,
             spec.params.max_tokens, *bell,

@@ -250,7 +250,8 @@ def _respond(job: Job, view: Chat, story: Iterator[dict[str, Any]]) -> Response:
     final = services().store.get(job.id)
     if final.status is not JobStatus.COMPLETED:
         raise JobDidNotComplete.of(final)
-    response = jsonify(view.envelope(view.object, [view.choice(final.output, final.finish_reason, False)], _usage(final.usage)))
+    choice = view.choice(final.output, final.finish_reason, False)
+    response = jsonify(view.envelope(view.object, [choice], _usage(final.usage)))
     response.headers.update(_headers(final))
     return response
 

@@ -13,7 +13,9 @@ from worker.runner import Runner
 logger = logging.getLogger(__name__)
 
 
-def declare(broker: dramatiq.Broker, runner: Runner, stopping: threading.Event) -> dramatiq.Actor:  # type: ignore[type-arg]
+def declare(
+    broker: dramatiq.Broker, runner: Runner, stopping: threading.Event
+) -> dramatiq.Actor:  # type: ignore[type-arg]
     """Declare `run_next` on `broker`: no retries (a retry could generate twice), no time limit of its own (a
     message may run several jobs; each job has the runner's time limit)."""
 
