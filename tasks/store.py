@@ -180,10 +180,15 @@ class Store:
 
     def standing(self, job: Job) -> Standing:
         """Position and ETA of a waiting job: its rank in the fair order, times the recent mean service time."""
-        position, mean, left, timed = self._run("position", job.id)
-        if not position:
-            return Standing(None, None)
-        return Standing(int(position), self._eta(int(position), float(mean), float(left), int(timed)))
+        return self.standings([job.id])[0]
+
+    def standings(self, job_ids: list[str]) -> list[Standing]:
+        """The standing of each job, in one call (Standing(None, None) for a job that does not wait)."""
+        mean, left, timed, *positions = self._run("position", *job_ids)
+        return [
+            Standing(int(p), self._eta(int(p), float(mean), float(left), int(timed))) if p else Standing(None, None)
+            for p in positions
+        ]
 
     @staticmethod
     def _eta(position: int, mean: float, left: float, timed: int) -> float | None:

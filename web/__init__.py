@@ -53,12 +53,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.secret_key = settings.secret_key or _stored_secret(settings.var_dir / "secret_key")
     app.config.update(SESSION_COOKIE_SAMESITE="Lax", SESSION_COOKIE_HTTPONLY=True)
+    store = Store(connect(settings.effective_redis_url), settings)
     app.extensions["onelane"] = Services(
-        settings=settings,
-        store=Store(connect(settings.effective_redis_url), settings),
-        broker=make_broker(settings, worker=False),
-        hub=Hub(settings.effective_redis_url),
-    )
+        settings=settings, store=store, broker=make_broker(settings, worker=False),
+        hub=Hub(store, settings.effective_redis_url),
+    )  # fmt: skip
 
     from web import api, errors, health, openai_compat, pages, stream
 

@@ -1,8 +1,10 @@
 """Live job events for the web: one pub/sub connection per web process, shared by every open stream.
 
 A connection per stream would cost each stream a Redis connection (and its handshake before the first
-event), and every "queue moved" message would cross the socket once per waiting stream. The hub holds one
-subscription per channel for the whole process and hands each message to the feeds that want it.
+event), and every "queue moved" message would cross the socket once per waiting stream, each stream then
+asking Redis for its own position. The hub holds one subscription per channel for the whole process, hands
+each message to the feeds that want it, and when the queue moves, looks up the positions of all the
+process's feeds in one call.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ RECONNECT_WAIT_S = 0.5
 class Hub:
     """The process's one pub/sub connection; a reader thread (a greenlet under gevent) routes messages."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, store: Store, url: str) -> None:
+        self._store = store
+        self._standing: dict[str, set[queue.Queue[Any]]] = {}  # job id -> inboxes told its standing on moves
         # Its own client: no health-check PINGs written by the reader while requests write SUBSCRIBEs, and no
         # silent reconnect-and-retry (it would hide that messages were missed meanwhile).
         client = redis.Redis.from_url(url, decode_responses=True, retry=Retry(NoBackoff(), 0))
@@ -66,6 +70,21 @@ class Hub:
                 self._reader.start()
         return active
 
+    def follow_standing(self, job_id: str, inbox: queue.Queue[Any]) -> threading.Event:
+        """Put {"type": "standing", "position", "eta_s"} in `inbox` whenever the queue moves (position None
+        once the job no longer waits); returns the event of its subscription to the moves."""
+        with self._lock:
+            self._standing.setdefault(job_id, set()).add(inbox)
+        return self.subscribe([keys.QUEUE_MOVED], inbox)
+
+    def unfollow_standing(self, job_id: str, inbox: queue.Queue[Any]) -> None:
+        with self._lock:
+            inboxes = self._standing.get(job_id, set())
+            inboxes.discard(inbox)
+            if not inboxes:
+                self._standing.pop(job_id, None)
+        self.unsubscribe([keys.QUEUE_MOVED], inbox)
+
     def unsubscribe(self, channels: Iterable[str], inbox: queue.Queue[Any]) -> None:
         with self._lock:
             gone = self._forget(frozenset(channels), inbox)
@@ -96,28 +115,36 @@ class Hub:
         self._waiters = left
 
     def _read(self) -> None:
-        down = False
+        down = moved = False
         while True:
             if down:
                 time.sleep(RECONNECT_WAIT_S)
                 down = not self._reconnect()
                 continue
             try:
-                message = self._pubsub.get_message(timeout=1.0)
+                # after a queue move, take whatever else already arrived before looking positions up, once
+                message = self._pubsub.get_message(timeout=0.0 if moved else 1.0)
             except (redis.RedisError, OSError) as exc:
                 logger.warning("pub/sub connection lost (%s); reconnecting", exc)
                 down = True
                 continue
             if message is None:
+                if moved:
+                    moved = False
+                    self._tell_standings()
                 continue
-            if message["type"] == "subscribe":
+            if message["type"] == "message" and message["channel"] == keys.QUEUE_MOVED:
+                moved = True
+            elif message["type"] == "subscribe":
                 with self._lock:
                     channel = message["channel"]
                     self._unconfirmed[channel] = max(0, self._unconfirmed.get(channel, 0) - 1)
                     self._wake_waiters()
                     # subscribed again after an outage: what was published meanwhile is only in the logs now
-                    lost = self._inboxes.get(channel, set()) if channel in self._resubscribed else set()
+                    again = channel in self._resubscribed
+                    lost = self._inboxes.get(channel, set()) if again else set()
                     self._resubscribed.discard(channel)
+                moved = moved or (again and channel == keys.QUEUE_MOVED)  # moves may have been missed too
                 for inbox in lost:
                     inbox.put(LOST)
             elif message["type"] == "message":
@@ -125,6 +152,22 @@ class Hub:
                     inboxes = list(self._inboxes.get(message["channel"], ()))
                 for inbox in inboxes:
                     inbox.put(message)
+
+    def _tell_standings(self) -> None:
+        """Look up the standing of every followed job in one call and tell each of its feeds."""
+        with self._lock:
+            followed = {job_id: list(inboxes) for job_id, inboxes in self._standing.items()}
+        if not followed:
+            return
+        try:
+            standings = self._store.standings(list(followed))
+        except redis.RedisError as exc:  # the feeds' own pings go on; the next move tries again
+            logger.warning("could not look up positions: %s", exc)
+            return
+        for (job_id, inboxes), standing in zip(followed.items(), standings):
+            item = {"type": "standing", "position": standing.position, "eta_s": standing.eta_s}
+            for inbox in inboxes:
+                inbox.put(item)
 
     def _reconnect(self) -> bool:
         """Subscribe again, on a fresh connection, to every channel still wanted; False if Redis is still away."""
@@ -149,8 +192,9 @@ class Feed:
 
     It subscribes first, then reads the durable log: an event published in between is in both and is
     dropped by its index; a live message that was missed (pub/sub is at-most-once) shows up as a gap in
-    the indices, or as the hub's "lost" notice, and is read back from the log. Also reports
-    {"type": "moved"} when the queue moved (but not for this job's own admission or start).
+    the indices, or as the hub's "lost" notice, and is read back from the log. While the job waits, each
+    queue move brings {"type": "standing", "position", "eta_s"} (looked up by the hub for all feeds at once);
+    {"type": "moved"} means "look your standing up yourself" (after an outage).
 
     `replay=False` is for a job about to be admitted: nothing is in its log yet, and no event of it can be
     published before Redis reads this subscription (sent before the admission, which must come first).
@@ -161,9 +205,10 @@ class Feed:
         self.job_id = job_id
         self.next_index = after + 1
         self._hub = hub
-        self._channels = (keys.channel(job_id), keys.QUEUE_MOVED)
+        self._channels = (keys.channel(job_id),)
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._closed = False
+        hub.follow_standing(job_id, self._inbox)
         active = hub.subscribe(self._channels, self._inbox)
         self._backlog: list[dict[str, Any]] = []
         if replay:
@@ -182,8 +227,8 @@ class Feed:
             if message is LOST:
                 self._backlog = self.store.events(self.job_id, self.next_index)
                 return {"type": "moved"} if not self._backlog else self.get(0)
-            if message["channel"] == keys.QUEUE_MOVED:  # data: the job admitted or claimed
-                return None if message["data"] == self.job_id else {"type": "moved"}  # own moves change nothing
+            if message["type"] == "standing":
+                return message if message["position"] is not None else None
             live = json.loads(message["data"])
             if live["i"] < self.next_index:
                 return None  # already delivered from the log
@@ -199,3 +244,4 @@ class Feed:
         if not self._closed:
             self._closed = True
             self._hub.unsubscribe(self._channels, self._inbox)
+            self._hub.unfollow_standing(self.job_id, self._inbox)

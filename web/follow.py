@@ -61,6 +61,10 @@ def follow(
                 moved = False
             elif event["type"] == "moved":
                 moved = True
+            elif event["type"] == "standing":  # the hub looked it up, for every stream at once
+                if waiting and (event["position"], event["eta_s"]) != shown:
+                    shown = (event["position"], event["eta_s"])
+                    yield {"type": "queued", "position": event["position"], "eta_s": event["eta_s"]}
             else:
                 waiting = event["type"] == "requeued"  # its worker died: it waits again, at the front
                 moved = moved or waiting
