@@ -2,8 +2,8 @@
 
 Direct: `Engine.generate` (mlx_lm.stream_generate) in this process: time to the first token that shows as
 text, and to the end. Through onelane: the real stack (`onelane web` under gunicorn, a `python -m worker.main`
-process, Redis), one client streaming `POST /v1/chat/completions` over a plain socket (no client library
-to pay for): time from sending the request to the first content delta, and to `[DONE]`; plus the job's own
+process, Redis), one client streaming `POST /v1/chat/completions` over a plain, kept-alive socket (no client
+library to pay for): time from sending the request to the first content delta, and to `[DONE]`; plus the job's own
 generation time (started_at -> finished_at, Redis's clock).
 
 The two alternate, run by run, each after the same idle pause (`--pause`), so both start from the same
@@ -44,22 +44,23 @@ def direct_run(engine, spec: JobSpec) -> tuple[float, float]:  # type: ignore[no
     return (first if first is not None else float("nan")), time.perf_counter() - started
 
 
-def onelane_run(port: int, request: bytes, store: Store) -> tuple[float, float, float]:
-    """One streaming request on a fresh connection: (first content, [DONE], the job's generation time)."""
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        received = b""
-        first = None
-        started = time.perf_counter()
-        sock.sendall(request)
-        while b"data: [DONE]" not in received:
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise RuntimeError(f"the stream ended early: {received[-300:]!r}")
-            received += chunk
-            if first is None and b'"content":"' in received.replace(b'"content":""', b""):
-                first = time.perf_counter() - started
-        total = time.perf_counter() - started
+def onelane_run(sock: socket.socket, request: bytes, store: Store) -> tuple[float, float, float]:
+    """One streaming request on a kept-alive connection (as API clients pool them): (first content, [DONE],
+    the job's generation time). Reads the response to the end of its chunked body."""
+    received = b""
+    first = total = None
+    started = time.perf_counter()
+    sock.sendall(request)
+    while not received.endswith(b"\r\n0\r\n\r\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise RuntimeError(f"the stream ended early: {received[-300:]!r}")
+        received += chunk
+        if first is None and b'"content":"' in received.replace(b'"content":""', b""):
+            first = time.perf_counter() - started
+        if total is None and b"data: [DONE]" in received:
+            total = time.perf_counter() - started
+    assert total is not None, "the body ended without [DONE]"
     job_id = received.split(b"x-onelane-job-id: ", 1)[1].split(b"\r\n", 1)[0].decode()
     t = store.get(job_id).timings
     return (first if first is not None else float("nan")), total, t.finished_at - t.started_at  # type: ignore[operator]
@@ -69,7 +70,7 @@ def chat_request(port: int, model: str, tokens: int) -> bytes:
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens,
                        "stream": True, "ignore_eos": True, "temperature": 1.0, "seed": SEED}).encode()  # fmt: skip
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+            f"Content-Length: {len(body)}\r\n\r\n")  # fmt: skip
     return head.encode() + body
 
 
@@ -102,11 +103,13 @@ def main() -> None:
                         raise RuntimeError("the worker never took the device")
                     time.sleep(0.05)
                 request = chat_request(port, settings.model_name, args.tokens)
+                sock = socket.create_connection(("127.0.0.1", port))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 for n in range(args.runs + 1):
                     time.sleep(args.pause)
                     first, total = direct_run(engine, spec)
                     time.sleep(args.pause)
-                    o = onelane_run(port, request, store)
+                    o = onelane_run(sock, request, store)
                     if n == 0:
                         continue  # warm-up
                     d_first.append(first)

@@ -22,9 +22,9 @@ class OutputWriter:
     Until some text went out (a token may decode to no text yet), each token is written at once, from the
     generating thread itself: no hand-off delays the first token (the next one is being computed meanwhile).
     Then what is produced within FLUSH_S goes out as one batch (one token event) from the writer's thread, so
-    a fast model does not pay a Redis round trip per token. Each write also
-    tells whether the job must stop; the job's `stop` is then set (the worker's cancel listener usually has
-    set it already). Jobs come one at a time: begin(), put()..., end().
+    a fast model does not pay a Redis round trip per token. Each write also tells whether the job must stop;
+    the job's `stop` is then set (the worker's cancel listener usually has set it already). Jobs come one at
+    a time: begin(), put()..., end().
     """
 
     def __init__(self, store: Store, worker_id: str) -> None:
