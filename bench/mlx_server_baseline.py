@@ -30,6 +30,7 @@ from typing import Any
 
 import requests
 
+from worker.blas import worker_env
 from bench.common import bench_env, stop_process, summary
 
 PROMPTS = [
@@ -157,11 +158,14 @@ def post(url: str, request: dict[str, Any], timeout_s: float) -> Outcome:
 
 @contextmanager
 def mlx_server(model_path: str, log_path: Path) -> Iterator[Server]:
-    """Start `python -m mlx_lm server` on a free loopback port; wait until it answers; stop it on exit."""
+    """Start `python -m mlx_lm server` on a free loopback port; wait until it answers; stop it on exit.
+
+    It gets the BLAS onelane's workers get (OpenBLAS preloaded on Linux when present), so both run the same
+    kernels."""
     port = free_port()
     cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", model_path, "--host", "127.0.0.1", "--port", str(port)]
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=worker_env(dict(os.environ)))
     server = Server(f"http://127.0.0.1:{port}", process, log_path)
     try:
         wait_ready(server, model_path)
