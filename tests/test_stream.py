@@ -203,3 +203,25 @@ def test_a_stream_survives_losing_its_redis_subscription(jobs, store, start_work
     assert events[-1]["event"] == "completed"  # read back from the job's log once subscribed again
     assert [e["id"] for e in events] == list(range(len(events)))
     assert "".join(e["data"]["text"] for e in events if e["event"] == "token") == events[-1]["data"]["output"]
+
+
+def test_one_position_lookup_serves_every_waiting_stream_when_the_queue_moves(jobs, app, live_server, monkeypatch):
+    head = jobs.submit("head", max_tokens=4)  # no worker: all of them wait
+    waiting = [jobs.submit(f"behind {n}", max_tokens=4)["id"] for n in range(3)]
+    streams = [iter(EventStream(live_server, job_id)) for job_id in waiting]
+    assert [next(s)["data"]["position"] for s in streams] == [2, 3, 4]
+
+    store = app.extensions["onelane"].store
+    lookups: list[tuple[str, ...]] = []
+    run = store._run
+
+    def counting_run(name: str, *args: object) -> object:
+        if name == "position":
+            lookups.append(tuple(map(str, args)))
+        return run(name, *args)
+
+    monkeypatch.setattr(store, "_run", counting_run)
+    jobs.cancel(head["id"])
+
+    assert [next(e for e in s if e.get("event") == "queued")["data"]["position"] for s in streams] == [1, 2, 3]
+    assert len(lookups) == 1 and sorted(lookups[0]) == sorted(waiting)
