@@ -178,11 +178,12 @@ def test_an_open_stream_keeps_a_watched_job_in_the_queue_past_the_grace(jobs, st
 
 def test_every_open_stream_of_a_web_process_shares_one_redis_subscription(jobs, live_server, redis_client):
     waiting = [jobs.submit(f"waiting {n}", max_tokens=4)["id"] for n in range(3)]  # no worker: they wait
+    before = len(redis_client.client_list(_type="pubsub"))
     streams = [EventStream(live_server, job_id) for job_id in waiting]
     for stream in streams:
         assert next(iter(stream))["event"] == "queued"  # each stream is open and subscribed
 
-    assert len(redis_client.client_list(_type="pubsub")) == 1
+    assert len(redis_client.client_list(_type="pubsub")) == before + 1
     assert redis_client.pubsub_numsub(*(keys.channel(job_id) for job_id in waiting)) == [
         (keys.channel(job_id), 1) for job_id in waiting
     ]

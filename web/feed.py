@@ -36,6 +36,7 @@ class Hub:
     def __init__(self, store: Store, url: str) -> None:
         self._store = store
         self._standing: dict[str, set[queue.Queue[Any]]] = {}  # job id -> inboxes told its standing on moves
+        self._moves = False  # subscribed to the queue's moves (then for good: no churn as streams come and go)
         # Its own client: no health-check PINGs written by the reader while requests write SUBSCRIBEs, and no
         # silent reconnect-and-retry (it would hide that messages were missed meanwhile).
         client = redis.Redis.from_url(url, decode_responses=True, retry=Retry(NoBackoff(), 0))
@@ -65,17 +66,18 @@ class Hub:
                     raise
             self._waiters.append((channels, active))
             self._wake_waiters()
-            if self._reader is None:
-                self._reader = threading.Thread(target=self._read, name="pubsub-hub", daemon=True)
-                self._reader.start()
+            self._start_reader()
         return active
 
-    def follow_standing(self, job_id: str, inbox: queue.Queue[Any]) -> threading.Event:
+    def follow_standing(self, job_id: str, inbox: queue.Queue[Any]) -> None:
         """Put {"type": "standing", "position", "eta_s"} in `inbox` whenever the queue moves (position None
-        once the job no longer waits); returns the event of its subscription to the moves."""
+        once the job no longer waits). The hub subscribes to the moves once, for the process's life."""
         with self._lock:
+            if not self._moves:
+                self._pubsub.subscribe(keys.QUEUE_MOVED)
+                self._moves = True
             self._standing.setdefault(job_id, set()).add(inbox)
-        return self.subscribe([keys.QUEUE_MOVED], inbox)
+            self._start_reader()
 
     def unfollow_standing(self, job_id: str, inbox: queue.Queue[Any]) -> None:
         with self._lock:
@@ -83,7 +85,11 @@ class Hub:
             inboxes.discard(inbox)
             if not inboxes:
                 self._standing.pop(job_id, None)
-        self.unsubscribe([keys.QUEUE_MOVED], inbox)
+
+    def _start_reader(self) -> None:
+        if self._reader is None:
+            self._reader = threading.Thread(target=self._read, name="pubsub-hub", daemon=True)
+            self._reader.start()
 
     def unsubscribe(self, channels: Iterable[str], inbox: queue.Queue[Any]) -> None:
         with self._lock:
@@ -172,7 +178,7 @@ class Hub:
     def _reconnect(self) -> bool:
         """Subscribe again, on a fresh connection, to every channel still wanted; False if Redis is still away."""
         with self._lock:
-            wanted = list(self._inboxes)
+            wanted = list(self._inboxes) + ([keys.QUEUE_MOVED] if self._moves else [])
             try:
                 self._pubsub.reset()
                 if wanted:
@@ -208,14 +214,17 @@ class Feed:
         self._channels = (keys.channel(job_id),)
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._closed = False
-        hub.follow_standing(job_id, self._inbox)
-        active = hub.subscribe(self._channels, self._inbox)
         self._backlog: list[dict[str, Any]] = []
-        if replay:
-            if not active.wait(10.0):
-                self.close()
-                raise redis.ConnectionError("Redis did not confirm the subscription within 10 s")
-            self._backlog = store.events(job_id, self.next_index)
+        try:
+            hub.follow_standing(job_id, self._inbox)
+            active = hub.subscribe(self._channels, self._inbox)
+            if replay:
+                if not active.wait(10.0):
+                    raise redis.ConnectionError("Redis did not confirm the subscription within 10 s")
+                self._backlog = store.events(job_id, self.next_index)
+        except BaseException:
+            self.close()
+            raise
 
     def get(self, timeout_s: float) -> dict[str, Any] | None:
         """The next event, or None if none came (possibly before `timeout_s` elapsed)."""
