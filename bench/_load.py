@@ -50,25 +50,24 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
-def children(pid: int) -> list[int]:
-    """Live child processes of `pid`."""
+def _live(field: int, value: int) -> list[int]:
+    """Live processes whose /proc stat field `field` (after the name: 1 = parent, 2 = group) is `value`."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             fields = _stat(int(entry))
-            if fields and int(fields[1]) == pid and fields[0] not in ("Z", "X"):
+            if fields and int(fields[field]) == value and fields[0] not in ("Z", "X"):
                 found.append(int(entry))
     return sorted(found)
 
 
+def children(pid: int) -> list[int]:
+    """Live child processes of `pid`."""
+    return _live(1, pid)
+
+
 def group_members(pgid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _stat(int(entry))
-            if fields and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                found.append(int(entry))
-    return found
+    return _live(2, pgid)
 
 
 def cpu_seconds(pids: list[int]) -> float:

@@ -42,14 +42,13 @@ class Hub:
         self._pubsub = client.pubsub()
         self._lock = threading.Lock()
         self._inboxes: dict[str, set[queue.Queue[Any]]] = {}  # job id -> the inboxes of its feeds
-        self._standing: dict[str, set[queue.Queue[Any]]] = {}  # job id -> inboxes told its standing on moves
         self._ready = threading.Event()  # Redis confirmed the subscriptions (again, after an outage)
         self._reader: threading.Thread | None = None
 
-    def join(self, job_id: str, inbox: queue.Queue[Any], standing: bool = True) -> threading.Event:
-        """Deliver `job_id`'s events into `inbox` and, with `standing`, {"type": "standing", "position",
-        "eta_s"} whenever the queue moves (position None once it no longer waits). The event returned is set
-        once the hub's subscription is confirmed: from then on, nothing published is missed."""
+    def join(self, job_id: str, inbox: queue.Queue[Any]) -> threading.Event:
+        """Deliver `job_id`'s events into `inbox`, and {"type": "standing", "position", "eta_s"} whenever the
+        queue moves (position None once it no longer waits). The event returned is set once the hub's
+        subscription is confirmed: from then on, nothing published is missed."""
         with self._lock:
             if self._reader is None:
                 self._pubsub.psubscribe(JOB_CHANNELS)
@@ -57,17 +56,14 @@ class Hub:
                 self._reader = threading.Thread(target=self._read, name="pubsub-hub", daemon=True)
                 self._reader.start()
             self._inboxes.setdefault(job_id, set()).add(inbox)
-            if standing:
-                self._standing.setdefault(job_id, set()).add(inbox)
         return self._ready
 
     def leave(self, job_id: str, inbox: queue.Queue[Any]) -> None:
         with self._lock:
-            for table in (self._inboxes, self._standing):
-                inboxes = table.get(job_id, set())
-                inboxes.discard(inbox)
-                if not inboxes:
-                    table.pop(job_id, None)
+            inboxes = self._inboxes.get(job_id, set())
+            inboxes.discard(inbox)
+            if not inboxes:
+                self._inboxes.pop(job_id, None)
 
     def _read(self) -> None:
         down = moved = outage = False
@@ -111,7 +107,7 @@ class Hub:
     def _tell_standings(self) -> None:
         """Look up the standing of every followed job in one call and tell each of its feeds."""
         with self._lock:
-            followed = {job_id: list(inboxes) for job_id, inboxes in self._standing.items()}
+            followed = {job_id: list(inboxes) for job_id, inboxes in self._inboxes.items()}
         if not followed:
             return
         try:
