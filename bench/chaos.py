@@ -336,9 +336,8 @@ def kill_holders(args: argparse.Namespace, store: Store, supervisor: subprocess.
         if pid is None:
             print(f"  ! kill {no + 1}: nobody took the device within 60 s; no more kills")
             return
-        job = store.redis.hget(keys.device(store.settings.device), "job") or None
-        if job and store.redis.hget(keys.job(job), "status") != "in_progress":
-            job = None
+        holding = [w for w in store.snapshot().workers if w.pid == pid]
+        job = holding[0].jobs[0] if holding and holding[0].jobs else None
         t, wall = time.monotonic(), time.time()
         try:
             os.kill(pid, signal.SIGKILL)

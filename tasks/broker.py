@@ -121,11 +121,6 @@ def run_next_message(job_id: str) -> dramatiq.Message:  # type: ignore[type-arg]
     return dramatiq.Message(queue_name=QUEUE_NAME, actor_name=ACTOR_NAME, args=(job_id,), kwargs={}, options={})
 
 
-def send_run_next(broker: dramatiq.Broker, job_id: str) -> None:
-    """Ring the worker's doorbell again (housekeeping, recovery); admission rings with a Doorbell instead."""
-    broker.enqueue(run_next_message(job_id))
-
-
 @dataclass(frozen=True)
 class Doorbell:
     """A job's `run_next` message, ready for a Lua script to push as RedisBroker.enqueue would."""

@@ -46,7 +46,7 @@ def up(host: str | None, port: int | None) -> None:
     embedded = None
     if settings.redis_url is None:
         try:
-            embedded = EmbeddedRedis(settings.var_dir / "redis").start()
+            embedded = EmbeddedRedis(settings.embedded_redis_dir).start()
         except OnelaneError as exc:
             raise click.ClickException(exc.message) from None
         env["REDIS_URL"] = embedded.url
@@ -122,7 +122,7 @@ def redis() -> None:
     from tasks.embedded_redis import EmbeddedRedis
 
     settings = _settings()
-    server = EmbeddedRedis(settings.var_dir / "redis").start()
+    server = EmbeddedRedis(settings.embedded_redis_dir).start()
     click.echo(f"REDIS_URL={server.url}")
     try:
         assert server.process is not None

@@ -31,6 +31,12 @@ class InvalidRequest(OnelaneError):
     type = "invalid_request"
 
 
+class InvalidParameter(InvalidRequest):
+    """A header or query parameter is malformed (the body's own fields are InvalidRequest)."""
+
+    type = "invalid_request"
+
+
 class InvalidJSON(InvalidRequest):
     """The body is not a JSON object."""
 
@@ -112,6 +118,18 @@ class Unauthorized(OnelaneError):
     """No API key, or a wrong one."""
 
     type = "unauthorized"
+
+
+class Forbidden(OnelaneError):
+    """The request may not change anything: another site's page sent it, or it lacks its session's CSRF token."""
+
+    type = "forbidden"
+
+
+class InvalidPrompt(OnelaneError):
+    """The worker cannot generate from this prompt (it is empty once tokenized); only its own job fails."""
+
+    type = "invalid_prompt"
 
 
 class LeaseLost(OnelaneError):

@@ -14,12 +14,13 @@ EVENTS_PREFIX = NS + "ev:"  # list: the job's durable event log (started, token.
 CHANNEL_PREFIX = NS + "ch:"  # pub/sub: live copy of each event, with its index in the log
 USER_QUEUE_PREFIX = NS + "q:"  # sorted set: one user's waiting job ids, by the same score as QUEUE
 USER_JOBS_PREFIX = NS + "jobs:"  # sorted set: one user's recent job ids by admission time
-WATCH_PREFIX = NS + "watch:"  # string with a short TTL: a watched job's client is still there
 
 QUEUE = NS + "queue"  # sorted set: every waiting job id by its fair-queuing start tag: the run order
 WAITING = NS + "waiting"  # sorted set: every waiting job id by its deadline
+WATCHED = NS + "watched"  # sorted set: waiting watched job ids by when their watcher's lease lapses
 VIRTUAL_TIME = NS + "vtime"  # string: the start tag of the job claimed last
-FINISH_TAGS = NS + "finish-tags"  # hash: user -> start tag their next job gets at the earliest
+NEXT_TAGS = NS + "next-tags"  # sorted set: user by the start tag their next job gets at the earliest (kept only
+#                               while above the virtual time: a user with nothing waiting or just run has none)
 SEQUENCE = NS + "seq"  # string: admission counter, breaks ties between equal start tags
 QUEUE_MOVED = NS + "queue-moved"  # pub/sub: "the queue changed, recompute your position"
 IN_PROGRESS = NS + "in-progress"  # sorted set: running job ids by started_at
@@ -50,10 +51,6 @@ def user_queue(owner: str) -> str:
     return USER_QUEUE_PREFIX + owner
 
 
-def watch(job_id: str) -> str:
-    return WATCH_PREFIX + job_id
-
-
 def dramatiq_queue(namespace: str, queue_name: str) -> str:
     """dramatiq's list of message ids waiting on a queue (its Redis broker's layout, not ours)."""
     return f"{namespace}:{queue_name}"
@@ -75,7 +72,7 @@ def user_jobs(owner: str) -> str:
 def prefixes() -> list[str]:
     """The names and prefixes, in the order every Lua script (tasks/lua/common.lua) expects them first."""
     return [
-        JOB_PREFIX, OUTPUT_PREFIX, EVENTS_PREFIX, CHANNEL_PREFIX, USER_QUEUE_PREFIX, USER_JOBS_PREFIX, WATCH_PREFIX,
-        QUEUE, WAITING, QUEUE_MOVED, IN_PROGRESS, SERVICE_TIMES, VIRTUAL_TIME, FINISH_TAGS, SEQUENCE,
+        JOB_PREFIX, OUTPUT_PREFIX, EVENTS_PREFIX, CHANNEL_PREFIX, USER_QUEUE_PREFIX, USER_JOBS_PREFIX,
+        QUEUE, WAITING, WATCHED, QUEUE_MOVED, IN_PROGRESS, SERVICE_TIMES, VIRTUAL_TIME, NEXT_TAGS, SEQUENCE,
         DEVICE_PREFIX, DEVICES, STATS, CANCELS,
     ]  # fmt: skip

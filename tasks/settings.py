@@ -164,13 +164,15 @@ class Settings(BaseModel):
             raise SettingsError("invalid configuration: " + "; ".join(problems)) from None
 
     @property
-    def embedded_redis_socket(self) -> Path:
-        """Where onelane's private redis-server listens when REDIS_URL is unset."""
-        return (self.var_dir / "redis.sock").resolve()
+    def embedded_redis_dir(self) -> Path:
+        """Where onelane's private redis-server (used when REDIS_URL is unset) keeps its data and socket."""
+        return (self.var_dir / "redis").resolve()
 
     @property
     def effective_redis_url(self) -> str:
-        return self.redis_url or f"unix://{self.embedded_redis_socket}"
+        from tasks.embedded_redis import EmbeddedRedis
+
+        return self.redis_url or EmbeddedRedis(self.embedded_redis_dir).url
 
     @property
     def model_path(self) -> str:

@@ -31,7 +31,7 @@ def _load_scripts(client: redis.Redis) -> dict[str, Any]:
     names = "local NAMES = {" + ", ".join(json.dumps(name) for name in keys.prefixes()) + "}\n"
     common = names + (folder / "common.lua").read_text()
     names = ("admit", "claim", "cancel", "append", "finish", "position", "recover", "lease", "stall",
-             "drop_lease", "housekeep")
+             "drop_lease", "housekeep", "watch", "ring")
     return {name: client.register_script(common + (folder / f"{name}.lua").read_text()) for name in names}
 
 
@@ -54,8 +54,8 @@ class DeviceLease:
     worker: str
     pid: int
     heartbeat_age_s: float
-    job: str | None
-    progress_age_s: float | None  # since the running job started or last produced a token
+    jobs: tuple[str, ...]  # the jobs it runs now
+    progress_age_s: float | None  # while it runs jobs: since it last started one or produced a token
 
 
 @dataclass(frozen=True)
@@ -105,12 +105,9 @@ class Store:
         s = self.settings
         grace = s.watch_grace_s if spec.watched else 0
         quota = quota or s.max_queued_per_user
-        bell = ("",) * 4 if doorbell is None else (
-            doorbell.queue_key, doorbell.messages_key, doorbell.message_id, doorbell.payload
-        )
         verdict, *rest = self._run(
             "admit", job_id, spec.owner, spec.model_dump_json(), ttl_s, s.result_ttl_s, grace, s.max_queue, quota,
-            spec.params.max_tokens, *bell,
+            spec.params.max_tokens, *_bell(doorbell),
         )  # fmt: skip
         if verdict == "queue_full":
             raise QueueFull(f"the queue is full ({s.max_queue} jobs waiting); try again later", retry_after_s=rest[0])
@@ -126,7 +123,7 @@ class Store:
     def keep_watching(self, job: Job) -> None:
         """Renew a watched, waiting job's lease: its client (a stream, or polling) is still there."""
         if job.spec.watched and job.status is JobStatus.QUEUED:
-            self.redis.set(keys.watch(job.id), "1", px=int(self.settings.watch_grace_s * 1000))
+            self._run("watch", job.id)
 
     def get(self, job_id: str, owner: str | None = None) -> Job:
         """The job as it stands now, with its position while it waits. Another owner's job is not found."""
@@ -254,49 +251,55 @@ class Store:
         found = self._run("recover", s.max_attempts, s.job_ttl_s, s.result_ttl_s, job_id, worker)
         return found[1] if found else None
 
-    def housekeep(self) -> tuple[int, list[tuple[str, str]]]:
-        """One periodic round: expire overdue waiting jobs, release running jobs whose worker lost its device
-        (requeued at the front, or failed after max_attempts). Returns (jobs waiting, [(job id, verdict)])."""
+    def housekeep(self, doorbell: Doorbell | None = None) -> tuple[int, list[tuple[str, str]]]:
+        """One periodic round: end waiting jobs past their deadline (expired) or whose watcher left (client_gone),
+        release running jobs whose worker lost its device (requeued at the front, or failed after max_attempts),
+        and ring `doorbell` if jobs wait and no message is pending. Returns (jobs waiting, [(job id, verdict)])."""
         s = self.settings
-        waiting, *flat = self._run("housekeep", s.max_attempts, s.job_ttl_s, s.result_ttl_s, 500)
+        waiting, *flat = self._run("housekeep", s.max_attempts, s.job_ttl_s, s.result_ttl_s, 500, *_bell(doorbell))
         return int(waiting), list(zip(flat[::2], flat[1::2]))
+
+    def ring(self, doorbell: Doorbell) -> bool:
+        """Push the worker's doorbell unless one is pending; True if pushed."""
+        return bool(self._run("ring", *_bell(doorbell)))
 
     def drop_device(self, pid: int) -> bool:
         """Free this device if the process `pid` (known dead) holds it."""
         return bool(self._run("drop_lease", self.settings.device, pid))
 
-    def watch_device(self) -> tuple[int | None, str | None]:
-        """The pid holding this device, and the job ended as stalled (no progress for stall_s s) if any."""
+    def watch_device(self) -> tuple[int | None, list[str]]:
+        """The pid holding this device, and the jobs ended as stalled (no progress for stall_s s) there."""
         s = self.settings
-        pid, stalled = self._run("stall", s.device, s.stall_s, s.result_ttl_s)
-        return (int(pid) if pid else None), (stalled or None)
+        pid, *stalled = self._run("stall", s.device, s.stall_s, s.result_ttl_s)
+        return (int(pid) if pid else None), stalled
 
     def snapshot(self) -> Snapshot:
-        """Everything /readyz and /metrics report, read in one pipeline."""
+        """Everything /readyz and /metrics report, read in two pipelines."""
         devices = sorted(self.redis.smembers(keys.DEVICES))
         pipe = self.redis.pipeline(transaction=False)
         pipe.time()
         pipe.zcard(keys.QUEUE)
-        pipe.zcard(keys.IN_PROGRESS)
+        pipe.zrange(keys.IN_PROGRESS, 0, -1)
         pipe.hgetall(keys.STATS)
         for name in devices:
             pipe.hgetall(keys.device(name))
         now_parts, depth, running, stats, *leases = pipe.execute()
         now = now_parts[0] + now_parts[1] / 1e6
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in running:
+            pipe.hget(keys.job(job_id), "worker")
+        runs_on = dict(zip(running, pipe.execute()))
         workers = []
         for name, lease in zip(devices, leases):
             if not lease:
                 continue
-            job = lease.get("job") or None
-            progress = None
-            if job:
-                started, last = self.redis.hmget(keys.job(job), "started_at", "last_token_at")
-                progress = float(last or started) if (last or started) else None
+            jobs = tuple(job_id for job_id, worker in runs_on.items() if worker == lease["worker"])
+            progress = float(lease.get("progress") or lease["since"])
             workers.append(
-                DeviceLease(name, lease["worker"], int(lease.get("pid", 0)), now - float(lease["beat"]), job,
-                            now - progress if progress is not None else None)  # fmt: skip
+                DeviceLease(name, lease["worker"], int(lease.get("pid", 0)), now - float(lease["beat"]), jobs,
+                            now - progress if jobs else None)  # fmt: skip
             )
-        return Snapshot(now, int(depth), int(running), stats, workers)
+        return Snapshot(now, int(depth), len(running), stats, workers)
 
     def cancel_requests(self) -> Any:
         """A pub/sub subscribed to the ids of running jobs asked to stop."""
@@ -312,3 +315,9 @@ class Store:
         """How many jobs wait."""
         return int(self.redis.zcard(keys.WAITING))
 
+
+def _bell(doorbell: Doorbell | None) -> tuple[str, str, str, str | bytes]:
+    """A doorbell as the scripts take it: queue key, hash key, message id, payload ('' for none)."""
+    if doorbell is None:
+        return ("",) * 4
+    return doorbell.queue_key, doorbell.messages_key, doorbell.message_id, doorbell.payload

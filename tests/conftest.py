@@ -78,12 +78,26 @@ def store(redis_client: redis.Redis, settings: Settings) -> Store:
 
 
 @pytest.fixture
-def app(settings: Settings, redis_client: redis.Redis):  # type: ignore[no-untyped-def]
+def make_app(redis_client: redis.Redis):  # type: ignore[no-untyped-def]
+    """Build web apps from settings; each one's housekeeping thread is stopped at the end of the test."""
     from web import create_app
 
-    app = create_app(settings)
-    app.config["TESTING"] = True
-    return app
+    made = []
+
+    def make(settings: Settings):  # type: ignore[no-untyped-def]
+        app = create_app(settings)
+        app.config["TESTING"] = True
+        made.append(app)
+        return app
+
+    yield make
+    for app in made:
+        app.extensions["onelane"].housekeeper.stop()
+
+
+@pytest.fixture
+def app(settings: Settings, make_app):  # type: ignore[no-untyped-def]
+    return make_app(settings)
 
 
 @pytest.fixture

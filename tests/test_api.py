@@ -84,11 +84,10 @@ def test_stop_accepts_a_string_or_a_list(jobs):
     assert jobs.submit("a", stop=["x", "yz"])["params"]["stop"] == ["x", "yz"]
 
 
-def test_redis_down_gives_503_json(app, redis_server):
+def test_redis_down_gives_503_json(make_app, redis_server):
     from tasks.settings import Settings
-    from web import create_app
 
-    dead = create_app(Settings(redis_url="redis://127.0.0.1:1", model="m"))
+    dead = make_app(Settings(redis_url="redis://127.0.0.1:1", model="m"))
     response = dead.test_client().post("/v1/jobs", json={"prompt": "a"})
     assert response.status_code == 503
     assert response.get_json()["error"]["type"] == "unavailable"

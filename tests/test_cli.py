@@ -46,3 +46,33 @@ def test_the_worker_runs_with_openblas_preloaded_on_linux(store, worker_process)
     pid = wait_for_worker(store).pid
     with open(f"/proc/{pid}/maps") as maps:
         assert os.path.realpath(library) in maps.read()
+
+
+def test_redis_worker_and_web_started_apart_find_each_other(tmp_path, demo_model, make_app):
+    from tasks.settings import Settings
+    from tasks.store import Store, connect
+
+    # Given only ONELANE_VAR_DIR shared, and no REDIS_URL anywhere
+    env = {**{k: v for k, v in os.environ.items() if k != "REDIS_URL"},
+           "ONELANE_VAR_DIR": str(tmp_path / "var"), "ONELANE_MODEL": str(demo_model)}  # fmt: skip
+    redis_server = subprocess.Popen([sys.executable, "-m", "tasks.cli", "redis"], env=env, stdout=subprocess.PIPE,
+                                    text=True)  # fmt: skip
+    worker = None
+    try:
+        announced = redis_server.stdout.readline().strip()  # type: ignore[union-attr]
+        settings = Settings.from_env(env)
+        assert announced == f"REDIS_URL={settings.effective_redis_url}"
+        worker = subprocess.Popen([sys.executable, "-m", "tasks.cli", "worker", "--no-supervise"], env=env)
+
+        # When the web (built from the same environment) admits a job
+        response = make_app(settings).test_client().post("/v1/jobs", json={"prompt": "apart", "max_tokens": 3})
+        assert response.status_code == 202
+
+        # Then the worker, which found the same Redis, runs it
+        store = Store(connect(settings.effective_redis_url), settings)
+        assert wait_ended(store, response.get_json()["id"], timeout_s=60)["status"] == "completed"
+    finally:
+        for process in (worker, redis_server):
+            if process is not None:
+                process.terminate()
+                process.wait(timeout=30)

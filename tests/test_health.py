@@ -51,10 +51,24 @@ def test_metrics_move_as_jobs_pass(jobs, store, start_worker):
     assert after["onelane_queue_depth"] == 0
 
 
-def test_rejections_are_counted_by_reason(jobs, store, settings):
-    from web import create_app
-
-    client = create_app(settings.model_copy(update={"max_queue": 1})).test_client()
+def test_rejections_are_counted_by_reason(jobs, store, settings, make_app):
+    client = make_app(settings.model_copy(update={"max_queue": 1})).test_client()
     assert client.post("/v1/jobs", json={"prompt": "a"}).status_code == 202
     assert client.post("/v1/jobs", json={"prompt": "b"}).status_code == 503
     assert scrape(client)["onelane_jobs_rejected_total{reason=queue_full}"] == 1
+
+
+def test_readyz_forgets_a_job_that_ended_stalled_while_its_worker_holds_the_device(settings, make_app, store):
+    client = make_app(settings.model_copy(update={"stall_s": 0.3})).test_client()
+    quick = store.__class__(store.redis, settings.model_copy(update={"stall_s": 0.3}))
+    job = client.post("/v1/jobs", json={"prompt": "stuck", "max_tokens": 4}).get_json()
+    assert quick.take_device("w1") == "ok" and quick.claim_next("w1").id == job["id"]
+    assert client.get("/readyz").get_json()["workers"][0]["jobs"] == [job["id"]]
+
+    while not (stalled := quick.watch_device()[1]):  # the supervisor's look, until the job counts as stalled
+        assert quick.get(job["id"]).status.value == "in_progress"
+    assert stalled == [job["id"]] and quick.get(job["id"]).status.value == "failed"
+    assert quick.take_device("w1") == "ok"  # its worker still holds the device (say, not killed yet)
+
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.get_json()["workers"][0]["jobs"] == []

@@ -105,10 +105,8 @@ def test_a_body_larger_than_the_server_reads_gets_the_form_back_with_413(browser
     assert store.redis.keys(keys.JOB_PREFIX + "*") == []
 
 
-def test_a_submission_over_the_users_quota_is_429_with_retry_after(settings, redis_client):
-    from web import create_app
-
-    browser = create_app(settings.model_copy(update={"max_queued_per_user": 1})).test_client()
+def test_a_submission_over_the_users_quota_is_429_with_retry_after(settings, make_app):
+    browser = make_app(settings.model_copy(update={"max_queued_per_user": 1})).test_client()
     submit_via_form(browser, "first")
 
     response = post_form(browser, prompt="second")
@@ -171,11 +169,9 @@ def test_an_unknown_job_is_a_404_page(browser):
     assert "No such job" in response.get_data(as_text=True)
 
 
-def test_with_keys_configured_a_browser_signs_in_with_its_key(settings, redis_client):
-    from web import create_app
-
+def test_with_keys_configured_a_browser_signs_in_with_its_key(settings, make_app):
     users = settings.model_validate({"users": "alice:ka,bob:kb"}).users
-    client = create_app(settings.model_copy(update={"users": users})).test_client()
+    client = make_app(settings.model_copy(update={"users": users})).test_client()
 
     assert client.get("/").status_code == 303 and client.get("/").headers["Location"].endswith("/login")
     page = client.get("/login").get_data(as_text=True)

@@ -140,3 +140,27 @@ def test_readyz_follows_the_worker(jobs, store, worker_process):
 
     worker_process()
     wait_ready(jobs.client, 200)
+
+
+def test_a_watched_job_whose_worker_dies_runs_again_for_its_still_connected_client(
+    jobs, store, worker_process, live_server
+):
+    from tests.helpers import EventStream
+
+    worker_process()
+    job = jobs.submit("watched", max_tokens=3000, ignore_eos=True, abandon_on_disconnect=True)
+    stream = EventStream(live_server, job["id"])
+    seen = []
+    grace = store.settings.watch_grace_s
+    for item in stream:  # the job runs well past the watch grace before its worker dies
+        seen.append(item.get("event"))
+        started = store.get(job["id"]).timings.started_at
+        if item.get("event") == "token" and started and time.time() - started > 1.5 * grace:
+            break
+
+    os.kill(wait_for_worker(store).pid, signal.SIGKILL)  # the active worker, not its supervisor
+    seen += [item.get("event") for item in stream]
+
+    done = store.get(job["id"])
+    assert (done.status.value, done.attempts, done.usage.completion_tokens) == ("completed", 2, 3000)
+    assert seen.count("requeued") == 1 and seen[-1] == "completed"

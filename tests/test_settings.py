@@ -14,7 +14,7 @@ from tasks.settings import Settings
 def test_defaults_are_safe():
     s = Settings.from_env({})
     assert (s.job_ttl_s, s.result_ttl_s, s.max_concurrent, s.host, s.port) == (600, 3600, 1, "127.0.0.1", 8000)
-    assert s.effective_redis_url.startswith("unix://") and s.effective_redis_url.endswith("var/redis.sock")
+    assert s.effective_redis_url.startswith("unix://") and s.effective_redis_url.endswith("var/redis/redis.sock")
 
 
 @pytest.mark.parametrize(

@@ -104,14 +104,13 @@ def test_retry_after_follows_the_eta(jobs, store, start_worker, settings):
     assert int(over.headers["Retry-After"]) > 2 * mean
 
 
-def test_a_user_quota_from_the_keys_file_applies(jobs, tmp_path, settings, redis_client):
+def test_a_user_quota_from_the_keys_file_applies(jobs, tmp_path, settings, make_app):
     from tasks.settings import Settings
-    from web import create_app
 
     keys_file = tmp_path / "keys.toml"
     keys_file.write_text('[users.erin]\nkey = "ke"\nmax_queued = 2\n')
     env = {"REDIS_URL": settings.effective_redis_url, "ONELANE_API_KEYS_FILE": str(keys_file)}
-    client = create_app(Settings.from_env(env)).test_client()
+    client = make_app(Settings.from_env(env)).test_client()
 
     assert [submit(client, "erin").status_code for _ in range(3)] == [202, 202, 429]
 
@@ -153,3 +152,22 @@ def test_positions_reported_match_the_order_jobs_run(jobs, store, start_worker):
 
     order = sorted(ids, key=lambda job_id: done[job_id]["timings"]["started_at"])
     assert [reported[j] for j in order] == list(range(1, len(ids) + 1))
+
+
+def test_jobs_skipped_because_their_client_left_cost_their_owner_no_future_turns(jobs, store, start_worker):
+    c = jobs.client
+    start_worker()
+    busy = submit(c, "carol", "busy", max_tokens=3000).get_json()["id"]
+    wait_event(store, busy, lambda e: e["type"] == "token")
+    abandoned = [submit(c, "alice", f"a{n}", abandon_on_disconnect=True).get_json()["id"] for n in range(10)]
+    # nobody watches them: once the grace passes they end, skipped, while the busy job still runs
+    assert {wait_ended(store, job_id)["error"]["type"] for job_id in abandoned} == {"client_gone"}
+    assert store.get(busy).status.value == "in_progress"
+
+    for n in range(5):
+        assert submit(c, "bob", f"b{n}").status_code == 202
+    back = submit(c, "alice", "back").get_json()
+
+    assert back["position"] <= 2  # at most one of bob's jobs ahead, as for any user
+    c.delete(f"/v1/jobs/{busy}", headers=auth("carol"))
+

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tasks import keys
-from tasks.broker import QUEUE_NAME, send_run_next
+from tasks.broker import QUEUE_NAME, run_next_message
 from tests.helpers import wait_ended, wait_event
 
 
@@ -162,8 +162,8 @@ def test_cancelling_a_running_job_stops_it_within_a_step_keeping_partial_output(
 def test_a_duplicated_message_generates_once(jobs, store, start_worker, settings):
     job = jobs.submit("once", max_tokens=6, ignore_eos=True)
     broker = jobs.client.application.extensions["onelane"].broker
-    send_run_next(broker, job["id"])  # dramatiq is at-least-once: the same message arrives again
-    send_run_next(broker, job["id"])
+    broker.enqueue(run_next_message(job["id"]))  # dramatiq is at-least-once: the same message arrives again
+    broker.enqueue(run_next_message(job["id"]))
 
     worker = start_worker()
     assert wait_ended(store, job["id"])["status"] == "completed"
@@ -278,3 +278,97 @@ def test_an_idle_worker_still_picks_up_after_redis_forgot_its_scripts(jobs, stor
     assert done["status"] == "completed"
     # woken by its own message in milliseconds, not by a housekeeping re-ring (rounds of 1 s)
     assert done["timings"]["started_at"] - done["timings"]["queued_at"] < 0.5
+
+
+def test_a_waiting_job_expires_on_time_while_no_worker_runs(jobs, store):
+    job = jobs.submit("nobody runs me", max_tokens=4, ttl_s=0.5)
+
+    done = wait_ended(store, job["id"], timeout_s=5)
+
+    assert done["status"] == "expired" and done["position"] is None
+    assert done["timings"]["finished_at"] - done["deadline"] <= 1.2  # at the latest a second later
+
+
+def test_an_openai_request_gets_its_answer_when_its_job_expires_while_no_worker_runs(settings, make_app):
+    client = make_app(settings.model_copy(update={"job_ttl_s": 0.5, "model": None})).test_client()
+    answers = []
+
+    def ask() -> None:
+        body = {"model": "onelane-demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        answers.append(client.post("/v1/chat/completions", json=body))
+
+    asking = threading.Thread(target=ask, daemon=True)
+    asking.start()
+    asking.join(timeout=10)
+
+    assert answers, "the request still hangs past its job's TTL"
+    assert answers[0].status_code == 503 and answers[0].get_json()["error"]["code"] == "job_expired"
+
+
+def test_a_requeued_job_leaves_no_key_without_a_ttl(jobs, store):
+    job = jobs.submit("requeued", max_tokens=4)
+    assert store.take_device("w1") == "ok"
+    assert store.claim_next("w1").id == job["id"]  # the queue is empty now: its keys are gone
+    store.redis.delete(keys.device(store.settings.device))  # w1 died
+
+    store.housekeep()
+
+    assert jobs.get(job["id"])["status"] == "queued"
+    without_ttl = [k for k in store.redis.keys(keys.NS + "*") if store.redis.ttl(k) < 0]
+    assert without_ttl == []
+
+
+def test_while_no_worker_runs_admissions_leave_one_pending_message(jobs, store, app):
+    from tasks.broker import NAMESPACE
+
+    for n in range(30):
+        jobs.submit(f"j{n}", max_tokens=4)
+    app.extensions["onelane"].housekeeper.round()  # housekeeping rings only if no message is pending
+
+    assert store.redis.llen(keys.dramatiq_queue(NAMESPACE, QUEUE_NAME)) == 1
+    assert store.redis.hlen(keys.dramatiq_messages(NAMESPACE, QUEUE_NAME)) == 1
+
+
+def test_next_start_tags_are_kept_only_for_owners_with_live_jobs(app, store, start_worker):
+    # in local mode every browser is an owner of its own: 30 of them submit, one cancels, the rest run
+    ids = []
+    for n in range(30):
+        browser = app.test_client()
+        page = browser.get("/").get_data(as_text=True)
+        token = page.split('name="csrf_token" value="')[1].split('"')[0]
+        response = browser.post("/v1/jobs", json={"prompt": f"v{n}", "max_tokens": 2}, headers={"X-CSRF-Token": token})
+        assert response.status_code == 202, response.get_json()
+        ids.append(response.get_json()["id"])
+        if n == 0:
+            assert browser.delete(f"/v1/jobs/{ids[0]}", headers={"X-CSRF-Token": token}).status_code == 200
+    assert store.redis.zcard(keys.NEXT_TAGS) == 29  # each owner with a job waiting
+
+    start_worker()
+    for job_id in ids:
+        wait_ended(store, job_id)
+
+    assert store.redis.zcard(keys.NEXT_TAGS) == 0  # nothing waits or runs: everybody starts equal again
+
+
+def test_a_prompt_that_is_empty_once_tokenized_fails_its_job_in_words_of_ours(store, start_worker):
+    from tasks.job import JobSpec, SamplingParams
+
+    start_worker()
+    # the web refuses an empty prompt at the door; this job got past it (an older web, a direct admission)
+    empty = store.admit("job_empty", JobSpec(owner="local", model="m", prompt="", params=SamplingParams(max_tokens=4)), 60)
+    done = wait_ended(store, empty.id)
+
+    assert done["status"] == "failed" and done["error"]["type"] == "invalid_prompt"
+    assert "Error" not in done["error"]["message"]  # no exception name or text of the engine's
+
+
+def test_a_generation_error_reaches_the_client_without_internal_text(jobs, store, start_worker, engine, monkeypatch):
+    def broken(spec):  # type: ignore[no-untyped-def]
+        raise RuntimeError("secret internal detail at /opt/model/weights")
+
+    monkeypatch.setattr(engine, "prompt_tokens", broken)
+    start_worker()
+    done = wait_ended(store, jobs.submit("x", max_tokens=4)["id"])
+
+    assert done["status"] == "failed" and done["error"]["type"] == "generation_error"
+    assert "secret" not in done["error"]["message"] and "RuntimeError" not in done["error"]["message"]

@@ -11,6 +11,7 @@ import dramatiq
 from flask import Flask, current_app
 
 from tasks.broker import make_broker
+from tasks.housekeeping import Housekeeper
 from tasks.settings import Settings
 from tasks.store import Store, connect
 from web.feed import Hub
@@ -22,6 +23,7 @@ class Services:
     store: Store
     broker: dramatiq.Broker
     hub: Hub  # the process's one pub/sub connection, for every open stream
+    housekeeper: Housekeeper  # expires jobs on time even while no worker runs
 
 
 def services() -> Services:
@@ -54,9 +56,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.secret_key = settings.secret_key or _stored_secret(settings.var_dir / "secret_key")
     app.config.update(SESSION_COOKIE_SAMESITE="Lax", SESSION_COOKIE_HTTPONLY=True)
     store = Store(connect(settings.effective_redis_url), settings)
+    broker = make_broker(settings, worker=False)
     app.extensions["onelane"] = Services(
-        settings=settings, store=store, broker=make_broker(settings, worker=False),
-        hub=Hub(store, settings.effective_redis_url),
+        settings=settings, store=store, broker=broker, hub=Hub(store, settings.effective_redis_url),
+        housekeeper=Housekeeper(store, broker).start(),
     )  # fmt: skip
 
     from web import api, errors, health, openai_compat, pages, stream

@@ -43,7 +43,9 @@ def readyz() -> Response:
         return _not_ready("no worker holds a device: none is running, or its heartbeat stopped", workers)
     stalled = [w for w in snap.workers if w.progress_age_s is not None and w.progress_age_s > svc.settings.stall_s]
     if stalled:
-        return _not_ready(f"job {stalled[0].job} made no progress for {stalled[0].progress_age_s:.0f} s", workers)
+        w = stalled[0]
+        return _not_ready(f"worker {w.worker} made no progress on its {len(w.jobs)} job(s) for {w.progress_age_s:.0f} s",
+                          workers)  # fmt: skip
     return jsonify({"status": "ready", "queue_depth": snap.queue_depth, "workers": workers})
 
 

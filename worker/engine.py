@@ -13,6 +13,7 @@ import mlx.core as mx
 from mlx_lm import load, stream_generate
 from mlx_lm.sample_utils import make_sampler
 
+from tasks.errors import InvalidPrompt
 from tasks.job import JobSpec
 
 logger = logging.getLogger(__name__)
@@ -47,10 +48,15 @@ class Engine:
         return cls(model, tokenizer, path)
 
     def prompt_tokens(self, spec: JobSpec) -> list[int]:
+        """The prompt as the model reads it; InvalidPrompt if that is no token at all."""
         if spec.messages is not None:
             messages = [m.model_dump() for m in spec.messages]
-            return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
-        return list(self.tokenizer.encode(spec.prompt or ""))
+            tokens = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        else:
+            tokens = list(self.tokenizer.encode(spec.prompt or ""))
+        if not tokens:
+            raise InvalidPrompt("the prompt is empty once tokenized: there is nothing to continue")
+        return tokens
 
     def generate(self, spec: JobSpec) -> Iterator[Chunk]:
         """Yield one Chunk per generated token. Closing the generator stops generation."""

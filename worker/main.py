@@ -1,8 +1,8 @@
 """The worker process: load the model once, take the device's lease, then consume the GPU queue.
 
 One dramatiq worker thread with prefetch 1 runs jobs; a heartbeat thread renews the device lease; a
-housekeeping thread expires overdue jobs, recovers jobs of dead workers and re-rings a lost doorbell.
-Neither of those threads touches MLX.
+housekeeping thread (tasks/housekeeping.py, which every web process runs too) ends jobs that must not run,
+recovers jobs of dead workers and re-rings a lost doorbell. None of those threads touches MLX.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from pathlib import Path
 import dramatiq
 import redis
 
-from tasks.broker import QUEUE_NAME, make_broker, send_run_next
+from tasks.broker import QUEUE_NAME, make_broker
+from tasks.housekeeping import Housekeeper
 from tasks.settings import Settings
 from tasks.store import Store, connect
 from worker import actors
@@ -28,7 +29,6 @@ from worker.runner import Runner
 
 logger = logging.getLogger(__name__)
 
-HOUSEKEEPING_INTERVAL_S = 1.0
 TAKEOVER_POLL_S = 0.1  # how often a standby worker tries to take a free device
 IDLE_WAIT_MS = 2000  # an idle consumer blocks this long on its wake-up list before looking again
 
@@ -68,9 +68,9 @@ class GpuWorker:
         # A prefetched message is invisible in Redis and strands on a crash: take one at a time.
         self.worker.queue_prefetch = 1
         self.worker.delay_prefetch = 1
+        self.housekeeper = Housekeeper(self.store, self.broker)
         self._threads = [
             threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True),
-            threading.Thread(target=self._housekeep, name="housekeeping", daemon=True),
             threading.Thread(target=self._listen_for_cancels, name="cancels", daemon=True),
         ]
 
@@ -86,15 +86,16 @@ class GpuWorker:
         if self.engine is None:
             self.engine = Engine.load(ensure_model(self.settings))
         self.runner.engine = self.engine
-        for thread in self._threads[1:]:
-            thread.start()
-        self._recover()
+        self._threads[1].start()
+        self.housekeeper.round()  # recover what a dead worker left before the first claim
+        self.housekeeper.start()
         self.worker.start()
         logger.info("worker %s consuming on device %s (1 process, 1 thread, prefetch 1)", self.id, self.settings.device)
         return True
 
     def stop(self, timeout_ms: int = 10_000) -> None:
         self.stopping.set()
+        self.housekeeper.stop()
         self.worker.stop(timeout=timeout_ms)
         self.broker.close()
 
@@ -102,16 +103,18 @@ class GpuWorker:
         """Block until this worker holds the device: a second worker on the same device waits here."""
         waiting_since = time.monotonic()
         while not self.stopping.is_set():
+            holder: str | None
             try:
                 holder = self.store.take_device(self.id)
             except redis.RedisError as exc:
-                logger.warning("cannot reach Redis to take device %s: %s", self.settings.device, exc)
-                holder = "?"
+                logger.warning("cannot reach Redis at %s to take device %s: %s", self.settings.effective_redis_url,
+                               self.settings.device, exc)  # fmt: skip
+                holder = None
             if holder == "ok":
                 if time.monotonic() - waiting_since > 1:
                     logger.info("took device %s after %.1f s", self.settings.device, time.monotonic() - waiting_since)
                 return True
-            if waiting_since + 0.1 > time.monotonic():
+            if holder is not None and waiting_since + 0.1 > time.monotonic():
                 logger.info("device %s is held by worker %s; waiting", self.settings.device, holder)
             self.stopping.wait(min(self.settings.lease_s / 3, TAKEOVER_POLL_S))
         return False
@@ -128,21 +131,6 @@ class GpuWorker:
                 self.on_fatal(f"lost device {self.settings.device} to worker {holder}")
                 return
 
-    def _housekeep(self) -> None:
-        idle_with_work = 0
-        while not self.stopping.wait(HOUSEKEEPING_INTERVAL_S):
-            try:
-                waiting = self._recover()
-            except redis.RedisError as exc:  # Redis away: try again next round
-                logger.warning("housekeeping failed: %s", exc)
-                continue
-            # A doorbell can be lost (the web died between admit and send, a message died with a worker): if
-            # jobs wait while this worker idles for two rounds, ring once more. Extra rings are harmless.
-            idle_with_work = idle_with_work + 1 if waiting and not self.runner.busy else 0
-            if idle_with_work >= 2:
-                send_run_next(self.broker, "housekeeping")
-                idle_with_work = 0
-
     def _listen_for_cancels(self) -> None:
         """Hear cancels of running jobs the moment they happen, so generation stops at the next token."""
         while not self.stopping.is_set():
@@ -155,15 +143,6 @@ class GpuWorker:
             except redis.RedisError as exc:  # the output writes still carry the flag meanwhile
                 logger.warning("cancel listener: %s; reconnecting", exc)
                 self.stopping.wait(1.0)
-
-    def _recover(self) -> int:
-        """Expire overdue jobs and requeue those of dead workers (ringing for each); returns how many wait."""
-        waiting, released = self.store.housekeep()
-        for job_id, verdict in released:
-            logger.warning("job %s: its worker died; %s", job_id, verdict)
-            if verdict == "requeued":
-                send_run_next(self.broker, job_id)
-        return waiting
 
 
 def run(settings: Settings) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import redis
 
+from tasks.errors import OnelaneError
 from tasks.job import Job, JobStatus
 from tasks.store import Store
 from worker.engine import Engine
@@ -28,7 +29,6 @@ class Runner:
         self.engine = engine
         self.worker_id = worker_id
         self.on_fatal = on_fatal
-        self.busy = False
         self.current: str | None = None  # the job generating now
         self.tokens = 0  # tokens it has generated so far
         self.stop = threading.Event()  # set when it must stop: checked at every token
@@ -46,15 +46,11 @@ class Runner:
 
         The next job is claimed the moment one ends: on a GPU, any gap between jobs is throughput lost.
         """
-        self.busy = True
         ran = 0
-        try:
-            while not stopping.is_set() and (job := self.store.claim_next(self.worker_id)) is not None:
-                self.run(job)
-                ran += 1
-            return ran
-        finally:
-            self.busy = False
+        while not stopping.is_set() and (job := self.store.claim_next(self.worker_id)) is not None:
+            self.run(job)
+            ran += 1
+        return ran
 
     def run(self, job: Job) -> None:
         logger.info("job %s: started (owner %s, attempt %d)", job.id, job.owner, job.attempts)
@@ -89,9 +85,12 @@ class Runner:
                 elif time.monotonic() > deadline:
                     error = ("time_limit", f"generation ran past the time limit of {limit_s:g} s")
                     break
-        except Exception as exc:
+        except OnelaneError as exc:  # the job's own fault, told in our words
+            logger.warning("job %s: %s", job.id, exc.message)
+            error = (exc.type, exc.message)
+        except Exception:  # the details are for the operator's log, not for the client
             logger.exception("job %s: generation failed", job.id)
-            error = ("generation_error", f"{type(exc).__name__}: {exc}")
+            error = ("generation_error", f"generation failed; the worker logged the error for job {job.id}")
         self.current = None
         try:
             writer.end()

@@ -120,8 +120,8 @@ class Supervisor:
                 self.died_at = None
         if self.holder is not None and pid == self.holder:
             if stalled:
-                logger.error("job %s made no progress for %.0f s: ended failed (stalled); killing worker %d",
-                             stalled, self.settings.stall_s, self.holder)  # fmt: skip
+                logger.error("jobs %s made no progress for %.0f s: ended failed (stalled); killing worker %d",
+                             ", ".join(stalled), self.settings.stall_s, self.holder)  # fmt: skip
                 self.children[self.holder].kill()
 
     def _redis(self, call):  # type: ignore[no-untyped-def]

@@ -3,8 +3,9 @@
 -- is max(virtual time, its owner's previous tag + 1), the queue runs in tag order (admission order on ties).
 -- So users take turns, one job each, FIFO within a user, and an idle user earns no credit.
 -- A watched job gets a lease of `watch_grace_s` (0: not watched) that its client's stream or polling renews.
--- The job's dramatiq message (its doorbell), when given, is pushed here as dramatiq's enqueue would: the job and
--- its message exist together or not at all, and a consumer blocked on the queue wakes as this script ends.
+-- The job's dramatiq message (its doorbell), when given, is pushed here as dramatiq's enqueue would, unless one
+-- is pending already: an admitted job always has a message to wake the worker, and a consumer blocked on the
+-- queue wakes as this script ends.
 -- ARGV: id, owner, spec_json, ttl_s, result_ttl_s, watch_grace_s, max_queue, max_per_user (0: no bound),
 --       max_tokens, message queue key, message hash key, message id, message ('' for no message)
 -- -> {'ok', queued_at, deadline, position, mean service s, left of running s, jobs timed}
@@ -34,29 +35,20 @@ end
 
 local deadline = t + ttl
 local life = math.ceil(ttl + result_ttl)
-local tag = math.max(virtual_time(), tonumber(redis.call('HGET', TAGS, owner) or '0'))
+local tag = math.max(virtual_time(), tonumber(redis.call('ZSCORE', TAGS, owner) or '0'))
 local score = tag * TIE + redis.call('INCR', SEQ) % TIE
 local jkey = JOB .. id
 redis.call('HSET', jkey, 'spec', spec, 'owner', owner, 'status', 'queued', 'queued_at', fmt(t),
   'deadline', fmt(deadline), 'attempts', 0, 'prompt_tokens', 0, 'completion_tokens', 0, 'tag', tag, 'score', score,
   'max_tokens', max_tokens)
+if grace > 0 then redis.call('HSET', jkey, 'watched', grace) end
 redis.call('EXPIRE', jkey, life)
-if grace > 0 then
-  redis.call('HSET', jkey, 'watched', '1')
-  redis.call('SET', WATCH .. id, '1', 'PX', math.ceil(grace * 1000))
-end
-redis.call('HSET', TAGS, owner, tag + 1)
-redis.call('ZADD', QUEUE, score, id)
-redis.call('ZADD', q, score, id)
-redis.call('ZADD', WAITING, deadline, id)
+redis.call('ZADD', TAGS, tag + 1, owner)
+enqueue(id, owner, score, deadline, grace, t, life)
 redis.call('ZADD', UJ .. owner, t, id)
 redis.call('ZREMRANGEBYRANK', UJ .. owner, 0, -1001) -- a user's listing keeps the newest 1000
-for _, k in ipairs({QUEUE, q, WAITING, UJ .. owner, TAGS, SEQ, VTIME}) do extend(k, life) end
-redis.call('PUBLISH', MOVED, id)
-if bell ~= '' then
-  redis.call('HSET', bell_messages, bell_id, bell)
-  redis.call('RPUSH', bell_queue, bell_id)
-end
+for _, k in ipairs({UJ .. owner, TAGS, SEQ, VTIME}) do extend(k, life) end
+ring(bell_queue, bell_messages, bell_id, bell)
 stat('admitted')
 local mean, left, _, timed = service_estimate(t)
 return {'ok', fmt(t), fmt(deadline), redis.call('ZRANK', QUEUE, id) + 1, tostring(mean), tostring(left), timed}

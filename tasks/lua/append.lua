@@ -3,7 +3,7 @@
 -- ARGV: id, n_tokens, text, event_json, prompt_tokens, worker_id  ->  1 to stop, 0 to go on
 local id, n, text, ev, prompt_tokens = ARGV[A + 1], tonumber(ARGV[A + 2]), ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
 local jkey = JOB .. id
-local f = redis.call('HMGET', jkey, 'status', 'cancel_requested', 'first_token_at', 'worker', 'queued_at')
+local f = redis.call('HMGET', jkey, 'status', 'cancel_requested', 'first_token_at', 'worker', 'queued_at', 'device')
 if f[1] ~= 'in_progress' or f[4] ~= ARGV[A + 6] then return 1 end
 redis.call('HINCRBY', jkey, 'completion_tokens', n)
 stat('tokens', n)
@@ -11,6 +11,7 @@ redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens)
 if n > 0 then
   local t = now()
   redis.call('HSET', jkey, 'last_token_at', fmt(t))
+  redis.call('HSET', DEVICE .. f[6], 'progress', fmt(t))
   if not f[3] then
     redis.call('HSET', jkey, 'first_token_at', fmt(t))
     observe('time_to_first_token', t - tonumber(f[5]))

@@ -1,6 +1,6 @@
 -- Shared by every onelane script (store.py prepends it, after NAMES: the key names and prefixes of
 -- tasks/keys.py, in the order of keys.prefixes(), written into the script so no call has to send them).
-local JOB, OUT, EV, CH, UQ, UJ, WATCH, QUEUE, WAITING, MOVED, IN_PROGRESS, SERVICE_TIMES, VTIME, TAGS, SEQ,
+local JOB, OUT, EV, CH, UQ, UJ, QUEUE, WAITING, WATCHED, MOVED, IN_PROGRESS, SERVICE_TIMES, VTIME, TAGS, SEQ,
   DEVICE, DEVICES, STATS, CANCELS = unpack(NAMES)
 local A = 0 -- the script's own arguments start at ARGV[A + 1]
 local TIE = 16777216 -- queue score = start tag * TIE + admission counter (mod TIE)
@@ -53,6 +53,22 @@ local function observe(name, value)
   redis.call('HINCRBYFLOAT', STATS, 'h:' .. name .. ':sum', value)
 end
 
+local function virtual_time()
+  return tonumber(redis.call('GET', VTIME) or '0')
+end
+
+-- When nothing waits or runs, everybody starts equal again (as start-time fair queuing does when its server
+-- goes idle): the virtual time moves up to the highest next tag, and the table of next tags is emptied.
+local function settle_if_idle()
+  if redis.call('ZCARD', QUEUE) > 0 or redis.call('ZCARD', IN_PROGRESS) > 0 then return end
+  local top = redis.call('ZRANGE', TAGS, -1, -1, 'WITHSCORES')[2]
+  if top and tonumber(top) > virtual_time() then
+    redis.call('SET', VTIME, top, 'KEEPTTL')
+    if redis.call('TTL', VTIME) < 0 then redis.call('EXPIRE', VTIME, 86400) end
+  end
+  redis.call('DEL', TAGS)
+end
+
 -- End a job. Every key of an ended job lives for result_ttl seconds from now. The terminal event carries the
 -- finish reason and token counts, so that a stream can close without reading the job back.
 local function finish(id, status, finish_reason, error_json_, result_ttl, t)
@@ -66,10 +82,11 @@ local function finish(id, status, finish_reason, error_json_, result_ttl, t)
   emit(id, cjson.encode({type = status, finish_reason = finish_reason ~= '' and finish_reason or nil,
     prompt_tokens = tonumber(n[1]) or 0, completion_tokens = tonumber(n[2]) or 0}))
   for _, k in ipairs({jkey, OUT .. id, EV .. id}) do redis.call('EXPIRE', k, result_ttl) end
+  settle_if_idle()
 end
 
-local function virtual_time()
-  return tonumber(redis.call('GET', VTIME) or '0')
+local function tag_of(score)
+  return math.floor(tonumber(score) / TIE)
 end
 
 -- Mean of the recent service times, and what is left of the running job: once it produces tokens, its
@@ -102,25 +119,87 @@ local function service_estimate(t)
   return mean, left, started ~= nil, #times
 end
 
--- Take a waiting job out of the queue (cancelled or expired: it will not run). If that empties its owner's
--- queue, its owner's next start tag is capped at one round after now, so cancelling costs no future turns.
-local function unqueue(id, owner)
-  redis.call('ZREM', WAITING, id)
-  redis.call('ZREM', QUEUE, id)
-  local q = UQ .. owner
-  if redis.call('ZREM', q, id) == 1 and redis.call('ZCARD', q) == 0 then
-    local cap = virtual_time() + 1
-    if tonumber(redis.call('HGET', TAGS, owner) or '0') > cap then redis.call('HSET', TAGS, owner, cap) end
+-- Put a job in the waiting indexes: the run order (and its owner's share of it), deadlines, and, for a watched
+-- job, its watcher's lease, starting now. Each index lives at least as long as the job (`life` s).
+local function enqueue(id, owner, score, deadline, watch_s, t, life)
+  redis.call('ZADD', QUEUE, score, id)
+  redis.call('ZADD', UQ .. owner, score, id)
+  redis.call('ZADD', WAITING, deadline, id)
+  local indexes = {QUEUE, UQ .. owner, WAITING}
+  if watch_s > 0 then
+    redis.call('ZADD', WATCHED, t + watch_s, id)
+    indexes[4] = WATCHED
   end
+  for _, k in ipairs(indexes) do extend(k, life) end
   redis.call('PUBLISH', MOVED, id)
 end
 
+-- Take a job out of every waiting index (it starts, or it will never run).
+local function dequeue(id, owner)
+  redis.call('ZREM', QUEUE, id)
+  redis.call('ZREM', WAITING, id)
+  redis.call('ZREM', WATCHED, id)
+  if owner then redis.call('ZREM', UQ .. owner, id) end
+  redis.call('PUBLISH', MOVED, id)
+end
+
+-- The start tag of the owner's next job is one after the last of their jobs that still counts: waiting, or
+-- running. A job that left without running (cancelled, expired, its client gone) thus costs its owner no future
+-- turn. An owner is kept only while that tag is above the virtual time (where a new owner starts anyway).
+local function settle_tag(owner)
+  local last = -1
+  local newest = redis.call('ZRANGE', UQ .. owner, -1, -1, 'WITHSCORES')
+  if newest[2] then last = tag_of(newest[2]) end
+  for _, id in ipairs(redis.call('ZRANGE', IN_PROGRESS, 0, -1)) do
+    local f = redis.call('HMGET', JOB .. id, 'owner', 'tag')
+    if f[1] == owner and tonumber(f[2]) then last = math.max(last, tonumber(f[2])) end
+  end
+  if last + 1 > virtual_time() then
+    redis.call('ZADD', TAGS, last + 1, owner)
+  else
+    redis.call('ZREM', TAGS, owner)
+  end
+end
+
+-- End a waiting job that will never run.
+local function drop(id, owner, status, finish_reason, error_json_, result_ttl, t)
+  dequeue(id, owner)
+  settle_tag(owner)
+  finish(id, status, finish_reason, error_json_, result_ttl, t)
+end
+
+local EXPIRED = 'the job waited past its deadline and was never started'
+local CLIENT_GONE = 'the client left before the job started'
+
+-- Start a waiting job on `worker`: it leaves the queue, and the virtual time moves to its start tag (never
+-- back: a requeued job keeps its old tag). Owners whose next tag the virtual time caught up with are
+-- forgotten. Returns the job's fields.
+local function start(id, owner, tag, worker, device, run_life, t)
+  local jkey = JOB .. id
+  dequeue(id, owner)
+  local vtime = math.max(virtual_time(), tonumber(tag))
+  redis.call('SET', VTIME, vtime, 'KEEPTTL')
+  extend(VTIME, run_life)
+  redis.call('ZREMRANGEBYSCORE', TAGS, '-inf', vtime)
+  redis.call('HSET', jkey, 'status', 'in_progress', 'started_at', fmt(t), 'worker', worker, 'device', device)
+  local attempt = redis.call('HINCRBY', jkey, 'attempts', 1)
+  redis.call('EXPIRE', jkey, run_life)
+  redis.call('ZADD', IN_PROGRESS, t, id)
+  extend(IN_PROGRESS, run_life)
+  redis.call('HSET', DEVICE .. device, 'progress', fmt(t))
+  if attempt == 1 then observe('queue_wait', t - tonumber(redis.call('HGET', jkey, 'queued_at'))) end
+  emit(id, '{"type":"started"}')
+  return redis.call('HGETALL', jkey)
+end
+
 -- A running job whose worker is gone (or could not record its outcome) goes back to the front of the queue
--- with its original score, output cleared and a `requeued` event; after max_attempts it ends failed
--- instead, so a prompt that kills the worker every time is quarantined. A job asked to stop just ends.
+-- with its original score, output cleared and a `requeued` event; a watched job gets a fresh watch lease, as
+-- at admission, for its client to renew. After max_attempts it ends failed instead, so a prompt that kills
+-- the worker every time is quarantined. A job asked to stop just ends.
 local function release(id, max_attempts, ttl, result_ttl, why)
   local jkey = JOB .. id
-  local f = redis.call('HMGET', jkey, 'status', 'attempts', 'cancel_requested', 'owner', 'score', 'deadline')
+  local f = redis.call('HMGET', jkey, 'status', 'attempts', 'cancel_requested', 'owner', 'score', 'deadline',
+    'watched')
   redis.call('ZREM', IN_PROGRESS, id)
   if f[1] ~= 'in_progress' then return 'ended' end
   local t = now()
@@ -134,29 +213,15 @@ local function release(id, max_attempts, ttl, result_ttl, why)
     return 'failed'
   end
   local deadline = math.max(tonumber(f[6]), t + ttl)
+  local life = math.ceil(deadline - t + result_ttl)
   redis.call('HSET', jkey, 'status', 'queued', 'deadline', fmt(deadline), 'completion_tokens', 0)
   redis.call('HDEL', jkey, 'started_at', 'first_token_at', 'last_token_at', 'worker', 'device')
   redis.call('DEL', OUT .. id)
-  redis.call('EXPIRE', jkey, math.ceil(deadline - t + result_ttl))
-  redis.call('ZADD', QUEUE, f[5], id)
-  redis.call('ZADD', UQ .. f[4], f[5], id)
-  redis.call('ZADD', WAITING, deadline, id)
+  redis.call('EXPIRE', jkey, life)
+  enqueue(id, f[4], f[5], deadline, tonumber(f[7] or '0') or 0, t, life)
   emit(id, '{"type":"requeued","attempt":' .. f[2] .. '}')
-  redis.call('PUBLISH', MOVED, id)
   stat('requeued')
   return 'requeued'
-end
-
--- End a waiting job whose deadline passed as `expired`.
-local function expire_waiting(id, result_ttl, t)
-  local f = redis.call('HMGET', JOB .. id, 'status', 'owner')
-  if f[1] == 'queued' then
-    unqueue(id, f[2])
-    finish(id, 'expired', '', error_json('expired', 'the job waited past its deadline and was never started'),
-      result_ttl, t)
-  else
-    redis.call('ZREM', WAITING, id)
-  end
 end
 
 -- A running job is orphaned when the worker that claimed it no longer holds its device.
@@ -164,4 +229,14 @@ local function orphaned(id)
   local f = redis.call('HMGET', JOB .. id, 'worker', 'device')
   if not f[1] or not f[2] then return true end
   return redis.call('HGET', DEVICE .. f[2], 'worker') ~= f[1]
+end
+
+-- Push a dramatiq message (its queue list, its hash, its id, its payload) as dramatiq's enqueue does, unless
+-- one is already pending: a message means "run what waits", so one pending is enough, however many jobs are
+-- admitted while no worker consumes.
+local function ring(queue, messages, message_id, payload)
+  if payload == '' or redis.call('LLEN', queue) > 0 then return 0 end
+  redis.call('HSET', messages, message_id, payload)
+  redis.call('RPUSH', queue, message_id)
+  return 1
 end

@@ -6,7 +6,7 @@
 local id, status, reason, err = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3], ARGV[A + 4]
 local prompt_tokens, completion_tokens, result_ttl = ARGV[A + 5], ARGV[A + 6], tonumber(ARGV[A + 7])
 local jkey = JOB .. id
-local f = redis.call('HMGET', jkey, 'status', 'worker', 'device')
+local f = redis.call('HMGET', jkey, 'status', 'worker')
 if f[1] ~= 'in_progress' or f[2] ~= ARGV[A + 8] then return 0 end
 if status == 'cancelled' and err == '' then err = redis.call('HGET', jkey, 'cancel_error') or '' end
 local t = now()
@@ -19,6 +19,5 @@ if started then
   redis.call('EXPIRE', SERVICE_TIMES, 86400)
   observe('job_duration', t - started)
 end
-if redis.call('HGET', DEVICE .. f[3], 'job') == id then redis.call('HSET', DEVICE .. f[3], 'job', '') end
 finish(id, status, reason, err, result_ttl, t)
 return 1

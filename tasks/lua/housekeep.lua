@@ -1,17 +1,32 @@
--- The worker's periodic round, in one command: expire overdue waiting jobs, release running jobs whose
--- worker lost its device (see recover.lua, release() in common.lua), and count what waits.
--- ARGV: max_attempts, ttl_s, result_ttl_s, expire_limit  ->  {waiting, id, verdict, id, verdict, ...}
+-- One round of housekeeping, in one command; every web process and the worker run it every second, so it
+-- happens whether or not a worker is alive. It ends waiting jobs that must not run (past their deadline:
+-- `expired`; their watcher's lease lapsed: `cancelled`, client_gone), releases running jobs whose worker lost
+-- its device (see release() in common.lua), and rings the worker's doorbell if jobs wait and none is pending
+-- (a message lost with a worker, or jobs requeued).
+-- ARGV: max_attempts, ttl_s, result_ttl_s, limit, message queue key, message hash key, message id, message
+-- -> {waiting, id, verdict, id, verdict, ...}
 local max_attempts, ttl, result_ttl, limit = tonumber(ARGV[A + 1]), tonumber(ARGV[A + 2]), tonumber(ARGV[A + 3]),
   tonumber(ARGV[A + 4])
 local t = now()
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', WAITING, '-inf', fmt(t), 'LIMIT', 0, limit)) do
-  expire_waiting(id, result_ttl, t)
+local function sweep(index, status, reason, type_, message)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', fmt(t), 'LIMIT', 0, limit)) do
+    local f = redis.call('HMGET', JOB .. id, 'status', 'owner')
+    if f[1] == 'queued' then
+      drop(id, f[2], status, reason, error_json(type_, message), result_ttl, t)
+    else
+      redis.call('ZREM', index, id)
+    end
+  end
 end
-local out = {redis.call('ZCARD', QUEUE)}
+sweep(WAITING, 'expired', '', 'expired', EXPIRED)
+sweep(WATCHED, 'cancelled', 'cancelled', 'client_gone', CLIENT_GONE)
+local out = {0}
 for _, id in ipairs(redis.call('ZRANGE', IN_PROGRESS, 0, -1)) do
   if orphaned(id) then
     table.insert(out, id)
     table.insert(out, release(id, max_attempts, ttl, result_ttl, 'worker_crashed'))
   end
 end
+out[1] = redis.call('ZCARD', QUEUE)
+if out[1] > 0 then ring(ARGV[A + 5], ARGV[A + 6], ARGV[A + 7], ARGV[A + 8]) end
 return out
