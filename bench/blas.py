@@ -46,7 +46,7 @@ def probe(model: str, tokens: int) -> dict[str, object]:
     for chunk in chunks:
         text.append(chunk.text)
     decode_s = time.perf_counter() - decode_started
-    return {"matmul_ms": matmul_ms, "prefill_s": prefill_s, "prompt_tokens": first.prompt_tokens,
+    return {"matmul_ms": matmul_ms, "prefill_s": prefill_s, "prompt_tokens": len(engine.prompt_tokens(spec)),
             "decode_tok_s": (tokens - 1) / decode_s, "text": "".join(text)}  # fmt: skip
 
 

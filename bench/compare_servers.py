@@ -1,16 +1,18 @@
 """onelane vs mlx_lm.server: same machine, same run, same demo model, same prompts, same request counts.
 
-    .venv/bin/python -m bench.compare_servers [--size tiny|small] [--levels 1,8,32] [--max-tokens 64]
+    ./dev.sh bench compare_servers [--size tiny|small] [--levels 1,8,32] [--max-tokens 64] [--rounds 3]
 
-1. Inside one bench_env: `onelane worker` (supervised) and `onelane web` as subprocesses, queue bounds of 1000
-   so nothing is rejected; closed-loop clients at each level through POST /v1/chat/completions (non-streaming,
-   `"ignore_eos": true`, the usage returned is checked), then time to first token through its stream at 1 client.
-2. The web restarted with ONELANE_MAX_QUEUE=16 (and 16 per user) for the overload probe: 64 clients at once,
-   1000 tokens each, 3 s client timeout; the jobs are read back from Redis to see what the worker did for
+1. Inside one bench_env, both servers up side by side (each idle while the other is measured): `onelane worker`
+   (supervised) and `onelane web` as subprocesses, queue bounds of 1000 so nothing is rejected; and mlx_lm.server.
+   For each of `--rounds` rounds and each level, closed-loop clients through POST /v1/chat/completions
+   (non-streaming; onelane `"ignore_eos": true`, mlx_lm.server a logit bias against EOS; the usage is checked)
+   against one server, then the other, the order alternating, so a disturbance of this shared machine falls on
+   both alike. Then time to first token through each one's stream at 1 client, alternating request by request.
+2. The onelane web restarted with ONELANE_MAX_QUEUE=16 (and 16 per user) for the overload probe: 64 clients at
+   once, 1000 tokens each, 3 s client timeout; the jobs are read back from Redis to see what the worker did for
    clients that had gone, and a 1-token request is sent right after they gave up.
-3. onelane stopped (worker included), then bench.mlx_server_baseline.run(...) with the same parameters, and
-   mlx_lm.server's own stream at 1 client for time to first token.
-4. One side-by-side table.
+3. onelane stopped (worker included), then the same probe against mlx_lm.server.
+4. One side-by-side table: medians over the rounds, and each level's throughput ratio (median, min, max).
 
 Loopback only; every loop is bounded in count and time; every process started here is stopped before the
 script returns. Every figure printed is measured in this run.
@@ -19,6 +21,7 @@ script returns. Every figure printed is measured in this run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import math
@@ -565,19 +568,22 @@ def table(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], ttft: tuple[fl
     return [line(cols), line(["-" * w for w in widths]), *map(line, body)]
 
 
-def verdict(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], ol_probe: dict[str, Any] | None,
-            ab: Abandoned | None, mlx_probe: dict[str, Any] | None) -> list[str]:  # fmt: skip
+def verdict(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], spreads: dict[str, list[float]],
+            ol_probe: dict[str, Any] | None, ab: Abandoned | None,
+            mlx_probe: dict[str, Any] | None) -> list[str]:  # fmt: skip
     """Where each is ahead, worded from the figures measured above."""
     lines = []
     for name, a, b in rows:
-        if a["tps"] and b["tps"]:
-            ratio = b["tps"] / a["tps"]
-            who = "mlx_lm.server" if ratio > 1.05 else "onelane" if ratio < 1 / 1.05 else "neither (within 5%)"
-            lines.append(f"c={name}: {who} ahead on throughput: {b['tps']:.0f} vs {a['tps']:.0f} tok/s for "
-                         f"mlx_lm.server vs onelane ({ratio:.2f}x); p50 latency {ms(b['p50'])} vs {ms(a['p50'])} ms")  # fmt: skip
-    lines.append("Why: mlx_lm.server batches up to 32 sequences per decode step (--decode-concurrency 32), so "
-                 "concurrent clients share each step; onelane runs one job at a time by design (one worker owns the "
-                 "GPU), so above 1 client its latency is mostly queue wait and its throughput stays at one stream's.")  # fmt: skip
+        each = spreads.get(name) or []
+        if each:
+            ratio = statistics.median(each)
+            who = "onelane" if ratio > 1.05 else "mlx_lm.server" if ratio < 1 / 1.05 else "neither (within 5%)"
+            lines.append(f"c={name}: {who} ahead on throughput: onelane/mlx_lm.server median {ratio:.2f}x (min "
+                         f"{min(each):.2f}, max {max(each):.2f}, n={len(each)}; {a['tps']:.0f} vs {b['tps']:.0f} "
+                         f"tok/s); latency p50 {ms(a['p50'])} vs {ms(b['p50'])} ms, p99 {ms(a['p99'])} vs "
+                         f"{ms(b['p99'])} ms")  # fmt: skip
+    lines.append("Both batch: mlx_lm.server up to 32 sequences per decode step (--decode-concurrency 32), onelane up "
+                 "to ONELANE_MAX_BATCH jobs in its one worker's continuous batch.")  # fmt: skip
     if ol_probe is not None and mlx_probe is not None and ab is not None:
         rej = [o for o in ol_probe["outcomes"] if o.status in (429, 503)]
         mlx_rej = [o for o in mlx_probe["outcomes"] if o.status in (429, 503)]
@@ -607,54 +613,82 @@ def log_problems(path: Path) -> list[str]:
 # --- main ----------------------------------------------------------------------------------------------------
 
 
-def run_onelane(settings: Settings, levels: Sequence[int], max_tokens: int, overload: bool) -> dict[str, Any]:
+def run_both(
+    settings: Settings, levels: Sequence[int], max_tokens: int, overload: bool, batch: int, rounds: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Both servers up; every level `rounds` times on each, alternating which goes first; then the overload probes
+    (onelane's with mlx_lm.server idle, mlx_lm.server's once onelane is stopped)."""
     folder = Path(settings.var_dir)
     model = settings.model_name
     client = connect(settings.effective_redis_url)
     store = Store(client, settings)
-    big = {"ONELANE_MAX_QUEUE": BIG_QUEUE, "ONELANE_MAX_QUEUED_PER_USER": BIG_QUEUE}
-    small = {"ONELANE_MAX_QUEUE": OVERLOAD_QUEUE, "ONELANE_MAX_QUEUED_PER_USER": OVERLOAD_QUEUE}
-    out: dict[str, Any] = {"levels": [], "unsettled": [], "overload": None, "abandoned": None}
+    eos = mlx.eos_id(settings.model_path)
+    sized = {"ONELANE_MAX_BATCH": str(batch)}
+    big = {"ONELANE_MAX_QUEUE": BIG_QUEUE, "ONELANE_MAX_QUEUED_PER_USER": BIG_QUEUE, **sized}
+    small = {"ONELANE_MAX_QUEUE": OVERLOAD_QUEUE, "ONELANE_MAX_QUEUED_PER_USER": OVERLOAD_QUEUE, **sized}
+    ol: dict[str, Any] = {"levels": {c: [] for c in levels}, "unsettled": [], "overload": None, "abandoned": None,
+                          "ttft": []}  # fmt: skip
+    base: dict[str, Any] = {"levels": {c: [] for c in levels}, "unsettled": [], "overload": None, "ttft": []}
     try:
-        with process(WORKER, base_env(settings, **big), folder / "worker.log") as worker:
+        with contextlib.ExitStack() as both, mlx.mlx_server(settings.model_path, folder / "mlx-server.log") as server:
+            worker = both.enter_context(process(WORKER, base_env(settings, **big), folder / "worker.log"))
             port = free_port()
-            base = f"http://127.0.0.1:{port}"
+            url = f"http://127.0.0.1:{port}"
             with process(web_cmd(port), base_env(settings, **big), folder / "web.log") as web:
-                out["ready_s"] = wait_ready(base, web, folder, "web.log")
+                ol["ready_s"] = wait_ready(url, web, folder, "web.log")
                 for prompt in PROMPTS[:2]:  # warm-up, as the baseline's
-                    warm = post_onelane(base, onelane_body(model, prompt, 8), START_TIMEOUT_S)
+                    warm = post_onelane(url, onelane_body(model, prompt, 8), START_TIMEOUT_S)
                     if not warm.ok:
                         raise RuntimeError(f"warm-up request failed: {warm.error}\n{tail(folder / 'web.log')}")
-                for clients in levels:
-                    out["levels"].append(onelane_level(base, model, clients, max_tokens))
+
+                def on_onelane(clients: int) -> None:
+                    ol["levels"][clients].append(onelane_level(url, model, clients, max_tokens))
                     if not settle_queue(store):
-                        out["unsettled"].append(clients)
-                out["ttft"] = ttft_series(base, lambda p: onelane_body(model, p, max_tokens, stream=True))
+                        ol["unsettled"].append(clients)
+
+                def on_mlx(clients: int) -> None:
+                    base["levels"][clients].append(mlx.load_level(server.url, clients, max_tokens, eos))
+                    if not mlx.settle(server):
+                        base["unsettled"].append(clients)
+
+                for r in range(rounds):
+                    for n, clients in enumerate(levels):
+                        for side in (on_onelane, on_mlx) if (r + n) % 2 == 0 else (on_mlx, on_onelane):
+                            side(clients)
+                for i in range(TTFT_REQUESTS):
+                    prompt = PROMPTS[i % len(PROMPTS)]
+                    ol["ttft"].append(stream_once(url, onelane_body(model, prompt, max_tokens, stream=True),
+                                                  REQUEST_TIMEOUT_S))  # fmt: skip
+                    base["ttft"].append(stream_once(server.url, {**mlx.body(prompt, max_tokens, eos), "stream": True},
+                                                    REQUEST_TIMEOUT_S))  # fmt: skip
                 settle_queue(store)
             if overload:
                 port = free_port()
-                base = f"http://127.0.0.1:{port}"
+                url = f"http://127.0.0.1:{port}"
                 with process(web_cmd(port), base_env(settings, **small), folder / "web-overload.log") as web:
-                    wait_ready(base, web, folder, "web-overload.log")
-                    out["overload"] = onelane_overload(base, model, store, client)
-                    out["abandoned"] = abandoned(out["overload"])
-            out["alive"] = worker.poll() is None
-        out["log_problems"] = {name: log_problems(folder / name) for name in ("worker.log", "web.log", "web-overload.log")}
+                    wait_ready(url, web, folder, "web-overload.log")
+                    ol["overload"] = onelane_overload(url, model, store, client)
+                    ol["abandoned"] = abandoned(ol["overload"])
+            ol["alive"] = worker.poll() is None
+            both.close()  # onelane stopped: mlx_lm.server's probe runs alone
+            if overload:
+                base["overload"] = mlx.overload_probe(server, eos)
+        ol["log_problems"] = {name: log_problems(folder / name) for name in ("worker.log", "web.log", "web-overload.log")}
     finally:
         client.close()
-    return out
+    return ol, base
 
 
-def mlx_ttft(model_path: str, max_tokens: int) -> list[Streamed]:
-    """mlx_lm.server's own stream at 1 client (the baseline does not measure it): a server of our own."""
-    import tempfile
+def over_rounds(runs: list[Level]) -> dict[str, float | None]:
+    """A level's figures, each the median over the rounds."""
+    stats = [level_stats(level) for level in runs]
+    return {k: statistics.median(v) if (v := [st[k] for st in stats if st[k] is not None]) else None
+            for k in ("p50", "p99", "rps", "tps")}  # fmt: skip
 
-    eos = mlx.eos_id(model_path)
-    with (
-        tempfile.TemporaryDirectory(prefix="onelane-mlx-ttft-") as tmp,
-        mlx.mlx_server(model_path, Path(tmp) / "server.log") as server,
-    ):
-        return ttft_series(server.url, lambda p: {**mlx.body(p, max_tokens, eos), "stream": True})
+
+def ratios(a: list[Level], b: list[Level]) -> list[float]:
+    """onelane/mlx_lm.server throughput, round by round."""
+    return [x["tps"] / y["tps"] for x, y in zip(map(level_stats, a), map(level_stats, b)) if x["tps"] and y["tps"]]
 
 
 def main() -> None:
@@ -662,45 +696,45 @@ def main() -> None:
     parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
     parser.add_argument("--levels", default=",".join(map(str, mlx.LEVELS)), help="concurrent clients, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=mlx.MAX_TOKENS)
+    parser.add_argument("--rounds", type=int, default=3, help="each level this many times on each server")
     parser.add_argument("--no-overload", action="store_true")
+    parser.add_argument("--batch", type=int, default=Settings().max_batch, help="onelane's ONELANE_MAX_BATCH")
     args = parser.parse_args()
     levels = [int(c) for c in args.levels.split(",")]
-    overload = not args.no_overload
     wall = time.monotonic()
     load = os.getloadavg()[0]
     with bench_env(args.size) as settings:
-        t = time.monotonic()
-        ol = run_onelane(settings, levels, args.max_tokens, overload)
-        ol_s = time.monotonic() - t
-        t = time.monotonic()
-        base = mlx.run(settings.model_path, levels, args.max_tokens, False, overload)  # onelane is stopped by now
-        base_ttft = mlx_ttft(settings.model_path, args.max_tokens)
-        mlx_s = time.monotonic() - t
+        ol, base = run_both(settings, levels, args.max_tokens, not args.no_overload, args.batch, args.rounds)
 
     print(f"onelane vs mlx_lm.server: demo model {args.size}, max_tokens {args.max_tokens}, temperature 0, every answer "
-          f"forced to max_tokens (onelane: ignore_eos; mlx_lm.server: logit_bias against EOS), non-streaming levels; "
-          f"{os.cpu_count()} CPUs, load average {load:.2f} before, {os.getloadavg()[0]:.2f} after")  # fmt: skip
-    print(f"onelane: worker (supervised) + web (gunicorn gevent), ready in {ol['ready_s']:.1f} s; phase took "
-          f"{ol_s:.1f} s. mlx_lm.server phase (run after onelane was stopped) took {mlx_s:.1f} s.")  # fmt: skip
+          f"forced to max_tokens (onelane: ignore_eos; mlx_lm.server: logit_bias against EOS), non-streaming levels, "
+          f"{args.rounds} rounds alternating the servers; {os.cpu_count()} CPUs, load average {load:.2f} before, "
+          f"{os.getloadavg()[0]:.2f} after")  # fmt: skip
+    print(f"onelane: ONELANE_MAX_BATCH={args.batch}; worker (supervised) + web (gunicorn gevent), ready in "
+          f"{ol['ready_s']:.1f} s. mlx_lm.server: --decode-concurrency 32 (its default).")  # fmt: skip
+    for r in range(args.rounds):
+        print(f"\n-- round {r + 1}")
+        for clients in levels:
+            level, other = ol["levels"][clients][r], base["levels"][clients][r]
+            print("\n".join(onelane_level_lines(level, args.max_tokens)))
+            print("\n".join(mlx.level_lines(other)))
+    for clients in levels:
+        if clients in ol["unsettled"]:
+            print(f"onelane c={clients}: WARNING: queue not empty {SETTLE_S:.0f} s after a level ended")
+        if clients in base["unsettled"]:
+            print(f"mlx_lm.server c={clients}: WARNING: still generating {mlx.SETTLE_S:.0f} s after a level ended")
     print()
-    for level in ol["levels"]:
-        print("\n".join(onelane_level_lines(level, args.max_tokens)))
-        if level.clients in ol["unsettled"]:
-            print(f"onelane c={level.clients}: WARNING: queue not empty {SETTLE_S:.0f} s after the level ended")
     print(ttft_line("onelane", ol["ttft"]))
+    print(ttft_line("mlx_lm.server", base["ttft"]))
     if ol["overload"] is not None:
+        print()
         print("\n".join(onelane_overload_lines(ol["overload"], ol["abandoned"])))
-    print()
-    for level in base["levels"]:
-        print("\n".join(mlx.level_lines(level)))
-        if level.clients in base["unsettled"]:
-            print(f"mlx_lm.server c={level.clients}: WARNING: still generating {mlx.SETTLE_S:.0f} s after the level ended")
-    print(ttft_line("mlx_lm.server", base_ttft))
     if base["overload"] is not None:
+        print()
         print("\n".join(mlx.overload_lines(base["overload"])))
     print()
 
-    rows = [(str(a.clients), level_stats(a), level_stats(b)) for a, b in zip(ol["levels"], base["levels"])]
+    rows = [(str(c), over_rounds(ol["levels"][c]), over_rounds(base["levels"][c])) for c in levels]
 
     def p50_ttft(series: list[Streamed]) -> float | None:
         firsts = [s.ttft for s in series if s.ttft is not None and s.error is None]
@@ -709,12 +743,13 @@ def main() -> None:
     over = None
     if ol["overload"] is not None and base["overload"] is not None:
         over = (onelane_row(ol["overload"], ol["abandoned"]), mlx_row(base["overload"]))
-    print("side by side, each cell `onelane | mlx_lm.server` (tok for gone clients: onelane = completion tokens of "
-          "jobs whose client timed out, from Redis; mlx_lm.server = answers finished for closed sockets x "
-          f"{OVERLOAD_TOKENS}, from its log)")  # fmt: skip
-    print("\n".join(table(rows, (p50_ttft(ol["ttft"]), p50_ttft(base_ttft)), over)))
+    print(f"side by side, each cell `onelane | mlx_lm.server`, medians over {args.rounds} rounds (tok for gone "
+          "clients: onelane = completion tokens of jobs whose client timed out, from Redis; mlx_lm.server = answers "
+          f"finished for closed sockets x {OVERLOAD_TOKENS}, from its log)")  # fmt: skip
+    print("\n".join(table(rows, (p50_ttft(ol["ttft"]), p50_ttft(base["ttft"])), over)))
     print()
-    print("\n".join(verdict(rows, ol["overload"], ol["abandoned"], base["overload"])))
+    spreads = {str(c): ratios(ol["levels"][c], base["levels"][c]) for c in levels}
+    print("\n".join(verdict(rows, spreads, ol["overload"], ol["abandoned"], base["overload"])))
     problems = {name: lines for name, lines in ol["log_problems"].items() if lines}
     print()
     print(f"onelane worker alive at the end: {ol['alive']}; error lines in onelane's logs: "

@@ -45,7 +45,7 @@ PROMPTS = [
 ]
 LEVELS = (1, 8, 32)
 MAX_TOKENS = 64
-MIN_REQUESTS = 32  # per level: enough samples at 1 client, at least 2 rounds per client above that
+MIN_REQUESTS = 128  # per level: enough samples at 1 client, at least 4 rounds per client at 32 (levels of ~1 s are noise here)
 LEVEL_DEADLINE_S = 60.0
 REQUEST_TIMEOUT_S = 60.0
 OVERLOAD_CLIENTS = 64

@@ -1,7 +1,7 @@
-"""A job through onelane vs the same prompt with `stream_generate` in one process.
+"""A job through onelane vs the same prompt through the engine alone, in one process.
 
-Direct: `Engine.generate` (mlx_lm.stream_generate) in this process: time to the first token that shows as
-text, and to the end. Through onelane: the real stack (`onelane web` under gunicorn, a `python -m worker.main`
+Direct: `Engine.generate` in this process (mlx-lm's BatchGenerator with one sequence: the same tokens, seeded,
+as through the stack): time to the first token that shows as text, and to the end. Through onelane: the real stack (`onelane web` under gunicorn, a `python -m worker.main`
 process, Redis), one client streaming `POST /v1/chat/completions` over a plain, kept-alive socket (no client
 library to pay for): time from sending the request to the first content delta, and to `[DONE]`; plus the job's own
 generation time (started_at -> finished_at, Redis's clock).

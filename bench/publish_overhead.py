@@ -1,13 +1,14 @@
-"""Does streaming output through Redis slow generation? Direct stream_generate vs the worker's runner.
+"""Does streaming output through Redis slow generation? The engine alone vs the worker's runner.
 
-Baseline: the same prompt and token count through `Engine.generate` alone (no Redis). Prints tokens/s for
-both and the ratio. Run: ./dev.sh bench publish_overhead [--size tiny|small] [--tokens N] [--runs N]
+Baseline: the same prompt and token count through `Engine.generate` alone (a batch of one, no Redis). Prints
+tokens/s for both and the ratio. Run: ./dev.sh bench publish_overhead [--size tiny|small] [--tokens N] [--runs N]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import threading
 import time
 
 from bench.common import bench_env
@@ -43,10 +44,9 @@ def main() -> None:
         def run_queued() -> None:
             job = store.create(new_job_id(), spec, 600)
             assert store.take_device("bench") == "ok"  # this process plays the worker: hold the device lease
-            claimed = store.claim_next("bench")
-            assert claimed is not None and claimed.id == job.id
             started = time.perf_counter()
-            runner.run(claimed)
+            assert runner.run_waiting(threading.Event()) == 1  # claims the job, runs it to its end
+            runner.writer.settle()  # its end recorded
             queued.append(time.perf_counter() - started)
             done = store.get(job.id)
             assert done.usage.completion_tokens == args.tokens, done.usage

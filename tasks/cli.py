@@ -124,11 +124,15 @@ def redis() -> None:
     settings = _settings()
     server = EmbeddedRedis(settings.embedded_redis_dir).start()
     click.echo(f"REDIS_URL={server.url}")
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         assert server.process is not None
-        server.process.wait()
-    except KeyboardInterrupt:
-        server.stop()
+        while not stop.wait(0.5) and server.process.poll() is None:
+            pass
+    finally:
+        server.stop()  # on Ctrl-C or SIGTERM too: never leave the server behind
 
 
 @main.command("make-demo-model")

@@ -22,7 +22,9 @@ ENV_NAMES: dict[str, str] = {
     "max_tokens_limit": "ONELANE_MAX_TOKENS_LIMIT",
     "default_max_tokens": "ONELANE_DEFAULT_MAX_TOKENS",
     "max_prompt_chars": "ONELANE_MAX_PROMPT_CHARS",
-    "max_concurrent": "ONELANE_MAX_CONCURRENT",
+    "max_batch": "ONELANE_MAX_BATCH",
+    "kv_budget_tokens": "ONELANE_KV_BUDGET",
+    "prefill_step": "ONELANE_PREFILL_STEP",
     "max_queue": "ONELANE_MAX_QUEUE",
     "max_queued_per_user": "ONELANE_MAX_QUEUED_PER_USER",
     "job_time_limit_s": "ONELANE_JOB_TIME_LIMIT",
@@ -41,6 +43,8 @@ ENV_NAMES: dict[str, str] = {
 
 
 SECRETS = {"users", "secret_key"}  # never echoed in error messages
+#: Variables onelane once read, with what replaced them: set, they stop the process rather than be ignored.
+RETIRED = {"ONELANE_MAX_CONCURRENT": "ONELANE_MAX_BATCH (jobs generating together in one batch; 1: one at a time)"}
 
 
 class User(BaseModel):
@@ -84,7 +88,9 @@ class Settings(BaseModel):
     max_tokens_limit: int = Field(4096, ge=1, le=1_000_000)
     default_max_tokens: int = Field(256, ge=1)
     max_prompt_chars: int = Field(32_000, ge=1)
-    max_concurrent: int = Field(1, ge=1)
+    max_batch: int = Field(32, ge=1, le=256)
+    kv_budget_tokens: int = Field(65_536, ge=1)
+    prefill_step: int = Field(128, ge=16, le=65_536)
     max_queue: int = Field(256, ge=1, le=10_000_000)
     max_queued_per_user: int = Field(32, ge=1, le=10_000_000)
     job_time_limit_s: float = Field(900.0, gt=0)
@@ -99,13 +105,6 @@ class Settings(BaseModel):
     secret_key: str | None = Field(None, min_length=16)
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
-
-    @field_validator("max_concurrent")
-    @classmethod
-    def _one_gpu_owner(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError("only 1 is supported: one worker owns the GPU and runs one job at a time")
-        return value
 
     @model_validator(mode="after")
     def _default_within_limit(self) -> Settings:
@@ -141,6 +140,9 @@ class Settings(BaseModel):
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Read every setting from the environment; raise SettingsError naming the bad variable."""
         environ = os.environ if environ is None else environ
+        retired = [f"{name} is no longer read; use {instead}" for name, instead in RETIRED.items() if name in environ]
+        if retired:
+            raise SettingsError("invalid configuration: " + "; ".join(retired))
         raw: dict[str, object] = {
             field: environ[name] for field, name in ENV_NAMES.items() if environ.get(name, "") != ""
         }

@@ -56,6 +56,26 @@ class DeviceLease:
     heartbeat_age_s: float
     jobs: tuple[str, ...]  # the jobs it runs now
     progress_age_s: float | None  # while it runs jobs: since it last started one or produced a token
+    batch: int  # jobs in its batch, as it last reported
+    slots: int  # the most its batch holds (its ONELANE_MAX_BATCH)
+    tokens_per_s: float  # tokens it generated per second lately
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """What a worker tells with each lease renewal: its batch now, and the work it did since its last report."""
+
+    batch: int
+    slots: int
+    tokens_per_s: float
+    steps: int
+    decode_s: float
+    prefill_s: float
+    prefill_tokens: int
+
+    def args(self) -> tuple[object, ...]:
+        return (self.batch, self.slots, f"{self.tokens_per_s:.1f}", self.steps, f"{self.decode_s:.6f}",
+                f"{self.prefill_s:.6f}", self.prefill_tokens)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -69,10 +89,44 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Standing:
-    """Where a waiting job stands: position 1 runs next; eta_s is None until a job has been timed."""
+    """Where a waiting job stands: position 1 starts at the next free slot; eta_s is None until a job has been
+    timed."""
 
     position: int | None
     eta_s: float | None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The batch's slots as a waiting job sees them (see service_estimate in tasks/lua/common.lua)."""
+
+    mean_s: float  # recent jobs' mean service time, start to end
+    timed: bool  # whether any job has been timed yet
+    free_s: tuple[float, ...]  # when each slot frees, in seconds from now, soonest first
+
+    @classmethod
+    def parse(cls, reply: list[Any]) -> tuple[Estimate, list[Any]]:
+        """An estimate from the front of a script's reply, and what follows it."""
+        mean, timed, n, *rest = reply
+        n = int(n)
+        return cls(float(mean), int(timed) > 0, tuple(float(x) for x in rest[:n])), rest[n:]
+
+    def eta(self, position: int) -> float | None:
+        """When the job at `position` should start: the slots free in turn, each taking the next waiting job."""
+        if not self.timed:
+            return None
+        k = position - 1
+        return round(self.free_s[k % len(self.free_s)] + (k // len(self.free_s)) * self.mean_s, 3)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a claim found: the job it started for the worker, or the job at the head of the queue, unclaimed."""
+
+    job: Job
+    started: bool
+    solo: bool  # the job must run alone (it was in a batch that failed: see release() in tasks/lua/common.lua)
+    behind: int  # jobs waiting behind it (the worker need not look again for more while there are none)
 
 
 class Store:
@@ -83,8 +137,19 @@ class Store:
         self.settings = settings
         self._scripts = _load_scripts(client)
 
-    def _run(self, name: str, *args: object) -> Any:
-        return self._scripts[name](keys=[], args=args)
+    def _run(self, name: str, *args: object, pipe: Any = None) -> Any:
+        """Run a script now, or queue it on `pipe` (a pipeline: its reply comes with the pipeline's). On a pipeline
+        it goes by its SHA alone: redis-py would otherwise ask SCRIPT EXISTS first, a round trip per pipeline. If
+        Redis lost it (NoScriptError in the reply), `load_scripts` and send it again: it did not run."""
+        script = self._scripts[name]
+        if pipe is not None:
+            return pipe.evalsha(script.sha, 0, *args)
+        return script(keys=[], args=args)
+
+    def load_scripts(self) -> None:
+        """Load every script into Redis again (after a restart or SCRIPT FLUSH)."""
+        for script in self._scripts.values():
+            script.sha = self.redis.script_load(script.script)
 
     # --- the web's verbs -------------------------------------------------------------------------
 
@@ -107,17 +172,17 @@ class Store:
         quota = quota or s.max_queued_per_user
         verdict, *rest = self._run(
             "admit", job_id, spec.owner, spec.model_dump_json(), ttl_s, s.result_ttl_s, grace, s.max_queue, quota,
-            spec.params.max_tokens, *_bell(doorbell),
+            spec.params.max_tokens, s.max_batch, *_bell(doorbell),
         )  # fmt: skip
         if verdict == "queue_full":
             raise QueueFull(f"the queue is full ({s.max_queue} jobs waiting); try again later", retry_after_s=rest[0])
         if verdict == "quota_exceeded":
             raise QuotaExceeded(f"you already have {quota} jobs waiting; try again later", retry_after_s=rest[0])
-        queued_at, deadline, position, mean, left, timed = rest
+        queued_at, deadline, position, *rest = rest
+        estimate, _ = Estimate.parse(rest)
         return Job(
             id=job_id, spec=spec, status=JobStatus.QUEUED, deadline=float(deadline),
-            timings=Timings(queued_at=float(queued_at)), position=int(position),
-            eta_s=self._eta(int(position), float(mean), float(left), int(timed)),
+            timings=Timings(queued_at=float(queued_at)), position=int(position), eta_s=estimate.eta(int(position)),
         )  # fmt: skip
 
     def keep_watching(self, job: Job) -> None:
@@ -181,16 +246,8 @@ class Store:
 
     def standings(self, job_ids: list[str]) -> list[Standing]:
         """The standing of each job, in one call (Standing(None, None) for a job that does not wait)."""
-        mean, left, timed, *positions = self._run("position", *job_ids)
-        return [
-            Standing(int(p), self._eta(int(p), float(mean), float(left), int(timed))) if p else Standing(None, None)
-            for p in positions
-        ]
-
-    @staticmethod
-    def _eta(position: int, mean: float, left: float, timed: int) -> float | None:
-        """What is left of the running job, then a mean service time per job ahead; None before any timing."""
-        return round(left + (position - 1) * mean, 3) if timed else None
+        estimate, positions = Estimate.parse(self._run("position", self.settings.max_batch, *job_ids))
+        return [Standing(int(p), estimate.eta(int(p))) if p else Standing(None, None) for p in positions]
 
     def events(self, job_id: str, start: int = 0) -> list[dict[str, Any]]:
         """The job's durable events from index `start` on, each with its index as `i`."""
@@ -202,29 +259,38 @@ class Store:
 
     # --- the worker's verbs: `worker` is the id of the worker process acting ---------------------
 
-    def take_device(self, worker: str) -> str:
+    def take_device(self, worker: str, report: BatchReport | None = None) -> str:
         """Take or renew this device's lease for `worker`: 'ok', or the id of the worker holding it."""
         lease_ms = int(self.settings.lease_s * 1000)
-        return str(self._run("lease", self.settings.device, worker, os.getpid(), lease_ms))
+        extra = report.args() if report else ()
+        return str(self._run("lease", self.settings.device, worker, os.getpid(), lease_ms, *extra))
 
-    def claim_next(self, worker: str) -> Job | None:
-        """Atomically take the next job in fair order and mark it in_progress for `worker`.
+    def claim_next(self, worker: str, want: str | None = None) -> Claim | None:
+        """Atomically start the next job in fair order for `worker` if it is `want` (any job: "*"); else tell which
+        job is next, unclaimed (the worker measures it, and names it when it fits). None when nothing waits.
 
         Raises LeaseLost if `worker` no longer holds the device (it must stop: another worker took over).
         """
         run_life = int(self.settings.job_time_limit_s + self.settings.result_ttl_s)
-        claimed = self._run("claim", self.settings.result_ttl_s, run_life, self.settings.device, worker)
+        claimed = self._run("claim", self.settings.result_ttl_s, run_life, self.settings.device, worker, want or "")
         if claimed == "lost":
             raise LeaseLost(f"worker {worker} lost the lease of device {self.settings.device}")
         if not claimed:
             return None
-        job_id, flat = claimed
-        return Job.from_redis(job_id, dict(zip(flat[::2], flat[1::2])), "")  # no output yet: it starts now
+        verdict, job_id, flat, behind = claimed
+        fields = dict(zip(flat[::2], flat[1::2]))
+        # no output yet: it starts now, or has not started
+        return Claim(Job.from_redis(job_id, fields, ""), verdict == "started", fields.get("solo") == "1", int(behind))
 
-    def append(self, job_id: str, n_tokens: int, text: str, prompt_tokens: int, worker: str) -> bool:
-        """Record generated text as one token event; True when the job must stop (cancelled, or taken away)."""
+    def claim_now(self, worker: str) -> Job | None:
+        """Start the next job in fair order whatever its size (a worker with no budget to keep; tests)."""
+        claim = self.claim_next(worker, want="*")
+        return claim.job if claim else None
+
+    def append(self, job_id: str, n_tokens: int, text: str, prompt_tokens: int, worker: str, pipe: Any = None) -> Any:
+        """Record generated text as one token event; true when the job must stop (cancelled, or taken away)."""
         event = json.dumps({"type": "token", "text": text, "n": n_tokens}, separators=(",", ":"))
-        return bool(self._run("append", job_id, n_tokens, text, event, prompt_tokens, worker))
+        return self._run("append", job_id, n_tokens, text, event, prompt_tokens, worker, pipe=pipe)
 
     def finish(
         self,
@@ -237,19 +303,25 @@ class Store:
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
         stop_seen_at: int | None = None,
-    ) -> bool:
-        """End a job `worker` runs; False if it was not running there (it has its one terminal state)."""
+        pipe: Any = None,
+    ) -> Any:
+        """End a job `worker` runs; false if it was not running there (it has its one terminal state)."""
         err = error_json(*error) if error else ""
         s = self.settings
         seen = "" if stop_seen_at is None else stop_seen_at
         args = (status.value, finish_reason or "", err, prompt_tokens, completion_tokens, s.result_ttl_s, worker, seen)
-        return bool(self._run("finish", job_id, *args))
+        return self._run("finish", job_id, *args, pipe=pipe)
 
-    def hand_back(self, job_id: str, worker: str) -> str | None:
-        """Release a job `worker` runs but cannot finish: requeued at the front, or failed after max_attempts."""
+    def hand_back(self, job_id: str, worker: str, why: str = "worker_crashed", shared: bool = False,
+                  pipe: Any = None) -> Any:  # fmt: skip
+        """Release a job `worker` runs but cannot finish: requeued at the front, or failed after max_attempts.
+        `why`: worker_crashed (it could not record the outcome), generation_error (its batch's step failed), or
+        stopping (the worker shuts down in good order: the run does not count as an attempt). `shared`: the job
+        ran with others, so the failure is not blamed on it (see release() in tasks/lua/common.lua). Returns
+        [id, verdict], or [] if it does not run there."""
         s = self.settings
-        found = self._run("recover", s.max_attempts, s.job_ttl_s, s.result_ttl_s, job_id, worker)
-        return found[1] if found else None
+        return self._run("recover", s.max_attempts, s.job_ttl_s, s.result_ttl_s, job_id, worker, why,
+                         "1" if shared else "", pipe=pipe)  # fmt: skip
 
     def housekeep(self, doorbell: Doorbell | None = None) -> tuple[int, list[tuple[str, str]]]:
         """One periodic round: end waiting jobs past their deadline (expired) or whose watcher left (client_gone),
@@ -297,14 +369,15 @@ class Store:
             progress = float(lease.get("progress") or lease["since"])
             workers.append(
                 DeviceLease(name, lease["worker"], int(lease.get("pid", 0)), now - float(lease["beat"]), jobs,
-                            now - progress if jobs else None)  # fmt: skip
+                            now - progress if jobs else None, int(lease.get("batch", 0)), int(lease.get("slots", 0)),
+                            float(lease.get("tok_s", 0)))  # fmt: skip
             )
         return Snapshot(now, int(depth), len(running), stats, workers)
 
-    def cancel_requests(self) -> Any:
-        """A pub/sub subscribed to the ids of running jobs asked to stop."""
+    def listen(self) -> Any:
+        """A pub/sub subscribed to the ids of running jobs asked to stop, and to the queue's moves."""
         sub = self.redis.pubsub(ignore_subscribe_messages=True)
-        sub.subscribe(keys.CANCELS)
+        sub.subscribe(keys.CANCELS, keys.QUEUE_MOVED)
         return sub
 
     def count(self, field: str, n: int = 1) -> None:

@@ -15,7 +15,7 @@ import redis
 from tasks.embedded_redis import EmbeddedRedis, RedisUnavailable, redis_binary
 from tasks.settings import Settings
 from tasks.store import Store, connect
-from tests.helpers import JobsClient
+from tests.helpers import BUSY, JobsClient
 
 IN_CI = bool(os.environ.get("CI"))
 
@@ -56,9 +56,11 @@ def engine(demo_model: Path):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def settings(redis_server: EmbeddedRedis, demo_model: Path, tmp_path: Path) -> Settings:
-    # short pings and a short watch grace keep the stories quick
+    # short pings and a short watch grace keep the stories quick; one slot, so a long job keeps the worker busy
+    # (the batch's own stories, in test_batch.py, ask for more)
     return Settings(
-        redis_url=redis_server.url, model=str(demo_model), var_dir=tmp_path, sse_ping_s=0.25, watch_grace_s=1.0
+        redis_url=redis_server.url, model=str(demo_model), var_dir=tmp_path, sse_ping_s=0.25, watch_grace_s=1.0,
+        max_batch=1, max_tokens_limit=BUSY,
     )
 
 
@@ -153,6 +155,7 @@ def worker_process(settings: Settings, tmp_path: Path, redis_client: redis.Redis
             "ONELANE_MODEL": settings.model_path,
             "ONELANE_VAR_DIR": str(tmp_path),
             "ONELANE_LEASE_S": "1",
+            "ONELANE_MAX_BATCH": str(settings.max_batch),
             **env,
         }
         flag = "--supervise" if supervise else "--no-supervise"

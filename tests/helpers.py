@@ -11,6 +11,7 @@ from tasks import keys
 from tasks.store import Store
 
 TERMINAL = {"completed", "failed", "cancelled", "expired"}
+BUSY = 1_000_000  # max_tokens of a job that keeps the worker busy until the story cancels it (the tests' limit)
 
 
 class JobsClient:

@@ -16,5 +16,5 @@ if __name__ == "__main__":
     claimed = None
     while True:
         if store.take_device(worker) == "ok" and claimed is None:
-            claimed = store.claim_next(worker)
+            claimed = store.claim_now(worker)
         time.sleep(0.05)

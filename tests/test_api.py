@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tasks import keys
 
-LIMITS = {"max_prompt_chars": 32_000, "max_tokens_limit": 4096}
 
 BAD_BODIES = [
     ("malformed json", b'{"prompt": "hi"', 400, "invalid_json"),
@@ -18,7 +19,7 @@ BAD_BODIES = [
     ("prompt of the wrong type", b'{"prompt": 42}', 422, "invalid_request"),
     ("max_tokens as a string", b'{"prompt": "a", "max_tokens": "8"}', 422, "invalid_request"),
     ("max_tokens zero", b'{"prompt": "a", "max_tokens": 0}', 422, "invalid_request"),
-    ("max_tokens above the limit", b'{"prompt": "a", "max_tokens": 4097}', 422, "invalid_request"),
+    ("max_tokens above the limit", b'{"prompt": "a", "max_tokens": 1000001}', 422, "invalid_request"),
     ("negative temperature", b'{"prompt": "a", "temperature": -1}', 422, "invalid_request"),
     ("top_p zero", b'{"prompt": "a", "top_p": 0}', 422, "invalid_request"),
     ("boolean seed", b'{"prompt": "a", "seed": true}', 422, "invalid_request"),
@@ -29,7 +30,21 @@ BAD_BODIES = [
     ("ttl beyond the server maximum", b'{"prompt": "a", "ttl_s": 100000}', 422, "invalid_request"),
     ("negative ttl", b'{"prompt": "a", "ttl_s": -1}', 422, "invalid_request"),
     ("prompt too large", b'{"prompt": "' + b"x" * 32_001 + b'"}', 413, "prompt_too_large"),
-    ("body too large", b'{"prompt": "' + b"x" * 300_000 + b'"}', 413, "payload_too_large"),
+    ("lone surrogate in the prompt", b'{"prompt": "a\\ud800b"}', 400, "invalid_json"),
+    ("lone low surrogate in the prompt", b'{"prompt": "\\udc00"}', 400, "invalid_json"),
+    ("lone surrogate in a message", b'{"messages": [{"role": "user", "content": "\\ud83d"}]}', 400, "invalid_json"),
+    ("lone surrogate in a stop string", b'{"prompt": "a", "stop": ["\\ud800"]}', 400, "invalid_json"),
+    ("lone surrogate in a key", b'{"prompt": "a", "\\ud800": 1}', 400, "invalid_json"),
+    ("surrogate as raw bytes", b'{"prompt": "\xed\xa0\x80"}', 400, "invalid_json"),
+    ("nested 100,000 deep", b"[" * 100_000, 400, "invalid_json"),
+    ("nested deep inside an object", b'{"prompt": "a", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400,
+     "invalid_json"),
+    ("NaN is not JSON", b'{"prompt": "a", "temperature": NaN}', 400, "invalid_json"),
+    ("an integer beyond any float", b'{"prompt": "a", "temperature": 1' + b"0" * 400 + b"}", 422, "invalid_request"),
+    ("empty prompt", b'{"prompt": ""}', 422, "invalid_request"),
+    ("every message empty", b'{"messages": [{"role": "system", "content": ""}, {"role": "user", "content": ""}]}',
+     422, "invalid_request"),
+    ("body too large", b'{"prompt": "' + b"x" * 500_000 + b'"}', 413, "payload_too_large"),
 ]  # fmt: skip
 
 
@@ -42,6 +57,31 @@ def test_bad_submission_gets_a_json_error_and_admits_nothing(jobs, store, name, 
     assert error["type"] == error_type
     assert error["message"] and "Traceback" not in error["message"]
     assert store.redis.keys(keys.NS + "*") == []
+
+
+@pytest.mark.parametrize("body,param", [({"prompt": ""}, "prompt"), ({"messages": [{"role": "user", "content": ""}]},
+                                                                    "messages")])
+def test_an_empty_prompt_is_refused_at_the_door_by_name(jobs, store, body, param):
+    response = jobs.client.post("/v1/jobs", json=body)
+
+    assert response.status_code == 422
+    assert response.get_json()["error"]["param"] == param
+    assert store.redis.keys(keys.NS + "*") == []
+
+
+def test_a_message_may_be_empty_when_another_is_not(jobs):
+    messages = [{"role": "system", "content": ""}, {"role": "user", "content": "hi"}]
+    assert jobs.submit(messages=messages, prompt=None)["messages"] == messages
+
+
+def test_a_prompt_of_the_most_characters_as_json_escapes_is_accepted(jobs, settings):
+    emoji = "\U0001F600"  # JSON writes it as a 12-byte escape, "\\ud83d\\ude00"
+    body = json.dumps({"prompt": emoji * settings.max_prompt_chars, "stop": ["\U0001F4A9" * 256] * 8})
+
+    response = jobs.client.post("/v1/jobs", data=body, content_type="application/json")
+
+    assert response.status_code == 202, response.get_json()
+    assert response.get_json()["prompt"] == emoji * settings.max_prompt_chars
 
 
 def test_unknown_job_is_404_for_get_and_cancel(jobs):

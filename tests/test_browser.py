@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import wait_event
+from tests.helpers import BUSY, wait_event
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -99,7 +99,7 @@ def timings_shown(page: Any) -> dict[str, str]:
 
 def start_long_job(jobs, store) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     """A job that keeps the worker busy until it is cancelled, once it produced its first token."""
-    job = jobs.submit("keep the GPU busy", max_tokens=4000, ignore_eos=True)
+    job = jobs.submit("keep the GPU busy", max_tokens=BUSY, ignore_eos=True)
     wait_event(store, job["id"], lambda e: e["type"] == "token")
     return job
 
@@ -197,7 +197,7 @@ def test_a_job_the_worker_dropped_starts_over_without_the_lost_text(page, store)
     status, output = page.locator("#status"), page.locator("#output")
     expect(status).to_have_text("#1 in queue, ETA unknown")
     assert store.take_device("w") == "ok"
-    assert store.claim_next("w").id == job_id
+    assert store.claim_now("w").id == job_id
     store.append(job_id, 2, "lost text", 1, "w")
     expect(output).to_have_text("lost text")
 
@@ -207,7 +207,7 @@ def test_a_job_the_worker_dropped_starts_over_without_the_lost_text(page, store)
     expect(output).to_have_text("")
     store.keep_watching(store.get(job_id))  # the page's lease is the stream's business, not this test's
     assert store.take_device("w") == "ok"  # renew the lease this test holds as the worker (no heartbeat here)
-    assert store.claim_next("w").id == job_id
+    assert store.claim_now("w").id == job_id
     store.append(job_id, 1, "kept", 1, "w")
     store.finish(job_id, JobStatus.COMPLETED, "w", finish_reason="stop", prompt_tokens=1, completion_tokens=1)
     expect(status).to_have_text("Completed: the model finished.")

@@ -76,3 +76,5 @@ def test_redis_worker_and_web_started_apart_find_each_other(tmp_path, demo_model
             if process is not None:
                 process.terminate()
                 process.wait(timeout=30)
+    # `onelane redis`, stopped, took its server with it
+    assert not (tmp_path / "var" / "redis" / "redis.sock").exists()

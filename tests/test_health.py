@@ -62,7 +62,7 @@ def test_readyz_forgets_a_job_that_ended_stalled_while_its_worker_holds_the_devi
     client = make_app(settings.model_copy(update={"stall_s": 0.3})).test_client()
     quick = store.__class__(store.redis, settings.model_copy(update={"stall_s": 0.3}))
     job = client.post("/v1/jobs", json={"prompt": "stuck", "max_tokens": 4}).get_json()
-    assert quick.take_device("w1") == "ok" and quick.claim_next("w1").id == job["id"]
+    assert quick.take_device("w1") == "ok" and quick.claim_now("w1").id == job["id"]
     assert client.get("/readyz").get_json()["workers"][0]["jobs"] == [job["id"]]
 
     while not (stalled := quick.watch_device()[1]):  # the supervisor's look, until the job counts as stalled

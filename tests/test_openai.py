@@ -9,7 +9,7 @@ import openai
 import pytest
 import requests
 
-from tests.helpers import wait_ended, wait_event
+from tests.helpers import BUSY, wait_ended, wait_event
 
 MODEL = "onelane-demo"
 
@@ -120,7 +120,7 @@ def test_headers_carry_the_job_id_and_queue_time(client, worker, store):
 
 
 def test_a_waiting_stream_gets_its_position_as_comments(live_server, jobs, store, worker):
-    busy = jobs.submit("busy", max_tokens=3000, ignore_eos=True)
+    busy = jobs.submit("busy", max_tokens=BUSY, ignore_eos=True)
     wait_event(store, busy["id"], lambda e: e["type"] == "token")
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True}
     with requests.post(f"{live_server}/v1/chat/completions", json=body, stream=True, timeout=30) as response:
@@ -150,7 +150,7 @@ def test_closing_a_stream_cancels_its_job(client, worker, store):
 
 
 def test_a_non_streaming_client_that_leaves_while_queued_is_never_generated(live_server, jobs, store, worker):
-    busy = jobs.submit("busy", max_tokens=3000, ignore_eos=True)
+    busy = jobs.submit("busy", max_tokens=BUSY, ignore_eos=True)
     wait_event(store, busy["id"], lambda e: e["type"] == "token")
     impatient = openai.OpenAI(base_url=f"{live_server}/v1", api_key="x", max_retries=0, timeout=1.0)
 
@@ -183,7 +183,7 @@ def test_a_stream_whose_worker_died_mid_answer_ends_with_an_error_not_a_garbled_
         lines = response.iter_lines(decode_unicode=True)
         # this test plays the worker: it runs the job a little, then dies
         assert store.take_device("w") == "ok"
-        assert store.claim_next("w").id == job_id
+        assert store.claim_now("w").id == job_id
         store.append(job_id, 1, "half an answer", 1, "w")
         next(ln for ln in lines if "half an answer" in ln)
         store.hand_back(job_id, "w")
@@ -193,3 +193,87 @@ def test_a_stream_whose_worker_died_mid_answer_ends_with_an_error_not_a_garbled_
     assert rest[-1] == "data: [DONE]"
     # and the job is not run again for a client that has gone
     assert wait_ended(store, job_id)["status"] == "cancelled"
+
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+LOOSE = [  # each is refused by OpenAI: a value of the wrong JSON type is not converted
+    ("max_tokens true", {"max_tokens": True}, "max_tokens"),
+    ("max_tokens a float", {"max_tokens": 8.0}, "max_tokens"),
+    ("max_tokens a string", {"max_tokens": "8"}, "max_tokens"),
+    ("max_completion_tokens true", {"max_completion_tokens": True}, "max_completion_tokens"),
+    ("temperature a string", {"temperature": "0.5"}, "temperature"),
+    ("temperature true", {"temperature": True}, "temperature"),
+    ("top_p a string", {"top_p": "1"}, "top_p"),
+    ("seed true", {"seed": True}, "seed"),
+    ("seed a float", {"seed": 1.0}, "seed"),
+    ("stream a string", {"stream": "true"}, "stream"),
+    ("stream 1", {"stream": 1}, "stream"),
+    ("stream_options.include_usage 1", {"stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+    ("stop a number", {"stop": 5}, "stop"),
+    ("user a number", {"user": 7}, "user"),
+    ("ignore_eos 1", {"ignore_eos": 1}, "ignore_eos"),
+    ("model a number", {"model": 1}, "model"),
+    ("n true", {"n": True}, "n"),
+    ("n 1.0", {"n": 1.0}, "n"),
+    ("logprobs 0", {"logprobs": 0}, "logprobs"),
+    ("presence_penalty false", {"presence_penalty": False}, "presence_penalty"),
+    ("content a number", {"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    ("a text part a number", {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+     "messages.0.content"),
+    ("name a number", {"messages": [{"role": "user", "content": "x", "name": 5}]}, "messages.0.name"),
+    ("an integer beyond any float", {"temperature": 10**400}, "temperature"),
+    ("empty content", {"messages": [{"role": "user", "content": ""}]}, "messages"),
+    ("no content", {"messages": [{"role": "user", "content": None}]}, "messages"),
+]
+
+
+@pytest.mark.parametrize("name,fields,param", LOOSE, ids=[row[0] for row in LOOSE])
+def test_a_value_of_the_wrong_type_is_a_bad_request_naming_it(jobs, store, name, fields, param):
+    response = jobs.client.post("/v1/chat/completions", json={**CHAT, **fields})
+
+    assert response.status_code == 400, response.get_json()
+    error = response.get_json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert store.list("local") == []
+
+
+def test_numbers_of_either_kind_are_taken_where_openai_takes_them(jobs, store):
+    body = {**CHAT, "temperature": 1, "top_p": 1, "n": 1, "presence_penalty": 0.0, "frequency_penalty": 0, "stream": True}
+
+    response = jobs.client.post("/v1/chat/completions", json=body)  # streams: nothing is read, nothing waits
+
+    assert response.status_code == 200
+    job = store.get(response.headers["x-onelane-job-id"])
+    assert job.spec.params.temperature == 1.0 and job.spec.params.top_p == 1.0
+    response.close()  # the client left: its job is cancelled
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"model": MODEL, "prompt": ""}, "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": [""]}, "prompt"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "system", "content": ""},
+                                                          {"role": "user", "content": [{"type": "text", "text": ""}]}]},
+     "messages"),
+])  # fmt: skip
+def test_an_empty_prompt_is_a_bad_request(jobs, store, path, body, param):
+    response = jobs.client.post(path, json=body)
+
+    assert response.status_code == 400
+    assert response.get_json()["error"]["param"] == param
+    assert store.list("local") == []
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", b'{"model": "onelane-demo", "prompt": "\\ud800"}'),
+    ("/v1/completions", b'{"model": "onelane-demo", "prompt": "a", "stop": "\\udfff"}'),
+    ("/v1/chat/completions", b'{"model": "onelane-demo", "messages": [{"role": "user", "content": "\\ud800"}]}'),
+    ("/v1/chat/completions", b'{"model": "onelane-demo", "messages": [{"role": "user", "content": "a"}], '
+                             b'"user": "\\ud800"}'),
+    ("/v1/chat/completions", b"[" * 100_000),
+])  # fmt: skip
+def test_text_that_is_not_unicode_or_json_nested_too_deep_is_a_bad_request(jobs, store, path, body):
+    response = jobs.client.post(path, data=body, content_type="application/json")
+
+    assert response.status_code == 400
+    assert response.get_json()["error"]["code"] == "invalid_json"
+    assert store.list("local") == []

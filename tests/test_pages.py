@@ -69,7 +69,7 @@ def test_empty_number_fields_take_the_server_defaults_and_the_box_sets_ignore_eo
 
 REJECTED = [
     ("max tokens zero", {"max_tokens": "0"}, 422, "max_tokens"),
-    ("max tokens above the limit", {"max_tokens": "4097"}, 422, "max_tokens may be at most 4096"),
+    ("max tokens above the limit", {"max_tokens": "1000001"}, 422, "max_tokens may be at most 1000000"),
     ("max tokens not a whole number", {"max_tokens": "1.5"}, 422, "max_tokens"),
     ("temperature too high", {"temperature": "5"}, 422, "temperature"),
     ("temperature not a number", {"temperature": "warm"}, 422, "temperature"),
@@ -98,7 +98,7 @@ def test_a_rejected_submission_shows_the_form_again_with_the_input_and_the_messa
 
 
 def test_a_body_larger_than_the_server_reads_gets_the_form_back_with_413(browser, store):
-    response = post_form(browser, prompt="x" * 300_000)
+    response = post_form(browser, prompt="x" * 500_000)
 
     assert response.status_code == 413 and response.mimetype == "text/html"
     assert "the prompt is too large" in response.get_data(as_text=True)
@@ -187,3 +187,102 @@ def test_with_keys_configured_a_browser_signs_in_with_its_key(settings, make_app
     # the job is alice's: her API key sees it, bob's does not
     assert client.get(f"/v1/jobs/{job_id}", headers={"Authorization": "Bearer ka"}).status_code == 200
     assert client.get(f"/v1/jobs/{job_id}", headers={"Authorization": "Bearer kb"}).status_code == 404
+
+
+def test_an_empty_prompt_shows_the_form_again_naming_the_prompt(browser, store):
+    response = post_form(browser, prompt="", max_tokens="8")
+
+    html = response.get_data(as_text=True)
+    assert response.status_code == 422 and response.mimetype == "text/html"
+    assert "the prompt is empty" in html and 'aria-invalid="true"' in html.split('name="prompt"')[1].split(">")[0]
+    assert store.redis.keys(keys.JOB_PREFIX + "*") == []
+
+
+# --- CSRF: every request a browser could be made to send from another site must carry the session's token ---
+
+
+def test_a_form_post_without_a_session_admits_nothing(app, store):
+    stranger = app.test_client(use_cookies=False)  # what another site's page makes a browser send: no cookie
+
+    response = stranger.post("/jobs", data={"prompt": "from elsewhere", "max_tokens": "4"})
+
+    assert 400 <= response.status_code < 500
+    assert store.redis.keys(keys.NS + "*") == []
+
+
+@pytest.mark.parametrize("token", [None, "", "forged", "é", "\u2603" * 32, "tok\x00en"])
+def test_a_form_post_with_the_session_but_not_its_token_admits_nothing(browser, store, token):
+    form_token(browser)  # the browser has a session
+    fields = {"prompt": "hi", "max_tokens": "4"} | ({} if token is None else {"csrf_token": token})
+
+    response = browser.post("/jobs", data=fields)
+
+    assert response.status_code == 403 and response.mimetype == "text/html"
+    assert "CSRF token" in response.get_data(as_text=True)
+    assert store.redis.keys(keys.JOB_PREFIX + "*") == []
+
+
+def test_a_form_post_with_its_token_is_admitted(browser):
+    response = post_form(browser, prompt="mine", max_tokens="4")
+    assert response.status_code == 303 and response.headers["Location"].startswith("/jobs/job_")
+
+
+@pytest.mark.parametrize("token", ["é", "\u00ff" * 40])
+def test_a_non_ascii_token_on_a_cookie_authenticated_api_call_is_refused_not_a_crash(browser, store, token):
+    job_id = submit_via_form(browser, "keep me")
+
+    by_header = browser.delete(f"/v1/jobs/{job_id}", headers={"X-CSRF-Token": token})
+    by_field = browser.delete(f"/v1/jobs/{job_id}", data={"csrf_token": token})
+    submitted = browser.post("/v1/jobs", json={"prompt": "x"}, headers={"X-CSRF-Token": token})
+
+    for response in (by_header, by_field, submitted):
+        assert response.status_code == 403
+        assert response.get_json()["error"]["type"] == "forbidden"
+    assert browser.get(f"/v1/jobs/{job_id}").get_json()["status"] == "queued"
+    assert len(store.redis.keys(keys.JOB_PREFIX + "*")) == 1
+
+
+@pytest.mark.parametrize("site", ["cross-site", "same-site", "Cross-Site"])
+def test_a_json_post_another_site_made_is_refused_without_a_bearer_key(app, store, site):
+    client = app.test_client(use_cookies=False)
+
+    refused = client.post("/v1/jobs", json={"prompt": "x"}, headers={"Sec-Fetch-Site": site})
+    chat = client.post("/v1/chat/completions", json={"model": "m", "messages": []}, headers={"Sec-Fetch-Site": site})
+
+    assert refused.status_code == 403 and refused.get_json()["error"]["type"] == "forbidden"
+    assert chat.status_code == 403
+    assert store.redis.keys(keys.NS + "*") == []
+    keyed = client.post("/v1/jobs", json={"prompt": "x"}, headers={"Sec-Fetch-Site": site, "Authorization": "Bearer k"})
+    assert keyed.status_code == 202
+
+
+@pytest.mark.parametrize("headers", [{}, {"Sec-Fetch-Site": "same-origin"}, {"Sec-Fetch-Site": "none"}])
+def test_a_plain_api_client_in_local_mode_needs_no_cookie_nor_token(app, store, headers):
+    client = app.test_client(use_cookies=False)
+
+    response = client.post("/v1/jobs", json={"prompt": "curl"}, headers=headers)
+
+    assert response.status_code == 202
+    assert [job.id for job in store.list("local")] == [response.get_json()["id"]]
+    assert client.delete(f"/v1/jobs/{response.get_json()['id']}").status_code == 200
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data"])
+def test_a_post_any_page_can_send_needs_a_session_and_its_token(app, store, content_type):
+    client = app.test_client(use_cookies=False)
+
+    response = client.post("/v1/jobs", data='{"prompt": "x"}', content_type=content_type)
+
+    assert response.status_code == 403
+    assert store.redis.keys(keys.NS + "*") == []
+
+
+def test_a_non_ascii_token_at_sign_in_is_refused_not_a_crash(settings, make_app):
+    users = settings.model_validate({"users": "alice:ka"}).users
+    client = make_app(settings.model_copy(update={"users": users})).test_client()
+    client.get("/login")
+
+    assert client.post("/login", data={"key": "ka", "csrf_token": "é"}).status_code == 400
+    assert client.post("/login", data={"key": "ka"}).status_code == 400
+    stranger = make_app(settings.model_copy(update={"users": users})).test_client(use_cookies=False)
+    assert stranger.post("/login", data={"key": "ka", "csrf_token": "x"}).status_code == 400

@@ -61,9 +61,10 @@ def test_two_workers_on_one_device_never_overlap_and_the_second_takes_over(jobs,
     first = worker_process(supervise=False)
     holder = wait_for_worker(store)
     worker_process(supervise=False)  # waits for the device
-    ids = [jobs.submit(f"j{n}", max_tokens=30, ignore_eos=True)["id"] for n in range(6)]
+    ids = [jobs.submit(f"j{n}", max_tokens=30 if n < 3 else 600, ignore_eos=True)["id"] for n in range(6)]
     for job_id in ids[:3]:
         wait_ended(store, job_id)
+    wait_event(store, ids[3], lambda e: e["type"] == "token")  # the first worker is inside the fourth job
 
     first.send_signal(signal.SIGKILL)  # the standby takes the device once the lease lapses
     done = [wait_ended(store, job_id, timeout_s=60) for job_id in ids]

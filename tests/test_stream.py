@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
+import requests
 
 from tasks import keys
-from tests.helpers import TERMINAL, EventStream, wait_ended, wait_event
+from tests.helpers import BUSY, TERMINAL, EventStream, wait_ended, wait_event
 
 
 def read_until(stream: EventStream, stop) -> list[dict]:  # type: ignore[no-untyped-def]
@@ -130,7 +131,7 @@ def test_eta_comes_from_the_running_jobs_rate_and_recent_service_times(jobs, sto
 
 def test_watched_job_whose_stream_closed_is_skipped_before_generation(jobs, store, start_worker, live_server):
     start_worker()
-    busy = jobs.submit("busy", max_tokens=3000, ignore_eos=True)
+    busy = jobs.submit("busy", max_tokens=BUSY, ignore_eos=True)
     wait_event(store, busy["id"], lambda e: e["type"] == "token")
     watched = jobs.submit("watched", max_tokens=8, abandon_on_disconnect=True)
     unwatched = jobs.submit("fire and forget", max_tokens=8, ignore_eos=True)
@@ -151,7 +152,7 @@ def test_watched_job_whose_stream_closed_is_skipped_before_generation(jobs, stor
 
 def test_an_open_stream_keeps_a_watched_job_in_the_queue_past_the_grace(jobs, store, start_worker, live_server):
     start_worker()
-    busy = jobs.submit("busy", max_tokens=3000, ignore_eos=True)
+    busy = jobs.submit("busy", max_tokens=BUSY, ignore_eos=True)
     wait_event(store, busy["id"], lambda e: e["type"] == "token")
     watched = jobs.submit("watched", max_tokens=6, ignore_eos=True, abandon_on_disconnect=True)
     stream = EventStream(live_server, watched["id"])
@@ -213,13 +214,96 @@ def test_one_position_lookup_serves_every_waiting_stream_when_the_queue_moves(jo
     lookups: list[tuple[str, ...]] = []
     run = store._run
 
-    def counting_run(name: str, *args: object) -> object:
+    def counting_run(name: str, *args: object, **kwargs: object) -> object:
         if name == "position":
-            lookups.append(tuple(map(str, args)))
-        return run(name, *args)
+            lookups.append(tuple(map(str, args[1:])))  # after the number of slots
+        return run(name, *args, **kwargs)
 
     monkeypatch.setattr(store, "_run", counting_run)
     jobs.cancel(head["id"])
 
     assert [next(e for e in s if e.get("event") == "queued")["data"]["position"] for s in streams] == [1, 2, 3]
     assert len(lookups) == 1 and sorted(lookups[0]) == sorted(waiting)
+
+
+def read_to_the_end(stream: EventStream, within_s: float = 3.0) -> list[dict]:
+    """Every item until the server ends the stream; fails if it is still open after `within_s` (pings come every
+    0.25 s in tests, so a stream that never ends is caught)."""
+    deadline = time.monotonic() + within_s
+    items = []
+    for item in stream:
+        assert time.monotonic() < deadline, f"the stream did not end within {within_s} s: {items}"
+        items.append(item)
+    stream.close()
+    return items
+
+
+def test_a_stream_resumed_at_an_ended_jobs_terminal_event_ends_at_once(jobs, store, start_worker, live_server):
+    start_worker()
+    job = jobs.submit("done", max_tokens=5, ignore_eos=True)
+    wait_ended(store, job["id"])
+    terminal = len(store.events(job["id"])) - 1
+
+    assert read_to_the_end(EventStream(live_server, job["id"], last_event_id=terminal)) == []
+    rest = read_to_the_end(EventStream(live_server, job["id"], last_event_id=terminal - 1))
+    assert [e["id"] for e in rest] == [terminal] and rest[0]["event"] == "completed"
+
+
+def test_a_stream_on_a_job_cancelled_while_waiting_replays_its_end_and_ends(jobs, store, live_server):
+    job = jobs.submit("never runs", max_tokens=4)  # no worker: it waits
+    jobs.cancel(job["id"])
+
+    events = read_to_the_end(EventStream(live_server, job["id"]))
+    assert [(e["id"], e["event"]) for e in events] == [(0, "cancelled")]
+    assert read_to_the_end(EventStream(live_server, job["id"], last_event_id=0)) == []
+
+
+def test_a_waiting_stream_ends_when_its_job_is_cancelled(jobs, live_server):
+    job = jobs.submit("waits", max_tokens=4)
+    stream = EventStream(live_server, job["id"])
+    items = iter(stream)
+    assert next(items)["event"] == "queued"
+
+    jobs.cancel(job["id"])
+
+    assert [e["event"] for e in items if "event" in e] == ["cancelled"]
+
+
+BAD_IDS = ["99999999999999999999", "9" * 5000, "abc", "-1", "-5", "1.0", "1e3", "0x1", "\u0665", "1", "2"]
+
+
+@pytest.mark.parametrize("raw", BAD_IDS, ids=lambda raw: raw[:24])
+@pytest.mark.parametrize("where", ["header", "query"])
+def test_an_id_that_is_not_one_of_the_jobs_events_is_a_400(jobs, store, live_server, raw, where):
+    job = jobs.submit("never runs", max_tokens=4)
+    jobs.cancel(job["id"])  # its log: one event, index 0
+
+    url = f"{live_server}/v1/jobs/{job['id']}/events"
+    if where == "header":
+        response = requests.get(url, headers={"Last-Event-ID": raw.encode("utf-8")}, timeout=5)
+    else:
+        response = requests.get(url, params={"last_event_id": raw}, timeout=5)
+
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request"
+    assert error["param"] == ("Last-Event-ID" if where == "header" else "last_event_id")
+
+
+def test_an_empty_last_event_id_means_none(jobs, live_server):
+    job = jobs.submit("never runs", max_tokens=4)
+    jobs.cancel(job["id"])
+
+    response = requests.get(f"{live_server}/v1/jobs/{job['id']}/events", headers={"Last-Event-ID": ""}, timeout=5)
+
+    assert response.status_code == 200 and "id: 0\nevent: cancelled" in response.text
+
+
+def test_a_running_jobs_stream_resumes_from_any_id_it_sent(jobs, store, start_worker, live_server):
+    start_worker()
+    job = jobs.submit("resume", max_tokens=200, ignore_eos=True)
+    wait_event(store, job["id"], lambda e: e["type"] == "token")
+
+    events = [e for e in read_to_the_end(EventStream(live_server, job["id"], last_event_id=0), 30) if "id" in e]
+
+    assert events[0]["id"] == 1 and events[-1]["event"] == "completed"

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from tasks import keys
-from tests.helpers import wait_ended, wait_event
+from tests.helpers import BUSY, wait_ended, wait_event
 from tests.test_stream import running_job_left_s
 
 USERS = "alice:ka,bob:kb,carol:kc,dave:kd"
@@ -157,7 +157,7 @@ def test_positions_reported_match_the_order_jobs_run(jobs, store, start_worker):
 def test_jobs_skipped_because_their_client_left_cost_their_owner_no_future_turns(jobs, store, start_worker):
     c = jobs.client
     start_worker()
-    busy = submit(c, "carol", "busy", max_tokens=3000).get_json()["id"]
+    busy = submit(c, "carol", "busy", max_tokens=BUSY).get_json()["id"]
     wait_event(store, busy, lambda e: e["type"] == "token")
     abandoned = [submit(c, "alice", f"a{n}", abandon_on_disconnect=True).get_json()["id"] for n in range(10)]
     # nobody watches them: once the grace passes they end, skipped, while the busy job still runs

@@ -10,7 +10,7 @@ import pytest
 
 from tasks import keys
 from tasks.broker import QUEUE_NAME, run_next_message
-from tests.helpers import wait_ended, wait_event
+from tests.helpers import BUSY, wait_ended, wait_event
 
 
 def test_submitted_job_completes_with_output_and_usage(jobs, store, start_worker):
@@ -40,8 +40,8 @@ def test_chat_messages_are_rendered_with_the_chat_template(jobs, store, start_wo
     assert done["usage"]["prompt_tokens"] > len(engine.tokenizer.encode("hi")) + 3
 
 
-def test_jobs_submitted_together_never_overlap(jobs, store, start_worker):
-    start_worker()
+def test_with_a_batch_of_one_jobs_submitted_together_never_overlap(jobs, store, start_worker):
+    start_worker(max_batch=1)
     ids = [jobs.submit(f"job {n}", max_tokens=12, ignore_eos=True)["id"] for n in range(4)]
 
     done = [wait_ended(store, job_id) for job_id in ids]
@@ -114,7 +114,7 @@ def test_cancel_is_idempotent_and_refused_once_the_job_ended_otherwise(jobs, sto
 def test_job_whose_ttl_passes_while_queued_expires_without_generating(jobs, store, start_worker):
     # Given the worker busy with a long job
     start_worker()
-    busy = jobs.submit("busy", max_tokens=3000, ignore_eos=True)
+    busy = jobs.submit("busy", max_tokens=BUSY, ignore_eos=True)
     wait_event(store, busy["id"], lambda e: e["type"] == "token")
 
     # When a job behind it outlives its TTL
@@ -136,13 +136,13 @@ def test_claim_judges_the_deadline_by_redis_clock(store, jobs):
     while store.redis.time()[0] + store.redis.time()[1] / 1e6 < job["deadline"]:
         assert time.monotonic() < wait_until
     assert store.take_device("w1") == "ok"
-    assert store.claim_next("w1") is None
+    assert store.claim_now("w1") is None
     assert jobs.get(job["id"])["status"] == "expired"
 
 
 def test_cancelling_a_running_job_stops_it_within_a_step_keeping_partial_output(jobs, store, start_worker):
     start_worker()
-    job = jobs.submit("long", max_tokens=3000, ignore_eos=True)
+    job = jobs.submit("long", max_tokens=BUSY, ignore_eos=True)
     wait_event(store, job["id"], lambda e: e["type"] == "token")
 
     response = jobs.cancel(job["id"])
@@ -154,7 +154,7 @@ def test_cancelling_a_running_job_stops_it_within_a_step_keeping_partial_output(
     assert done["output"]
     tokens = done["usage"]["completion_tokens"]
     heard_at = int(store.redis.hget(keys.job(job["id"]), "stop_seen_at"))
-    assert 0 < heard_at <= tokens < 3000
+    assert 0 < heard_at <= tokens < BUSY
     # the worker heard the cancel at once and generated at most one more token
     assert tokens - heard_at <= 1, (heard_at, tokens)
 
@@ -308,7 +308,7 @@ def test_an_openai_request_gets_its_answer_when_its_job_expires_while_no_worker_
 def test_a_requeued_job_leaves_no_key_without_a_ttl(jobs, store):
     job = jobs.submit("requeued", max_tokens=4)
     assert store.take_device("w1") == "ok"
-    assert store.claim_next("w1").id == job["id"]  # the queue is empty now: its keys are gone
+    assert store.claim_now("w1").id == job["id"]  # the queue is empty now: its keys are gone
     store.redis.delete(keys.device(store.settings.device))  # w1 died
 
     store.housekeep()

@@ -50,8 +50,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     """Build the app from `settings` (default: the environment)."""
     settings = settings or Settings.from_env()
     app = Flask(__name__)
-    # Large enough for the longest allowed prompt in JSON escapes; larger bodies get a JSON 413.
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_prompt_chars * 6 + 64 * 1024
+    # The longest allowed prompt at 12 bytes a character (JSON writes an emoji as "\ud83d\ude00", a form as 4 %XX),
+    # plus 64 KiB for the rest (stop strings, message framing); larger bodies get a 413.
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_prompt_chars * 12 + 64 * 1024
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.secret_key = settings.secret_key or _stored_secret(settings.var_dir / "secret_key")
     app.config.update(SESSION_COOKIE_SAMESITE="Lax", SESSION_COOKIE_HTTPONLY=True)

@@ -32,8 +32,9 @@ def admit(spec: JobSpec, ttl_s: float, job_id: str | None = None) -> Job:
 
 @bp.post("/v1/jobs")
 def submit() -> Response:
+    owner = current_owner()  # who is asking (and may they), before what they ask
     req = parse(SubmitJob, json_body(request))
-    job = admit(*to_spec(req, current_owner(), services().settings))
+    job = admit(*to_spec(req, owner, services().settings))
     response = job_response(job, 202)
     response.headers["Location"] = url_for("api.get_job", job_id=job.id)
     return response

@@ -6,8 +6,7 @@
   (`web-<random>`); with keys configured a browser signs in once with a key (`/login`).
 - Neither: the local user in local mode, else 401.
 
-Requests that act on a cookie (not a bearer key) and change something must carry the session's CSRF token
-(form field `csrf_token` or header `X-CSRF-Token`).
+A request that changes something and carries no bearer key is checked by check_csrf(), the one CSRF rule.
 """
 
 from __future__ import annotations
@@ -18,16 +17,26 @@ import secrets
 
 from flask import g, request, session
 
-from tasks.errors import Unauthorized
+from tasks.errors import Forbidden, Unauthorized
 from tasks.settings import User
-from web import services
+from web import body, services
 
 LOCAL_USER = "local"
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+OTHER_SITES = frozenset({"cross-site", "same-site"})  # Sec-Fetch-Site of a request another site's page made
+
+
+def same_secret(sent: str, expected: str) -> bool:
+    """Compare two secrets in constant time, as bytes: whatever text a client sends compares, never raises."""
+    return hmac.compare_digest(_bytes(sent), _bytes(expected))
+
+
+def _bytes(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")  # any str encodes (compare_digest takes only ASCII str)
 
 
 def _digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode()).digest()
+    return hashlib.sha256(_bytes(key)).digest()
 
 
 def user_for_key(key: str) -> User | None:
@@ -66,16 +75,13 @@ def _identify() -> tuple[str, User | None]:
         if user is None:
             raise Unauthorized("invalid API key")
         return user.name, user
+    check_csrf()
     if "user" in session:
         user = next((u for u in settings.users if u.name == session["user"]), None)
         if user is not None:
-            _check_csrf()
             return user.name, user
     if not settings.keys_required:
-        if "visitor" in session:
-            _check_csrf()
-            return str(session["visitor"]), None
-        return LOCAL_USER, None
+        return str(session.get("visitor", LOCAL_USER)), None
     raise Unauthorized("this server needs an API key: send 'Authorization: Bearer <key>'")
 
 
@@ -107,9 +113,22 @@ def csrf_token() -> str:
     return str(session["csrf"])
 
 
-def _check_csrf() -> None:
+def check_csrf() -> None:
+    """The one CSRF rule, for a request without a bearer key that would change something (refused: Forbidden).
+
+    Another site's page may change nothing (Sec-Fetch-Site). A request that carries a browser session, or that a
+    page could send from anywhere without a CORS preflight (a POST of a form or of plain text), must carry the
+    session's CSRF token (form field `csrf_token` or header `X-CSRF-Token`); with no session it cannot. What is
+    left, a JSON POST or a DELETE with no cookie (curl, the SDKs), needs none: browsers send those cross-site
+    only after a preflight, which this server never grants.
+    """
     if request.method not in UNSAFE_METHODS:
         return
-    sent = request.headers.get("X-CSRF-Token") or request.form.get("csrf_token") or ""
-    if not hmac.compare_digest(sent, str(session.get("csrf", ""))):
-        raise Unauthorized("missing or wrong CSRF token; reload the page and try again")
+    if request.headers.get("Sec-Fetch-Site", "").lower() in OTHER_SITES:
+        raise Forbidden("a request from another site may not change anything here")
+    expected = session.get("csrf")
+    if expected is None and (request.method != "POST" or request.is_json):
+        return
+    sent = request.headers.get("X-CSRF-Token") or body.form(request).get("csrf_token") or ""
+    if expected is None or not same_secret(sent, str(expected)):
+        raise Forbidden("missing or wrong CSRF token; reload the page and try again")

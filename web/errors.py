@@ -14,6 +14,7 @@ logger = logging.getLogger(__name__)
 
 STATUS: dict[type[errors.OnelaneError], int] = {
     errors.InvalidJSON: 400,
+    errors.InvalidParameter: 400,
     errors.PromptTooLarge: 413,
     errors.InvalidRequest: 422,
     errors.JobNotFound: 404,
@@ -25,6 +26,7 @@ STATUS: dict[type[errors.OnelaneError], int] = {
     errors.QuotaExceeded: 429,
     errors.QueueFull: 503,
     errors.Unauthorized: 401,
+    errors.Forbidden: 403,
     errors.Unavailable: 503,
 }
 

@@ -31,13 +31,21 @@ def follow(
     - the job's own events from the durable log after index `after`, each with its index "i";
     - {"type": "gone"} (and nothing more) if `environ`'s client closed its connection.
 
+    A job that has ended gives what is left of its log after `after` (maybe nothing) and stops at once.
+
     `feed`, when given, was subscribed before `job` was admitted, and `job` is as admitted: nothing needs
     reading again before the first event.
     """
     admitted = feed is not None
+    if not admitted and job.status.ended:
+        yield from rest_of_log(store, job, after)
+        return
     feed = feed or Feed(store, hub, job.id, after)
     try:
         job = job if admitted else store.get(job.id)  # fresh, now that the feed is subscribed
+        if job.status.ended:  # it ended meanwhile
+            yield from rest_of_log(store, job, after)
+            return
         waiting = job.status is JobStatus.QUEUED
         if waiting and job.spec.watched:
             ping_s = min(ping_s, store.settings.watch_grace_s / 3)
@@ -81,3 +89,9 @@ def follow(
                 next_ping = time.monotonic() + ping_s
     finally:
         feed.close()
+
+
+def rest_of_log(store: Store, job: Job, after: int) -> list[dict[str, Any]]:
+    """An ended job's events after index `after`, at once: nothing more will come."""
+    # its log is complete: the terminal event is written in the same script that ends the job
+    return store.events(job.id, after + 1)

@@ -85,6 +85,17 @@ def _gauges(snap: Snapshot) -> Iterator[Metric]:
         age.add_metric([w.device], w.heartbeat_age_s)
     yield age
     yield GaugeMetricFamily("onelane_workers_alive", "Workers holding a device lease.", value=len(snap.workers))
+    batch = {
+        "batch_size": ("Jobs in the device's batch, as its worker last reported.", lambda w: w.batch),
+        "batch_slots": ("The most jobs the device's batch holds (ONELANE_MAX_BATCH).", lambda w: w.slots),
+        "batch_occupancy": ("Share of the batch's slots in use.", lambda w: w.batch / w.slots if w.slots else 0.0),
+        "generation_tokens_per_second": ("Tokens the device generated per second lately.", lambda w: w.tokens_per_s),
+    }
+    for name, (help_text, value) in batch.items():
+        gauge = GaugeMetricFamily(f"onelane_{name}", help_text, labels=["device"])
+        for w in snap.workers:
+            gauge.add_metric([w.device], value(w))
+        yield gauge
 
 
 def _counters(stats: dict[str, str]) -> Iterator[Metric]:
@@ -103,6 +114,12 @@ def _counters(stats: dict[str, str]) -> Iterator[Metric]:
     yield CounterMetricFamily("onelane_tokens_generated", "Tokens generated.", value=total("tokens"))
     yield CounterMetricFamily("onelane_jobs_requeued", "Jobs put back after their worker died.", value=total("requeued"))
     yield CounterMetricFamily("onelane_worker_restarts", "Worker processes restarted.", value=total("worker_restarts"))
+    yield CounterMetricFamily("onelane_batch_steps", "Steps of the batch (one token for every generating job).",
+                              value=total("batch_steps"))  # fmt: skip
+    yield CounterMetricFamily("onelane_decode_seconds", "Seconds spent in decode steps.", value=total("decode_seconds"))
+    yield CounterMetricFamily("onelane_prefill_seconds", "Seconds spent prefilling prompts.",
+                              value=total("prefill_seconds"))  # fmt: skip
+    yield CounterMetricFamily("onelane_prefill_tokens", "Prompt tokens prefilled.", value=total("prefill_tokens"))
 
 
 def _histograms(stats: dict[str, str]) -> Iterator[Metric]:

@@ -8,11 +8,12 @@ within a step if it runs). Unsupported request fields get a 400 rather than bein
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Iterator
 from typing import Any, Literal
 
 from flask import Blueprint, Response, jsonify, request, stream_with_context
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.errors import InvalidRequest, JobDidNotComplete, ModelNotFound, OnelaneError
 from tasks.job import Job, JobSpec, JobStatus, Message, SamplingParams, Usage, new_job_id
@@ -23,7 +24,7 @@ from web.auth import current_owner
 from web.errors import openai_error
 from web.feed import Feed
 from web.follow import follow
-from web.schemas import json_body, make_spec, parse
+from web.schemas import int_is_a_float, json_body, make_spec, parse
 
 bp = Blueprint("openai", __name__)
 
@@ -42,15 +43,18 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 
 
+STRICT = ConfigDict(extra="forbid", strict=True)  # as OpenAI: `true` is not 1, "0.5" is not 0.5
+
+
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
@@ -62,7 +66,7 @@ class ChatMessage(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     include_usage: bool = False
     include_obfuscation: bool | None = None
@@ -71,7 +75,7 @@ class StreamOptions(BaseModel):
 class Sampling(BaseModel):
     """What both endpoints share. Defaults are OpenAI's (temperature 1)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     model: str
     max_tokens: int | None = Field(None, ge=1)
@@ -83,6 +87,8 @@ class Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     ignore_eos: bool = False  # an extension, as in vLLM: generate to max_tokens past EOS
+
+    _int_is_a_float = field_validator("temperature", "top_p", mode="before")(int_is_a_float)
 
     def params(self, default_max_tokens: int, max_tokens: int | None = None) -> SamplingParams:
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
@@ -111,8 +117,9 @@ def _parse(model: type[Sampling], body: dict[str, Any]) -> Any:
     """Validate, refusing unsupported fields by name; the neutral value of a known field is let through."""
     for field in list(body):
         if field in NEUTRAL and field not in model.model_fields:
-            if body[field] not in NEUTRAL[field]:
-                raise InvalidRequest(f"'{field}' = {body[field]!r} is not supported by onelane", param=field)
+            if not _neutral(body[field], NEUTRAL[field]):
+                shown = reprlib.repr(body[field])  # a bounded excerpt of what was sent
+                raise InvalidRequest(f"'{field}' = {shown} is not supported by onelane", param=field)
             del body[field]
         elif field not in model.model_fields:
             raise InvalidRequest(f"'{field}' is not supported by onelane", param=field)
@@ -121,6 +128,11 @@ def _parse(model: type[Sampling], body: dict[str, Any]) -> Any:
         raise ModelNotFound(f"the model '{req.model}' does not exist; this server serves "
                             f"'{services().settings.model_name}'", param="model")  # fmt: skip
     return req
+
+
+def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    """`value` is one of the neutral values, of the same JSON type (`true` is not 1, nor 1.0 an integer 1)."""
+    return any(value == v and type(value) is type(v) for v in neutral)
 
 
 @bp.get("/v1/models")
@@ -133,22 +145,24 @@ def models() -> Response:
 
 @bp.post("/v1/chat/completions")
 def chat_completions() -> Response:
+    owner = current_owner()  # who is asking (and may they), before what they ask
     req: ChatRequest = _parse(ChatRequest, json_body(request))
     settings = services().settings
     params = req.params(settings.default_max_tokens, req.max_completion_tokens)
     messages = tuple(m.to_message() for m in req.messages)
-    return _admit_and_respond(make_spec(current_owner(), settings, params, None, messages, watched=True), Chat, req)
+    return _admit_and_respond(make_spec(owner, settings, params, None, messages, watched=True), Chat, req)
 
 
 @bp.post("/v1/completions")
 def completions() -> Response:
+    owner = current_owner()
     req: CompletionRequest = _parse(CompletionRequest, json_body(request))
     if isinstance(req.prompt, list) and len(req.prompt) != 1:
         raise InvalidRequest("onelane takes one prompt per request", param="prompt")
     prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
     settings = services().settings
     params = req.params(min(16, settings.max_tokens_limit))  # the legacy endpoint's default is 16 tokens
-    return _admit_and_respond(make_spec(current_owner(), settings, params, prompt, None, watched=True), Text, req)
+    return _admit_and_respond(make_spec(owner, settings, params, prompt, None, watched=True), Text, req)
 
 
 class Chat:
@@ -203,10 +217,10 @@ def _usage(u: Usage) -> dict[str, int]:
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens}
 
 
-def _headers(job: Job) -> dict[str, str]:
+def _headers(job: Job, queued_s: float | None = None) -> dict[str, str]:
     headers = {"x-onelane-job-id": job.id}
-    if job.timings.started_at is not None:
-        headers["x-queue-time"] = f"{job.timings.started_at - job.timings.queued_at:.3f}"
+    if queued_s is not None:
+        headers["x-queue-time"] = f"{queued_s:.3f}"
     return headers
 
 
@@ -243,17 +257,24 @@ def _admit_and_respond(admission: tuple[JobSpec, float], view_class: type[Chat],
 
 
 def _respond(job: Job, view: Chat, story: Iterator[dict[str, Any]]) -> Response:
+    """The whole answer at once, put together from the job's events as they come (nothing is read back)."""
+    output, queued_s = [], None
     for item in story:
-        if item["type"] == "gone":
+        kind = item["type"]
+        if kind == "gone":
             _hang_up(job)
             return Response(status=499)  # nobody reads it; the job was cancelled
-    final = services().store.get(job.id)
-    if final.status is not JobStatus.COMPLETED:
-        raise JobDidNotComplete.of(final)
-    choice = view.choice(final.output, final.finish_reason, False)
-    response = jsonify(view.envelope(view.object, [choice], _usage(final.usage)))
-    response.headers.update(_headers(final))
-    return response
+        if kind == "started":  # (again, after a requeue: its output starts over)
+            output, queued_s = [], item.get("queued_s")
+        elif kind == "token":
+            output.append(item["text"])
+        elif kind == JobStatus.COMPLETED.value:  # the terminal event has the finish reason and the counts
+            usage = Usage(prompt_tokens=item["prompt_tokens"], completion_tokens=item["completion_tokens"])
+            choice = view.choice("".join(output), item["finish_reason"], False)
+            response = jsonify(view.envelope(view.object, [choice], _usage(usage)))
+            response.headers.update(_headers(job, queued_s))
+            return response
+    raise JobDidNotComplete.of(services().store.get(job.id))
 
 
 def _stream(job: Job, view: Chat, story: Iterator[dict[str, Any]]) -> Iterator[str]:

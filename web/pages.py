@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,11 +9,11 @@ from flask import Blueprint, Response, redirect, render_template, request, url_f
 from werkzeug.datastructures import MultiDict
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from tasks.errors import JobNotFound, OnelaneError, Overloaded, PromptTooLarge
+from tasks.errors import Forbidden, JobNotFound, OnelaneError, Overloaded, PromptTooLarge
 from tasks.job import Job
-from web import services
+from web import body, services
 from web.api import admit
-from web.auth import csrf_token, current_owner, sign_in, signed_in, start_visit
+from web.auth import check_csrf, csrf_token, current_owner, sign_in, signed_in, start_visit
 from web.errors import status_for
 from web.schemas import SubmitJob, parse, to_spec
 
@@ -84,16 +83,14 @@ def _number(raw: str) -> int | float | str:
 
 def submission(form: MultiDict[str, str]) -> dict[str, Any]:
     """The form as the API's request body: numbers converted, empty fields omitted."""
-    body: dict[str, Any] = {}
-    if form.get("prompt"):
-        body["prompt"] = form["prompt"]
+    fields: dict[str, Any] = {"prompt": form.get("prompt", "")}  # an empty one is refused by name
     for name in NUMBER_FIELDS:
         raw = form.get(name, "").strip()
         if raw:
-            body[name] = _number(raw)
+            fields[name] = _number(raw)
     if form.get("ignore_eos"):
-        body["ignore_eos"] = True
-    return body
+        fields["ignore_eos"] = True
+    return fields
 
 
 def render_form(values: dict[str, str], error: OnelaneError | None = None) -> Response:
@@ -111,9 +108,13 @@ def login() -> Response | tuple[str, int]:
     """With API keys configured, a browser signs in once with its key."""
     if request.method == "GET":
         return render_template("login.html", error=None), 200
-    if not hmac.compare_digest(request.form.get("csrf_token", ""), csrf_token()):
+    try:
+        check_csrf()
+    except Forbidden:
         return render_template("login.html", error="The form expired; please try again."), 400
-    if sign_in(request.form.get("key", "")) is None:
+    except RequestEntityTooLarge:
+        return render_template("login.html", error="That API key is too long."), 413
+    if sign_in(body.form(request).get("key", "")) is None:
         return render_template("login.html", error="That API key is not valid."), 401
     return redirect(url_for("pages.index"), code=303)  # type: ignore[return-value]
 
@@ -128,14 +129,15 @@ def submit() -> Response:
     """Admit the form's job as watched (skipped if its page is closed before it starts), then show its page."""
     svc = services()
     try:
-        form = request.form
+        form = body.form(request)
     except RequestEntityTooLarge:
         limit = svc.settings.max_prompt_chars
         return render_form(FORM_DEFAULTS, PromptTooLarge(f"the prompt is too large; the limit is {limit} characters"))
     values = {**FORM_DEFAULTS, **form.to_dict()}
     try:
+        owner = current_owner()  # and its CSRF token, before anything else is looked at
         req = parse(SubmitJob, submission(form))
-        job = admit(*to_spec(req, current_owner(), svc.settings, watched=True))
+        job = admit(*to_spec(req, owner, svc.settings, watched=True))
     except OnelaneError as exc:
         return render_form(values, exc)
     return redirect(url_for("pages.job_page", job_id=job.id), code=303)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from flask import Request
@@ -10,6 +11,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tasks.errors import InvalidJSON, InvalidRequest, PromptTooLarge
 from tasks.job import JobSpec, Message, SamplingParams
 from tasks.settings import Settings
+from web.body import raw as body_bytes
+
+
+def int_is_a_float(value: Any) -> Any:
+    """A JSON integer where a number is expected, as a float (strict models take no int for a float)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return value
+    try:
+        return float(value)
+    except OverflowError:  # beyond any float: left as it is, for validation to refuse
+        return value
 
 
 class SubmitJob(BaseModel):
@@ -28,10 +40,7 @@ class SubmitJob(BaseModel):
     ttl_s: float | None = Field(None, gt=0)
     abandon_on_disconnect: bool = False
 
-    @field_validator("temperature", "top_p", "ttl_s", mode="before")
-    @classmethod
-    def _int_is_a_float(cls, value: Any) -> Any:
-        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    _int_is_a_float = field_validator("temperature", "top_p", "ttl_s", mode="before")(int_is_a_float)
 
     @field_validator("stop")
     @classmethod
@@ -48,26 +57,65 @@ class SubmitJob(BaseModel):
         return self
 
 
+MAX_DEPTH = 32  # deeper than any request needs, and far from the recursion limit of what reads it next
+
+
 def json_body(request: Request) -> dict[str, Any]:
-    """The body as a JSON object, or InvalidJSON."""
+    """The body as a JSON object of valid text, or InvalidJSON."""
     if not request.is_json:
         raise InvalidJSON("send a JSON object with 'Content-Type: application/json'")
-    body = request.get_json(silent=True)
+    try:
+        body = json.loads(body_bytes(request), parse_constant=_not_json)
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+        raise InvalidJSON("the body is not valid JSON") from None
     if not isinstance(body, dict):
         raise InvalidJSON("the body must be a JSON object")
+    _check_text(body)
     return body
 
 
+def _not_json(constant: str) -> None:
+    """NaN and Infinity: Python's json reads them, but they are not JSON."""
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _check_text(body: dict[str, Any]) -> None:
+    """Refuse nesting deeper than MAX_DEPTH, and any string, key or value, that is not valid Unicode text."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError:  # a lone surrogate ("\ud800") parses, but Redis and the model cannot take it
+                raise InvalidJSON("a string holds a lone UTF-16 surrogate; send valid Unicode text") from None
+        elif isinstance(value, dict | list):
+            if depth > MAX_DEPTH:
+                raise InvalidJSON(f"the body is nested more than {MAX_DEPTH} levels deep")
+            items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+            stack.extend((item, depth + 1) for item in items)
+
+
 def parse(model: type[BaseModel], body: dict[str, Any]) -> Any:
+    """Validate `body` as `model`, or InvalidRequest naming the first field at fault."""
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        message = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:5]
-        )
+        errors = exc.errors()
+        where = _field_path(errors[0]["loc"], body)
+        message = "; ".join(f"{_field_path(e['loc'], body) or 'body'}: {e['msg']}" for e in errors[:5])
         raise InvalidRequest(message, param=where or None) from None
+
+
+def _field_path(loc: tuple[int | str, ...], body: Any) -> str:
+    """The field a validation error is about ("messages.0.content"), less the union member it was tried as."""
+    path = []
+    for part in loc:  # a union member's name ("stop.str") comes where the value holds nothing to name
+        if not isinstance(body, dict | list) or isinstance(body, list) is not isinstance(part, int):
+            break
+        path.append(str(part))
+        body = body.get(part) if isinstance(body, dict) else body[part] if part < len(body) else None
+    return ".".join(path)
 
 
 def to_spec(req: SubmitJob, owner: str, settings: Settings, watched: bool = False) -> tuple[JobSpec, float]:
@@ -95,10 +143,12 @@ def make_spec(
 ) -> tuple[JobSpec, float]:
     """Apply the server's limits (prompt size, max_tokens, TTL); every way in goes through here."""
     size = len(prompt) if prompt is not None else sum(len(m.content) for m in messages or ())
+    param = "prompt" if prompt is not None else "messages"
+    if size == 0:  # nothing to generate from: refused here rather than failed by the worker
+        raise InvalidRequest("the prompt is empty" if prompt is not None else "every message is empty", param=param)
     if size > settings.max_prompt_chars:
         raise PromptTooLarge(
-            f"the prompt has {size} characters; this server accepts at most {settings.max_prompt_chars}",
-            param="prompt" if prompt is not None else "messages",
+            f"the prompt has {size} characters; this server accepts at most {settings.max_prompt_chars}", param=param
         )
     if params.max_tokens > settings.max_tokens_limit:
         raise InvalidRequest(f"max_tokens may be at most {settings.max_tokens_limit}", param="max_tokens")

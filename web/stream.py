@@ -12,6 +12,7 @@ from typing import Any
 
 from flask import Blueprint, Response, request, stream_with_context
 
+from tasks.errors import InvalidParameter
 from tasks.job import Job
 from tasks.store import TERMINAL_EVENTS, Store
 from web import services
@@ -27,19 +28,31 @@ def sse(event: str, data: dict[str, Any], event_id: int | None = None) -> str:
     return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-def _last_event_id() -> int:
-    raw = request.headers.get("Last-Event-ID") or request.args.get("last_event_id") or "-1"
-    try:
-        return max(int(raw), -1)
-    except ValueError:
+LOG_SIZE_LIMIT = 2**32  # no Redis list holds this many: an index past it needs no look-up
+
+
+def _last_event_id(store: Store, job: Job) -> int:
+    """The index of the last event the client has (-1: none yet), from `Last-Event-ID` or `?last_event_id`.
+
+    It must be an index of the job's event log (InvalidParameter otherwise): a stream that starts after the end
+    of the log would wait for events that never come.
+    """
+    header = request.headers.get("Last-Event-ID", "").strip()  # an empty header means none
+    param, raw = ("Last-Event-ID", header) if header else ("last_event_id", request.args.get("last_event_id", ""))
+    if not raw:
         return -1
+    digits = raw.lstrip("0") or "0"
+    index = int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 10 else -1
+    if not 0 <= index < LOG_SIZE_LIMIT or not store.events(job.id, index):
+        raise InvalidParameter(f"{param} must be the id of one of this job's events", param=param)
+    return index
 
 
 @bp.get("/v1/jobs/<job_id>/events")
 def job_events(job_id: str) -> Response:
     svc = services()
     job = svc.store.get(job_id, current_owner())
-    stream = job_stream(svc.store, svc.hub, job, _last_event_id(), svc.settings.sse_ping_s)
+    stream = job_stream(svc.store, svc.hub, job, _last_event_id(svc.store, job), svc.settings.sse_ping_s)
     return Response(
         stream_with_context(stream),
         mimetype="text/event-stream",

@@ -1,4 +1,13 @@
-"""The model, loaded once per process, and the one generator every job goes through."""
+"""The model, loaded once per process, and the one continuous batch every job goes through.
+
+mlx-lm's BatchGenerator does the batching: each `step()` advances every generating sequence by one token in one
+forward pass, and prefills joining prompts in bounded chunks alongside. A batch of one is the serial case: with
+`max_batch=1` a sequence joins only when the previous one has left. Sequences join and leave at any step.
+
+Per sequence, independent of what else shares the batch: its sampler (temperature, top_p, and a random key of its
+own when it has a seed: the global random state is never used for a seeded job), its max_tokens and its stop
+tokens (none for ignore_eos: the shared tokenizer is never changed).
+"""
 
 from __future__ import annotations
 
@@ -6,46 +15,119 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import mlx.core as mx
-from mlx_lm import load, stream_generate
-from mlx_lm.sample_utils import make_sampler
+from mlx_lm import load
+from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import apply_top_p, greedy_sampler
 
-from tasks.errors import InvalidPrompt
-from tasks.job import JobSpec
+from tasks.errors import InvalidPrompt, SettingsError
+from tasks.job import JobSpec, SamplingParams
 
 logger = logging.getLogger(__name__)
+
+Sampler = Callable[[mx.array], mx.array]
+PREFILL_BATCH = 8  # prompts prefilled together in one step (each by at most prefill_step tokens)
+
+
+@dataclass(frozen=True)
+class Token:
+    """One sequence's step: the token generated, and why it ended if this was its last."""
+
+    uid: int
+    token: int
+    finish_reason: str | None  # "stop" (EOS), "length" (max_tokens) or None
 
 
 @dataclass(frozen=True)
 class Chunk:
-    """One generation step: new text, tokens generated so far, and the finish reason on the last step."""
+    """One job's step, as `Engine.generate` yields it: the new text, tokens so far, and the finish reason last."""
 
     text: str
     tokens: int
-    prompt_tokens: int
     finish_reason: str | None = None
 
 
-class Engine:
-    """Owns the model. A lock makes sure one process never runs two generations at once, even if a
-    misconfiguration gave it more threads: MLX on Metal aborts the process when that happens."""
+@dataclass(frozen=True)
+class Counters:
+    """What the engine did since it was made; never decreasing."""
 
-    def __init__(self, model, tokenizer, name: str) -> None:  # type: ignore[no-untyped-def]
+    steps: int = 0
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    decode_s: float = 0.0
+    prefill_s: float = 0.0
+
+    def __add__(self, other: Counters) -> Counters:
+        return Counters(self.steps + other.steps, self.generated_tokens + other.generated_tokens,
+                        self.prompt_tokens + other.prompt_tokens, self.decode_s + other.decode_s,
+                        self.prefill_s + other.prefill_s)  # fmt: skip
+
+
+def make_sampler(params: SamplingParams) -> Sampler:
+    """The sampler of one sequence. A seeded one draws from its own key, split at every token, so its output
+    depends on its seed and prompt only."""
+    if params.temperature == 0:
+        return greedy_sampler
+    temp, top_p = params.temperature, params.top_p
+    key = mx.random.key(params.seed) if params.seed is not None else None
+
+    def sample(logprobs: mx.array) -> mx.array:
+        nonlocal key
+        if top_p < 1.0:
+            logprobs = apply_top_p(logprobs, top_p)
+        if key is None:
+            return mx.random.categorical(logprobs * (1 / temp))
+        key, draw = mx.random.split(key)
+        return mx.random.categorical(logprobs * (1 / temp), key=draw)
+
+    return sample
+
+
+class Engine:
+    """Owns the model and its one batch. Only the thread holding `lock` may drive it: MLX on Metal aborts the
+    process when two threads evaluate at once."""
+
+    def __init__(self, model, tokenizer, name: str, max_batch: int = 1, prefill_step: int = 512) -> None:  # type: ignore[no-untyped-def]
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
-        self._lock = threading.Lock()
+        self.max_batch = max_batch
+        self.prefill_step = prefill_step
+        self.lock = threading.Lock()
+        self._done = Counters()  # the work of the batches before this one
+        self._steps = 0
+        caches = make_prompt_cache(model)
+        if not all(hasattr(c, "merge") for c in caches):
+            raise SettingsError(f"the model {name} uses a KV cache that mlx-lm cannot batch "
+                                f"({', '.join(sorted({type(c).__name__ for c in caches}))})")  # fmt: skip
+        self.kv_bytes_per_token = _kv_bytes_per_token(model)
+        self._eos = StopSequences([(t,) for t in sorted(tokenizer.eos_token_ids)])
+        self._no_stop = StopSequences()
+        self._batch = self._new_batch()
+        self.size = 0  # sequences in the batch
 
     @classmethod
-    def load(cls, path: str) -> Engine:
+    def load(cls, path: str, max_batch: int = 1, prefill_step: int = 512) -> Engine:
         """Load a local folder or a Hugging Face id with mlx_lm.load."""
         started = time.perf_counter()
         model, tokenizer = load(path)
         logger.info("model %s loaded in %.2f s", path, time.perf_counter() - started)
-        return cls(model, tokenizer, path)
+        return cls(model, tokenizer, path, max_batch, prefill_step)
+
+    def configure(self, max_batch: int, prefill_step: int) -> None:
+        """Size the batch (it starts afresh: call it while nothing runs)."""
+        self.max_batch, self.prefill_step = max_batch, prefill_step
+        self.reset()
+
+    def _new_batch(self) -> BatchGenerator:
+        return BatchGenerator(
+            self.model, completion_batch_size=self.max_batch, prefill_batch_size=min(self.max_batch, PREFILL_BATCH),
+            prefill_step_size=self.prefill_step,
+        )  # fmt: skip
 
     def prompt_tokens(self, spec: JobSpec) -> list[int]:
         """The prompt as the model reads it; InvalidPrompt if that is no token at all."""
@@ -58,29 +140,81 @@ class Engine:
             raise InvalidPrompt("the prompt is empty once tokenized: there is nothing to continue")
         return tokens
 
-    def generate(self, spec: JobSpec) -> Iterator[Chunk]:
-        """Yield one Chunk per generated token. Closing the generator stops generation."""
-        params = spec.params
-        with self._lock:
-            prompt = self.prompt_tokens(spec)
-            if params.seed is not None:
-                mx.random.seed(params.seed)
-            sampler = make_sampler(temp=params.temperature, top_p=params.top_p)
-            with self._eos_ignored(params.ignore_eos):
-                for response in stream_generate(
-                    self.model, self.tokenizer, prompt, max_tokens=params.max_tokens, sampler=sampler
-                ):
-                    yield Chunk(response.text, response.generation_tokens, len(prompt), response.finish_reason)
+    def detokenizer(self):  # type: ignore[no-untyped-def]
+        """A streaming detokenizer of its own for one sequence."""
+        return self.tokenizer.detokenizer
 
-    @contextlib.contextmanager
-    def _eos_ignored(self, ignore: bool) -> Iterator[None]:
-        """Generate to max_tokens past EOS (as vLLM's ignore_eos); safe because the lock is held."""
-        if not ignore:
-            yield
-            return
-        saved = set(self.tokenizer.eos_token_ids)
-        self.tokenizer.eos_token_ids = set()
-        try:
-            yield
-        finally:
-            self.tokenizer.eos_token_ids = saved
+    def insert(self, prompt: list[int], params: SamplingParams) -> int:
+        """Add a sequence to the batch; it prefills over the next steps, then generates. Returns its uid."""
+        (uid,) = self._batch.insert(
+            [prompt], max_tokens=[params.max_tokens], samplers=[make_sampler(params)],
+            stop_sequences=[self._no_stop if params.ignore_eos else self._eos],
+        )  # fmt: skip
+        self.size += 1
+        return int(uid)
+
+    def remove(self, uids: list[int]) -> None:
+        """Take sequences out of the batch before the next step (cancelled, stopped, over time)."""
+        if uids:
+            self._batch.remove(uids)
+            self.size -= len(uids)
+
+    @property
+    def counters(self) -> Counters:
+        """The engine's work so far (any thread may read it: the generator's counters only grow)."""
+        return self._done + self._live()
+
+    def _live(self) -> Counters:
+        # the generator's own counters, read as they are: its stats() window costs a copy of them per step
+        c = self._batch._counters
+        return Counters(self._steps, c.generation_tokens, c.prompt_tokens, c.decode_time, c.prompt_time)
+
+    def step(self) -> list[Token]:
+        """One step: a token for every generating sequence, and a chunk of prefill for joining ones."""
+        _, generated = self._batch.next()
+        self._steps += 1
+        tokens = [Token(int(r.uid), int(r.token), r.finish_reason) for r in generated]
+        self.size -= sum(1 for t in tokens if t.finish_reason is not None)  # the generator dropped them
+        return tokens
+
+    def reset(self) -> None:
+        """Drop every sequence (after a step failed, the batch's state cannot be trusted)."""
+        self._done, self._steps = self.counters, 0
+        with contextlib.suppress(Exception):
+            self._batch.close()
+        self._batch = self._new_batch()
+        self.size = 0
+
+    def generate(self, spec: JobSpec) -> Iterator[Chunk]:
+        """One job alone, start to end, a chunk per token. For benchmarks and tests; the worker drives the batch
+        itself (worker/runner.py)."""
+        with self.lock:
+            uid = self.insert(self.prompt_tokens(spec), spec.params)
+            detokenizer, n = self.detokenizer(), 0
+            try:
+                while True:
+                    for t in self.step():
+                        n += 1
+                        if t.finish_reason == "stop":
+                            detokenizer.finalize()
+                        else:
+                            detokenizer.add_token(t.token)
+                            if t.finish_reason:
+                                detokenizer.finalize()
+                        yield Chunk(detokenizer.last_segment, n, t.finish_reason)
+                        if t.finish_reason:
+                            return
+            finally:
+                if self.size:
+                    self.remove([uid])
+
+
+def _kv_bytes_per_token(model) -> int:  # type: ignore[no-untyped-def]
+    """Bytes of KV cache one token takes, measured on a one-token forward pass (the caches' state, not what they
+    allocate ahead)."""
+    cache = make_prompt_cache(model)
+    model(mx.array([[0]]), cache=cache)
+    state = [a for c in cache for a in (c.state if isinstance(c.state, (list, tuple)) else [c.state])]
+    arrays = [a for a in state if isinstance(a, mx.array)]
+    mx.eval(arrays)
+    return sum(a.nbytes for a in arrays) or 1

@@ -1,8 +1,9 @@
 """The worker process: load the model once, take the device's lease, then consume the GPU queue.
 
-One dramatiq worker thread with prefetch 1 runs jobs; a heartbeat thread renews the device lease; a
+One dramatiq worker thread with prefetch 1 runs the batch (worker/runner.py): the only thread that touches MLX.
+A heartbeat thread renews the device lease and reports the batch; a listener hears cancels and queue moves; a
 housekeeping thread (tasks/housekeeping.py, which every web process runs too) ends jobs that must not run,
-recovers jobs of dead workers and re-rings a lost doorbell. None of those threads touches MLX.
+recovers jobs of dead workers and re-rings a lost doorbell.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from pathlib import Path
 import dramatiq
 import redis
 
+from tasks import keys
 from tasks.broker import QUEUE_NAME, make_broker
 from tasks.housekeeping import Housekeeper
 from tasks.settings import Settings
-from tasks.store import Store, connect
+from tasks.store import BatchReport, Store, connect
 from worker import actors
 from worker.engine import Engine
 from worker.runner import Runner
@@ -71,8 +73,9 @@ class GpuWorker:
         self.housekeeper = Housekeeper(self.store, self.broker)
         self._threads = [
             threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True),
-            threading.Thread(target=self._listen_for_cancels, name="cancels", daemon=True),
+            threading.Thread(target=self._listen, name="listener", daemon=True),
         ]
+        self._reported = (0, 0.0, 0.0, 0, 0, time.monotonic())  # engine counters at the last report, and when
 
     def start(self) -> bool:
         """Wait for the device's lease, load the model, recover what a dead worker left, then consume.
@@ -83,20 +86,28 @@ class GpuWorker:
         if not self._take_device():
             return False
         self._threads[0].start()  # heartbeat: keep the lease while the model loads
+        s = self.settings
         if self.engine is None:
-            self.engine = Engine.load(ensure_model(self.settings))
+            self.engine = Engine.load(ensure_model(s), s.max_batch, s.prefill_step)
+        else:
+            self.engine.configure(s.max_batch, s.prefill_step)
         self.runner.engine = self.engine
+        self.store.take_device(self.id, self._report())  # tell the batch's size at once (for ETAs)
+        logger.info("batch of up to %d jobs; KV budget %d tokens (%.0f MiB for this model); prefill %d tokens a step",
+                    s.max_batch, s.kv_budget_tokens, s.kv_budget_tokens * self.engine.kv_bytes_per_token / 2**20,
+                    s.prefill_step)  # fmt: skip
         self._threads[1].start()
         self.housekeeper.round()  # recover what a dead worker left before the first claim
         self.housekeeper.start()
         self.worker.start()
-        logger.info("worker %s consuming on device %s (1 process, 1 thread, prefetch 1)", self.id, self.settings.device)
+        logger.info("worker %s consuming on device %s (1 process, 1 thread, prefetch 1)", self.id, s.device)
         return True
 
     def stop(self, timeout_ms: int = 10_000) -> None:
         self.stopping.set()
         self.housekeeper.stop()
         self.worker.stop(timeout=timeout_ms)
+        self.runner.writer.wait_idle()
         self.broker.close()
 
     def _take_device(self) -> bool:
@@ -120,10 +131,10 @@ class GpuWorker:
         return False
 
     def _heartbeat(self) -> None:
-        """Renew the device lease; a worker that lost it (presumed dead) must stop at once."""
+        """Renew the device lease, reporting the batch; a worker that lost it (presumed dead) must stop at once."""
         while not self.stopping.wait(self.settings.lease_s / 3):
             try:
-                holder = self.store.take_device(self.id)
+                holder = self.store.take_device(self.id, self._report())
             except redis.RedisError as exc:
                 logger.warning("heartbeat failed: %s", exc)
                 continue
@@ -131,17 +142,38 @@ class GpuWorker:
                 self.on_fatal(f"lost device {self.settings.device} to worker {holder}")
                 return
 
-    def _listen_for_cancels(self) -> None:
-        """Hear cancels of running jobs the moment they happen, so generation stops at the next token."""
+    def _report(self) -> BatchReport | None:
+        """The batch now and the engine's work since the last report (read without the engine's lock: counters
+        only grow, and a report a step out of date is fine)."""
+        if self.engine is None:
+            return None
+        c, now = self.engine.counters, time.monotonic()
+        steps, decode_s, prefill_s, prefill_tokens, generated, then = self._reported
+        self._reported = (c.steps, c.decode_s, c.prefill_s, c.prompt_tokens, c.generated_tokens, now)
+        return BatchReport(
+            batch=len(self.runner.batch), slots=self.engine.max_batch,
+            tokens_per_s=(c.generated_tokens - generated) / max(now - then, 1e-3), steps=c.steps - steps,
+            decode_s=c.decode_s - decode_s, prefill_s=c.prefill_s - prefill_s,
+            prefill_tokens=c.prompt_tokens - prefill_tokens,
+        )  # fmt: skip
+
+    def _listen(self) -> None:
+        """Hear cancels of running jobs the moment they happen, so a job stops before the next step, and queue
+        moves, so a job joins the batch the moment it can."""
         while not self.stopping.is_set():
             try:
-                with self.store.cancel_requests() as sub:
+                with self.store.listen() as sub:
+                    self.runner.queue_moved.set()  # (re)subscribed: something may have been missed
                     while not self.stopping.is_set():
                         message = sub.get_message(timeout=1.0)
-                        if message is not None:
+                        if message is None:
+                            continue
+                        if message["channel"] == keys.CANCELS:
                             self.runner.request_stop(message["data"])
+                        else:
+                            self.runner.queue_moved.set()
             except redis.RedisError as exc:  # the output writes still carry the flag meanwhile
-                logger.warning("cancel listener: %s; reconnecting", exc)
+                logger.warning("listener: %s; reconnecting", exc)
                 self.stopping.wait(1.0)
 
 

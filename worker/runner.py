@@ -1,126 +1,308 @@
-"""Run one job: claim it, stream the engine's chunks into Redis, record exactly one outcome."""
+"""Run jobs as one continuous batch: claim in fair order while a slot and the KV budget allow, advance every job by
+one token per step, and record exactly one outcome per job.
+
+The loop owns the engine (one thread, one step at a time on the device). It never waits on Redis while jobs
+generate, except to claim: output, endings and hand-backs go through the writer's thread, in order per job.
+Before every step it drops the jobs that must stop (cancelled, client gone, taken away, over their time limit),
+so a stopped job gets no token from the step after the one in which its stop was heard.
+"""
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
-from tasks.errors import OnelaneError
+from tasks.errors import InvalidPrompt
 from tasks.job import Job, JobStatus
-from tasks.store import Store
-from worker.engine import Engine
-from worker.output import OutputWriter
+from tasks.store import Claim, Store
+from worker.engine import Engine, Token
+from worker.output import Ending, OutputWriter
 from worker.stops import StopMatcher
 
 logger = logging.getLogger(__name__)
+
+STOP_DRAIN_S = 5.0  # a stopping worker lets its batch run this long to end, then hands back what still runs
+
+
+@dataclass
+class Running:
+    """A job in the batch, as the loop follows it."""
+
+    job: Job
+    uid: int
+    prompt_tokens: int
+    cost: int  # KV tokens it may come to hold: its prompt plus max_tokens
+    deadline: float  # monotonic: when its time limit is up
+    detokenizer: Any
+    stops: StopMatcher
+    solo: bool = False  # runs alone: it was in a batch that failed
+    tokens: int = 0
+    stop_seen_at: int | None = None
+
+
+@dataclass
+class Head:
+    """The job at the head of the queue, measured but not claimed yet (it may not fit)."""
+
+    id: str
+    tokens: list[int]
+    cost: int
+    solo: bool
+    invalid: tuple[str, str] | None = None  # why it cannot be generated from (it is claimed only to fail)
+
+
+@dataclass
+class Batch:
+    """The jobs in the batch by their engine uid, and what they hold of the KV budget.
+
+    mlx-lm keeps a batch's KV cache as one array, every sequence padded to the longest: a batch of n jobs may come
+    to hold n times the largest job's prompt plus max_tokens, however small the others are.
+    """
+
+    by_uid: dict[int, Running] = field(default_factory=dict)
+    by_job: dict[str, Running] = field(default_factory=dict)
+
+    def add(self, r: Running) -> None:
+        self.by_uid[r.uid], self.by_job[r.job.id] = r, r
+
+    def drop(self, r: Running) -> None:
+        del self.by_uid[r.uid], self.by_job[r.job.id]
+
+    @property
+    def kv_tokens(self) -> int:
+        """The KV cache the batch may come to hold, in tokens."""
+        return self.kv_tokens_with(0) if self else 0
+
+    def kv_tokens_with(self, cost: int) -> int:
+        """... with one more job of `cost` tokens in it."""
+        return (len(self) + (1 if cost else 0)) * max([cost, *(r.cost for r in self.by_uid.values())])
+
+    @property
+    def solo(self) -> bool:
+        return any(r.solo for r in self.by_uid.values())
+
+    def __len__(self) -> int:
+        return len(self.by_uid)
 
 
 class Runner:
     """Runs jobs for one worker process, identified by `worker_id` (the holder of the device's lease)."""
 
-    def __init__(
-        self, store: Store, engine: Engine | None, worker_id: str, on_fatal: Callable[[str], None]
-    ) -> None:
+    def __init__(self, store: Store, engine: Engine | None, worker_id: str, on_fatal: Callable[[str], None]) -> None:
         self.store = store
         self.engine = engine
         self.worker_id = worker_id
-        self.on_fatal = on_fatal
-        self.current: str | None = None  # the job generating now
-        self.tokens = 0  # tokens it has generated so far
-        self.stop = threading.Event()  # set when it must stop: checked at every token
-        self.stop_seen_at: int | None = None
-        self.writer = OutputWriter(store, worker_id)
+        self.batch = Batch()
+        self.queue_moved = threading.Event()  # set by the worker's listener: jobs may wait to be claimed
+        self._stops: queue.SimpleQueue[Running] = queue.SimpleQueue()  # runs that must stop
+        self._head: Head | None = None
+        self._look = True  # whether the queue may hold a job that can join now
+        self.writer = OutputWriter(store, worker_id, on_stop=self.request_stop, on_fatal=on_fatal)
+
+    @property
+    def budget(self) -> int:
+        return self.store.settings.kv_budget_tokens
 
     def request_stop(self, job_id: str) -> None:
-        """Stop the running job at its next token, if it is `job_id` (called from the cancel listener)."""
-        if job_id == self.current and not self.stop.is_set():
-            self.stop_seen_at = self.tokens
-            self.stop.set()
+        """Stop a job's run in the batch before the next step (from the cancel listener, or the writer: any
+        thread). The request is for the run going on now: once that run has ended, it is void (the job may have
+        been handed back and be running again). A job not in the batch yet hears it from its first output write."""
+        r = self.batch.by_job.get(job_id)
+        if r is None:
+            return
+        if r.stop_seen_at is None:
+            r.stop_seen_at = r.tokens
+        self._stops.put(r)
 
     def run_waiting(self, stopping: threading.Event) -> int:
-        """Claim and run jobs in fair order until none waits or `stopping` is set; returns how many ran.
+        """Run the batch until nothing runs and nothing that can run waits; returns how many jobs started.
 
-        The next job is claimed the moment one ends: on a GPU, any gap between jobs is throughput lost.
+        A job joins the moment a slot (and room in the KV budget) is free, and the next one is claimed as soon as
+        one ends: on a GPU, any gap is throughput lost. Once `stopping` is set nothing more is claimed; the jobs
+        in the batch have STOP_DRAIN_S to end, then the rest go back to the front of the queue (that run not
+        counted as an attempt) for the next worker.
         """
-        ran = 0
-        while not stopping.is_set() and (job := self.store.claim_next(self.worker_id)) is not None:
-            self.run(job)
-            ran += 1
-        return ran
-
-    def run(self, job: Job) -> None:
-        logger.info("job %s: started (owner %s, attempt %d)", job.id, job.owner, job.attempts)
         assert self.engine is not None, "the model loads before the first claim"
-        self.stop.clear()
-        self.current, self.tokens, self.stop_seen_at = job.id, 0, None
-        writer = self.writer
-        writer.begin(job.id, self.stop)
-        stops = StopMatcher(job.spec.params.stop)
-        reason: str | None = None
-        sent = tokens = prompt_tokens = 0
-        error: tuple[str, str] | None = None
-        limit_s = self.store.settings.job_time_limit_s
-        deadline = time.monotonic() + limit_s
-        try:
-            for chunk in self.engine.generate(job.spec):
-                tokens, prompt_tokens = chunk.tokens, chunk.prompt_tokens
-                self.tokens = tokens
-                text, hit = stops.feed(chunk.text)
-                if hit or chunk.finish_reason is not None:
-                    text += "" if hit else stops.flush()
-                writer.put(text, tokens - sent, prompt_tokens)
-                sent = tokens
-                if hit:
-                    reason = "stop"
-                    break
-                if chunk.finish_reason is not None:
-                    reason = chunk.finish_reason
-                elif self.stop.is_set():
-                    reason = "cancelled"
-                    break
-                elif time.monotonic() > deadline:
-                    error = ("time_limit", f"generation ran past the time limit of {limit_s:g} s")
-                    break
-        except OnelaneError as exc:  # the job's own fault, told in our words
-            logger.warning("job %s: %s", job.id, exc.message)
-            error = (exc.type, exc.message)
-        except Exception:  # the details are for the operator's log, not for the client
-            logger.exception("job %s: generation failed", job.id)
-            error = ("generation_error", f"generation failed; the worker logged the error for job {job.id}")
-        self.current = None
-        try:
-            writer.end()
-            if self.stop.is_set() and reason is None and error is None:
-                reason = "cancelled"
-            status = JobStatus.FAILED if error else JobStatus.CANCELLED if reason == "cancelled" else JobStatus.COMPLETED
-            ended = self.store.finish(
-                job.id, status, self.worker_id,
-                finish_reason=reason, error=error, prompt_tokens=prompt_tokens, completion_tokens=tokens,
-                stop_seen_at=self.stop_seen_at,
-            )  # fmt: skip
-        except redis.RedisError as exc:
-            logger.warning("job %s: could not record its outcome (%s); handing it back", job.id, exc)
-            self.hand_back(job)
-            return
-        if ended:
-            logger.info("job %s: %s (%s, %d tokens)", job.id, status.value, reason, tokens)
-        else:
-            logger.warning("job %s: taken away from this worker (presumed dead); its outcome was dropped", job.id)
+        started = 0
+        drain_until: float | None = None
+        with self.engine.lock:
+            self._look = True
+            while True:
+                if stopping.is_set() and self.batch:
+                    drain_until = drain_until or time.monotonic() + STOP_DRAIN_S
+                    if time.monotonic() > drain_until:
+                        self._hand_back_all("stopping")
+                        return started
+                if self.queue_moved.is_set():
+                    self.queue_moved.clear()
+                    self._look = True
+                if self._look and not stopping.is_set():
+                    started += self._fill()
+                self._drop_stopped()
+                if not self.batch:
+                    if self._look and not stopping.is_set():
+                        continue  # a job ended or was dropped: look again
+                    return started
+                self._step()
+        return started
 
-    def hand_back(self, job: Job, patience_s: float = 30.0) -> None:
-        """Requeue a job whose outcome could not be recorded (Redis away), retrying until Redis answers.
+    # --- joining -------------------------------------------------------------------------------------------
 
-        If it never does, this worker exits: its lease lapses, and the next worker recovers the job.
-        """
-        deadline = time.monotonic() + patience_s
-        while time.monotonic() < deadline:
+    def _fill(self) -> int:
+        """Claim jobs in fair order while one can join; returns how many started."""
+        assert self.engine is not None
+        started = 0
+        self.writer.settle()
+        while len(self.batch) < self.engine.max_batch and not self.batch.solo:
+            if not self.batch:
+                want: str | None = "*"  # any job fits an empty batch: claim it in one round trip
+            else:
+                want = self._head.id if self._head and self._fits(self._head) else None  # measured, and fits now
             try:
-                logger.info("job %s: handed back: %s", job.id, self.store.hand_back(job.id, self.worker_id))
-                return
-            except redis.RedisError:
-                time.sleep(0.5)
-        self.on_fatal(f"job {job.id}: Redis unreachable for {patience_s:.0f} s")
+                claim = self.store.claim_next(self.worker_id, want=want)
+            except redis.RedisError as exc:  # the batch goes on; housekeeping rings again once Redis answers
+                logger.warning("cannot claim: %s", exc)
+                self._look = False
+                return started
+            if claim is None:
+                self._head, self._look = None, False
+                return started
+            if claim.started:
+                self._join(claim)
+                started += 1
+                if not claim.behind:  # nothing else waits: no need to ask again until the queue moves
+                    break
+                continue
+            if self._head is None or self._head.id != claim.job.id:
+                self._head = self._measure(claim)
+            if not self._fits(self._head):
+                self._look = False  # until a job leaves the batch
+                return started
+        self._look = False
+        return started
+
+    def _measure(self, claim: Claim) -> Head:
+        assert self.engine is not None
+        job = claim.job
+        try:
+            tokens = self.engine.prompt_tokens(job.spec)
+        except InvalidPrompt as exc:
+            return Head(job.id, [], 0, claim.solo, invalid=(exc.type, exc.message))
+        except Exception:  # the details are for the operator's log, not for the client
+            logger.exception("job %s: its prompt could not be prepared", job.id)
+            return Head(job.id, [], 0, claim.solo, invalid=_generation_error(job.id))
+        return Head(job.id, tokens, len(tokens) + job.spec.params.max_tokens, claim.solo)
+
+    def _fits(self, head: Head) -> bool:
+        """A job joins if the budget holds it, or if the batch is empty (a job too big for the budget runs alone);
+        one that must run alone waits for the batch to drain."""
+        if not self.batch:
+            return True
+        return not head.solo and self.batch.kv_tokens_with(head.cost) <= self.budget
+
+    def _join(self, claim: Claim) -> None:
+        assert self.engine is not None
+        job, head = claim.job, self._head
+        self._head = None
+        if head is None or head.id != job.id:  # claimed without being measured first: cannot happen, but cheap
+            head = self._measure(claim)
+        logger.info("job %s: started (owner %s, attempt %d, batch %d)", job.id, job.owner, job.attempts,
+                    len(self.batch) + 1)  # fmt: skip
+        if head.invalid is not None:
+            self.writer.end(Ending(job.id, JobStatus.FAILED, error=head.invalid))
+            return
+        limit_s = self.store.settings.job_time_limit_s
+        uid = self.engine.insert(head.tokens, job.spec.params)
+        self.batch.add(Running(job, uid, len(head.tokens), head.cost, time.monotonic() + limit_s,
+                               self.engine.detokenizer(), StopMatcher(job.spec.params.stop), solo=head.solo))  # fmt: skip
+        self.writer.begin(job.id)
+
+    # --- generating ----------------------------------------------------------------------------------------
+
+    def _step(self) -> None:
+        assert self.engine is not None
+        try:
+            tokens = self.engine.step()
+        except Exception:  # the batch's state cannot be trusted: start it afresh, its jobs go back
+            logger.exception("a batch step failed with %d job(s) in the batch", len(self.batch))
+            self._step_failed()
+            return
+        texts: list[tuple[str, str, int]] = []  # (job id, text, prompt tokens): one hand-over for the whole step
+        ended: list[tuple[Running, str, bool]] = []
+        for token in tokens:
+            self._advance(token, texts, ended)
+        self.writer.put_many(texts)
+        for r, reason, in_engine in ended:  # after their last text
+            self._end(r, reason, in_engine=in_engine)
+        now = time.monotonic()
+        for r in [r for r in self.batch.by_uid.values() if now > r.deadline]:
+            limit_s = self.store.settings.job_time_limit_s
+            self._end(r, None, error=("time_limit", f"generation ran past the time limit of {limit_s:g} s"))
+
+    def _advance(self, token: Token, texts: list[tuple[str, str, int]], ended: list[tuple[Running, str, bool]]) -> None:
+        r = self.batch.by_uid.get(token.uid)
+        if r is None:  # dropped meanwhile
+            return
+        r.tokens += 1
+        if token.finish_reason != "stop":  # the EOS token itself is not text
+            r.detokenizer.add_token(token.token)
+        if token.finish_reason:
+            r.detokenizer.finalize()
+        text, hit = r.stops.feed(r.detokenizer.last_segment)
+        if token.finish_reason and not hit:
+            text += r.stops.flush()
+        texts.append((r.job.id, text, r.prompt_tokens))
+        if hit:
+            ended.append((r, "stop", token.finish_reason is None))
+        elif token.finish_reason:
+            ended.append((r, token.finish_reason, False))
+
+    def _drop_stopped(self) -> None:
+        while not self._stops.empty():  # this loop is the only reader
+            r = self._stops.get_nowait()
+            if self.batch.by_uid.get(r.uid) is r:  # still this run
+                self._end(r, "cancelled")
+
+    def _end(self, r: Running, reason: str | None, error: tuple[str, str] | None = None, in_engine: bool = True) -> None:
+        """Take a job out of the batch (and out of the engine, if it is still there) and record its outcome."""
+        assert self.engine is not None
+        if in_engine:
+            self.engine.remove([r.uid])
+        self.batch.drop(r)
+        self._look = True
+        status = JobStatus.FAILED if error else JobStatus.CANCELLED if reason == "cancelled" else JobStatus.COMPLETED
+        self.writer.end(Ending(r.job.id, status, reason, error, r.prompt_tokens, r.tokens, r.stop_seen_at))
+        logger.info("job %s: %s (%s, %d tokens)", r.job.id, status.value, reason or error and error[0], r.tokens)
+
+    def _hand_back_all(self, why: str) -> None:
+        assert self.engine is not None
+        for r in list(self.batch.by_uid.values()):
+            logger.info("job %s: handed back (%s) after %d tokens", r.job.id, why, r.tokens)
+            self.writer.hand_back(r.job.id, why, shared=len(self.batch) > 1)
+        self.engine.reset()
+        self.batch = Batch()
+        self._look = True
+
+    def _step_failed(self) -> None:
+        """Alone in the batch, the job fails (the error was its own); with others, all go back to the front of
+        the queue to run alone next, so a job that breaks every batch it is in fails by itself."""
+        assert self.engine is not None
+        if len(self.batch) > 1:
+            self._hand_back_all("generation_error")
+            return
+        r = next(iter(self.batch.by_uid.values()))
+        self.engine.reset()
+        self.batch = Batch()
+        self._look = True
+        self.writer.end(Ending(r.job.id, JobStatus.FAILED, None, _generation_error(r.job.id), r.prompt_tokens, r.tokens))
+
+
+def _generation_error(job_id: str) -> tuple[str, str]:
+    return "generation_error", f"generation failed; the worker logged the error for job {job_id}"

@@ -7,30 +7,30 @@
 -- is pending already: an admitted job always has a message to wake the worker, and a consumer blocked on the
 -- queue wakes as this script ends.
 -- ARGV: id, owner, spec_json, ttl_s, result_ttl_s, watch_grace_s, max_queue, max_per_user (0: no bound),
---       max_tokens, message queue key, message hash key, message id, message ('' for no message)
--- -> {'ok', queued_at, deadline, position, mean service s, left of running s, jobs timed}
+--       max_tokens, slots, message queue key, message hash key, message id, message ('' for no message)
+-- -> {'ok', queued_at, deadline, position, the estimate (see position.lua)}
 --    or {'queue_full' | 'quota_exceeded', retry_after_s}
 local id, owner, spec = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
 local ttl, result_ttl, grace = tonumber(ARGV[A + 4]), tonumber(ARGV[A + 5]), tonumber(ARGV[A + 6])
 local max_queue, max_per_user, max_tokens = tonumber(ARGV[A + 7]), tonumber(ARGV[A + 8]), ARGV[A + 9]
-local bell_queue, bell_messages, bell_id, bell = ARGV[A + 10], ARGV[A + 11], ARGV[A + 12], ARGV[A + 13]
+local slots = tonumber(ARGV[A + 10])
+local bell_queue, bell_messages, bell_id, bell = ARGV[A + 11], ARGV[A + 12], ARGV[A + 13], ARGV[A + 14]
 local t = now()
 local q = UQ .. owner
 
 if max_queue > 0 and redis.call('ZCARD', WAITING) >= max_queue then
-  -- a place frees when the running job ends and the next one starts
-  local mean, left, running = service_estimate(t)
-  if not running then left = mean end
+  -- a place frees when the first slot frees and the next job starts
+  local _, free = service_estimate(t, slots)
   stat('rejected:queue_full')
-  return {'queue_full', math.max(1, math.ceil(left))}
+  return {'queue_full', math.max(1, math.ceil(free[1]))}
 end
 if max_per_user > 0 and redis.call('ZCARD', q) >= max_per_user then
   -- a place frees when this user's first waiting job starts
-  local mean, left = service_estimate(t)
+  local mean, free = service_estimate(t, slots)
   local first = redis.call('ZRANGE', q, 0, 0)[1]
   local ahead = redis.call('ZRANK', QUEUE, first) or 0
   stat('rejected:quota_exceeded')
-  return {'quota_exceeded', math.max(1, math.ceil(left + ahead * mean))}
+  return {'quota_exceeded', math.max(1, math.ceil(eta_of(ahead + 1, mean, free)))}
 end
 
 local deadline = t + ttl
@@ -50,5 +50,5 @@ redis.call('ZREMRANGEBYRANK', UJ .. owner, 0, -1001) -- a user's listing keeps t
 for _, k in ipairs({UJ .. owner, TAGS, SEQ, VTIME}) do extend(k, life) end
 ring(bell_queue, bell_messages, bell_id, bell)
 stat('admitted')
-local mean, left, _, timed = service_estimate(t)
-return {'ok', fmt(t), fmt(deadline), redis.call('ZRANK', QUEUE, id) + 1, tostring(mean), tostring(left), timed}
+local mean, free, timed = service_estimate(t, slots)
+return estimate_reply({'ok', fmt(t), fmt(deadline), redis.call('ZRANK', QUEUE, id) + 1}, mean, free, timed)

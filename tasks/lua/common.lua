@@ -89,34 +89,60 @@ local function tag_of(score)
   return math.floor(tonumber(score) / TIE)
 end
 
--- Mean of the recent service times, and what is left of the running job: once it produces tokens, its
--- remaining tokens at its own rate (an upper bound: EOS may come first), else the mean less its age. Until a
--- job has been timed, the running job's age stands in for the mean (it took this long; assume as long again).
-local function service_estimate(t)
+-- The batch's slots as a waiting job sees them: the mean service time of recent jobs (start to end), and when each
+-- slot frees, in seconds from now, soonest first (0: free now). The slots are those the live workers report in
+-- their leases; with no worker alive, the caller's `slots` (its ONELANE_MAX_BATCH). A running job frees its slot
+-- once its remaining max_tokens are generated at its own rate (an upper bound: EOS may come first); before its
+-- first token, when the mean service time is up. Until a job has been timed, the oldest running job's age stands
+-- in for the mean (it took this long; assume as long again). Returns mean, {free in s...}, jobs timed.
+local function service_estimate(t, slots)
+  local reported = 0 -- the slots live workers report (each lease holds its worker's batch size)
+  for _, device in ipairs(redis.call('SMEMBERS', DEVICES)) do
+    reported = reported + (tonumber(redis.call('HGET', DEVICE .. device, 'slots') or '0') or 0)
+  end
+  if reported > 0 then slots = reported end
   local times = redis.call('LRANGE', SERVICE_TIMES, 0, -1)
-  local running = redis.call('ZRANGE', IN_PROGRESS, 0, 0, 'WITHSCORES')
-  local started = tonumber(running[2] or '')
+  local running = redis.call('ZRANGE', IN_PROGRESS, 0, -1, 'WITHSCORES')
   local mean = 1.0
   if #times > 0 then
     local sum = 0
     for _, x in ipairs(times) do sum = sum + tonumber(x) end
     mean = sum / #times
-  elseif started then
-    mean = math.max(1.0, t - started)
+  elseif #running > 0 then
+    mean = math.max(1.0, t - tonumber(running[2]))
   end
-  local left = 0
-  if started then
-    local f = redis.call('HMGET', JOB .. running[1], 'max_tokens', 'completion_tokens', 'first_token_at')
-    local done, first = tonumber(f[2] or '0'), tonumber(f[3] or '')
-    if first and done > 0 and tonumber(f[1] or '') then
-      left = math.max(0, tonumber(f[1]) - done) * (t - first) / done
+  local free = {}
+  for i = 1, #running, 2 do
+    local f = redis.call('HMGET', JOB .. running[i], 'max_tokens', 'completion_tokens', 'first_token_at')
+    local max, done, first = tonumber(f[1] or ''), tonumber(f[2] or '0'), tonumber(f[3] or '')
+    local left = mean
+    if first and done > 0 and max then
+      left = math.max(0, max - done) * (t - first) / done
     elseif #times > 0 then
-      left = math.max(0, mean - (t - started))
-    else
-      left = mean
+      left = math.max(0, mean - (t - tonumber(running[i + 1])))
     end
+    free[#free + 1] = left
   end
-  return mean, left, started ~= nil, #times
+  while #free < slots do free[#free + 1] = 0 end
+  table.sort(free)
+  while #free > slots do table.remove(free) end -- more running than slots: the setting changed
+  return mean, free, #times
+end
+
+-- When the job at `position` (1: the next to start) should start: the slots free in turn, each taking the next
+-- waiting job, and a job takes the mean service time.
+local function eta_of(position, mean, free)
+  local k = position - 1
+  return free[(k % #free) + 1] + math.floor(k / #free) * mean
+end
+
+-- The estimate as scripts return it: mean, jobs timed, then the slots' free times.
+local function estimate_reply(out, mean, free, timed)
+  out[#out + 1] = tostring(mean)
+  out[#out + 1] = timed
+  out[#out + 1] = #free
+  for _, x in ipairs(free) do out[#out + 1] = tostring(x) end
+  return out
 end
 
 -- Put a job in the waiting indexes: the run order (and its owner's share of it), deadlines, and, for a watched
@@ -187,16 +213,22 @@ local function start(id, owner, tag, worker, device, run_life, t)
   redis.call('ZADD', IN_PROGRESS, t, id)
   extend(IN_PROGRESS, run_life)
   redis.call('HSET', DEVICE .. device, 'progress', fmt(t))
-  if attempt == 1 then observe('queue_wait', t - tonumber(redis.call('HGET', jkey, 'queued_at'))) end
-  emit(id, '{"type":"started"}')
+  local waited = t - tonumber(redis.call('HGET', jkey, 'queued_at'))
+  if attempt == 1 then observe('queue_wait', waited) end
+  emit(id, '{"type":"started","queued_s":' .. string.format('%.3f', waited) .. '}')
   return redis.call('HGETALL', jkey)
 end
 
 -- A running job whose worker is gone (or could not record its outcome) goes back to the front of the queue
 -- with its original score, output cleared and a `requeued` event; a watched job gets a fresh watch lease, as
 -- at admission, for its client to renew. After max_attempts it ends failed instead, so a prompt that kills
--- the worker every time is quarantined. A job asked to stop just ends.
-local function release(id, max_attempts, ttl, result_ttl, why)
+-- the worker every time is quarantined; but only for a failure it had alone: a job that shared the failed
+-- batch with others (`shared`) is not blamed for it, it runs alone from then on (`solo`), where a failure is
+-- its own. So a job that breaks every batch it is in fails by itself, and its companions complete. Why
+-- 'generation_error' (its batch's step failed) with companions sends it alone at once: such a step fails
+-- again. Why 'stopping': its worker is shutting down in good order; that run does not count as an attempt.
+-- A job asked to stop just ends.
+local function release(id, max_attempts, ttl, result_ttl, why, shared)
   local jkey = JOB .. id
   local f = redis.call('HMGET', jkey, 'status', 'attempts', 'cancel_requested', 'owner', 'score', 'deadline',
     'watched')
@@ -207,19 +239,27 @@ local function release(id, max_attempts, ttl, result_ttl, why)
     finish(id, 'cancelled', 'cancelled', redis.call('HGET', jkey, 'cancel_error') or '', result_ttl, t)
     return 'cancelled'
   end
-  if tonumber(f[2]) >= max_attempts then
-    finish(id, 'failed', '', error_json(why, 'the worker died while running this job, ' .. f[2] .. ' times'),
-      result_ttl, t)
+  local attempts = tonumber(f[2])
+  if why == 'stopping' then
+    attempts = attempts - 1
+    redis.call('HSET', jkey, 'attempts', attempts)
+  end
+  local solo = shared and (why == 'generation_error' or attempts >= max_attempts)
+  if attempts >= max_attempts and not solo and why ~= 'stopping' then
+    local story = why == 'worker_crashed' and 'the worker died while running this job, ' .. attempts .. ' times'
+      or 'generation failed while running this job, ' .. attempts .. ' times; the worker logged the error'
+    finish(id, 'failed', '', error_json(why, story), result_ttl, t)
     return 'failed'
   end
   local deadline = math.max(tonumber(f[6]), t + ttl)
   local life = math.ceil(deadline - t + result_ttl)
   redis.call('HSET', jkey, 'status', 'queued', 'deadline', fmt(deadline), 'completion_tokens', 0)
   redis.call('HDEL', jkey, 'started_at', 'first_token_at', 'last_token_at', 'worker', 'device')
+  if solo then redis.call('HSET', jkey, 'solo', '1') end
   redis.call('DEL', OUT .. id)
   redis.call('EXPIRE', jkey, life)
   enqueue(id, f[4], f[5], deadline, tonumber(f[7] or '0') or 0, t, life)
-  emit(id, '{"type":"requeued","attempt":' .. f[2] .. '}')
+  emit(id, '{"type":"requeued","attempt":' .. attempts .. '}')
   stat('requeued')
   return 'requeued'
 end

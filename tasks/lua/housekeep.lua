@@ -21,11 +21,17 @@ end
 sweep(WAITING, 'expired', '', 'expired', EXPIRED)
 sweep(WATCHED, 'cancelled', 'cancelled', 'client_gone', CLIENT_GONE)
 local out = {0}
+local lost, with = {}, {} -- the orphaned jobs in their start order, and how many each one's worker ran
 for _, id in ipairs(redis.call('ZRANGE', IN_PROGRESS, 0, -1)) do
   if orphaned(id) then
-    table.insert(out, id)
-    table.insert(out, release(id, max_attempts, ttl, result_ttl, 'worker_crashed'))
+    local worker = redis.call('HGET', JOB .. id, 'worker') or ''
+    lost[#lost + 1] = {id, worker}
+    with[worker] = (with[worker] or 0) + 1
   end
+end
+for _, job in ipairs(lost) do
+  table.insert(out, job[1])
+  table.insert(out, release(job[1], max_attempts, ttl, result_ttl, 'worker_crashed', with[job[2]] > 1))
 end
 out[1] = redis.call('ZCARD', QUEUE)
 if out[1] > 0 then ring(ARGV[A + 5], ARGV[A + 6], ARGV[A + 7], ARGV[A + 8]) end

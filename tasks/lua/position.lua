@@ -1,9 +1,10 @@
 -- Where waiting jobs stand: for each, 1 + the number of jobs that run before it (its rank in the fair order),
--- in O(log n) each. ARGV: id...  ->  {mean service s, left of the running job s, jobs timed, position or false
--- for each id (false: it does not wait)}
-local mean, left, _, timed = service_estimate(now())
-local out = {tostring(mean), tostring(left), timed}
-for i = A + 1, #ARGV do
+-- in O(log n) each, and the estimate their ETAs come from (see service_estimate in common.lua).
+-- ARGV: slots, id...  ->  {mean service s, jobs timed, n, free s (n of them)..., position or false for each id
+-- (false: it does not wait)}
+local mean, free, timed = service_estimate(now(), tonumber(ARGV[A + 1]))
+local out = estimate_reply({}, mean, free, timed)
+for i = A + 2, #ARGV do
   local rank = redis.call('ZRANK', QUEUE, ARGV[i])
   out[#out + 1] = rank and rank + 1 or false
 end
