@@ -66,7 +66,7 @@ class Bench:
 
     def admit(self, text: str, **params: Any) -> str:
         job_id = new_job_id()
-        spec = JobSpec(owner=f"u{len(text) % 7}", model="m", prompt=text, params=SamplingParams(**params))
+        spec = JobSpec(owner=f"u{len(text) % 7}", model=self.settings.model_name, prompt=text, params=SamplingParams(**params))
         self.store.admit(job_id, spec, 600, doorbell=Doorbell.ring(self.broker, job_id))
         return job_id
 

@@ -50,7 +50,7 @@ def admit(store: Store, broker: RedisBroker, max_tokens: int = 1, owner: str = "
     """The web's admission path: the job and its message in one script."""
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     job_id = job_id or new_job_id()
-    spec = JobSpec(owner=owner, model="demo", prompt="x", params=params)
+    spec = JobSpec(owner=owner, model=store.settings.model_name, prompt="x", params=params)
     store.admit(job_id, spec, 600, doorbell=Doorbell.ring(broker, job_id))
     return job_id
 

@@ -15,6 +15,7 @@ from bench.common import bench_env
 from tasks.job import JobSpec, SamplingParams, new_job_id
 from tasks.store import Store, connect
 from worker.engine import Engine
+from worker.models import ModelPool
 from worker.runner import Runner
 
 
@@ -27,9 +28,9 @@ def main() -> None:
     with bench_env(args.size) as settings:
         engine = Engine.load(settings.model_path)
         store = Store(connect(settings.effective_redis_url), settings)
-        runner = Runner(store, engine, "bench", on_fatal=print)
+        runner = Runner(store, ModelPool(store, "bench", engine), "bench", on_fatal=print)
         spec = JobSpec(
-            owner="bench", model="demo", prompt="benchmark", params=SamplingParams(max_tokens=args.tokens, ignore_eos=True)
+            owner="bench", model=settings.model_name, prompt="benchmark", params=SamplingParams(max_tokens=args.tokens, ignore_eos=True)
         )
         for _ in engine.generate(spec):  # warm up
             pass

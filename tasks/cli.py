@@ -137,7 +137,7 @@ def redis() -> None:
 
 @main.command("make-demo-model")
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--size", type=click.Choice(["tiny", "small"]), default="tiny", show_default=True)
+@click.option("--size", type=click.Choice(["tiny", "mini", "small"]), default="tiny", show_default=True)
 def make_demo_model_cmd(path: Path, size: str) -> None:
     """Write a tiny random-weight llama model (its output is noise) that mlx_lm.load can load."""
     from worker.demo_model import make_demo_model

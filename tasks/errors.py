@@ -114,6 +114,12 @@ class QuotaExceeded(Overloaded):
     type = "quota_exceeded"
 
 
+class ModelUnavailable(Overloaded):
+    """The job's model failed to load; it is tried again after ONELANE_MODEL_RETRY_S (`retry_after_s`)."""
+
+    type = "model_unavailable"
+
+
 class Unauthorized(OnelaneError):
     """No API key, or a wrong one."""
 

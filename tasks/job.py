@@ -60,6 +60,8 @@ class JobSpec(BaseModel):
     prompt: str | None = None
     messages: tuple[Message, ...] | None = None
     params: SamplingParams = SamplingParams()
+    # "batch" runs when no interactive work waits, or at a small guaranteed share (ONELANE_BATCH_COST).
+    priority: Literal["interactive", "batch"] = "interactive"
     # True: the job is skipped before generation once its client stops watching (stream or polling).
     watched: bool = False
 
@@ -153,6 +155,7 @@ class Job(BaseModel):
             "object": "job",
             "status": self.status.value,
             "model": spec.model,
+            "priority": spec.priority,
             "prompt": spec.prompt,
             "messages": [m.model_dump() for m in spec.messages] if spec.messages is not None else None,
             "params": spec.params.model_dump(mode="json"),

@@ -15,12 +15,17 @@ CHANNEL_PREFIX = NS + "ch:"  # pub/sub: live copy of each event, with its index 
 USER_QUEUE_PREFIX = NS + "q:"  # sorted set: one user's waiting job ids, by the same score as QUEUE
 USER_JOBS_PREFIX = NS + "jobs:"  # sorted set: one user's recent job ids by admission time
 
-QUEUE = NS + "queue"  # sorted set: every waiting job id by its fair-queuing start tag: the run order
+MODEL_QUEUE_PREFIX = NS + "mq:"  # sorted set: one model's waiting job ids, by the same score as QUEUE
+MODEL_PREFIX = NS + "model:"  # hash: a model's load outcome (state, load_s, bytes, error, retry_at, worker)
+
+QUEUE = NS + "queue"  # sorted set: every waiting job id by its fair-queuing finish tag: the run order
 WAITING = NS + "waiting"  # sorted set: every waiting job id by its deadline
 WATCHED = NS + "watched"  # sorted set: waiting watched job ids by when their watcher's lease lapses
-VIRTUAL_TIME = NS + "vtime"  # string: the start tag of the job claimed last
-NEXT_TAGS = NS + "next-tags"  # sorted set: user by the start tag their next job gets at the earliest (kept only
-#                               while above the virtual time: a user with nothing waiting or just run has none)
+VIRTUAL_TIME = NS + "vtime"  # string: the finish tag of the job claimed last
+NEXT_TAGS = NS + "next-tags"  # sorted set: flow (user, or "user|batch") by the start tag its next job gets at the
+#                               earliest (kept only while above the virtual time: a flow with nothing waiting or
+#                               just run has none)
+BLOCKED = NS + "blocked"  # hash: the head job that jobs of a loaded model went ahead of (id), and since when
 SEQUENCE = NS + "seq"  # string: admission counter, breaks ties between equal start tags
 QUEUE_MOVED = NS + "queue-moved"  # pub/sub: "the queue changed, recompute your position"
 IN_PROGRESS = NS + "in-progress"  # sorted set: running job ids by started_at
@@ -61,6 +66,14 @@ def dramatiq_messages(namespace: str, queue_name: str) -> str:
     return f"{namespace}:{queue_name}.msgs"
 
 
+def model_queue(model: str) -> str:
+    return MODEL_QUEUE_PREFIX + model
+
+
+def model(name: str) -> str:
+    return MODEL_PREFIX + name
+
+
 def device(name: str) -> str:
     return DEVICE_PREFIX + name
 
@@ -74,5 +87,5 @@ def prefixes() -> list[str]:
     return [
         JOB_PREFIX, OUTPUT_PREFIX, EVENTS_PREFIX, CHANNEL_PREFIX, USER_QUEUE_PREFIX, USER_JOBS_PREFIX,
         QUEUE, WAITING, WATCHED, QUEUE_MOVED, IN_PROGRESS, SERVICE_TIMES, VIRTUAL_TIME, NEXT_TAGS, SEQUENCE,
-        DEVICE_PREFIX, DEVICES, STATS, CANCELS,
+        DEVICE_PREFIX, DEVICES, STATS, CANCELS, MODEL_QUEUE_PREFIX, MODEL_PREFIX, BLOCKED,
     ]  # fmt: skip

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -17,6 +19,11 @@ ENV_NAMES: dict[str, str] = {
     "redis_url": "REDIS_URL",
     "var_dir": "ONELANE_VAR_DIR",
     "model": "ONELANE_MODEL",
+    "models_file": "ONELANE_MODELS_FILE",
+    "models_memory": "ONELANE_MODELS_MEMORY",
+    "model_switch_wait_s": "ONELANE_MODEL_SWITCH_WAIT_S",
+    "model_retry_s": "ONELANE_MODEL_RETRY_S",
+    "batch_cost": "ONELANE_BATCH_COST",
     "job_ttl_s": "ONELANE_JOB_TTL",
     "result_ttl_s": "ONELANE_RESULT_TTL",
     "max_tokens_limit": "ONELANE_MAX_TOKENS_LIMIT",
@@ -42,19 +49,96 @@ ENV_NAMES: dict[str, str] = {
 }
 
 
+DEMO_MODEL = "onelane-demo"  # the name the demo model is served under
 SECRETS = {"users", "secret_key"}  # never echoed in error messages
 #: Variables onelane once read, with what replaced them: set, they stop the process rather than be ignored.
 RETIRED = {"ONELANE_MAX_CONCURRENT": "ONELANE_MAX_BATCH (jobs generating together in one batch; 1: one at a time)"}
 
 
+Priority = Literal["interactive", "batch"]
+
+
 class User(BaseModel):
-    """A user who may call the API with `key`; `max_queued` overrides the server's per-user bound."""
+    """A user who may call the API with `key`; `max_queued` overrides the server's per-user bound, `weight` is their
+    share of the device against other users (2: twice the turns), `priority` the class their jobs get by default."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$")
     key: str = Field(min_length=1)
     max_queued: int | None = Field(None, ge=1)
+    weight: int = Field(1, ge=1, le=100)
+    priority: Priority = "interactive"
+
+
+class ModelConfig(BaseModel):
+    """A model the server serves under `name`: where it loads from and its load options (what mlx_lm.load takes),
+    pinned here: no request can change them. `max_batch` overrides ONELANE_MAX_BATCH for this model."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/@-]+$")
+    path: str = Field(min_length=1)
+    adapter_path: str | None = None
+    revision: str | None = None
+    trust_remote_code: bool = False
+    tokenizer_config: dict[str, Any] = Field(default_factory=dict)
+    overrides: dict[str, Any] = Field(default_factory=dict, alias="model_config")
+    max_batch: int | None = Field(None, ge=1, le=256)
+    default: bool = False
+
+    def load_options(self) -> dict[str, Any]:
+        """The keyword arguments of mlx_lm.load beside the path."""
+        return {"adapter_path": self.adapter_path, "revision": self.revision,
+                "trust_remote_code": self.trust_remote_code, "tokenizer_config": dict(self.tokenizer_config),
+                "model_config": dict(self.overrides)}  # fmt: skip
+
+
+def read_models_file(path: str) -> list[dict[str, object]]:
+    """A TOML file: one [models.NAME] table per served model (see ModelConfig). A `path` starting with ./ or ../ is
+    a folder relative to the file; any other is a folder or a Hugging Face id, as mlx_lm.load takes it."""
+    with open(path, "rb") as f:
+        document = tomllib.load(f)
+    unknown = sorted(set(document) - {"models"})
+    if unknown:
+        raise ValueError(f"unknown table(s) {', '.join(unknown)}: the file holds [models.NAME] tables")
+    table = document.get("models", {})
+    if not isinstance(table, dict) or not all(isinstance(entry, dict) for entry in table.values()):
+        raise ValueError("expected one [models.NAME] table per model")
+    if not table:
+        raise ValueError("the file names no model: add a [models.NAME] table with a `path`")
+    folder = Path(path).resolve().parent
+    entries = []
+    for name, entry in table.items():
+        where = entry.get("path")
+        if isinstance(where, str) and where.startswith(("./", "../", "~")):  # a local folder, relative to the file
+            entry = {**entry, "path": str((folder / Path(where).expanduser()).resolve())}
+        entries.append({"name": name, **entry})
+    return entries
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+          "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}  # fmt: skip
+
+
+def physical_memory() -> int:
+    """This machine's RAM in bytes (on Apple silicon, the memory the GPU shares)."""
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def parse_bytes(value: object) -> int:
+    """`8GiB`, `500MB`, `123456` or `50%` (of this machine's RAM) -> bytes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(%|[a-zA-Z]*)\s*", str(value))
+    if not match or match[2].lower() not in {*_UNITS, "%"}:
+        raise ValueError("expected bytes, with a unit (500MB, 8GiB) or as a share of RAM (50%)")
+    number, unit = float(match[1]), match[2].lower()
+    if unit == "%":
+        if not 0 < number <= 100:
+            raise ValueError("a share of RAM is between 0% and 100%")
+        return int(physical_memory() * number / 100)
+    return int(number * _UNITS[unit])
 
 
 def parse_api_keys(value: str) -> list[dict[str, str]]:
@@ -83,6 +167,12 @@ class Settings(BaseModel):
     redis_url: str | None = None
     var_dir: Path = Path("var")
     model: str | None = None
+    models_file: Path | None = None
+    models: tuple[ModelConfig, ...] = ()
+    models_memory: int = Field(default_factory=lambda: physical_memory() // 2, ge=1)
+    model_switch_wait_s: float = Field(10.0, ge=0, le=3600)
+    model_retry_s: float = Field(60.0, gt=0, le=86400)
+    batch_cost: int = Field(10, ge=1, le=1000)
     job_ttl_s: float = Field(600.0, gt=0, le=7 * 86400)
     result_ttl_s: int = Field(3600, ge=1, le=30 * 86400)
     max_tokens_limit: int = Field(4096, ge=1, le=1_000_000)
@@ -115,6 +205,24 @@ class Settings(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _one_way_to_name_models(self) -> Settings:
+        if self.model and self.models:
+            raise ValueError("set ONELANE_MODEL (one model) or ONELANE_MODELS_FILE (several), not both")
+        if self.models:
+            names = [m.name for m in self.models]
+            if len(set(names)) != len(names):
+                raise ValueError("ONELANE_MODELS_FILE: each model needs a distinct name")
+            defaults = [m.name for m in self.models if m.default]
+            if len(defaults) > 1:
+                raise ValueError(f"ONELANE_MODELS_FILE: only one model may be the default, not {', '.join(defaults)}")
+        return self
+
+    @field_validator("models_memory", mode="before")
+    @classmethod
+    def _bytes(cls, value: object) -> object:
+        return parse_bytes(value)
+
     @field_validator("users", mode="before")
     @classmethod
     def _parse_users(cls, value: object) -> object:
@@ -146,13 +254,19 @@ class Settings(BaseModel):
         raw: dict[str, object] = {
             field: environ[name] for field, name in ENV_NAMES.items() if environ.get(name, "") != ""
         }
+        for field, read in (("api_keys_file", read_keys_file), ("models_file", read_models_file)):
+            if field not in raw:
+                continue
+            try:
+                entries = read(str(raw[field]))
+            except (OSError, ValueError) as exc:  # tomllib.TOMLDecodeError is a ValueError
+                raise SettingsError(f"invalid configuration: {ENV_NAMES[field]}: {exc}") from None
+            if field == "api_keys_file":
+                raw["users"] = [*parse_api_keys(str(raw.get("users", ""))), *entries]
+            else:
+                raw["models"] = entries
         try:
-            if "api_keys_file" in raw:
-                from_file = read_keys_file(str(raw["api_keys_file"]))
-                raw["users"] = [*parse_api_keys(str(raw.get("users", ""))), *from_file]
             return cls(**raw)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise SettingsError(f"invalid configuration: ONELANE_API_KEYS_FILE: {exc}") from None
         except ValidationError as exc:
             problems = []
             for error in exc.errors():
@@ -161,6 +275,13 @@ class Settings(BaseModel):
                     continue
                 field = str(error["loc"][0])
                 name = ENV_NAMES.get(field, field)
+                if field in ("models", "users") and len(error["loc"]) > 1:  # an entry of a file: name it
+                    entry = raw[field][error["loc"][1]]  # type: ignore[index]
+                    where = ".".join(str(part) for part in error["loc"][2:])
+                    file = ENV_NAMES["models_file" if field == "models" else "api_keys_file"]
+                    problems.append(f"{file}: {field}.{entry.get('name')}{'.' + where if where else ''}: "
+                                    f"{error['msg']}")  # fmt: skip
+                    continue
                 shown = "<secret>" if field in SECRETS else repr(raw.get(field))
                 problems.append(f"{name}={shown}: {error['msg']}")
             raise SettingsError("invalid configuration: " + "; ".join(problems)) from None
@@ -187,6 +308,26 @@ class Settings(BaseModel):
         return bool(self.users)
 
     @property
+    def catalog(self) -> tuple[ModelConfig, ...]:
+        """The models served: the models file's, or the one ONELANE_MODEL names (the demo model when unset)."""
+        if self.models:
+            return self.models
+        return (ModelConfig(name=self.model or DEMO_MODEL, path=self.model_path),)
+
+    @property
     def model_name(self) -> str:
-        """The name clients see for the served model."""
-        return self.model or "onelane-demo"
+        """The default model's name: the one marked `default`, else the first."""
+        catalog = self.catalog
+        return next((m.name for m in catalog if m.default), catalog[0].name)
+
+    def model_named(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.catalog if m.name == name), None)
+
+    def user_named(self, name: str) -> User | None:
+        return next((u for u in self.users if u.name == name), None)
+
+    def cost_of(self, owner: str, priority: Priority) -> int:
+        """What a job costs its owner's turns, in thousandths of an interactive turn of a user of weight 1."""
+        user = self.user_named(owner)
+        cost = self.batch_cost if priority == "batch" else 1
+        return max(1, round(1000 * cost / (user.weight if user else 1)))

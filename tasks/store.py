@@ -21,7 +21,7 @@ import redis
 
 from tasks import keys
 from tasks.broker import Doorbell
-from tasks.errors import JobAlreadyEnded, JobNotFound, LeaseLost, QueueFull, QuotaExceeded
+from tasks.errors import JobAlreadyEnded, JobNotFound, LeaseLost, ModelUnavailable, QueueFull, QuotaExceeded
 from tasks.job import TERMINAL, Job, JobSpec, JobStatus, Timings, error_json
 from tasks.settings import Settings
 
@@ -31,10 +31,11 @@ def _load_scripts(client: redis.Redis) -> dict[str, Any]:
     names = "local NAMES = {" + ", ".join(json.dumps(name) for name in keys.prefixes()) + "}\n"
     common = names + (folder / "common.lua").read_text()
     names = ("admit", "claim", "cancel", "append", "finish", "position", "recover", "lease", "stall",
-             "drop_lease", "housekeep", "watch", "ring")
+             "drop_lease", "housekeep", "watch", "ring", "model_failed")
     return {name: client.register_script(common + (folder / f"{name}.lua").read_text()) for name in names}
 
 
+MODEL_RECORD_TTL_S = 7 * 86400  # a model's load record (keys.model) outlives no week without news
 MAX_CONNECTIONS = 10_000  # every open event stream holds one (pub/sub); redis-py's default pool stops at 100
 
 
@@ -59,6 +60,9 @@ class DeviceLease:
     batch: int  # jobs in its batch, as it last reported
     slots: int  # the most its batch holds (its ONELANE_MAX_BATCH)
     tokens_per_s: float  # tokens it generated per second lately
+    models: tuple[str, ...] = ()  # the models it has loaded
+    active: str = ""  # the model its batch runs ('' when the batch is empty)
+    loading: str = ""  # the model it loads now ('' when none)
 
 
 @dataclass(frozen=True)
@@ -72,10 +76,27 @@ class BatchReport:
     decode_s: float
     prefill_s: float
     prefill_tokens: int
+    models: tuple[str, ...] = ()
+    active: str = ""
+    loading: str = ""
 
     def args(self) -> tuple[object, ...]:
         return (self.batch, self.slots, f"{self.tokens_per_s:.1f}", self.steps, f"{self.decode_s:.6f}",
-                f"{self.prefill_s:.6f}", self.prefill_tokens)  # fmt: skip
+                f"{self.prefill_s:.6f}", self.prefill_tokens, ",".join(self.models), self.active,
+                self.loading)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """A served model as the workers report it: `loaded`, `loading`, `failed` (until `retry_in_s`) or `unloaded`."""
+
+    name: str
+    state: str
+    queue_depth: int
+    load_s: float | None = None  # how long its last load took
+    bytes: int | None = None  # its weights' size once loaded
+    error: str | None = None  # why it failed to load
+    retry_in_s: float | None = None  # when a failed model is tried again
 
 
 @dataclass(frozen=True)
@@ -85,6 +106,7 @@ class Snapshot:
     in_progress: int
     stats: dict[str, str]
     workers: list[DeviceLease]
+    models: list[ModelState]
 
 
 @dataclass(frozen=True)
@@ -111,12 +133,13 @@ class Estimate:
         n = int(n)
         return cls(float(mean), int(timed) > 0, tuple(float(x) for x in rest[:n])), rest[n:]
 
-    def eta(self, position: int) -> float | None:
-        """When the job at `position` should start: the slots free in turn, each taking the next waiting job."""
+    def eta(self, position: int, load_s: float = 0.0) -> float | None:
+        """When the job at `position` should start: the slots free in turn, each taking the next waiting job; and
+        its model loads first (`load_s`) if no worker has it loaded."""
         if not self.timed:
             return None
         k = position - 1
-        return round(self.free_s[k % len(self.free_s)] + (k // len(self.free_s)) * self.mean_s, 3)
+        return round(self.free_s[k % len(self.free_s)] + (k // len(self.free_s)) * self.mean_s + load_s, 3)
 
 
 @dataclass(frozen=True)
@@ -127,6 +150,16 @@ class Claim:
     started: bool
     solo: bool  # the job must run alone (it was in a batch that failed: see release() in tasks/lua/common.lua)
     behind: int  # jobs waiting behind it (the worker need not look again for more while there are none)
+
+
+@dataclass(frozen=True)
+class Switch:
+    """The next job needs another model than the worker's batch runs (`load`: one the worker has not loaded), and
+    no job of a model it has ready may go ahead of it any longer."""
+
+    head: str
+    model: str
+    load: bool
 
 
 class Store:
@@ -172,17 +205,21 @@ class Store:
         quota = quota or s.max_queued_per_user
         verdict, *rest = self._run(
             "admit", job_id, spec.owner, spec.model_dump_json(), ttl_s, s.result_ttl_s, grace, s.max_queue, quota,
-            spec.params.max_tokens, s.max_batch, *_bell(doorbell),
+            spec.params.max_tokens, s.max_batch, *_bell(doorbell), spec.model, spec.priority,
+            s.cost_of(spec.owner, spec.priority),
         )  # fmt: skip
         if verdict == "queue_full":
             raise QueueFull(f"the queue is full ({s.max_queue} jobs waiting); try again later", retry_after_s=rest[0])
         if verdict == "quota_exceeded":
             raise QuotaExceeded(f"you already have {quota} jobs waiting; try again later", retry_after_s=rest[0])
-        queued_at, deadline, position, *rest = rest
+        if verdict == "model_unavailable":
+            raise ModelUnavailable(f"the model {spec.model!r} is unavailable: {rest[1]}", retry_after_s=rest[0])
+        queued_at, deadline, position, load_s, *rest = rest
         estimate, _ = Estimate.parse(rest)
         return Job(
             id=job_id, spec=spec, status=JobStatus.QUEUED, deadline=float(deadline),
-            timings=Timings(queued_at=float(queued_at)), position=int(position), eta_s=estimate.eta(int(position)),
+            timings=Timings(queued_at=float(queued_at)), position=int(position),
+            eta_s=estimate.eta(int(position), float(load_s)),
         )  # fmt: skip
 
     def keep_watching(self, job: Job) -> None:
@@ -246,8 +283,9 @@ class Store:
 
     def standings(self, job_ids: list[str]) -> list[Standing]:
         """The standing of each job, in one call (Standing(None, None) for a job that does not wait)."""
-        estimate, positions = Estimate.parse(self._run("position", self.settings.max_batch, *job_ids))
-        return [Standing(int(p), estimate.eta(int(p))) if p else Standing(None, None) for p in positions]
+        estimate, flat = Estimate.parse(self._run("position", self.settings.max_batch, *job_ids))
+        return [Standing(int(p), estimate.eta(int(p), float(load_s))) if p else Standing(None, None)
+                for p, load_s in zip(flat[::2], flat[1::2])]  # fmt: skip
 
     def events(self, job_id: str, start: int = 0) -> list[dict[str, Any]]:
         """The job's durable events from index `start` on, each with its index as `i`."""
@@ -265,27 +303,61 @@ class Store:
         extra = report.args() if report else ()
         return str(self._run("lease", self.settings.device, worker, os.getpid(), lease_ms, *extra))
 
-    def claim_next(self, worker: str, want: str | None = None) -> Claim | None:
-        """Atomically start the next job in fair order for `worker` if it is `want` (any job: "*"); else tell which
-        job is next, unclaimed (the worker measures it, and names it when it fits). None when nothing waits.
+    def claim_next(
+        self, worker: str, want: str | None = None, active: str = "", loaded: tuple[str, ...] | None = None
+    ) -> Claim | Switch | None:
+        """Atomically start the next job for `worker` if it is `want` (any job: "*"); else tell which job is next,
+        unclaimed (the worker measures it, and names it when it fits). The next job is the fair order's head, or a
+        job of the model the batch runs (`active`; '' for an empty batch) or of a `loaded` one, within the switch
+        bound (see tasks/lua/claim.lua); past it, a Switch. None when nothing waits. `loaded` defaults to every
+        model served (a worker that keeps them all).
 
         Raises LeaseLost if `worker` no longer holds the device (it must stop: another worker took over).
         """
-        run_life = int(self.settings.job_time_limit_s + self.settings.result_ttl_s)
-        claimed = self._run("claim", self.settings.result_ttl_s, run_life, self.settings.device, worker, want or "")
+        s = self.settings
+        run_life = int(s.job_time_limit_s + s.result_ttl_s)
+        loaded = tuple(m.name for m in s.catalog) if loaded is None else loaded
+        claimed = self._run("claim", s.result_ttl_s, run_life, s.device, worker, want or "", active,
+                            s.model_switch_wait_s, *loaded)  # fmt: skip
         if claimed == "lost":
             raise LeaseLost(f"worker {worker} lost the lease of device {self.settings.device}")
         if not claimed:
             return None
+        if claimed[0] in ("switch", "load"):
+            return Switch(claimed[1], claimed[2], load=claimed[0] == "load")
         verdict, job_id, flat, behind = claimed
         fields = dict(zip(flat[::2], flat[1::2]))
         # no output yet: it starts now, or has not started
         return Claim(Job.from_redis(job_id, fields, ""), verdict == "started", fields.get("solo") == "1", int(behind))
 
     def claim_now(self, worker: str) -> Job | None:
-        """Start the next job in fair order whatever its size (a worker with no budget to keep; tests)."""
+        """Start the next job in fair order whatever its size and model (a worker with every model loaded and no
+        budget to keep; tests)."""
         claim = self.claim_next(worker, want="*")
+        assert not isinstance(claim, Switch), "every model is loaded"
         return claim.job if claim else None
+
+    # --- models: what the worker tells of them, for admission, ETAs and health checks --------------------------
+
+    def model_loading(self, name: str, worker: str) -> None:
+        self._model(name, state="loading", worker=worker)
+
+    def model_loaded(self, name: str, worker: str, load_s: float, size: int) -> None:
+        self._model(name, state="loaded", worker=worker, load_s=f"{load_s:.3f}", bytes=size, error="")
+
+    def model_unloaded(self, name: str, worker: str) -> None:
+        self._model(name, state="unloaded", worker=worker)
+
+    def model_failed(self, name: str, worker: str, message: str) -> int:
+        """Record that `name` failed to load and fail its waiting jobs (model_unavailable); returns how many."""
+        s = self.settings
+        return int(self._run("model_failed", name, message, s.model_retry_s, s.result_ttl_s, worker))
+
+    def _model(self, name: str, **fields: object) -> None:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(keys.model(name), mapping=fields)  # type: ignore[arg-type]
+        pipe.expire(keys.model(name), MODEL_RECORD_TTL_S)
+        pipe.execute()
 
     def append(self, job_id: str, n_tokens: int, text: str, prompt_tokens: int, worker: str, pipe: Any = None) -> Any:
         """Record generated text as one token event; true when the job must stop (cancelled, or taken away)."""
@@ -348,14 +420,19 @@ class Store:
     def snapshot(self) -> Snapshot:
         """Everything /readyz and /metrics report, read in two pipelines."""
         devices = sorted(self.redis.smembers(keys.DEVICES))
+        catalog = [m.name for m in self.settings.catalog]
         pipe = self.redis.pipeline(transaction=False)
         pipe.time()
         pipe.zcard(keys.QUEUE)
         pipe.zrange(keys.IN_PROGRESS, 0, -1)
         pipe.hgetall(keys.STATS)
+        for name in catalog:
+            pipe.zcard(keys.model_queue(name))
+            pipe.hgetall(keys.model(name))
         for name in devices:
             pipe.hgetall(keys.device(name))
-        now_parts, depth, running, stats, *leases = pipe.execute()
+        now_parts, depth, running, stats, *rest = pipe.execute()
+        per_model, leases = rest[: 2 * len(catalog)], rest[2 * len(catalog) :]
         now = now_parts[0] + now_parts[1] / 1e6
         pipe = self.redis.pipeline(transaction=False)
         for job_id in running:
@@ -370,9 +447,12 @@ class Store:
             workers.append(
                 DeviceLease(name, lease["worker"], int(lease.get("pid", 0)), now - float(lease["beat"]), jobs,
                             now - progress if jobs else None, int(lease.get("batch", 0)), int(lease.get("slots", 0)),
-                            float(lease.get("tok_s", 0)))  # fmt: skip
+                            float(lease.get("tok_s", 0)), tuple(filter(None, lease.get("models", "").split(","))),
+                            lease.get("active", ""), lease.get("loading", ""))  # fmt: skip
             )
-        return Snapshot(now, int(depth), len(running), stats, workers)
+        models = [_model_state(name, int(n), record, workers, now)
+                  for name, n, record in zip(catalog, per_model[::2], per_model[1::2])]  # fmt: skip
+        return Snapshot(now, int(depth), len(running), stats, workers, models)
 
     def listen(self) -> Any:
         """A pub/sub subscribed to the ids of running jobs asked to stop, and to the queue's moves."""
@@ -387,6 +467,24 @@ class Store:
     def waiting(self) -> int:
         """How many jobs wait."""
         return int(self.redis.zcard(keys.WAITING))
+
+
+def _model_state(name: str, depth: int, record: dict[str, str], workers: list[DeviceLease], now: float) -> ModelState:
+    """A model's state: what live workers report (loaded, loading) comes first; a failure holds until its retry."""
+    retry_at = float(record.get("retry_at") or 0)
+    if any(name in w.models for w in workers):
+        state = "loaded"
+    elif any(w.loading == name for w in workers):
+        state = "loading"
+    elif record.get("state") == "failed" and retry_at > now:
+        state = "failed"
+    else:
+        state = "unloaded"
+    return ModelState(
+        name, state, depth, float(record["load_s"]) if record.get("load_s") else None,
+        int(record["bytes"]) if record.get("bytes") else None, record.get("error") or None if state == "failed" else None,
+        round(retry_at - now, 3) if state == "failed" else None,
+    )  # fmt: skip
 
 
 def _bell(doorbell: Doorbell | None) -> tuple[str, str, str, str | bytes]:

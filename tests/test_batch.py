@@ -106,7 +106,7 @@ def test_stop_strings_time_limits_and_ignore_eos_hold_per_job_inside_a_batch(job
 
 def test_claims_follow_the_fair_order_with_several_slots(jobs, store, start_worker):
     plan = ["alice"] * 6 + ["bob"] * 2 + ["carol"] * 2
-    ids = [store.admit(f"job_{n:02d}", JobSpec(owner=owner, model="m", prompt=f"{owner} {n}",
+    ids = [store.admit(f"job_{n:02d}", JobSpec(owner=owner, model=store.settings.model_name, prompt=f"{owner} {n}",
                                                 params=SamplingParams(max_tokens=20, ignore_eos=True)), 60).id
            for n, owner in enumerate(plan)]  # fmt: skip
     owner = dict(zip(ids, plan))

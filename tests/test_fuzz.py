@@ -91,10 +91,14 @@ SAMPLING = {  # valid values: `mutated` below puts a wrong one in (a field's val
     "seed": st.integers(0, 2**63 - 1), "ignore_eos": st.booleans(),
     "stop": st.text(min_size=1, max_size=8) | st.lists(st.text(min_size=1, max_size=8), max_size=4),
 }  # fmt: skip
-JOB_FIELDS = {**SAMPLING, "ttl_s": st.floats(1, 600), "abandon_on_disconnect": st.booleans()}
+MODELS = st.sampled_from([MODEL, "gpt-4o"])
+PRIORITIES = st.sampled_from(["interactive", "batch", "urgent"])
+JOB_FIELDS = {**SAMPLING, "ttl_s": st.floats(1, 600), "abandon_on_disconnect": st.booleans(), "model": MODELS,
+              "priority": PRIORITIES}  # fmt: skip
 OPENAI_FIELDS = {
     **SAMPLING, "stream": st.booleans(), "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
     "n": st.just(1), "user": prompts, "max_completion_tokens": st.integers(1, 64),
+    "service_tier": st.sampled_from(["auto", "default", "flex", "priority", "scale"]) | st.none(),
 }  # fmt: skip
 
 
@@ -114,9 +118,8 @@ job_bodies = mutated(
     | st.fixed_dictionaries({"messages": job_messages}, optional=JOB_FIELDS)
 )
 openai_bodies = mutated(
-    st.fixed_dictionaries({"model": st.sampled_from([MODEL, "gpt-4o"]), "prompt": prompts | st.lists(prompts)},
-                          optional=OPENAI_FIELDS)
-    | st.fixed_dictionaries({"model": st.sampled_from([MODEL, "gpt-4o"]), "messages": messages}, optional=OPENAI_FIELDS)
+    st.fixed_dictionaries({"model": MODELS, "prompt": prompts | st.lists(prompts)}, optional=OPENAI_FIELDS)
+    | st.fixed_dictionaries({"model": MODELS, "messages": messages}, optional=OPENAI_FIELDS)
 )  # fmt: skip
 
 
@@ -136,7 +139,8 @@ deep_json = st.integers(2, 100_000).map(lambda n: b'{"prompt": "a", "stop": ' + 
 
 form_values = {"max_tokens": st.integers(-1, 5000).map(str) | header_text,
                "temperature": st.floats(-1, 3).map(str) | header_text, "ignore_eos": st.just("true") | header_text,
-               "csrf_token": st.just("TOKEN") | header_text, "key": st.sampled_from(["ka", "kb"]) | header_text}
+               "csrf_token": st.just("TOKEN") | header_text, "key": st.sampled_from(["ka", "kb"]) | header_text,
+               "model": MODELS | header_text, "priority": PRIORITIES | header_text}
 form_bodies = st.fixed_dictionaries({"prompt": prompts}, optional=form_values).map(
     lambda form: "&".join(f"{k}={quote(v.encode('utf-8', 'surrogatepass'))}" for k, v in form.items()).encode()
 )  # fmt: skip

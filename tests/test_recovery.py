@@ -97,7 +97,7 @@ def test_a_job_that_stops_producing_tokens_fails_stalled_and_its_worker_is_kille
     from worker.supervisor import Supervisor
 
     stuck = jobs.submit("stuck", max_tokens=8)
-    env = {**os.environ, "REDIS_URL": settings.effective_redis_url, "ONELANE_LEASE_S": "1"}
+    env = {**os.environ, "REDIS_URL": settings.effective_redis_url, "ONELANE_LEASE_S": "1", "ONELANE_MODEL": settings.model_path}
     supervisor = Supervisor(
         settings.model_copy(update={"stall_s": 1.0, "lease_s": 1.0}),
         command=[sys.executable, "-m", "tests.stuck_worker"],

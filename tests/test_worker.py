@@ -240,11 +240,12 @@ def test_a_job_past_the_time_limit_fails_and_the_next_one_still_runs(jobs, store
 
 def test_one_doorbell_runs_every_waiting_job_back_to_back(jobs, store, engine):
     # Given three jobs waiting, and this test playing the worker's one thread with one message in hand
+    from worker.models import ModelPool
     from worker.runner import Runner
 
     ids = [jobs.submit(f"job {n}", max_tokens=4, ignore_eos=True)["id"] for n in range(3)]
     assert store.take_device("w") == "ok"
-    runner = Runner(store, engine, "w", on_fatal=pytest.fail)
+    runner = Runner(store, ModelPool(store, "w", engine), "w", on_fatal=pytest.fail)
 
     # When it handles the message, it claims the next job the moment one ends, until none waits
     assert runner.run_waiting(threading.Event()) == 3
@@ -258,6 +259,7 @@ def test_one_doorbell_runs_every_waiting_job_back_to_back(jobs, store, engine):
 
 
 def test_a_stopping_worker_claims_no_more_jobs(jobs, store, engine):
+    from worker.models import ModelPool
     from worker.runner import Runner
 
     job_id = jobs.submit("left for the next worker", max_tokens=4)["id"]
@@ -265,7 +267,7 @@ def test_a_stopping_worker_claims_no_more_jobs(jobs, store, engine):
     stopping = threading.Event()
     stopping.set()
 
-    assert Runner(store, engine, "w", on_fatal=pytest.fail).run_waiting(stopping) == 0
+    assert Runner(store, ModelPool(store, "w", engine), "w", on_fatal=pytest.fail).run_waiting(stopping) == 0
     assert store.get(job_id).status.value == "queued"
 
 
@@ -355,7 +357,7 @@ def test_a_prompt_that_is_empty_once_tokenized_fails_its_job_in_words_of_ours(st
 
     start_worker()
     # the web refuses an empty prompt at the door; this job got past it (an older web, a direct admission)
-    empty = store.admit("job_empty", JobSpec(owner="local", model="m", prompt="", params=SamplingParams(max_tokens=4)), 60)
+    empty = store.admit("job_empty", JobSpec(owner="local", model=store.settings.model_name, prompt="", params=SamplingParams(max_tokens=4)), 60)
     done = wait_ended(store, empty.id)
 
     assert done["status"] == "failed" and done["error"]["type"] == "invalid_prompt"

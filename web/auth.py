@@ -76,10 +76,9 @@ def _identify() -> tuple[str, User | None]:
             raise Unauthorized("invalid API key")
         return user.name, user
     check_csrf()
-    if "user" in session:
-        user = next((u for u in settings.users if u.name == session["user"]), None)
-        if user is not None:
-            return user.name, user
+    user = session_user()
+    if user is not None:
+        return user.name, user
     if not settings.keys_required:
         return str(session.get("visitor", LOCAL_USER)), None
     raise Unauthorized("this server needs an API key: send 'Authorization: Bearer <key>'")
@@ -103,9 +102,14 @@ def sign_in(key: str) -> User | None:
     return user
 
 
+def session_user() -> User | None:
+    """The configured user this browser's session is signed in as, if any."""
+    return services().settings.user_named(str(session.get("user", "")))
+
+
 def signed_in() -> bool:
     """This browser's session belongs to a configured user."""
-    return any(u.name == session.get("user") for u in services().settings.users)
+    return session_user() is not None
 
 
 def csrf_token() -> str:

@@ -25,6 +25,7 @@ STATUS: dict[type[errors.OnelaneError], int] = {
     errors.ModelNotFound: 404,
     errors.QuotaExceeded: 429,
     errors.QueueFull: 503,
+    errors.ModelUnavailable: 503,  # the model failed to load: not the caller's doing, unlike a quota
     errors.Unauthorized: 401,
     errors.Forbidden: 403,
     errors.Unavailable: 503,

@@ -22,6 +22,7 @@ from web.errors import error_response
 
 bp = Blueprint("health", __name__)
 
+MODEL_STATES = ("loaded", "loading", "failed", "unloaded")
 HISTOGRAMS = {
     "queue_wait": "Seconds from admission to start, for jobs that started.",
     "time_to_first_token": "Seconds from admission to the first generated token.",
@@ -38,21 +39,22 @@ def healthz() -> Response:
 def readyz() -> Response:
     svc = services()
     snap = svc.store.snapshot()
-    workers = [w.__dict__ for w in snap.workers]
+    # a model that failed to load fails its own jobs; the server stays ready for the others
+    state = {"workers": [w.__dict__ for w in snap.workers], "models": [m.__dict__ for m in snap.models]}
     if not snap.workers:
-        return _not_ready("no worker holds a device: none is running, or its heartbeat stopped", workers)
+        return _not_ready("no worker holds a device: none is running, or its heartbeat stopped", state)
     stalled = [w for w in snap.workers if w.progress_age_s is not None and w.progress_age_s > svc.settings.stall_s]
     if stalled:
         w = stalled[0]
         return _not_ready(f"worker {w.worker} made no progress on its {len(w.jobs)} job(s) for {w.progress_age_s:.0f} s",
-                          workers)  # fmt: skip
-    return jsonify({"status": "ready", "queue_depth": snap.queue_depth, "workers": workers})
+                          state)  # fmt: skip
+    return jsonify({"status": "ready", "queue_depth": snap.queue_depth, **state})
 
 
-def _not_ready(reason: str, workers: list[dict[str, object]]) -> Response:
+def _not_ready(reason: str, state: dict[str, object]) -> Response:
     response = error_response(503, "unavailable", reason)
     body = response.get_json()
-    body["workers"] = workers
+    body.update(state)
     response.set_data(jsonify(body).get_data())
     return response
 
@@ -96,6 +98,15 @@ def _gauges(snap: Snapshot) -> Iterator[Metric]:
         for w in snap.workers:
             gauge.add_metric([w.device], value(w))
         yield gauge
+    state = GaugeMetricFamily("onelane_model_state", "1 for each served model's state (loaded, loading, failed, "
+                              "unloaded).", labels=["model", "state"])  # fmt: skip
+    depth = GaugeMetricFamily("onelane_model_queue_depth", "Jobs waiting for each model.", labels=["model"])
+    for m in snap.models:
+        for name in MODEL_STATES:
+            state.add_metric([m.name, name], 1.0 if m.state == name else 0.0)
+        depth.add_metric([m.name], m.queue_depth)
+    yield state
+    yield depth
 
 
 def _counters(stats: dict[str, str]) -> Iterator[Metric]:
@@ -104,7 +115,7 @@ def _counters(stats: dict[str, str]) -> Iterator[Metric]:
 
     yield CounterMetricFamily("onelane_jobs_admitted", "Jobs admitted into the queue.", value=total("admitted"))
     rejected = CounterMetricFamily("onelane_jobs_rejected", "Submissions refused, by reason.", labels=["reason"])
-    for reason in ("queue_full", "quota_exceeded"):
+    for reason in ("queue_full", "quota_exceeded", "model_unavailable"):
         rejected.add_metric([reason], total(f"rejected:{reason}"))
     yield rejected
     finished = CounterMetricFamily("onelane_jobs_finished", "Jobs that reached a terminal state.", labels=["status"])
@@ -120,6 +131,22 @@ def _counters(stats: dict[str, str]) -> Iterator[Metric]:
     yield CounterMetricFamily("onelane_prefill_seconds", "Seconds spent prefilling prompts.",
                               value=total("prefill_seconds"))  # fmt: skip
     yield CounterMetricFamily("onelane_prefill_tokens", "Prompt tokens prefilled.", value=total("prefill_tokens"))
+    yield CounterMetricFamily("onelane_model_switches", "Times the batch changed model.", value=total("model_switches"))
+    yield CounterMetricFamily("onelane_model_load_failures", "Model loads that failed.",
+                              value=total("model_load_failures"))  # fmt: skip
+    yield CounterMetricFamily("onelane_jobs_passed_head", "Jobs started ahead of the fair order's head, because "
+                              "their model was ready and the head's was not.", value=total("passed_head"))  # fmt: skip
+    tokens = CounterMetricFamily("onelane_model_tokens_generated", "Tokens generated, by model.", labels=["model"])
+    ended = CounterMetricFamily("onelane_model_jobs_finished", "Jobs that ended after starting, by model and status.",
+                                labels=["model", "status"])  # fmt: skip
+    for field, value in stats.items():
+        if field.startswith("model_tokens:"):
+            tokens.add_metric([field.removeprefix("model_tokens:")], float(value))
+        elif field.startswith("model_finished:"):
+            model, _, status = field.removeprefix("model_finished:").rpartition(":")
+            ended.add_metric([model, status], float(value))
+    yield tokens
+    yield ended
 
 
 def _histograms(stats: dict[str, str]) -> Iterator[Metric]:

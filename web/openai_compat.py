@@ -15,8 +15,9 @@ from typing import Any, Literal
 from flask import Blueprint, Response, jsonify, request, stream_with_context
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tasks.errors import InvalidRequest, JobDidNotComplete, ModelNotFound, OnelaneError
+from tasks.errors import InvalidRequest, JobDidNotComplete, OnelaneError
 from tasks.job import Job, JobSpec, JobStatus, Message, SamplingParams, Usage, new_job_id
+from tasks.settings import Priority
 from tasks.store import TERMINAL_EVENTS
 from web import services
 from web.api import admit
@@ -42,6 +43,9 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
 }
 
+
+#: OpenAI's service tiers as onelane's priority classes; None: the caller's own default class.
+TIERS: dict[str, Priority | None] = {"auto": None, "default": None, "flex": "batch", "priority": "interactive"}
 
 STRICT = ConfigDict(extra="forbid", strict=True)  # as OpenAI: `true` is not 1, "0.5" is not 0.5
 
@@ -86,6 +90,7 @@ class Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = None
     ignore_eos: bool = False  # an extension, as in vLLM: generate to max_tokens past EOS
 
     _int_is_a_float = field_validator("temperature", "top_p", mode="before")(int_is_a_float)
@@ -102,6 +107,10 @@ class Sampling(BaseModel):
             stop=tuple(stops),
             ignore_eos=self.ignore_eos,
         )
+
+    def priority(self) -> Priority | None:
+        """The priority class the service tier asks for (None: the caller's default)."""
+        return TIERS[self.service_tier] if self.service_tier else None
 
 
 class ChatRequest(Sampling):
@@ -123,11 +132,7 @@ def _parse(model: type[Sampling], body: dict[str, Any]) -> Any:
             del body[field]
         elif field not in model.model_fields:
             raise InvalidRequest(f"'{field}' is not supported by onelane", param=field)
-    req = parse(model, body)
-    if req.model != services().settings.model_name:
-        raise ModelNotFound(f"the model '{req.model}' does not exist; this server serves "
-                            f"'{services().settings.model_name}'", param="model")  # fmt: skip
-    return req
+    return parse(model, body)
 
 
 def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
@@ -138,9 +143,9 @@ def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
 @bp.get("/v1/models")
 def models() -> Response:
     current_owner()
-    settings = services().settings
-    model = {"id": settings.model_name, "object": "model", "created": 0, "owned_by": "onelane"}
-    return jsonify({"object": "list", "data": [model]})
+    catalog = services().settings.catalog  # in the order the models file names them
+    return jsonify({"object": "list", "data": [{"id": m.name, "object": "model", "created": 0, "owned_by": "onelane"}
+                                               for m in catalog]})  # fmt: skip
 
 
 @bp.post("/v1/chat/completions")
@@ -150,7 +155,8 @@ def chat_completions() -> Response:
     settings = services().settings
     params = req.params(settings.default_max_tokens, req.max_completion_tokens)
     messages = tuple(m.to_message() for m in req.messages)
-    return _admit_and_respond(make_spec(owner, settings, params, None, messages, watched=True), Chat, req)
+    spec = make_spec(owner, settings, params, None, messages, model=req.model, priority=req.priority(), watched=True)
+    return _admit_and_respond(spec, Chat, req)
 
 
 @bp.post("/v1/completions")
@@ -162,7 +168,8 @@ def completions() -> Response:
     prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
     settings = services().settings
     params = req.params(min(16, settings.max_tokens_limit))  # the legacy endpoint's default is 16 tokens
-    return _admit_and_respond(make_spec(owner, settings, params, prompt, None, watched=True), Text, req)
+    spec = make_spec(owner, settings, params, prompt, None, model=req.model, priority=req.priority(), watched=True)
+    return _admit_and_respond(spec, Text, req)
 
 
 class Chat:
@@ -170,15 +177,20 @@ class Chat:
 
     object = "chat.completion"
     prefix = "chatcmpl-"
+    echoes_tier = True  # as OpenAI's: the service tier the job got
 
     def __init__(self, job: Job, req: Sampling) -> None:
         self.id = self.prefix + job.id.removeprefix("job_")
         self.model = job.spec.model
         self.created = int(job.timings.queued_at)
         self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        asked_priority = req.service_tier == "priority"
+        self.tier = "flex" if job.spec.priority == "batch" else "priority" if asked_priority else "default"
 
     def envelope(self, obj: str, choices: list[dict[str, Any]], usage: dict[str, int] | None) -> dict[str, Any]:
         body: dict[str, Any] = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        if self.echoes_tier:
+            body["service_tier"] = self.tier
         body["choices"] = choices
         if usage is not None or obj == self.object or self.include_usage:
             body["usage"] = usage
@@ -202,6 +214,7 @@ class Text(Chat):
 
     object = "text_completion"
     prefix = "cmpl-"
+    echoes_tier = False  # OpenAI's legacy completions have no service tier
 
     def choice(self, text: str, finish_reason: str | None, delta: bool) -> dict[str, Any]:
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}

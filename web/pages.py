@@ -13,14 +13,16 @@ from tasks.errors import Forbidden, JobNotFound, OnelaneError, Overloaded, Promp
 from tasks.job import Job
 from web import body, services
 from web.api import admit
-from web.auth import check_csrf, csrf_token, current_owner, sign_in, signed_in, start_visit
+from web.auth import check_csrf, csrf_token, current_owner, session_user, sign_in, signed_in, start_visit
 from web.errors import status_for
-from web.schemas import SubmitJob, parse, to_spec
+from web.schemas import SubmitJob, default_priority, parse, to_spec
 
 bp = Blueprint("pages", __name__)
 
 FORM_DEFAULTS = {"prompt": "", "max_tokens": "64", "temperature": "0", "ignore_eos": ""}
 NUMBER_FIELDS = ("max_tokens", "temperature")
+CHOICE_FIELDS = ("model", "priority")  # <select>s: sent as chosen, or left to the API's defaults when absent
+PRIORITIES = {"interactive": "Interactive", "batch": "Batch (runs when no interactive job waits)"}
 EXCERPT_CHARS = 80
 
 # Prompts and outputs are untrusted text: no inline script, no third-party origin, no framing.
@@ -88,14 +90,24 @@ def submission(form: MultiDict[str, str]) -> dict[str, Any]:
         raw = form.get(name, "").strip()
         if raw:
             fields[name] = _number(raw)
+    for name in CHOICE_FIELDS:
+        if form.get(name):
+            fields[name] = form[name]
     if form.get("ignore_eos"):
         fields["ignore_eos"] = True
     return fields
 
 
+def form_defaults() -> dict[str, str]:
+    """The form as first shown: the server's default model, and the signed-in user's own priority class."""
+    return {**FORM_DEFAULTS, "model": services().settings.model_name, "priority": default_priority(session_user())}
+
+
 def render_form(values: dict[str, str], error: OnelaneError | None = None) -> Response:
     """The submit form, filled with `values`, with the error that refused them (and its API status), if any."""
-    response = Response(render_template("index.html", values=values, error=error, settings=services().settings))
+    page = render_template("index.html", values=values, error=error, settings=services().settings,
+                           priorities=PRIORITIES)  # fmt: skip
+    response = Response(page)
     if error is not None:
         response.status_code = status_for(error)
         if isinstance(error, Overloaded):
@@ -121,7 +133,7 @@ def login() -> Response | tuple[str, int]:
 
 @bp.get("/")
 def index() -> Response:
-    return render_form(FORM_DEFAULTS)
+    return render_form(form_defaults())
 
 
 @bp.post("/jobs")
@@ -132,8 +144,8 @@ def submit() -> Response:
         form = body.form(request)
     except RequestEntityTooLarge:
         limit = svc.settings.max_prompt_chars
-        return render_form(FORM_DEFAULTS, PromptTooLarge(f"the prompt is too large; the limit is {limit} characters"))
-    values = {**FORM_DEFAULTS, **form.to_dict()}
+        return render_form(form_defaults(), PromptTooLarge(f"the prompt is too large; the limit is {limit} characters"))
+    values = {**form_defaults(), **form.to_dict()}
     try:
         owner = current_owner()  # and its CSRF token, before anything else is looked at
         req = parse(SubmitJob, submission(form))

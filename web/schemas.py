@@ -8,9 +8,9 @@ from typing import Any
 from flask import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tasks.errors import InvalidJSON, InvalidRequest, PromptTooLarge
+from tasks.errors import Forbidden, InvalidJSON, InvalidRequest, ModelNotFound, PromptTooLarge
 from tasks.job import JobSpec, Message, SamplingParams
-from tasks.settings import Settings
+from tasks.settings import Priority, Settings, User
 from web.body import raw as body_bytes
 
 
@@ -25,10 +25,13 @@ def int_is_a_float(value: Any) -> Any:
 
 
 class SubmitJob(BaseModel):
-    """POST /v1/jobs: exactly one of prompt or messages, plus sampling options."""
+    """POST /v1/jobs: exactly one of prompt or messages, plus sampling options; the model and the priority class
+    default to the server's default model and the caller's own class."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
+    model: str | None = None
+    priority: Priority | None = None
     prompt: str | None = None
     messages: list[Message] | None = Field(None, min_length=1)
     max_tokens: int | None = Field(None, ge=1)
@@ -129,7 +132,24 @@ def to_spec(req: SubmitJob, owner: str, settings: Settings, watched: bool = Fals
         ignore_eos=req.ignore_eos,
     )
     messages = tuple(req.messages) if req.messages is not None else None
-    return make_spec(owner, settings, params, req.prompt, messages, req.ttl_s, watched or req.abandon_on_disconnect)
+    return make_spec(owner, settings, params, req.prompt, messages, model=req.model, priority=req.priority,
+                     ttl_s=req.ttl_s, watched=watched or req.abandon_on_disconnect)  # fmt: skip
+
+
+def served_model(settings: Settings, name: str | None) -> str:
+    """The model a request names (the default model if it names none), or ModelNotFound."""
+    if name is None:
+        return settings.model_name
+    if settings.model_named(name) is None:
+        served = ", ".join(f"'{m.name}'" for m in settings.catalog)
+        shown = name if len(name) <= 100 else name[:100] + "…"
+        raise ModelNotFound(f"the model '{shown}' does not exist; this server serves {served}", param="model")
+    return name
+
+
+def default_priority(user: User | None) -> Priority:
+    """The class a user's jobs get when a request names none; the local user's and visitors' are interactive."""
+    return user.priority if user else "interactive"
 
 
 def make_spec(
@@ -138,10 +158,19 @@ def make_spec(
     params: SamplingParams,
     prompt: str | None,
     messages: tuple[Message, ...] | None,
+    *,
+    model: str | None = None,
+    priority: Priority | None = None,
     ttl_s: float | None = None,
     watched: bool = False,
 ) -> tuple[JobSpec, float]:
-    """Apply the server's limits (prompt size, max_tokens, TTL); every way in goes through here."""
+    """Apply the server's catalog and limits (model, prompt size, max_tokens, TTL) and the owner's default
+    priority; every way in goes through here."""
+    model = served_model(settings, model)
+    own = default_priority(settings.user_named(owner))
+    if priority == "interactive" and own == "batch":  # a key's class is its ceiling, not a suggestion
+        raise Forbidden("this API key submits batch work only (its priority in the keys file)", param="priority")
+    priority = priority or own
     size = len(prompt) if prompt is not None else sum(len(m.content) for m in messages or ())
     param = "prompt" if prompt is not None else "messages"
     if size == 0:  # nothing to generate from: refused here rather than failed by the worker
@@ -155,7 +184,6 @@ def make_spec(
     ttl_s = ttl_s or settings.job_ttl_s
     if ttl_s > settings.job_ttl_s:
         raise InvalidRequest(f"ttl_s may be at most {settings.job_ttl_s:g}", param="ttl_s")
-    spec = JobSpec(
-        owner=owner, model=settings.model_name, prompt=prompt, messages=messages, params=params, watched=watched
-    )
+    spec = JobSpec(owner=owner, model=model, prompt=prompt, messages=messages, params=params, priority=priority,
+                   watched=watched)  # fmt: skip
     return spec, ttl_s

@@ -18,9 +18,11 @@ CHATML = (
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
-# Sizes: "tiny" for tests (~0.1 M parameters), "small" (~25 M) to measure realistic CPU generation.
+# Sizes: "tiny" for tests (~0.1 M parameters), "mini" (~0.7 M) as a second, bigger model for the tests of several
+# models, "small" (~25 M) to measure realistic CPU generation.
 SIZES: dict[str, dict[str, int]] = {
     "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128, "num_attention_heads": 4},
+    "mini": {"hidden_size": 128, "num_hidden_layers": 4, "intermediate_size": 256, "num_attention_heads": 4},
     "small": {"hidden_size": 512, "num_hidden_layers": 8, "intermediate_size": 1408, "num_attention_heads": 8},
 }
 

@@ -26,6 +26,7 @@ from mlx_lm.sample_utils import apply_top_p, greedy_sampler
 
 from tasks.errors import InvalidPrompt, SettingsError
 from tasks.job import JobSpec, SamplingParams
+from tasks.settings import DEMO_MODEL, ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -91,13 +92,14 @@ class Engine:
     """Owns the model and its one batch. Only the thread holding `lock` may drive it: MLX on Metal aborts the
     process when two threads evaluate at once."""
 
-    def __init__(self, model, tokenizer, name: str, max_batch: int = 1, prefill_step: int = 512) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, model, tokenizer, name: str, max_batch: int = 1, prefill_step: int = 512,  # type: ignore[no-untyped-def]
+                 lock: threading.Lock | None = None) -> None:  # fmt: skip
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
         self.max_batch = max_batch
         self.prefill_step = prefill_step
-        self.lock = threading.Lock()
+        self.lock = lock or threading.Lock()  # the device's: every engine of a worker shares one
         self._done = Counters()  # the work of the batches before this one
         self._steps = 0
         caches = make_prompt_cache(model)
@@ -111,12 +113,14 @@ class Engine:
         self.size = 0  # sequences in the batch
 
     @classmethod
-    def load(cls, path: str, max_batch: int = 1, prefill_step: int = 512) -> Engine:
-        """Load a local folder or a Hugging Face id with mlx_lm.load."""
+    def load(cls, model: str | ModelConfig, max_batch: int = 1, prefill_step: int = 512,
+             lock: threading.Lock | None = None) -> Engine:  # fmt: skip
+        """Load a local folder or a Hugging Face id with mlx_lm.load, with a served model's load options."""
+        config = model if isinstance(model, ModelConfig) else ModelConfig(name=DEMO_MODEL, path=model)
         started = time.perf_counter()
-        model, tokenizer = load(path)
-        logger.info("model %s loaded in %.2f s", path, time.perf_counter() - started)
-        return cls(model, tokenizer, path, max_batch, prefill_step)
+        loaded, tokenizer = load(config.path, **config.load_options())[:2]
+        logger.info("model %s loaded from %s in %.2f s", config.name, config.path, time.perf_counter() - started)
+        return cls(loaded, tokenizer, config.name, max_batch, prefill_step, lock)
 
     def configure(self, max_batch: int, prefill_step: int) -> None:
         """Size the batch (it starts afresh: call it while nothing runs)."""
@@ -176,6 +180,11 @@ class Engine:
         tokens = [Token(int(r.uid), int(r.token), r.finish_reason) for r in generated]
         self.size -= sum(1 for t in tokens if t.finish_reason is not None)  # the generator dropped them
         return tokens
+
+    def close(self) -> None:
+        """Let go of the batch (the model is about to be evicted)."""
+        with contextlib.suppress(Exception):
+            self._batch.close()
 
     def reset(self) -> None:
         """Drop every sequence (after a step failed, the batch's state cannot be trusted)."""

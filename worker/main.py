@@ -1,4 +1,5 @@
-"""The worker process: load the model once, take the device's lease, then consume the GPU queue.
+"""The worker process: take the device's lease, load the default model, then consume the GPU queue (other models
+load on demand: worker/models.py).
 
 One dramatiq worker thread with prefetch 1 runs the batch (worker/runner.py): the only thread that touches MLX.
 A heartbeat thread renews the device lease and reports the batch; a listener hears cancels and queue moves; a
@@ -27,6 +28,7 @@ from tasks.settings import Settings
 from tasks.store import BatchReport, Store, connect
 from worker import actors
 from worker.engine import Engine
+from worker.models import ModelPool
 from worker.runner import Runner
 
 logger = logging.getLogger(__name__)
@@ -36,8 +38,8 @@ IDLE_WAIT_MS = 2000  # an idle consumer blocks this long on its wake-up list bef
 
 
 def ensure_model(settings: Settings) -> str:
-    """The model to serve; the demo model is built under var/ on first use when ONELANE_MODEL is unset."""
-    if settings.model is None and not (Path(settings.model_path) / "config.json").exists():
+    """The model to serve; the demo model is built under var/ on first use when no model is configured."""
+    if settings.model is None and not settings.models and not (Path(settings.model_path) / "config.json").exists():
         from worker.demo_model import make_demo_model
 
         logger.info("ONELANE_MODEL is unset: building the demo model (random weights, output is noise)")
@@ -58,12 +60,12 @@ class GpuWorker:
     ) -> None:
         self.settings = settings
         self.id = uuid.uuid4().hex
-        self.engine = engine
         self.store = Store(connect(settings.effective_redis_url), settings)
+        self.models = ModelPool(self.store, self.id, engine, on_change=self._report_now)
         self.broker = make_broker(settings)
         self.on_fatal = on_fatal
         self.stopping = threading.Event()
-        self.runner = Runner(self.store, engine, self.id, on_fatal)
+        self.runner = Runner(self.store, self.models, self.id, on_fatal)
         actors.declare(self.broker, self.runner, self.stopping)
         # Only the GPU queue: no consumer for the delay queue, which onelane never uses.
         self.worker = dramatiq.Worker(self.broker, queues={QUEUE_NAME}, worker_threads=1, worker_timeout=IDLE_WAIT_MS)
@@ -78,24 +80,24 @@ class GpuWorker:
         self._reported = (0, 0.0, 0.0, 0, 0, time.monotonic())  # engine counters at the last report, and when
 
     def start(self) -> bool:
-        """Wait for the device's lease, load the model, recover what a dead worker left, then consume.
+        """Wait for the device's lease, load the default model, recover what a dead worker left, then consume.
 
-        Returns False if stopped first. The model loads only once the device is ours, so a standby worker
-        (imports done, waiting for the lease) holds no second copy of the weights.
+        Returns False if stopped first. Models load only once the device is ours, so a standby worker (imports
+        done, waiting for the lease) holds no second copy of the weights. A default model that fails to load fails
+        its own jobs; the worker serves the others.
         """
         if not self._take_device():
             return False
         self._threads[0].start()  # heartbeat: keep the lease while the model loads
         s = self.settings
-        if self.engine is None:
-            self.engine = Engine.load(ensure_model(s), s.max_batch, s.prefill_step)
-        else:
-            self.engine.configure(s.max_batch, s.prefill_step)
-        self.runner.engine = self.engine
-        self.store.take_device(self.id, self._report())  # tell the batch's size at once (for ETAs)
-        logger.info("batch of up to %d jobs; KV budget %d tokens (%.0f MiB for this model); prefill %d tokens a step",
-                    s.max_batch, s.kv_budget_tokens, s.kv_budget_tokens * self.engine.kv_bytes_per_token / 2**20,
-                    s.prefill_step)  # fmt: skip
+        ensure_model(s)
+        with self.models.lock:
+            engine = self.models.load(s.model_name)
+        self.store.take_device(self.id, self._report())  # tell the batch's size and the models at once (for ETAs)
+        if engine is not None:
+            logger.info("batch of up to %d jobs; KV budget %d tokens (%.0f MiB for %s); prefill %d tokens a step",
+                        engine.max_batch, s.kv_budget_tokens, s.kv_budget_tokens * engine.kv_bytes_per_token / 2**20,
+                        s.model_name, s.prefill_step)  # fmt: skip
         self._threads[1].start()
         self.housekeeper.round()  # recover what a dead worker left before the first claim
         self.housekeeper.start()
@@ -142,19 +144,26 @@ class GpuWorker:
                 self.on_fatal(f"lost device {self.settings.device} to worker {holder}")
                 return
 
-    def _report(self) -> BatchReport | None:
+    def _report_now(self) -> None:
+        try:
+            self.store.take_device(self.id, self._report())
+        except redis.RedisError as exc:  # the next heartbeat tells
+            logger.warning("cannot report: %s", exc)
+
+    def _report(self) -> BatchReport:
         """The batch now and the engine's work since the last report (read without the engine's lock: counters
         only grow, and a report a step out of date is fine)."""
-        if self.engine is None:
-            return None
-        c, now = self.engine.counters, time.monotonic()
+        c, now = self.models.counters, time.monotonic()
         steps, decode_s, prefill_s, prefill_tokens, generated, then = self._reported
         self._reported = (c.steps, c.decode_s, c.prefill_s, c.prompt_tokens, c.generated_tokens, now)
+        runner = self.runner
+        engine = runner.engine or self.models.get_quietly(self.settings.model_name)
         return BatchReport(
-            batch=len(self.runner.batch), slots=self.engine.max_batch,
+            batch=len(runner.batch), slots=engine.max_batch if engine else self.settings.max_batch,
             tokens_per_s=(c.generated_tokens - generated) / max(now - then, 1e-3), steps=c.steps - steps,
             decode_s=c.decode_s - decode_s, prefill_s=c.prefill_s - prefill_s,
-            prefill_tokens=c.prompt_tokens - prefill_tokens,
+            prefill_tokens=c.prompt_tokens - prefill_tokens, models=self.models.names(),
+            active=runner.active if runner.batch else "", loading=self.models.loading,
         )  # fmt: skip
 
     def _listen(self) -> None:

@@ -1,6 +1,10 @@
 """Run jobs as one continuous batch: claim in fair order while a slot and the KV budget allow, advance every job by
 one token per step, and record exactly one outcome per job.
 
+The batch runs one model at a time (the `active` one). A job of another model waits for the batch to drain and its
+model to be ready; meanwhile jobs of a ready model may go ahead of it within ONELANE_MODEL_SWITCH_WAIT_S (the claim
+decides: tasks/lua/claim.lua), so mixed traffic does not switch models at every job.
+
 The loop owns the engine (one thread, one step at a time on the device). It never waits on Redis while jobs
 generate, except to claim: output, endings and hand-backs go through the writer's thread, in order per job.
 Before every step it drops the jobs that must stop (cancelled, client gone, taken away, over their time limit),
@@ -21,8 +25,9 @@ import redis
 
 from tasks.errors import InvalidPrompt
 from tasks.job import Job, JobStatus
-from tasks.store import Claim, Store
+from tasks.store import Claim, Store, Switch
 from worker.engine import Engine, Token
+from worker.models import ModelPool
 from worker.output import Ending, OutputWriter
 from worker.stops import StopMatcher
 
@@ -95,9 +100,11 @@ class Batch:
 class Runner:
     """Runs jobs for one worker process, identified by `worker_id` (the holder of the device's lease)."""
 
-    def __init__(self, store: Store, engine: Engine | None, worker_id: str, on_fatal: Callable[[str], None]) -> None:
+    def __init__(self, store: Store, models: ModelPool, worker_id: str, on_fatal: Callable[[str], None]) -> None:
         self.store = store
-        self.engine = engine
+        self.models = models
+        self.engine: Engine | None = None  # the active model's: the one the batch runs
+        self.active = ""
         self.worker_id = worker_id
         self.batch = Batch()
         self.queue_moved = threading.Event()  # set by the worker's listener: jobs may wait to be claimed
@@ -129,10 +136,9 @@ class Runner:
         in the batch have STOP_DRAIN_S to end, then the rest go back to the front of the queue (that run not
         counted as an attempt) for the next worker.
         """
-        assert self.engine is not None, "the model loads before the first claim"
         started = 0
         drain_until: float | None = None
-        with self.engine.lock:
+        with self.models.lock:
             self._look = True
             while True:
                 if stopping.is_set() and self.batch:
@@ -157,22 +163,30 @@ class Runner:
 
     def _fill(self) -> int:
         """Claim jobs in fair order while one can join; returns how many started."""
-        assert self.engine is not None
         started = 0
         self.writer.settle()
-        while len(self.batch) < self.engine.max_batch and not self.batch.solo:
+        while not self.batch or (len(self.batch) < self.engine.max_batch and not self.batch.solo):  # type: ignore[union-attr]
             if not self.batch:
                 want: str | None = "*"  # any job fits an empty batch: claim it in one round trip
             else:
                 want = self._head.id if self._head and self._fits(self._head) else None  # measured, and fits now
             try:
-                claim = self.store.claim_next(self.worker_id, want=want)
+                claim = self.store.claim_next(self.worker_id, want=want, active=self.active if self.batch else "",
+                                              loaded=self.models.names())  # fmt: skip
             except redis.RedisError as exc:  # the batch goes on; housekeeping rings again once Redis answers
                 logger.warning("cannot claim: %s", exc)
                 self._look = False
                 return started
             if claim is None:
                 self._head, self._look = None, False
+                return started
+            if isinstance(claim, Switch):
+                if claim.load and not self.batch:  # (a failed load fails the model's jobs: the claim moves on)
+                    logger.info("job %s needs model %s: loading it", claim.head, claim.model)
+                    self.engine = None  # held here, an evicted model's weights could not be freed
+                    self.models.load(claim.model)
+                    continue
+                self._head, self._look = None, False  # the batch drains first; a job leaving it looks again
                 return started
             if claim.started:
                 self._join(claim)
@@ -189,10 +203,12 @@ class Runner:
         return started
 
     def _measure(self, claim: Claim) -> Head:
-        assert self.engine is not None
         job = claim.job
+        engine = self.models.get(job.spec.model) or self.models.load(job.spec.model)
+        if engine is None:
+            return Head(job.id, [], 0, claim.solo, invalid=("model_unavailable", "the model failed to load"))
         try:
-            tokens = self.engine.prompt_tokens(job.spec)
+            tokens = engine.prompt_tokens(job.spec)
         except InvalidPrompt as exc:
             return Head(job.id, [], 0, claim.solo, invalid=(exc.type, exc.message))
         except Exception:  # the details are for the operator's log, not for the client
@@ -208,16 +224,21 @@ class Runner:
         return not head.solo and self.batch.kv_tokens_with(head.cost) <= self.budget
 
     def _join(self, claim: Claim) -> None:
-        assert self.engine is not None
         job, head = claim.job, self._head
         self._head = None
-        if head is None or head.id != job.id:  # claimed without being measured first: cannot happen, but cheap
+        if head is None or head.id != job.id:  # claimed into an empty batch, without being measured first
             head = self._measure(claim)
-        logger.info("job %s: started (owner %s, attempt %d, batch %d)", job.id, job.owner, job.attempts,
-                    len(self.batch) + 1)  # fmt: skip
+        if not self.batch and head.invalid is None:  # the batch's model is the first job's
+            if job.spec.model != self.active:
+                logger.info("batch switches to model %s (from %s)", job.spec.model, self.active or "none")
+                self.store.count("model_switches")
+            self.active, self.engine = job.spec.model, self.models.get(job.spec.model)
+        logger.info("job %s: started (owner %s, model %s, attempt %d, batch %d)", job.id, job.owner, job.spec.model,
+                    job.attempts, len(self.batch) + 1)  # fmt: skip
         if head.invalid is not None:
             self.writer.end(Ending(job.id, JobStatus.FAILED, error=head.invalid))
             return
+        assert self.engine is not None
         limit_s = self.store.settings.job_time_limit_s
         uid = self.engine.insert(head.tokens, job.spec.params)
         self.batch.add(Running(job, uid, len(head.tokens), head.cost, time.monotonic() + limit_s,

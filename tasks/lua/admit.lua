@@ -1,23 +1,34 @@
 -- Admit a job, atomically with the bounds: nothing is written when the queue (global bound) or the owner's
--- share of it (quota) is full. Fair order is start-time fair queuing with one unit per job: a job's start tag
--- is max(virtual time, its owner's previous tag + 1), the queue runs in tag order (admission order on ties).
--- So users take turns, one job each, FIFO within a user, and an idle user earns no credit.
+-- share of it (quota) is full, or when the job's model failed to load and is not tried again yet.
+-- Fair order is self-clocked fair queuing over flows (a user's interactive jobs; their batch jobs): a job
+-- costs its flow `cost` (thousandths of a turn: 1000 / the user's weight, times ONELANE_BATCH_COST for batch),
+-- its start tag is max(virtual time, its flow's last finish tag), its finish tag start + cost, and the queue runs
+-- in finish-tag order (admission order on ties). So flows take turns in proportion to their weights, FIFO
+-- within a flow; a batch job waits behind ONELANE_BATCH_COST turns of every interactive flow at most, and an
+-- idle flow earns no credit.
 -- A watched job gets a lease of `watch_grace_s` (0: not watched) that its client's stream or polling renews.
 -- The job's dramatiq message (its doorbell), when given, is pushed here as dramatiq's enqueue would, unless one
 -- is pending already: an admitted job always has a message to wake the worker, and a consumer blocked on the
 -- queue wakes as this script ends.
 -- ARGV: id, owner, spec_json, ttl_s, result_ttl_s, watch_grace_s, max_queue, max_per_user (0: no bound),
---       max_tokens, slots, message queue key, message hash key, message id, message ('' for no message)
--- -> {'ok', queued_at, deadline, position, the estimate (see position.lua)}
---    or {'queue_full' | 'quota_exceeded', retry_after_s}
+--       max_tokens, slots, message queue key, message hash key, message id, message ('' for no message),
+--       model, class ('interactive' | 'batch'), cost
+-- -> {'ok', queued_at, deadline, position, seconds its model takes to load, the estimate (see position.lua)}
+--    or {'queue_full' | 'quota_exceeded', retry_after_s} or {'model_unavailable', retry_after_s, why}
 local id, owner, spec = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
 local ttl, result_ttl, grace = tonumber(ARGV[A + 4]), tonumber(ARGV[A + 5]), tonumber(ARGV[A + 6])
 local max_queue, max_per_user, max_tokens = tonumber(ARGV[A + 7]), tonumber(ARGV[A + 8]), ARGV[A + 9]
 local slots = tonumber(ARGV[A + 10])
 local bell_queue, bell_messages, bell_id, bell = ARGV[A + 11], ARGV[A + 12], ARGV[A + 13], ARGV[A + 14]
+local model, class, cost = ARGV[A + 15], ARGV[A + 16], tonumber(ARGV[A + 17])
 local t = now()
 local q = UQ .. owner
 
+local why, retry = model_failure(model, t)
+if why then
+  stat('rejected:model_unavailable')
+  return {'model_unavailable', math.max(1, math.ceil(retry)), why}
+end
 if max_queue > 0 and redis.call('ZCARD', WAITING) >= max_queue then
   -- a place frees when the first slot frees and the next job starts
   local _, free = service_estimate(t, slots)
@@ -35,20 +46,22 @@ end
 
 local deadline = t + ttl
 local life = math.ceil(ttl + result_ttl)
-local tag = math.max(virtual_time(), tonumber(redis.call('ZSCORE', TAGS, owner) or '0'))
+local flow = flow_of(owner, class)
+local tag = math.max(virtual_time(), tonumber(redis.call('ZSCORE', TAGS, flow) or '0')) + cost
 local score = tag * TIE + redis.call('INCR', SEQ) % TIE
 local jkey = JOB .. id
 redis.call('HSET', jkey, 'spec', spec, 'owner', owner, 'status', 'queued', 'queued_at', fmt(t),
   'deadline', fmt(deadline), 'attempts', 0, 'prompt_tokens', 0, 'completion_tokens', 0, 'tag', tag, 'score', score,
-  'max_tokens', max_tokens)
+  'max_tokens', max_tokens, 'model', model, 'class', class)
 if grace > 0 then redis.call('HSET', jkey, 'watched', grace) end
 redis.call('EXPIRE', jkey, life)
-redis.call('ZADD', TAGS, tag + 1, owner)
-enqueue(id, owner, score, deadline, grace, t, life)
+redis.call('ZADD', TAGS, tag, flow)
+enqueue(id, owner, model, score, deadline, grace, t, life)
 redis.call('ZADD', UJ .. owner, t, id)
 redis.call('ZREMRANGEBYRANK', UJ .. owner, 0, -1001) -- a user's listing keeps the newest 1000
 for _, k in ipairs({UJ .. owner, TAGS, SEQ, VTIME}) do extend(k, life) end
 ring(bell_queue, bell_messages, bell_id, bell)
 stat('admitted')
 local mean, free, timed = service_estimate(t, slots)
-return estimate_reply({'ok', fmt(t), fmt(deadline), redis.call('ZRANK', QUEUE, id) + 1}, mean, free, timed)
+return estimate_reply({'ok', fmt(t), fmt(deadline), redis.call('ZRANK', QUEUE, id) + 1, tostring(load_wait(model))},
+  mean, free, timed)

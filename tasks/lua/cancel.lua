@@ -8,7 +8,7 @@ local jkey = JOB .. id
 local f = redis.call('HMGET', jkey, 'status', 'owner')
 if not f[1] or f[2] ~= owner then return 'not_found' end
 if f[1] == 'queued' then
-  drop(id, owner, 'cancelled', 'cancelled', err, result_ttl, now())
+  drop(id, 'cancelled', 'cancelled', err, result_ttl, now())
   return 'queued'
 elseif f[1] == 'in_progress' then
   -- remember how far generation had got when asked, so "stops within a step" can be checked

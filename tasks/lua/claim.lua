@@ -1,31 +1,81 @@
--- Claim the next job in fair order for this worker, atomically. Jobs at the head of the queue that must not run
--- are ended on the way, without a token: past its deadline (by Redis's clock) `expired`; watched, with its
--- watcher's lease lapsed, `cancelled` (client_gone). Only the worker holding the device's lease may claim.
--- A worker with a KV budget must know a job's size before it starts it, so the head is started only if it is the
--- job the worker names (`want`, which it measured, or '*': any job, as into an empty batch); any other head is
+-- Claim the next job for this worker, atomically. The next job is the head of the fair order, unless its model is
+-- not the one the worker's batch runs (or, the batch empty, not loaded): then a job of a model the worker has
+-- ready may go ahead of it, but only while the head has waited at most `switch_wait` s longer than it would have
+-- (counted from when it was first passed over); after that the worker is told to switch ('switch': let the batch
+-- drain; 'load': load the head's model), so the head starts once the batch drains and its model loads.
+-- Jobs that must not run are ended on the way, without a token: past its deadline (by Redis's clock) `expired`;
+-- watched, with its watcher's lease lapsed, `cancelled` (client_gone); its model failed to load, `failed`
+-- (model_unavailable). Only the worker holding the device's lease may claim.
+-- A worker with a KV budget must know a job's size before it starts it, so the next job is started only if it is
+-- the job the worker names (`want`, which it measured, or '*': any job, as into an empty batch); any other is
 -- returned as it is, unclaimed.
--- ARGV: result_ttl_s, run_life_s, device, worker_id, want ('' for none)
--- -> {'started' | 'head', id, the job's fields as HGETALL gives them, jobs still waiting after it}, or false when
--- nothing waits, or 'lost' without the lease
+-- ARGV: result_ttl_s, run_life_s, device, worker_id, want ('' for none), active (the model the batch runs; '' when
+--       the batch is empty), switch_wait_s, the models the worker has loaded...
+-- -> {'started' | 'next', id, the job's fields as HGETALL gives them, jobs still waiting after it},
+--    {'switch' | 'load', head id, its model}, false when nothing waits, or 'lost' without the lease
 local result_ttl, run_life, device, worker = tonumber(ARGV[A + 1]), tonumber(ARGV[A + 2]), ARGV[A + 3], ARGV[A + 4]
-local want = ARGV[A + 5]
+local want, active, switch_wait = ARGV[A + 5], ARGV[A + 6], tonumber(ARGV[A + 7])
+local loaded = {}
+for i = A + 8, #ARGV do loaded[ARGV[i]] = true end
 if redis.call('HGET', DEVICE .. device, 'worker') ~= worker then return 'lost' end
 local t = now()
-for _ = 1, 1000 do
-  local id = redis.call('ZRANGE', QUEUE, 0, 0)[1]
-  if not id then return false end
-  local f = redis.call('HMGET', JOB .. id, 'status', 'deadline', 'watched', 'owner', 'tag')
-  if f[1] ~= 'queued' then
-    dequeue(id, f[4]) -- a stray entry: the job ended, or its record is gone
-  elseif t >= tonumber(f[2]) then
-    drop(id, f[4], 'expired', '', error_json('expired', EXPIRED), result_ttl, t)
-  elseif f[3] and tonumber(redis.call('ZSCORE', WATCHED, id) or '0') <= t then
-    drop(id, f[4], 'cancelled', 'cancelled', error_json('client_gone', CLIENT_GONE), result_ttl, t)
-  elseif id == want or want == '*' then
-    local fields = start(id, f[4], f[5], worker, device, run_life, t)
-    return {'started', id, fields, redis.call('ZCARD', QUEUE)}
-  else
-    return {'head', id, redis.call('HGETALL', JOB .. id), redis.call('ZCARD', QUEUE) - 1}
+
+-- The first job of `index` (the whole queue, or one model's) that may run, ending those that must not on the way;
+-- its id, model and score.
+local function first_live(index)
+  for _ = 1, 1000 do
+    local top = redis.call('ZRANGE', index, 0, 0, 'WITHSCORES')
+    local id = top[1]
+    if not id then return nil end
+    local f = redis.call('HMGET', JOB .. id, 'status', 'deadline', 'watched', 'model', 'owner')
+    if f[1] ~= 'queued' then
+      redis.call('ZREM', index, id) -- a stray entry: the job ended, or its record is gone
+      dequeue(id, f[5], f[4])
+    elseif t >= tonumber(f[2]) then
+      drop(id, 'expired', '', error_json('expired', EXPIRED), result_ttl, t)
+    elseif f[3] and tonumber(redis.call('ZSCORE', WATCHED, id) or '0') <= t then
+      drop(id, 'cancelled', 'cancelled', error_json('client_gone', CLIENT_GONE), result_ttl, t)
+    else
+      local why = model_failure(f[4], t)
+      if not why then return id, f[4], tonumber(top[2]) end
+      drop(id, 'failed', '', error_json('model_unavailable', why), result_ttl, t)
+    end
   end
+  return nil
 end
-return false
+
+-- Whether the head may still be passed over: its clock starts the first time it is.
+local function may_pass(head)
+  local b = redis.call('HMGET', BLOCKED, 'id', 'since')
+  if b[1] ~= head then
+    redis.call('HSET', BLOCKED, 'id', head, 'since', fmt(t))
+    redis.call('EXPIRE', BLOCKED, 86400)
+    return switch_wait > 0
+  end
+  return t - tonumber(b[2]) < switch_wait
+end
+
+local head, model = first_live(QUEUE)
+if not head then return false end
+local pick = head
+if (active ~= '' and model ~= active) or (active == '' and not loaded[model]) then
+  pick = nil
+  if may_pass(head) then
+    if active ~= '' then
+      pick = first_live(MQ .. active) -- the batch's model: its next job joins without a switch
+    else
+      local best -- the loaded model whose next job comes first in the fair order
+      for name in pairs(loaded) do
+        local id, _, score = first_live(MQ .. name)
+        if id and (not best or score < best) then pick, best = id, score end
+      end
+    end
+  end
+  if not pick then return {active ~= '' and 'switch' or 'load', head, model} end
+end
+if pick == want or want == '*' then
+  if pick ~= head then stat('passed_head') end
+  local fields = start(pick, worker, device, run_life, t)
+  return {'started', pick, fields, redis.call('ZCARD', QUEUE)}
+end
+return {'next', pick, redis.call('HGETALL', JOB .. pick), redis.call('ZCARD', QUEUE) - 1}

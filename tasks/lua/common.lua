@@ -1,9 +1,9 @@
 -- Shared by every onelane script (store.py prepends it, after NAMES: the key names and prefixes of
 -- tasks/keys.py, in the order of keys.prefixes(), written into the script so no call has to send them).
 local JOB, OUT, EV, CH, UQ, UJ, QUEUE, WAITING, WATCHED, MOVED, IN_PROGRESS, SERVICE_TIMES, VTIME, TAGS, SEQ,
-  DEVICE, DEVICES, STATS, CANCELS = unpack(NAMES)
+  DEVICE, DEVICES, STATS, CANCELS, MQ, MODEL, BLOCKED = unpack(NAMES)
 local A = 0 -- the script's own arguments start at ARGV[A + 1]
-local TIE = 16777216 -- queue score = start tag * TIE + admission counter (mod TIE)
+local TIE = 1048576 -- queue score = finish tag (in thousandths of a turn) * TIE + admission counter (mod TIE)
 
 local function now()
   local t = redis.call('TIME')
@@ -145,65 +145,100 @@ local function estimate_reply(out, mean, free, timed)
   return out
 end
 
--- Put a job in the waiting indexes: the run order (and its owner's share of it), deadlines, and, for a watched
--- job, its watcher's lease, starting now. Each index lives at least as long as the job (`life` s).
-local function enqueue(id, owner, score, deadline, watch_s, t, life)
+-- Put a job in the waiting indexes: the run order (and its owner's and its model's share of it), deadlines, and,
+-- for a watched job, its watcher's lease, starting now. Each index lives at least as long as the job (`life` s).
+local function enqueue(id, owner, model, score, deadline, watch_s, t, life)
   redis.call('ZADD', QUEUE, score, id)
   redis.call('ZADD', UQ .. owner, score, id)
+  redis.call('ZADD', MQ .. model, score, id)
   redis.call('ZADD', WAITING, deadline, id)
-  local indexes = {QUEUE, UQ .. owner, WAITING}
+  local indexes = {QUEUE, UQ .. owner, MQ .. model, WAITING}
   if watch_s > 0 then
     redis.call('ZADD', WATCHED, t + watch_s, id)
-    indexes[4] = WATCHED
+    indexes[5] = WATCHED
   end
   for _, k in ipairs(indexes) do extend(k, life) end
   redis.call('PUBLISH', MOVED, id)
 end
 
 -- Take a job out of every waiting index (it starts, or it will never run).
-local function dequeue(id, owner)
+local function dequeue(id, owner, model)
   redis.call('ZREM', QUEUE, id)
   redis.call('ZREM', WAITING, id)
   redis.call('ZREM', WATCHED, id)
   if owner then redis.call('ZREM', UQ .. owner, id) end
+  if model then redis.call('ZREM', MQ .. model, id) end
   redis.call('PUBLISH', MOVED, id)
 end
 
--- The start tag of the owner's next job is one after the last of their jobs that still counts: waiting, or
--- running. A job that left without running (cancelled, expired, its client gone) thus costs its owner no future
--- turn. An owner is kept only while that tag is above the virtual time (where a new owner starts anyway).
-local function settle_tag(owner)
-  local last = -1
-  local newest = redis.call('ZRANGE', UQ .. owner, -1, -1, 'WITHSCORES')
-  if newest[2] then last = tag_of(newest[2]) end
-  for _, id in ipairs(redis.call('ZRANGE', IN_PROGRESS, 0, -1)) do
-    local f = redis.call('HMGET', JOB .. id, 'owner', 'tag')
-    if f[1] == owner and tonumber(f[2]) then last = math.max(last, tonumber(f[2])) end
+-- A flow is what takes turns: a user's interactive jobs, or their batch jobs ("user|batch").
+local function flow_of(owner, class)
+  if class == 'batch' then return owner .. '|batch' end
+  return owner
+end
+
+-- The start tag of a flow's next job is the finish tag of the last of its jobs that still counts: waiting, or
+-- running. A job that left without running (cancelled, expired, its client gone) thus costs its flow no future
+-- turn. A flow is kept only while that tag is above the virtual time (where a new flow starts anyway).
+local function settle_tag(owner, class)
+  local flow, last = flow_of(owner, class), nil
+  local waiting = redis.call('ZRANGE', UQ .. owner, 0, -1, 'WITHSCORES')
+  for i = #waiting - 1, 1, -2 do -- the flow's newest waiting job (the owner's other flow may be in between)
+    if flow_of(owner, redis.call('HGET', JOB .. waiting[i], 'class')) == flow then
+      last = tag_of(waiting[i + 1])
+      break
+    end
   end
-  if last + 1 > virtual_time() then
-    redis.call('ZADD', TAGS, last + 1, owner)
+  for _, id in ipairs(redis.call('ZRANGE', IN_PROGRESS, 0, -1)) do
+    local f = redis.call('HMGET', JOB .. id, 'owner', 'class', 'tag')
+    if f[1] == owner and flow_of(owner, f[2]) == flow and tonumber(f[3]) then
+      last = math.max(last or 0, tonumber(f[3]))
+    end
+  end
+  if last and last > virtual_time() then
+    redis.call('ZADD', TAGS, last, flow)
   else
-    redis.call('ZREM', TAGS, owner)
+    redis.call('ZREM', TAGS, flow)
   end
 end
 
 -- End a waiting job that will never run.
-local function drop(id, owner, status, finish_reason, error_json_, result_ttl, t)
-  dequeue(id, owner)
-  settle_tag(owner)
+local function drop(id, status, finish_reason, error_json_, result_ttl, t)
+  local f = redis.call('HMGET', JOB .. id, 'owner', 'model', 'class')
+  dequeue(id, f[1], f[2])
+  if f[1] then settle_tag(f[1], f[3]) end
   finish(id, status, finish_reason, error_json_, result_ttl, t)
+end
+
+-- Why the model's jobs cannot run now: it failed to load, and is not tried again until its retry time. Returns
+-- the message and the seconds until the retry, or nil.
+local function model_failure(model, t)
+  local m = redis.call('HMGET', MODEL .. model, 'state', 'retry_at', 'error')
+  if m[1] == 'failed' and tonumber(m[2]) and tonumber(m[2]) > t then return m[3], tonumber(m[2]) - t end
+  return nil
+end
+
+-- Seconds a job of `model` waits for its model to load: none if a live worker holds it loaded; else as long as it
+-- took last time (0 if it never loaded).
+local function load_wait(model)
+  for _, device in ipairs(redis.call('SMEMBERS', DEVICES)) do
+    local loaded = redis.call('HGET', DEVICE .. device, 'models')
+    if loaded and (',' .. loaded .. ','):find(',' .. model .. ',', 1, true) then return 0 end
+  end
+  return tonumber(redis.call('HGET', MODEL .. model, 'load_s') or '0') or 0
 end
 
 local EXPIRED = 'the job waited past its deadline and was never started'
 local CLIENT_GONE = 'the client left before the job started'
 
--- Start a waiting job on `worker`: it leaves the queue, and the virtual time moves to its start tag (never
--- back: a requeued job keeps its old tag). Owners whose next tag the virtual time caught up with are
+-- Start a waiting job on `worker`: it leaves the queue, and the virtual time moves to its finish tag (never
+-- back: a requeued job keeps its old tag). Flows whose next tag the virtual time caught up with are
 -- forgotten. Returns the job's fields.
-local function start(id, owner, tag, worker, device, run_life, t)
+local function start(id, worker, device, run_life, t)
   local jkey = JOB .. id
-  dequeue(id, owner)
-  local vtime = math.max(virtual_time(), tonumber(tag))
+  local f = redis.call('HMGET', jkey, 'owner', 'tag', 'model')
+  dequeue(id, f[1], f[3])
+  local vtime = math.max(virtual_time(), tonumber(f[2]))
   redis.call('SET', VTIME, vtime, 'KEEPTTL')
   extend(VTIME, run_life)
   redis.call('ZREMRANGEBYSCORE', TAGS, '-inf', vtime)
@@ -231,7 +266,7 @@ end
 local function release(id, max_attempts, ttl, result_ttl, why, shared)
   local jkey = JOB .. id
   local f = redis.call('HMGET', jkey, 'status', 'attempts', 'cancel_requested', 'owner', 'score', 'deadline',
-    'watched')
+    'watched', 'model')
   redis.call('ZREM', IN_PROGRESS, id)
   if f[1] ~= 'in_progress' then return 'ended' end
   local t = now()
@@ -258,7 +293,7 @@ local function release(id, max_attempts, ttl, result_ttl, why, shared)
   if solo then redis.call('HSET', jkey, 'solo', '1') end
   redis.call('DEL', OUT .. id)
   redis.call('EXPIRE', jkey, life)
-  enqueue(id, f[4], f[5], deadline, tonumber(f[7] or '0') or 0, t, life)
+  enqueue(id, f[4], f[8], f[5], deadline, tonumber(f[7] or '0') or 0, t, life)
   emit(id, '{"type":"requeued","attempt":' .. attempts .. '}')
   stat('requeued')
   return 'requeued'

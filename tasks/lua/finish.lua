@@ -19,5 +19,10 @@ if started then
   redis.call('EXPIRE', SERVICE_TIMES, 86400)
   observe('job_duration', t - started)
 end
+local model = redis.call('HGET', jkey, 'model')
+if model then -- per model, for /metrics
+  stat('model_tokens:' .. model, tonumber(completion_tokens))
+  stat('model_finished:' .. model .. ':' .. status)
+end
 finish(id, status, reason, err, result_ttl, t)
 return 1

@@ -10,9 +10,8 @@ local max_attempts, ttl, result_ttl, limit = tonumber(ARGV[A + 1]), tonumber(ARG
 local t = now()
 local function sweep(index, status, reason, type_, message)
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', fmt(t), 'LIMIT', 0, limit)) do
-    local f = redis.call('HMGET', JOB .. id, 'status', 'owner')
-    if f[1] == 'queued' then
-      drop(id, f[2], status, reason, error_json(type_, message), result_ttl, t)
+    if redis.call('HGET', JOB .. id, 'status') == 'queued' then
+      drop(id, status, reason, error_json(type_, message), result_ttl, t)
     else
       redis.call('ZREM', index, id)
     end

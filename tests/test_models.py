@@ -1,0 +1,250 @@
+"""Several models behind one queue, two priority classes and weighted users: one worker owns the device for every
+model, loads them on demand within a memory budget, and schedules across them without starving anyone."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks import keys
+from tasks.job import JobSpec, JobStatus, SamplingParams
+from tasks.settings import ModelConfig, Settings, User
+from tasks.store import Store, Switch
+from tests.helpers import wait_ended
+
+
+@pytest.fixture(scope="session")
+def mini_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from worker.demo_model import make_demo_model
+
+    return make_demo_model(tmp_path_factory.mktemp("models") / "mini", size="mini")
+
+
+@pytest.fixture(scope="session")
+def broken_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder that mlx_lm.load refuses: a config, no weights."""
+    folder = tmp_path_factory.mktemp("models") / "broken"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    return folder
+
+
+@pytest.fixture
+def served(settings: Settings, demo_model: Path, mini_model: Path, broken_model: Path) -> Settings:
+    """tiny (the default), mini (about six times its size) and broken."""
+    catalog = (ModelConfig(name="tiny", path=str(demo_model), default=True), ModelConfig(name="mini", path=str(mini_model)),
+               ModelConfig(name="broken", path=str(broken_model)))  # fmt: skip
+    return settings.model_copy(update={"model": None, "models": catalog, "max_batch": 4})
+
+
+@pytest.fixture
+def run_worker(redis_client):  # type: ignore[no-untyped-def]
+    """A real GpuWorker in this process, loading its models itself (through mlx_lm.load)."""
+    from worker.main import GpuWorker
+
+    started, fatal = [], []
+
+    def start(settings: Settings) -> GpuWorker:
+        worker = GpuWorker(settings, on_fatal=fatal.append)
+        assert worker.start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+    assert fatal == []
+
+
+def admit(store: Store, owner: str, model: str, n: int = 0, tokens: int = 12, ring=None, **spec: object) -> str:  # type: ignore[no-untyped-def]
+    """Admit a job as the web does; with the doorbell of the worker `ring` (a worker started later finds the jobs
+    waiting at its start)."""
+    from tasks.broker import Doorbell
+
+    job_id = f"job_{owner}_{model}_{n}_{time.monotonic_ns()}"
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+    doorbell = Doorbell.ring(ring.broker, job_id) if ring else None
+    store.admit(job_id, JobSpec(owner=owner, model=model, prompt=f"{owner} {n}", params=params, **spec), 120,  # type: ignore[arg-type]
+                doorbell=doorbell)  # fmt: skip
+    return job_id
+
+
+def run_order(store: Store, ids: list[str]) -> list[str]:
+    done = {job_id: wait_ended(store, job_id, timeout_s=60) for job_id in ids}
+    assert all(d["status"] == "completed" for d in done.values()), done
+    return sorted(ids, key=lambda job_id: done[job_id]["timings"]["started_at"])
+
+
+def alone(path: Path, prompt: str, tokens: int) -> str:
+    from worker.engine import Engine
+
+    spec = JobSpec(owner="t", model="x", prompt=prompt, params=SamplingParams(max_tokens=tokens, ignore_eos=True))
+    return "".join(chunk.text for chunk in Engine.load(str(path)).generate(spec))
+
+
+# --- routing, memory, failures ---------------------------------------------------------------------------------
+
+
+def test_each_job_runs_on_the_model_it_names(served, run_worker, mini_model, demo_model):
+    worker = run_worker(served)
+    store = worker.store
+    ids = {model: admit(store, "u", model, tokens=16, ring=worker) for model in ("mini", "tiny")}
+
+    outputs = {model: wait_ended(store, job_id)["output"] for model, job_id in ids.items()}
+
+    assert outputs["mini"] == alone(mini_model, "u 0", 16)
+    assert outputs["tiny"] == alone(demo_model, "u 0", 16)
+    assert outputs["mini"] != outputs["tiny"]
+    states = {m.name: m.state for m in store.snapshot().models}
+    assert states == {"tiny": "loaded", "mini": "loaded", "broken": "unloaded"}
+
+
+def test_a_budget_that_holds_one_model_evicts_the_least_recently_used(served, run_worker, demo_model, mini_model):
+    tiny, mini = (sum(f.stat().st_size for f in p.glob("*.safetensors")) for p in (demo_model, mini_model))
+    # either fits alone, both do not; no job may go ahead of another model's (a switch at every change of model)
+    budget = served.model_copy(update={"models_memory": mini + tiny // 2, "model_switch_wait_s": 0})
+    worker = run_worker(budget)
+    store, held = worker.store, []
+    load = worker.models.load
+
+    def watched_load(name: str):  # type: ignore[no-untyped-def]
+        engine = load(name)
+        held.append(worker.models.names())
+        return engine
+
+    worker.models.load = watched_load  # type: ignore[method-assign]
+    ids = [admit(store, "u", model, n, ring=worker) for n, model in enumerate(["mini", "tiny", "mini", "tiny"])]
+
+    assert [d["status"] for d in map(lambda i: wait_ended(store, i), ids)] == ["completed"] * 4
+    assert held and all(len(names) == 1 for names in held), held
+    assert worker.models.held_bytes <= budget.models_memory
+    assert store.redis.hget(keys.model("tiny"), "state") in ("loaded", "unloaded")
+    assert len(held) == 4  # it switched at every job, loading again what it had evicted
+
+
+def test_a_model_that_fails_to_load_fails_its_own_jobs_only(served, store, run_worker, make_app):
+    store = Store(store.redis, served)
+    broken = [admit(store, "u", "broken", n) for n in range(3)]
+    fine = admit(store, "v", "tiny")
+    run_worker(served)  # finds them waiting
+
+    for job_id in broken:
+        done = wait_ended(store, job_id)
+        assert done["status"] == "failed" and done["error"]["type"] == "model_unavailable"
+        assert "/" not in done["error"]["message"]  # no server path reaches a client
+    assert wait_ended(store, fine)["status"] == "completed"
+
+    client = make_app(served).test_client()
+    refused = client.post("/v1/jobs", json={"prompt": "x", "model": "broken"})
+    assert refused.status_code == 503 and int(refused.headers["Retry-After"]) <= served.model_retry_s
+    assert client.post("/v1/jobs", json={"prompt": "x", "model": "mini"}).status_code == 202
+    ready = client.get("/readyz").get_json()
+    assert {m["name"]: m["state"] for m in ready["models"]}["broken"] == "failed"
+
+
+def test_only_one_thread_ever_steps_and_no_two_steps_overlap(served, run_worker, monkeypatch):
+    from worker.engine import Engine
+
+    spans: list[tuple[float, float, int, str]] = []
+    step = Engine.step
+
+    def timed_step(self):  # type: ignore[no-untyped-def]
+        began = time.perf_counter()
+        try:
+            return step(self)
+        finally:
+            spans.append((began, time.perf_counter(), threading.get_ident(), self.name))
+
+    monkeypatch.setattr(Engine, "step", timed_step)
+    worker = run_worker(served)
+    store = worker.store
+    ids = [admit(store, f"u{n % 3}", ("tiny", "mini")[n % 2], n, tokens=24, ring=worker) for n in range(12)]
+
+    run_order(store, ids)
+
+    assert {name for *_, name in spans} == {"tiny", "mini"}
+    assert len({thread for _, _, thread, _ in spans}) == 1
+    spans.sort()
+    assert all(end <= next_began for (_, end, *_), (next_began, *_) in zip(spans, spans[1:]))
+
+
+# --- scheduling across models ------------------------------------------------------------------------------------
+
+
+def test_a_loaded_models_jobs_go_ahead_of_the_head_only_within_the_switch_wait(served, store):
+    patient = Store(store.redis, served.model_copy(update={"model_switch_wait_s": 600}))
+    strict = Store(store.redis, served.model_copy(update={"model_switch_wait_s": 0}))
+    patient.take_device("w")
+    head = admit(patient, "a", "mini")
+    behind = admit(patient, "b", "tiny")
+
+    switch = strict.claim_next("w", want="*", active="tiny", loaded=("tiny",))
+    assert switch == Switch(head, "mini", load=False)  # strict: the batch drains, then mini runs
+    ahead = patient.claim_next("w", want="*", active="tiny", loaded=("tiny",))
+    assert not isinstance(ahead, Switch) and ahead.job.id == behind  # within the bound: tiny goes ahead
+    assert patient.claim_next("w", want="*", active="", loaded=("tiny",)) == Switch(head, "mini", load=True)
+    assert patient.claim_next("w", want="*", active="", loaded=("tiny", "mini")).job.id == head  # type: ignore[union-attr]
+
+
+def test_a_head_job_passed_over_waits_no_longer_than_the_bound(served, store):
+    bounded = Store(store.redis, served.model_copy(update={"model_switch_wait_s": 0.2}))
+    bounded.take_device("w")
+    head = admit(bounded, "a", "mini")
+    passed = []
+    began = time.monotonic()
+    while True:  # an endless supply of tiny jobs behind it
+        admit(bounded, "b", "tiny")
+        claim = bounded.claim_next("w", want="*", active="tiny", loaded=("tiny",))
+        if isinstance(claim, Switch):
+            break
+        passed.append(claim)
+        bounded.finish(claim.job.id, JobStatus.COMPLETED, "w")  # type: ignore[union-attr]
+    waited = time.monotonic() - began
+
+    assert claim.head == head and passed
+    assert 0.2 <= waited < 2
+
+
+# --- classes and weights --------------------------------------------------------------------------------------
+
+
+def test_batch_work_waits_for_interactive_work_but_is_not_starved(settings, store, start_worker):
+    s = settings.model_copy(update={"batch_cost": 4})
+    fair = Store(store.redis, s)
+    batch = [admit(fair, "night", s.model_name, n, priority="batch") for n in range(3)]
+    interactive = [admit(fair, "day", s.model_name, n) for n in range(10)]
+    start_worker(batch_cost=4)
+
+    order = run_order(fair, batch + interactive)
+
+    # the first batch job runs after at most batch_cost - 1 interactive ones, then one per batch_cost turns
+    assert [order.index(b) for b in batch] == [3, 8, 12]
+
+
+def test_a_user_of_weight_two_gets_two_turns_to_one(settings, store, start_worker):
+    users = (User(name="heavy", key="kh", weight=2), User(name="light", key="kl"))
+    s = settings.model_copy(update={"users": users})
+    fair = Store(store.redis, s)
+    light = [admit(fair, "light", s.model_name, n) for n in range(6)]
+    heavy = [admit(fair, "heavy", s.model_name, n) for n in range(6)]
+    start_worker(users=users)
+
+    order = run_order(fair, light + heavy)
+
+    owners = ["heavy" if job_id in heavy else "light" for job_id in order]
+    assert owners[:9] == ["heavy", "light", "heavy"] + ["heavy", "light", "heavy"] * 2
+
+
+def test_position_and_eta_count_a_pending_model_load(served, store):
+    fair = Store(store.redis, served)
+    fair.model_loaded("mini", "w", load_s=5.0, size=1)  # its last load took 5 s; no live worker has it loaded now
+    fair.redis.lpush(keys.SERVICE_TIMES, "1.0")  # one job has been timed: ETAs are given
+
+    tiny, mini = (fair.admit(f"job_{m}", JobSpec(owner=m, model=m, prompt="x"), 60) for m in ("tiny", "mini"))
+
+    assert (tiny.position, mini.position) == (1, 2)
+    assert mini.eta_s == pytest.approx(tiny.eta_s + 5.0)  # four free slots: only the load sets it apart
+    assert fair.standing(mini).eta_s == pytest.approx(mini.eta_s)

@@ -1,0 +1,149 @@
+"""The models one worker holds loaded, within a memory budget: loaded on demand, the least recently used idle one
+evicted to make room (as Ollama's keep-alive and max-loaded, without its reloads: load options are the server's,
+so one name is one load).
+
+All of them share one device lock: whichever model's batch steps, it is the only work on the device.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from tasks.settings import ModelConfig, Settings
+from tasks.store import Store
+from worker.engine import Counters, Engine
+
+logger = logging.getLogger(__name__)
+
+
+def size_on_disk(config: ModelConfig) -> int:
+    """The weights' size before loading, from a local folder's safetensors (0 when unknown: a hub id not fetched yet)."""
+    folder = Path(config.path)
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder.is_dir() else 0
+
+
+def size_in_memory(engine: Engine) -> int:
+    """The weights' size once loaded."""
+    return sum(a.nbytes for _, a in tree_flatten(engine.model.parameters()))
+
+
+class ModelPool:
+    """Loaded engines by model name, least recently used first. Only the thread holding `lock` loads, evicts or
+    steps one; `loading` and the counters may be read from any thread."""
+
+    def __init__(self, store: Store, worker_id: str, engine: Engine | None = None,
+                 on_change: Callable[[], None] = lambda: None) -> None:  # fmt: skip
+        self.store = store
+        self.on_change = on_change  # told when a model loaded or left (the worker reports it in its lease)
+        self.settings: Settings = store.settings
+        self.worker_id = worker_id
+        self.lock = engine.lock if engine is not None else threading.Lock()
+        self._engines: OrderedDict[str, Engine] = OrderedDict()
+        self._bytes: dict[str, int] = {}
+        self._retired = Counters()  # the work of evicted engines
+        self.loading = ""
+        if engine is not None:  # already loaded (tests): it serves the default model
+            self._adopt(self.settings.model_name, engine, 0.0)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._engines)
+
+    def get(self, name: str) -> Engine | None:
+        """The engine of a loaded model, now the most recently used."""
+        engine = self._engines.get(name)
+        if engine is not None:
+            self._engines.move_to_end(name)
+        return engine
+
+    def get_quietly(self, name: str) -> Engine | None:
+        """The engine of a loaded model, its place in the eviction order unchanged (for any thread)."""
+        return self._engines.get(name)
+
+    @property
+    def counters(self) -> Counters:
+        total = self._retired
+        for engine in list(self._engines.values()):
+            total = total + engine.counters
+        return total
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(self._bytes.values())
+
+    def load(self, name: str) -> Engine | None:
+        """Load a served model (call it with `lock` held and no batch running), evicting the least recently used
+        models until the budget holds it. A model bigger than the whole budget loads alone. On failure the model
+        is marked failed for ONELANE_MODEL_RETRY_S and its waiting jobs fail (model_unavailable); returns None."""
+        engine = self.get(name)
+        if engine is not None:
+            return engine
+        config = self.settings.model_named(name)
+        if config is None:  # admission checks the name; a job admitted under an older models file
+            self.store.model_failed(name, self.worker_id, f"this server no longer serves a model named {name!r}")
+            return None
+        self._make_room(size_on_disk(config))
+        self.loading = name
+        self.store.model_loading(name, self.worker_id)
+        started = time.perf_counter()
+        try:
+            engine = Engine.load(config, self._max_batch(config), self.settings.prefill_step, lock=self.lock)
+        except Exception as exc:  # a missing folder, a bad adapter, an unknown architecture, out of memory...
+            logger.exception("model %s failed to load from %s", name, config.path)
+            self.loading = ""
+            failed = self.store.model_failed(name, self.worker_id, _load_error(exc))
+            logger.warning("model %s: %d waiting job(s) failed (model_unavailable)", name, failed)
+            self.on_change()
+            return None
+        self.loading = ""
+        self._adopt(name, engine, time.perf_counter() - started)
+        self._make_room(0, keep=name)  # the estimate may have been low: the budget holds the measured size
+        self.on_change()
+        return engine
+
+    def _adopt(self, name: str, engine: Engine, load_s: float) -> None:
+        config = self.settings.model_named(name)
+        if config is not None:
+            engine.configure(self._max_batch(config), self.settings.prefill_step)
+        self._engines[name] = engine
+        self._bytes[name] = size_in_memory(engine)
+        self.store.model_loaded(name, self.worker_id, load_s, self._bytes[name])
+        logger.info("model %s loaded in %.2f s (%.1f MiB; %d model(s), %.1f of %.1f MiB held)", name, load_s,
+                    self._bytes[name] / 2**20, len(self._engines), self.held_bytes / 2**20,
+                    self.settings.models_memory / 2**20)  # fmt: skip
+
+    def _make_room(self, size: int, keep: str = "") -> None:
+        """Evict the least recently used models (never `keep`) until `size` more bytes fit the budget."""
+        budget = self.settings.models_memory
+        for name in [n for n in self._engines if n != keep]:
+            if self.held_bytes + size <= budget:
+                return
+            self.evict(name)
+
+    def evict(self, name: str) -> None:
+        engine = self._engines.pop(name)
+        self._retired = self._retired + engine.counters
+        freed = self._bytes.pop(name)
+        engine.close()
+        del engine
+        gc.collect()
+        mx.clear_cache()
+        self.store.model_unloaded(name, self.worker_id)
+        logger.info("model %s evicted (least recently used; %.1f MiB freed)", name, freed / 2**20)
+
+    def _max_batch(self, config: ModelConfig) -> int:
+        return config.max_batch or self.settings.max_batch
+
+
+def _load_error(exc: Exception) -> str:
+    """What a client may read of a load failure: the kind of error, not its text (which may name server paths)."""
+    kind = "its files were not found" if isinstance(exc, (FileNotFoundError, OSError)) else "it could not be loaded"
+    return f"the model failed to load ({kind}); the worker logged the error"
