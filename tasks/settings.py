@@ -73,7 +73,8 @@ class User(BaseModel):
 
 class ModelConfig(BaseModel):
     """A model the server serves under `name`: where it loads from and its load options (what mlx_lm.load takes),
-    pinned here: no request can change them. `max_batch` overrides ONELANE_MAX_BATCH for this model."""
+    pinned here: no request can change them. `max_batch` overrides ONELANE_MAX_BATCH for this model; `max_kv_size`
+    bounds each sequence's KV cache (a rotating cache, as mlx-lm's --max-kv-size)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -85,6 +86,7 @@ class ModelConfig(BaseModel):
     tokenizer_config: dict[str, Any] = Field(default_factory=dict)
     overrides: dict[str, Any] = Field(default_factory=dict, alias="model_config")
     max_batch: int | None = Field(None, ge=1, le=256)
+    max_kv_size: int | None = Field(None, ge=16)  # KV cache kept per sequence: older tokens rotate out beyond it
     default: bool = False
 
     def load_options(self) -> dict[str, Any]:

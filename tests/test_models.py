@@ -248,3 +248,18 @@ def test_position_and_eta_count_a_pending_model_load(served, store):
     assert (tiny.position, mini.position) == (1, 2)
     assert mini.eta_s == pytest.approx(tiny.eta_s + 5.0)  # four free slots: only the load sets it apart
     assert fair.standing(mini).eta_s == pytest.approx(mini.eta_s)
+
+
+def test_a_models_max_kv_size_bounds_what_each_job_holds_of_the_kv_budget(served, run_worker, demo_model):
+    # about 205 tokens a job (prompt + 200): two never fit a budget of 300, but with its cache capped at 64 tokens a
+    # job holds 64 of it, and four generate together
+    capped = (ModelConfig(name="tiny", path=str(demo_model), default=True, max_kv_size=64),)
+    worker = run_worker(served.model_copy(update={"models": capped, "max_batch": 8, "kv_budget_tokens": 300}))
+    ids = [admit(worker.store, f"u{n}", "tiny", n, tokens=200, ring=worker) for n in range(6)]
+
+    done = [wait_ended(worker.store, job_id) for job_id in ids]
+
+    assert all(d["status"] == "completed" and d["usage"]["completion_tokens"] == 200 for d in done)
+    spans = [(d["timings"]["started_at"], d["timings"]["finished_at"]) for d in done]
+    together = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
+    assert together == 4

@@ -50,3 +50,73 @@ def test_worker_refuses_to_start_with_max_batch_zero(tmp_path):
     assert result.returncode != 0
     assert "ONELANE_MAX_BATCH" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_models_file_names_each_model_with_its_pinned_load_options(tmp_path):
+    (tmp_path / "models.toml").write_text(
+        '[models.chat]\npath = "mlx-community/Qwen3-4B-4bit"\n'
+        '[models.sql]\npath = "./local/sql"\nadapter_path = "/adapters/sql"\nmax_batch = 4\nmax_kv_size = 4096\n'
+        'default = true\nmodel_config = {rope_theta = 1000}\n'
+    )
+    s = Settings.from_env({"ONELANE_MODELS_FILE": str(tmp_path / "models.toml"), "ONELANE_MODELS_MEMORY": "1.5GiB"})
+
+    assert [m.name for m in s.catalog] == ["chat", "sql"] and s.model_name == "sql"
+    sql = s.model_named("sql")
+    assert sql is not None and sql.path == str(tmp_path / "local" / "sql")  # relative to the file
+    assert sql.load_options()["adapter_path"] == "/adapters/sql"
+    assert sql.load_options()["model_config"] == {"rope_theta": 1000}
+    assert (sql.max_batch, sql.max_kv_size) == (4, 4096)
+    assert s.models_memory == 1536 * 2**20
+    assert Settings.from_env({"ONELANE_MODEL": "some/model"}).catalog[0].name == "some/model"  # one model, as before
+    assert Settings.from_env({}).model_name == "onelane-demo"
+
+
+@pytest.mark.parametrize(
+    "text,problem",
+    [
+        ("", "names no model"),
+        ('[models.a]\npath = "x"\nbogus = 1\n', "models.a.bogus"),
+        ('[models.a]\npath = "x"\nmax_batch = 0\n', "models.a.max_batch"),
+        ('[models.a]\nadapter_path = "x"\n', "models.a.path"),
+        ('[models.a]\npath = "x"\ndefault = true\n[models.b]\npath = "y"\ndefault = true\n', "only one model"),
+        ('[models."a b"]\npath = "x"\n', "models.a b.name"),
+        ("[models\n", "ONELANE_MODELS_FILE"),
+    ],
+)
+def test_a_bad_models_file_stops_the_process_naming_the_file_model_and_key(tmp_path, text, problem):
+    (tmp_path / "models.toml").write_text(text)
+    with pytest.raises(SettingsError, match="ONELANE_MODELS_FILE") as refused:
+        Settings.from_env({"ONELANE_MODELS_FILE": str(tmp_path / "models.toml")})
+    assert problem in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "env,name",
+    [
+        ({"ONELANE_MODEL": "x", "ONELANE_MODELS_FILE": "/nonexistent.toml"}, "ONELANE_MODELS_FILE"),
+        ({"ONELANE_MODELS_MEMORY": "12 parsecs"}, "ONELANE_MODELS_MEMORY"),
+        ({"ONELANE_MODELS_MEMORY": "150%"}, "ONELANE_MODELS_MEMORY"),
+        ({"ONELANE_MODEL_SWITCH_WAIT_S": "-1"}, "ONELANE_MODEL_SWITCH_WAIT_S"),
+        ({"ONELANE_BATCH_COST": "0"}, "ONELANE_BATCH_COST"),
+        ({"ONELANE_MODEL_RETRY_S": "0"}, "ONELANE_MODEL_RETRY_S"),
+    ],
+)
+def test_bad_model_and_scheduling_settings_are_refused_by_name(env, name):
+    with pytest.raises(SettingsError, match=name):
+        Settings.from_env(env)
+
+
+def test_setting_one_model_and_a_models_file_is_refused(tmp_path):
+    (tmp_path / "models.toml").write_text('[models.a]\npath = "x"\n')
+    with pytest.raises(SettingsError, match="not both"):
+        Settings.from_env({"ONELANE_MODEL": "x", "ONELANE_MODELS_FILE": str(tmp_path / "models.toml")})
+
+
+def test_a_keys_file_gives_users_weights_and_a_class(tmp_path):
+    (tmp_path / "keys.toml").write_text('[users.a]\nkey = "ka"\nweight = 3\n[users.b]\nkey = "kb"\npriority = "batch"\n')
+    s = Settings.from_env({"ONELANE_API_KEYS_FILE": str(tmp_path / "keys.toml")})
+    assert (s.cost_of("a", "interactive"), s.cost_of("b", "interactive"), s.cost_of("b", "batch")) == (333, 1000, 10000)
+    assert s.user_named("b").priority == "batch"  # type: ignore[union-attr]
+    (tmp_path / "keys.toml").write_text('[users.a]\nkey = "ka"\nweight = 0\n')
+    with pytest.raises(SettingsError, match="ONELANE_API_KEYS_FILE: users.a.weight"):
+        Settings.from_env({"ONELANE_API_KEYS_FILE": str(tmp_path / "keys.toml")})

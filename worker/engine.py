@@ -93,13 +93,14 @@ class Engine:
     process when two threads evaluate at once."""
 
     def __init__(self, model, tokenizer, name: str, max_batch: int = 1, prefill_step: int = 512,  # type: ignore[no-untyped-def]
-                 lock: threading.Lock | None = None) -> None:  # fmt: skip
+                 lock: threading.Lock | None = None, max_kv_size: int | None = None) -> None:  # fmt: skip
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
         self.max_batch = max_batch
         self.prefill_step = prefill_step
         self.lock = lock or threading.Lock()  # the device's: every engine of a worker shares one
+        self.max_kv_size = max_kv_size  # tokens of KV cache a sequence keeps (None: all of them)
         self._done = Counters()  # the work of the batches before this one
         self._steps = 0
         caches = make_prompt_cache(model)
@@ -120,7 +121,7 @@ class Engine:
         started = time.perf_counter()
         loaded, tokenizer = load(config.path, **config.load_options())[:2]
         logger.info("model %s loaded from %s in %.2f s", config.name, config.path, time.perf_counter() - started)
-        return cls(loaded, tokenizer, config.name, max_batch, prefill_step, lock)
+        return cls(loaded, tokenizer, config.name, max_batch, prefill_step, lock, config.max_kv_size)
 
     def configure(self, max_batch: int, prefill_step: int) -> None:
         """Size the batch (it starts afresh: call it while nothing runs)."""
@@ -130,7 +131,7 @@ class Engine:
     def _new_batch(self) -> BatchGenerator:
         return BatchGenerator(
             self.model, completion_batch_size=self.max_batch, prefill_batch_size=min(self.max_batch, PREFILL_BATCH),
-            prefill_step_size=self.prefill_step,
+            prefill_step_size=self.prefill_step, max_kv_size=self.max_kv_size,
         )  # fmt: skip
 
     def prompt_tokens(self, spec: JobSpec) -> list[int]:

@@ -136,7 +136,12 @@ class GpuWorker:
         """Renew the device lease, reporting the batch; a worker that lost it (presumed dead) must stop at once."""
         while not self.stopping.wait(self.settings.lease_s / 3):
             try:
-                holder = self.store.take_device(self.id, self._report())
+                report: BatchReport | None = self._report()
+            except Exception:  # a report that cannot be made must not stop the lease's renewal
+                logger.exception("heartbeat: the report failed; renewing the lease without it")
+                report = None
+            try:
+                holder = self.store.take_device(self.id, report)
             except redis.RedisError as exc:
                 logger.warning("heartbeat failed: %s", exc)
                 continue

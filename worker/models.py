@@ -38,7 +38,8 @@ def size_in_memory(engine: Engine) -> int:
 
 class ModelPool:
     """Loaded engines by model name, least recently used first. Only the thread holding `lock` loads, evicts or
-    steps one; `loading` and the counters may be read from any thread."""
+    steps one; `names()`, `loading` and the counters may be read from any thread (the heartbeat reports them): they
+    read a snapshot the owner replaces whole at every change."""
 
     def __init__(self, store: Store, worker_id: str, engine: Engine | None = None,
                  on_change: Callable[[], None] = lambda: None) -> None:  # fmt: skip
@@ -48,6 +49,7 @@ class ModelPool:
         self.worker_id = worker_id
         self.lock = engine.lock if engine is not None else threading.Lock()
         self._engines: OrderedDict[str, Engine] = OrderedDict()
+        self._loaded: tuple[tuple[str, Engine], ...] = ()  # the snapshot other threads read
         self._bytes: dict[str, int] = {}
         self._retired = Counters()  # the work of evicted engines
         self.loading = ""
@@ -55,7 +57,7 @@ class ModelPool:
             self._adopt(self.settings.model_name, engine, 0.0)
 
     def names(self) -> tuple[str, ...]:
-        return tuple(self._engines)
+        return tuple(name for name, _ in self._loaded)
 
     def get(self, name: str) -> Engine | None:
         """The engine of a loaded model, now the most recently used."""
@@ -66,12 +68,12 @@ class ModelPool:
 
     def get_quietly(self, name: str) -> Engine | None:
         """The engine of a loaded model, its place in the eviction order unchanged (for any thread)."""
-        return self._engines.get(name)
+        return next((engine for loaded, engine in self._loaded if loaded == name), None)
 
     @property
     def counters(self) -> Counters:
         total = self._retired
-        for engine in list(self._engines.values()):
+        for _, engine in self._loaded:
             total = total + engine.counters
         return total
 
@@ -114,6 +116,7 @@ class ModelPool:
         if config is not None:
             engine.configure(self._max_batch(config), self.settings.prefill_step)
         self._engines[name] = engine
+        self._loaded = tuple(self._engines.items())
         self._bytes[name] = size_in_memory(engine)
         self.store.model_loaded(name, self.worker_id, load_s, self._bytes[name])
         logger.info("model %s loaded in %.2f s (%.1f MiB; %d model(s), %.1f of %.1f MiB held)", name, load_s,
@@ -130,7 +133,8 @@ class ModelPool:
 
     def evict(self, name: str) -> None:
         engine = self._engines.pop(name)
-        self._retired = self._retired + engine.counters
+        self._retired = self._retired + engine.counters  # (a report in between may count its work twice, once)
+        self._loaded = tuple(self._engines.items())
         freed = self._bytes.pop(name)
         engine.close()
         del engine

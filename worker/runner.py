@@ -214,7 +214,8 @@ class Runner:
         except Exception:  # the details are for the operator's log, not for the client
             logger.exception("job %s: its prompt could not be prepared", job.id)
             return Head(job.id, [], 0, claim.solo, invalid=_generation_error(job.id))
-        return Head(job.id, tokens, len(tokens) + job.spec.params.max_tokens, claim.solo)
+        cost = len(tokens) + job.spec.params.max_tokens
+        return Head(job.id, tokens, min(cost, engine.max_kv_size or cost), claim.solo)
 
     def _fits(self, head: Head) -> bool:
         """A job joins if the budget holds it, or if the batch is empty (a job too big for the budget runs alone);
