@@ -71,6 +71,10 @@ class User(BaseModel):
     priority: Priority = "interactive"
 
 
+MODEL_NAME = r"^[^,\x00-\x1f\x7f]+$"  # any text but commas (the worker's lease lists its models comma-separated)
+MODEL_NAME_CHARS = 1024
+
+
 class ModelConfig(BaseModel):
     """A model the server serves under `name`: where it loads from and its load options (what mlx_lm.load takes),
     pinned here: no request can change them. `max_batch` overrides ONELANE_MAX_BATCH for this model; `max_kv_size`
@@ -78,7 +82,7 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/@-]+$")
+    name: str = Field(min_length=1, max_length=MODEL_NAME_CHARS, pattern=MODEL_NAME)
     path: str = Field(min_length=1)
     adapter_path: str | None = None
     revision: str | None = None
@@ -211,6 +215,9 @@ class Settings(BaseModel):
     def _one_way_to_name_models(self) -> Settings:
         if self.model and self.models:
             raise ValueError("set ONELANE_MODEL (one model) or ONELANE_MODELS_FILE (several), not both")
+        if self.model and not (re.match(MODEL_NAME, self.model) and len(self.model) <= MODEL_NAME_CHARS):
+            raise ValueError("ONELANE_MODEL is served under its own name: it may not hold a comma or a control "
+                             f"character, nor be longer than {MODEL_NAME_CHARS} characters")  # fmt: skip
         if self.models:
             names = [m.name for m in self.models]
             if len(set(names)) != len(names):

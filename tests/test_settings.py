@@ -79,7 +79,7 @@ def test_a_models_file_names_each_model_with_its_pinned_load_options(tmp_path):
         ('[models.a]\npath = "x"\nmax_batch = 0\n', "models.a.max_batch"),
         ('[models.a]\nadapter_path = "x"\n', "models.a.path"),
         ('[models.a]\npath = "x"\ndefault = true\n[models.b]\npath = "y"\ndefault = true\n', "only one model"),
-        ('[models."a b"]\npath = "x"\n', "models.a b.name"),
+        ('[models."a,b"]\npath = "x"\n', "models.a,b.name"),
         ("[models\n", "ONELANE_MODELS_FILE"),
     ],
 )
