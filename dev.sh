@@ -6,6 +6,9 @@
 set -eu
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
+# MLX's build for the worker: ONELANE_MLX=cpu (Linux default) or cuda (an NVIDIA GPU); macOS has Metal in `mlx`
+if [ "$(uname)" = Darwin ]; then MLX=""; else MLX="${ONELANE_MLX:-cpu}"; fi
+case "$MLX" in ""|cpu|cuda) ;; *) echo "dev.sh: ONELANE_MLX must be cpu or cuda, not '$MLX'" >&2; exit 2 ;; esac
 
 apt_install() {  # apt_install PACKAGE...: install Debian packages when we can (root with apt-get)
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
@@ -38,12 +41,12 @@ command="${1:-}"
 [ $# -gt 0 ] && shift
 case "$command" in
     up)
-        venv ""
+        venv "[$MLX]"
         openblas
         exec .venv/bin/onelane up "$@"
         ;;
     test)
-        venv "[test]"
+        venv "[test${MLX:+,$MLX}]"
         command -v redis-server >/dev/null 2>&1 || apt_install redis-server
         openblas
         # the browser tests drive Debian's chromium; without it they skip (and fail in CI), so do not stop here
@@ -51,7 +54,7 @@ case "$command" in
         exec .venv/bin/python -m pytest "$@"
         ;;
     bench)
-        venv "[test,bench]"
+        venv "[test,bench${MLX:+,$MLX}]"
         command -v wrk >/dev/null 2>&1 || apt_install wrk || true  # the admission benchmark's load generator
         name="$1"; shift
         exec .venv/bin/python -m "bench.$name" "$@"

@@ -34,6 +34,13 @@ DEVICES = NS + "devices"  # set: device names seen, for health checks
 STATS = NS + "stats"  # hash: counters and histogram buckets behind /metrics
 CANCELS = NS + "cancels"  # pub/sub: ids of running jobs asked to stop, for the worker's listener
 SERVICE_TIMES = NS + "service-times"  # list: the last 20 job service times in seconds, for the ETA
+MINUTE_PREFIX = NS + "minute:"  # hash, kept MINUTE_TTL_S: what happened in one minute (jobs ended by status, tokens,
+#                                 queue waits), for the dashboard's plots of the last hour
+FAILURES = NS + "failures"  # list: the newest FAILURES_KEPT failed or expired job ids, living as long as the newest
+#                             one's record
+
+MINUTE_TTL_S = 7200  # a minute's record outlives the hour the dashboard plots
+FAILURES_KEPT = 50
 
 
 def job(job_id: str) -> str:
@@ -82,10 +89,17 @@ def user_jobs(owner: str) -> str:
     return USER_JOBS_PREFIX + owner
 
 
+def minute(index: int) -> str:
+    """The record of the minute `index` (seconds since the epoch // 60, by Redis's clock)."""
+    return f"{MINUTE_PREFIX}{index}"
+
+
 def prefixes() -> list[str]:
-    """The names and prefixes, in the order every Lua script (tasks/lua/common.lua) expects them first."""
+    """The names and prefixes, in the order every Lua script (tasks/lua/common.lua) expects them first, then the
+    bounds of the dashboard's records."""
     return [
         JOB_PREFIX, OUTPUT_PREFIX, EVENTS_PREFIX, CHANNEL_PREFIX, USER_QUEUE_PREFIX, USER_JOBS_PREFIX,
         QUEUE, WAITING, WATCHED, QUEUE_MOVED, IN_PROGRESS, SERVICE_TIMES, VIRTUAL_TIME, NEXT_TAGS, SEQUENCE,
-        DEVICE_PREFIX, DEVICES, STATS, CANCELS, MODEL_QUEUE_PREFIX, MODEL_PREFIX, BLOCKED,
+        DEVICE_PREFIX, DEVICES, STATS, CANCELS, MODEL_QUEUE_PREFIX, MODEL_PREFIX, BLOCKED, MINUTE_PREFIX, FAILURES,
+        str(MINUTE_TTL_S), str(FAILURES_KEPT),
     ]  # fmt: skip

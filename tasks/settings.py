@@ -50,6 +50,9 @@ ENV_NAMES: dict[str, str] = {
 
 
 DEMO_MODEL = "onelane-demo"  # the name the demo model is served under
+#: The trained demo model shipped in the repository (worker/train_demo.py makes it); found beside this package,
+#: without importing worker/.
+SHIPPED_DEMO_MODEL = Path(__file__).resolve().parent.parent / "worker" / "demo"
 SECRETS = {"users", "secret_key"}  # never echoed in error messages
 #: Variables onelane once read, with what replaced them: set, they stop the process rather than be ignored.
 RETIRED = {"ONELANE_MAX_CONCURRENT": "ONELANE_MAX_BATCH (jobs generating together in one batch; 1: one at a time)"}
@@ -60,7 +63,8 @@ Priority = Literal["interactive", "batch"]
 
 class User(BaseModel):
     """A user who may call the API with `key`; `max_queued` overrides the server's per-user bound, `weight` is their
-    share of the device against other users (2: twice the turns), `priority` the class their jobs get by default."""
+    share of the device against other users (2: twice the turns), `priority` the class their jobs get by default;
+    an `admin` sees every user's jobs on the queue dashboard and may cancel any of them."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -69,6 +73,7 @@ class User(BaseModel):
     max_queued: int | None = Field(None, ge=1)
     weight: int = Field(1, ge=1, le=100)
     priority: Priority = "interactive"
+    admin: bool = Field(False, strict=True)  # a TOML boolean: `admin = true`
 
 
 MODEL_NAME = r"^[^,\x00-\x1f\x7f]+$"  # any text but commas (the worker's lease lists its models comma-separated)
@@ -159,7 +164,8 @@ def parse_api_keys(value: str) -> list[dict[str, str]]:
 
 
 def read_keys_file(path: str) -> list[dict[str, object]]:
-    """A TOML file: one [users.NAME] table per user with `key` and optional `max_queued`."""
+    """A TOML file: one [users.NAME] table per user with `key` and optional `max_queued`, `weight`, `priority`,
+    `admin`."""
     with open(path, "rb") as f:
         table = tomllib.load(f).get("users", {})
     return [{"name": name, **entry} for name, entry in table.items()]
@@ -308,8 +314,12 @@ class Settings(BaseModel):
 
     @property
     def model_path(self) -> str:
-        """ONELANE_MODEL, or the demo model built under var/ on first use."""
-        return self.model or str((self.var_dir / "demo-model").resolve())
+        """ONELANE_MODEL, or the shipped demo model, or (when its folder is missing) a random one built under var/."""
+        if self.model:
+            return self.model
+        if (SHIPPED_DEMO_MODEL / "config.json").exists():
+            return str(SHIPPED_DEMO_MODEL)
+        return str((self.var_dir / "demo-model").resolve())
 
     @property
     def keys_required(self) -> bool:

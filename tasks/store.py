@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -36,6 +37,8 @@ def _load_scripts(client: redis.Redis) -> dict[str, Any]:
 
 
 MODEL_RECORD_TTL_S = 7 * 86400  # a model's load record (keys.model) outlives no week without news
+BOARD_WAITING = 500  # waiting jobs the dashboard reads one by one, in queue order; it only counts the rest
+BOARD_MINUTES = 60  # the dashboard plots the last hour
 MAX_CONNECTIONS = 10_000  # every open event stream holds one (pub/sub); redis-py's default pool stops at 100
 
 
@@ -107,6 +110,49 @@ class Snapshot:
     stats: dict[str, str]
     workers: list[DeviceLease]
     models: list[ModelState]
+    devices: tuple[str, ...] = ()  # every device seen, with a live worker or not
+
+
+@dataclass(frozen=True)
+class Minute:
+    """One minute, as the scripts recorded it when things happened (per_minute in tasks/lua/common.lua)."""
+
+    start: float  # seconds since the epoch
+    admitted: int
+    ended: dict[str, int]  # jobs that ended in it, by status
+    tokens: int  # tokens generated in it
+    started: int  # jobs that started in it (first runs only)
+    wait_sum_s: float  # the queue waits of those jobs
+    wait_max_s: float
+
+    @classmethod
+    def parse(cls, index: int, fields: dict[str, str]) -> Minute:
+        """The minute `index` (seconds since the epoch // 60) from its hash."""
+        n = {name: float(value) for name, value in fields.items()}
+        ended = {name.removeprefix("ended:"): int(x) for name, x in n.items() if name.startswith("ended:")}
+        return cls(index * 60.0, int(n.get("admitted", 0)), ended, int(n.get("tokens", 0)), int(n.get("started", 0)),
+                   n.get("wait_sum", 0.0), n.get("wait_max", 0.0))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A waiting job on the dashboard: its owner and place, and the job itself only where it may be shown."""
+
+    id: str
+    owner: str
+    position: int
+    job: Job | None
+
+
+@dataclass(frozen=True)
+class Board:
+    """The queue as the dashboard shows it."""
+
+    snapshot: Snapshot
+    running: list[Job]  # by start
+    waiting: list[Waiting]  # the first BOARD_WAITING in queue order; snapshot.queue_depth counts them all
+    failures: list[Job]  # failed or expired, newest first
+    minutes: list[Minute]  # the last BOARD_MINUTES, oldest first, the current one last
 
 
 @dataclass(frozen=True)
@@ -440,7 +486,7 @@ class Store:
         runs_on = dict(zip(running, pipe.execute()))
         workers = []
         for name, lease in zip(devices, leases):
-            if not lease:
+            if "worker" not in lease:  # no lease (or a stray record of a lapsed one's progress)
                 continue
             jobs = tuple(job_id for job_id, worker in runs_on.items() if worker == lease["worker"])
             progress = float(lease.get("progress") or lease["since"])
@@ -452,7 +498,38 @@ class Store:
             )
         models = [_model_state(name, int(n), record, workers, now)
                   for name, n, record in zip(catalog, per_model[::2], per_model[1::2])]  # fmt: skip
-        return Snapshot(now, int(depth), len(running), stats, workers, models)
+        return Snapshot(now, int(depth), len(running), stats, workers, models, tuple(devices))
+
+    def board(self, reveal: Callable[[str], bool]) -> Board:
+        """What the queue dashboard shows, read in a few pipelines. A waiting job's record (its prompt) is read
+        only if `reveal(its owner)`: the others are only counted."""
+        snap = self.snapshot()
+        first = int(snap.now // 60) - BOARD_MINUTES + 1
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrange(keys.IN_PROGRESS, 0, -1)
+        pipe.zrange(keys.QUEUE, 0, BOARD_WAITING - 1)
+        pipe.lrange(keys.FAILURES, 0, -1)
+        for index in range(first, first + BOARD_MINUTES):
+            pipe.hgetall(keys.minute(index))
+        running, waiting, failed, *minutes = pipe.execute()
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in waiting:
+            pipe.hget(keys.job(job_id), "owner")
+        owners = pipe.execute()
+        shown = {job_id for job_id, owner in zip(waiting, owners) if owner and reveal(owner)}
+        jobs = self._records([*running, *shown, *failed])
+        queue = [Waiting(job_id, owner, n, jobs.get(job_id))
+                 for n, (job_id, owner) in enumerate(zip(waiting, owners), 1) if owner]  # fmt: skip
+        return Board(snap, [jobs[i] for i in running if i in jobs], queue, [jobs[i] for i in failed if i in jobs],
+                     [Minute.parse(first + n, fields) for n, fields in enumerate(minutes)])  # fmt: skip
+
+    def _records(self, job_ids: list[str]) -> dict[str, Job]:
+        """The jobs still on record among `job_ids`, without their output."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hgetall(keys.job(job_id))
+        return {job_id: Job.from_redis(job_id, fields, "") for job_id, fields in zip(job_ids, pipe.execute())
+                if fields.get("spec")}  # fmt: skip
 
     def listen(self) -> Any:
         """A pub/sub subscribed to the ids of running jobs asked to stop, and to the queue's moves."""

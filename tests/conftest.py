@@ -174,3 +174,30 @@ def worker_process(settings: Settings, tmp_path: Path, redis_client: redis.Redis
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+@pytest.fixture
+def canceller(store: Store) -> Iterator[None]:
+    """Cancel every job as soon as it waits (a client who changes their mind at once), so that nothing waits for a
+    worker that is not there: the stories that fuzz the API run without one."""
+    import time
+
+    from tasks import keys
+    from tasks.errors import OnelaneError
+
+    done = threading.Event()
+
+    def run() -> None:
+        while not done.is_set():
+            for job_id in store.redis.zrange(keys.QUEUE, 0, -1):
+                try:
+                    store.cancel(job_id, store.redis.hget(keys.job(job_id), "owner") or "")
+                except OnelaneError:
+                    pass
+            time.sleep(0.005)  # a poll: what it waits for is any admission, of which no event is kept
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    yield
+    done.set()
+    thread.join()

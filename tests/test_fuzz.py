@@ -11,18 +11,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
 
-from tasks import keys
-from tasks.errors import OnelaneError
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "500"))
 MODEL = "onelane-demo"
@@ -36,28 +32,6 @@ SENT: Counter[str] = Counter()  # requests sent, and answers by status
 def settings(settings):  # type: ignore[no-untyped-def]
     # large bounds: a 429 or 503 must not hide what the request would have done
     return settings.model_copy(update={"model": None, "max_queue": 10**6, "max_queued_per_user": 10**6})
-
-
-@pytest.fixture
-def canceller(store) -> Iterator[None]:  # type: ignore[no-untyped-def]
-    """Cancel every job as soon as it waits, so that nothing waits for a worker that is not there."""
-    done = threading.Event()
-
-    def run() -> None:
-        while not done.is_set():
-            for job_id in store.redis.zrange(keys.QUEUE, 0, -1):
-                owner = store.redis.hget(keys.job(job_id), "owner")
-                try:
-                    store.cancel(job_id, owner or "")
-                except OnelaneError:
-                    pass
-            time.sleep(0.005)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    yield
-    done.set()
-    thread.join()
 
 
 @pytest.fixture

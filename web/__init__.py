@@ -63,7 +63,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         housekeeper=Housekeeper(store, broker).start(),
     )  # fmt: skip
 
-    from web import api, errors, health, openai_compat, pages, stream
+    from web import api, docs, errors, health, openai_compat, pages, stream
 
     errors.register(app)
     app.register_blueprint(api.bp)
@@ -71,4 +71,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(stream.bp)
     app.register_blueprint(openai_compat.bp)
     app.register_blueprint(pages.bp)
+    app.register_blueprint(docs.bp)
+    from web import dashboard  # the queue dashboard (/queue)
+
+    app.register_blueprint(dashboard.bp)
     return app

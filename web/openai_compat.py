@@ -25,7 +25,7 @@ from web.auth import current_owner
 from web.errors import openai_error
 from web.feed import Feed
 from web.follow import follow
-from web.schemas import int_is_a_float, json_body, make_spec, parse
+from web.schemas import int_is_a_float, json_body, make_spec, parse, stops_schema
 
 bp = Blueprint("openai", __name__)
 
@@ -86,12 +86,13 @@ class Sampling(BaseModel):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(None, json_schema_extra=stops_schema(4))
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    service_tier: Literal["auto", "default", "flex", "priority"] | None = None
-    ignore_eos: bool = False  # an extension, as in vLLM: generate to max_tokens past EOS
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
+        None, description="`auto`/`default`: the key's class; `flex`: batch; `priority`: interactive")
+    ignore_eos: bool = Field(False, description="an extension, as in vLLM: generate to max_tokens past EOS")
 
     _int_is_a_float = field_validator("temperature", "top_p", mode="before")(int_is_a_float)
 
@@ -119,7 +120,9 @@ class ChatRequest(Sampling):
 
 
 class CompletionRequest(Sampling):
-    prompt: str | list[str]
+    prompt: str | list[str] = Field(json_schema_extra={"anyOf": [  # one prompt, as a string or a list of one
+        {"type": "string", "minLength": 1}, {"type": "array", "items": {"type": "string", "minLength": 1},
+                                             "minItems": 1, "maxItems": 1}]})  # fmt: skip
 
 
 def _parse(model: type[Sampling], body: dict[str, Any]) -> Any:

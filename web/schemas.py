@@ -24,24 +24,36 @@ def int_is_a_float(value: Any) -> Any:
         return value
 
 
+def stops_schema(most: int, longest: int | None = None) -> dict[str, Any]:
+    """The JSON schema of `stop` (a string or a list of them, none empty), for the rule its validator applies."""
+    one: dict[str, Any] = {"type": "string", "minLength": 1, **({"maxLength": longest} if longest else {})}
+    return {"anyOf": [one, {"type": "array", "items": one, "maxItems": most}, {"type": "null"}]}
+
+
 class SubmitJob(BaseModel):
     """POST /v1/jobs: exactly one of prompt or messages, plus sampling options; the model and the priority class
     default to the server's default model and the caller's own class."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # the schema also says what _one_input checks, so that /openapi.json tells it
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"oneOf": [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string", "minLength": 1}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
+    ]})  # fmt: skip
 
-    model: str | None = None
-    priority: Priority | None = None
+    model: str | None = Field(None, description="one of /v1/models; default: the server's default model")
+    priority: Priority | None = Field(None, description="`batch` runs when no interactive job waits, or at a "
+                                      "guaranteed share; default: the caller's own class")  # fmt: skip
     prompt: str | None = None
     messages: list[Message] | None = Field(None, min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, description="default: the server's ONELANE_DEFAULT_MAX_TOKENS")
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    stop: str | list[str] | None = None
-    ignore_eos: bool = False
-    ttl_s: float | None = Field(None, gt=0)
-    abandon_on_disconnect: bool = False
+    stop: str | list[str] | None = Field(None, json_schema_extra=stops_schema(8, 256))
+    ignore_eos: bool = Field(False, description="generate to max_tokens past EOS (as vLLM)")
+    ttl_s: float | None = Field(None, gt=0, description="how long it may wait; default and most: ONELANE_JOB_TTL")
+    abandon_on_disconnect: bool = Field(False, description="skip it once its client stops watching (polling or "
+                                        "following its events)")  # fmt: skip
 
     _int_is_a_float = field_validator("temperature", "top_p", "ttl_s", mode="before")(int_is_a_float)
 

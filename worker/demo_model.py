@@ -1,7 +1,9 @@
-"""Build a tiny, real llama-architecture model with random weights, offline.
+"""Build a tiny, real llama-architecture model with random weights, offline; and the parts every demo model shares
+(its BPE tokenizer with the ChatML template, its config, how it is saved).
 
-Its output is noise, but it loads through the normal `mlx_lm.load` path and generates on the CPU, so the
-whole system (and its tests) run here without downloading anything.
+A random model's output is noise, but it loads through the normal `mlx_lm.load` path and generates on the CPU in
+milliseconds: the tests use it, and the worker builds one when the shipped, trained demo model (worker/demo/,
+made by worker/train_demo.py) is missing.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. Punctuation: , . ; : ! ? ( ) [ ] { } "
 """
 
 
-def _train_tokenizer(vocab_size: int):  # -> transformers.PreTrainedTokenizerFast
+def train_tokenizer(texts: list[str], vocab_size: int):  # -> transformers.PreTrainedTokenizerFast
+    """A byte-level BPE tokenizer of `vocab_size` tokens learnt from `texts`, with the ChatML template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -49,7 +52,7 @@ def _train_tokenizer(vocab_size: int):  # -> transformers.PreTrainedTokenizerFas
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token="<|im_end|>",
@@ -58,15 +61,25 @@ def _train_tokenizer(vocab_size: int):  # -> transformers.PreTrainedTokenizerFas
     )
 
 
-def make_demo_model(path: Path, size: str = "tiny", seed: int = 0) -> Path:
-    """Write config.json, model.safetensors and tokenizer files for a random llama model to `path`."""
-    import mlx.core as mx
-    from mlx_lm.models import llama
+def llama_config(size: dict[str, int], tokenizer) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """The config.json of a llama model of `size` over `tokenizer`'s vocabulary."""
+    return {
+        "model_type": "llama",
+        **size,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": len(tokenizer),
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
+    }
+
+
+def save(path: Path, model, tokenizer, config: dict[str, object]) -> Path:  # type: ignore[no-untyped-def]
+    """Write the model's weights, its config and its tokenizer to `path`, as `mlx_lm.load` reads them."""
     from mlx_lm.utils import save_config, save_model
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = _train_tokenizer(vocab_size=512)
     tokenizer.save_pretrained(str(path))
     # transformers 5 writes "TokenizersBackend", which older loaders do not know.
     config_file = path / "tokenizer_config.json"
@@ -74,20 +87,21 @@ def make_demo_model(path: Path, size: str = "tiny", seed: int = 0) -> Path:
     tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
     tok_config.setdefault("chat_template", CHATML)
     config_file.write_text(json.dumps(tok_config, indent=2))
+    save_model(path, model)
+    save_config(config, config_path=path / "config.json")
+    return path
 
-    config = {
-        "model_type": "llama",
-        **SIZES[size],
-        "rms_norm_eps": 1e-5,
-        "vocab_size": len(tokenizer),
-        "max_position_embeddings": 8192,
-        "tie_word_embeddings": True,
-        "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
-    }
+
+def make_demo_model(path: Path, size: str = "tiny", seed: int = 0) -> Path:
+    """Write config.json, model.safetensors and tokenizer files for a random llama model to `path`."""
+    import mlx.core as mx
+    from mlx_lm.models import llama
+
+    tokenizer = train_tokenizer([_CORPUS] * 4, vocab_size=512)
+    config = llama_config(SIZES[size], tokenizer)
     mx.random.seed(seed)
     model = llama.Model(llama.ModelArgs.from_dict(config))
     mx.eval(model.parameters())
-    save_model(path, model)
-    save_config(config, config_path=path / "config.json")
+    save(path, model, tokenizer, config)
     logger.info("demo model (%s, random weights) written to %s", size, path)
-    return path
+    return Path(path)

@@ -38,11 +38,13 @@ IDLE_WAIT_MS = 2000  # an idle consumer blocks this long on its wake-up list bef
 
 
 def ensure_model(settings: Settings) -> str:
-    """The model to serve; the demo model is built under var/ on first use when no model is configured."""
+    """The model to serve; with none configured and the shipped demo model missing, a random one is built under
+    var/ on first use."""
     if settings.model is None and not settings.models and not (Path(settings.model_path) / "config.json").exists():
         from worker.demo_model import make_demo_model
 
-        logger.info("ONELANE_MODEL is unset: building the demo model (random weights, output is noise)")
+        logger.info("ONELANE_MODEL is unset and worker/demo is missing: building a random demo model (its output "
+                    "is noise)")  # fmt: skip
         make_demo_model(Path(settings.model_path))
     return settings.model_path
 

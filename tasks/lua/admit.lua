@@ -62,6 +62,7 @@ redis.call('ZREMRANGEBYRANK', UJ .. owner, 0, -1001) -- a user's listing keeps t
 for _, k in ipairs({UJ .. owner, TAGS, SEQ, VTIME}) do extend(k, life) end
 ring(bell_queue, bell_messages, bell_id, bell)
 stat('admitted')
+per_minute(t, 'admitted')
 local mean, free, timed = service_estimate(t, slots)
 return estimate_reply({'ok', fmt(t), fmt(deadline), redis.call('ZRANK', QUEUE, id) + 1, tostring(load_wait(model))},
   mean, free, timed)

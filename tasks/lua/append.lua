@@ -11,7 +11,10 @@ redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens)
 if n > 0 then
   local t = now()
   redis.call('HSET', jkey, 'last_token_at', fmt(t))
-  redis.call('HSET', DEVICE .. f[6], 'progress', fmt(t))
+  if redis.call('EXISTS', DEVICE .. f[6]) == 1 then -- a lapsed lease is not recreated (without its TTL)
+    redis.call('HSET', DEVICE .. f[6], 'progress', fmt(t))
+  end
+  per_minute(t, 'tokens', n)
   if not f[3] then
     redis.call('HSET', jkey, 'first_token_at', fmt(t))
     observe('time_to_first_token', t - tonumber(f[5]))

@@ -1,7 +1,8 @@
 -- Shared by every onelane script (store.py prepends it, after NAMES: the key names and prefixes of
 -- tasks/keys.py, in the order of keys.prefixes(), written into the script so no call has to send them).
 local JOB, OUT, EV, CH, UQ, UJ, QUEUE, WAITING, WATCHED, MOVED, IN_PROGRESS, SERVICE_TIMES, VTIME, TAGS, SEQ,
-  DEVICE, DEVICES, STATS, CANCELS, MQ, MODEL, BLOCKED = unpack(NAMES)
+  DEVICE, DEVICES, STATS, CANCELS, MQ, MODEL, BLOCKED, MINUTE, FAILURES, MINUTE_TTL, FAILURES_KEPT = unpack(NAMES)
+MINUTE_TTL, FAILURES_KEPT = tonumber(MINUTE_TTL), tonumber(FAILURES_KEPT)
 local A = 0 -- the script's own arguments start at ARGV[A + 1]
 local TIE = 1048576 -- queue score = finish tag (in thousandths of a turn) * TIE + admission counter (mod TIE)
 
@@ -53,6 +54,15 @@ local function observe(name, value)
   redis.call('HINCRBYFLOAT', STATS, 'h:' .. name .. ':sum', value)
 end
 
+-- The dashboard's plots: what happened in each minute (by Redis's clock), one hash per minute, kept two hours.
+-- Returns the minute's key.
+local function per_minute(t, field, n)
+  local key = MINUTE .. string.format('%d', math.floor(t / 60))
+  redis.call('HINCRBY', key, field, n or 1)
+  redis.call('EXPIRE', key, MINUTE_TTL)
+  return key
+end
+
 local function virtual_time()
   return tonumber(redis.call('GET', VTIME) or '0')
 end
@@ -74,6 +84,12 @@ end
 local function finish(id, status, finish_reason, error_json_, result_ttl, t)
   local jkey = JOB .. id
   stat('finished:' .. status)
+  per_minute(t, 'ended:' .. status)
+  if status == 'failed' or status == 'expired' then -- the dashboard's recent failures
+    redis.call('LPUSH', FAILURES, id)
+    redis.call('LTRIM', FAILURES, 0, FAILURES_KEPT - 1)
+    redis.call('EXPIRE', FAILURES, result_ttl)
+  end
   redis.call('ZREM', IN_PROGRESS, id)
   redis.call('HSET', jkey, 'status', status, 'finished_at', fmt(t))
   if finish_reason ~= '' then redis.call('HSET', jkey, 'finish_reason', finish_reason) end
@@ -249,7 +265,12 @@ local function start(id, worker, device, run_life, t)
   extend(IN_PROGRESS, run_life)
   redis.call('HSET', DEVICE .. device, 'progress', fmt(t))
   local waited = t - tonumber(redis.call('HGET', jkey, 'queued_at'))
-  if attempt == 1 then observe('queue_wait', waited) end
+  if attempt == 1 then
+    observe('queue_wait', waited)
+    local key = per_minute(t, 'started')
+    redis.call('HINCRBYFLOAT', key, 'wait_sum', waited)
+    if waited > tonumber(redis.call('HGET', key, 'wait_max') or '0') then redis.call('HSET', key, 'wait_max', waited) end
+  end
   emit(id, '{"type":"started","queued_s":' .. string.format('%.3f', waited) .. '}')
   return redis.call('HGETALL', jkey)
 end

@@ -1,0 +1,204 @@
+"""An HTTP client of onelane's REST API: submit, get, list and cancel jobs, and follow a job's events.
+
+No Flask, no MLX: this is what `onelane run`, `jobs`, `cancel` and `tail` use, from any machine that can reach the
+web. A followed stream that drops is resumed with `Last-Event-ID`, so no token is lost or repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+import urllib3
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 60.0  # a live stream sends a ping every ONELANE_SSE_PING_S (15 s): silence this long is a dead link
+RESUME_FOR_S = 60.0  # how long a dropped stream keeps trying to resume before giving up
+
+
+class ClientError(Exception):
+    """Base class for the client's errors; the message is meant for the user."""
+
+
+class Unreachable(ClientError):
+    """The server could not be reached (or a stream could not be resumed in time)."""
+
+
+class ApiError(ClientError):
+    """The server answered with one of onelane's errors: {"error": {"type", "message", "param"}}."""
+
+    def __init__(self, status: int, type_: str, message: str, param: str | None = None,
+                 retry_after_s: float | None = None) -> None:  # fmt: skip
+        super().__init__(f"{message} ({status} {type_})")
+        self.status, self.type, self.message, self.param = status, type_, message, param
+        self.retry_after_s = retry_after_s
+
+    @property
+    def overloaded(self) -> bool:
+        """Refused for now (429/503 with Retry-After): the same request may succeed later."""
+        return self.status in (429, 503) and self.retry_after_s is not None
+
+
+@dataclass(frozen=True)
+class Event:
+    """One server-sent event: `queued`, `started`, `token`, `requeued` or a terminal one, with its log index.
+
+    The client adds one type of its own, `reconnecting` (data: {"error"}), when a dropped stream is resumed.
+    """
+
+    type: str
+    data: dict[str, Any] = field(default_factory=dict)
+    id: int | None = None
+
+
+@dataclass
+class Client:
+    """onelane's REST API at `base_url`, with an optional API key (sent as a bearer token)."""
+
+    base_url: str = DEFAULT_URL
+    api_key: str | None = None
+    session: requests.Session = field(default_factory=requests.Session)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Client:
+        """ONELANE_URL (default http://127.0.0.1:8000) and ONELANE_API_KEY."""
+        return cls(environ.get("ONELANE_URL") or DEFAULT_URL, environ.get("ONELANE_API_KEY") or None)
+
+    def submit(self, prompt: str, **fields: Any) -> dict[str, Any]:
+        """POST /v1/jobs; options left None are not sent (the server's defaults apply)."""
+        body = {"prompt": prompt, **{k: v for k, v in fields.items() if v is not None}}
+        return self._json("POST", "/v1/jobs", json=body)
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/jobs/{job_id}")
+
+    def jobs(self, limit: int = 50) -> list[dict[str, Any]]:
+        """The caller's recent jobs, newest first."""
+        return list(self._json("GET", "/v1/jobs", params={"limit": limit})["data"])
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """DELETE /v1/jobs/<id>: the job as it is after the cancel (ApiError 409 job_ended if it ended otherwise)."""
+        return self._json("DELETE", f"/v1/jobs/{job_id}")
+
+    def events(self, job_id: str, after: int = -1, resume_for_s: float = RESUME_FOR_S) -> Iterator[Event]:
+        """The job's events after log index `after`, live, until its terminal event.
+
+        A stream that drops is reopened with `Last-Event-ID` (the last index seen); after `resume_for_s` without
+        a single event it gives up with Unreachable.
+        """
+        last, delay_s, failing_since = after, 1.0, None
+        while True:
+            try:
+                for event in self._stream(job_id, last):
+                    if event.type == "retry":
+                        delay_s = event.data["ms"] / 1000
+                        continue
+                    failing_since = None
+                    last = event.id if event.id is not None else last
+                    yield event
+                    if event.type in TERMINAL:
+                        return
+                error = "the stream ended before the job did"
+            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
+                    urllib3.exceptions.HTTPError, Unreachable) as exc:  # fmt: skip
+                error = _reason(exc)
+            except ApiError as exc:
+                if not exc.overloaded and exc.status < 500:
+                    raise
+                error, delay_s = exc.message, max(delay_s, exc.retry_after_s or 0)
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > resume_for_s:
+                raise Unreachable(f"lost the stream of {job_id} and could not resume it: {error}")
+            yield Event("reconnecting", {"error": error})
+            time.sleep(delay_s)
+
+    def _stream(self, job_id: str, last: int) -> Iterator[Event]:
+        headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
+        if last >= 0:
+            headers["Last-Event-ID"] = str(last)
+        with self._request("GET", f"/v1/jobs/{job_id}/events", headers=headers, stream=True,
+                           timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S)) as response:  # fmt: skip
+            yield from parse_sse(lines(arriving(response)))
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        with self._request(method, path, timeout=(CONNECT_TIMEOUT_S, 30.0), **kwargs) as response:
+            return response.json()  # type: ignore[no-any-return]
+
+    def _request(self, method: str, path: str, headers: dict[str, str] | None = None,
+                 **kwargs: Any) -> requests.Response:  # fmt: skip
+        headers = dict(headers or {})
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        url = self.base_url.rstrip("/") + path
+        try:
+            response = self.session.request(method, url, headers=headers, **kwargs)
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            raise Unreachable(f"cannot reach onelane at {self.base_url}: {_reason(exc)}") from None
+        if response.status_code >= 400:
+            with response:
+                raise api_error(response)
+        return response
+
+
+def api_error(response: requests.Response) -> ApiError:
+    """onelane's error body as an ApiError (a proxy's non-JSON error page too)."""
+    try:
+        error = response.json()["error"]
+        type_, message, param = str(error["type"]), str(error["message"]), error.get("param")
+    except (ValueError, KeyError, TypeError):
+        type_, message, param = "http_error", response.reason or "error", None
+    retry = response.headers.get("Retry-After", "")
+    retry_after_s = float(retry) if retry.replace(".", "", 1).isdigit() else None
+    return ApiError(response.status_code, type_, message, param, retry_after_s)
+
+
+def arriving(response: requests.Response) -> Iterator[bytes]:
+    """The body's bytes as they arrive, chunked or not (iter_content(None) waits for the end of an unchunked one)."""
+    raw = response.raw
+    if raw.chunked or not hasattr(raw, "read1"):  # read1: urllib3 >= 2.3
+        return response.iter_content(chunk_size=None if raw.chunked else 1)
+    return iter(lambda: raw.read1(65536, decode_content=True), b"")
+
+
+def lines(chunks: Iterable[bytes]) -> Iterator[str]:
+    """Text lines from a byte stream, as they complete (LF or CRLF; a partial last line is dropped)."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for line in complete:
+            yield line.removesuffix(b"\r").decode("utf-8", "replace")
+
+
+def parse_sse(stream: Iterable[str]) -> Iterator[Event]:
+    """Server-sent events from text lines; comments (pings) are skipped, `retry:` is an Event("retry", {"ms"})."""
+    kind, data, event_id = "message", "", ""
+    for line in stream:
+        if not line:
+            if data:
+                yield Event(kind, json.loads(data), int(event_id) if event_id else None)
+            kind, data, event_id = "message", "", ""
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "event":
+            kind = value
+        elif name == "data":
+            data = f"{data}\n{value}" if data else value
+        elif name == "id" and value.isascii() and value.isdigit():
+            event_id = value
+        elif name == "retry" and value.isascii() and value.isdigit():
+            yield Event("retry", {"ms": int(value)})
+
+
+def _reason(exc: Exception) -> str:
+    """A short reason for a network error (requests' messages nest several exceptions deep)."""
+    text = str(exc.args[0] if exc.args else exc)
+    return text.rsplit(": ", 1)[-1].rstrip(")'\"") or type(exc).__name__

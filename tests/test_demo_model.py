@@ -1,0 +1,72 @@
+"""The shipped demo model (worker/demo/): served by default, small, and it writes words of its corpus."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.job import JobSpec, Message, SamplingParams
+from tasks.settings import SHIPPED_DEMO_MODEL, Settings
+from worker import demo_corpus
+
+MAX_BYTES = 10 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def shipped():  # type: ignore[no-untyped-def]
+    from worker.engine import Engine
+
+    return Engine.load(str(SHIPPED_DEMO_MODEL))
+
+
+@pytest.fixture(scope="module")
+def vocabulary() -> set[str]:
+    return demo_corpus.vocabulary()
+
+
+def greedy(engine, **prompt: object) -> str:  # type: ignore[no-untyped-def]
+    params = SamplingParams(max_tokens=48)  # temperature 0: greedy
+    spec = JobSpec(owner="t", model="onelane-demo", params=params, **prompt)  # type: ignore[arg-type]
+    return "".join(chunk.text for chunk in engine.generate(spec))
+
+
+def test_with_no_model_configured_the_shipped_demo_model_is_served() -> None:
+    assert Settings.from_env({}).model_path == str(SHIPPED_DEMO_MODEL)
+    assert (SHIPPED_DEMO_MODEL / "config.json").exists()
+
+
+def test_the_shipped_demo_model_is_at_most_10_mb() -> None:
+    assert sum(f.stat().st_size for f in SHIPPED_DEMO_MODEL.iterdir() if f.is_file()) <= MAX_BYTES
+
+
+@pytest.mark.parametrize("prompt", [
+    {"prompt": "Hello!"},
+    {"prompt": "The for statement"},
+    {"messages": (Message(role="user", content="What is a dictionary?"),)},
+])  # fmt: skip
+def test_its_greedy_output_is_words_of_its_corpus(shipped, vocabulary, prompt) -> None:  # type: ignore[no-untyped-def]
+    # Given the shipped model, when it answers a raw or a chat prompt greedily (as the web form asks by default)
+    words = demo_corpus.words(greedy(shipped, **prompt))
+    # then it writes a few dozen words, at least 80 % of them words of the text it learnt
+    assert len(words) >= 20, words
+    assert sum(w in vocabulary for w in words) >= 0.8 * len(words), words
+
+
+def test_without_worker_demo_a_random_model_is_built_under_var(monkeypatch, tmp_path):  # type: ignore[no-untyped-def]
+    from tasks import settings as settings_module
+    from worker.main import ensure_model
+
+    monkeypatch.setattr(settings_module, "SHIPPED_DEMO_MODEL", tmp_path / "missing")
+    settings = Settings(var_dir=tmp_path / "var")
+    assert ensure_model(settings) == str((tmp_path / "var" / "demo-model").resolve())
+    assert (tmp_path / "var" / "demo-model" / "config.json").exists()
+
+
+def test_the_training_script_writes_a_model_mlx_lm_loads(tmp_path):  # type: ignore[no-untyped-def]
+    from mlx_lm import load
+
+    from worker.train_demo import VOCAB_SIZE, train_demo_model
+
+    report = train_demo_model(tmp_path / "demo", steps=2, batch=1)
+    tokenizer = load(str(tmp_path / "demo"))[1]
+    assert report.steps == 2 and report.bytes_on_disk <= MAX_BYTES
+    assert len(tokenizer.vocab) == VOCAB_SIZE and tokenizer.chat_template

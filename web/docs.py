@@ -1,0 +1,97 @@
+"""/openapi.json, and /docs: the same document as a page a person reads (server-rendered: no script, nothing from
+another origin, so it works offline and under the pages' Content-Security-Policy)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from flask import Blueprint, Response, current_app, jsonify, redirect, render_template, request, url_for
+from markupsafe import Markup, escape
+
+from web import openapi, services
+from web.auth import current_owner, signed_in
+from web.pages import SECURITY_HEADERS
+
+bp = Blueprint("docs", __name__)
+
+METHODS = ("get", "post", "put", "patch", "delete")
+BOUNDS = {"minimum": "≥ {}", "exclusiveMinimum": "> {}", "maximum": "≤ {}", "exclusiveMaximum": "< {}",
+          "minItems": "≥ {} items", "maxItems": "≤ {} items", "minLength": "length ≥ {}",
+          "maxLength": "length ≤ {}"}  # fmt: skip
+
+
+def document() -> dict[str, Any]:
+    """This app's OpenAPI document, built once."""
+    extensions = current_app.extensions
+    if "onelane_openapi" not in extensions:
+        extensions["onelane_openapi"] = openapi.build(current_app, services().settings)
+    return extensions["onelane_openapi"]  # type: ignore[no-any-return]
+
+
+@bp.before_request
+def _users_only() -> Response | None:
+    """With API keys configured, the document is for users, as /v1/models is (it names the served models)."""
+    if request.endpoint == "docs.docs" and services().settings.keys_required and not signed_in():
+        return redirect(url_for("pages.login"), code=303)  # type: ignore[return-value]
+    current_owner()  # Unauthorized (401) without a key or a signed-in browser; nobody in local mode
+    return None
+
+
+@bp.get("/openapi.json")
+def openapi_json() -> Response:
+    return jsonify(document())
+
+
+@bp.get("/docs")
+def docs() -> str:
+    spec = document()
+    operations = [(method.upper(), path, op) for path, item in spec["paths"].items()
+                  for method, op in item.items() if method in METHODS]  # fmt: skip
+    return render_template("docs.html", spec=spec, operations=operations, schema_type=schema_type, prose=prose)
+
+
+@bp.after_request
+def _security_headers(response: Response) -> Response:
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+def ref_name(ref: str) -> str:
+    """`#/components/schemas/Job` -> `Job`."""
+    return ref.rsplit("/", 1)[-1]
+
+
+def schema_type(schema: dict[str, Any]) -> Markup:
+    """A schema in a few words, with links to the named schemas it uses: `array of Message | null`, `number ≤ 2`."""
+    if "$ref" in schema:
+        name = ref_name(schema["$ref"])
+        return Markup('<a href="#schema-{0}">{0}</a>').format(name)
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            return Markup(" | ").join(schema_type(s) for s in schema[key])
+    if "contentSchema" in schema:  # a string holding JSON (an event's data)
+        return Markup("JSON ") + schema_type(schema["contentSchema"])
+    if "if" in schema:  # `"[DONE]"`, else JSON
+        return schema_type(schema["if"]) + Markup(" | ") + schema_type(schema.get("else", {}))
+    if "properties" in schema:  # an object described in place (an event of a stream)
+        fields = (Markup("{}: {}").format(name, schema_type(s)) for name, s in schema["properties"].items())
+        return Markup("{") + Markup(", ").join(fields) + Markup("}")
+    if "const" in schema:
+        return escape(_literal(schema["const"]))
+    if "enum" in schema:
+        return escape(" | ".join(_literal(v) for v in schema["enum"]))
+    kind = schema.get("type", "any")
+    text = Markup("array of ") + schema_type(schema.get("items", {})) if kind == "array" else escape(kind)
+    bounds = [rule.format(schema[key]) for key, rule in BOUNDS.items() if key in schema]
+    return text + (escape(", " + ", ".join(bounds)) if bounds else Markup(""))
+
+
+def prose(text: str) -> Markup:
+    """A description as HTML: escaped, with `code` marked up and a paragraph per blank line."""
+    html = re.sub(r"`([^`]+)`", r"<code>\1</code>", str(escape(text)))
+    return Markup("".join(f"<p>{p}</p>" for p in html.split("\n\n")))
+
+
+def _literal(value: Any) -> str:
+    return "null" if value is None else f'"{value}"' if isinstance(value, str) else str(value).lower()

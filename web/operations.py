@@ -1,0 +1,213 @@
+"""What each route of the API promises, as OpenAPI operations: its body, its answers and their headers, its errors.
+
+Schemas are referred to through `ref(Model)`, which web/openapi.py resolves to the components pydantic wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+from tasks.settings import Settings
+from web import responses
+from web.openai_compat import ChatRequest, CompletionRequest
+from web.schemas import SubmitJob
+
+Ref = Callable[[type[BaseModel]], dict[str, Any]]  # a model -> {"$ref": its component}
+
+JSON, SSE, TEXT = "application/json", "text/event-stream", "text/plain"
+HEADERS = {
+    "Retry-After": {"description": "whole seconds until a place should free up", "schema": {"type": "integer"}},
+    "Location": {"description": "the job's URL", "schema": {"type": "string"}},
+    "WWW-Authenticate": {"description": 'Bearer realm="onelane"', "schema": {"type": "string"}},
+    "x-onelane-job-id": {"description": "the job behind this answer", "schema": {"type": "string"}},
+    "x-queue-time": {"description": "seconds the job waited (non-streaming answers)", "schema": {"type": "string"}},
+}
+JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"},
+          "description": "the job's id (`job_…`); another user's job is 404, as one that does not exist"}  # fmt: skip
+
+
+def _answer(description: str, schema: Any = None, media: str = JSON,
+            headers: dict[str, bool] | None = None) -> dict[str, Any]:  # fmt: skip
+    """A response: its description, its body's schema, and its headers (name -> whether always sent)."""
+    response: dict[str, Any] = {"description": description}
+    if schema is not None:
+        response["content"] = {media: {"schema": schema}}
+    if headers:
+        response["headers"] = {name: {**HEADERS[name], "required": always} for name, always in headers.items()}
+    return response
+
+
+def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
+    """(Flask endpoint, method, operation) for every route of the API."""
+    error, oai = ref(responses.Error), ref(responses.OpenAIError)
+    job = ref(responses.Job)
+
+    def err(status: int, description: str, openai: bool = False) -> tuple[str, dict[str, Any]]:
+        headers = {"Retry-After": status == 429} if status in (429, 503) else {}
+        if status == 401:
+            headers = {"WWW-Authenticate": True}
+        return str(status), _answer(description, oai if openai else error, headers=headers)
+
+    def body(model: type[BaseModel]) -> dict[str, Any]:
+        return {"required": True, "content": {JSON: {"schema": ref(model)}}}
+
+    unauthorized = err(401, "unauthorized: no API key, or a wrong one (only with API keys configured)")
+    oai_unauthorized = err(401, "unauthorized: no API key, or a wrong one (only with API keys configured)", True)
+    not_found = err(404, "not_found: no such job, or another user's")
+    unavailable = err(503, "unavailable: Redis is unreachable")
+    submit_errors = dict([
+        err(400, "invalid_json: not a JSON object, `NaN`, nested more than 32 levels, or not valid Unicode text"),
+        unauthorized,
+        err(403, "forbidden: a request another site made, a missing CSRF token (browsers), or `interactive` asked "
+                 "of a key that submits batch work only"),
+        err(404, "model_not_found: the model is not one of /v1/models"),
+        err(413, f"prompt_too_large (over {s.max_prompt_chars} characters) or payload_too_large (the body)"),
+        err(422, "invalid_request: wrong types, values out of range, unknown fields, neither or both of "
+                 "prompt/messages, an empty prompt, `max_tokens` or `ttl_s` over this server's limit"),
+        err(429, "quota_exceeded: the caller already has as many waiting jobs as its quota allows"),
+        err(503, "queue_full or model_unavailable (the model failed to load), with Retry-After; "
+                 "unavailable: Redis is unreachable"),
+    ])  # fmt: skip
+    openai_errors = dict([
+        err(400, "invalid_request_error: invalid JSON, wrong types or values, or a field onelane does not support "
+                 "(`tools`, `logprobs`, `n` > 1, penalties …), named in `param`", True),
+        oai_unauthorized,
+        err(403, "forbidden: a request another site made, or a missing CSRF token (browsers)", True),
+        err(404, "model_not_found: the model is not one of /v1/models", True),
+        err(410, "job_cancelled: the job was cancelled before it completed", True),
+        err(413, "prompt_too_large or payload_too_large", True),
+        err(429, "quota_exceeded", True),
+        err(500, "job_failed: generation failed (the worker crashed on it, stalled, or hit its time limit)", True),
+        err(503, "queue_full or model_unavailable (with Retry-After), job_expired (it waited past its TTL), "
+                 "or unavailable (Redis)", True),
+    ])  # fmt: skip
+    links = {"GetJob": {"operationId": "getJob", "parameters": {"job_id": "$response.body#/id"}},
+             "CancelJob": {"operationId": "cancelJob", "parameters": {"job_id": "$response.body#/id"}}}  # fmt: skip
+    return [
+        ("api.submit", "post", {
+            "operationId": "submitJob", "tags": ["jobs"], "summary": "Submit a job",
+            "description": "Admit a job into the fair queue. It then runs when its turn comes; poll it, follow its "
+                           "events, or cancel it.",
+            "requestBody": body(SubmitJob),
+            "responses": {"202": {**_answer("admitted: the job, queued", job, headers={"Location": True}), "links": links},
+                          **submit_errors},
+        }),
+        ("api.list_jobs", "get", {
+            "operationId": "listJobs", "tags": ["jobs"], "summary": "List the caller's recent jobs",
+            "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer", "default": 50},
+                            "description": "how many, newest first (kept within 1 to 200)"}],
+            "responses": {"200": _answer("the jobs", ref(responses.JobList)), **dict([unauthorized, unavailable])},
+        }),
+        ("api.get_job", "get", {
+            "operationId": "getJob", "tags": ["jobs"], "summary": "Get a job",
+            "description": "The job now. Polling a watched job counts as watching it.",
+            "parameters": [JOB_ID],
+            "responses": {"200": _answer("the job", job), **dict([unauthorized, not_found, unavailable])},
+        }),
+        ("api.cancel_job", "delete", {
+            "operationId": "cancelJob", "tags": ["jobs"], "summary": "Cancel a job",
+            "description": "A queued job ends `cancelled` at once and never runs; a running one stops within one "
+                           "decode step, keeping its partial output. Again on a cancelled job: 200.",
+            "parameters": [JOB_ID],
+            "responses": {"200": _answer("the job, cancelled", job), **dict([
+                unauthorized, err(403, "forbidden: a request another site made, or a missing CSRF token"),
+                not_found, err(409, "job_ended: the job ended otherwise (completed, failed, expired)"), unavailable,
+            ])},  # fmt: skip
+        }),
+        ("stream.job_events", "get", {
+            "operationId": "jobEvents", "tags": ["jobs"], "summary": "Follow a job's events (server-sent events)",
+            "description": "`queued` (position, eta_s) whenever the queue ahead moves, then `started`, `token` "
+                           "(text, n), `requeued` if its worker died, and exactly one terminal event "
+                           "(`completed`, `failed`, `cancelled` or `expired`, with the whole job); `: ping` comments "
+                           f"at least every {s.sse_ping_s:g} s. Each event of the job's durable log carries its index "
+                           "as its SSE `id`: reconnect with `Last-Event-ID` (or `?last_event_id=`) to get exactly "
+                           "the rest.",
+            "parameters": [
+                JOB_ID,
+                {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"},
+                 "description": "the id of the last event the client has (an empty header counts as none)"},
+                {"name": "last_event_id", "in": "query", "schema": {"type": "string"},
+                 "description": "the same, for clients that cannot set headers"},
+            ],
+            "responses": {
+                "200": _answer("the stream: each event as `event` and its JSON `data`", _job_events(ref), SSE),
+                **dict([err(400, "invalid_request: the id is not the index of one of this job's events "
+                                 "(`param` names the header or query parameter)"),
+                        unauthorized, not_found, unavailable]),
+            },  # fmt: skip
+        }),
+        ("openai.models", "get", {
+            "operationId": "listModels", "tags": ["openai"], "summary": "List the served models",
+            "responses": {"200": _answer("the models", ref(responses.ModelList)),
+                          **dict([oai_unauthorized, unavailable])},
+        }),
+        ("openai.chat_completions", "post", {
+            "operationId": "createChatCompletion", "tags": ["openai"], "summary": "Create a chat completion",
+            "description": "A job in the same queue, watched by the connection: a client that hangs up gets its job "
+                           "cancelled. " + _stream_note("chat.completion.chunk"),
+            "requestBody": body(ChatRequest),
+            "responses": {"200": _openai_answer(ref(responses.ChatCompletion), ref(responses.ChatCompletionChunk), oai),
+                          **openai_errors},
+        }),
+        ("openai.completions", "post", {
+            "operationId": "createCompletion", "tags": ["openai"], "summary": "Create a text completion",
+            "description": "As chat completions, for one prompt. " + _stream_note("text_completion"),
+            "requestBody": body(CompletionRequest),
+            "responses": {"200": _openai_answer(ref(responses.Completion), ref(responses.CompletionChunk), oai),
+                          **openai_errors},
+        }),
+        ("health.healthz", "get", {
+            "operationId": "healthz", "tags": ["health"], "summary": "This web process answers", "security": [],
+            "responses": {"200": _answer("alive", ref(responses.Health))},
+        }),
+        ("health.readyz", "get", {
+            "operationId": "readyz", "tags": ["health"], "summary": "Ready to generate", "security": [],
+            "description": "Redis answers, a worker holds the device with a fresh heartbeat, and its jobs make "
+                           "progress; each worker is listed with the jobs it runs, and each model with its state.",
+            "responses": {
+                "200": _answer("ready", ref(responses.Ready)),
+                "503": _answer("not ready, and why (or Redis unreachable, with Retry-After)",
+                               {"oneOf": [ref(responses.NotReady), error]}, headers={"Retry-After": False}),
+            },
+        }),
+        ("health.metrics", "get", {
+            "operationId": "metrics", "tags": ["health"], "summary": "Prometheus metrics", "security": [],
+            "responses": {"200": _answer("the metrics, in Prometheus' text format", {"type": "string"}, TEXT),
+                          **dict([unavailable])},
+        }),
+    ]
+
+
+def _stream_note(obj: str) -> str:
+    return (
+        f"With `\"stream\": true`, `text/event-stream`: `data: {{chunk}}` lines (`{obj}` objects), "
+        "`: queued, position N, eta_s T` comments while the "
+        "job waits, a `data: {\"error\": …}` line if it ends without completing, then `data: [DONE]`."
+    )
+
+
+def _openai_answer(whole: dict[str, Any], chunk: dict[str, Any], error: dict[str, Any]) -> dict[str, Any]:
+    """200: the whole answer as JSON, or (`stream` true) its chunks, as OpenAI streams them."""
+    answer = _answer("the whole answer (`stream` false), or its stream", whole,
+                     headers={"x-onelane-job-id": True, "x-queue-time": False})
+    done_or_json = {"type": "string", "if": {"const": "[DONE]"},
+                    "else": {"contentMediaType": JSON, "contentSchema": {"anyOf": [chunk, error]}}}
+    answer["content"][SSE] = {"schema": {"type": "object", "properties": {"data": done_or_json}, "required": ["data"]}}
+    return answer
+
+
+def _job_events(ref: Ref) -> dict[str, Any]:
+    """The schema of one event of a job's stream (OpenAPI 3.1 has `schema` describe each event of a stream)."""
+
+    def event(names: list[str], data: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "object", "required": ["event", "data"], "properties": {
+            "event": {"enum": names}, "data": {"type": "string", "contentMediaType": JSON, "contentSchema": data}}}
+
+    return {"oneOf": [
+        event(["queued"], ref(responses.QueuedEvent)), event(["started"], ref(responses.StartedEvent)),
+        event(["token"], ref(responses.TokenEvent)), event(["requeued"], ref(responses.RequeuedEvent)),
+        event(["completed", "failed", "cancelled", "expired"], ref(responses.Job)),
+    ]}  # fmt: skip

@@ -1,0 +1,245 @@
+"""What the API answers, as pydantic models: /openapi.json documents every response with them.
+
+The handlers build their bodies as before (Job.public(), jsonify); tests/test_openapi.py fuzzes the app with
+schemathesis and checks that every answer conforms, so these models cannot drift from what is sent.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.job import JobError, JobStatus, Message, SamplingParams, Timings
+from tasks.settings import Priority
+from tasks.store import DeviceLease, ModelState
+
+
+class Answer(BaseModel):
+    """A response body: every field is always sent, and nothing else is."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True)
+
+
+class TokenUsage(Answer):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Job(Answer):
+    """A job: what it asked for, where it stands, and what it produced so far."""
+
+    id: str
+    object: Literal["job"]
+    status: JobStatus
+    model: str
+    priority: Priority
+    prompt: str | None = Field(description="the prompt, or null when the job was sent messages")
+    messages: list[Message] | None
+    params: SamplingParams
+    abandon_on_disconnect: bool = Field(description="skipped before generation once its client stops watching")
+    position: int | None = Field(description="while queued: 1 + the number of jobs that start before it")
+    eta_s: float | None = Field(description="while queued: seconds until it should start; null until a job is timed")
+    deadline: float = Field(description="when it expires if it has not started (seconds since the epoch)")
+    output: str = Field(description="the text generated so far")
+    finish_reason: Literal["stop", "length", "cancelled"] | None
+    error: JobError | None = Field(description="why it did not complete: expired, client_gone, worker_crashed, …")
+    usage: TokenUsage
+    timings: Timings
+    attempts: int = Field(description="how many times a worker started it")
+
+
+class JobList(Answer):
+    """The caller's recent jobs, newest first."""
+
+    object: Literal["list"]
+    data: list[Job]
+
+
+class ErrorDetail(Answer):
+    model_config = ConfigDict(json_schema_serialization_defaults_required=False)  # param: sent only when known
+
+    type: str = Field(description="machine-readable: invalid_request, not_found, queue_full, …")
+    message: str
+    param: str | None = Field(None, description="the field, header or query parameter at fault")
+
+
+class Error(Answer):
+    """onelane's error body, never a stack trace."""
+
+    error: ErrorDetail
+
+
+class OpenAIErrorDetail(Answer):
+    message: str
+    type: str = Field(description="OpenAI's category: invalid_request_error, authentication_error, …")
+    param: str | None
+    code: str = Field(description="onelane's error type: invalid_request, model_not_found, job_cancelled, …")
+
+
+class OpenAIError(Answer):
+    """An error on the OpenAI-compatible endpoints, in OpenAI's shape."""
+
+    error: OpenAIErrorDetail
+
+
+class Model(Answer):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(Answer):
+    """The served models, in the order the models file names them."""
+
+    object: Literal["list"]
+    data: list[Model]
+
+
+class AssistantMessage(Answer):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(Answer):
+    index: int
+    message: AssistantMessage
+    logprobs: None
+    finish_reason: Literal["stop", "length"]
+
+
+class CompletionUsage(Answer):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletion(Answer):
+    """A whole chat answer (`stream` false)."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    service_tier: Literal["default", "flex", "priority"]
+    choices: list[ChatChoice]
+    usage: CompletionUsage
+
+
+class CompletionChoice(Answer):
+    index: int
+    text: str
+    logprobs: None
+    finish_reason: Literal["stop", "length"]
+
+
+class Completion(Answer):
+    """A whole text completion (`stream` false)."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage
+
+
+class Chunk(Answer):
+    """A streamed piece of an answer: `usage` comes with `stream_options.include_usage` only."""
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=False)
+
+
+class Delta(Chunk):
+    role: Literal["assistant"] | None = Field(None, description="in the first chunk only")
+    content: str
+
+
+class ChatChunkChoice(Answer):
+    index: int
+    delta: Delta
+    logprobs: None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class ChatCompletionChunk(Chunk):
+    """One `data:` line of a chat stream; with `include_usage`, a last one has no choices and the usage."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    service_tier: Literal["default", "flex", "priority"]
+    choices: list[ChatChunkChoice]
+    usage: CompletionUsage | None = None
+
+
+class CompletionChunkChoice(Answer):
+    index: int
+    text: str
+    logprobs: None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class CompletionChunk(Chunk):
+    """One `data:` line of a text completion stream."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: CompletionUsage | None = None
+
+
+class QueuedEvent(Answer):
+    """`queued`: where the job stands, sent again whenever the queue ahead moves (no SSE id)."""
+
+    position: int | None
+    eta_s: float | None
+
+
+class StartedEvent(Answer):
+    """`started`: a worker started the job, after `queued_s` seconds of waiting."""
+
+    index: int
+    queued_s: float
+
+
+class TokenEvent(Answer):
+    """`token`: generated text, `n` tokens of it."""
+
+    index: int
+    text: str
+    n: int
+
+
+class RequeuedEvent(Answer):
+    """`requeued`: its worker died; the job is back at the front of the queue and its output starts over."""
+
+    index: int
+    attempt: int
+
+
+class Health(Answer):
+    status: Literal["ok"]
+
+
+class Ready(Answer):
+    """Redis answers, a worker holds the device with a fresh heartbeat, and its jobs make progress."""
+
+    status: Literal["ready"]
+    queue_depth: int
+    workers: list[DeviceLease]
+    models: list[ModelState]
+
+
+class NotReady(Answer):
+    """Why the server is not ready, with what the workers and models report."""
+
+    error: ErrorDetail
+    workers: list[DeviceLease]
+    models: list[ModelState]
+
