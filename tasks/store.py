@@ -271,7 +271,11 @@ class Store:
     def keep_watching(self, job: Job) -> None:
         """Renew a watched, waiting job's lease: its client (a stream, or polling) is still there."""
         if job.spec.watched and job.status is JobStatus.QUEUED:
-            self._run("watch", job.id)
+            self.renew_watch(job.id)
+
+    def renew_watch(self, job_id: str) -> None:
+        """Renew the job's watch lease if it has one (a watched job that waits); harmless otherwise."""
+        self._run("watch", job_id)
 
     def get(self, job_id: str, owner: str | None = None) -> Job:
         """The job as it stands now, with its position while it waits. Another owner's job is not found."""

@@ -201,3 +201,56 @@ def canceller(store: Store) -> Iterator[None]:
     yield
     done.set()
     thread.join()
+
+
+# --- a real browser: Debian's Chromium, driven by Playwright (whose own browser downloads are not used) ---------
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def _missing(reason: str) -> None:
+    """Absent locally -> skip; absent in CI -> fail (as for redis-server)."""
+    if os.environ.get("CI"):
+        pytest.fail(f"CI needs {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Any]:
+    """Debian's Chromium, driven by Playwright (whose own browser downloads are not used)."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("playwright: pip install -e '.[test]'")
+    if not os.access(CHROMIUM, os.X_OK):
+        _missing(f"{CHROMIUM}: apt-get install chromium")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(chromium, live_server) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+    """A fresh browser profile on the live server; every dialog it opens is recorded in `page.dialogs`."""
+    context = chromium.new_context(base_url=live_server)
+    page = context.new_page()
+    page.dialogs = []
+
+    def on_dialog(dialog: Any) -> None:
+        page.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", on_dialog)
+    yield page
+    context.close()

@@ -14,7 +14,6 @@ import pytest
 
 from tasks import keys
 from tests.helpers import BUSY, wait_ended
-from tests.test_browser import chromium  # noqa: F401 (fixture)
 from tests.test_dashboard import settings, sign_in, submit  # noqa: F401 (fixture)
 
 

@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.helpers import BUSY, wait_event
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 XSS = "<script>alert(1)</script> <img src=x onerror=alert(1)>"
 STREAM_TIMEOUT_MS = 30_000
 
@@ -33,44 +20,6 @@ RECORD_CHANGES = """() => {
   new MutationObserver(() => window.seen.push([status.dataset.status, output.textContent]))
     .observe(document.getElementById("job"), {subtree: true, childList: true, characterData: true, attributes: true});
 }"""
-
-
-def _missing(reason: str) -> None:
-    """Absent locally -> skip; absent in CI -> fail (as for redis-server)."""
-    if os.environ.get("CI"):
-        pytest.fail(f"CI needs {reason}")
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def chromium() -> Iterator[Any]:
-    """Debian's Chromium, driven by Playwright (whose own browser downloads are not used)."""
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("playwright: pip install -e '.[test]'")
-    if not os.access(CHROMIUM, os.X_OK):
-        _missing(f"{CHROMIUM}: apt-get install chromium")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(chromium, live_server) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-    """A fresh browser profile on the live server; every dialog it opens is recorded in `page.dialogs`."""
-    context = chromium.new_context(base_url=live_server)
-    page = context.new_page()
-    page.dialogs = []
-
-    def on_dialog(dialog: Any) -> None:
-        page.dialogs.append(dialog.message)
-        dialog.dismiss()
-
-    page.on("dialog", on_dialog)
-    yield page
-    context.close()
 
 
 def submit_form(page: Any, prompt: str, max_tokens: str = "64", ignore_eos: bool = False) -> str:

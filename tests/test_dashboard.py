@@ -14,7 +14,7 @@ from tasks.job import JobStatus
 from tasks.settings import Settings, User
 from tasks.store import Store
 from tests.helpers import BUSY, wait_ended, wait_event
-from tests.test_browser import STREAM_TIMEOUT_MS, chromium, page  # noqa: F401 (fixtures)
+from tests.test_browser import STREAM_TIMEOUT_MS
 
 USERS = (User(name="alice", key="ka"), User(name="bob", key="kb"), User(name="carol", key="kc"),
          User(name="root", key="kr", admin=True))  # fmt: skip

@@ -173,6 +173,28 @@ def test_an_open_stream_keeps_a_watched_job_in_the_queue_past_the_grace(jobs, st
     assert {e["event"] for e in rest} & TERMINAL == {"completed"}
 
 
+def test_a_stream_opened_while_its_job_ran_keeps_it_queued_after_its_worker_hands_it_back(jobs, store, live_server):
+    job = jobs.submit("watched", max_tokens=6, abandon_on_disconnect=True)
+    assert store.take_device("w") == "ok"  # this test plays the worker
+    assert store.claim_now("w").id == job["id"]
+    stream = EventStream(live_server, job["id"])  # opened (or reopened) while the job runs
+    items = iter(stream)
+    assert next(e for e in items if "event" in e)["event"] == "started"
+
+    store.hand_back(job["id"], "w")  # its worker died: back to the front, with a fresh watch lease of 1 s
+    assert next(e for e in items if "event" in e)["event"] == "requeued"
+    pings_needed = int(3 * store.settings.watch_grace_s / min(store.settings.sse_ping_s, 1 / 3)) + 1
+    pings = 0
+    for item in items:  # three graces, the stream open all along
+        pings += item.get("comment") == "ping"
+        if pings >= pings_needed:
+            break
+    store.housekeep()  # what would end it, had the lease lapsed
+
+    assert store.get(job["id"]).status.value == "queued"
+    stream.close()
+
+
 def test_every_open_stream_of_a_web_process_shares_one_redis_subscription(jobs, live_server, redis_client):
     waiting = [jobs.submit(f"waiting {n}", max_tokens=4)["id"] for n in range(3)]  # no worker: they wait
     before = len(redis_client.client_list(_type="pubsub"))

@@ -46,11 +46,11 @@ def follow(
         if job.status.ended:  # it ended meanwhile
             yield from rest_of_log(store, job, after)
             return
-        waiting = job.status is JobStatus.QUEUED
-        if waiting and job.spec.watched:
+        waiting, watched = job.status is JobStatus.QUEUED, job.spec.watched
+        if watched:  # running too: if its worker dies, it waits again, and its lease must be renewed in time
             ping_s = min(ping_s, store.settings.watch_grace_s / 3)
-            if not admitted:  # admission started its lease
-                store.keep_watching(job)
+            if waiting and not admitted:  # admission started its lease
+                store.renew_watch(job.id)
         shown: tuple[int, float | None] | None = None
         moved = True  # recompute the standing once no more queue moves are pending
         if admitted and job.position is not None:  # as admitted: no need to ask again
@@ -84,8 +84,8 @@ def follow(
                 return
             if time.monotonic() >= next_ping:
                 yield {"type": "ping"}
-                if waiting:
-                    store.keep_watching(job)
+                if waiting and watched:
+                    store.renew_watch(job.id)
                 next_ping = time.monotonic() + ping_s
     finally:
         feed.close()
