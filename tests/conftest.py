@@ -128,8 +128,11 @@ def start_worker(settings: Settings, engine, redis_client: redis.Redis):  # type
     started: list[GpuWorker] = []
     fatal: list[str] = []
 
-    def start(**overrides: Any) -> GpuWorker:
-        worker = GpuWorker(settings.model_copy(update=overrides), engine=engine, on_fatal=fatal.append)
+    def start(served: Settings | None = None, **overrides: Any) -> GpuWorker:
+        """With `served` (settings naming their own models), the worker loads them itself, through mlx_lm.load;
+        else it serves the session's demo engine, already loaded."""
+        base, preloaded = (served, None) if served is not None else (settings, engine)
+        worker = GpuWorker(base.model_copy(update=overrides), engine=preloaded, on_fatal=fatal.append)
         assert worker.start()
         started.append(worker)
         return worker

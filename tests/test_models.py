@@ -40,25 +40,6 @@ def served(settings: Settings, demo_model: Path, mini_model: Path, broken_model:
     return settings.model_copy(update={"model": None, "models": catalog, "max_batch": 4})
 
 
-@pytest.fixture
-def run_worker(redis_client):  # type: ignore[no-untyped-def]
-    """A real GpuWorker in this process, loading its models itself (through mlx_lm.load)."""
-    from worker.main import GpuWorker
-
-    started, fatal = [], []
-
-    def start(settings: Settings) -> GpuWorker:
-        worker = GpuWorker(settings, on_fatal=fatal.append)
-        assert worker.start()
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
-    assert fatal == []
-
-
 def admit(store: Store, owner: str, model: str, n: int = 0, tokens: int = 12, ring=None, **spec: object) -> str:  # type: ignore[no-untyped-def]
     """Admit a job as the web does; with the doorbell of the worker `ring` (a worker started later finds the jobs
     waiting at its start)."""
@@ -88,8 +69,8 @@ def alone(path: Path, prompt: str, tokens: int) -> str:
 # --- routing, memory, failures ---------------------------------------------------------------------------------
 
 
-def test_each_job_runs_on_the_model_it_names(served, run_worker, mini_model, demo_model):
-    worker = run_worker(served)
+def test_each_job_runs_on_the_model_it_names(served, start_worker, mini_model, demo_model):
+    worker = start_worker(served)
     store = worker.store
     ids = {model: admit(store, "u", model, tokens=16, ring=worker) for model in ("mini", "tiny")}
 
@@ -102,11 +83,11 @@ def test_each_job_runs_on_the_model_it_names(served, run_worker, mini_model, dem
     assert states == {"tiny": "loaded", "mini": "loaded", "broken": "unloaded"}
 
 
-def test_a_budget_that_holds_one_model_evicts_the_least_recently_used(served, run_worker, demo_model, mini_model):
+def test_a_budget_that_holds_one_model_evicts_the_least_recently_used(served, start_worker, demo_model, mini_model):
     tiny, mini = (sum(f.stat().st_size for f in p.glob("*.safetensors")) for p in (demo_model, mini_model))
     # either fits alone, both do not; no job may go ahead of another model's (a switch at every change of model)
     budget = served.model_copy(update={"models_memory": mini + tiny // 2, "model_switch_wait_s": 0})
-    worker = run_worker(budget)
+    worker = start_worker(budget)
     store, held = worker.store, []
     load = worker.models.load
 
@@ -125,11 +106,11 @@ def test_a_budget_that_holds_one_model_evicts_the_least_recently_used(served, ru
     assert len(held) == 4  # it switched at every job, loading again what it had evicted
 
 
-def test_a_model_that_fails_to_load_fails_its_own_jobs_only(served, store, run_worker, make_app):
+def test_a_model_that_fails_to_load_fails_its_own_jobs_only(served, store, start_worker, make_app):
     store = Store(store.redis, served)
     broken = [admit(store, "u", "broken", n) for n in range(3)]
     fine = admit(store, "v", "tiny")
-    run_worker(served)  # finds them waiting
+    start_worker(served)  # finds them waiting
 
     for job_id in broken:
         done = wait_ended(store, job_id)
@@ -145,7 +126,7 @@ def test_a_model_that_fails_to_load_fails_its_own_jobs_only(served, store, run_w
     assert {m["name"]: m["state"] for m in ready["models"]}["broken"] == "failed"
 
 
-def test_only_one_thread_ever_steps_and_no_two_steps_overlap(served, run_worker, monkeypatch):
+def test_only_one_thread_ever_steps_and_no_two_steps_overlap(served, start_worker, monkeypatch):
     from worker.engine import Engine
 
     spans: list[tuple[float, float, int, str]] = []
@@ -159,7 +140,7 @@ def test_only_one_thread_ever_steps_and_no_two_steps_overlap(served, run_worker,
             spans.append((began, time.perf_counter(), threading.get_ident(), self.name))
 
     monkeypatch.setattr(Engine, "step", timed_step)
-    worker = run_worker(served)
+    worker = start_worker(served)
     store = worker.store
     ids = [admit(store, f"u{n % 3}", ("tiny", "mini")[n % 2], n, tokens=24, ring=worker) for n in range(12)]
 
@@ -250,11 +231,11 @@ def test_position_and_eta_count_a_pending_model_load(served, store):
     assert fair.standing(mini).eta_s == pytest.approx(mini.eta_s)
 
 
-def test_a_models_max_kv_size_bounds_what_each_job_holds_of_the_kv_budget(served, run_worker, demo_model):
+def test_a_models_max_kv_size_bounds_what_each_job_holds_of_the_kv_budget(served, start_worker, demo_model):
     # about 205 tokens a job (prompt + 200): two never fit a budget of 300, but with its cache capped at 64 tokens a
     # job holds 64 of it, and four generate together
     capped = (ModelConfig(name="tiny", path=str(demo_model), default=True, max_kv_size=64),)
-    worker = run_worker(served.model_copy(update={"models": capped, "max_batch": 8, "kv_budget_tokens": 300}))
+    worker = start_worker(served.model_copy(update={"models": capped, "max_batch": 8, "kv_budget_tokens": 300}))
     ids = [admit(worker.store, f"u{n}", "tiny", n, tokens=200, ring=worker) for n in range(6)]
 
     done = [wait_ended(worker.store, job_id) for job_id in ids]
