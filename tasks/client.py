@@ -16,8 +16,9 @@ from typing import Any
 import requests
 import urllib3
 
+from tasks.events import TERMINAL
+
 DEFAULT_URL = "http://127.0.0.1:8000"
-TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0  # a live stream sends a ping every ONELANE_SSE_PING_S (15 s): silence this long is a dead link
 RESUME_FOR_S = 60.0  # how long a dropped stream keeps trying to resume before giving up
@@ -47,7 +48,7 @@ class ApiError(ClientError):
 
 
 @dataclass(frozen=True)
-class Event:
+class ServerEvent:
     """One server-sent event: `queued`, `started`, `token`, `requeued` or a terminal one, with its log index.
 
     The client adds one type of its own, `reconnecting` (data: {"error"}), when a dropped stream is resumed.
@@ -87,7 +88,7 @@ class Client:
         """DELETE /v1/jobs/<id>: the job as it is after the cancel (ApiError 409 job_ended if it ended otherwise)."""
         return self._json("DELETE", f"/v1/jobs/{job_id}")
 
-    def events(self, job_id: str, after: int = -1, resume_for_s: float = RESUME_FOR_S) -> Iterator[Event]:
+    def events(self, job_id: str, after: int = -1, resume_for_s: float = RESUME_FOR_S) -> Iterator[ServerEvent]:
         """The job's events after log index `after`, live, until its terminal event.
 
         A stream that drops is reopened with `Last-Event-ID` (the last index seen); after `resume_for_s` without
@@ -116,10 +117,10 @@ class Client:
             failing_since = failing_since or time.monotonic()
             if time.monotonic() - failing_since > resume_for_s:
                 raise Unreachable(f"lost the stream of {job_id} and could not resume it: {error}")
-            yield Event("reconnecting", {"error": error})
+            yield ServerEvent("reconnecting", {"error": error})
             time.sleep(delay_s)
 
-    def _stream(self, job_id: str, last: int) -> Iterator[Event]:
+    def _stream(self, job_id: str, last: int) -> Iterator[ServerEvent]:
         headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
         if last >= 0:
             headers["Last-Event-ID"] = str(last)
@@ -177,13 +178,13 @@ def lines(chunks: Iterable[bytes]) -> Iterator[str]:
             yield line.removesuffix(b"\r").decode("utf-8", "replace")
 
 
-def parse_sse(stream: Iterable[str]) -> Iterator[Event]:
-    """Server-sent events from text lines; comments (pings) are skipped, `retry:` is an Event("retry", {"ms"})."""
+def parse_sse(stream: Iterable[str]) -> Iterator[ServerEvent]:
+    """Server-sent events from text lines; comments (pings) are skipped, `retry:` is a ServerEvent("retry", {"ms"})."""
     kind, data, event_id = "message", "", ""
     for line in stream:
         if not line:
             if data:
-                yield Event(kind, json.loads(data), int(event_id) if event_id else None)
+                yield ServerEvent(kind, json.loads(data), int(event_id) if event_id else None)
             kind, data, event_id = "message", "", ""
             continue
         name, _, value = line.partition(":")
@@ -195,7 +196,7 @@ def parse_sse(stream: Iterable[str]) -> Iterator[Event]:
         elif name == "id" and value.isascii() and value.isdigit():
             event_id = value
         elif name == "retry" and value.isascii() and value.isdigit():
-            yield Event("retry", {"ms": int(value)})
+            yield ServerEvent("retry", {"ms": int(value)})
 
 
 def _reason(exc: Exception) -> str:

@@ -95,7 +95,7 @@ class JobFailed(JobDidNotComplete):
 
 
 class Overloaded(OnelaneError):
-    """Admission refused to keep waits bounded; `retry_after_s` says when a place should free up."""
+    """Refused for now, the same request may succeed later: `retry_after_s` says when to try again."""
 
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message)
@@ -144,7 +144,7 @@ class LeaseLost(OnelaneError):
     type = "lease_lost"
 
 
-class Unavailable(OnelaneError):
-    """Redis, or the worker behind it, cannot be reached right now."""
+class Unavailable(Overloaded):
+    """Redis cannot be reached right now."""
 
     type = "unavailable"

@@ -25,8 +25,6 @@ class JobStatus(str, Enum):
         return self not in (JobStatus.QUEUED, JobStatus.IN_PROGRESS)
 
 
-TERMINAL = frozenset(s for s in JobStatus if s.ended)
-
 
 class Message(BaseModel):
     """One chat message."""

@@ -23,7 +23,8 @@ import redis
 from tasks import keys
 from tasks.broker import Doorbell
 from tasks.errors import JobAlreadyEnded, JobNotFound, LeaseLost, ModelUnavailable, QueueFull, QuotaExceeded
-from tasks.job import TERMINAL, Job, JobSpec, JobStatus, Timings, error_json
+from tasks.events import Event, token_json
+from tasks.job import Job, JobSpec, JobStatus, Timings, error_json
 from tasks.settings import Settings
 
 
@@ -46,8 +47,6 @@ def connect(url: str) -> redis.Redis:
     """A client for onelane's Redis, decoding replies as text."""
     return redis.Redis.from_url(url, decode_responses=True, health_check_interval=10, max_connections=MAX_CONNECTIONS)
 
-
-TERMINAL_EVENTS = frozenset(status.value for status in TERMINAL)
 
 
 @dataclass(frozen=True)
@@ -216,6 +215,11 @@ class Store:
         self.settings = settings
         self._scripts = _load_scripts(client)
 
+    @classmethod
+    def connect(cls, settings: Settings) -> Store:
+        """A store on its own connection pool to `settings`' Redis (a process's one store)."""
+        return cls(connect(settings.effective_redis_url), settings)
+
     def _run(self, name: str, *args: object, pipe: Any = None) -> Any:
         """Run a script now, or queue it on `pipe` (a pipeline: its reply comes with the pipeline's). On a pipeline
         it goes by its SHA alone: redis-py would otherwise ask SCRIPT EXISTS first, a round trip per pipeline. If
@@ -323,7 +327,7 @@ class Store:
             deadline = time.monotonic() + wait_s
             while found == "cancelling" and (left := deadline - time.monotonic()) > 0:
                 message = sub.get_message(timeout=left)
-                if message and json.loads(message["data"])["e"]["type"] in TERMINAL_EVENTS:
+                if message and Event.from_message(message["data"]).terminal:
                     break
         return self.get(job_id, owner)
 
@@ -337,10 +341,10 @@ class Store:
         return [Standing(int(p), estimate.eta(int(p), float(load_s))) if p else Standing(None, None)
                 for p, load_s in zip(flat[::2], flat[1::2])]  # fmt: skip
 
-    def events(self, job_id: str, start: int = 0) -> list[dict[str, Any]]:
-        """The job's durable events from index `start` on, each with its index as `i`."""
+    def events(self, job_id: str, start: int = 0) -> list[Event]:
+        """The job's durable events from index `start` on."""
         raw = self.redis.lrange(keys.events(job_id), start, -1)
-        return [{"i": start + n, **json.loads(event)} for n, event in enumerate(raw)]
+        return [Event.decode(start + n, event) for n, event in enumerate(raw)]
 
     def ping(self) -> bool:
         return bool(self.redis.ping())
@@ -411,8 +415,7 @@ class Store:
 
     def append(self, job_id: str, n_tokens: int, text: str, prompt_tokens: int, worker: str, pipe: Any = None) -> Any:
         """Record generated text as one token event; true when the job must stop (cancelled, or taken away)."""
-        event = json.dumps({"type": "token", "text": text, "n": n_tokens}, separators=(",", ":"))
-        return self._run("append", job_id, n_tokens, text, event, prompt_tokens, worker, pipe=pipe)
+        return self._run("append", job_id, n_tokens, text, token_json(text, n_tokens), prompt_tokens, worker, pipe=pipe)
 
     def finish(
         self,

@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tasks import keys
+from tasks.events import Event
 from tasks.store import Store
 
-TERMINAL = {"completed", "failed", "cancelled", "expired"}
 BUSY = 1_000_000  # max_tokens of a job that keeps the worker busy until the story cancels it (the tests' limit)
 
 
@@ -36,11 +36,11 @@ class JobsClient:
 
 def wait_ended(store: Store, job_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
     """Wait on the job's live feed (not a sleep loop) until it ends; return the job as clients see it."""
-    return wait_event(store, job_id, lambda e: e["type"] in TERMINAL, timeout_s)
+    return wait_event(store, job_id, lambda e: e.terminal, timeout_s)
 
 
 def wait_event(
-    store: Store, job_id: str, match: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0
+    store: Store, job_id: str, match: Callable[[Event], bool], timeout_s: float = 30.0
 ) -> dict[str, Any]:
     """Wait until an event matching `match` is in the job's log (already there, or arriving live)."""
     with store.redis.pubsub(ignore_subscribe_messages=True) as sub:
@@ -50,7 +50,7 @@ def wait_event(
         deadline = time.monotonic() + timeout_s
         while (left := deadline - time.monotonic()) > 0:
             message = sub.get_message(timeout=left)
-            if message and match(json.loads(message["data"])["e"]):
+            if message and match(Event.from_message(message["data"])):
                 return store.get(job_id).public()
     raise AssertionError(f"job {job_id}: no matching event within {timeout_s} s; events: {store.events(job_id)}")
 

@@ -7,11 +7,11 @@ import time
 import uuid
 
 from tasks.settings import Settings
-from tasks.store import Store, connect
+from tasks.store import Store
 
 if __name__ == "__main__":
     settings = Settings.from_env()
-    store = Store(connect(settings.effective_redis_url), settings)
+    store = Store.connect(settings)
     worker = uuid.uuid4().hex
     claimed = None
     while True:

@@ -74,7 +74,7 @@ def test_cancelling_a_job_in_a_full_batch_stops_it_before_the_next_step_and_leav
     start_worker(max_batch=4)
     ids = [jobs.submit(text, max_tokens=400, ignore_eos=True)["id"] for text in texts]
     victim = ids[1]
-    wait_event(store, victim, lambda e: e["type"] == "token" and store.get(victim).usage.completion_tokens >= 20)
+    wait_event(store, victim, lambda e: e.type == "token" and store.get(victim).usage.completion_tokens >= 20)
 
     assert jobs.cancel(victim).get_json()["status"] == "cancelled"
 
@@ -192,7 +192,7 @@ def test_a_worker_killed_with_several_jobs_in_flight_loses_none_and_requeues_the
     worker_process(ONELANE_MAX_BATCH="4")
     ids = [jobs.submit(text, max_tokens=1500, ignore_eos=True)["id"] for text in prompts(4, seed=11)]
     for job_id in ids:
-        wait_event(store, job_id, lambda e: e["type"] == "token")
+        wait_event(store, job_id, lambda e: e.type == "token")
     first = {job_id: store.get(job_id).timings.started_at for job_id in ids}
 
     os.kill(wait_for_worker(store).pid, signal.SIGKILL)
@@ -200,7 +200,7 @@ def test_a_worker_killed_with_several_jobs_in_flight_loses_none_and_requeues_the
     done = [wait_ended(store, job_id, timeout_s=90) for job_id in ids]
     assert [(d["status"], d["attempts"], d["usage"]["completion_tokens"]) for d in done] == [("completed", 2, 1500)] * 4
     for d in done:
-        assert [e["type"] for e in store.events(d["id"])].count("requeued") == 1
+        assert [e.type for e in store.events(d["id"])].count("requeued") == 1
         assert d["timings"]["started_at"] > first[d["id"]]
     again = sorted(ids, key=lambda job_id: next(d for d in done if d["id"] == job_id)["timings"]["started_at"])
     assert again == sorted(ids, key=lambda job_id: first[job_id])  # back in their original order
@@ -214,7 +214,7 @@ def test_a_job_whose_batch_keeps_dying_fails_alone_and_its_companions_complete(j
     others = [jobs.submit(text, max_tokens=300, ignore_eos=True)["id"] for text in prompts(3, seed=13)]
 
     for attempt in (1, 2, 3):
-        wait_event(store, poison, lambda e: e["type"] == "token" and store.get(poison).attempts == attempt, 60)
+        wait_event(store, poison, lambda e: e.type == "token" and store.get(poison).attempts == attempt, 60)
         if attempt < 3:
             assert {store.get(job_id).status.value for job_id in others} == {"in_progress"}  # it had company
         os.kill(wait_for_worker(store).pid, signal.SIGKILL)
@@ -235,7 +235,7 @@ def test_position_and_eta_count_the_slots(jobs, store, start_worker):
     running = [jobs.submit("short", max_tokens=1500, ignore_eos=True), jobs.submit("long", max_tokens=3000,
                                                                                       ignore_eos=True)]  # fmt: skip
     for r in running:
-        wait_event(store, r["id"], lambda e: e["type"] == "token" and store.get(r["id"]).usage.completion_tokens >= 200)
+        wait_event(store, r["id"], lambda e: e.type == "token" and store.get(r["id"]).usage.completion_tokens >= 200)
     waiting = [jobs.submit(f"w{n}", max_tokens=4) for n in range(3)]
 
     got = [jobs.get(w["id"]) for w in waiting]
@@ -256,11 +256,11 @@ def test_readyz_and_metrics_show_the_batch(jobs, store, start_worker):
     start_worker(max_batch=3)
     ids = [jobs.submit(f"m{n}", max_tokens=2000, ignore_eos=True)["id"] for n in range(3)]
     for job_id in ids:
-        wait_event(store, job_id, lambda e: e["type"] == "token")
+        wait_event(store, job_id, lambda e: e.type == "token")
 
     ready = jobs.client.get("/readyz").get_json()
     assert sorted(ready["workers"][0]["jobs"]) == sorted(ids)
-    wait_event(store, ids[0], lambda e: e["type"] == "token" and store.snapshot().workers[0].batch == 3)
+    wait_event(store, ids[0], lambda e: e.type == "token" and store.snapshot().workers[0].batch == 3)
     metrics = scrape(jobs.client)
     for job_id in ids:
         jobs.cancel(job_id)
@@ -282,7 +282,7 @@ def test_a_worker_stopping_in_good_order_hands_its_batch_back_without_costing_an
     first = start_worker(max_batch=2)
     ids = [jobs.submit(text, max_tokens=3000, ignore_eos=True)["id"] for text in prompts(2, seed=5)]
     for job_id in ids:
-        wait_event(store, job_id, lambda e: e["type"] == "token")
+        wait_event(store, job_id, lambda e: e.type == "token")
 
     first.stop()
 

@@ -49,7 +49,7 @@ def timings_shown(page: Any) -> dict[str, str]:
 def start_long_job(jobs, store) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     """A job that keeps the worker busy until it is cancelled, once it produced its first token."""
     job = jobs.submit("keep the GPU busy", max_tokens=BUSY, ignore_eos=True)
-    wait_event(store, job["id"], lambda e: e["type"] == "token")
+    wait_event(store, job["id"], lambda e: e.type == "token")
     return job
 
 

@@ -283,7 +283,7 @@ def test_in_the_browser_the_running_batch_workers_and_plots_show_live(strict_pag
     for n in range(3):
         wait_ended(store, submit(c, "alice", f"short {n}", max_tokens=8, ignore_eos=True))
     long = submit(c, "bob", "keep the GPU busy", max_tokens=BUSY, ignore_eos=True)
-    wait_event(store, long, lambda e: e["type"] == "token")
+    wait_event(store, long, lambda e: e.type == "token")
     sign_in(page, "kb")
 
     page.goto("/queue")

@@ -121,7 +121,7 @@ def test_headers_carry_the_job_id_and_queue_time(client, worker, store):
 
 def test_a_waiting_stream_gets_its_position_as_comments(live_server, jobs, store, worker):
     busy = jobs.submit("busy", max_tokens=BUSY, ignore_eos=True)
-    wait_event(store, busy["id"], lambda e: e["type"] == "token")
+    wait_event(store, busy["id"], lambda e: e.type == "token")
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True}
     with requests.post(f"{live_server}/v1/chat/completions", json=body, stream=True, timeout=30) as response:
         lines = response.iter_lines(decode_unicode=True)
@@ -151,7 +151,7 @@ def test_closing_a_stream_cancels_its_job(client, worker, store):
 
 def test_a_non_streaming_client_that_leaves_while_queued_is_never_generated(live_server, jobs, store, worker):
     busy = jobs.submit("busy", max_tokens=BUSY, ignore_eos=True)
-    wait_event(store, busy["id"], lambda e: e["type"] == "token")
+    wait_event(store, busy["id"], lambda e: e.type == "token")
     impatient = openai.OpenAI(base_url=f"{live_server}/v1", api_key="x", max_retries=0, timeout=1.0)
 
     gave_up = threading.Event()

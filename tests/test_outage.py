@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tasks.embedded_redis import EmbeddedRedis
-from tasks.store import Store, connect
+from tasks.store import Store
 from tests.conftest import free_port
 from tests.helpers import wait_ended
 
@@ -25,7 +25,7 @@ def settings(settings, aof_redis):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def store(settings):  # type: ignore[no-untyped-def]
-    return Store(connect(settings.effective_redis_url), settings)
+    return Store.connect(settings)
 
 
 def test_restarting_redis_mid_backlog_loses_no_job(jobs, store, aof_redis, worker_process, settings):
@@ -41,7 +41,7 @@ def test_restarting_redis_mid_backlog_loses_no_job(jobs, store, aof_redis, worke
     aof_redis.start()
 
     ids.append(jobs.submit("after", max_tokens=5, ignore_eos=True)["id"])  # the web recovered by itself
-    fresh = Store(connect(settings.effective_redis_url), settings)
+    fresh = Store.connect(settings)
     done = [wait_ended(fresh, job_id, timeout_s=90) for job_id in ids]
     assert [d["status"] for d in done] == ["completed"] * len(ids)
     assert all(d["usage"]["completion_tokens"] == d["params"]["max_tokens"] for d in done)

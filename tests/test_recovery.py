@@ -22,14 +22,14 @@ def wait_for_worker(store, other_than: int | None = None, timeout_s: float = 60)
 
 
 def events(store, job_id: str) -> list[str]:  # type: ignore[no-untyped-def]
-    return [e["type"] for e in store.events(job_id)]
+    return [e.type for e in store.events(job_id)]
 
 
 def test_a_worker_killed_mid_generation_loses_nothing(jobs, store, worker_process):
     worker_process()
     long = jobs.submit("long", max_tokens=600, ignore_eos=True)
     others = [jobs.submit(f"o{n}", max_tokens=5, ignore_eos=True) for n in range(3)]
-    wait_event(store, long["id"], lambda e: e["type"] == "token")
+    wait_event(store, long["id"], lambda e: e.type == "token")
 
     os.kill(wait_for_worker(store).pid, signal.SIGKILL)
 
@@ -47,7 +47,7 @@ def test_a_job_that_kills_the_worker_twice_is_quarantined(jobs, store, worker_pr
     after = jobs.submit("next", max_tokens=4, ignore_eos=True)
 
     for attempt in (1, 2):
-        wait_event(store, poison["id"], lambda e: e["type"] == "token" and store.get(poison["id"]).attempts == attempt)
+        wait_event(store, poison["id"], lambda e: e.type == "token" and store.get(poison["id"]).attempts == attempt)
         os.kill(wait_for_worker(store).pid, signal.SIGKILL)
 
     failed = wait_ended(store, poison["id"], timeout_s=60)
@@ -64,7 +64,7 @@ def test_two_workers_on_one_device_never_overlap_and_the_second_takes_over(jobs,
     ids = [jobs.submit(f"j{n}", max_tokens=30 if n < 3 else 600, ignore_eos=True)["id"] for n in range(6)]
     for job_id in ids[:3]:
         wait_ended(store, job_id)
-    wait_event(store, ids[3], lambda e: e["type"] == "token")  # the first worker is inside the fourth job
+    wait_event(store, ids[3], lambda e: e.type == "token")  # the first worker is inside the fourth job
 
     first.send_signal(signal.SIGKILL)  # the standby takes the device once the lease lapses
     done = [wait_ended(store, job_id, timeout_s=60) for job_id in ids]
@@ -80,7 +80,7 @@ def test_two_workers_on_one_device_never_overlap_and_the_second_takes_over(jobs,
 def test_a_frozen_worker_is_killed_and_its_job_runs_again(jobs, store, worker_process):
     worker_process()
     job = jobs.submit("frozen", max_tokens=600, ignore_eos=True)
-    wait_event(store, job["id"], lambda e: e["type"] == "token")
+    wait_event(store, job["id"], lambda e: e.type == "token")
 
     frozen = wait_for_worker(store).pid
     os.kill(frozen, signal.SIGSTOP)  # alive but silent: its lease lapses, the supervisor kills it

@@ -8,7 +8,8 @@ import pytest
 import requests
 
 from tasks import keys
-from tests.helpers import BUSY, TERMINAL, EventStream, wait_ended, wait_event
+from tasks.events import TERMINAL
+from tests.helpers import BUSY, EventStream, wait_ended, wait_event
 
 
 def read_until(stream: EventStream, stop) -> list[dict]:  # type: ignore[no-untyped-def]
@@ -74,7 +75,7 @@ def test_position_counts_down_as_jobs_ahead_finish_and_each_change_is_pushed(job
     # Given a running job and three waiting jobs
     start_worker()
     running = jobs.submit("a", max_tokens=3000, ignore_eos=True)
-    wait_event(store, running["id"], lambda e: e["type"] == "token")
+    wait_event(store, running["id"], lambda e: e.type == "token")
     b = jobs.submit("b", max_tokens=3000, ignore_eos=True)
     c = jobs.submit("c", max_tokens=3000, ignore_eos=True)
     d = jobs.submit("d", max_tokens=3, ignore_eos=True)
@@ -110,7 +111,7 @@ def test_eta_comes_from_the_running_jobs_rate_and_recent_service_times(jobs, sto
         wait_ended(store, jobs.submit(f"warm {n}", max_tokens=20, ignore_eos=True)["id"])
     running = jobs.submit("a", max_tokens=3000, ignore_eos=True)
     # its token rate is measured well once it has run a while
-    wait_event(store, running["id"], lambda e: e["type"] == "token" and jobs.get(running["id"])["usage"][
+    wait_event(store, running["id"], lambda e: e.type == "token" and jobs.get(running["id"])["usage"][
         "completion_tokens"] >= 300)  # fmt: skip
     second = jobs.submit("b", max_tokens=4)
     third = jobs.submit("c", max_tokens=4)
@@ -132,7 +133,7 @@ def test_eta_comes_from_the_running_jobs_rate_and_recent_service_times(jobs, sto
 def test_watched_job_whose_stream_closed_is_skipped_before_generation(jobs, store, start_worker, live_server):
     start_worker()
     busy = jobs.submit("busy", max_tokens=BUSY, ignore_eos=True)
-    wait_event(store, busy["id"], lambda e: e["type"] == "token")
+    wait_event(store, busy["id"], lambda e: e.type == "token")
     watched = jobs.submit("watched", max_tokens=8, abandon_on_disconnect=True)
     unwatched = jobs.submit("fire and forget", max_tokens=8, ignore_eos=True)
 
@@ -153,7 +154,7 @@ def test_watched_job_whose_stream_closed_is_skipped_before_generation(jobs, stor
 def test_an_open_stream_keeps_a_watched_job_in_the_queue_past_the_grace(jobs, store, start_worker, live_server):
     start_worker()
     busy = jobs.submit("busy", max_tokens=BUSY, ignore_eos=True)
-    wait_event(store, busy["id"], lambda e: e["type"] == "token")
+    wait_event(store, busy["id"], lambda e: e.type == "token")
     watched = jobs.submit("watched", max_tokens=6, ignore_eos=True, abandon_on_disconnect=True)
     stream = EventStream(live_server, watched["id"])
     items = iter(stream)
@@ -324,7 +325,7 @@ def test_an_empty_last_event_id_means_none(jobs, live_server):
 def test_a_running_jobs_stream_resumes_from_any_id_it_sent(jobs, store, start_worker, live_server):
     start_worker()
     job = jobs.submit("resume", max_tokens=200, ignore_eos=True)
-    wait_event(store, job["id"], lambda e: e["type"] == "token")
+    wait_event(store, job["id"], lambda e: e.type == "token")
 
     events = [e for e in read_to_the_end(EventStream(live_server, job["id"], last_event_id=0), 30) if "id" in e]
 

@@ -91,7 +91,7 @@ def test_retry_after_follows_the_eta(jobs, store, start_worker, settings):
     mean = sum(float(t) for t in store.redis.lrange(keys.SERVICE_TIMES, 0, -1)) / 2
     long = submit(c, "carol", max_tokens=4000).get_json()["id"]  # runs long
     # its token rate is measured well once it has run a while
-    wait_event(store, long, lambda e: e["type"] == "token" and store.get(long).usage.completion_tokens >= 300)
+    wait_event(store, long, lambda e: e.type == "token" and store.get(long).usage.completion_tokens >= 300)
     for _ in range(20):
         assert submit(c, "alice").status_code == 202
 
@@ -158,7 +158,7 @@ def test_jobs_skipped_because_their_client_left_cost_their_owner_no_future_turns
     c = jobs.client
     start_worker()
     busy = submit(c, "carol", "busy", max_tokens=BUSY).get_json()["id"]
-    wait_event(store, busy, lambda e: e["type"] == "token")
+    wait_event(store, busy, lambda e: e.type == "token")
     abandoned = [submit(c, "alice", f"a{n}", abandon_on_disconnect=True).get_json()["id"] for n in range(10)]
     # nobody watches them: once the grace passes they end, skipped, while the busy job still runs
     assert {wait_ended(store, job_id)["error"]["type"] for job_id in abandoned} == {"client_gone"}

@@ -93,7 +93,7 @@ def test_job_cancelled_while_queued_is_never_generated(jobs, store, start_worker
     assert job["finish_reason"] == "cancelled"
     assert job["usage"]["completion_tokens"] == 0
     assert job["timings"]["started_at"] is None
-    assert [e["type"] for e in store.events(victim["id"])] == ["cancelled"]
+    assert [e.type for e in store.events(victim["id"])] == ["cancelled"]
 
 
 def test_cancel_is_idempotent_and_refused_once_the_job_ended_otherwise(jobs, store, start_worker):
@@ -115,7 +115,7 @@ def test_job_whose_ttl_passes_while_queued_expires_without_generating(jobs, stor
     # Given the worker busy with a long job
     start_worker()
     busy = jobs.submit("busy", max_tokens=BUSY, ignore_eos=True)
-    wait_event(store, busy["id"], lambda e: e["type"] == "token")
+    wait_event(store, busy["id"], lambda e: e.type == "token")
 
     # When a job behind it outlives its TTL
     job = jobs.submit("too late", max_tokens=8, ttl_s=0.3)
@@ -143,7 +143,7 @@ def test_claim_judges_the_deadline_by_redis_clock(store, jobs):
 def test_cancelling_a_running_job_stops_it_within_a_step_keeping_partial_output(jobs, store, start_worker):
     start_worker()
     job = jobs.submit("long", max_tokens=BUSY, ignore_eos=True)
-    wait_event(store, job["id"], lambda e: e["type"] == "token")
+    wait_event(store, job["id"], lambda e: e.type == "token")
 
     response = jobs.cancel(job["id"])
 
@@ -169,7 +169,7 @@ def test_a_duplicated_message_generates_once(jobs, store, start_worker, settings
     assert wait_ended(store, job["id"])["status"] == "completed"
     worker.broker.join(QUEUE_NAME, timeout=10_000)
 
-    assert [e["type"] for e in store.events(job["id"])].count("started") == 1
+    assert [e.type for e in store.events(job["id"])].count("started") == 1
     assert jobs.get(job["id"])["attempts"] == 1
     assert jobs.get(job["id"])["usage"]["completion_tokens"] == 6
 

@@ -4,30 +4,13 @@ from __future__ import annotations
 
 import os
 import secrets
-from dataclasses import dataclass
 from pathlib import Path
 
-import dramatiq
-from flask import Flask, current_app
+from flask import Flask
 
-from tasks.broker import make_broker
-from tasks.housekeeping import Housekeeper
 from tasks.settings import Settings
-from tasks.store import Store, connect
-from web.feed import Hub
-
-
-@dataclass(frozen=True)
-class Services:
-    settings: Settings
-    store: Store
-    broker: dramatiq.Broker
-    hub: Hub  # the process's one pub/sub connection, for every open stream
-    housekeeper: Housekeeper  # expires jobs on time even while no worker runs
-
-
-def services() -> Services:
-    return current_app.extensions["onelane"]  # type: ignore[no-any-return]
+from web import api, dashboard, docs, errors, health, openai_compat, pages, stream
+from web.services import EXTENSION, Services
 
 
 def _stored_secret(path: Path) -> str:
@@ -56,23 +39,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.secret_key = settings.secret_key or _stored_secret(settings.var_dir / "secret_key")
     app.config.update(SESSION_COOKIE_SAMESITE="Lax", SESSION_COOKIE_HTTPONLY=True)
-    store = Store(connect(settings.effective_redis_url), settings)
-    broker = make_broker(settings, worker=False)
-    app.extensions["onelane"] = Services(
-        settings=settings, store=store, broker=broker, hub=Hub(store, settings.effective_redis_url),
-        housekeeper=Housekeeper(store, broker).start(),
-    )  # fmt: skip
-
-    from web import api, docs, errors, health, openai_compat, pages, stream
-
+    app.extensions[EXTENSION] = Services.start(settings)
     errors.register(app)
-    app.register_blueprint(api.bp)
-    app.register_blueprint(health.bp)
-    app.register_blueprint(stream.bp)
-    app.register_blueprint(openai_compat.bp)
-    app.register_blueprint(pages.bp)
-    app.register_blueprint(docs.bp)
-    from web import dashboard  # the queue dashboard (/queue)
-
-    app.register_blueprint(dashboard.bp)
+    for module in (api, health, stream, openai_compat, pages, docs, dashboard):
+        app.register_blueprint(module.bp)
     return app

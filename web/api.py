@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify, request, url_for
 
-from tasks.broker import Doorbell
-from tasks.job import Job, JobSpec, new_job_id
-from web import services
-from web.auth import current_owner, current_user
+from tasks.job import Job
+from web.admission import admit
+from web.auth import current_owner
 from web.schemas import SubmitJob, json_body, parse, to_spec
+from web.services import services
 
 bp = Blueprint("api", __name__)
 
@@ -19,15 +19,6 @@ def job_response(job: Job, status: int = 200) -> Response:
     response = jsonify(job.public())
     response.status_code = status
     return response
-
-
-def admit(spec: JobSpec, ttl_s: float, job_id: str | None = None) -> Job:
-    """Admit a job for the current caller (their own quota applies), with the message that wakes the worker."""
-    svc = services()
-    user = current_user()
-    job_id = job_id or new_job_id()
-    return svc.store.admit(job_id, spec, ttl_s, quota=user.max_queued if user else None,
-                           doorbell=Doorbell.ring(svc.broker, job_id))  # fmt: skip
 
 
 @bp.post("/v1/jobs")

@@ -19,7 +19,8 @@ from flask import g, request, session
 
 from tasks.errors import Forbidden, Unauthorized
 from tasks.settings import User
-from web import body, services
+from web import body
+from web.services import services
 
 LOCAL_USER = "local"
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})

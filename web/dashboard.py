@@ -17,9 +17,9 @@ from flask import Blueprint, Response, jsonify, redirect, render_template, url_f
 
 from tasks.job import Job
 from tasks.store import Board, DeviceLease, Minute
-from web import services
 from web.auth import csrf_token, current_owner, current_user, signed_in, start_visit
-from web.pages import SECURITY_HEADERS, excerpt
+from web.html import SECURITY_HEADERS, excerpt
+from web.services import services
 
 logger = logging.getLogger(__name__)
 

@@ -9,9 +9,10 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify, redirect, render_template, request, url_for
 from markupsafe import Markup, escape
 
-from web import openapi, services
+from web import openapi
 from web.auth import current_owner, signed_in
-from web.pages import SECURITY_HEADERS
+from web.html import SECURITY_HEADERS
+from web.services import services
 
 bp = Blueprint("docs", __name__)
 

@@ -32,6 +32,7 @@ STATUS: dict[type[errors.OnelaneError], int] = {
 }
 
 
+REDIS_RETRY_AFTER_S = 5  # what a client is told to wait while Redis is unreachable
 OPENAI_CATEGORY = {401: "authentication_error", 429: "rate_limit_error"}
 
 
@@ -61,23 +62,28 @@ def status_for(exc: errors.OnelaneError) -> int:
     return next((code for cls, code in STATUS.items() if isinstance(exc, cls)), 500)
 
 
+def error_headers(exc: errors.OnelaneError) -> dict[str, str]:
+    """The headers an error's answer carries, on a page as in the API: when to retry, how to authenticate."""
+    if isinstance(exc, errors.Overloaded):
+        return {"Retry-After": str(exc.retry_after_s)}
+    if isinstance(exc, errors.Unauthorized):
+        return {"WWW-Authenticate": 'Bearer realm="onelane"'}
+    return {}
+
+
 def register(app: Flask) -> None:
     @app.errorhandler(errors.OnelaneError)
     def onelane_error(exc: errors.OnelaneError) -> Response:
         response = error_response(status_for(exc), exc.type, exc.message, exc.param)
-        if isinstance(exc, errors.Overloaded):
-            response.headers["Retry-After"] = str(exc.retry_after_s)
-        if isinstance(exc, errors.Unauthorized):
-            response.headers["WWW-Authenticate"] = 'Bearer realm="onelane"'
+        response.headers.update(error_headers(exc))
         return response
 
     @app.errorhandler(redis.exceptions.ConnectionError)
     @app.errorhandler(redis.exceptions.TimeoutError)
     def redis_down(exc: Exception) -> Response:
         logger.warning("redis unreachable: %s", exc)
-        response = error_response(503, "unavailable", "the job store is unreachable; try again shortly")
-        response.headers["Retry-After"] = "5"
-        return response
+        return onelane_error(errors.Unavailable("the job store is unreachable; try again shortly",
+                                                retry_after_s=REDIS_RETRY_AFTER_S))
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Response:

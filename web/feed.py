@@ -10,25 +10,38 @@ the hub looks up the positions of all the process's waiting feeds in one call.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from tasks import keys
-from tasks.store import Store
+from tasks.events import Event
+from tasks.store import Standing, Store
 
 logger = logging.getLogger(__name__)
 
-LOST = {"type": "lost"}  # put in every inbox once subscribed again after an outage: messages were missed
 RECONNECT_WAIT_S = 0.5
 JOB_CHANNELS = keys.CHANNEL_PREFIX + "*"
+
+
+@dataclass(frozen=True)
+class Lost:
+    """Put in every inbox once subscribed again after an outage: messages were missed."""
+
+
+@dataclass(frozen=True)
+class Moved:
+    """The queue moved, and the feed cannot tell where its job stands: its follower looks it up."""
+
+
+LOST, MOVED = Lost(), Moved()
+Inbox = queue.Queue[Event | Standing | Lost]  # what the hub hands a feed
 
 
 class Hub:
@@ -41,13 +54,13 @@ class Hub:
         client = redis.Redis.from_url(url, decode_responses=True, retry=Retry(NoBackoff(), 0))
         self._pubsub = client.pubsub()
         self._lock = threading.Lock()
-        self._inboxes: dict[str, set[queue.Queue[Any]]] = {}  # job id -> the inboxes of its feeds
+        self._inboxes: dict[str, set[Inbox]] = {}  # job id -> the inboxes of its feeds
         self._ready = threading.Event()  # Redis confirmed the subscriptions (again, after an outage)
         self._reader: threading.Thread | None = None
 
-    def join(self, job_id: str, inbox: queue.Queue[Any]) -> threading.Event:
-        """Deliver `job_id`'s events into `inbox`, and {"type": "standing", "position", "eta_s"} whenever the
-        queue moves (position None once it no longer waits). The event returned is set once the hub's
+    def join(self, job_id: str, inbox: Inbox) -> threading.Event:
+        """Deliver `job_id`'s events into `inbox`, and its Standing whenever the queue moves (position None once
+        it no longer waits). The event returned is set once the hub's
         subscription is confirmed: from then on, nothing published is missed."""
         with self._lock:
             if self._reader is None:
@@ -58,7 +71,7 @@ class Hub:
             self._inboxes.setdefault(job_id, set()).add(inbox)
         return self._ready
 
-    def leave(self, job_id: str, inbox: queue.Queue[Any]) -> None:
+    def leave(self, job_id: str, inbox: Inbox) -> None:
         with self._lock:
             inboxes = self._inboxes.get(job_id, set())
             inboxes.discard(inbox)
@@ -87,8 +100,10 @@ class Hub:
             elif message["type"] == "pmessage":
                 with self._lock:
                     inboxes = list(self._inboxes.get(message["channel"].removeprefix(keys.CHANNEL_PREFIX), ()))
-                for inbox in inboxes:
-                    inbox.put(message)
+                if inboxes:
+                    event = Event.from_message(message["data"])  # once, for all of the job's feeds
+                    for inbox in inboxes:
+                        inbox.put(event)
             elif message["type"] == "message":  # the queue moved
                 moved = True
             elif message["type"] == "subscribe":  # the later of the two confirmations: both are active now
@@ -115,10 +130,9 @@ class Hub:
         except redis.RedisError as exc:  # the feeds' own pings go on; the next move tries again
             logger.warning("could not look up positions: %s", exc)
             return
-        for (job_id, inboxes), standing in zip(followed.items(), standings):
-            item = {"type": "standing", "position": standing.position, "eta_s": standing.eta_s}
+        for inboxes, standing in zip(followed.values(), standings):
             for inbox in inboxes:
-                inbox.put(item)
+                inbox.put(standing)
 
     def _reconnect(self) -> bool:
         """Subscribe again on a fresh connection; False if Redis is still away."""
@@ -139,8 +153,8 @@ class Feed:
     It subscribes first, then reads the durable log: an event published in between is in both and is
     dropped by its index; a live message that was missed (pub/sub is at-most-once) shows up as a gap in
     the indices, or as the hub's "lost" notice, and is read back from the log. While the job waits, each
-    queue move brings {"type": "standing", "position", "eta_s"} (looked up by the hub for all feeds at once);
-    {"type": "moved"} means "look your standing up yourself" (after an outage).
+    queue move brings its Standing (looked up by the hub for all feeds at once); MOVED means "look your standing
+    up yourself" (after an outage).
 
     `replay=False` is for a job about to be admitted: nothing is in its log yet, and the hub, subscribed
     before the admission was sent, gets all of its events.
@@ -151,9 +165,9 @@ class Feed:
         self.job_id = job_id
         self.next_index = after + 1
         self._hub = hub
-        self._inbox: queue.Queue[Any] = queue.Queue()
+        self._inbox: Inbox = queue.Queue()
         self._closed = False
-        self._backlog: list[dict[str, Any]] = []
+        self._backlog: list[Event] = []
         ready = hub.join(job_id, self._inbox)
         if replay:
             if not ready.wait(10.0):
@@ -161,27 +175,27 @@ class Feed:
                 raise redis.ConnectionError("Redis did not confirm the subscription within 10 s")
             self._backlog = store.events(job_id, self.next_index)
 
-    def get(self, timeout_s: float) -> dict[str, Any] | None:
-        """The next event, or None if none came (possibly before `timeout_s` elapsed)."""
+    def get(self, timeout_s: float) -> Event | Standing | Moved | None:
+        """The next event, the job's standing in a queue that moved, or None if nothing came (possibly before
+        `timeout_s` elapsed)."""
         if not self._backlog:
             try:
                 message = self._inbox.get(timeout=max(timeout_s, 0.0)) if timeout_s > 0 else self._inbox.get_nowait()
             except queue.Empty:
                 return None
-            if message is LOST:
+            if isinstance(message, Lost):
                 self._backlog = self.store.events(self.job_id, self.next_index)
-                return {"type": "moved"} if not self._backlog else self.get(0)
-            if message["type"] == "standing":
-                return message if message["position"] is not None else None
-            live = json.loads(message["data"])
-            if live["i"] < self.next_index:
+                return MOVED if not self._backlog else self.get(0)
+            if isinstance(message, Standing):
+                return message if message.position is not None else None
+            if message.index < self.next_index:
                 return None  # already delivered from the log
-            if live["i"] > self.next_index:
+            if message.index > self.next_index:
                 self._backlog = self.store.events(self.job_id, self.next_index)  # missed some: catch up
             else:
-                self._backlog = [{"i": live["i"], **live["e"]}]
+                self._backlog = [message]
         event = self._backlog.pop(0)
-        self.next_index = event["i"] + 1
+        self.next_index = event.index + 1
         return event
 
     def close(self) -> None:

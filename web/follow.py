@@ -1,17 +1,45 @@
-"""Follow one job from the web: the one loop behind the SSE feed, OpenAI streams and blocking waits."""
+"""Follow one job from the web: the one loop behind the SSE feed, OpenAI streams and blocking waits.
+
+A follower yields the job's story: the job's own events (tasks.events.Event) and three states that only the web
+knows, named here: `Queued` (its standing while it waits), `Ping` (time to show the connection is alive) and
+`Gone` (the client hung up).
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
+from tasks.events import Event, EventType
 from tasks.job import Job, JobStatus
-from tasks.store import TERMINAL_EVENTS, Store
-from web.feed import Feed, Hub
+from tasks.store import Standing, Store
 from web.connection import client_connected
+from web.feed import Feed, Hub, Moved
 
 SOCKET_CHECK_S = 0.1  # how often a waiting request looks whether its client hung up
+
+
+@dataclass(frozen=True)
+class Queued:
+    """The job waits at `position` (1: next to start), starting in about `eta_s` (None until a job was timed)."""
+
+    position: int
+    eta_s: float | None
+
+
+@dataclass(frozen=True)
+class Ping:
+    """Nothing happened for a while: show that the connection is alive."""
+
+
+@dataclass(frozen=True)
+class Gone:
+    """The client closed its connection (nothing follows)."""
+
+
+Story = Event | Queued | Ping | Gone
 
 
 def follow(
@@ -23,13 +51,13 @@ def follow(
     ping_s: float = 15.0,
     environ: dict[str, Any] | None = None,
     feed: Feed | None = None,
-) -> Iterator[dict[str, Any]]:
-    """Yield the job's story as dicts with a "type", ending after exactly one terminal event:
+) -> Iterator[Story]:
+    """Yield the job's story, ending after exactly one terminal event:
 
-    - {"type": "queued", "position", "eta_s"} while it waits, whenever its standing changes;
-    - {"type": "ping"} every `ping_s` seconds (a watched, waiting job's lease is renewed right after);
-    - the job's own events from the durable log after index `after`, each with its index "i";
-    - {"type": "gone"} (and nothing more) if `environ`'s client closed its connection.
+    - Queued while it waits, whenever its standing changes;
+    - Ping every `ping_s` seconds (a watched, waiting job's lease is renewed right after);
+    - the job's own events from the durable log after index `after`;
+    - Gone (and nothing more) if `environ`'s client closed its connection.
 
     A job that has ended gives what is left of its log after `after` (maybe nothing) and stops at once.
 
@@ -46,52 +74,83 @@ def follow(
         if job.status.ended:  # it ended meanwhile
             yield from rest_of_log(store, job, after)
             return
-        waiting, watched = job.status is JobStatus.QUEUED, job.spec.watched
-        if watched:  # running too: if its worker dies, it waits again, and its lease must be renewed in time
-            ping_s = min(ping_s, store.settings.watch_grace_s / 3)
-            if waiting and not admitted:  # admission started its lease
-                store.renew_watch(job.id)
-        shown: tuple[int, float | None] | None = None
-        moved = True  # recompute the standing once no more queue moves are pending
-        if admitted and job.position is not None:  # as admitted: no need to ask again
-            shown, moved = (job.position, job.eta_s), False
-            yield {"type": "queued", "position": job.position, "eta_s": job.eta_s}
-        next_ping = time.monotonic() + ping_s
-        while True:
-            wait = next_ping - time.monotonic()
-            event = feed.get(timeout_s=0 if moved else min(wait, SOCKET_CHECK_S) if environ else wait)
-            if event is None:
-                if moved and waiting:
-                    standing = store.standing(job)
-                    if standing.position is not None and (standing.position, standing.eta_s) != shown:
-                        shown = (standing.position, standing.eta_s)
-                        yield {"type": "queued", "position": standing.position, "eta_s": standing.eta_s}
-                moved = False
-            elif event["type"] == "moved":
-                moved = True
-            elif event["type"] == "standing":  # the hub looked it up, for every stream at once
-                if waiting and (event["position"], event["eta_s"]) != shown:
-                    shown = (event["position"], event["eta_s"])
-                    yield {"type": "queued", "position": event["position"], "eta_s": event["eta_s"]}
-            else:
-                waiting = event["type"] == "requeued"  # its worker died: it waits again, at the front
-                moved = moved or waiting
-                yield event
-                if event["type"] in TERMINAL_EVENTS:
-                    return
-            if environ is not None and not client_connected(environ):
-                yield {"type": "gone"}
-                return
-            if time.monotonic() >= next_ping:
-                yield {"type": "ping"}
-                if waiting and watched:
-                    store.renew_watch(job.id)
-                next_ping = time.monotonic() + ping_s
+        yield from _Follower(store, feed, job, admitted, ping_s, environ).run()
     finally:
         feed.close()
 
 
-def rest_of_log(store: Store, job: Job, after: int) -> list[dict[str, Any]]:
+def rest_of_log(store: Store, job: Job, after: int) -> list[Event]:
     """An ended job's events after index `after`, at once: nothing more will come."""
     # its log is complete: the terminal event is written in the same script that ends the job
     return store.events(job.id, after + 1)
+
+
+class _Follower:
+    """What following one live job keeps between two items of its feed."""
+
+    def __init__(self, store: Store, feed: Feed, job: Job, admitted: bool, ping_s: float,
+                 environ: dict[str, Any] | None) -> None:  # fmt: skip
+        self.store, self.feed, self.job, self.environ = store, feed, job, environ
+        self.waiting = job.status is JobStatus.QUEUED  # in the queue, where its standing is shown
+        self.watched = job.spec.watched
+        if self.watched:  # running too: if its worker dies, it waits again, and its lease must be renewed in time
+            ping_s = min(ping_s, store.settings.watch_grace_s / 3)
+            if self.waiting and not admitted:  # admission started its lease
+                store.renew_watch(job.id)
+        self.ping_s = ping_s
+        self.shown: Standing | None = None  # the standing the client was last told
+        self.moved = True  # look the standing up once no more queue moves are pending
+        if admitted and job.position is not None:  # as admitted: no need to ask again
+            self.shown, self.moved = Standing(job.position, job.eta_s), False
+        self.next_ping = time.monotonic() + ping_s
+
+    def run(self) -> Iterator[Story]:
+        if self.shown is not None:
+            yield Queued(self.shown.position, self.shown.eta_s)  # type: ignore[arg-type]
+        while True:
+            item = self.feed.get(timeout_s=self._timeout())
+            if item is None:
+                yield from self._quiet()
+            elif isinstance(item, Moved):
+                self.moved = True
+            elif isinstance(item, Standing):  # the hub looked it up, for every stream at once
+                yield from self._show(item)
+            else:
+                yield from self._on_event(item)
+                if item.terminal:
+                    return
+            if self.environ is not None and not client_connected(self.environ):
+                yield Gone()
+                return
+            yield from self._ping_when_due()
+
+    def _timeout(self) -> float:
+        """How long the feed may wait: not at all while a look-up is pending; with a client's socket to check, a
+        moment; otherwise until the next ping."""
+        if self.moved:
+            return 0
+        wait = self.next_ping - time.monotonic()
+        return min(wait, SOCKET_CHECK_S) if self.environ is not None else wait
+
+    def _quiet(self) -> Iterator[Queued]:
+        """Nothing more is pending: if the queue moved meanwhile, look the standing up, once."""
+        if self.moved and self.waiting:
+            yield from self._show(self.store.standing(self.job))
+        self.moved = False
+
+    def _show(self, standing: Standing) -> Iterator[Queued]:
+        if self.waiting and standing.position is not None and standing != self.shown:
+            self.shown = standing
+            yield Queued(standing.position, standing.eta_s)
+
+    def _on_event(self, event: Event) -> Iterator[Event]:
+        self.waiting = event.type is EventType.REQUEUED  # its worker died: it waits again, at the front
+        self.moved = self.moved or self.waiting
+        yield event
+
+    def _ping_when_due(self) -> Iterator[Ping]:
+        if time.monotonic() >= self.next_ping:
+            yield Ping()
+            if self.waiting and self.watched:
+                self.store.renew_watch(self.job.id)
+            self.next_ping = time.monotonic() + self.ping_s

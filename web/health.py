@@ -17,8 +17,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tasks.store import Snapshot, Store
-from web import services
 from web.errors import error_response
+from web.services import services
 
 bp = Blueprint("health", __name__)
 

@@ -7,25 +7,25 @@ within a step if it runs). Unsupported request fields get a 400 rather than bein
 
 from __future__ import annotations
 
-import json
 import reprlib
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from flask import Blueprint, Response, jsonify, request, stream_with_context
+from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.errors import InvalidRequest, JobDidNotComplete, OnelaneError
-from tasks.job import Job, JobSpec, JobStatus, Message, SamplingParams, Usage, new_job_id
+from tasks.events import Event, EventType
+from tasks.job import Job, JobSpec, Message, SamplingParams, Usage, new_job_id
 from tasks.settings import Priority
-from tasks.store import TERMINAL_EVENTS
-from web import services
-from web.api import admit
+from web import sse
+from web.admission import admit
 from web.auth import current_owner
 from web.errors import openai_error
 from web.feed import Feed
-from web.follow import follow
+from web.follow import Gone, Ping, Queued, Story, follow
 from web.schemas import int_is_a_float, json_body, make_spec, parse, stops_schema
+from web.services import services
 
 bp = Blueprint("openai", __name__)
 
@@ -47,6 +47,7 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 #: OpenAI's service tiers as onelane's priority classes; None: the caller's own default class.
 TIERS: dict[str, Priority | None] = {"auto": None, "default": None, "flex": "batch", "priority": "interactive"}
 
+DONE = "data: [DONE]\n\n"  # the last line of an OpenAI stream
 STRICT = ConfigDict(extra="forbid", strict=True)  # as OpenAI: `true` is not 1, "0.5" is not 0.5
 
 
@@ -229,7 +230,9 @@ class Text(Chat):
         return None
 
 
-def _usage(u: Usage) -> dict[str, int]:
+def _usage(end: Event) -> dict[str, int]:
+    """OpenAI's usage object, from a job's terminal event."""
+    u = Usage(prompt_tokens=end.prompt_tokens, completion_tokens=end.completion_tokens)
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens}
 
 
@@ -261,80 +264,71 @@ def _admit_and_respond(admission: tuple[JobSpec, float], view_class: type[Chat],
         raise
     story = follow(svc.store, svc.hub, job, ping_s=svc.settings.sse_ping_s, environ=request.environ, feed=feed)
     view = view_class(job, req)
-    if req.stream:
-        response = Response(
-            stream_with_context(_stream(job, view, story)),
-            mimetype="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **_headers(job)},
-        )
-        response.call_on_close(feed.close)  # also when the stream never started (closing twice is harmless)
-        return response
+    if req.stream:  # the feed closes with the response, also when the stream never started (twice is harmless)
+        return sse.response(_stream(job, view, story), _headers(job), on_close=feed.close)
     return _respond(job, view, story)
 
 
-def _respond(job: Job, view: Chat, story: Iterator[dict[str, Any]]) -> Response:
+def _respond(job: Job, view: Chat, story: Iterator[Story]) -> Response:
     """The whole answer at once, put together from the job's events as they come (nothing is read back)."""
-    output, queued_s = [], None
+    output: list[str] = []
+    queued_s: float | None = None
     for item in story:
-        kind = item["type"]
-        if kind == "gone":
-            _hang_up(job)
-            return Response(status=499)  # nobody reads it; the job was cancelled
-        if kind == "started":  # (again, after a requeue: its output starts over)
-            output, queued_s = [], item.get("queued_s")
-        elif kind == "token":
-            output.append(item["text"])
-        elif kind == JobStatus.COMPLETED.value:  # the terminal event has the finish reason and the counts
-            usage = Usage(prompt_tokens=item["prompt_tokens"], completion_tokens=item["completion_tokens"])
-            choice = view.choice("".join(output), item["finish_reason"], False)
-            response = jsonify(view.envelope(view.object, [choice], _usage(usage)))
-            response.headers.update(_headers(job, queued_s))
-            return response
+        match item:
+            case Gone():
+                _hang_up(job)
+                return Response(status=499)  # nobody reads it; the job was cancelled
+            case Event(type=EventType.STARTED):  # (again, after a requeue: its output starts over)
+                output, queued_s = [], item.queued_s
+            case Event(type=EventType.TOKEN):
+                output.append(item.text)
+            case Event(type=EventType.COMPLETED):  # the terminal event has the finish reason and the counts
+                choice = view.choice("".join(output), item.finish_reason, False)
+                response = jsonify(view.envelope(view.object, [choice], _usage(item)))
+                response.headers.update(_headers(job, queued_s))
+                return response
     raise JobDidNotComplete.of(services().store.get(job.id))
 
 
-def _stream(job: Job, view: Chat, story: Iterator[dict[str, Any]]) -> Iterator[str]:
-    """OpenAI's SSE: `data: {chunk}` lines, queue position as comments, `data: [DONE]` at the end."""
+def _stream(job: Job, view: Chat, story: Iterator[Story]) -> Iterator[str]:
+    """OpenAI's SSE: `data: {chunk}` lines, queue position as comments, `data: [DONE]` at the end. A client that
+    leaves before the end has its job cancelled."""
     ended = sent = False
     try:
         first = view.first_chunk()
         if first is not None:
-            yield _data(first)
+            yield sse.data_line(first)
         for item in story:
-            kind = item["type"]
-            if kind == "requeued" and sent:
-                # its worker died mid-answer: the job starts over, but this client already has part of an answer
-                error = {"message": "the worker restarted mid-answer; please retry", "type": "server_error",
-                         "param": None, "code": "worker_restarted"}  # fmt: skip
-                yield _data({"error": error})
-                yield "data: [DONE]\n\n"
-                return
-            if kind == "queued":
-                yield f": queued, position {item['position']}, eta_s {item['eta_s']}\n\n"
-            elif kind == "ping":
-                yield ": ping\n\n"
-            elif kind == "token":
-                sent = True
-                yield _data(view.envelope(view.chunk_object(), [view.choice(item["text"], None, True)], None))
-            elif kind == "gone":
-                return
-            elif kind == JobStatus.COMPLETED.value:  # the terminal event has what the last chunks need
-                ended = True
-                yield _data(view.envelope(view.chunk_object(), [view.choice("", item["finish_reason"], True)], None))
-                if view.include_usage:
-                    usage = Usage(prompt_tokens=item["prompt_tokens"], completion_tokens=item["completion_tokens"])
-                    yield _data(view.envelope(view.chunk_object(), [], _usage(usage)))
-                yield "data: [DONE]\n\n"
-                return
-            elif kind in TERMINAL_EVENTS:
-                ended = True
-                yield _data({"error": openai_error(JobDidNotComplete.of(services().store.get(job.id)))})
-                yield "data: [DONE]\n\n"
-                return
+            match item:
+                case Queued(position=position, eta_s=eta_s):
+                    yield sse.comment(f"queued, position {position}, eta_s {eta_s}")
+                case Ping():
+                    yield sse.comment("ping")
+                case Gone():
+                    return
+                case Event(type=EventType.TOKEN):
+                    sent = True
+                    yield sse.data_line(view.envelope(view.chunk_object(), [view.choice(item.text, None, True)], None))
+                case Event(type=EventType.REQUEUED) if sent:
+                    # its worker died mid-answer: the job starts over, but this client already has part of an answer
+                    error = {"message": "the worker restarted mid-answer; please retry", "type": "server_error",
+                             "param": None, "code": "worker_restarted"}  # fmt: skip
+                    yield sse.data_line({"error": error})
+                    yield DONE
+                    return
+                case Event(type=EventType.COMPLETED):  # the terminal event has what the last chunks need
+                    ended = True
+                    last = view.choice("", item.finish_reason, True)
+                    yield sse.data_line(view.envelope(view.chunk_object(), [last], None))
+                    if view.include_usage:
+                        yield sse.data_line(view.envelope(view.chunk_object(), [], _usage(item)))
+                    yield DONE
+                    return
+                case Event() if item.terminal:
+                    ended = True
+                    yield sse.data_line({"error": openai_error(JobDidNotComplete.of(services().store.get(job.id)))})
+                    yield DONE
+                    return
     finally:
         if not ended:
             _hang_up(job)
-
-
-def _data(body: dict[str, Any]) -> str:
-    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"

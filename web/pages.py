@@ -9,13 +9,14 @@ from flask import Blueprint, Response, redirect, render_template, request, url_f
 from werkzeug.datastructures import MultiDict
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from tasks.errors import Forbidden, JobNotFound, OnelaneError, Overloaded, PromptTooLarge
-from tasks.job import Job
-from web import body, services
-from web.api import admit
+from tasks.errors import Forbidden, JobNotFound, OnelaneError, PromptTooLarge
+from web import body
+from web.admission import admit
 from web.auth import check_csrf, csrf_token, current_owner, session_user, sign_in, signed_in, start_visit
-from web.errors import status_for
+from web.errors import error_headers, status_for
+from web.html import SECURITY_HEADERS, excerpt
 from web.schemas import SubmitJob, default_priority, parse, to_spec
+from web.services import services
 
 bp = Blueprint("pages", __name__)
 
@@ -23,15 +24,6 @@ FORM_DEFAULTS = {"prompt": "", "max_tokens": "64", "temperature": "0", "ignore_e
 NUMBER_FIELDS = ("max_tokens", "temperature")
 CHOICE_FIELDS = ("model", "priority")  # <select>s: sent as chosen, or left to the API's defaults when absent
 PRIORITIES = {"interactive": "Interactive", "batch": "Batch (runs when no interactive job waits)"}
-EXCERPT_CHARS = 80
-
-# Prompts and outputs are untrusted text: no inline script, no third-party origin, no framing.
-SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",
-}
-
 
 @bp.before_request
 def _visit() -> Response | None:
@@ -64,13 +56,6 @@ def iso_time(epoch_s: float) -> str:
 def utc_time(epoch_s: float) -> str:
     """Seconds since the epoch as a readable UTC time (the page's script shows it in local time)."""
     return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def excerpt(job: Job) -> str:
-    """The start of the job's prompt (or last message) on one line."""
-    messages = job.spec.messages or ()
-    text = " ".join((job.spec.prompt if job.spec.prompt is not None else messages[-1].content).split())
-    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 1].rstrip() + "…"
 
 
 def _number(raw: str) -> int | float | str:
@@ -110,8 +95,7 @@ def render_form(values: dict[str, str], error: OnelaneError | None = None) -> Re
     response = Response(page)
     if error is not None:
         response.status_code = status_for(error)
-        if isinstance(error, Overloaded):
-            response.headers["Retry-After"] = str(error.retry_after_s)
+        response.headers.update(error_headers(error))
     return response
 
 

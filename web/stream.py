@@ -6,27 +6,21 @@ Each event from the job's durable log carries its index as the SSE `id`, so a cl
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from typing import Any
 
-from flask import Blueprint, Response, request, stream_with_context
+from flask import Blueprint, Response, request
 
 from tasks.errors import InvalidParameter
+from tasks.events import Event
 from tasks.job import Job
-from tasks.store import TERMINAL_EVENTS, Store
-from web import services
+from tasks.store import Store
+from web import sse
 from web.auth import current_owner
 from web.feed import Hub
-from web.follow import follow
+from web.follow import Ping, Queued, follow
+from web.services import services
 
 bp = Blueprint("stream", __name__)
-
-
-def sse(event: str, data: dict[str, Any], event_id: int | None = None) -> str:
-    head = f"id: {event_id}\n" if event_id is not None else ""
-    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
-
 
 LOG_SIZE_LIMIT = 2**32  # no Redis list holds this many: an index past it needs no look-up
 
@@ -52,12 +46,7 @@ def _last_event_id(store: Store, job: Job) -> int:
 def job_events(job_id: str) -> Response:
     svc = services()
     job = svc.store.get(job_id, current_owner())
-    stream = job_stream(svc.store, svc.hub, job, _last_event_id(svc.store, job), svc.settings.sse_ping_s)
-    return Response(
-        stream_with_context(stream),
-        mimetype="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    return sse.response(job_stream(svc.store, svc.hub, job, _last_event_id(svc.store, job), svc.settings.sse_ping_s))
 
 
 def job_stream(store: Store, hub: Hub, job: Job, after: int, ping_s: float) -> Iterator[str]:
@@ -68,13 +57,10 @@ def job_stream(store: Store, hub: Hub, job: Job, after: int, ping_s: float) -> I
     """
     yield "retry: 1000\n\n"
     for item in follow(store, hub, job, after=after, ping_s=ping_s):
-        kind = item["type"]
-        if kind == "ping":
-            yield ": ping\n\n"
-        elif kind == "queued":
-            yield sse("queued", {"position": item["position"], "eta_s": item["eta_s"]})
-        elif kind in TERMINAL_EVENTS:
-            yield sse(kind, store.get(job.id).public(), item["i"])
-        elif kind != "gone":
-            data = {"index": item["i"], **{k: v for k, v in item.items() if k not in ("i", "type")}}
-            yield sse(kind, data, item["i"])
+        if isinstance(item, Ping):
+            yield sse.comment("ping")
+        elif isinstance(item, Queued):
+            yield sse.event("queued", {"position": item.position, "eta_s": item.eta_s})
+        elif isinstance(item, Event):  # a terminal event sends the job as it ended
+            data = store.get(job.id).public() if item.terminal else item.payload()
+            yield sse.event(item.type.value, data, item.index)

@@ -1,0 +1,80 @@
+"""A job's events: the one vocabulary of its durable log, its live messages and the streams built on them.
+
+The Lua scripts write each event as JSON with its `type` (tasks/lua/common.lua `emit`): they append it to the
+job's log (keys.events) and publish it on the job's channel (keys.channel) inside the envelope
+{"i": index in the log, "e": event}. This module reads both back into one record, `Event`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from tasks.job import JobStatus
+
+
+class EventType(str, Enum):
+    """What happened to a job: it started, wrote text, went back to the queue (its worker died), or ended."""
+
+    STARTED = "started"  # queued_s: how long it waited
+    TOKEN = "token"  # text, n: what it wrote and how many tokens that is
+    REQUEUED = "requeued"  # attempt: the run it is waiting for now
+    # the terminal events are the job's terminal statuses, and carry finish_reason, prompt_tokens, completion_tokens
+    COMPLETED = JobStatus.COMPLETED.value
+    FAILED = JobStatus.FAILED.value
+    CANCELLED = JobStatus.CANCELLED.value
+    EXPIRED = JobStatus.EXPIRED.value
+
+    @property
+    def terminal(self) -> bool:
+        return self.value in _TERMINAL_VALUES
+
+
+_TERMINAL_VALUES = frozenset(status.value for status in JobStatus if status.ended)
+TERMINAL = frozenset(kind for kind in EventType if kind.terminal)
+assert {kind.value for kind in TERMINAL} == _TERMINAL_VALUES, "every terminal status is a terminal event"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One event of a job's log, with its index there (a stream's SSE id)."""
+
+    index: int
+    type: EventType
+    text: str = ""
+    n: int = 0
+    queued_s: float | None = None
+    attempt: int | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @classmethod
+    def decode(cls, index: int, raw: str | dict[str, Any]) -> Event:
+        """The event written as `raw` (its JSON, or that JSON parsed) at `index` of the log."""
+        fields = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        return cls(index=index, type=EventType(fields.pop("type")), **fields)
+
+    @classmethod
+    def from_message(cls, data: str) -> Event:
+        """The event a job's channel published, in its envelope {"i": index, "e": event}."""
+        envelope = json.loads(data)
+        return cls.decode(envelope["i"], envelope["e"])
+
+    @property
+    def terminal(self) -> bool:
+        return self.type.terminal
+
+    def payload(self) -> dict[str, Any]:
+        """What a stream sends of a non-terminal event: its index and its own fields."""
+        return {"index": self.index, **{name: getattr(self, name) for name in _OWN_FIELDS[self.type]}}
+
+
+_OWN_FIELDS = {EventType.STARTED: ("queued_s",), EventType.TOKEN: ("text", "n"), EventType.REQUEUED: ("attempt",)}
+
+
+def token_json(text: str, n_tokens: int) -> str:
+    """A token event as the log stores it (the other events are written by the Lua scripts)."""
+    return json.dumps({"type": EventType.TOKEN.value, "text": text, "n": n_tokens}, separators=(",", ":"))

@@ -1,0 +1,20 @@
+"""What the HTML pages share (the form and job pages, the dashboard, the API docs)."""
+
+from __future__ import annotations
+
+from tasks.job import Job
+
+# Prompts and outputs are untrusted text: no inline script, no third-party origin, no framing.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+EXCERPT_CHARS = 80
+
+
+def excerpt(job: Job) -> str:
+    """The start of the job's prompt (or last message) on one line."""
+    messages = job.spec.messages or ()
+    text = " ".join((job.spec.prompt if job.spec.prompt is not None else messages[-1].content).split())
+    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 1].rstrip() + "…"

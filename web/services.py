@@ -1,0 +1,41 @@
+"""The app's services: the settings, the job store, the broker, the pub/sub hub and the housekeeper.
+
+Built once per app by `web.create_app`; a view reaches them with `services()` (as flaskr's `get_db`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import dramatiq
+from flask import current_app
+
+from tasks.broker import make_broker
+from tasks.housekeeping import Housekeeper
+from tasks.settings import Settings
+from tasks.store import Store
+from web.feed import Hub
+
+EXTENSION = "onelane"
+
+
+@dataclass(frozen=True)
+class Services:
+    settings: Settings
+    store: Store
+    broker: dramatiq.Broker
+    hub: Hub  # the process's one pub/sub connection, for every open stream
+    housekeeper: Housekeeper  # expires jobs on time even while no worker runs
+
+    @classmethod
+    def start(cls, settings: Settings) -> Services:
+        """Connect to Redis and the broker, and start the housekeeper (the hub connects on its first stream)."""
+        store = Store.connect(settings)
+        broker = make_broker(settings, worker=False)
+        return cls(settings=settings, store=store, broker=broker, hub=Hub(store, settings.effective_redis_url),
+                   housekeeper=Housekeeper(store, broker).start())  # fmt: skip
+
+
+def services() -> Services:
+    """The current app's services."""
+    return current_app.extensions[EXTENSION]  # type: ignore[no-any-return]
