@@ -26,7 +26,7 @@ from schemathesis.specs.openapi.checks import (
 
 from tasks.settings import Settings
 from tests.helpers import wait_ended
-from web.openai_compat import ChatRequest, CompletionRequest
+from web.openai_schemas import ChatRequest, CompletionRequest
 from web.schemas import SubmitJob
 
 OPERATIONS = {

@@ -2,146 +2,32 @@
 
 Each request is a job in the same queue (same bounds, quotas, fairness, TTL). The client's connection is the
 watcher: a client that hangs up, streaming or not, gets its job cancelled (skipped if it still waits, stopped
-within a step if it runs). Unsupported request fields get a 400 rather than being silently ignored.
+within a step if it runs). The requests' models are in web/openai_schemas.py.
 """
 
 from __future__ import annotations
 
-import reprlib
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.errors import InvalidRequest, JobDidNotComplete, OnelaneError
 from tasks.events import Event, EventType
-from tasks.job import Job, JobSpec, Message, SamplingParams, Usage, new_job_id
-from tasks.settings import Priority
+from tasks.job import Job, JobSpec, Usage, new_job_id
 from web import sse
 from web.admission import admit
 from web.auth import current_owner
 from web.errors import openai_error
 from web.feed import Feed
 from web.follow import Gone, Ping, Queued, Story, follow
-from web.schemas import int_is_a_float, json_body, make_spec, parse, stops_schema
+from web.openai_schemas import ChatRequest, CompletionRequest, Sampling, parse_openai
+from web.schemas import json_body, make_spec
 from web.services import services
 
 bp = Blueprint("openai", __name__)
 
-#: Fields onelane accepts only with their neutral value: anything else would change the answer's meaning.
-NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "n": (1, None),
-    "presence_penalty": (0, 0.0, None),
-    "frequency_penalty": (0, 0.0, None),
-    "logprobs": (False, None),
-    "echo": (False, None),
-    "best_of": (1, None),
-    "parallel_tool_calls": (None,),
-    "response_format": ({"type": "text"}, None),
-    "store": (False, None),
-    "suffix": (None, ""),
-}
-
-
-#: OpenAI's service tiers as onelane's priority classes; None: the caller's own default class.
-TIERS: dict[str, Priority | None] = {"auto": None, "default": None, "flex": "batch", "priority": "interactive"}
-
 DONE = "data: [DONE]\n\n"  # the last line of an OpenAI stream
-STRICT = ConfigDict(extra="forbid", strict=True)  # as OpenAI: `true` is not 1, "0.5" is not 0.5
-
-
-class TextPart(BaseModel):
-    model_config = STRICT
-
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(BaseModel):
-    model_config = STRICT
-
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-
-    def to_message(self) -> Message:
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
-        return Message(role="system" if self.role == "developer" else self.role, content=content)
-
-
-class StreamOptions(BaseModel):
-    model_config = STRICT
-
-    include_usage: bool = False
-    include_obfuscation: bool | None = None
-
-
-class Sampling(BaseModel):
-    """What both endpoints share. Defaults are OpenAI's (temperature 1)."""
-
-    model_config = STRICT
-
-    model: str
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    stop: str | list[str] | None = Field(None, json_schema_extra=stops_schema(4))
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    user: str | None = None
-    service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
-        None, description="`auto`/`default`: the key's class; `flex`: batch; `priority`: interactive")
-    ignore_eos: bool = Field(False, description="an extension, as in vLLM: generate to max_tokens past EOS")
-
-    _int_is_a_float = field_validator("temperature", "top_p", mode="before")(int_is_a_float)
-
-    def params(self, default_max_tokens: int, max_tokens: int | None = None) -> SamplingParams:
-        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
-        if len(stops) > 4 or any(not s for s in stops):
-            raise InvalidRequest("stop takes up to 4 non-empty strings", param="stop")
-        return SamplingParams(
-            max_tokens=max_tokens or self.max_tokens or default_max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            seed=self.seed,
-            stop=tuple(stops),
-            ignore_eos=self.ignore_eos,
-        )
-
-    def priority(self) -> Priority | None:
-        """The priority class the service tier asks for (None: the caller's default)."""
-        return TIERS[self.service_tier] if self.service_tier else None
-
-
-class ChatRequest(Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-
-
-class CompletionRequest(Sampling):
-    prompt: str | list[str] = Field(json_schema_extra={"anyOf": [  # one prompt, as a string or a list of one
-        {"type": "string", "minLength": 1}, {"type": "array", "items": {"type": "string", "minLength": 1},
-                                             "minItems": 1, "maxItems": 1}]})  # fmt: skip
-
-
-def _parse(model: type[Sampling], body: dict[str, Any]) -> Any:
-    """Validate, refusing unsupported fields by name; the neutral value of a known field is let through."""
-    for field in list(body):
-        if field in NEUTRAL and field not in model.model_fields:
-            if not _neutral(body[field], NEUTRAL[field]):
-                shown = reprlib.repr(body[field])  # a bounded excerpt of what was sent
-                raise InvalidRequest(f"'{field}' = {shown} is not supported by onelane", param=field)
-            del body[field]
-        elif field not in model.model_fields:
-            raise InvalidRequest(f"'{field}' is not supported by onelane", param=field)
-    return parse(model, body)
-
-
-def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
-    """`value` is one of the neutral values, of the same JSON type (`true` is not 1, nor 1.0 an integer 1)."""
-    return any(value == v and type(value) is type(v) for v in neutral)
 
 
 @bp.get("/v1/models")
@@ -155,7 +41,7 @@ def models() -> Response:
 @bp.post("/v1/chat/completions")
 def chat_completions() -> Response:
     owner = current_owner()  # who is asking (and may they), before what they ask
-    req: ChatRequest = _parse(ChatRequest, json_body(request))
+    req: ChatRequest = parse_openai(ChatRequest, json_body(request))
     settings = services().settings
     params = req.params(settings.default_max_tokens, req.max_completion_tokens)
     messages = tuple(m.to_message() for m in req.messages)
@@ -166,7 +52,7 @@ def chat_completions() -> Response:
 @bp.post("/v1/completions")
 def completions() -> Response:
     owner = current_owner()
-    req: CompletionRequest = _parse(CompletionRequest, json_body(request))
+    req: CompletionRequest = parse_openai(CompletionRequest, json_body(request))
     if isinstance(req.prompt, list) and len(req.prompt) != 1:
         raise InvalidRequest("onelane takes one prompt per request", param="prompt")
     prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]

@@ -18,7 +18,7 @@ from pydantic.json_schema import models_json_schema
 
 from tasks.settings import Settings
 from web import responses
-from web.openai_compat import ChatRequest, CompletionRequest
+from web.openai_schemas import ChatRequest, CompletionRequest
 from web.operations import operations
 from web.schemas import SubmitJob
 

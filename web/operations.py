@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from tasks.settings import Settings
 from web import responses
-from web.openai_compat import ChatRequest, CompletionRequest
+from web.openai_schemas import ChatRequest, CompletionRequest
 from web.schemas import SubmitJob
 
 Ref = Callable[[type[BaseModel]], dict[str, Any]]  # a model -> {"$ref": its component}
