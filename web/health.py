@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from tasks.job import JobStatus
 from tasks.store import Snapshot, Store
 from web.errors import error_response
 from web.services import services
@@ -119,7 +120,7 @@ def _counters(stats: dict[str, str]) -> Iterator[Metric]:
         rejected.add_metric([reason], total(f"rejected:{reason}"))
     yield rejected
     finished = CounterMetricFamily("onelane_jobs_finished", "Jobs that reached a terminal state.", labels=["status"])
-    for status in ("completed", "failed", "cancelled", "expired"):
+    for status in (s.value for s in JobStatus if s.ended):
         finished.add_metric([status], total(f"finished:{status}"))
     yield finished
     yield CounterMetricFamily("onelane_tokens_generated", "Tokens generated.", value=total("tokens"))

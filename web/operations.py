@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from tasks.events import EventType
 from tasks.settings import Settings
 from web import responses
 from web.openai_schemas import ChatRequest, CompletionRequest
@@ -207,7 +208,8 @@ def _job_events(ref: Ref) -> dict[str, Any]:
             "event": {"enum": names}, "data": {"type": "string", "contentMediaType": JSON, "contentSchema": data}}}
 
     return {"oneOf": [
-        event(["queued"], ref(responses.QueuedEvent)), event(["started"], ref(responses.StartedEvent)),
-        event(["token"], ref(responses.TokenEvent)), event(["requeued"], ref(responses.RequeuedEvent)),
-        event(["completed", "failed", "cancelled", "expired"], ref(responses.Job)),
+        event(["queued"], ref(responses.QueuedEvent)), event([EventType.STARTED.value], ref(responses.StartedEvent)),
+        event([EventType.TOKEN.value], ref(responses.TokenEvent)),
+        event([EventType.REQUEUED.value], ref(responses.RequeuedEvent)),
+        event([kind.value for kind in EventType if kind.terminal], ref(responses.Job)),
     ]}  # fmt: skip
