@@ -13,17 +13,18 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from flask import Blueprint, Response, jsonify, redirect, render_template, url_for
+from flask import Response, jsonify, redirect, render_template, url_for
 
 from tasks.job import Job
 from tasks.store import Board, DeviceLease, Minute
 from web.auth import csrf_token, current_owner, current_user, signed_in, start_visit
-from web.html import SECURITY_HEADERS, excerpt
+from web.html import excerpt, pages_blueprint
 from web.services import services
 
 logger = logging.getLogger(__name__)
 
-bp = Blueprint("dashboard", __name__)
+# what a user may see is theirs alone, and it is live
+bp = pages_blueprint("dashboard", __name__, {"Cache-Control": "no-store"})
 
 POLL_MS = 2000  # how often the page asks for /queue.json
 CANCEL_WAIT_S = 2.0  # as DELETE /v1/jobs/<id>: wait briefly for a running job to stop
@@ -75,12 +76,6 @@ def cancel(job_id: str) -> Response:
     job = store.cancel(job_id, owner, wait_s=CANCEL_WAIT_S, error=why)
     return jsonify({"id": job.id, "status": job.status.value})
 
-
-@bp.after_request
-def _security_headers(response: Response) -> Response:
-    response.headers.update(SECURITY_HEADERS)
-    response.headers["Cache-Control"] = "no-store"  # what a user may see is theirs alone, and it is live
-    return response
 
 
 def board_view(who: Viewer) -> dict[str, Any]:

@@ -6,15 +6,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify, redirect, render_template, request, url_for
+from flask import Response, current_app, jsonify, redirect, render_template, request, url_for
 from markupsafe import Markup, escape
 
 from web import openapi
 from web.auth import current_owner, signed_in
-from web.html import SECURITY_HEADERS
+from web.html import pages_blueprint
 from web.services import services
 
-bp = Blueprint("docs", __name__)
+bp = pages_blueprint("docs", __name__)
 
 METHODS = ("get", "post", "put", "patch", "delete")
 BOUNDS = {"minimum": "≥ {}", "exclusiveMinimum": "> {}", "maximum": "≤ {}", "exclusiveMaximum": "< {}",
@@ -51,11 +51,6 @@ def docs() -> str:
                   for method, op in item.items() if method in METHODS]  # fmt: skip
     return render_template("docs.html", spec=spec, operations=operations, schema_type=schema_type, prose=prose)
 
-
-@bp.after_request
-def _security_headers(response: Response) -> Response:
-    response.headers.update(SECURITY_HEADERS)
-    return response
 
 
 def ref_name(ref: str) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from flask import Blueprint, Response
+
 from tasks.job import Job
 
 # Prompts and outputs are untrusted text: no inline script, no third-party origin, no framing.
@@ -18,3 +20,16 @@ def excerpt(job: Job) -> str:
     messages = job.spec.messages or ()
     text = " ".join((job.spec.prompt if job.spec.prompt is not None else messages[-1].content).split())
     return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 1].rstrip() + "…"
+
+
+def pages_blueprint(name: str, import_name: str, headers: dict[str, str] | None = None) -> Blueprint:
+    """A blueprint of HTML pages: every answer carries SECURITY_HEADERS, and `headers`."""
+    bp = Blueprint(name, import_name)
+    extra = {**SECURITY_HEADERS, **(headers or {})}
+
+    @bp.after_request
+    def _security_headers(response: Response) -> Response:
+        response.headers.update(extra)
+        return response
+
+    return bp

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from flask import Blueprint, Response, redirect, render_template, request, url_for
+from flask import Response, redirect, render_template, request, url_for
 from werkzeug.datastructures import MultiDict
 from werkzeug.exceptions import RequestEntityTooLarge
 
@@ -14,11 +14,11 @@ from web import body
 from web.admission import admit
 from web.auth import check_csrf, csrf_token, current_owner, session_user, sign_in, signed_in, start_visit
 from web.errors import error_headers, status_for
-from web.html import SECURITY_HEADERS, excerpt
+from web.html import excerpt, pages_blueprint
 from web.schemas import SubmitJob, default_priority, parse, to_spec
 from web.services import services
 
-bp = Blueprint("pages", __name__)
+bp = pages_blueprint("pages", __name__)
 
 FORM_DEFAULTS = {"prompt": "", "max_tokens": "64", "temperature": "0", "ignore_eos": ""}
 NUMBER_FIELDS = ("max_tokens", "temperature")
@@ -39,11 +39,6 @@ def _visit() -> Response | None:
 def _template_globals() -> dict[str, Any]:
     return {"csrf_token": csrf_token}
 
-
-@bp.after_request
-def _security_headers(response: Response) -> Response:
-    response.headers.update(SECURITY_HEADERS)
-    return response
 
 
 @bp.app_template_filter("iso_time")
