@@ -46,6 +46,8 @@ ENV_NAMES: dict[str, str] = {
     "secret_key": "ONELANE_SECRET_KEY",
     "host": "ONELANE_HOST",
     "port": "ONELANE_PORT",
+    "log_level": "ONELANE_LOG_LEVEL",
+    "openblas": "ONELANE_OPENBLAS",
 }
 
 
@@ -59,6 +61,8 @@ RETIRED = {"ONELANE_MAX_CONCURRENT": "ONELANE_MAX_BATCH (jobs generating togethe
 
 
 Priority = Literal["interactive", "batch"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+LOG_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"  # every onelane process's log lines
 
 
 class User(BaseModel):
@@ -207,6 +211,8 @@ class Settings(BaseModel):
     secret_key: str | None = Field(None, min_length=16)
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
+    log_level: LogLevel = "INFO"  # of every onelane process; `onelane --log-level` overrides it
+    openblas: bool = True  # a Linux worker preloads OpenBLAS when installed (worker/blas.py); false: MLX's own BLAS
 
     @model_validator(mode="after")
     def _default_within_limit(self) -> Settings:
@@ -251,6 +257,11 @@ class Settings(BaseModel):
             if len(set(values)) != len(values):
                 raise ValueError(f"each user needs a distinct {attr}")
         return users
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_in_any_case(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
     @field_validator("redis_url")
     @classmethod

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+from tasks.settings import Settings
 from tests.helpers import wait_ended
 
 
@@ -42,15 +43,61 @@ def test_the_worker_runs_with_openblas_preloaded_on_linux(store, worker_process)
     if library is None:
         assert not (sys.platform.startswith("linux") and os.environ.get("CI")), "./dev.sh installs OpenBLAS on Linux"
         pytest.skip("no OpenBLAS on this machine")
+    if not Settings.from_env().openblas:
+        pytest.skip("ONELANE_OPENBLAS is off")
     worker_process()
     pid = wait_for_worker(store).pid
     with open(f"/proc/{pid}/maps") as maps:
         assert os.path.realpath(library) in maps.read()
 
 
+def test_onelane_openblas_off_or_another_preload_leaves_the_worker_environment_alone():
+    from worker.blas import worker_env
+
+    assert "LD_PRELOAD" not in worker_env({"ONELANE_OPENBLAS": "false"})
+    assert worker_env({"LD_PRELOAD": "/opt/other.so"})["LD_PRELOAD"] == "/opt/other.so"
+
+
+def imported_by(*args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """Run `python -X importtime ARGS`: the finished process, and every module it imported."""
+    done = subprocess.run([sys.executable, "-X", "importtime", *args], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    trace = [line for line in done.stderr.splitlines() if line.startswith("import time:")]
+    return done, {line.rsplit("|", 1)[-1].strip() for line in trace}
+
+
+def test_a_worker_process_reads_its_own_settings_without_the_cli():
+    # Given a bad setting, so that a worker process stops once it has read its settings
+    # When one starts as the supervisor starts it
+    done, modules = imported_by("-m", "worker.main", ONELANE_LOG_LEVEL="loud")
+
+    # Then it refuses the setting by name, with the worker's own imports done and the CLI never imported
+    assert done.returncode == 1 and "ONELANE_LOG_LEVEL='loud'" in done.stderr and "Traceback" not in done.stderr
+    assert {"worker.engine", "tasks.settings"} <= modules
+    assert "tasks.cli" not in modules and "tasks.client_cli" not in modules
+
+
+def test_the_contract_imports_neither_web_nor_worker_and_the_command_waits_to_import_the_client():
+    # Every module of tasks/, the command's included: no arrow into the processes built on the contract
+    import pkgutil
+
+    import tasks
+
+    every = ", ".join(f"tasks.{module.name}" for module in pkgutil.iter_modules(tasks.__path__))
+    done, modules = imported_by("-c", f"import {every}")
+    assert done.returncode == 0, done.stderr
+    assert {"tasks.cli", "tasks.client_cli", "tasks.store"} <= modules
+    assert not {m.split(".")[0] for m in modules} & {"web", "worker", "flask", "mlx"}
+
+    # The command alone: `onelane web` must let gevent patch ssl before the client's HTTP stack is imported
+    done, modules = imported_by("-c", "import tasks.cli")
+    assert done.returncode == 0, done.stderr
+    assert "tasks.client_cli" in modules
+    assert not {m.split(".")[0] for m in modules} & {"ssl", "requests", "urllib3", "rich", "redis"}
+
+
 def test_redis_worker_and_web_started_apart_find_each_other(tmp_path, demo_model, make_app):
-    from tasks.settings import Settings
-    from tasks.store import Store, connect
+    from tasks.store import Store
 
     # Given only ONELANE_VAR_DIR shared, and no REDIS_URL anywhere
     env = {**{k: v for k, v in os.environ.items() if k != "REDIS_URL"},
@@ -69,7 +116,7 @@ def test_redis_worker_and_web_started_apart_find_each_other(tmp_path, demo_model
         assert response.status_code == 202
 
         # Then the worker, which found the same Redis, runs it
-        store = Store(connect(settings.effective_redis_url), settings)
+        store = Store.connect(settings)
         assert wait_ended(store, response.get_json()["id"], timeout_s=60)["status"] == "completed"
     finally:
         for process in (worker, redis_server):

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tasks.client import Client, Event, lines, parse_sse
+from tasks.client import Client, ServerEvent, lines, parse_sse
 from tests.helpers import BUSY, wait_ended, wait_event
 
 
@@ -87,7 +87,7 @@ def test_run_shows_its_place_in_the_queue_and_ctrl_c_cancels_it(jobs, store, sta
     # Given the worker busy with a long job
     start_worker()
     busy = jobs.submit("busy", max_tokens=BUSY, ignore_eos=True)
-    wait_event(store, busy["id"], lambda e: e["type"] == "token")
+    wait_event(store, busy["id"], lambda e: e.type == "token")
     try:
         # When `onelane run` waits behind it
         run = start(live_server, "run", "patience", "--max-tokens", "5")
@@ -156,7 +156,7 @@ def test_tail_prints_a_finished_jobs_output_from_the_start_or_from_an_event(jobs
     later = onelane(live_server, "tail", job["id"], "--from", "2")
 
     assert whole.returncode == 0 and whole.stdout == printed(done["output"])
-    rest = "".join(e["text"] for e in store.events(job["id"], 2) if e["type"] == "token")
+    rest = "".join(e.text for e in store.events(job["id"], 2) if e.type == "token")
     assert later.returncode == 0 and later.stdout == printed(rest)
     ended = onelane(live_server, "cancel", job["id"])  # it ended otherwise: nothing to cancel
     assert ended.returncode == 1 and "409 job_ended" in ended.stderr
@@ -260,7 +260,7 @@ def test_a_dropped_stream_resumes_with_last_event_id_without_gap_or_duplicate(jo
     start_worker()
     job = jobs.submit("resume me", max_tokens=200, ignore_eos=True)
     done = wait_ended(store, job["id"])
-    assert sum(e["type"] == "token" for e in store.events(job["id"])) >= 3  # so the cut falls mid-stream
+    assert sum(e.type == "token" for e in store.events(job["id"])) >= 3  # so the cut falls mid-stream
 
     tailed = onelane(cutting_proxy.url, "tail", job["id"])
 
@@ -291,7 +291,7 @@ def test_events_arrive_as_they_are_sent_from_a_server_that_does_not_chunk():
     server.close()
 
     assert in_time == [True]
-    assert seen == [Event("queued", {"position": 1, "eta_s": None}), Event("cancelled", {"status": "cancelled"}, 0)]
+    assert seen == [ServerEvent("queued", {"position": 1, "eta_s": None}), ServerEvent("cancelled", {"status": "cancelled"}, 0)]
 
 
 def test_server_sent_events_parse_across_chunks_with_crlf_comments_and_multiline_data():
@@ -299,4 +299,4 @@ def test_server_sent_events_parse_across_chunks_with_crlf_comments_and_multiline
 
     events = list(parse_sse(lines(chunks)))
 
-    assert events == [Event("retry", {"ms": 1000}), Event("token", {"text": "a"}, 3)]
+    assert events == [ServerEvent("retry", {"ms": 1000}), ServerEvent("token", {"text": "a"}, 3)]

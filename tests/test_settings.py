@@ -32,11 +32,24 @@ def test_defaults_are_safe():
         ({"ONELANE_RESULT_TTL": "-1"}, "ONELANE_RESULT_TTL"),
         ({"ONELANE_PORT": "70000"}, "ONELANE_PORT"),
         ({"REDIS_URL": "localhost:6379"}, "REDIS_URL"),
+        ({"ONELANE_LOG_LEVEL": "loud"}, "ONELANE_LOG_LEVEL"),
+        ({"ONELANE_OPENBLAS": "maybe"}, "ONELANE_OPENBLAS"),
     ],
 )
 def test_bad_setting_is_refused_naming_the_variable(env, name):
     with pytest.raises(SettingsError, match=name):
         Settings.from_env(env)
+
+
+def test_log_level_in_any_case_and_openblas_as_a_boolean():
+    assert (Settings.from_env({}).log_level, Settings.from_env({}).openblas) == ("INFO", True)
+    s = Settings.from_env({"ONELANE_LOG_LEVEL": "debug", "ONELANE_OPENBLAS": "false"})
+    assert (s.log_level, s.openblas) == ("DEBUG", False)
+    assert not Settings.from_env({"ONELANE_OPENBLAS": "0"}).openblas  # what turned it off before it was a setting
+    with pytest.raises(SettingsError, match="ONELANE_LOG_LEVEL='verbose': Input should be 'DEBUG', 'INFO'"):
+        Settings.from_env({"ONELANE_LOG_LEVEL": "verbose"})
+    with pytest.raises(SettingsError, match="ONELANE_OPENBLAS='maybe': Input should be a valid boolean"):
+        Settings.from_env({"ONELANE_OPENBLAS": "maybe"})
 
 
 def test_worker_refuses_to_start_with_max_batch_zero(tmp_path):

@@ -1,12 +1,16 @@
-"""Find Debian's OpenBLAS: on Linux, MLX's CPU build bundles a slow reference BLAS, and preloading OpenBLAS
-(same results) makes matrix products many times faster. It must be set before the process starts, so the
-supervisor sets LD_PRELOAD for the worker processes it starts (bench/blas.py measures the effect)."""
+"""Preload Debian's OpenBLAS into the worker: on Linux, MLX's CPU build bundles a slow reference BLAS, and OpenBLAS
+(same results) makes matrix products many times faster. LD_PRELOAD takes effect only from a process's start, so the
+supervisor sets it for the worker processes it starts, and a worker started otherwise starts itself again with it.
+ONELANE_OPENBLAS=false turns it off (bench/blas.py measures the effect)."""
 
 from __future__ import annotations
 
 import glob
 import os
 import sys
+from collections.abc import Mapping
+
+from tasks.settings import Settings
 
 CANDIDATES = (
     "/usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0",
@@ -15,8 +19,8 @@ CANDIDATES = (
 
 
 def openblas_path() -> str | None:
-    """The OpenBLAS library to preload, or None (not Linux, not installed, or ONELANE_OPENBLAS=0)."""
-    if not sys.platform.startswith("linux") or os.environ.get("ONELANE_OPENBLAS", "1") == "0":
+    """The OpenBLAS library on this machine, or None (not Linux, or not installed)."""
+    if not sys.platform.startswith("linux"):
         return None
     for pattern in CANDIDATES:
         found = sorted(glob.glob(pattern))
@@ -25,9 +29,17 @@ def openblas_path() -> str | None:
     return None
 
 
-def worker_env(env: dict[str, str]) -> dict[str, str]:
-    """`env` with OpenBLAS preloaded when available and nothing else is preloaded already."""
+def worker_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env`, the environment of a worker about to start, with OpenBLAS preloaded when it is installed, the worker's
+    settings (read from `env`, as the worker will read them) allow it, and nothing else is preloaded already."""
     library = openblas_path()
-    if library is None or env.get("LD_PRELOAD"):
-        return env
+    if library is None or env.get("LD_PRELOAD") or not Settings.from_env(env).openblas:
+        return dict(env)
     return {**env, "LD_PRELOAD": library}
+
+
+def preload_openblas() -> None:
+    """Start this same command again with OpenBLAS preloaded, when worker_env would preload it and it is not yet."""
+    env = worker_env(os.environ)
+    if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)  # the same command, again

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -23,10 +24,12 @@ import redis
 
 from tasks import keys
 from tasks.broker import QUEUE_NAME, make_broker
+from tasks.errors import SettingsError
 from tasks.housekeeping import Housekeeper
-from tasks.settings import Settings
-from tasks.store import BatchReport, Store, connect
+from tasks.settings import LOG_FORMAT, Settings
+from tasks.store import BatchReport, Store
 from worker import actors
+from worker.blas import preload_openblas
 from worker.engine import Engine
 from worker.models import ModelPool
 from worker.runner import Runner
@@ -62,7 +65,7 @@ class GpuWorker:
     ) -> None:
         self.settings = settings
         self.id = uuid.uuid4().hex
-        self.store = Store(connect(settings.effective_redis_url), settings)
+        self.store = Store.connect(settings)
         self.models = ModelPool(self.store, self.id, engine, on_change=self._report_now)
         self.broker = make_broker(settings)
         self.on_fatal = on_fatal
@@ -206,7 +209,16 @@ def run(settings: Settings) -> None:
     worker.stop()
 
 
-if __name__ == "__main__":
-    from tasks.cli import main
+def main() -> None:
+    """`python -m worker.main`, one worker process as the supervisor starts it: its settings from the environment."""
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        sys.exit(f"Error: {exc.message}")
+    preload_openblas()
+    logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
+    run(settings)
 
-    main(["worker", "--no-supervise"])
+
+if __name__ == "__main__":
+    main()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,11 +41,17 @@ class Ending:
 
 
 @dataclass(frozen=True)
-class _Text:
+class Text:
+    """A job's new text: from one step, as the loop hands it over, or from a window's steps, as the writer sends it."""
+
     job_id: str
     text: str
-    n_tokens: int
     prompt_tokens: int
+    n_tokens: int = 1
+
+    def __add__(self, later: Text) -> Text:
+        """This text, then `later`'s (the writer sends a window's texts of one job as one)."""
+        return Text(self.job_id, self.text + later.text, later.prompt_tokens, self.n_tokens + later.n_tokens)
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,7 @@ class _HandBack:
     shared: bool
 
 
-Item = _Text | Ending | _HandBack
+Item = Text | Ending | _HandBack
 
 
 class OutputWriter:
@@ -86,16 +92,16 @@ class OutputWriter:
     def begin(self, job_id: str) -> None:
         self._fresh.add(job_id)
 
-    def put_many(self, texts: list[tuple[str, str, int]]) -> None:
-        """One step's output: (job id, text, prompt tokens) for each job that got a token."""
+    def put_many(self, texts: list[Text]) -> None:
+        """One step's output: a Text for each job that got a token."""
         if not texts:
             return
         urgent = False
-        for job_id, text, _ in texts:
-            if text and job_id in self._fresh:  # its client waits for the first text
-                self._fresh.discard(job_id)
+        for t in texts:
+            if t.text and t.job_id in self._fresh:  # its client waits for the first text
+                self._fresh.discard(t.job_id)
                 urgent = True
-        self._put([_Text(job_id, text, 1, prompt) for job_id, text, prompt in texts], urgent)
+        self._put(texts, urgent)
 
     def end(self, ending: Ending) -> None:
         self._fresh.discard(ending.job_id)
@@ -117,12 +123,12 @@ class OutputWriter:
         with self._handed:
             return self._handed.wait_for(lambda: not self._pending and not self._writing, timeout_s)
 
-    def _put(self, items: list[Item], urgent: bool) -> None:
+    def _put(self, items: Sequence[Item], urgent: bool) -> None:
         with self._handed:
             wake = urgent or not self._pending  # the first item opens a window: the writer must time it
             self._pending += items
             self._urgent = self._urgent or urgent
-            self._endings_in += sum(1 for item in items if not isinstance(item, _Text))
+            self._endings_in += sum(1 for item in items if not isinstance(item, Text))
             if wake:
                 self._handed.notify_all()
 
@@ -148,19 +154,16 @@ class OutputWriter:
     def _write(self, items: list[Item]) -> None:
         """Everything in `items` as one pipeline: per job its text so far as one write, before its ending."""
         self._last_flush = time.monotonic()
-        texts: dict[str, list[Any]] = {}  # job id -> [text, tokens, prompt tokens], in order of arrival
+        texts: dict[str, Text] = {}  # job id -> its text so far, in order of arrival
         ops: list[Item] = []
         for item in items:
-            if isinstance(item, _Text):
-                pending = texts.setdefault(item.job_id, ["", 0, 0])
-                pending[0] += item.text
-                pending[1] += item.n_tokens
-                pending[2] = item.prompt_tokens
-            elif isinstance(item, (Ending, _HandBack)):
+            if isinstance(item, Text):
+                texts[item.job_id] = texts[item.job_id] + item if item.job_id in texts else item
+            else:
                 if item.job_id in texts:
-                    ops.append(_Text(item.job_id, *texts.pop(item.job_id)))
+                    ops.append(texts.pop(item.job_id))
                 ops.append(item)
-        ops += [_Text(job_id, *pending) for job_id, pending in texts.items()]
+        ops += texts.values()
         if not ops:
             return
         results = self._send(ops)
@@ -174,7 +177,7 @@ class OutputWriter:
                 results[n] = result
         for op, result in zip(ops, results):
             self._settle(op, result)
-            if not isinstance(op, _Text):
+            if not isinstance(op, Text):
                 with self._handed:
                     self._endings_out += 1
                     self._handed.notify_all()
@@ -191,7 +194,7 @@ class OutputWriter:
             return [exc] * len(ops)
 
     def _queue_op(self, op: Item, pipe: Any) -> None:
-        if isinstance(op, _Text):
+        if isinstance(op, Text):
             self.store.append(op.job_id, op.n_tokens, op.text, op.prompt_tokens, self.worker_id, pipe=pipe)
         elif isinstance(op, Ending):
             self.store.finish(
@@ -204,7 +207,7 @@ class OutputWriter:
 
     def _settle(self, op: Item, result: Any) -> None:
         failed = isinstance(result, Exception)
-        if isinstance(op, _Text):
+        if isinstance(op, Text):
             if failed or result:  # Redis away, or the job must stop: either way it stops
                 self.on_stop(op.job_id)
         elif failed:  # an ending or a hand-back that did not reach Redis: hand the job back, patiently

@@ -18,17 +18,16 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import redis
 
 from tasks.errors import InvalidPrompt
-from tasks.job import Job, JobStatus
+from tasks.job import JobStatus
 from tasks.store import Claim, Store, Switch
+from worker.batch import Batch, Finished, Head, Running, StepResult
 from worker.engine import Engine, Token
 from worker.models import ModelPool
-from worker.output import Ending, OutputWriter
+from worker.output import Ending, OutputWriter, Text
 from worker.stops import StopMatcher
 
 logger = logging.getLogger(__name__)
@@ -36,69 +35,12 @@ logger = logging.getLogger(__name__)
 STOP_DRAIN_S = 5.0  # a stopping worker lets its batch run this long to end, then hands back what still runs
 
 
-@dataclass
-class Running:
-    """A job in the batch, as the loop follows it."""
-
-    job: Job
-    uid: int
-    prompt_tokens: int
-    cost: int  # KV tokens it may come to hold: its prompt plus max_tokens
-    deadline: float  # monotonic: when its time limit is up
-    detokenizer: Any
-    stops: StopMatcher
-    solo: bool = False  # runs alone: it was in a batch that failed
-    tokens: int = 0
-    stop_seen_at: int | None = None
-
-
-@dataclass
-class Head:
-    """The job at the head of the queue, measured but not claimed yet (it may not fit)."""
-
-    id: str
-    tokens: list[int]
-    cost: int
-    solo: bool
-    invalid: tuple[str, str] | None = None  # why it cannot be generated from (it is claimed only to fail)
-
-
-@dataclass
-class Batch:
-    """The jobs in the batch by their engine uid, and what they hold of the KV budget.
-
-    mlx-lm keeps a batch's KV cache as one array, every sequence padded to the longest: a batch of n jobs may come
-    to hold n times the largest job's prompt plus max_tokens, however small the others are.
-    """
-
-    by_uid: dict[int, Running] = field(default_factory=dict)
-    by_job: dict[str, Running] = field(default_factory=dict)
-
-    def add(self, r: Running) -> None:
-        self.by_uid[r.uid], self.by_job[r.job.id] = r, r
-
-    def drop(self, r: Running) -> None:
-        del self.by_uid[r.uid], self.by_job[r.job.id]
-
-    @property
-    def kv_tokens(self) -> int:
-        """The KV cache the batch may come to hold, in tokens."""
-        return self.kv_tokens_with(0) if self else 0
-
-    def kv_tokens_with(self, cost: int) -> int:
-        """... with one more job of `cost` tokens in it."""
-        return (len(self) + (1 if cost else 0)) * max([cost, *(r.cost for r in self.by_uid.values())])
-
-    @property
-    def solo(self) -> bool:
-        return any(r.solo for r in self.by_uid.values())
-
-    def __len__(self) -> int:
-        return len(self.by_uid)
-
-
 class Runner:
-    """Runs jobs for one worker process, identified by `worker_id` (the holder of the device's lease)."""
+    """Runs jobs for one worker process, identified by `worker_id` (the holder of the device's lease).
+
+    One thread runs the loop (`run_waiting`) and owns everything here; other threads only call `request_stop`, set
+    `queue_moved`, and read `batch`, `engine` and `active` for the heartbeat's report.
+    """
 
     def __init__(self, store: Store, models: ModelPool, worker_id: str, on_fatal: Callable[[str], None]) -> None:
         self.store = store
@@ -108,9 +50,10 @@ class Runner:
         self.worker_id = worker_id
         self.batch = Batch()
         self.queue_moved = threading.Event()  # set by the worker's listener: jobs may wait to be claimed
-        self._stops: queue.SimpleQueue[Running] = queue.SimpleQueue()  # runs that must stop
-        self._head: Head | None = None
-        self._look = True  # whether the queue may hold a job that can join now
+        self._stops: queue.SimpleQueue[Running] = queue.SimpleQueue()  # runs that must stop; the loop alone reads it
+        # the loop's view of the queue (its thread alone uses these):
+        self._look = True  # it may hold a job that can join now: set when it moves or a job leaves, cleared by `_fill`
+        self._head: Head | None = None  # its head, measured, waiting for room in the batch
         self.writer = OutputWriter(store, worker_id, on_stop=self.request_stop, on_fatal=on_fatal)
 
     @property
@@ -152,55 +95,73 @@ class Runner:
                 if self._look and not stopping.is_set():
                     started += self._fill()
                 self._drop_stopped()
-                if not self.batch:
-                    if self._look and not stopping.is_set():
-                        continue  # a job ended or was dropped: look again
+                if self.batch:
+                    self._step()
+                elif not self._look or stopping.is_set():  # nothing runs, and none may join (else: look again)
                     return started
-                self._step()
-        return started
 
-    # --- joining -------------------------------------------------------------------------------------------
+    # --- joining: one claim after another, each outcome to its handler -------------------------------------
 
     def _fill(self) -> int:
-        """Claim jobs in fair order while one can join; returns how many started."""
+        """Claim jobs in fair order while one can join; returns how many started. The queue is not looked at
+        again until it moves or a job leaves the batch."""
         started = 0
         self.writer.settle()
-        while not self.batch or (len(self.batch) < self.engine.max_batch and not self.batch.solo):  # type: ignore[union-attr]
-            if not self.batch:
-                want: str | None = "*"  # any job fits an empty batch: claim it in one round trip
-            else:
-                want = self._head.id if self._head and self._fits(self._head) else None  # measured, and fits now
-            try:
-                claim = self.store.claim_next(self.worker_id, want=want, active=self.active if self.batch else "",
-                                              loaded=self.models.names())  # fmt: skip
-            except redis.RedisError as exc:  # the batch goes on; housekeeping rings again once Redis answers
-                logger.warning("cannot claim: %s", exc)
-                self._look = False
-                return started
+        while self._has_slot():
+            claim = self._claim()
             if claim is None:
-                self._head, self._look = None, False
-                return started
+                break
             if isinstance(claim, Switch):
-                if claim.load and not self.batch:  # (a failed load fails the model's jobs: the claim moves on)
-                    logger.info("job %s needs model %s: loading it", claim.head, claim.model)
-                    self.engine = None  # held here, an evicted model's weights could not be freed
-                    self.models.load(claim.model)
-                    continue
-                self._head, self._look = None, False  # the batch drains first; a job leaving it looks again
-                return started
-            if claim.started:
+                go_on = self._on_switch(claim)
+            elif claim.started:
                 self._join(claim)
                 started += 1
-                if not claim.behind:  # nothing else waits: no need to ask again until the queue moves
-                    break
-                continue
-            if self._head is None or self._head.id != claim.job.id:
-                self._head = self._measure(claim)
-            if not self._fits(self._head):
-                self._look = False  # until a job leaves the batch
-                return started
+                go_on = bool(claim.behind)  # nothing else waits: no need to ask again until the queue moves
+            else:
+                go_on = self._on_head(claim)
+            if not go_on:
+                break
         self._look = False
         return started
+
+    def _has_slot(self) -> bool:
+        """An empty batch takes any job; another, one more while it has a free slot and no job that runs alone."""
+        return not self.batch or (len(self.batch) < self.engine.max_batch and not self.batch.solo)  # type: ignore[union-attr]
+
+    def _claim(self) -> Claim | Switch | None:
+        """The next claim: any job into an empty batch; else the measured head, named if it fits now. None when
+        nothing waits, or Redis does not answer (the batch goes on; housekeeping rings again once Redis answers)."""
+        if not self.batch:
+            want: str | None = "*"  # any job fits an empty batch: claim it in one round trip
+        else:
+            want = self._head.id if self._head and self._fits(self._head) else None
+        try:
+            claim = self.store.claim_next(self.worker_id, want=want, active=self.active if self.batch else "",
+                                          loaded=self.models.names())  # fmt: skip
+        except redis.RedisError as exc:
+            logger.warning("cannot claim: %s", exc)
+            return None
+        if claim is None:
+            self._head = None
+        return claim
+
+    def _on_switch(self, switch: Switch) -> bool:
+        """The next job needs another model: with the batch empty, load it and claim again (a failed load fails
+        the model's jobs: the claim moves on); else the batch drains first (a job leaving it looks again)."""
+        if switch.load and not self.batch:
+            logger.info("job %s needs model %s: loading it", switch.head, switch.model)
+            self.engine = None  # held here, an evicted model's weights could not be freed
+            self.models.load(switch.model)
+            return True
+        self._head = None
+        return False
+
+    def _on_head(self, claim: Claim) -> bool:
+        """The head, not claimed: measure it (once), and claim it by name if it fits now; else it waits until a job
+        leaves the batch."""
+        if self._head is None or self._head.id != claim.job.id:
+            self._head = self._measure(claim)
+        return self._fits(self._head)
 
     def _measure(self, claim: Claim) -> Head:
         job = claim.job
@@ -225,15 +186,14 @@ class Runner:
         return not head.solo and self.batch.kv_tokens_with(head.cost) <= self.budget
 
     def _join(self, claim: Claim) -> None:
+        """A started job joins the batch (measured as the head, or now: claimed into an empty batch), or fails at
+        once if it cannot be generated from."""
         job, head = claim.job, self._head
         self._head = None
-        if head is None or head.id != job.id:  # claimed into an empty batch, without being measured first
+        if head is None or head.id != job.id:
             head = self._measure(claim)
-        if not self.batch and head.invalid is None:  # the batch's model is the first job's
-            if job.spec.model != self.active:
-                logger.info("batch switches to model %s (from %s)", job.spec.model, self.active or "none")
-                self.store.count("model_switches")
-            self.active, self.engine = job.spec.model, self.models.get(job.spec.model)
+        if not self.batch and head.invalid is None:
+            self._activate(job.spec.model)
         logger.info("job %s: started (owner %s, model %s, attempt %d, batch %d)", job.id, job.owner, job.spec.model,
                     job.attempts, len(self.batch) + 1)  # fmt: skip
         if head.invalid is not None:
@@ -246,9 +206,18 @@ class Runner:
                                self.engine.detokenizer(), StopMatcher(job.spec.params.stop), solo=head.solo))  # fmt: skip
         self.writer.begin(job.id)
 
+    def _activate(self, model: str) -> None:
+        """The batch's model is its first job's."""
+        if model != self.active:
+            logger.info("batch switches to model %s (from %s)", model, self.active or "none")
+            self.store.count("model_switches")
+        self.active, self.engine = model, self.models.get(model)
+
     # --- generating ----------------------------------------------------------------------------------------
 
     def _step(self) -> None:
+        """One step of the batch: every job's new text in one hand-over, then the endings of the jobs that ended
+        (after their last text), then those over their time limit."""
         assert self.engine is not None
         try:
             tokens = self.engine.step()
@@ -256,19 +225,16 @@ class Runner:
             logger.exception("a batch step failed with %d job(s) in the batch", len(self.batch))
             self._step_failed()
             return
-        texts: list[tuple[str, str, int]] = []  # (job id, text, prompt tokens): one hand-over for the whole step
-        ended: list[tuple[Running, str, bool]] = []
+        result = StepResult()
         for token in tokens:
-            self._advance(token, texts, ended)
-        self.writer.put_many(texts)
-        for r, reason, in_engine in ended:  # after their last text
-            self._end(r, reason, in_engine=in_engine)
-        now = time.monotonic()
-        for r in [r for r in self.batch.by_uid.values() if now > r.deadline]:
-            limit_s = self.store.settings.job_time_limit_s
-            self._end(r, None, error=("time_limit", f"generation ran past the time limit of {limit_s:g} s"))
+            self._advance(token, result)
+        self.writer.put_many(result.texts)
+        for f in result.finished:
+            self._end(f.run, f.reason, in_engine=f.in_engine)
+        self._end_overdue()
 
-    def _advance(self, token: Token, texts: list[tuple[str, str, int]], ended: list[tuple[Running, str, bool]]) -> None:
+    def _advance(self, token: Token, result: StepResult) -> None:
+        """One job's token: its text (up to a stop string, if one is hit), and whether it ended."""
         r = self.batch.by_uid.get(token.uid)
         if r is None:  # dropped meanwhile
             return
@@ -280,17 +246,25 @@ class Runner:
         text, hit = r.stops.feed(r.detokenizer.last_segment)
         if token.finish_reason and not hit:
             text += r.stops.flush()
-        texts.append((r.job.id, text, r.prompt_tokens))
-        if hit:
-            ended.append((r, "stop", token.finish_reason is None))
+        result.texts.append(Text(r.job.id, text, r.prompt_tokens))
+        if hit:  # a stop string: the engine may not have ended the sequence
+            result.finished.append(Finished(r, "stop", in_engine=token.finish_reason is None))
         elif token.finish_reason:
-            ended.append((r, token.finish_reason, False))
+            result.finished.append(Finished(r, token.finish_reason, in_engine=False))
+
+    def _end_overdue(self) -> None:
+        """End the jobs past their time limit."""
+        now, limit_s = time.monotonic(), self.store.settings.job_time_limit_s
+        for r in [r for r in self.batch.by_uid.values() if now > r.deadline]:
+            self._end(r, None, error=("time_limit", f"generation ran past the time limit of {limit_s:g} s"))
 
     def _drop_stopped(self) -> None:
         while not self._stops.empty():  # this loop is the only reader
             r = self._stops.get_nowait()
             if self.batch.by_uid.get(r.uid) is r:  # still this run
                 self._end(r, "cancelled")
+
+    # --- leaving -------------------------------------------------------------------------------------------
 
     def _end(self, r: Running, reason: str | None, error: tuple[str, str] | None = None, in_engine: bool = True) -> None:
         """Take a job out of the batch (and out of the engine, if it is still there) and record its outcome."""
@@ -304,26 +278,28 @@ class Runner:
         logger.info("job %s: %s (%s, %d tokens)", r.job.id, status.value, reason or error and error[0], r.tokens)
 
     def _hand_back_all(self, why: str) -> None:
-        assert self.engine is not None
+        shared = len(self.batch) > 1
         for r in list(self.batch.by_uid.values()):
             logger.info("job %s: handed back (%s) after %d tokens", r.job.id, why, r.tokens)
-            self.writer.hand_back(r.job.id, why, shared=len(self.batch) > 1)
-        self.engine.reset()
-        self.batch = Batch()
-        self._look = True
+            self.writer.hand_back(r.job.id, why, shared=shared)
+        self._start_afresh()
 
     def _step_failed(self) -> None:
         """Alone in the batch, the job fails (the error was its own); with others, all go back to the front of
         the queue to run alone next, so a job that breaks every batch it is in fails by itself."""
-        assert self.engine is not None
         if len(self.batch) > 1:
             self._hand_back_all("generation_error")
             return
-        r = next(iter(self.batch.by_uid.values()))
+        (r,) = self.batch.by_uid.values()
+        self._start_afresh()
+        self.writer.end(Ending(r.job.id, JobStatus.FAILED, None, _generation_error(r.job.id), r.prompt_tokens, r.tokens))
+
+    def _start_afresh(self) -> None:
+        """An empty batch, and an engine with nothing in it."""
+        assert self.engine is not None
         self.engine.reset()
         self.batch = Batch()
         self._look = True
-        self.writer.end(Ending(r.job.id, JobStatus.FAILED, None, _generation_error(r.job.id), r.prompt_tokens, r.tokens))
 
 
 def _generation_error(job_id: str) -> tuple[str, str]:

@@ -20,7 +20,7 @@ import time
 import redis
 
 from tasks.settings import Settings
-from tasks.store import Store, connect
+from tasks.store import Store
 from worker.blas import worker_env
 
 logger = logging.getLogger(__name__)
@@ -36,9 +36,10 @@ class Supervisor:
     ) -> None:
         self.settings = settings
         self.command = command or [sys.executable, "-m", "worker.main"]
-        # The workers inherit our environment (the settings were read from it), with OpenBLAS preloaded.
-        self.env = worker_env(dict(os.environ) if env is None else env)
-        self.store = Store(connect(settings.effective_redis_url), settings)
+        # The workers inherit our environment (the settings were read from it), with OpenBLAS preloaded, and log
+        # at our level (which `onelane --log-level` may have set).
+        self.env = {**worker_env(os.environ if env is None else env), "ONELANE_LOG_LEVEL": settings.log_level}
+        self.store = Store.connect(settings)
         self.stopping = threading.Event()
         self.children: dict[int, subprocess.Popen[bytes]] = {}
         self.spawned_at: dict[int, float] = {}

@@ -1,0 +1,285 @@
+"""The terminal client's commands: run, submit, tail, jobs and cancel talk to a running web over HTTP
+(tasks/client.py), at ONELANE_URL with ONELANE_API_KEY. A job's tokens go to stdout, so it pipes; its standing and
+errors go to stderr. tasks/cli.py adds them to the `onelane` command.
+
+The client's imports (rich, and requests through tasks.client) wait until one of these commands runs: `onelane web`
+must let gevent patch ssl before they are imported.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+
+from tasks.events import TERMINAL
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.live import Live
+
+    from tasks.client import Client
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports after a Ctrl-C
+STATUS_STYLES = {"completed": "green", "failed": "red", "expired": "red", "cancelled": "yellow", "in_progress": "cyan"}
+
+
+def _client() -> tuple[Client, Console]:
+    from rich.console import Console
+
+    from tasks.client import Client
+
+    return Client.from_env(), Console(stderr=True, highlight=False)
+
+
+@contextmanager
+def _reported() -> Iterator[None]:
+    """The client's errors as one line on stderr and exit status 1 (with the wait an overloaded server asks)."""
+    from tasks.client import ApiError, ClientError
+
+    try:
+        yield
+    except ApiError as exc:
+        wait = f"; retry after {exc.retry_after_s:g} s" if exc.retry_after_s is not None else ""
+        raise click.ClickException(f"{exc}{wait}") from None
+    except ClientError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+class _Status:
+    """One transient status line on stderr: a spinner on a terminal; elsewhere each new text once, as a line."""
+
+    def __init__(self, console: Console) -> None:
+        self.console, self.shown = console, ""
+        self.live: Live | None = None
+
+    def show(self, text: str) -> None:
+        from rich.live import Live
+        from rich.spinner import Spinner
+        from rich.text import Text
+
+        if text == self.shown:
+            return
+        self.shown = text
+        if not self.console.is_terminal:
+            self.console.print(Text(text), soft_wrap=True)
+        elif self.live is None:  # as console.status(), but leaving sys.stdout alone: the tokens go there
+            self.spinner = Spinner("dots", Text(text), style="status.spinner")
+            self.live = Live(self.spinner, console=self.console, refresh_per_second=12.5, transient=True,
+                             redirect_stdout=False, redirect_stderr=False)  # fmt: skip
+            self.live.start()
+        else:
+            self.spinner.update(text=Text(text))
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+        self.live, self.shown = None, ""
+
+
+def _standing(job: dict[str, Any]) -> str:
+    """Where a waiting job stands: "#3 in queue, ~12 s" (no estimate until the server has timed a job)."""
+    eta = job.get("eta_s")
+    return f"#{job['position']} in queue" + ("" if eta is None else f", ~{_duration(eta)}")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
+
+
+def _job_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The options of a submission (`run` and `submit`)."""
+    options = [
+        click.argument("prompt"),
+        click.option("--model", help="A model the server serves (GET /v1/models); default: its default model."),
+        click.option("--priority", type=click.Choice(["interactive", "batch"]), help="Default: your key's class."),
+        click.option("--max-tokens", type=click.IntRange(min=1), help="Default: the server's limit."),
+        click.option("--temperature", type=click.FloatRange(0, 2), help="Sampling temperature (default 0: greedy)."),
+        click.option("--ignore-eos", is_flag=True, help="Generate all --max-tokens, past the end of text."),
+        click.option("--wait", is_flag=True, help="When the server is overloaded (429/503), retry after Retry-After."),
+        click.option("--json", "as_json", is_flag=True, help="Print the job as JSON (for scripts)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _submit(client: Client, status: _Status, prompt: str, wait: bool, **fields: Any) -> dict[str, Any]:
+    """Submit PROMPT ("-": stdin); with `wait`, an overloaded server is asked again after its Retry-After."""
+    from tasks.client import ApiError
+
+    text = sys.stdin.read() if prompt == "-" else prompt
+    while True:
+        try:
+            return client.submit(text, **fields)
+        except ApiError as exc:
+            if not (wait and exc.overloaded and exc.retry_after_s is not None):
+                raise
+            status.show(f"{exc.message}; retrying in {exc.retry_after_s:g} s")
+            time.sleep(exc.retry_after_s)
+
+
+def _follow(client: Client, status: _Status, job_id: str, after: int = -1, tokens: bool = True) -> dict[str, Any]:
+    """Show the job's standing on stderr and its tokens on stdout until it ends; return the ended job."""
+    out, last, streaming = sys.stdout, "\n", False
+    try:
+        for event in client.events(job_id, after=after):
+            if event.type == "queued":
+                status.show(_standing(event.data))
+            elif event.type == "started":
+                status.show("running")
+            elif event.type == "token" and tokens:
+                status.stop()  # before the first token: the spinner may share the terminal with stdout
+                streaming = True
+                out.write(event.data["text"])
+                out.flush()
+                last = event.data["text"][-1:] or last
+            elif event.type == "requeued":
+                out.write("" if last == "\n" else "\n")
+                last = "\n"
+                status.console.print("its worker died: the job is back at the front, and its output starts over")
+            elif event.type == "reconnecting" and not (streaming and status.console.is_terminal):
+                status.show(f"connection lost ({event.data['error']}); resuming")
+            elif event.type in TERMINAL:
+                return event.data
+        raise AssertionError("unreachable: events() ends with a terminal event")
+    finally:
+        status.stop()
+        if last != "\n":
+            out.write("\n")
+            out.flush()
+
+
+def _report(console: Console, job: dict[str, Any], as_json: bool) -> None:
+    """Print the ended job (JSON on stdout, or a summary on stderr); exit 1 unless it completed."""
+    if as_json:
+        click.echo(json.dumps(job, indent=2))
+    if job["status"] != "completed":
+        error = job.get("error")
+        why = f": {error['message']} ({error['type']})" if error else ""
+        raise click.ClickException(f"job {job['id']} {job['status']}{why}")
+    if not as_json:
+        t, tokens = job["timings"], job["usage"]["completion_tokens"]
+        waited, ran = t["started_at"] - t["queued_at"], t["finished_at"] - t["started_at"]
+        console.print(f"completed: {tokens} tokens ({job['finish_reason']}), waited {waited:.1f} s, ran {ran:.1f} s",
+                      style="dim")  # fmt: skip
+
+
+def _cancel_and_exit(client: Client, console: Console, job_id: str) -> NoReturn:
+    from tasks.client import ClientError
+
+    console.print(f"cancelling {job_id}")
+    try:
+        console.print(f"{job_id} {client.cancel(job_id)['status']}")
+    except ClientError as exc:  # it ended meanwhile, or the server is gone
+        console.print(f"could not cancel {job_id}: {exc}")
+    sys.exit(EXIT_INTERRUPTED)
+
+
+@click.command()
+@_job_options
+def run(prompt: str, wait: bool, as_json: bool, ignore_eos: bool, **fields: Any) -> None:
+    """Submit PROMPT ("-": read stdin), show its place in the queue, then stream its tokens to stdout.
+
+    Ctrl-C (or a closed terminal) cancels the job. Exit status: 0 if it completed, 1 if not, 130 after Ctrl-C.
+    """
+    client, console = _client()
+    status = _Status(console)
+    for signum in (signal.SIGTERM, signal.SIGHUP):  # a kill or a closed terminal cancels it as Ctrl-C does
+        signal.signal(signum, signal.default_int_handler)
+    job_id = None
+    with _reported():
+        try:
+            job = _submit(client, status, prompt, wait, ignore_eos=ignore_eos or None, abandon_on_disconnect=True,
+                          **fields)  # fmt: skip
+            job_id = job["id"]
+            status.stop()
+            console.print(f"submitted {job_id}", style="dim")
+            if job["status"] == "queued":
+                status.show(_standing(job))
+            ended = _follow(client, status, job_id, tokens=not as_json)
+        except KeyboardInterrupt:
+            status.stop()
+            if job_id is None:
+                console.print("interrupted: nothing submitted")
+                sys.exit(EXIT_INTERRUPTED)
+            _cancel_and_exit(client, console, job_id)
+    _report(console, ended, as_json)
+
+
+@click.command()
+@_job_options
+def submit(prompt: str, wait: bool, as_json: bool, ignore_eos: bool, **fields: Any) -> None:
+    """Submit PROMPT ("-": read stdin) and print its job id at once (follow it with `onelane tail ID`)."""
+    client, console = _client()
+    with _reported():
+        job = _submit(client, _Status(console), prompt, wait, ignore_eos=ignore_eos or None, **fields)
+    click.echo(json.dumps(job, indent=2) if as_json else job["id"])
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--from", "start", default=0, type=click.IntRange(min=0),
+              help="Start at this event (the ids of the job's event stream); default: the first.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the ended job as JSON instead of its tokens.")
+def tail(job_id: str, start: int, as_json: bool) -> None:
+    """Follow a job: its place in the queue, then its tokens on stdout. Ctrl-C stops following; the job goes on."""
+    client, console = _client()
+    with _reported():
+        try:
+            ended = _follow(client, _Status(console), job_id, after=start - 1, tokens=not as_json)
+        except KeyboardInterrupt:
+            sys.exit(EXIT_INTERRUPTED)
+    _report(console, ended, as_json)
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
+def cancel(job_id: str, as_json: bool) -> None:
+    """Cancel a job: a waiting one never runs; a running one stops within a step, keeping its partial output."""
+    client, _ = _client()
+    with _reported():
+        job = client.cancel(job_id)
+    click.echo(json.dumps(job, indent=2) if as_json else f"{job['id']} {job['status']}")
+
+
+@click.command()
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 200))
+@click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON.")
+def jobs(limit: int, as_json: bool) -> None:
+    """Your recent jobs, newest first."""
+    from rich.console import Console
+    from rich.table import Column, Table
+    from rich.text import Text
+
+    client, _ = _client()
+    with _reported():
+        listed = client.jobs(limit)
+    if as_json:
+        click.echo(json.dumps(listed, indent=2))
+        return
+    fixed = {"no_wrap": True}  # the id and the figures stay whole; the model and the prompt give way, cut short
+    table = Table(Column("id", **fixed), Column("status", **fixed), Column("tokens", justify="right", **fixed),
+                  Column("queued", **fixed), "model", "prompt", box=None)  # fmt: skip
+    today = time.strftime("%Y-%m-%d")
+    for job in listed:
+        eta = "" if job["eta_s"] is None else f" ~{_duration(job['eta_s'])}"
+        state = f"queued #{job['position']}{eta}" if job["status"] == "queued" else job["status"]
+        prompt = job["prompt"] if job["prompt"] is not None else job["messages"][-1]["content"]
+        queued = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job["timings"]["queued_at"]))
+        cells = (job["model"], " ".join(prompt.split()))
+        table.add_row(job["id"], Text(state, style=STATUS_STYLES.get(job["status"], "")),
+                      str(job["usage"]["completion_tokens"]), queued.removeprefix(f"{today} "),
+                      *(Text(cell, no_wrap=True, overflow="ellipsis") for cell in cells))  # fmt: skip
+    Console(highlight=False).print(table)

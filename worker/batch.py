@@ -1,0 +1,88 @@
+"""The batch as the runner's loop follows it: its jobs, the head it measures, what a step brought (worker/runner.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasks.job import Job
+from worker.output import Text
+from worker.stops import StopMatcher
+
+
+@dataclass
+class Running:
+    """A job in the batch, as the loop follows it."""
+
+    job: Job
+    uid: int
+    prompt_tokens: int
+    cost: int  # KV tokens it may come to hold: its prompt plus max_tokens
+    deadline: float  # monotonic: when its time limit is up
+    detokenizer: Any
+    stops: StopMatcher
+    solo: bool = False  # runs alone: it was in a batch that failed
+    tokens: int = 0
+    stop_seen_at: int | None = None
+
+
+@dataclass
+class Head:
+    """The job at the head of the queue, measured but not claimed yet (it may not fit)."""
+
+    id: str
+    tokens: list[int]
+    cost: int
+    solo: bool
+    invalid: tuple[str, str] | None = None  # why it cannot be generated from (it is claimed only to fail)
+
+
+@dataclass
+class Batch:
+    """The jobs in the batch by their engine uid, and what they hold of the KV budget.
+
+    mlx-lm keeps a batch's KV cache as one array, every sequence padded to the longest: a batch of n jobs may come
+    to hold n times the largest job's prompt plus max_tokens, however small the others are.
+    """
+
+    by_uid: dict[int, Running] = field(default_factory=dict)
+    by_job: dict[str, Running] = field(default_factory=dict)
+
+    def add(self, r: Running) -> None:
+        self.by_uid[r.uid], self.by_job[r.job.id] = r, r
+
+    def drop(self, r: Running) -> None:
+        del self.by_uid[r.uid], self.by_job[r.job.id]
+
+    @property
+    def kv_tokens(self) -> int:
+        """The KV cache the batch may come to hold, in tokens."""
+        return self.kv_tokens_with(0) if self else 0
+
+    def kv_tokens_with(self, cost: int) -> int:
+        """... with one more job of `cost` tokens in it."""
+        return (len(self) + (1 if cost else 0)) * max([cost, *(r.cost for r in self.by_uid.values())])
+
+    @property
+    def solo(self) -> bool:
+        return any(r.solo for r in self.by_uid.values())
+
+    def __len__(self) -> int:
+        return len(self.by_uid)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A job whose last token came in a step, and why it ended."""
+
+    run: Running
+    reason: str  # "stop" (EOS, or a stop string hit), "length" (max_tokens)
+    in_engine: bool  # still in the engine's batch (a stop string ended it, not the engine)
+
+
+@dataclass
+class StepResult:
+    """What one step brought, handed on in this order: every job's new text, then the jobs that ended."""
+
+    texts: list[Text] = field(default_factory=list)
+    finished: list[Finished] = field(default_factory=list)
