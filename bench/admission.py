@@ -18,6 +18,7 @@ Needs `wrk` (Debian: apt-get install -y wrk). Run: .venv/bin/python -m bench.adm
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import resource
 import shutil
@@ -30,20 +31,22 @@ from typing import Any
 
 import redis
 
-from bench._load import (
+from bench.harness import (
+    bench_env,
     children,
+    cpu_now,
     cpu_seconds,
     free_port,
     http_request,
-    machine_busy,
     onelane_web,
+    queue_bounds,
     redis_cpu,
+    summary,
     tail,
 )
-from bench.common import bench_env, summary
 from tasks import keys
 from tasks.job import JobSpec, SamplingParams, new_job_id
-from tasks.store import Store, connect
+from tasks.store import Store
 
 BODY = '{"prompt":"hi","max_tokens":8}'
 BOUND = 10_000_000
@@ -98,11 +101,37 @@ def settle(client: redis.Redis, limit_s: float = 10.0) -> int:
     return last
 
 
+def submit_level(port: int, pids: list[int], client: redis.Redis, conns: int, seconds: float,
+                 script: Path) -> dict[str, Any]:  # fmt: skip
+    """wrk at `conns` connections for `seconds`: its figures, plus the CPU each part used and the failures."""
+    n0 = settle(client)
+    before = cpu_now(pids, client)
+    r = run_wrk(port, conns, seconds, script)
+    web_cpu, redis_used, busy = (b - a for a, b in zip(before, cpu_now(pids, client)))
+    n1 = settle(client)
+    in_flight = (n1 - n0) - r["requests"]  # admitted after wrk stopped counting: at most one per connection
+    return {**r, "rate": r["requests"] / r["seconds"], "web_cpu": web_cpu, "redis_cpu": redis_used,
+            "other": busy - web_cpu - redis_used - r["wrk_cpu"], "admitted": n1 - n0,
+            "failed": r["errors"] + r["non2xx"] + (0 if 0 <= in_flight <= conns else abs(in_flight))}  # fmt: skip
+
+
+def level_row(workers: int, conns: int, r: dict[str, Any]) -> str:
+    """One row of the submit-rate table (and what failed, if anything did)."""
+    dur, n = r["seconds"], max(r["requests"], 1)
+    row = (f"{workers:>4} {conns:>6} {r['rate']:>11.0f} {r['p50_ms']:>9.2f} {r['p99_ms']:>8.2f} {r['max_ms']:>8.1f} "
+           f"{r['failed']:>7}  | {'':>6}{100 * r['web_cpu'] / dur:>5.0f} {100 * r['redis_cpu'] / dur:>6.0f} "
+           f"{100 * r['wrk_cpu'] / dur:>4.0f} {100 * r['other'] / dur:>6.0f}  {1e3 * r['web_cpu'] / n:>5.2f} "
+           f"{1e6 * r['redis_cpu'] / n:>5.0f}")  # fmt: skip
+    if r["failed"]:
+        row += (f"\n       ! wrk: {r['errors']} socket errors/timeouts, {r['non2xx']} answers >= 400; Redis counted "
+                f"{r['admitted']} admissions for {r['requests']} answered requests")  # fmt: skip
+    return row
+
+
 def http_part(args: argparse.Namespace, settings: Any, folder: Path) -> None:
-    client = connect(settings.effective_redis_url)
+    client = Store.connect(settings).redis
     script = folder / "post.lua"
     script.write_text(WRK_SCRIPT)
-    bounds = {"ONELANE_MAX_QUEUE": str(BOUND), "ONELANE_MAX_QUEUED_PER_USER": str(BOUND)}
     best: dict[int, tuple[float, int, float]] = {}
     print(f"\n=== submit rate through `onelane web` (gunicorn gevent), no worker; wrk -t1 (closed loop, keep-alive), "
           f"{args.seconds:g} s per level, body {BODY} ===")  # fmt: skip
@@ -113,32 +142,16 @@ def http_part(args: argparse.Namespace, settings: Any, folder: Path) -> None:
         client.flushall()
         port = free_port()
         log = folder / f"web-{workers}.log"
-        with onelane_web(settings, port, workers, log, **bounds) as web:
+        with onelane_web(settings, port, log, workers, quiet=True, **queue_bounds(BOUND)) as web:
             pids = [web.pid, *children(web.pid)]
             for _ in range(50 * workers):  # warm-up: imports, script loading, connection pools in every worker
                 status, body = http_request(port, "POST", "/v1/jobs", BODY.encode())
                 assert status == 202, (status, body)
             for conns in args.concurrency:
-                n0 = settle(client)
-                web0, redis0, busy0 = cpu_seconds(pids), redis_cpu(client), machine_busy()
-                r = run_wrk(port, conns, args.seconds, script)
-                web1, redis1, busy1 = cpu_seconds(pids), redis_cpu(client), machine_busy()
-                n1 = settle(client)
-                dur = r["seconds"]
-                rate = r["requests"] / dur
-                if rate > best.get(workers, (0.0, 0, 0.0))[0]:
-                    best[workers] = (rate, conns, r["p99_ms"])
-                web_cpu, redis_used = web1 - web0, redis1 - redis0
-                other = (busy1 - busy0) - web_cpu - redis_used - r["wrk_cpu"]
-                in_flight = (n1 - n0) - r["requests"]  # admitted after wrk stopped counting: at most one per connection
-                failed = r["errors"] + r["non2xx"] + (0 if 0 <= in_flight <= conns else abs(in_flight))
-                print(f"{workers:>4} {conns:>6} {rate:>11.0f} {r['p50_ms']:>9.2f} {r['p99_ms']:>8.2f} "
-                      f"{r['max_ms']:>8.1f} {failed:>7}  | {'':>6}{100 * web_cpu / dur:>5.0f} {100 * redis_used / dur:>6.0f} "
-                      f"{100 * r['wrk_cpu'] / dur:>4.0f} {100 * other / dur:>6.0f}  "
-                      f"{1e3 * web_cpu / max(r['requests'], 1):>5.2f} {1e6 * redis_used / max(r['requests'], 1):>5.0f}")  # fmt: skip
-                if failed:
-                    print(f"       ! wrk: {r['errors']} socket errors/timeouts, {r['non2xx']} answers >= 400; Redis "
-                          f"counted {n1 - n0} admissions for {r['requests']} answered requests")  # fmt: skip
+                r = submit_level(port, pids, client, conns, args.seconds, script)
+                if r["rate"] > best.get(workers, (0.0, 0, 0.0))[0]:
+                    best[workers] = (r["rate"], conns, r["p99_ms"])
+                print(level_row(workers, conns, r))
             if workers == args.workers[0]:
                 reference = folder / "get.lua"
                 reference.write_text(REPORT_LUA)
@@ -260,11 +273,15 @@ def commands_per_submit(client: redis.Redis, url: str, port: int, n: int = 5) ->
             for c in top[:per]))  # fmt: skip
 
 
+class Captured(Exception):
+    """The admit script's arguments are captured: Store.admit goes no further."""
+
+
 def fill_part(args: argparse.Namespace, settings: Any) -> None:
-    client = connect(settings.effective_redis_url)
-    client.flushall()
     s = settings.model_copy(update={"max_queue": BOUND, "max_queued_per_user": BOUND})
-    store = Store(client, s)
+    store = Store.connect(s)
+    client = store.redis
+    client.flushall()
     print(f"\n=== {args.jobs:,} waiting jobs admitted through the admit script, {args.owners} owners, "
           f"pipelines of {args.batch} ===")  # fmt: skip
     specs = [
@@ -281,18 +298,20 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
         raw = value if isinstance(value, bytes) else str(value).encode()
         return b"$%d\r\n%s\r\n" % (len(raw), raw)
 
-    # the arguments Store.admit hands the admit script for each owner's job, captured from Store.admit itself
+    # the arguments Store.admit hands the admit script for each owner's job, captured from Store.admit itself (the
+    # stand-in script stops it there, so nothing depends on the shape of the script's answer)
     captured: list[list[object]] = []
 
-    def record(keys: object = None, args: list[object] | None = None, client: object = None) -> list[str]:
+    def record(keys: object = None, args: list[object] | None = None, client: object = None) -> None:
         captured.append(list(args or []))
-        return ["ok", "0", "0", 1, "1", "0", 0]  # the shape of admit's answer: verdict, queued_at, deadline, ...
+        raise Captured
 
     capture = Store(client, s)
     capture._scripts = {**capture._scripts, "admit": record}
     owner_bytes = []
     for u in range(args.owners):
-        capture.admit("JOB-ID", JobSpec.model_validate_json(specs[u]), s.job_ttl_s)
+        with contextlib.suppress(Captured):
+            capture.admit("JOB-ID", JobSpec.model_validate_json(specs[u]), s.job_ttl_s)
         at = captured[-1].index("JOB-ID")
         assert captured[-1][:at] == captured[0][:at]
         owner_bytes.append(b"".join(bulk(a) for a in captured[-1][at + 1 :]))
@@ -381,7 +400,7 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
         t0 = time.perf_counter()
         st = store.standing(job)
         t1 = time.perf_counter()
-        store._run("position", job.id)
+        store._run("position", s.max_batch, job.id)
         t2 = time.perf_counter()
         client.zrank(keys.QUEUE, job.id)
         t3 = time.perf_counter()

@@ -22,27 +22,20 @@ Every figure is measured in this run; medians over `--runs`, with min and max.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
-from bench.common import bench_env, pct
-from tasks.broker import Doorbell, make_broker
-from tasks.job import JobSpec, SamplingParams, new_job_id
+from bench.harness import admit, bench_env, pct, poll_until, prompt, running_worker, spread, wait_ended
+from tasks import keys
+from tasks.broker import make_broker
+from tasks.job import JobSpec, SamplingParams
 from tasks.settings import Settings
-from tasks.store import Store, connect
-
-WORDS = "the queue keeps the gpu busy and users informed a job waits starts streams tokens then ends".split()
-
-
-def prompt(n: int, words: int = 12) -> str:
-    return " ".join(WORDS[(n * 7 + k) % len(WORDS)] for k in range(words))
-
-
-def spread(values: list[float], fmt: str = "{:.0f}") -> str:
-    return f"median {fmt.format(statistics.median(values))} (min {fmt.format(min(values))}, max " \
-           f"{fmt.format(max(values))}, n={len(values)})"  # fmt: skip
+from tasks.store import Store
+from worker.blas import preload_openblas
 
 
 class Bench:
@@ -53,31 +46,19 @@ class Bench:
 
         self.settings = settings
         self.engine = Engine.load(settings.model_path)
-        self.store = Store(connect(settings.effective_redis_url), settings)
+        self.store = Store.connect(settings)
         self.broker = make_broker(settings, worker=False)
 
-    def worker(self, **overrides: Any):  # type: ignore[no-untyped-def]
-        from worker.main import GpuWorker
-
-        worker = GpuWorker(self.settings.model_copy(update=overrides), engine=self.engine,
-                           on_fatal=lambda why: print("  ! worker:", why))  # fmt: skip
-        assert worker.start()
-        return worker
+    def worker(self, **overrides: Any) -> AbstractContextManager[Any]:
+        """The real worker, on the loaded engine, with these settings changed."""
+        return running_worker(self.settings.model_copy(update=overrides), self.engine)
 
     def admit(self, text: str, **params: Any) -> str:
-        job_id = new_job_id()
-        spec = JobSpec(owner=f"u{len(text) % 7}", model=self.settings.model_name, prompt=text, params=SamplingParams(**params))
-        self.store.admit(job_id, spec, 600, doorbell=Doorbell.ring(self.broker, job_id))
-        return job_id
+        return admit(self.store, self.broker, f"u{len(text) % 7}", text, **params)
 
     def wait_ended(self, ids: list[str], timeout_s: float = 600.0) -> list[Any]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            jobs = [self.store.get(job_id) for job_id in ids]
-            if all(job.status.ended for job in jobs):
-                return jobs
-            assert time.monotonic() < deadline, "jobs did not end in time"
-            time.sleep(0.01)
+        assert not wait_ended(self.store, ids, timeout_s, every_s=0.01), "jobs did not end in time"
+        return [self.store.get(job_id) for job_id in ids]
 
     def closed_batch(self, n: int, tokens: int = 64) -> tuple[float, list[float]]:
         """n jobs admitted at once: (wall seconds from the first admission to the last end, each job's latency)."""
@@ -95,12 +76,9 @@ def speedup(b: Bench, runs: int, batch: int) -> None:
         walls: dict[int, list[float]] = {1: [], batch: []}
         for run in range(runs):
             for size in (1, batch) if run % 2 == 0 else (batch, 1):
-                worker = b.worker(max_batch=size)
-                try:
+                with b.worker(max_batch=size):
                     b.closed_batch(2)  # warm up at this size
                     walls[size].append(b.closed_batch(n)[0])
-                finally:
-                    worker.stop()
         one, many = walls[1], walls[batch]
         ratios = [o / m for o, m in zip(one, many)]
         print(f"  {n:>2} jobs: one at a time {n * 64 / statistics.median(one):7.0f} tok/s, "
@@ -114,24 +92,18 @@ def cancel(b: Bench, runs: int, batch: int) -> None:
     texts = [prompt(k, 5 + 3 * k) for k in range(batch)]
     outputs: list[list[str]] = []
     for _ in range(runs):
-        worker = b.worker(max_batch=batch)
-        try:
+        with b.worker(max_batch=batch):
             ids = [b.admit(text, max_tokens=400, ignore_eos=True) for text in texts]
             victim = ids[batch // 2]
-            deadline = time.monotonic() + 60
-            while b.store.get(victim).usage.completion_tokens < 20:
-                assert time.monotonic() < deadline
-                time.sleep(0.002)
+            assert poll_until(lambda: b.store.get(victim).usage.completion_tokens >= 20, 60, every_s=0.002)
             asked = time.time()
             b.store.cancel(victim, b.store.get(victim).owner, wait_s=5)
             jobs = b.wait_ended(ids)
             gone = next(j for j in jobs if j.id == victim)
-            seen = int(b.store.redis.hget(f"onelane:job:{victim}", "stop_seen_at") or -1)
+            seen = int(b.store.redis.hget(keys.job(victim), "stop_seen_at") or -1)
             after.append(gone.usage.completion_tokens - seen)
             to_end.append((gone.timings.finished_at - asked) * 1000)  # type: ignore[operator]
             outputs.append([j.output for j in jobs if j.id != victim])
-        finally:
-            worker.stop()
     alone = [_alone(b, text, 400) for n, text in enumerate(texts) if n != batch // 2]
     unchanged = [sum(o == a for o, a in zip(run, alone)) for run in outputs]
     print(f"  tokens generated after the worker heard the cancel: {after} (target <= 1)")
@@ -198,16 +170,13 @@ def sweep(b: Bench, runs: int) -> None:
     print("\n== batch size sweep: 32 jobs of 64 tokens admitted at once")
     for size in (1, 4, 8, 16, 32):
         rates, p50, p99 = [], [], []
-        worker = b.worker(max_batch=size)
-        try:
+        with b.worker(max_batch=size):
             b.closed_batch(2)
             for _ in range(runs):
                 wall, latencies = b.closed_batch(32)
                 rates.append(32 * 64 / wall)
                 p50.append(pct(latencies, 50) * 1000)
                 p99.append(pct(latencies, 99) * 1000)
-        finally:
-            worker.stop()
         print(f"  batch {size:>2}: {spread(rates)} tok/s; job latency p50 {spread(p50)} ms, p99 {spread(p99)} ms")
 
 
@@ -220,14 +189,7 @@ def main() -> None:
     parser.add_argument("--prefill-steps", default="64,128,256,512,2048", help="prefill chunks the stall part tries")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    import os
-    import sys
-
-    from worker.blas import worker_env
-
-    env = worker_env(dict(os.environ))
-    if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):  # OpenBLAS, as onelane's workers run
-        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    preload_openblas()  # as onelane's workers run
 
     print(f"model {args.size}; load average {os.getloadavg()[0]:.2f}; runs {args.runs}")
     with bench_env(args.size, max_queue=1000, max_queued_per_user=1000) as settings:

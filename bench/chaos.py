@@ -18,81 +18,48 @@ here is stopped before the script returns. Every figure printed is measured in t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import redis
+from flask import Flask
 
-from bench._load import free_port, stop_group, tail
-from bench.common import bench_env, pct
+from bench.harness import (
+    bench_env,
+    free_port,
+    median,
+    onelane_web,
+    onelane_worker,
+    pct,
+    pid_dead,
+    poll_until,
+    queue_bounds,
+    tail,
+    wait_ended,
+)
 from tasks import keys
-from tasks.settings import Settings
-from tasks.store import TERMINAL_EVENTS, Store, connect
+from tasks.events import TERMINAL, Event, EventType
+from tasks.store import Store
+from web import create_app
+from web.services import EXTENSION
 
 MARKER_CHANNEL = "bench-chaos:kill"  # outside onelane's namespace: only this script publishes or reads it
 PROMPTS = ["tell me about queues", "a story about a patient robot", "count to ten", "hello there", "why GPUs?"]
-WORKER = [sys.executable, "-m", "tasks.cli", "worker"]  # supervised: an active worker and a standby
 
 
 # --- processes ---------------------------------------------------------------------------------------------
-
-
-def base_env(settings: Settings, **extra: str) -> dict[str, str]:
-    """The environment of `onelane worker` / `onelane web`, pointed at the bench's Redis and model."""
-    return {
-        **os.environ,
-        "REDIS_URL": settings.effective_redis_url,
-        "ONELANE_MODEL": settings.model_path,
-        "ONELANE_VAR_DIR": str(settings.var_dir),
-        "ONELANE_DEVICE": settings.device,
-        "PYTHONUNBUFFERED": "1",
-        **extra,
-    }
-
-
-@contextmanager
-def process(
-    args: list[str], env: dict[str, str], log_path: Path, stop_timeout_s: float = 45.0
-) -> Iterator[subprocess.Popen[bytes]]:
-    """Start `args` in a process group of its own, output appended to `log_path`; always stopped on exit.
-
-    SIGTERM first (a supervisor then stops its workers); whatever is still alive in that group afterwards
-    (e.g. a worker orphaned by its supervisor) gets SIGKILL, one pid at a time.
-    """
-    log = open(log_path, "ab")
-    child = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield child
-    finally:
-        try:
-            stop_group(child, " ".join(args[3:]), stop_timeout_s)
-        finally:
-            log.close()
-
-
-def pid_dead(pid: int) -> bool:
-    """True once `pid` is gone or a zombie (it can no longer run code)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
 
 
 def keep_log(args: argparse.Namespace, path: Path, name: str) -> None:
@@ -101,37 +68,17 @@ def keep_log(args: argparse.Namespace, path: Path, name: str) -> None:
         shutil.copy(path, Path(args.keep_logs) / name)
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
 def wait_for_holder(store: Store, exclude: set[int], timeout_s: float) -> int | None:
     """The pid of a live process holding the device (not one of `exclude`), or None after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def holder() -> int | None:
         try:
             workers = store.snapshot().workers
         except redis.RedisError:
-            workers = []
-        for w in workers:
-            if w.pid and w.pid not in exclude and not pid_dead(w.pid):
-                return w.pid
-        time.sleep(0.02)
-    return None
+            return None
+        return next((w.pid for w in workers if w.pid and w.pid not in exclude and not pid_dead(w.pid)), None)
 
-
-def wait_terminal(client: redis.Redis, ids: list[str], timeout_s: float) -> list[str]:
-    """Read the jobs' status from Redis (one pipeline a round) until all are terminal; returns the others."""
-    pending = list(ids)
-    deadline = time.monotonic() + timeout_s
-    while pending and time.monotonic() < deadline:
-        pipe = client.pipeline(transaction=False)
-        for job_id in pending:
-            pipe.hget(keys.job(job_id), "status")
-        pending = [j for j, s in zip(pending, pipe.execute()) if s not in TERMINAL_EVENTS]
-        if pending:
-            time.sleep(0.1)
-    return pending
+    return poll_until(holder, timeout_s, every_s=0.02)
 
 
 # --- observers ---------------------------------------------------------------------------------------------
@@ -171,7 +118,7 @@ class EventClock(threading.Thread):
                     self.log.append((now, "marker", message["data"]))
                     continue
                 try:
-                    kind = json.loads(message["data"])["e"]["type"]
+                    kind = Event.from_message(message["data"]).type.value
                 except (ValueError, KeyError, TypeError):
                     self.errors += 1
                     continue
@@ -257,20 +204,20 @@ def audit_job(store: Store, job_id: str, max_tokens: int) -> dict[str, Any]:
     """What the durable record says about one job; `problems` lists every sign of a double generation."""
     job = store.get(job_id)
     events = store.events(job_id)
-    types = [e["type"] for e in events]
+    types = [e.type for e in events]
     problems: list[str] = []
-    terminals = [i for i, t in enumerate(types) if t in TERMINAL_EVENTS]  # none: not ended, counted as lost
+    terminals = [e.index for e in events if e.terminal]  # none: not ended, counted as lost
     if len(terminals) > 1:
         problems.append(f"{len(terminals)} terminal events")
     elif terminals and terminals[0] != len(types) - 1:
         problems.append("events after the terminal event")
-    starts = [i for i, t in enumerate(types) if t == "started"]
+    starts = [e.index for e in events if e.type is EventType.STARTED]
     for prev, cur in zip(starts, starts[1:]):
-        if "requeued" not in types[prev:cur]:
+        if EventType.REQUEUED not in types[prev:cur]:
             problems.append(f"started again (event {cur}) without a requeued since the last start")
-    if any(t == "token" for t in types[: starts[0] if starts else len(types)]):
+    if EventType.TOKEN in types[: starts[0] if starts else len(types)]:
         problems.append("tokens before the first start")
-    requeues = types.count("requeued")
+    requeues = types.count(EventType.REQUEUED)
     if job.status.value in ("completed", "failed") and len(starts) != requeues + 1:
         problems.append(f"{len(starts)} starts but {requeues} requeues")
     if job.attempts != len(starts):
@@ -279,14 +226,14 @@ def audit_job(store: Store, job_id: str, max_tokens: int) -> dict[str, Any]:
     # text is empty (held back, partial UTF-8) is counted in the record without an event, so n may fall short.
     for a, start in enumerate(starts):
         end = starts[a + 1] if a + 1 < len(starts) else len(events)
-        n = sum(int(e.get("n", 0)) for e in events[start:end] if e["type"] == "token")
+        n = sum(e.n for e in events[start:end] if e.type is EventType.TOKEN)
         if n > max_tokens:
             problems.append(f"attempt {a + 1} produced {n} tokens, more than max_tokens {max_tokens}")
     if job.status.value == "completed":
-        last = [e for e in events[starts[-1] :] if e["type"] == "token"] if starts else []
+        last = [e for e in events[starts[-1] :] if e.type is EventType.TOKEN] if starts else []
         if job.usage.completion_tokens != max_tokens:
             problems.append(f"completed with {job.usage.completion_tokens} tokens, asked {max_tokens}")
-        if "".join(e.get("text", "") for e in last) != job.output:
+        if "".join(e.text for e in last) != job.output:
             problems.append("output differs from the last attempt's token events")
     return {
         "status": job.status.value,
@@ -298,11 +245,9 @@ def audit_job(store: Store, job_id: str, max_tokens: int) -> dict[str, Any]:
     }
 
 
-def admit_backlog(settings: Settings, n_jobs: int, max_tokens: int, rng: random.Random) -> list[str]:
+def admit_backlog(app: Flask, n_jobs: int, max_tokens: int, rng: random.Random) -> list[str]:
     """POST /v1/jobs n_jobs times through the real Flask app (its test client); returns the admitted ids."""
-    from web import create_app
-
-    client = create_app(settings).test_client()
+    client = app.test_client()
     ids: list[str] = []
     statuses: Counter[int] = Counter()
     started = time.perf_counter()
@@ -355,64 +300,61 @@ def kill_holders(args: argparse.Namespace, store: Store, supervisor: subprocess.
 
 
 def run_kill(args: argparse.Namespace, max_attempts: int) -> dict[str, int]:
+    """A fresh stack with the backlog admitted and the observers listening; the kills and the drain; the audit."""
     rng = random.Random(args.seed)
     print(f"\n=== mode kill: {args.jobs} jobs, {args.kills} kills ({args.kill_order}), "
           f"ONELANE_MAX_ATTEMPTS={max_attempts}, ONELANE_LEASE_S=1, seed {args.seed} ===")  # fmt: skip
     wall = time.monotonic()
-    with bench_env("tiny") as base:
-        bounds = {"max_queue": args.jobs * 2, "max_queued_per_user": args.jobs * 2}
-        settings = base.model_copy(update={**bounds, "lease_s": 1.0, "max_attempts": max_attempts})
-        client = connect(settings.effective_redis_url)
-        store = Store(client, settings)
+    with bench_env("tiny", max_queue=args.jobs * 2, max_queued_per_user=args.jobs * 2, lease_s=1.0,
+                   max_attempts=max_attempts) as settings:  # fmt: skip
+        store = Store.connect(settings)
         worker_log = Path(settings.var_dir) / "worker.log"
-        env = base_env(settings, ONELANE_LEASE_S="1", ONELANE_MAX_ATTEMPTS=str(max_attempts))
         limit = 2 * args.wait_s + 180
-        clock = EventClock(connect(settings.effective_redis_url), limit_s=limit)
-        lease = LeaseWatch(connect(settings.effective_redis_url), settings.device, limit_s=limit)
+        clock = EventClock(store.redis, limit_s=limit)
+        lease = LeaseWatch(store.redis, settings.device, limit_s=limit)
         clock.start()
         lease.start()
+        app = create_app(settings)  # in this process: its housekeeper runs beside the workers, as a web's does
         try:
-            run = KillRun(ids=admit_backlog(settings, args.jobs, args.max_tokens, rng))
-            with process(WORKER, env, worker_log) as supervisor:
+            run = KillRun(ids=admit_backlog(app, args.jobs, args.max_tokens, rng))
+            env = {"ONELANE_LEASE_S": "1", "ONELANE_MAX_ATTEMPTS": str(max_attempts)}
+            with onelane_worker(settings, worker_log, **env) as supervisor:
                 run.t_start = time.monotonic()
                 if wait_for_holder(store, set(), timeout_s=60) is None:
                     raise RuntimeError("no worker took the device within 60 s:\n" + tail(worker_log))
                 print(f"a worker held the device {time.monotonic() - run.t_start:.2f} s after `onelane worker` started")
                 kill_holders(args, store, supervisor, rng, run)
                 run.kill_end = time.monotonic()
-                run.pending = wait_terminal(client, run.ids, args.wait_s)  # every admitted job must end
+                run.pending = wait_ended(store, run.ids, args.wait_s, every_s=0.1)  # every admitted job must end
                 run.drained = time.monotonic()
-                run.stats = client.hgetall(keys.STATS)
+                run.stats = store.redis.hgetall(keys.STATS)
                 time.sleep(0.3)  # the last events reach the clock
         finally:
+            app.extensions[EXTENSION].housekeeper.stop()
             clock.stop.set()
             lease.stop.set()
             clock.join(5)
             lease.join(5)
-            lease.client.close()
-        try:
-            for job_id in run.ids:  # the workers are stopped; Redis is still up
-                if client.exists(keys.job(job_id)):
-                    run.audits[job_id] = audit_job(store, job_id, args.max_tokens)
-                else:
-                    run.missing.append(job_id)
-            for kill in run.kills:
-                token, holder = clock.next_token_after(kill.no), lease.next_holder_after(kill.t, kill.pid)
-                kill.token_s = token - kill.t if token is not None else None
-                kill.holder_s = holder - kill.t if holder is not None else None
-            run.log_text = worker_log.read_text(errors="replace")
-            keep_log(args, worker_log, f"kill-attempts{max_attempts}-worker.log")
-            if clock.errors:
-                print(f"  ! the event listener saw {clock.errors} errors")
-            return report_kill(args, run, wall)
-        finally:
-            client.close()
+        for job_id in run.ids:  # the workers are stopped; Redis is still up
+            if store.redis.exists(keys.job(job_id)):
+                run.audits[job_id] = audit_job(store, job_id, args.max_tokens)
+            else:
+                run.missing.append(job_id)
+        for kill in run.kills:
+            token, holder = clock.next_token_after(kill.no), lease.next_holder_after(kill.t, kill.pid)
+            kill.token_s = token - kill.t if token is not None else None
+            kill.holder_s = holder - kill.t if holder is not None else None
+        run.log_text = worker_log.read_text(errors="replace")
+        keep_log(args, worker_log, f"kill-attempts{max_attempts}-worker.log")
+    if clock.errors:
+        print(f"  ! the event listener saw {clock.errors} errors")
+    return report_kill(args, run, wall)
 
 
 def report_kill(args: argparse.Namespace, run: KillRun, wall: float) -> dict[str, int]:
     audits = run.audits
     by_status = Counter(a["status"] for a in audits.values())
-    not_terminal = [j for j, a in audits.items() if a["status"] not in TERMINAL_EVENTS]
+    not_terminal = [j for j, a in audits.items() if a["status"] not in TERMINAL]
     lost = len(run.missing) + len(not_terminal)
     completed_lines = Counter(COMPLETED_LINE.findall(run.log_text))
     started_lines = Counter(STARTED_LINE.findall(run.log_text))
@@ -443,7 +385,7 @@ def report_kill(args: argparse.Namespace, run: KillRun, wall: float) -> dict[str
     waits = [a["wait"] for a in audits.values() if a["wait"] is not None]
 
     print(f"jobs admitted:                  {len(run.ids)}")
-    print(f"reached a terminal state:       {sum(by_status[s] for s in TERMINAL_EVENTS)}  "
+    print(f"reached a terminal state:       {sum(c for s, c in by_status.items() if s in TERMINAL)}  "
           f"({', '.join(f'{s} {c}' for s, c in sorted(by_status.items()))})")  # fmt: skip
     print(f"LOST (not terminal or missing): {lost}  (missing {len(run.missing)}, not terminal {len(not_terminal)})")
     print(f"GENERATED TWICE:                {len(twice)}")
@@ -506,7 +448,7 @@ def wait_http(http: Any, base: str, job_id: str, timeout_s: float) -> dict[str, 
     deadline = time.monotonic() + timeout_s
     while True:
         job: dict[str, Any] = http.get(f"{base}/v1/jobs/{job_id}", timeout=10).json()
-        if job["status"] in TERMINAL_EVENTS:
+        if job["status"] in TERMINAL:
             return job
         if time.monotonic() > deadline:
             raise RuntimeError(f"job {job_id} still {job['status']} after {timeout_s:.0f} s")
@@ -582,6 +524,7 @@ def flood(base: str, body: dict[str, Any], rate: float, seconds: float, clients:
 
 
 def run_overload(args: argparse.Namespace) -> None:
+    """The stack up with small queue bounds; its service rate, then the flood at `--factor` times that; the report."""
     import requests
 
     print(f"\n=== mode overload: ONELANE_MAX_QUEUE={args.max_queue}, ONELANE_MAX_QUEUED_PER_USER={args.max_queue}, "
@@ -591,51 +534,37 @@ def run_overload(args: argparse.Namespace) -> None:
         folder = Path(settings.var_dir)
         port = free_port()
         base = f"http://127.0.0.1:{port}"
-        bounds = {"ONELANE_MAX_QUEUE": str(args.max_queue), "ONELANE_MAX_QUEUED_PER_USER": str(args.max_queue)}
-        env = base_env(settings, ONELANE_LEASE_S="1", ONELANE_MAX_ATTEMPTS="3", **bounds)
-        client = connect(settings.effective_redis_url)
-        store = Store(client, settings)
+        env = {"ONELANE_LEASE_S": "1", "ONELANE_MAX_ATTEMPTS": "3", **queue_bounds(args.max_queue)}
+        store = Store.connect(settings)
         body = {"prompt": "overload", "max_tokens": args.max_tokens, "ignore_eos": True}
-        web_cmd = [sys.executable, "-m", "tasks.cli", "web", "--port", str(port)]
-        try:
-            with (
-                process(WORKER, env, folder / "worker.log") as worker,
-                process(web_cmd, env, folder / "web.log") as web,
-                requests.Session() as http,
-            ):
-                deadline = time.monotonic() + 60
-                up = False
-                while not up and time.monotonic() < deadline:
-                    try:
-                        up = http.get(f"{base}/healthz", timeout=2).status_code == 200
-                    except requests.RequestException:
-                        time.sleep(0.1)
-                if not up or wait_for_holder(store, set(), max(1.0, deadline - time.monotonic())) is None:
-                    raise RuntimeError("the stack did not come up within 60 s:\n" + tail(folder / "web.log")
-                                       + "\n" + tail(folder / "worker.log"))  # fmt: skip
-                wait_http(http, base, http.post(f"{base}/v1/jobs", json=body, timeout=10).json()["id"], 60)  # warm-up
-                # the service rate: jobs one after another, each submitted once the previous one ended
-                started = time.perf_counter()
-                seq = [wait_http(http, base, http.post(f"{base}/v1/jobs", json=body, timeout=10).json()["id"], 30)
-                       for _ in range(args.rate_jobs)]  # fmt: skip
-                rate = args.rate_jobs / (time.perf_counter() - started)
-                service = [j["timings"]["finished_at"] - j["timings"]["started_at"] for j in seq]
-                print(f"service rate: {args.rate_jobs} jobs one after another (submit, poll until ended) = "
-                      f"{rate:.2f} jobs/s; generation alone median {median(service) * 1000:.0f} ms/job "
-                      f"({args.max_tokens} tokens)")  # fmt: skip
-                mem_before = redis_memory(client)
-                result = flood(base, body, rate * args.factor, args.seconds, args.clients)
-                mem_after = redis_memory(client)
-                unfinished = wait_terminal(client, result.accepted, args.drain_s)  # every accepted job must end
-                time.sleep(0.5)
-                mem_done = redis_memory(client)
-                jobs = [http.get(f"{base}/v1/jobs/{i}", timeout=10).json() for i in result.accepted]
-                alive = worker.poll() is None and web.poll() is None
-            report_overload(args, rate, result, jobs, unfinished, (mem_before, mem_after, mem_done), alive, wall)
-            keep_log(args, folder / "worker.log", "overload-worker.log")
-            keep_log(args, folder / "web.log", "overload-web.log")
-        finally:
-            client.close()
+        with (
+            onelane_worker(settings, folder / "worker.log", **env) as worker,
+            onelane_web(settings, port, folder / "web.log", **env) as web,
+            requests.Session() as http,
+        ):
+            if wait_for_holder(store, set(), 60) is None:
+                raise RuntimeError("no worker took the device within 60 s:\n" + tail(folder / "worker.log"))
+            wait_http(http, base, http.post(f"{base}/v1/jobs", json=body, timeout=10).json()["id"], 60)  # warm-up
+            # the service rate: jobs one after another, each submitted once the previous one ended
+            started = time.perf_counter()
+            seq = [wait_http(http, base, http.post(f"{base}/v1/jobs", json=body, timeout=10).json()["id"], 30)
+                   for _ in range(args.rate_jobs)]  # fmt: skip
+            rate = args.rate_jobs / (time.perf_counter() - started)
+            service = [j["timings"]["finished_at"] - j["timings"]["started_at"] for j in seq]
+            print(f"service rate: {args.rate_jobs} jobs one after another (submit, poll until ended) = "
+                  f"{rate:.2f} jobs/s; generation alone median {median(service) * 1000:.0f} ms/job "
+                  f"({args.max_tokens} tokens)")  # fmt: skip
+            mem_before = redis_memory(store.redis)
+            result = flood(base, body, rate * args.factor, args.seconds, args.clients)
+            mem_after = redis_memory(store.redis)
+            unfinished = wait_ended(store, result.accepted, args.drain_s, every_s=0.1)  # every accepted job must end
+            time.sleep(0.5)
+            mem_done = redis_memory(store.redis)
+            jobs = [http.get(f"{base}/v1/jobs/{i}", timeout=10).json() for i in result.accepted]
+            alive = worker.poll() is None and web.poll() is None
+        report_overload(args, rate, result, jobs, unfinished, (mem_before, mem_after, mem_done), alive, wall)
+        keep_log(args, folder / "worker.log", "overload-worker.log")
+        keep_log(args, folder / "web.log", "overload-web.log")
 
 
 def report_overload(args: argparse.Namespace, rate: float, result: Flood, jobs: list[dict[str, Any]],

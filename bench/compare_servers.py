@@ -24,66 +24,58 @@ import argparse
 import contextlib
 import http.client
 import json
-import math
 import os
 import statistics
-import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import redis
-import requests
-
-from bench import mlx_server_baseline as mlx
-from bench.chaos import WORKER, base_env, free_port, process, tail
-from bench.common import bench_env, pct
-from bench.mlx_server_baseline import (
-    LEVEL_DEADLINE_S,
-    MIN_REQUESTS,
+from bench.harness import (
+    START_S,
+    bench_env,
+    free_port,
+    onelane_web,
+    onelane_worker,
+    pct,
+    poll_until,
+    proc_cpu,
+    queue_bounds,
+    wait_idle,
+)
+from bench.mlx_server import body, load_level, mlx_level_lines, mlx_server, overload_lines, overload_probe, settle
+from bench.openai_load import (
+    LEVELS,
+    MAX_TOKENS,
     OVERLOAD_CAP_S,
     OVERLOAD_CLIENTS,
+    OVERLOAD_HEAD,
     OVERLOAD_TIMEOUT_S,
     OVERLOAD_TOKENS,
     PROMPTS,
     REQUEST_TIMEOUT_S,
+    SETTLE_S,
     Level,
     Outcome,
-    classify,
-    cpu_seconds,
-    wait_idle,
+    aftermath,
+    burst,
+    closed_loop,
+    level_lines,
+    post_chat,
 )
 from tasks import keys
 from tasks.settings import Settings
-from tasks.store import Store, connect
+from tasks.store import Store
 
-BIG_QUEUE = "1000"  # the main levels: a bound no level reaches
-OVERLOAD_QUEUE = "16"  # the overload probe: onelane sheds the rest
+BIG_QUEUE = 1000  # the main levels: a bound no level reaches
+OVERLOAD_QUEUE = 16  # the overload probe: onelane sheds the rest
 TTFT_REQUESTS = 16  # sequential streams at 1 client, per server
-START_TIMEOUT_S = 90.0
-SETTLE_S = 60.0
 LOG_NEEDLES = ("Traceback", " ERROR ", " CRITICAL ")
 
 
 # --- requests ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Reply(Outcome):
-    """One onelane answer: an Outcome plus what onelane adds (job id, queue time, finish reason, error shape)."""
-
-    job_id: str | None = None
-    queue_s: float | None = None
-    finish_reason: str | None = None
-    json_error: bool | None = None  # non-200: the body is OpenAI's {"error": {"type", "message"}}
-    error_type: str | None = None  # the error's `code` (onelane's own error type), else its `type`
-    tag: int | None = None
 
 
 def onelane_body(model: str, prompt: str, max_tokens: int, stream: bool = False, tag: int | None = None) -> dict[str, Any]:
@@ -91,52 +83,10 @@ def onelane_body(model: str, prompt: str, max_tokens: int, stream: bool = False,
 
     `tag` goes in `seed`, which does not change a temperature-0 answer; it lets a job be matched to its client.
     """
-    request: dict[str, Any] = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "stream": stream,
-        "ignore_eos": True,
-    }
+    request = {**body(prompt, max_tokens, None), "model": model, "stream": stream, "ignore_eos": True}
     if tag is not None:
         request["seed"] = tag
     return request
-
-
-def post_onelane(url: str, request: dict[str, Any], timeout_s: float) -> Reply:
-    """POST one chat completion to onelane; never raises for network or HTTP errors."""
-    tag = request.get("seed")
-    started = time.monotonic()
-    try:
-        reply = requests.post(f"{url}/v1/chat/completions", json=request, timeout=timeout_s)
-    except requests.RequestException as exc:
-        ended = time.monotonic()
-        return Reply(False, ended - started, classify(exc), ended=ended, tag=tag)
-    ended = time.monotonic()
-    common: dict[str, Any] = {
-        "status": reply.status_code, "retry_after": reply.headers.get("Retry-After"), "ended": ended,
-        "job_id": reply.headers.get("x-onelane-job-id"), "tag": tag,
-    }  # fmt: skip
-    try:
-        data = reply.json()
-    except ValueError:
-        data = None
-    if reply.status_code != 200:
-        err = data.get("error") if isinstance(data, dict) else None
-        shaped = isinstance(err, dict) and isinstance(err.get("type"), str) and isinstance(err.get("message"), str)
-        return Reply(False, ended - started, f"http {reply.status_code}", json_error=shaped,
-                     error_type=str(err.get("code") or err["type"]) if shaped else None, **common)  # fmt: skip
-    if not isinstance(data, dict):
-        return Reply(False, ended - started, "200 without JSON", json_error=False, **common)
-    usage = data.get("usage") or {}
-    choice = (data.get("choices") or [{}])[0]
-    queue = reply.headers.get("x-queue-time")
-    return Reply(
-        True, ended - started, None,
-        completion_tokens=int(usage.get("completion_tokens", 0)), prompt_tokens=int(usage.get("prompt_tokens", 0)),
-        finish_reason=choice.get("finish_reason"), queue_s=float(queue) if queue else None, **common,
-    )  # fmt: skip
 
 
 @dataclass
@@ -201,67 +151,22 @@ def stream_once(url: str, request: dict[str, Any], timeout_s: float) -> Streamed
     return Streamed(first, time.monotonic() - started, chunks, done, error)
 
 
-def ttft_series(url: str, make: Callable[[str], dict[str, Any]]) -> list[Streamed]:
-    """TTFT_REQUESTS streams one after another (1 client), cycling through the prompts."""
-    return [stream_once(url, make(PROMPTS[i % len(PROMPTS)]), REQUEST_TIMEOUT_S) for i in range(TTFT_REQUESTS)]
-
-
 # --- onelane -------------------------------------------------------------------------------------------------
-
-
-def web_cmd(port: int) -> list[str]:
-    return [sys.executable, "-m", "tasks.cli", "web", "--port", str(port)]
-
-
-def wait_ready(base: str, web: Any, folder: Path, log: str) -> float:
-    """Poll /readyz until 200 (bounded); returns the seconds it took."""
-    started = time.monotonic()
-    deadline = started + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if web.poll() is not None:
-            raise RuntimeError(f"onelane web exited:\n{tail(folder / log)}")
-        try:
-            if requests.get(f"{base}/readyz", timeout=2).status_code == 200:
-                return time.monotonic() - started
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"onelane not ready within {START_TIMEOUT_S:.0f} s:\n{tail(folder / log)}\n"
-                       f"{tail(folder / 'worker.log')}")  # fmt: skip
 
 
 def settle_queue(store: Store, timeout_s: float = SETTLE_S) -> bool:
     """Wait (bounded) until nothing waits and nothing runs."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def idle() -> bool:
         snap = store.snapshot()
-        if snap.queue_depth == 0 and snap.in_progress == 0:
-            return True
-        time.sleep(0.1)
-    return False
+        return snap.queue_depth == 0 and snap.in_progress == 0
+
+    return bool(poll_until(idle, timeout_s))
 
 
-def onelane_level(base: str, model: str, clients: int, max_tokens: int) -> Level:
-    """Same shape as the baseline's load_level: MIN_REQUESTS in all, at least 2 per client, bounded in time."""
-    rounds = max(2, math.ceil(MIN_REQUESTS / clients))
-    deadline = time.monotonic() + LEVEL_DEADLINE_S
-
-    def client(c: int) -> list[Outcome]:
-        out: list[Outcome] = []
-        for i in range(rounds):
-            if time.monotonic() > deadline:
-                break
-            prompt = PROMPTS[(c * rounds + i) % len(PROMPTS)]
-            out.append(post_onelane(base, onelane_body(model, prompt, max_tokens), REQUEST_TIMEOUT_S))
-        return out
-
-    level = Level(clients)
-    started = time.monotonic()
-    with ThreadPoolExecutor(max_workers=clients) as pool:
-        for future in [pool.submit(client, c) for c in range(clients)]:
-            level.outcomes.extend(future.result())
-    level.wall_s = time.monotonic() - started
-    return level
+def onelane_level(url: str, model: str, clients: int, max_tokens: int) -> Level:
+    """The baseline's level, against onelane (see closed_loop)."""
+    return closed_loop(clients, lambda prompt: post_chat(url, onelane_body(model, prompt, max_tokens), REQUEST_TIMEOUT_S))
 
 
 def holder_pid(store: Store) -> int | None:
@@ -269,36 +174,20 @@ def holder_pid(store: Store) -> int | None:
     return workers[0].pid if workers else None
 
 
-def onelane_overload(base: str, model: str, store: Store, client: redis.Redis) -> dict[str, Any]:
+def onelane_overload(url: str, model: str, store: Store) -> dict[str, Any]:
     """The baseline's probe against onelane, then the jobs read back from Redis."""
     settled = settle_queue(store)
     pid = holder_pid(store)
     if pid is not None:
         settled = settled and wait_idle(pid, time.monotonic() + SETTLE_S) is not None
-    cpu_before = cpu_seconds(pid) if pid else None
+    cpu_before = proc_cpu(pid) if pid else None
     to_wall = time.time() - time.monotonic()
-    barrier = threading.Barrier(OVERLOAD_CLIENTS, timeout=30)
-
-    def one(n: int) -> Reply:
-        request = onelane_body(model, PROMPTS[0], OVERLOAD_TOKENS, tag=n)
-        barrier.wait()
-        return post_onelane(base, request, OVERLOAD_TIMEOUT_S)
-
-    started = time.monotonic()
-    with ThreadPoolExecutor(max_workers=OVERLOAD_CLIENTS) as pool:
-        outcomes = list(pool.map(one, range(OVERLOAD_CLIENTS)))
-    gave_up = max(o.ended for o in outcomes)
+    burst_requests = [onelane_body(model, PROMPTS[0], OVERLOAD_TOKENS, tag=n) for n in range(OVERLOAD_CLIENTS)]
+    outcomes, started, gave_up = burst(lambda n: post_chat(url, burst_requests[n], OVERLOAD_TIMEOUT_S))
     deadline = started + OVERLOAD_CAP_S
-    fresh: list[Reply] = []
-    fresh_request = onelane_body(model, PROMPTS[1], 1)
-    fresh_request["ignore_eos"] = False  # as the baseline's fresh request: no EOS suppression
-    prober = threading.Thread(
-        target=lambda: fresh.append(post_onelane(base, fresh_request, max(1.0, deadline - time.monotonic())))
-    )
-    prober.start()
-    idle_at = wait_idle(pid, deadline) if pid else None
-    prober.join(timeout=max(0.0, deadline - time.monotonic()) + 5)
-    cpu_after = cpu_seconds(pid) if pid else None
+    fresh_request = {**onelane_body(model, PROMPTS[1], 1), "ignore_eos": False}  # as the baseline's: EOS allowed
+    idle_at, fresh = aftermath(pid, deadline, lambda timeout_s: post_chat(url, fresh_request, timeout_s))
+    cpu_after = proc_cpu(pid) if pid else None
     drained = settle_queue(store, max(1.0, deadline - time.monotonic()))
 
     # read the probe's jobs back: the newest of the local user's, tagged by seed, asking for OVERLOAD_TOKENS
@@ -307,7 +196,7 @@ def onelane_overload(base: str, model: str, store: Store, client: redis.Redis) -
     for job in store.list("local", 200):
         seed = job.spec.params.seed
         if job.timings.queued_at >= burst_wall - 1 and job.spec.params.max_tokens == OVERLOAD_TOKENS and seed is not None:
-            raw = client.hmget(keys.job(job.id), "cancel_requested", "last_token_at")
+            raw = store.redis.hmget(keys.job(job.id), "cancel_requested", "last_token_at")
             jobs[seed] = (job, raw[0], raw[1])
     return {
         "outcomes": outcomes, "jobs": jobs, "to_wall": to_wall, "started": started, "gave_up": gave_up,
@@ -315,7 +204,7 @@ def onelane_overload(base: str, model: str, store: Store, client: redis.Redis) -
         "busy_after_give_up_s": None if idle_at is None else max(0.0, idle_at - gave_up),
         "still_busy_at_cap": idle_at is None and pid is not None,
         "cpu_s": None if cpu_before is None or cpu_after is None else cpu_after - cpu_before,
-        "fresh_request": fresh[0] if fresh else None,
+        "fresh_request": fresh,
     }  # fmt: skip
 
 
@@ -383,25 +272,18 @@ def level_stats(level: Level) -> dict[str, float | None]:
 
 
 def onelane_level_lines(level: Level, max_tokens: int) -> list[str]:
-    ok, failed = level.ok, [o for o in level.outcomes if not o.ok]
-    errors = ", ".join(f"{k} {n}" for k, n in Counter(o.error for o in failed).most_common()) or "none"
-    head = f"onelane c={level.clients}:"
-    lines = [f"{head} sent {len(level.outcomes)}, ok {len(ok)}, failed {len(failed)} ({errors})"]
-    if ok:
+    def details(ok: list[Outcome]) -> tuple[str, str]:
         s = level_stats(level)
         tokens = [o.completion_tokens for o in ok]
         wrong = sum(1 for t in tokens if t != max_tokens)
-        reasons = Counter(getattr(o, "finish_reason", None) for o in ok)
-        queue = [o.queue_s for o in ok if isinstance(o, Reply) and o.queue_s is not None]
-        lines += [
-            (f"{head} latency p50 {ms(s['p50'])} ms, p99 {ms(s['p99'])} ms, mean "
-            f"{statistics.fmean(o.latency for o in ok) * 1000:.0f} ms; of which queue wait (x-queue-time) p50 "
-            f"{ms(pct(queue, 50) if queue else None)} ms, p99 {ms(pct(queue, 99) if queue else None)} ms"),
-            f"{head} {s['rps']:.2f} req/s, {s['tps']:.1f} completion tok/s over {level.wall_s:.2f} s",
-            (f"{head} usage.completion_tokens min {min(tokens)}, max {max(tokens)} ({wrong} answers != {max_tokens}); "
-            f"finish_reason {dict(reasons)}"),
-        ]  # fmt: skip
-    return lines
+        queue = [o.queue_s for o in ok if o.queue_s is not None]
+        return (f"latency p50 {ms(s['p50'])} ms, p99 {ms(s['p99'])} ms, mean "
+                f"{statistics.fmean(o.latency for o in ok) * 1000:.0f} ms; of which queue wait (x-queue-time) p50 "
+                f"{ms(pct(queue, 50) if queue else None)} ms, p99 {ms(pct(queue, 99) if queue else None)} ms",
+                f"usage.completion_tokens min {min(tokens)}, max {max(tokens)} ({wrong} answers != {max_tokens}); "
+                f"finish_reason {dict(Counter(o.finish_reason for o in ok))}")  # fmt: skip
+
+    return level_lines("onelane", level, details)
 
 
 def ttft_line(name: str, series: list[Streamed]) -> str:
@@ -417,8 +299,8 @@ def ttft_line(name: str, series: list[Streamed]) -> str:
 
 
 def onelane_overload_lines(probe: dict[str, Any], ab: Abandoned) -> list[str]:
-    outcomes: list[Reply] = probe["outcomes"]
-    head = f"onelane overload ({OVERLOAD_CLIENTS} clients x {OVERLOAD_TOKENS} tokens, {OVERLOAD_TIMEOUT_S:.0f} s timeout):"
+    outcomes: list[Outcome] = probe["outcomes"]
+    head = f"onelane {OVERLOAD_HEAD}"
     ok = [o for o in outcomes if o.ok]
     rejected = [o for o in outcomes if o.status in (429, 503)]
     other_http = [o for o in outcomes if o.status is not None and not o.ok and o.status not in (429, 503)]
@@ -453,7 +335,7 @@ def onelane_overload_lines(probe: dict[str, Any], ab: Abandoned) -> list[str]:
                      "request below runs in that window too)")  # fmt: skip
     elif probe["still_busy_at_cap"]:
         lines.append(f"{head} worker still busy when the {OVERLOAD_CAP_S:.0f} s cap ended the probe ({cpu})")
-    fresh: Reply | None = probe["fresh_request"]
+    fresh: Outcome | None = probe["fresh_request"]
     if fresh is not None:
         state = "answered" if fresh.ok else f"failed ({fresh.error}, Retry-After {fresh.retry_after})"
         lines.append(f"{head} a 1-token request sent right after they gave up {state} in {fresh.latency:.2f} s")
@@ -513,29 +395,16 @@ class OverloadRow:
     fresh: str
 
 
-def onelane_row(probe: dict[str, Any], ab: Abandoned) -> OverloadRow:
-    outcomes: list[Reply] = probe["outcomes"]
-    rejected = [o for o in outcomes if o.status in (429, 503)]
-    ra = sum(1 for o in rejected if o.retry_after)
-    fresh = probe["fresh_request"]
-    busy = probe["busy_after_give_up_s"]
-    return OverloadRow(
-        sum(1 for o in outcomes if o.ok), f"{len(rejected)} (RA {ra})", sum(1 for o in outcomes if o.status is None),
-        str(ab.tokens), "-" if busy is None else f"{busy:.1f}",
-        "-" if fresh is None else f"{fresh.latency:.2f}" + ("" if fresh.ok else f" {fresh.error}"),
-    )  # fmt: skip
-
-
-def mlx_row(probe: dict[str, Any]) -> OverloadRow:
+def overload_row(probe: dict[str, Any], for_nobody: int) -> OverloadRow:
+    """One server's overload cells; `for_nobody`: the tokens it spent on clients that had gone."""
     outcomes: list[Outcome] = probe["outcomes"]
     rejected = [o for o in outcomes if o.status in (429, 503)]
     ra = sum(1 for o in rejected if o.retry_after)
     fresh = probe["fresh_request"]
     busy = probe["busy_after_give_up_s"]
     return OverloadRow(
-        sum(1 for o in outcomes if o.ok), f"{len(rejected)} (RA {ra})",
-        sum(1 for o in outcomes if not o.ok and o.status is None),
-        f"{probe['write_errors'] * OVERLOAD_TOKENS}", "-" if busy is None else f"{busy:.1f}",
+        sum(1 for o in outcomes if o.ok), f"{len(rejected)} (RA {ra})", sum(1 for o in outcomes if o.status is None),
+        str(for_nobody), "-" if busy is None else f"{busy:.1f}",
         "-" if fresh is None else f"{fresh.latency:.2f}" + ("" if fresh.ok else f" {fresh.error}"),
     )  # fmt: skip
 
@@ -613,69 +482,65 @@ def log_problems(path: Path) -> list[str]:
 # --- main ----------------------------------------------------------------------------------------------------
 
 
-def run_both(
-    settings: Settings, levels: Sequence[int], max_tokens: int, overload: bool, batch: int, rounds: int
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Both servers up; every level `rounds` times on each, alternating which goes first; then the overload probes
-    (onelane's with mlx_lm.server idle, mlx_lm.server's once onelane is stopped)."""
+def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Both servers up; every level `--rounds` times on each, alternating which goes first; TTFT; then the overload
+    probes (onelane's with mlx_lm.server idle, mlx_lm.server's once onelane is stopped)."""
     folder = Path(settings.var_dir)
     model = settings.model_name
-    client = connect(settings.effective_redis_url)
-    store = Store(client, settings)
-    eos = mlx.eos_id(settings.model_path)
-    sized = {"ONELANE_MAX_BATCH": str(batch)}
-    big = {"ONELANE_MAX_QUEUE": BIG_QUEUE, "ONELANE_MAX_QUEUED_PER_USER": BIG_QUEUE, **sized}
-    small = {"ONELANE_MAX_QUEUE": OVERLOAD_QUEUE, "ONELANE_MAX_QUEUED_PER_USER": OVERLOAD_QUEUE, **sized}
+    store = Store.connect(settings)
+    levels = args.levels
+    sized = {"ONELANE_MAX_BATCH": str(args.batch)}
     ol: dict[str, Any] = {"levels": {c: [] for c in levels}, "unsettled": [], "overload": None, "abandoned": None,
                           "ttft": []}  # fmt: skip
     base: dict[str, Any] = {"levels": {c: [] for c in levels}, "unsettled": [], "overload": None, "ttft": []}
     try:
-        with contextlib.ExitStack() as both, mlx.mlx_server(settings.model_path, folder / "mlx-server.log") as server:
-            worker = both.enter_context(process(WORKER, base_env(settings, **big), folder / "worker.log"))
+        with contextlib.ExitStack() as onelane, mlx_server(settings.model_path, folder / "mlx-server.log") as server:
+            worker = onelane.enter_context(onelane_worker(settings, folder / "worker.log", **queue_bounds(BIG_QUEUE),
+                                                          **sized))  # fmt: skip
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            with process(web_cmd(port), base_env(settings, **big), folder / "web.log") as web:
-                ol["ready_s"] = wait_ready(url, web, folder, "web.log")
+            started = time.monotonic()
+            with onelane_web(settings, port, folder / "web.log", ready="/readyz", **queue_bounds(BIG_QUEUE), **sized):
+                ol["ready_s"] = time.monotonic() - started
                 for prompt in PROMPTS[:2]:  # warm-up, as the baseline's
-                    warm = post_onelane(url, onelane_body(model, prompt, 8), START_TIMEOUT_S)
+                    warm = post_chat(url, onelane_body(model, prompt, 8), START_S)
                     if not warm.ok:
-                        raise RuntimeError(f"warm-up request failed: {warm.error}\n{tail(folder / 'web.log')}")
+                        raise RuntimeError(f"warm-up request failed: {warm.error}")
 
                 def on_onelane(clients: int) -> None:
-                    ol["levels"][clients].append(onelane_level(url, model, clients, max_tokens))
+                    ol["levels"][clients].append(onelane_level(url, model, clients, args.max_tokens))
                     if not settle_queue(store):
                         ol["unsettled"].append(clients)
 
                 def on_mlx(clients: int) -> None:
-                    base["levels"][clients].append(mlx.load_level(server.url, clients, max_tokens, eos))
-                    if not mlx.settle(server):
+                    base["levels"][clients].append(load_level(server, clients, args.max_tokens))
+                    if not settle(server):
                         base["unsettled"].append(clients)
 
-                for r in range(rounds):
+                for r in range(args.rounds):
                     for n, clients in enumerate(levels):
                         for side in (on_onelane, on_mlx) if (r + n) % 2 == 0 else (on_mlx, on_onelane):
                             side(clients)
                 for i in range(TTFT_REQUESTS):
                     prompt = PROMPTS[i % len(PROMPTS)]
-                    ol["ttft"].append(stream_once(url, onelane_body(model, prompt, max_tokens, stream=True),
+                    ol["ttft"].append(stream_once(url, onelane_body(model, prompt, args.max_tokens, stream=True),
                                                   REQUEST_TIMEOUT_S))  # fmt: skip
-                    base["ttft"].append(stream_once(server.url, {**mlx.body(prompt, max_tokens, eos), "stream": True},
-                                                    REQUEST_TIMEOUT_S))  # fmt: skip
+                    base["ttft"].append(stream_once(server.url, {**body(prompt, args.max_tokens, server.eos),
+                                                                 "stream": True}, REQUEST_TIMEOUT_S))  # fmt: skip
                 settle_queue(store)
-            if overload:
+            if not args.no_overload:
                 port = free_port()
-                url = f"http://127.0.0.1:{port}"
-                with process(web_cmd(port), base_env(settings, **small), folder / "web-overload.log") as web:
-                    wait_ready(url, web, folder, "web-overload.log")
-                    ol["overload"] = onelane_overload(url, model, store, client)
+                with onelane_web(settings, port, folder / "web-overload.log", ready="/readyz",
+                                 **queue_bounds(OVERLOAD_QUEUE), **sized):  # fmt: skip
+                    ol["overload"] = onelane_overload(f"http://127.0.0.1:{port}", model, store)
                     ol["abandoned"] = abandoned(ol["overload"])
             ol["alive"] = worker.poll() is None
-            both.close()  # onelane stopped: mlx_lm.server's probe runs alone
-            if overload:
-                base["overload"] = mlx.overload_probe(server, eos)
+            onelane.close()  # onelane stopped: mlx_lm.server's probe runs alone
+            if not args.no_overload:
+                base["overload"] = overload_probe(server)
         ol["log_problems"] = {name: log_problems(folder / name) for name in ("worker.log", "web.log", "web-overload.log")}
     finally:
-        client.close()
+        store.redis.close()
     return ol, base
 
 
@@ -691,21 +556,8 @@ def ratios(a: list[Level], b: list[Level]) -> list[float]:
     return [x["tps"] / y["tps"] for x, y in zip(map(level_stats, a), map(level_stats, b)) if x["tps"] and y["tps"]]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
-    parser.add_argument("--levels", default=",".join(map(str, mlx.LEVELS)), help="concurrent clients, comma-separated")
-    parser.add_argument("--max-tokens", type=int, default=mlx.MAX_TOKENS)
-    parser.add_argument("--rounds", type=int, default=3, help="each level this many times on each server")
-    parser.add_argument("--no-overload", action="store_true")
-    parser.add_argument("--batch", type=int, default=Settings().max_batch, help="onelane's ONELANE_MAX_BATCH")
-    args = parser.parse_args()
-    levels = [int(c) for c in args.levels.split(",")]
-    wall = time.monotonic()
-    load = os.getloadavg()[0]
-    with bench_env(args.size) as settings:
-        ol, base = run_both(settings, levels, args.max_tokens, not args.no_overload, args.batch, args.rounds)
-
+def report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any], load: float, wall: float) -> None:
+    levels = args.levels
     print(f"onelane vs mlx_lm.server: demo model {args.size}, max_tokens {args.max_tokens}, temperature 0, every answer "
           f"forced to max_tokens (onelane: ignore_eos; mlx_lm.server: logit_bias against EOS), non-streaming levels, "
           f"{args.rounds} rounds alternating the servers; {os.cpu_count()} CPUs, load average {load:.2f} before, "
@@ -715,14 +567,13 @@ def main() -> None:
     for r in range(args.rounds):
         print(f"\n-- round {r + 1}")
         for clients in levels:
-            level, other = ol["levels"][clients][r], base["levels"][clients][r]
-            print("\n".join(onelane_level_lines(level, args.max_tokens)))
-            print("\n".join(mlx.level_lines(other)))
+            print("\n".join(onelane_level_lines(ol["levels"][clients][r], args.max_tokens)))
+            print("\n".join(mlx_level_lines(base["levels"][clients][r])))
     for clients in levels:
         if clients in ol["unsettled"]:
             print(f"onelane c={clients}: WARNING: queue not empty {SETTLE_S:.0f} s after a level ended")
         if clients in base["unsettled"]:
-            print(f"mlx_lm.server c={clients}: WARNING: still generating {mlx.SETTLE_S:.0f} s after a level ended")
+            print(f"mlx_lm.server c={clients}: WARNING: still generating {SETTLE_S:.0f} s after a level ended")
     print()
     print(ttft_line("onelane", ol["ttft"]))
     print(ttft_line("mlx_lm.server", base["ttft"]))
@@ -731,7 +582,7 @@ def main() -> None:
         print("\n".join(onelane_overload_lines(ol["overload"], ol["abandoned"])))
     if base["overload"] is not None:
         print()
-        print("\n".join(mlx.overload_lines(base["overload"])))
+        print("\n".join(overload_lines(base["overload"])))
     print()
 
     rows = [(str(c), over_rounds(ol["levels"][c]), over_rounds(base["levels"][c])) for c in levels]
@@ -742,7 +593,8 @@ def main() -> None:
 
     over = None
     if ol["overload"] is not None and base["overload"] is not None:
-        over = (onelane_row(ol["overload"], ol["abandoned"]), mlx_row(base["overload"]))
+        over = (overload_row(ol["overload"], ol["abandoned"].tokens),
+                overload_row(base["overload"], base["overload"]["write_errors"] * OVERLOAD_TOKENS))  # fmt: skip
     print(f"side by side, each cell `onelane | mlx_lm.server`, medians over {args.rounds} rounds (tok for gone "
           "clients: onelane = completion tokens of jobs whose client timed out, from Redis; mlx_lm.server = answers "
           f"finished for closed sockets x {OVERLOAD_TOKENS}, from its log)")  # fmt: skip
@@ -758,6 +610,22 @@ def main() -> None:
         for line in lines[:5]:
             print(f"  {name}: {line[:300]}")
     print(f"total {time.monotonic() - wall:.1f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
+    parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrent clients, comma-separated")
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    parser.add_argument("--rounds", type=int, default=3, help="each level this many times on each server")
+    parser.add_argument("--no-overload", action="store_true")
+    parser.add_argument("--batch", type=int, default=Settings().max_batch, help="onelane's ONELANE_MAX_BATCH")
+    args = parser.parse_args()
+    args.levels = [int(c) for c in args.levels.split(",")]
+    wall, load = time.monotonic(), os.getloadavg()[0]
+    with bench_env(args.size) as settings:
+        ol, base = measure(settings, args)
+    report(args, ol, base, load, wall)
 
 
 if __name__ == "__main__":

@@ -35,30 +35,22 @@ of each round.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
-import statistics
-import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from bench.common import pct
+from bench.harness import admit, pct, private_redis, prompt, running_worker, spread, wait_ended
 from tasks import keys
-from tasks.broker import Doorbell, make_broker
-from tasks.job import JobSpec, SamplingParams, new_job_id
+from tasks.broker import make_broker
 from tasks.settings import ModelConfig, Settings
-from tasks.store import Store, connect
+from tasks.store import Store
+from worker.blas import preload_openblas
 
-WORDS = "the queue keeps the gpu busy and users informed a job waits starts streams tokens then ends".split()
 SAMPLE_S = 0.005
-
-
-def prompt(n: int, words: int = 10) -> str:
-    return " ".join(WORDS[(n * 7 + k) % len(WORDS)] for k in range(words))
 
 
 @dataclass
@@ -80,9 +72,9 @@ class Run:
 class HeadSampler(threading.Thread):
     """Reads the fair order's head (and Redis's clock) every SAMPLE_S: when each job was first seen there."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, client: Any) -> None:
         super().__init__(name="head-sampler", daemon=True)
-        self.redis = connect(url)
+        self.redis = client
         self.first_head: dict[str, float] = {}
         self.samples = 0
         self.empty = 0
@@ -105,50 +97,34 @@ class HeadSampler(threading.Thread):
 
 
 def run_once(settings: Settings, traffic: list[tuple[str, str]], tokens: int, rate: float) -> Run:
-    from worker.main import GpuWorker
-
-    store = Store(connect(settings.effective_redis_url), settings)
+    store = Store.connect(settings)
     broker = make_broker(settings, worker=False)
     before = int(store.redis.hget(keys.STATS, "model_switches") or 0)
-    worker = GpuWorker(settings, on_fatal=lambda why: print("  ! worker:", why))
-    assert worker.start()
     loads: list[float] = []
-    adopt = worker.models._adopt
-
-    def counted(name: str, engine: Any, load_s: float) -> None:  # every load after the default model's
-        loads.append(load_s)
-        adopt(name, engine, load_s)
-
-    worker.models._adopt = counted  # type: ignore[method-assign]
-    sampler = HeadSampler(settings.effective_redis_url)
-    sampler.start()
+    sampler = HeadSampler(store.redis)
     ids: list[str] = []
-    try:
-        started = time.monotonic()
-        for k, (owner, model) in enumerate(traffic):
-            delay = started + k / rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            job_id = new_job_id()
-            spec = JobSpec(owner=owner, model=model, prompt=prompt(k),
-                           params=SamplingParams(max_tokens=tokens, ignore_eos=True))  # fmt: skip
-            store.admit(job_id, spec, 600, doorbell=Doorbell.ring(broker, job_id))
-            ids.append(job_id)
-        sampler.counting = False
-        deadline = time.monotonic() + 600
-        while True:
-            pipe = store.redis.pipeline(transaction=False)
-            for job_id in ids:
-                pipe.hget(keys.job(job_id), "status")
-            if all(s in ("completed", "failed", "cancelled", "expired") for s in pipe.execute()):
-                break
-            assert time.monotonic() < deadline, "jobs did not end in time"
-            time.sleep(0.05)
-    finally:
-        sampler.stopping.set()
-        sampler.join()
-        worker.stop()
-        broker.close()
+    with running_worker(settings) as worker:
+        adopt = worker.models._adopt
+
+        def counted(name: str, engine: Any, load_s: float) -> None:  # every load after the default model's
+            loads.append(load_s)
+            adopt(name, engine, load_s)
+
+        worker.models._adopt = counted  # type: ignore[method-assign]
+        sampler.start()
+        try:
+            started = time.monotonic()
+            for k, (owner, model) in enumerate(traffic):
+                delay = started + k / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                ids.append(admit(store, broker, owner, prompt(k, 10), model, max_tokens=tokens, ignore_eos=True))
+            sampler.counting = False
+            assert not wait_ended(store, ids, 600), "jobs did not end in time"
+        finally:
+            sampler.stopping.set()
+            sampler.join()
+    broker.close()
     after = int(store.redis.hget(keys.STATS, "model_switches") or 0)
     jobs = [store.get(job_id) for job_id in ids]
     done = [j for j in jobs if j.status.value == "completed" and j.usage.completion_tokens == tokens]
@@ -164,10 +140,6 @@ def run_once(settings: Settings, traffic: list[tuple[str, str]], tokens: int, ra
         wait_p50=pct(waits, 50), wait_max=max(waits), head_max=max(heads, default=0.0), heads=len(heads),
         empty=sampler.empty / max(1, sampler.samples), failed=len(jobs) - len(done),
     )  # fmt: skip
-
-
-def spread(values: list[float], fmt: str) -> str:
-    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
 ROWS: list[tuple[str, str, str]] = [  # (Run attribute, label, format)
@@ -195,11 +167,26 @@ def report(title: str, bounded: list[Run], strict: list[Run], wait_s: float) -> 
         ratio = ""
         if attr in RATIOS:
             pairs = [x / y if y else float("nan") for x, y in zip(b, s)]
-            ratio = spread(pairs, "{:.2f}x")
-        print(f"  {label:<24} {spread(b, fmt):>22} {spread(s, fmt):>22} {ratio:>22}")
+            ratio = spread(pairs, "{:.2f}x", short=True)
+        print(f"  {label:<24} {spread(b, fmt, short=True):>22} {spread(s, fmt, short=True):>22} {ratio:>22}")
     failed = sum(r.failed for r in bounded + strict)
     if failed:
         print(f"  ! {failed} job(s) did not complete with all their tokens")
+
+
+def measure(base: Settings, budget: str, sizes: list[str], args: argparse.Namespace) -> dict[float, list[Run]]:
+    """`--rounds` rounds of the same traffic, bounded and strict, the variant that goes first alternating."""
+    results: dict[float, list[Run]] = {args.switch_wait: [], 0.0: []}
+    for r in range(args.rounds):
+        rng = random.Random(args.seed * 1000 + r)
+        traffic = [(f"u{k % args.users}", rng.choice(sizes)) for k in range(args.jobs)]
+        for wait_s in (args.switch_wait, 0.0) if r % 2 == 0 else (0.0, args.switch_wait):
+            run = run_once(base.model_copy(update={"model_switch_wait_s": wait_s}), traffic, args.tokens, args.rate)
+            results[wait_s].append(run)
+            print(f"  [{budget}, round {r + 1}, wait {wait_s:g} s] switches/100 {run.switches:.0f}, "
+                  f"loads {run.loads}, {run.jobs_s:.2f} jobs/s, queue wait max {run.wait_max:.1f} s, "
+                  f"head wait max {run.head_max:.2f} s ({run.heads} heads seen)", flush=True)  # fmt: skip
+    return results
 
 
 def main() -> None:
@@ -218,17 +205,8 @@ def main() -> None:
     assert len(sizes) == 2 and sizes[0] != sizes[1], "--sizes: two different sizes"
     budgets = args.budgets.split(",")
     assert set(budgets) <= {"one", "both"}, "--budgets: one, both"
-
-    from worker.blas import worker_env
-
-    env = worker_env(dict(os.environ))
-    if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):  # OpenBLAS, as onelane's workers run
-        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
-
-    import logging
-
+    preload_openblas()  # as onelane's workers run
     logging.basicConfig(level=logging.WARNING)
-    from tasks.embedded_redis import EmbeddedRedis
     from worker.demo_model import make_demo_model
     from worker.models import size_on_disk
 
@@ -236,36 +214,20 @@ def main() -> None:
     print(f"models {sizes[0]} + {sizes[1]}; {args.jobs} jobs of {args.tokens} tokens at {args.rate:g}/s from "
           f"{args.users} users, models at random; switch wait {args.switch_wait:g} s vs 0; {args.rounds} rounds; "
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="onelane-bench-") as tmp:
-        folder = Path(tmp)
-        server = EmbeddedRedis(folder / "redis", appendonly=False).start()
-        try:
-            configs = tuple(ModelConfig(name=size, path=str(make_demo_model(folder / size, size=size)), default=n == 0)
-                            for n, size in enumerate(sizes))  # fmt: skip
-            bytes_ = [size_on_disk(c) for c in configs]
-            memory = {"one": max(bytes_) + min(bytes_) // 2, "both": 2 * sum(bytes_)}
-            print("model sizes: " + ", ".join(f"{c.name} {b / 2**20:.1f} MiB" for c, b in zip(configs, bytes_)))
-            for budget in budgets:
-                base = Settings(redis_url=server.url, var_dir=folder, models=configs, models_memory=memory[budget],
-                                max_queue=10_000, max_queued_per_user=10_000)  # fmt: skip
-                results: dict[float, list[Run]] = {args.switch_wait: [], 0.0: []}
-                for r in range(args.rounds):
-                    rng = random.Random(args.seed * 1000 + r)
-                    traffic = [(f"u{k % args.users}", rng.choice(sizes)) for k in range(args.jobs)]
-                    order = (args.switch_wait, 0.0) if r % 2 == 0 else (0.0, args.switch_wait)
-                    for wait_s in order:
-                        run = run_once(base.model_copy(update={"model_switch_wait_s": wait_s}), traffic, args.tokens,
-                                       args.rate)  # fmt: skip
-                        results[wait_s].append(run)
-                        print(f"  [{budget}, round {r + 1}, wait {wait_s:g} s] switches/100 {run.switches:.0f}, "
-                              f"loads {run.loads}, {run.jobs_s:.2f} jobs/s, queue wait max {run.wait_max:.1f} s, "
-                              f"head wait max {run.head_max:.2f} s ({run.heads} heads seen)", flush=True)  # fmt: skip
-                title = (f"memory budget {memory[budget] / 2**20:.0f} MiB: "
-                         + ("one model at a time (every switch evicts and reloads)" if budget == "one"
-                            else "both models stay loaded"))  # fmt: skip
-                report(title, results[args.switch_wait], results[0.0], args.switch_wait)
-        finally:
-            server.stop()
+    with private_redis() as (folder, url):
+        configs = tuple(ModelConfig(name=size, path=str(make_demo_model(folder / size, size=size)), default=n == 0)
+                        for n, size in enumerate(sizes))  # fmt: skip
+        bytes_ = [size_on_disk(c) for c in configs]
+        memory = {"one": max(bytes_) + min(bytes_) // 2, "both": 2 * sum(bytes_)}
+        print("model sizes: " + ", ".join(f"{c.name} {b / 2**20:.1f} MiB" for c, b in zip(configs, bytes_)))
+        for budget in budgets:
+            base = Settings(redis_url=url, var_dir=folder, models=configs, models_memory=memory[budget],
+                            max_queue=10_000, max_queued_per_user=10_000)  # fmt: skip
+            results = measure(base, budget, sizes, args)
+            title = (f"memory budget {memory[budget] / 2**20:.0f} MiB: "
+                     + ("one model at a time (every switch evicts and reloads)" if budget == "one"
+                        else "both models stay loaded"))  # fmt: skip
+            report(title, results[args.switch_wait], results[0.0], args.switch_wait)
     print(f"\nmedian (min-max) over {args.rounds} rounds; ratios per round; took {time.monotonic() - began:.0f} s")
 
 

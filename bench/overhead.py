@@ -20,15 +20,12 @@ import json
 import os
 import socket
 import statistics
-import subprocess
-import sys
 import time
 
-from bench._load import free_port, onelane_web, stop_group, web_env
-from bench.common import bench_env
+from bench.harness import bench_env, free_port, onelane_web, onelane_worker, poll_until
 from tasks.job import JobSpec, Message, SamplingParams
-from tasks.store import Store, connect
-from worker.blas import worker_env
+from tasks.store import Store
+from worker.blas import preload_openblas
 
 SEED = 7  # the same sampled tokens both ways (the random demo model at temperature 0 can emit bytes that
 # decode to no text for a long while, which would hide the first token from a client)
@@ -74,54 +71,31 @@ def chat_request(port: int, model: str, tokens: int) -> bytes:
     return head.encode() + body
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--tokens", type=int, default=200)
-    parser.add_argument("--pause", type=float, default=0.1, help="idle seconds before every run, both ways")
-    args = parser.parse_args()
-    env = worker_env(dict(os.environ))
-    if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):  # measure direct generation as workers run it
-        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
-    from worker.engine import Engine
+def measure(engine, spec: JobSpec, port: int, request: bytes, store: Store,  # type: ignore[no-untyped-def]
+            args: argparse.Namespace) -> dict[str, list[float]]:
+    """`--runs` alternating pairs (after a warm-up pair), each after the same idle pause: direct, then onelane."""
+    runs: dict[str, list[float]] = {"d_first": [], "d_total": [], "o_first": [], "o_total": [], "o_gen": []}
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        for n in range(args.runs + 1):
+            time.sleep(args.pause)
+            direct = direct_run(engine, spec)
+            time.sleep(args.pause)
+            onelane = onelane_run(sock, request, store)
+            if n == 0:
+                continue  # warm-up
+            for key, value in zip(runs, (*direct, *onelane)):
+                runs[key].append(value)
+    finally:
+        sock.close()
+    return runs
 
-    with bench_env("tiny", max_queue=1000, max_queued_per_user=1000) as settings:
-        params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, temperature=1.0, seed=SEED)
-        spec = JobSpec(owner="b", model="m", messages=(Message(role="user", content=PROMPT),), params=params)
-        engine = Engine.load(settings.model_path)
-        store = Store(connect(settings.effective_redis_url), settings)
-        log = settings.var_dir / "worker.log"
-        worker = subprocess.Popen([sys.executable, "-m", "worker.main"], env=web_env(settings), stdout=open(log, "wb"),
-                                  stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        d_first, d_total, o_first, o_total, o_gen = [], [], [], [], []
-        try:
-            port = free_port()
-            with onelane_web(settings, port, 1, settings.var_dir / "web.log"):
-                deadline = time.monotonic() + 60
-                while not store.snapshot().workers:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the worker never took the device")
-                    time.sleep(0.05)
-                request = chat_request(port, settings.model_name, args.tokens)
-                sock = socket.create_connection(("127.0.0.1", port))
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                for n in range(args.runs + 1):
-                    time.sleep(args.pause)
-                    first, total = direct_run(engine, spec)
-                    time.sleep(args.pause)
-                    o = onelane_run(sock, request, store)
-                    if n == 0:
-                        continue  # warm-up
-                    d_first.append(first)
-                    d_total.append(total)
-                    o_first.append(o[0])
-                    o_total.append(o[1])
-                    o_gen.append(o[2])
-        finally:
-            stop_group(worker, "worker")
 
+def report(args: argparse.Namespace, runs: dict[str, list[float]]) -> None:
     med = statistics.median
     ms = 1000
+    d_first, d_total, o_first, o_total, o_gen = runs.values()
 
     def paired(a: list[float], b: list[float]) -> float:
         return med([x - y for x, y in zip(a, b)])
@@ -136,6 +110,31 @@ def main() -> None:
     print(f"generation alone (started -> finished in Redis): {med(o_gen) * ms:.1f} ms -> "
           f"{paired(o_gen, d_total) * ms:+.1f} ms vs direct")  # fmt: skip
     print("targets: extra time <= 2 % and <= 5 ms; first token <= direct + 5 ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--tokens", type=int, default=200)
+    parser.add_argument("--pause", type=float, default=0.1, help="idle seconds before every run, both ways")
+    args = parser.parse_args()
+    preload_openblas()  # measure direct generation as workers run it
+    from worker.engine import Engine
+
+    with bench_env("tiny", max_queue=1000, max_queued_per_user=1000) as settings:
+        params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, temperature=1.0, seed=SEED)
+        spec = JobSpec(owner="b", model="m", messages=(Message(role="user", content=PROMPT),), params=params)
+        engine = Engine.load(settings.model_path)
+        store = Store.connect(settings)
+        port = free_port()
+        with (
+            onelane_worker(settings, settings.var_dir / "worker.log", supervised=False, quiet=True),
+            onelane_web(settings, port, settings.var_dir / "web.log", 1, quiet=True),
+        ):
+            if not poll_until(lambda: store.snapshot().workers, 60, every_s=0.05):
+                raise RuntimeError("the worker never took the device")
+            runs = measure(engine, spec, port, chat_request(port, settings.model_name, args.tokens), store, args)
+    report(args, runs)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ and the web log's warnings and errors.
 Run: .venv/bin/python -m bench.streams [--streams 500] [--hold 20] [--moves 5]
 """
 
+from __future__ import annotations
+
 from gevent import monkey
 
 monkey.patch_all()  # before anything opens a socket: the client is gevent greenlets
@@ -34,22 +36,13 @@ from typing import Any
 
 import gevent
 
-from bench._load import (
-    children,
-    cpu_seconds,
-    free_port,
-    http_request,
-    machine_busy,
-    onelane_web,
-    redis_cpu,
-    rss_kb,
-    tail,
-)
-from bench.common import bench_env, pct
+from bench.harness import bench_env, children, cpu_now, free_port, http_request, onelane_web, pct, queue_bounds, rss_kb, tail
+from tasks.events import TERMINAL
 from tasks.settings import Settings
-from tasks.store import connect
+from tasks.store import Store
 
-BOUND = "10000000"
+BOUND = 10_000_000
+BODY = b'{"prompt":"hi","max_tokens":8}'
 
 
 @dataclass
@@ -130,7 +123,7 @@ def follow_stream(port: int, stream: Stream, deadline: float, read_timeout: floa
                     stream.queued.append((now, int(json.loads(data)["position"])))
                 else:
                     stream.others.append((now, kind))
-                    if kind in ("completed", "failed", "cancelled", "expired"):
+                    if kind in TERMINAL:
                         ended = True
             if ended:
                 break
@@ -164,175 +157,208 @@ def open_fds(pid: int) -> int:
         return -1
 
 
-def info(client: Any) -> tuple[int, float]:
-    """Redis connected_clients and used_memory (MiB)."""
-    clients = client.info("clients")["connected_clients"]
-    return int(clients), int(client.info("memory")["used_memory"]) / 2**20
+@dataclass(frozen=True)
+class Sample:
+    """The web worker, Redis, this process (the streams' client) and the machine at one moment."""
+
+    at: float
+    rss_kb: int
+    fds: int
+    redis_clients: int
+    cpu: tuple[float, float, float]  # seconds so far: the web worker, Redis, the whole machine
+    client_cpu: float
+
+    @classmethod
+    def take(cls, worker: int, client: Any) -> Sample:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return cls(time.monotonic(), rss_kb(worker), open_fds(worker), int(client.info("clients")["connected_clients"]),
+                   cpu_now([worker], client), usage.ru_utime + usage.ru_stime)  # fmt: skip
+
+
+@dataclass
+class Run:
+    """What one phase measured (every time a time.monotonic())."""
+
+    admit_s: float
+    before: Sample
+    opened_at: float
+    streams: list[Stream]
+    post: tuple[int, bytes, float]  # a submit while the streams are open: status, body, ms
+    get_status: int
+    held: tuple[Sample, Sample, Sample]  # the hold's start, 3 s in, its end
+    moves: list[list[float]]  # per move: how long each stream took to get it
+    missing: int  # streams that never got a move's new position
+    cancel_ms: list[float]  # how long each DELETE took
+    hung_up: tuple[int, float, int]  # Redis clients once settled, after how long, the worker's VmRSS
+
+
+def admit_jobs(port: int, n: int) -> list[str]:
+    """n jobs, all the local user's, so their positions are 1..n in admission order."""
+    ids = []
+    for _ in range(n):
+        status, answer = http_request(port, "POST", "/v1/jobs", BODY)
+        if status != 202:
+            raise RuntimeError(f"submit answered {status}: {answer[:200]!r}")
+        ids.append(json.loads(answer)["id"])
+    return ids
+
+
+def move_queue(port: int, streams: list[Stream], moves_n: int, gap: float) -> tuple[list[list[float]], int, list[float]]:
+    """Cancel the head job `moves_n` times, `gap` s apart: how long each move took to reach each stream, how many
+    streams it never reached, and how long each DELETE took."""
+    moves: list[list[float]] = []
+    missing = 0
+    cancel_ms: list[float] = []
+    for head in range(moves_n):
+        live = [s for s in streams[head + 1 :] if s.open]
+        expect = {id(s): s.position - 1 for s in live if s.position}  # type: ignore[operator]
+        t0 = time.monotonic()
+        status, _ = http_request(port, "DELETE", f"/v1/jobs/{streams[head].job_id}")
+        cancel_ms.append((time.monotonic() - t0) * 1000)
+        if status != 200:
+            print(f"  ! DELETE answered {status}")
+        got: dict[int, float] = {}
+        limit = time.monotonic() + 10
+        while time.monotonic() < limit and len(got) < len(expect):
+            for s in live:
+                if id(s) not in got:
+                    hit = next((t for t, p in s.queued if t >= t0 and p == expect[id(s)]), None)
+                    if hit is not None:
+                        got[id(s)] = hit - t0
+            gevent.sleep(0.02)
+        missing += len(expect) - len(got)
+        moves.append(sorted(got.values()))
+        gevent.sleep(max(0.0, gap - (time.monotonic() - t0)))
+    return moves, missing, cancel_ms
+
+
+def measure(port: int, worker: int, client: Any, args: argparse.Namespace, hold: float, moves_n: int,
+            greenlets: list[gevent.Greenlet]) -> Run:  # fmt: skip
+    """Admit the jobs, open a stream on each, hold them `hold` s while the queue moves `moves_n` times, hang up."""
+    started = time.monotonic()
+    ids = admit_jobs(port, args.streams)
+    admit_s = time.monotonic() - started
+    for _ in range(3):  # warm the stream path once (imports, pools) before measuring memory
+        follow_stream(port, Stream(ids[-1]), time.monotonic() + 1.2, 5)
+    time.sleep(1.0)
+    before = Sample.take(worker, client)
+
+    deadline = time.monotonic() + hold + 60
+    streams = [Stream(job_id) for job_id in ids]
+    opened_at = time.monotonic()
+    greenlets += [gevent.spawn(follow_stream, port, s, deadline, max(5.0, 5 * args.ping)) for s in streams]
+    limit = time.monotonic() + 30
+    while time.monotonic() < limit and sum(1 for s in streams if s.queued or s.error) < args.streams:
+        gevent.sleep(0.05)
+    t0 = time.monotonic()
+    status, answer = http_request(port, "POST", "/v1/jobs", BODY)
+    post = (status, answer, (time.monotonic() - t0) * 1000)
+    get_status = http_request(port, "GET", f"/v1/jobs/{ids[-1]}")[0]
+    if status == 202:
+        http_request(port, "DELETE", f"/v1/jobs/{json.loads(answer)['id']}")  # not part of the queue below
+    gevent.sleep(1.5)  # both published a queue move: let every stream look and settle
+
+    start = Sample.take(worker, client)
+    gevent.sleep(3.0)
+    idle = Sample.take(worker, client)
+    moves = move_queue(port, streams, moves_n, max(1.0, (hold - 5.0) / max(moves_n, 1)))
+    gevent.sleep(max(0.0, hold - (time.monotonic() - start.at)))
+    end = Sample.take(worker, client)
+
+    # hang up every stream: the web should notice, close their pub/sub connections and free memory
+    for s in streams:
+        s.stop = True
+    gevent.killall(greenlets, timeout=5)
+    hung_up = time.monotonic()
+    clients, stable_since = end.redis_clients, time.monotonic()
+    while time.monotonic() < hung_up + 10 and time.monotonic() - stable_since < 1.5:
+        gevent.sleep(0.25)
+        now_clients = int(client.info("clients")["connected_clients"])
+        if now_clients != clients:
+            clients, stable_since = now_clients, time.monotonic()
+    return Run(admit_s, before, opened_at, streams, post, get_status, (start, idle, end), *moves,
+               (clients, stable_since - hung_up, rss_kb(worker)))  # fmt: skip
+
+
+def report(run: Run, args: argparse.Namespace) -> None:
+    n = args.streams
+    streams, before = run.streams, run.before
+    print(f"admitted {n} jobs in {run.admit_s:.2f} s")
+    print(f"before: worker VmRSS {before.rss_kb / 1024:.1f} MiB, Redis connected_clients {before.redis_clients}")
+    first = [s.queued[0][0] - run.opened_at for s in streams if s.queued]
+    ok_first = sum(1 for i, s in enumerate(streams) if s.queued and s.queued[0][1] == i + 1)
+    print(f"opened: {sum(1 for s in streams if s.opened_at)} of {n} answered 200; {len(first)} got their "
+          f"first `queued` event, all within {max(first) if first else float('nan'):.2f} s of the first "
+          f"connect; {ok_first} with the right position")  # fmt: skip
+    errors = [s.error for s in streams if s.error]
+    if errors:
+        print(f"  ! {len(errors)} streams failed: {sorted(set(errors))[:5]}")
+    status, answer, post_ms = run.post
+    print(f"while they are open: POST /v1/jobs answered {status} in {post_ms:.0f} ms"
+          f"{' ' + answer[:120].decode(errors='replace') if status != 202 else ''}; GET /v1/jobs/<id> "
+          f"answered {run.get_status}")  # fmt: skip
+
+    start, idle, end = run.held
+    held = end.at - start.at
+    head = len(run.moves)
+    cancelled, rest = streams[:head], streams[head:]
+    pings = [sum(1 for t in s.pings if start.at <= t <= end.at) for s in rest if s.open] or [0]
+    print(f"held {held:.1f} s: {sum(1 for s in rest if s.open)} of {len(rest)} waiting streams still open; the {head} "
+          f"cancelled jobs' streams ended with `cancelled`: "
+          f"{sum(1 for s in cancelled if s.others and s.others[-1][1] == 'cancelled')} of {head}")  # fmt: skip
+    failed = next((s for s in rest if s.error), None)
+    if failed:
+        print(f"  ! {failed.job_id}: {failed.error}")
+    print(f"pings per open stream while holding: min {min(pings)}, median {statistics.median(pings):g}, "
+          f"max {max(pings)} (expected ~{held / args.ping:.0f} at one per {args.ping:g} s)")  # fmt: skip
+    print(f"worker VmRSS: before {before.rss_kb / 1024:.1f} MiB, holding {idle.rss_kb / 1024:.1f} MiB (3 s in), "
+          f"{end.rss_kb / 1024:.1f} MiB (end) -> {(max(idle.rss_kb, end.rss_kb) - before.rss_kb) / n:.0f} kB per stream")  # fmt: skip
+    print(f"Redis connected_clients: before {before.redis_clients}, holding {idle.redis_clients} (3 s in), "
+          f"{end.redis_clients} (end, after the moves); worker open file descriptors: before {before.fds}, holding "
+          f"{idle.fds} (3 s in), {end.fds} (end)")  # fmt: skip
+    web, redis_used, busy = (b - a for a, b in zip(start.cpu, end.cpu))
+    client_cpu = end.client_cpu - start.client_cpu
+    print(f"CPU: web worker {100 * (idle.cpu[0] - start.cpu[0]) / (idle.at - start.at):.0f} % of one core just "
+          f"holding them (first 3 s, no moves), {100 * web / held:.0f} % over the whole hold with the moves; Redis "
+          f"{100 * redis_used / held:.0f} %, this client {100 * client_cpu / held:.0f} %, everything else on the "
+          f"machine {100 * (busy - web - client_cpu - redis_used) / held:.0f} % (2 cores = 200 %)")  # fmt: skip
+    flat = sorted(x for m in run.moves for x in m)
+    if flat:
+        print(f"queue moved ({head} cancels of the head job, DELETE answered in "
+              f"{statistics.median(run.cancel_ms):.1f} ms median): new position reached "
+              f"{len(flat)} of {len(flat) + run.missing} streams expected")  # fmt: skip
+        print(f"  per stream: p50 {pct(flat, 50) * 1000:.0f} ms, p99 {pct(flat, 99) * 1000:.0f} ms, "
+              f"max {flat[-1] * 1000:.0f} ms (from sending the DELETE)")  # fmt: skip
+        print("  all streams reached, per move: " + ", ".join(
+            f"{m[-1] * 1000:.0f} ms ({len(m)})" for m in run.moves if m))  # fmt: skip
+        print("  first stream reached, per move: " + ", ".join(f"{m[0] * 1000:.0f} ms" for m in run.moves if m))
+    clients, settled_s, rss = run.hung_up
+    print(f"after the clients hung up: Redis connected_clients settled at {clients} {settled_s:.1f} s later, "
+          f"worker VmRSS {rss / 1024:.1f} MiB")  # fmt: skip
 
 
 def phase(settings: Settings, args: argparse.Namespace, label: str, redis_url: str, hold: float, moves_n: int) -> None:
     """One web process, `args.streams` jobs and streams on it, held `hold` s with `moves_n` head cancels."""
-    n = args.streams
-    folder = Path(settings.var_dir)
-    redis_client = connect(settings.effective_redis_url)
-    redis_client.flushall()
+    client = Store.connect(settings).redis
+    client.flushall()
     port = free_port()
-    log = folder / f"web-{label}.log"
-    env = {"ONELANE_SSE_PING_S": f"{args.ping:g}", "ONELANE_MAX_QUEUE": BOUND, "ONELANE_MAX_QUEUED_PER_USER": BOUND,
-           "REDIS_URL": redis_url}  # fmt: skip
+    log = Path(settings.var_dir) / f"web-{label}.log"
+    env = {"ONELANE_SSE_PING_S": f"{args.ping:g}", "REDIS_URL": redis_url, **queue_bounds(BOUND)}
     greenlets: list[gevent.Greenlet] = []
-    streams: list[Stream] = []
+    print(f"\n=== {label}: {args.streams} SSE streams on one `onelane web --workers 1` (gunicorn gevent), "
+          f"REDIS_URL query: {redis_url.partition('?')[2] or 'none (redis-py defaults)'}, "
+          f"ONELANE_SSE_PING_S={args.ping:g}, no GPU worker; client: gevent greenlets in this process ===")  # fmt: skip
     try:
-        with onelane_web(settings, port, 1, log, **env) as web:
-            worker = children(web.pid)[0]
-            print(f"\n=== {label}: {n} SSE streams on one `onelane web --workers 1` (gunicorn gevent), "
-                  f"REDIS_URL query: {redis_url.partition('?')[2] or 'none (redis-py defaults)'}, "
-                  f"ONELANE_SSE_PING_S={args.ping:g}, no GPU worker; client: gevent greenlets in this process ===")  # fmt: skip
-            # admit the jobs (all owned by the local user, so positions are 1..n in admission order)
-            ids: list[str] = []
-            body = b'{"prompt":"hi","max_tokens":8}'
-            started = time.monotonic()
-            for _ in range(n):
-                status, answer = http_request(port, "POST", "/v1/jobs", body)
-                if status != 202:
-                    raise RuntimeError(f"submit answered {status}: {answer[:200]!r}")
-                ids.append(json.loads(answer)["id"])
-            print(f"admitted {n} jobs in {time.monotonic() - started:.2f} s")
-            for _ in range(3):  # warm the stream path once (imports, pools) before measuring memory
-                warm = Stream(ids[-1])
-                follow_stream(port, warm, time.monotonic() + 1.2, 5)
-            time.sleep(1.0)
-            rss0, fds0 = rss_kb(worker), open_fds(worker)
-            clients0, _ = info(redis_client)
-            print(f"before: worker VmRSS {rss0 / 1024:.1f} MiB, Redis connected_clients {clients0}")
-
-            # open every stream
-            deadline = time.monotonic() + hold + 60
-            streams = [Stream(job_id) for job_id in ids]
-            t_open = time.monotonic()
-            for s in streams:
-                greenlets.append(gevent.spawn(follow_stream, port, s, deadline, max(5.0, 5 * args.ping)))
-            limit = time.monotonic() + 30
-            while time.monotonic() < limit and sum(1 for s in streams if s.queued or s.error) < n:
-                gevent.sleep(0.05)
-            first = [s.queued[0][0] - t_open for s in streams if s.queued]
-            ok_first = sum(1 for i, s in enumerate(streams) if s.queued and s.queued[0][1] == i + 1)
-            print(f"opened: {sum(1 for s in streams if s.opened_at)} of {n} answered 200; {len(first)} got their "
-                  f"first `queued` event, all within {max(first) if first else float('nan'):.2f} s of the first "
-                  f"connect; {ok_first} with the right position")  # fmt: skip
-            errors = [s.error for s in streams if s.error]
-            if errors:
-                print(f"  ! {len(errors)} streams failed: {sorted(set(errors))[:5]}")
-
-            t0 = time.monotonic()
-            status, answer = http_request(port, "POST", "/v1/jobs", body)
-            post_ms = (time.monotonic() - t0) * 1000
-            status_get, _ = http_request(port, "GET", f"/v1/jobs/{ids[-1]}")
-            print(f"while they are open: POST /v1/jobs answered {status} in {post_ms:.0f} ms"
-                  f"{' ' + answer[:120].decode(errors='replace') if status != 202 else ''}; GET /v1/jobs/<id> "
-                  f"answered {status_get}")  # fmt: skip
-            if status == 202:
-                http_request(port, "DELETE", f"/v1/jobs/{json.loads(answer)['id']}")  # not part of the queue below
-            gevent.sleep(1.5)  # both published a queue move: let every stream look and settle
-            # hold them, moving the queue `moves` times in between
-            hold_start = time.monotonic()
-            cpu0, self0 = cpu_seconds([worker]), resource.getrusage(resource.RUSAGE_SELF)
-            busy0, redis0 = machine_busy(), redis_cpu(redis_client)
-            gevent.sleep(3.0)
-            cpu_idle = (cpu_seconds([worker]) - cpu0) / (time.monotonic() - hold_start)
-            rss1, fds1 = rss_kb(worker), open_fds(worker)
-            clients1, _ = info(redis_client)
-            moves: list[list[float]] = []  # per move: latency per stream that got it
-            missing = 0
-            cancel_ms: list[float] = []
-            gap = max(1.0, (hold - 5.0) / max(moves_n, 1))
-            head = 0
-            for _ in range(moves_n):
-                live = [s for s in streams[head + 1 :] if s.open]
-                expect = {id(s): s.position - 1 for s in live if s.position}  # type: ignore[operator]
-                t0 = time.monotonic()
-                status, _ = http_request(port, "DELETE", f"/v1/jobs/{streams[head].job_id}")
-                cancel_ms.append((time.monotonic() - t0) * 1000)
-                if status != 200:
-                    print(f"  ! DELETE answered {status}")
-                head += 1
-                got: dict[int, float] = {}
-                limit = time.monotonic() + 10
-                while time.monotonic() < limit and len(got) < len(expect):
-                    for s in live:
-                        if id(s) not in got:
-                            hit = next((t for t, p in s.queued if t >= t0 and p == expect[id(s)]), None)
-                            if hit is not None:
-                                got[id(s)] = hit - t0
-                    gevent.sleep(0.02)
-                missing += len(expect) - len(got)
-                moves.append(sorted(got.values()))
-                gevent.sleep(max(0.0, gap - (time.monotonic() - t0)))
-            left = hold - (time.monotonic() - hold_start)
-            if left > 0:
-                gevent.sleep(left)
-            hold_end = time.monotonic()
-            cpu1, self1 = cpu_seconds([worker]), resource.getrusage(resource.RUSAGE_SELF)
-            busy1, redis1 = machine_busy(), redis_cpu(redis_client)
-            rss2 = rss_kb(worker)
-            clients2, _ = info(redis_client)
-            held = hold_end - hold_start
-
-            cancelled = streams[:head]
-            rest = streams[head:]
-            still_open = sum(1 for s in rest if s.open)
-            pings = [sum(1 for t in s.pings if hold_start <= t <= hold_end) for s in rest if s.open] or [0]
-            print(f"held {held:.1f} s: {still_open} of {len(rest)} waiting streams still open; the {head} "
-                  f"cancelled jobs' streams ended with `cancelled`: "
-                  f"{sum(1 for s in cancelled if s.others and s.others[-1][1] == 'cancelled')} of {head}")  # fmt: skip
-            for s in rest:
-                if s.error:
-                    print(f"  ! {s.job_id}: {s.error}")
-                    break
-            print(f"pings per open stream while holding: min {min(pings)}, median {statistics.median(pings):g}, "
-                  f"max {max(pings)} (expected ~{held / args.ping:.0f} at one per {args.ping:g} s)")  # fmt: skip
-            print(f"worker VmRSS: before {rss0 / 1024:.1f} MiB, holding {rss1 / 1024:.1f} MiB (3 s in), "
-                  f"{rss2 / 1024:.1f} MiB (end) -> {(max(rss1, rss2) - rss0) / n:.0f} kB per stream")  # fmt: skip
-            print(f"Redis connected_clients: before {clients0}, holding {clients1} (3 s in), {clients2} (end, after "
-                  f"the moves); worker open file descriptors: before {fds0}, holding {fds1} (3 s in), "
-                  f"{open_fds(worker)} (end)")  # fmt: skip
-            client_cpu = (self1.ru_utime + self1.ru_stime) - (self0.ru_utime + self0.ru_stime)
-            other = (busy1 - busy0) - (cpu1 - cpu0) - client_cpu - (redis1 - redis0)
-            print(f"CPU: web worker {100 * cpu_idle:.0f} % of one core just holding them (first 3 s, no moves), "
-                  f"{100 * (cpu1 - cpu0) / held:.0f} % over the whole hold with the moves; Redis "
-                  f"{100 * (redis1 - redis0) / held:.0f} %, this client {100 * client_cpu / held:.0f} %, everything "
-                  f"else on the machine {100 * other / held:.0f} % (2 cores = 200 %)")  # fmt: skip
-            flat = sorted(x for m in moves for x in m)
-            if flat:
-                print(f"queue moved ({moves_n} cancels of the head job, DELETE answered in "
-                      f"{statistics.median(cancel_ms):.1f} ms median): new position reached "
-                      f"{len(flat)} of {len(flat) + missing} streams expected")  # fmt: skip
-                print(f"  per stream: p50 {pct(flat, 50) * 1000:.0f} ms, p99 {pct(flat, 99) * 1000:.0f} ms, "
-                      f"max {flat[-1] * 1000:.0f} ms (from sending the DELETE)")  # fmt: skip
-                print("  all streams reached, per move: " + ", ".join(
-                    f"{m[-1] * 1000:.0f} ms ({len(m)})" for m in moves if m))  # fmt: skip
-                print("  first stream reached, per move: " + ", ".join(f"{m[0] * 1000:.0f} ms" for m in moves if m))
-
-            # hang up every stream: the web should notice, close their pub/sub connections and free memory
-            for s in streams:
-                s.stop = True
-            gevent.killall(greenlets, timeout=5)
-            hung_up = time.monotonic()
-            clients3, stable_since = clients2, time.monotonic()
-            while time.monotonic() < hung_up + 10 and time.monotonic() - stable_since < 1.5:
-                gevent.sleep(0.25)
-                now_clients, _ = info(redis_client)
-                if now_clients != clients3:
-                    clients3, stable_since = now_clients, time.monotonic()
-            rss3 = rss_kb(worker)
-            print(f"after the clients hung up: Redis connected_clients settled at {clients3} "
-                  f"{stable_since - hung_up:.1f} s later, worker VmRSS {rss3 / 1024:.1f} MiB")  # fmt: skip
-            if web.poll() is not None:
-                print(f"  ! onelane web exited:\n{tail(log)}")
+        with onelane_web(settings, port, log, 1, quiet=True, **env) as web:
+            run = measure(port, children(web.pid)[0], client, args, hold, moves_n, greenlets)
+            exited = web.poll() is not None
+        report(run, args)
+        if exited:
+            print(f"  ! onelane web exited:\n{tail(log)}")
         report_log(log)
     finally:
         gevent.killall(greenlets, timeout=5)
-        redis_client.close()
+        client.close()
 
 
 def main() -> None:

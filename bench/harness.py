@@ -1,0 +1,357 @@
+"""What every benchmark stands on: a private Redis and demo model, the processes a run starts (and always stops), the
+environment they get, what /proc says about them, jobs admitted and awaited, and the statistics the reports print.
+
+Its imports are the standard library and onelane's contract, so a script may gevent-patch before importing it.
+Shared beyond this: openai_load.py (load through /v1/chat/completions), mlx_server.py (the mlx_lm.server baseline)
+and celery_app.py (the Celery baseline). Every other module of bench/ is a benchmark, `./dev.sh bench NAME`, whose
+main() reads setup -> measure -> report; no benchmark imports another.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tasks import keys
+from tasks.broker import Doorbell
+from tasks.embedded_redis import EmbeddedRedis
+from tasks.events import TERMINAL
+from tasks.job import JobSpec, SamplingParams, new_job_id
+from tasks.settings import Settings
+from tasks.store import Store
+
+T = TypeVar("T")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+START_S = 90.0  # longest wait for a process started here to answer
+WORDS = "the queue keeps the gpu busy and users informed a job waits starts streams tokens then ends".split()
+
+# --- a private Redis and the demo model -----------------------------------------------------------------------
+
+
+@contextmanager
+def private_redis() -> Iterator[tuple[Path, str]]:
+    """A temp folder and a fresh redis-server on a unix socket in it (no AOF): (the folder, its URL)."""
+    with tempfile.TemporaryDirectory(prefix="onelane-bench-") as tmp:
+        folder = Path(tmp)
+        server = EmbeddedRedis(folder / "redis", appendonly=False).start()
+        try:
+            yield folder, server.url
+        finally:
+            server.stop()
+
+
+@contextmanager
+def bench_env(size: str = "tiny", **overrides: object) -> Iterator[Settings]:
+    """A fresh Redis and a demo model of `size`; yields Settings pointing at both (their folder is `var_dir`)."""
+    from worker.demo_model import make_demo_model
+
+    with private_redis() as (folder, url):
+        model = make_demo_model(folder / f"model-{size}", size=size)
+        yield Settings(redis_url=url, model=str(model), var_dir=folder, **overrides)  # type: ignore[arg-type]
+
+
+def onelane_env(settings: Settings, quiet: bool = False, **extra: str) -> dict[str, str]:
+    """The environment of an `onelane` process, pointed at the bench's Redis and model (`quiet`: warnings only)."""
+    return {
+        **os.environ,
+        "REDIS_URL": settings.effective_redis_url,
+        "ONELANE_MODEL": settings.model_path,
+        "ONELANE_VAR_DIR": str(settings.var_dir),
+        "ONELANE_DEVICE": settings.device,
+        "PYTHONUNBUFFERED": "1",
+        **({"ONELANE_LOG_LEVEL": "WARNING"} if quiet else {}),
+        **extra,
+    }
+
+
+def queue_bounds(n: int) -> dict[str, str]:
+    """The environment that sets both of the queue's bounds (ONELANE_MAX_QUEUE, and per user) to `n`."""
+    return {"ONELANE_MAX_QUEUE": str(n), "ONELANE_MAX_QUEUED_PER_USER": str(n)}
+
+
+# --- processes ------------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def spawn(args: list[str], log_path: Path, env: dict[str, str] | None = None,
+          stop_timeout_s: float = 45.0) -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
+    """`args` in a process group of its own, its output appended to `log_path`; stopped on exit (see `stop`)."""
+    with open(log_path, "ab") as log:
+        child = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)  # fmt: skip
+        try:
+            yield child
+        finally:
+            stop(child, stop_timeout_s)
+
+
+def stop(child: subprocess.Popen[bytes], timeout_s: float = 45.0) -> None:
+    """SIGTERM `child` (a supervisor then stops its workers), then SIGKILL whatever of its process group is still
+    alive (a worker its supervisor orphaned), one pid at a time."""
+    if child.poll() is None:
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            name = " ".join(map(str, child.args[2:4]))  # type: ignore[index]  # e.g. "tasks.cli worker"
+            print(f"  ! {name} (pid {child.pid}) ignored SIGTERM for {timeout_s:.0f} s")
+    for _ in range(3):
+        left = group_members(child.pid)
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+    if child.poll() is None:
+        child.wait(timeout=10)
+
+
+def onelane_worker(settings: Settings, log_path: Path, supervised: bool = True, quiet: bool = False,
+                   **extra: str) -> AbstractContextManager[subprocess.Popen[bytes]]:  # fmt: skip
+    """`onelane worker` (a supervisor, an active worker and a standby), or one `python -m worker.main` alone."""
+    args = [sys.executable, "-m", *(["tasks.cli", "worker"] if supervised else ["worker.main"])]
+    return spawn(args, log_path, onelane_env(settings, quiet, **extra))
+
+
+@contextmanager
+def onelane_web(settings: Settings, port: int, log_path: Path, workers: int | None = None, ready: str = "/healthz",
+                quiet: bool = False, **extra: str) -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
+    """`onelane web --port P [--workers N]`, up when yielded: `ready` answers 200 and its gunicorn workers run."""
+    args = [sys.executable, "-m", "tasks.cli", "web", "--port", str(port), *(["--workers", str(workers)] if workers else [])]
+    with spawn(args, log_path, onelane_env(settings, quiet, **extra)) as web:
+
+        def up() -> bool:
+            if web.poll() is not None:
+                raise RuntimeError(f"onelane web exited ({web.returncode}):\n{tail(log_path)}")
+            return answers(port, ready) and len(children(web.pid)) >= (workers or 1)
+
+        if not poll_until(up, START_S):
+            raise RuntimeError(f"onelane web: no 200 from {ready} within {START_S:.0f} s:\n{tail(log_path)}\n"
+                               f"{tail(log_path.parent / 'worker.log')}")  # fmt: skip
+        yield web
+
+
+def poll_until(check: Callable[[], T], timeout_s: float, every_s: float = 0.1) -> T | None:
+    """`check()`'s first true answer, asked every `every_s`; None if none came within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(every_s)
+
+
+def free_port() -> int:
+    """A loopback port nobody is listening on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_request(port: int, method: str, path: str, body: bytes | None = None, timeout: float = 10.0) -> tuple[int, bytes]:
+    """One request to 127.0.0.1:`port` on a fresh connection: (status, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers={"Content-Type": "application/json"} if body is not None else {})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def answers(port: int, path: str) -> bool:
+    """GET `path` answers 200."""
+    try:
+        return http_request(port, "GET", path, timeout=2)[0] == 200
+    except (OSError, http.client.HTTPException):
+        return False
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    """The last `lines` lines of the log at `path` (nothing if there is none)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+# --- what /proc says (Linux) ----------------------------------------------------------------------------------
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _live(field: int, value: int) -> list[int]:
+    """Live processes whose /proc stat field `field` (after the name: 1 = parent, 2 = group) is `value`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(int(entry))
+            if fields and int(fields[field]) == value and fields[0] not in ("Z", "X"):
+                found.append(int(entry))
+    return sorted(found)
+
+
+def children(pid: int) -> list[int]:
+    """Live child processes of `pid`."""
+    return _live(1, pid)
+
+
+def group_members(pgid: int) -> list[int]:
+    return _live(2, pgid)
+
+
+def pid_dead(pid: int) -> bool:
+    """True once `pid` is gone or a zombie (it can no longer run code)."""
+    fields = _stat(pid)
+    return fields is None or fields[0] in ("Z", "X")
+
+
+def proc_cpu(pid: int) -> float | None:
+    """User + system CPU seconds `pid` used so far (None if it is gone, or there is no /proc, as on macOS)."""
+    fields = _stat(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by `pids` (each process itself, not its children)."""
+    return sum(proc_cpu(pid) or 0.0 for pid in pids)
+
+
+def machine_busy() -> float:
+    """CPU seconds the whole machine has been busy (all cores, from /proc/stat)."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return (sum(values[:8]) - idle) / CLK_TCK
+
+
+def rss_kb(pid: int) -> int:
+    """VmRSS of `pid` in kB (0 if gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def redis_cpu(client: Any) -> float:
+    """CPU seconds Redis has used so far (its own INFO)."""
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def cpu_now(pids: list[int], client: Any) -> tuple[float, float, float]:
+    """CPU seconds used so far by `pids`, by the Redis of `client`, and by the whole machine: subtract two."""
+    return cpu_seconds(pids), redis_cpu(client), machine_busy()
+
+
+def wait_idle(pid: int, deadline: float, sample_s: float = 0.25, quiet_samples: int = 3, cores: float = 0.1) -> float | None:
+    """When `pid`'s CPU fell under `cores` for `quiet_samples` samples in a row (monotonic); None if not by `deadline`."""
+    quiet_since, quiet = 0.0, 0
+    while time.monotonic() < deadline:
+        sample_start = time.monotonic()
+        before = proc_cpu(pid)
+        time.sleep(sample_s)
+        after = proc_cpu(pid)
+        if before is None or after is None:
+            return None
+        quiet = quiet + 1 if (after - before) / sample_s <= cores else 0
+        if quiet == 1:
+            quiet_since = sample_start
+        if quiet >= quiet_samples:
+            return quiet_since
+    return None
+
+
+# --- jobs -----------------------------------------------------------------------------------------------------
+
+
+def prompt(n: int, words: int = 12) -> str:
+    """The n-th of the benchmarks' made-up prompts, `words` words long."""
+    return " ".join(WORDS[(n * 7 + k) % len(WORDS)] for k in range(words))
+
+
+def admit(store: Store, broker: Any, owner: str, text: str, model: str | None = None, job_id: str | None = None,
+          **params: Any) -> str:  # fmt: skip
+    """Admit a job as the web does (the job and its dramatiq message in one script); returns its id."""
+    job_id = job_id or new_job_id()
+    spec = JobSpec(owner=owner, model=model or store.settings.model_name, prompt=text, params=SamplingParams(**params))
+    store.admit(job_id, spec, 600, doorbell=Doorbell.ring(broker, job_id))
+    return job_id
+
+
+def wait_ended(store: Store, ids: list[str], timeout_s: float, every_s: float = 0.05) -> list[str]:
+    """Read the jobs' status (one pipeline a round) until every one has ended; returns those that have not."""
+    pending = list(ids)
+    deadline = time.monotonic() + timeout_s
+    while pending and time.monotonic() < deadline:
+        pipe = store.redis.pipeline(transaction=False)
+        for job_id in pending:
+            pipe.hget(keys.job(job_id), "status")
+        pending = [j for j, status in zip(pending, pipe.execute()) if status not in TERMINAL]
+        if pending:
+            time.sleep(every_s)
+    return pending
+
+
+@contextmanager
+def running_worker(settings: Settings, engine: Any = None) -> Iterator[Any]:
+    """The real worker in this process (dramatiq, the writer thread, the listener), started; stopped on exit."""
+    from worker.main import GpuWorker
+
+    worker = GpuWorker(settings, engine=engine, on_fatal=lambda why: print("  ! worker:", why))
+    assert worker.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
+# --- statistics -----------------------------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100) of `values`."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def summary(values: list[float], unit: str = "ms", scale: float = 1000.0) -> str:
+    """p50, p99 and mean, scaled (seconds to ms by default)."""
+    return (f"p50 {pct(values, 50) * scale:.2f} {unit}, p99 {pct(values, 99) * scale:.2f} {unit}, "
+            f"mean {statistics.fmean(values) * scale:.2f} {unit} (n={len(values)})")  # fmt: skip
+
+
+def spread(values: list[float], fmt: str = "{:.0f}", short: bool = False) -> str:
+    """The median with the min and max: "median M (min A, max B, n=N)", or `short` "M (A-B)"."""
+    m, lo, hi = (fmt.format(v) for v in (statistics.median(values), min(values), max(values)))
+    return f"{m} ({lo}-{hi})" if short else f"median {m} (min {lo}, max {hi}, n={len(values)})"
