@@ -4,7 +4,7 @@ All three run in this one process's run, on the same machine and a private Redis
 - onelane: a real worker process (`python -m worker.main`), jobs admitted the way the web admits them
   (store.admit with the job's dramatiq message); pickup = started_at - queued_at, both stamped by Redis's
   clock at the admission and the claim; the gap = next started_at - previous finished_at in a drained
-  backlog. The bench waits for each job's end on its pub/sub channel (no polling to take CPU meanwhile).
+  backlog, with ONELANE_MAX_BATCH=1 (one job at a time, as the baselines run: in a batch, jobs overlap). The bench waits for each job's end on its pub/sub channel (no polling to take CPU meanwhile).
 - Celery 5, solo pool, prefetch 1 (bench/celery_app.py, as bench/celery_baseline.py runs it): pickup = task
   start - send; the gap is start-to-start of no-op tasks.
 - stock dramatiq (its RedisBroker, polling consumer), one thread, prefetch 1, at its default 1000 ms
@@ -62,7 +62,7 @@ def onelane(n: int) -> dict[str, list[float]]:
     with bench_env("tiny", max_queue=10_000, max_queued_per_user=10_000) as settings:
         store = Store.connect(settings)
         broker = make_broker(settings)
-        with onelane_worker(settings, settings.var_dir / "worker.log", supervised=False):
+        with onelane_worker(settings, settings.var_dir / "worker.log", supervised=False, ONELANE_MAX_BATCH="1"):
             admit_and_wait(store, broker)  # the worker is up and warm
             pickups = []
             for _ in range(n):
