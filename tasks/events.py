@@ -29,12 +29,10 @@ class EventType(str, Enum):
 
     @property
     def terminal(self) -> bool:
-        return self.value in _TERMINAL_VALUES
+        return self in TERMINAL
 
 
-_TERMINAL_VALUES = frozenset(status.value for status in JobStatus if status.ended)
-TERMINAL = frozenset(kind for kind in EventType if kind.terminal)
-assert {kind.value for kind in TERMINAL} == _TERMINAL_VALUES, "every terminal status is a terminal event"
+TERMINAL = frozenset(EventType(status.value) for status in JobStatus if status.ended)  # (fails if one is missing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +51,11 @@ class Event:
 
     @classmethod
     def decode(cls, index: int, raw: str | dict[str, Any]) -> Event:
-        """The event written as `raw` (its JSON, or that JSON parsed) at `index` of the log."""
-        fields = json.loads(raw) if isinstance(raw, str) else dict(raw)
-        return cls(index=index, type=EventType(fields.pop("type")), **fields)
+        """The event written as `raw` (its JSON, or that JSON parsed) at `index` of the log; a field this version
+        does not know is left out."""
+        fields = json.loads(raw) if isinstance(raw, str) else raw
+        known = {name: value for name, value in fields.items() if name in _FIELDS}
+        return cls(index=index, type=EventType(fields["type"]), **known)
 
     @classmethod
     def from_message(cls, data: str) -> Event:
@@ -72,6 +72,7 @@ class Event:
         return {"index": self.index, **{name: getattr(self, name) for name in _OWN_FIELDS[self.type]}}
 
 
+_FIELDS = frozenset(Event.__dataclass_fields__) - {"index", "type"}
 _OWN_FIELDS = {EventType.STARTED: ("queued_s",), EventType.TOKEN: ("text", "n"), EventType.REQUEUED: ("attempt",)}
 
 

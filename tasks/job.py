@@ -25,7 +25,6 @@ class JobStatus(str, Enum):
         return self not in (JobStatus.QUEUED, JobStatus.IN_PROGRESS)
 
 
-
 class Message(BaseModel):
     """One chat message."""
 

@@ -48,7 +48,6 @@ def connect(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, decode_responses=True, health_check_interval=10, max_connections=MAX_CONNECTIONS)
 
 
-
 @dataclass(frozen=True)
 class DeviceLease:
     """A live worker, as its lease in Redis shows it."""

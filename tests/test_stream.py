@@ -330,3 +330,23 @@ def test_a_running_jobs_stream_resumes_from_any_id_it_sent(jobs, store, start_wo
     events = [e for e in read_to_the_end(EventStream(live_server, job["id"], last_event_id=0), 30) if "id" in e]
 
     assert events[0]["id"] == 1 and events[-1]["event"] == "completed"
+
+
+def test_an_unreadable_message_on_a_job_channel_does_not_silence_the_process_feeds(store, settings):
+    from web.feed import Feed, Hub
+
+    # Given a web process's hub, and a feed following a job that has no events yet
+    hub = Hub(store, settings.effective_redis_url)
+    feed = Feed(store, hub, "job_garbled")
+    try:
+        # When something unreadable is published on the job's channel, then a real event
+        store.redis.publish(keys.channel("job_garbled"), "not json")
+        store.redis.publish(keys.channel("job_garbled"), '{"i":0,"e":{"type":"started","queued_s":0.5}}')
+
+        # Then the feed still gets the event: the hub read on
+        deadline = time.monotonic() + 10
+        while (event := feed.get(timeout_s=0.5)) is None and time.monotonic() < deadline:
+            pass
+        assert event is not None and event.type == "started" and event.queued_s == 0.5
+    finally:
+        feed.close()

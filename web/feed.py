@@ -101,7 +101,11 @@ class Hub:
                 with self._lock:
                     inboxes = list(self._inboxes.get(message["channel"].removeprefix(keys.CHANNEL_PREFIX), ()))
                 if inboxes:
-                    event = Event.from_message(message["data"])  # once, for all of the job's feeds
+                    try:
+                        event = Event.from_message(message["data"])  # once, for all of the job's feeds
+                    except (ValueError, KeyError, TypeError):  # its feeds find the gap and read their logs
+                        logger.exception("an event on %s could not be read", message["channel"])
+                        continue
                     for inbox in inboxes:
                         inbox.put(event)
             elif message["type"] == "message":  # the queue moved
