@@ -32,11 +32,13 @@ from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Retries
 
 from tasks import keys
+from tasks.connection import timeouts
 from tasks.settings import Settings
 
 QUEUE_NAME = "onelane-gpu"
 ACTOR_NAME = "run_next"
 NAMESPACE = "onelane-dramatiq"
+MAX_BLOCK_S = 10  # the longest a consumer's blocking read waits for a message (the worker's idle timeout is less)
 MAX_UNPACK = 1000  # ids a maintenance round unpacks at once (dramatiq's default allows far more; we move few)
 
 
@@ -112,7 +114,10 @@ def make_broker(settings: Settings, worker: bool = True) -> RedisBroker:
     worker stuck inside one token is the supervisor's to kill. The web only sends messages: no middleware.
     """
     middleware = [Retries(max_retries=0)] if worker else []
-    broker = BlockingRedisBroker(url=settings.effective_redis_url, namespace=NAMESPACE, middleware=middleware)
+    # its consumer blocks on Redis for up to the worker's idle timeout: that wait is not a silent connection
+    url = settings.effective_redis_url
+    client = redis.Redis.from_url(url, **timeouts(url, settings.redis_timeout_s, blocking_s=MAX_BLOCK_S))
+    broker = BlockingRedisBroker(client=client, namespace=NAMESPACE, middleware=middleware)
     broker.declare_queue(QUEUE_NAME)
     return broker
 

@@ -83,9 +83,9 @@ def up(host: str | None, port: int | None) -> None:
         for child in children:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
-        for child in children:
+        for child in children:  # the worker lets its batch drain, then hands back what still runs
             try:
-                child.wait(timeout=15)
+                child.wait(timeout=settings.drain_s + 45)
             except subprocess.TimeoutExpired:
                 child.kill()
         if embedded:

@@ -9,6 +9,7 @@ must let gevent patch ssl before they are imported.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from tasks.client import Client
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports after a Ctrl-C
+EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left (`| head`)
 STATUS_STYLES = {"completed": "green", "failed": "red", "expired": "red", "cancelled": "yellow", "in_progress": "cyan"}
 
 
@@ -102,8 +104,11 @@ def _job_options(command: Callable[..., None]) -> Callable[..., None]:
     options = [
         click.argument("prompt"),
         click.option("--model", help="A model the server serves (GET /v1/models); default: its default model."),
-        click.option("--priority", type=click.Choice(["interactive", "batch"]), help="Default: your key's class."),
-        click.option("--max-tokens", type=click.IntRange(min=1), help="Default: the server's limit."),
+        click.option("--priority", type=click.Choice(["interactive", "batch"]),
+                     help="Default: your key's class (interactive without keys)."),
+        click.option("--max-tokens", type=click.IntRange(min=1),
+                     help="Default: the server's ONELANE_DEFAULT_MAX_TOKENS (256 unless set); at most its "
+                          "ONELANE_MAX_TOKENS_LIMIT."),
         click.option("--temperature", type=click.FloatRange(0, 2), help="Sampling temperature (default 0: greedy)."),
         click.option("--ignore-eos", is_flag=True, help="Generate all --max-tokens, past the end of text."),
         click.option("--wait", is_flag=True, help="When the server is overloaded (429/503), retry after Retry-After."),
@@ -153,6 +158,9 @@ def _follow(client: Client, status: _Status, job_id: str, after: int = -1, token
             elif event.type in TERMINAL:
                 return event.data
         raise AssertionError("unreachable: events() ends with a terminal event")
+    except BrokenPipeError:
+        last = "\n"  # nobody reads stdout any more: nothing to end with a newline
+        raise
     finally:
         status.stop()
         if last != "\n":
@@ -175,7 +183,14 @@ def _report(console: Console, job: dict[str, Any], as_json: bool) -> None:
                       style="dim")  # fmt: skip
 
 
-def _cancel_and_exit(client: Client, console: Console, job_id: str) -> NoReturn:
+def _stdout_closed() -> int:
+    """Stdout's reader left (`onelane run … | head`): point stdout at /dev/null, so that exiting flushes nothing
+    into the broken pipe (Python's "Exception ignored … BrokenPipeError"); the exit status to report."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_STDOUT_CLOSED
+
+
+def _cancel_and_exit(client: Client, console: Console, job_id: str, code: int = EXIT_INTERRUPTED) -> NoReturn:
     from tasks.client import ClientError
 
     console.print(f"cancelling {job_id}")
@@ -183,7 +198,7 @@ def _cancel_and_exit(client: Client, console: Console, job_id: str) -> NoReturn:
         console.print(f"{job_id} {client.cancel(job_id)['status']}")
     except ClientError as exc:  # it ended meanwhile, or the server is gone
         console.print(f"could not cancel {job_id}: {exc}")
-    sys.exit(EXIT_INTERRUPTED)
+    sys.exit(code)
 
 
 @click.command()
@@ -191,7 +206,8 @@ def _cancel_and_exit(client: Client, console: Console, job_id: str) -> NoReturn:
 def run(prompt: str, wait: bool, as_json: bool, ignore_eos: bool, **fields: Any) -> None:
     """Submit PROMPT ("-": read stdin), show its place in the queue, then stream its tokens to stdout.
 
-    Ctrl-C (or a closed terminal) cancels the job. Exit status: 0 if it completed, 1 if not, 130 after Ctrl-C.
+    Ctrl-C (or a closed terminal, or stdout's reader leaving, as `| head` does) cancels the job. Exit status: 0 if
+    it completed, 1 if not, 130 after Ctrl-C, 141 when stdout was closed.
     """
     client, console = _client()
     status = _Status(console)
@@ -208,12 +224,13 @@ def run(prompt: str, wait: bool, as_json: bool, ignore_eos: bool, **fields: Any)
             if job["status"] == "queued":
                 status.show(_standing(job))
             ended = _follow(client, status, job_id, tokens=not as_json)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, BrokenPipeError) as stop:  # Ctrl-C, or stdout's reader left: nobody wants it
             status.stop()
+            code = _stdout_closed() if isinstance(stop, BrokenPipeError) else EXIT_INTERRUPTED
             if job_id is None:
                 console.print("interrupted: nothing submitted")
-                sys.exit(EXIT_INTERRUPTED)
-            _cancel_and_exit(client, console, job_id)
+                sys.exit(code)
+            _cancel_and_exit(client, console, job_id, code)
     _report(console, ended, as_json)
 
 

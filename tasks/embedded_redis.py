@@ -74,7 +74,9 @@ class EmbeddedRedis:
             "--hash-max-listpack-value", "1024",
             "--logfile", str(self.directory / "redis.log"),
         ]  # fmt: skip
-        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL)
+        # in a session of its own: a Ctrl-C in the terminal must not stop Redis under the processes that still
+        # write to it while they stop (a worker draining its batch); whoever started it stops it, last
+        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
         client = redis.Redis(unix_socket_path=str(self.socket))
         deadline = time.monotonic() + timeout_s
         while True:

@@ -74,8 +74,3 @@ class Event:
 
 _FIELDS = frozenset(Event.__dataclass_fields__) - {"index", "type"}
 _OWN_FIELDS = {EventType.STARTED: ("queued_s",), EventType.TOKEN: ("text", "n"), EventType.REQUEUED: ("attempt",)}
-
-
-def token_json(text: str, n_tokens: int) -> str:
-    """A token event as the log stores it (the other events are written by the Lua scripts)."""
-    return json.dumps({"type": EventType.TOKEN.value, "text": text, "n": n_tokens}, separators=(",", ":"))

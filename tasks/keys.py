@@ -17,6 +17,8 @@ USER_JOBS_PREFIX = NS + "jobs:"  # sorted set: one user's recent job ids by admi
 
 MODEL_QUEUE_PREFIX = NS + "mq:"  # sorted set: one model's waiting job ids, by the same score as QUEUE
 MODEL_PREFIX = NS + "model:"  # hash: a model's load outcome (state, load_s, bytes, error, retry_at, worker)
+ADDRESS_PREFIX = NS + "address:"  # set, in local mode: the browser visitors of one client address with jobs waiting
+#                                   (admit.lua), living as long as the jobs it counts
 
 QUEUE = NS + "queue"  # sorted set: every waiting job id by its fair-queuing finish tag: the run order
 WAITING = NS + "waiting"  # sorted set: every waiting job id by its deadline
@@ -79,6 +81,10 @@ def model_queue(model: str) -> str:
 
 def model(name: str) -> str:
     return MODEL_PREFIX + name
+
+
+def address_visitors(address: str) -> str:
+    return ADDRESS_PREFIX + address
 
 
 def device(name: str) -> str:

@@ -41,6 +41,8 @@ ENV_NAMES: dict[str, str] = {
     "lease_s": "ONELANE_LEASE_S",
     "max_attempts": "ONELANE_MAX_ATTEMPTS",
     "stall_s": "ONELANE_STALL_S",
+    "drain_s": "ONELANE_DRAIN_S",
+    "redis_timeout_s": "ONELANE_REDIS_TIMEOUT_S",
     "users": "ONELANE_API_KEYS",
     "api_keys_file": "ONELANE_API_KEYS_FILE",
     "secret_key": "ONELANE_SECRET_KEY",
@@ -70,11 +72,11 @@ class User(BaseModel):
     share of the device against other users (2: twice the turns), `priority` the class their jobs get by default;
     an `admin` sees every user's jobs on the queue dashboard and may cancel any of them."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$")
     key: str = Field(min_length=1)
-    max_queued: int | None = Field(None, ge=1)
+    max_queued: int | None = Field(None, ge=1, le=10_000_000)
     weight: int = Field(1, ge=1, le=100)
     priority: Priority = "interactive"
     admin: bool = Field(False, strict=True)  # a TOML boolean: `admin = true`
@@ -89,7 +91,7 @@ class ModelConfig(BaseModel):
     pinned here: no request can change them. `max_batch` overrides ONELANE_MAX_BATCH for this model; `max_kv_size`
     bounds each sequence's KV cache (a rotating cache, as mlx-lm's --max-kv-size)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=MODEL_NAME_CHARS, pattern=MODEL_NAME)
     path: str = Field(min_length=1)
@@ -99,7 +101,8 @@ class ModelConfig(BaseModel):
     tokenizer_config: dict[str, Any] = Field(default_factory=dict)
     overrides: dict[str, Any] = Field(default_factory=dict, alias="model_config")
     max_batch: int | None = Field(None, ge=1, le=256)
-    max_kv_size: int | None = Field(None, ge=16)  # KV cache kept per sequence: older tokens rotate out beyond it
+    # KV cache kept per sequence: older tokens rotate out beyond it
+    max_kv_size: int | None = Field(None, ge=16, le=10_000_000)
     default: bool = False
 
     def load_options(self) -> dict[str, Any]:
@@ -176,36 +179,41 @@ def read_keys_file(path: str) -> list[dict[str, object]]:
 
 
 class Settings(BaseModel):
-    """Every knob onelane has. Build with `Settings.from_env()`, or directly in tests."""
+    """Every knob onelane has. Build with `Settings.from_env()`, or directly in tests. Every number is finite and
+    bounded (the README's Settings table gives each range): what Redis's EXPIRE, the Lua scripts and a sleep take."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     redis_url: str | None = None
     var_dir: Path = Path("var")
     model: str | None = None
     models_file: Path | None = None
     models: tuple[ModelConfig, ...] = ()
-    models_memory: int = Field(default_factory=lambda: physical_memory() // 2, ge=1)
+    models_memory: int = Field(default_factory=lambda: physical_memory() // 2, ge=1, le=2**50)
     model_switch_wait_s: float = Field(10.0, ge=0, le=3600)
     model_retry_s: float = Field(60.0, gt=0, le=86400)
     batch_cost: int = Field(10, ge=1, le=1000)
     job_ttl_s: float = Field(600.0, gt=0, le=7 * 86400)
     result_ttl_s: int = Field(3600, ge=1, le=30 * 86400)
     max_tokens_limit: int = Field(4096, ge=1, le=1_000_000)
-    default_max_tokens: int = Field(256, ge=1)
-    max_prompt_chars: int = Field(32_000, ge=1)
+    default_max_tokens: int = Field(256, ge=1, le=1_000_000)
+    max_prompt_chars: int = Field(32_000, ge=1, le=10_000_000)
     max_batch: int = Field(32, ge=1, le=256)
-    kv_budget_tokens: int = Field(65_536, ge=1)
+    kv_budget_tokens: int = Field(65_536, ge=1, le=100_000_000)
     prefill_step: int = Field(128, ge=16, le=65_536)
     max_queue: int = Field(256, ge=1, le=10_000_000)
     max_queued_per_user: int = Field(32, ge=1, le=10_000_000)
-    job_time_limit_s: float = Field(900.0, gt=0)
+    job_time_limit_s: float = Field(900.0, gt=0, le=7 * 86400)  # + result_ttl_s: a running job's EXPIRE
     watch_grace_s: float = Field(10.0, gt=0, le=3600)
     sse_ping_s: float = Field(15.0, gt=0, le=15)
     device: str = Field(default_factory=socket.gethostname, min_length=1, max_length=128)
     lease_s: float = Field(3.0, ge=0.5, le=60)
     max_attempts: int = Field(2, ge=1, le=10)
-    stall_s: float = Field(120.0, gt=0)
+    stall_s: float = Field(120.0, gt=0, le=86400)
+    # a worker stopped in good order lets its batch run this long to end, then hands back what still runs
+    drain_s: float = Field(5.0, ge=0, le=3600)
+    # how long a Redis call may take before it counts as failed (connect, read, write); blocking reads excepted
+    redis_timeout_s: float = Field(5.0, ge=0.1, le=300)
     users: tuple[User, ...] = ()
     api_keys_file: Path | None = None
     secret_key: str | None = Field(None, min_length=16)

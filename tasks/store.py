@@ -22,8 +22,9 @@ import redis
 
 from tasks import keys
 from tasks.broker import Doorbell
+from tasks.connection import connect
 from tasks.errors import JobAlreadyEnded, JobNotFound, LeaseLost, ModelUnavailable, QueueFull, QuotaExceeded
-from tasks.events import Event, token_json
+from tasks.events import Event
 from tasks.job import Job, JobSpec, JobStatus, Timings, error_json
 from tasks.settings import Settings
 
@@ -40,12 +41,7 @@ def _load_scripts(client: redis.Redis) -> dict[str, Any]:
 MODEL_RECORD_TTL_S = 7 * 86400  # a model's load record (keys.model) outlives no week without news
 BOARD_WAITING = 500  # waiting jobs the dashboard reads one by one, in queue order; it only counts the rest
 BOARD_MINUTES = 60  # the dashboard plots the last hour
-MAX_CONNECTIONS = 10_000  # every open event stream holds one (pub/sub); redis-py's default pool stops at 100
-
-
-def connect(url: str) -> redis.Redis:
-    """A client for onelane's Redis, decoding replies as text."""
-    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=10, max_connections=MAX_CONNECTIONS)
+VISITORS_PER_ADDRESS = 4  # local mode: browser visitors of one client address that may have jobs waiting at once
 
 
 @dataclass(frozen=True)
@@ -217,7 +213,7 @@ class Store:
     @classmethod
     def connect(cls, settings: Settings) -> Store:
         """A store on its own connection pool to `settings`' Redis (a process's one store)."""
-        return cls(connect(settings.effective_redis_url), settings)
+        return cls(connect(settings.effective_redis_url, settings.redis_timeout_s), settings)
 
     def _run(self, name: str, *args: object, pipe: Any = None) -> Any:
         """Run a script now, or queue it on `pipe` (a pipeline: its reply comes with the pipeline's). On a pipeline
@@ -241,13 +237,15 @@ class Store:
         return self.get(job_id)
 
     def admit(
-        self, job_id: str, spec: JobSpec, ttl_s: float, quota: int | None = None, doorbell: Doorbell | None = None
+        self, job_id: str, spec: JobSpec, ttl_s: float, quota: int | None = None, doorbell: Doorbell | None = None,
+        address: str | None = None,
     ) -> Job:
         """Admit a job in fair order, or raise QueueFull / QuotaExceeded leaving nothing behind.
 
         `quota` is the owner's bound on waiting jobs (default: the server's per-user bound); `doorbell`, the
-        job's dramatiq message, is enqueued in the same step. Returns the job as admitted, with its position
-        and ETA, without reading it back.
+        job's dramatiq message, is enqueued in the same step. `address`, for a local-mode browser visitor: its
+        client address, whose visitors share the quota, at most VISITORS_PER_ADDRESS of them with jobs waiting.
+        Returns the job as admitted, with its position and ETA, without reading it back.
         """
         s = self.settings
         grace = s.watch_grace_s if spec.watched else 0
@@ -255,12 +253,19 @@ class Store:
         verdict, *rest = self._run(
             "admit", job_id, spec.owner, spec.model_dump_json(), ttl_s, s.result_ttl_s, grace, s.max_queue, quota,
             spec.params.max_tokens, s.max_batch, *_bell(doorbell), spec.model, spec.priority,
-            s.cost_of(spec.owner, spec.priority),
+            s.cost_of(spec.owner, spec.priority), keys.address_visitors(address) if address else "",
+            VISITORS_PER_ADDRESS,
         )  # fmt: skip
         if verdict == "queue_full":
             raise QueueFull(f"the queue is full ({s.max_queue} jobs waiting); try again later", retry_after_s=rest[0])
         if verdict == "quota_exceeded":
             raise QuotaExceeded(f"you already have {quota} jobs waiting; try again later", retry_after_s=rest[0])
+        if verdict == "address_quota":
+            raise QuotaExceeded(f"the browsers at your address already have {quota} jobs waiting; try again later",
+                                retry_after_s=rest[0])  # fmt: skip
+        if verdict == "address_visitors":
+            raise QuotaExceeded(f"{VISITORS_PER_ADDRESS} other browsers at your address already have jobs waiting; "
+                                "try again later", retry_after_s=rest[0])  # fmt: skip
         if verdict == "model_unavailable":
             raise ModelUnavailable(f"the model {spec.model!r} is unavailable: {rest[1]}", retry_after_s=rest[0])
         queued_at, deadline, position, load_s, *rest = rest
@@ -351,10 +356,18 @@ class Store:
     # --- the worker's verbs: `worker` is the id of the worker process acting ---------------------
 
     def take_device(self, worker: str, report: BatchReport | None = None) -> str:
-        """Take or renew this device's lease for `worker`: 'ok', or the id of the worker holding it."""
+        """Take this device's lease for `worker` (or renew it): 'ok', or the id of the worker holding it."""
+        return self._lease("take", worker, report)
+
+    def renew_device(self, worker: str, report: BatchReport | None = None) -> str:
+        """Renew the lease `worker` holds: 'ok'; 'lapsed' if it lapsed (the worker must stop: its jobs may have been
+        taken back); or the id of the worker that took it."""
+        return self._lease("renew", worker, report)
+
+    def _lease(self, mode: str, worker: str, report: BatchReport | None) -> str:
         lease_ms = int(self.settings.lease_s * 1000)
         extra = report.args() if report else ()
-        return str(self._run("lease", self.settings.device, worker, os.getpid(), lease_ms, *extra))
+        return str(self._run("lease", self.settings.device, worker, os.getpid(), lease_ms, mode, *extra))
 
     def claim_next(
         self, worker: str, want: str | None = None, active: str = "", loaded: tuple[str, ...] | None = None
@@ -412,9 +425,13 @@ class Store:
         pipe.expire(keys.model(name), MODEL_RECORD_TTL_S)
         pipe.execute()
 
-    def append(self, job_id: str, n_tokens: int, text: str, prompt_tokens: int, worker: str, pipe: Any = None) -> Any:
-        """Record generated text as one token event; true when the job must stop (cancelled, or taken away)."""
-        return self._run("append", job_id, n_tokens, text, token_json(text, n_tokens), prompt_tokens, worker, pipe=pipe)
+    def append(self, job_id: str, n_tokens: int, text: str, prompt_tokens: int, worker: str,
+               start: tuple[int, int] | None = None, pipe: Any = None) -> Any:  # fmt: skip
+        """Record generated text as one token event (n_tokens 0 and no text: progress without a token, as in a long
+        prefill); true when the job must stop (cancelled, or taken away). `start`: the run's tokens and output bytes
+        before this text, so that a retried write appends only what did not get there (None: at the end)."""
+        where = start if start is not None else ("", "")
+        return self._run("append", job_id, n_tokens, text, prompt_tokens, worker, *where, pipe=pipe)
 
     def finish(
         self,
@@ -461,7 +478,11 @@ class Store:
 
     def drop_device(self, pid: int) -> bool:
         """Free this device if the process `pid` (known dead) holds it."""
-        return bool(self._run("drop_lease", self.settings.device, pid))
+        return bool(self._run("drop_lease", self.settings.device, "pid", pid))
+
+    def release_device(self, worker: str) -> bool:
+        """Free this device if `worker` (stopped in good order: nothing of it runs on the device) holds it."""
+        return bool(self._run("drop_lease", self.settings.device, "worker", worker))
 
     def watch_device(self) -> tuple[int | None, list[str]]:
         """The pid holding this device, and the jobs ended as stalled (no progress for stall_s s) there."""

@@ -90,3 +90,19 @@ class EventStream:
 
     def close(self) -> None:
         self.response.close()
+
+
+def wait_answering(url: str, process: Any, timeout_s: float = 30.0) -> None:
+    """Until GET `url` answers 200, while `process` (a Popen: the server) lives."""
+    import requests
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert process.poll() is None, f"the server of {url} exited"
+        try:
+            if requests.get(url, timeout=2).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        assert time.monotonic() < deadline, f"{url} did not answer 200 within {timeout_s:g} s"
+        time.sleep(0.1)  # a poll: a process starting up announces nothing to wait on

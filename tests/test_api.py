@@ -113,6 +113,24 @@ def test_list_returns_the_callers_jobs_newest_first(jobs):
     assert [j["id"] for j in listed] == ids[::-1]
 
 
+@pytest.mark.parametrize("query", ["limit=abc", "limit=1e3", "limit=-5", "limit=0", "limit=201", "limit=100000",
+                                   "limit=", "limit=+5", "limit=%205", "limit=2.0", "limit=" + "9" * 5000,
+                                   "limit=5&limit=6"])  # fmt: skip
+def test_a_malformed_or_out_of_range_limit_is_400_naming_the_range(jobs, query):
+    jobs.submit("p", max_tokens=4)
+    response = jobs.client.get(f"/v1/jobs?{query}")
+    assert response.status_code == 400, response.get_json()
+    error = response.get_json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request", "limit")
+    assert "1 to 200" in error["message"]
+
+
+def test_a_limit_within_range_lists_that_many(jobs):
+    ids = [jobs.submit(f"p{n}", max_tokens=4)["id"] for n in range(3)]
+    for query, expected in [("limit=1", ids[-1:]), ("limit=002", ids[:0:-1]), ("limit=200", ids[::-1])]:
+        assert [j["id"] for j in jobs.client.get(f"/v1/jobs?{query}").get_json()["data"]] == expected
+
+
 def test_defaults_apply_when_options_are_omitted(jobs, settings):
     job = jobs.submit("a")
     assert job["params"]["max_tokens"] == settings.default_max_tokens

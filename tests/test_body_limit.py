@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -19,6 +18,7 @@ import requests
 
 from tasks import keys
 from tests.conftest import free_port
+from tests.helpers import wait_answering
 
 PROMPT_CHARS = 1000  # a small limit keeps the bodies small: 1000 * 12 + 64 KiB = 77,536 bytes
 
@@ -100,16 +100,7 @@ def gunicorn_web(settings, tmp_path: Path, redis_client) -> Iterator[str]:  # ty
                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     base_url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert process.poll() is None, (tmp_path / "web.log").read_text()
-            try:
-                if requests.get(f"{base_url}/healthz", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, "onelane web did not start within 30 s"
-            time.sleep(0.1)
+        wait_answering(f"{base_url}/healthz", process)
         yield base_url
     finally:
         process.terminate()

@@ -131,6 +131,24 @@ def test_ctrl_c_while_streaming_cancels_the_running_job_keeping_its_partial_outp
     assert 0 < job["usage"]["completion_tokens"] < BUSY
 
 
+def test_a_reader_that_leaves_cancels_the_job_as_ctrl_c_does(store, start_worker, live_server):
+    # Given `onelane run` streaming an endless job into a reader that leaves after one byte (as `| head -c 1` does)
+    start_worker()
+    run = start(live_server, "run", "on and on", "--max-tokens", str(BUSY), "--ignore-eos")
+    job_id = job_id_in(read_until(run.stderr, "submitted"))
+    assert run.stdout.read1(1)  # type: ignore[union-attr]
+
+    # When the reader closes the pipe
+    run.stdout.close()  # type: ignore[union-attr]
+
+    # Then the client cancels its job and exits 141 (128 + SIGPIPE, as a shell reports), saying so, no traceback
+    assert run.wait(timeout=30) == 141
+    assert wait_ended(store, job_id)["status"] == "cancelled"
+    said = run.stderr.read().decode()  # type: ignore[union-attr]
+    assert f"{job_id} cancelled" in said
+    assert "Traceback" not in said and "Exception ignored" not in said and "Error" not in said
+
+
 def test_submit_prints_the_id_and_cancel_cancels_the_waiting_job(jobs, live_server):
     submitted = onelane(live_server, "submit", "nobody runs me", "--max-tokens", "4")  # no worker: it waits
     job_id = submitted.stdout.strip()
@@ -180,6 +198,19 @@ def test_overload_says_when_to_retry_and_wait_retries_after_it(jobs, settings, s
     run.send_signal(signal.SIGINT)
     assert run.wait(timeout=30) == 130
     assert onelane(url, "cancel", job_id).stdout == f"{job_id} cancelled\n"
+
+
+def test_run_help_tells_the_defaults_the_server_applies():
+    from click.testing import CliRunner
+
+    from tasks.client_cli import run
+
+    shown = " ".join(CliRunner().invoke(run, ["--help"]).output.split())
+
+    # --max-tokens defaults to the server's ONELANE_DEFAULT_MAX_TOKENS (256), not to its limit (4096)
+    assert "the server's limit" not in shown
+    assert "--max-tokens INTEGER RANGE Default: the server's ONELANE_DEFAULT_MAX_TOKENS (256 unless set)" in shown
+    assert "Default: your key's class (interactive without keys)" in shown
 
 
 def test_the_api_key_comes_from_the_environment(settings, serve):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import wait_ended
@@ -63,7 +65,7 @@ def test_readyz_forgets_a_job_that_ended_stalled_while_its_worker_holds_the_devi
     quick = store.__class__(store.redis, settings.model_copy(update={"stall_s": 0.3}))
     job = client.post("/v1/jobs", json={"prompt": "stuck", "max_tokens": 4}).get_json()
     assert quick.take_device("w1") == "ok" and quick.claim_now("w1").id == job["id"]
-    assert client.get("/readyz").get_json()["workers"][0]["jobs"] == [job["id"]]
+    assert client.get("/readyz").get_json()["workers"][0]["running"] == 1
 
     while not (stalled := quick.watch_device()[1]):  # the supervisor's look, until the job counts as stalled
         assert quick.get(job["id"]).status.value == "in_progress"
@@ -71,4 +73,26 @@ def test_readyz_forgets_a_job_that_ended_stalled_while_its_worker_holds_the_devi
     assert quick.take_device("w1") == "ok"  # its worker still holds the device (say, not killed yet)
 
     ready = client.get("/readyz")
-    assert ready.status_code == 200 and ready.get_json()["workers"][0]["jobs"] == []
+    assert ready.status_code == 200 and ready.get_json()["workers"][0]["running"] == 0
+
+
+def test_readyz_counts_each_workers_jobs_and_never_names_them(settings, make_app, store):
+    # Given API keys, and alice's job running on a worker that stopped making progress
+    from tasks.settings import User
+
+    keyed = settings.model_copy(update={"users": (User(name="alice", key="ka"),), "stall_s": 0.3})
+    client = make_app(keyed).test_client()
+    job = client.post("/v1/jobs", json={"prompt": "a", "max_tokens": 4}, headers={"Authorization": "Bearer ka"})
+    job_id = job.get_json()["id"]
+    assert store.take_device("w1") == "ok" and store.claim_now("w1").id == job_id
+
+    # When anybody asks /readyz, ready and then stalled
+    ready = client.get("/readyz")
+    time.sleep(0.4)
+    stalled = client.get("/readyz")
+
+    # Then each worker shows how many jobs it runs, never which
+    assert ready.status_code == 200 and ready.get_json()["workers"][0]["running"] == 1
+    assert stalled.status_code == 503 and stalled.get_json()["workers"][0]["running"] == 1
+    for answer in (ready, stalled):
+        assert job_id not in answer.get_data(as_text=True) and "jobs" not in answer.get_json()["workers"][0]

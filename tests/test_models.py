@@ -189,6 +189,28 @@ def test_a_head_job_passed_over_waits_no_longer_than_the_bound(served, store):
     assert 0.2 <= waited < 2
 
 
+@pytest.mark.parametrize("switch_wait", [0, 5])
+def test_a_newcomer_waits_behind_at_most_one_job_of_each_user_whether_or_not_heads_are_passed_over(
+    switch_wait, served, store
+):
+    s = Store(store.redis, served.model_copy(update={"model_switch_wait_s": switch_wait}))
+    s.take_device("w")
+    alice = [admit(s, "alice", "mini", n) for n in range(6)]
+    bob = [admit(s, "bob", "tiny", n) for n in range(6)]
+    # four jobs start: with the switch wait, bob's go ahead of alice's head (the batch runs tiny); without, the
+    # worker switches at every change of model and they start in fair order
+    started = [s.claim_next("w", want="*", active="tiny" if switch_wait else "", loaded=("tiny", "mini")).job.id  # type: ignore[union-attr]
+               for _ in range(4)]  # fmt: skip
+    assert started == (bob[:4] if switch_wait else [alice[0], bob[0], alice[1], bob[1]])
+
+    carol = admit(s, "carol", "mini")
+    queue = s.redis.zrange(keys.QUEUE, 0, -1)
+    ahead = queue[: queue.index(carol)]
+    assert len([j for j in ahead if j in alice]) == 1 and len([j for j in ahead if j in bob]) <= 1
+    # and bob's jobs that went ahead were his turns: his next one waits behind alice's
+    assert queue.index(bob[4]) > queue.index(alice[4])
+
+
 # --- classes and weights --------------------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ import openai
 import pytest
 import requests
 
+from tasks.job import JobStatus
 from tests.helpers import BUSY, wait_ended, wait_event
 
 MODEL = "onelane-demo"
@@ -176,23 +177,49 @@ def test_a_non_streaming_client_that_leaves_while_queued_is_never_generated(live
     assert left["timings"]["started_at"] is None and left["usage"]["completion_tokens"] == 0
 
 
-def test_a_stream_whose_worker_died_mid_answer_ends_with_an_error_not_a_garbled_answer(live_server, store):
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 5, "stream": True}
+def stream_across_a_restart(live_server, store, rerun: list[str]) -> tuple[str, list[dict], list[str]]:  # type: ignore[no-untyped-def]
+    """Stream a chat whose worker (played by this test) writes "half an answer", dies, and whose next run writes
+    `rerun`; the job's id, the stream's data objects, and its raw data lines."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 50, "stream": True}
     with requests.post(f"{live_server}/v1/chat/completions", json=body, stream=True, timeout=30) as response:
         job_id = response.headers["x-onelane-job-id"]
         lines = response.iter_lines(decode_unicode=True)
-        # this test plays the worker: it runs the job a little, then dies
         assert store.take_device("w") == "ok"
         assert store.claim_now("w").id == job_id
         store.append(job_id, 1, "half an answer", 1, "w")
         next(ln for ln in lines if "half an answer" in ln)
-        store.hand_back(job_id, "w")
-        rest = [ln for ln in lines if ln.startswith("data: ")]
+        store.hand_back(job_id, "w")  # the worker died: the job starts over
+        assert store.claim_now("w").id == job_id
+        with store.listen() as cancels:  # as the worker hears a cancel
+            for text in rerun:
+                store.append(job_id, 1, text, 1, "w")
+            if "".join(rerun).startswith("half an answer"):
+                store.finish(job_id, JobStatus.COMPLETED, "w", finish_reason="stop", completion_tokens=len(rerun))
+            else:  # the stream cannot go on: it cancels the job, and the worker ends it
+                while (message := cancels.get_message(timeout=10)) and message["data"] != job_id:
+                    pass
+                store.finish(job_id, JobStatus.CANCELLED, "w", finish_reason="cancelled")
+        rest = [ln.removeprefix("data: ") for ln in lines if ln.startswith("data: ")]
+    return job_id, [json.loads(ln) for ln in rest if ln != "[DONE]"], rest
 
-    assert json.loads(rest[0].removeprefix("data: "))["error"]["code"] == "worker_restarted"
-    assert rest[-1] == "data: [DONE]"
-    # and the job is not run again for a client that has gone
-    assert wait_ended(store, job_id)["status"] == "cancelled"
+
+def test_a_stream_whose_worker_died_mid_answer_goes_on_where_it_was(live_server, store):
+    job_id, chunks, rest = stream_across_a_restart(live_server, store, ["half an", " answer", ", and the rest"])
+
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == ", and the rest"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and rest[-1] == "[DONE]"
+    done = wait_ended(store, job_id)
+    assert (done["status"], done["output"], done["attempts"]) == ("completed", "half an answer, and the rest", 2)
+
+
+def test_a_stream_whose_job_writes_otherwise_when_run_again_ends_with_a_documented_error(live_server, store):
+    job_id, chunks, rest = stream_across_a_restart(live_server, store, ["half a loaf", " of bread"])
+
+    assert [c["error"]["code"] for c in chunks if "error" in c] == ["worker_restarted"]
+    assert "loaf" not in json.dumps([c for c in chunks if "error" not in c])
+    assert rest[-1] == "[DONE]"
+    done = wait_ended(store, job_id)  # not run on for a client that has nothing to do with it, and truthfully so
+    assert (done["status"], done["error"]["type"]) == ("cancelled", "worker_restarted")
 
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}

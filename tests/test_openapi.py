@@ -33,8 +33,12 @@ OPERATIONS = {
     ("/v1/jobs", "post"), ("/v1/jobs", "get"), ("/v1/jobs/{job_id}", "get"), ("/v1/jobs/{job_id}", "delete"),
     ("/v1/jobs/{job_id}/events", "get"), ("/v1/models", "get"), ("/v1/chat/completions", "post"),
     ("/v1/completions", "post"), ("/healthz", "get"), ("/readyz", "get"), ("/metrics", "get"),
+    ("/", "get"), ("/jobs", "post"), ("/jobs/{job_id}", "get"), ("/jobs", "get"), ("/login", "get"), ("/login", "post"),
+    ("/queue", "get"), ("/queue.json", "get"), ("/queue/jobs/{job_id}/cancel", "post"), ("/openapi.json", "get"),
+    ("/docs", "get"),
 }  # fmt: skip
-TAKE_INPUT = {("/v1/jobs", "post"), ("/v1/jobs", "get"), ("/v1/chat/completions", "post"), ("/v1/completions", "post")}
+TAKE_INPUT = {("/v1/jobs", "post"), ("/v1/jobs", "get"), ("/v1/chat/completions", "post"), ("/v1/completions", "post"),
+              ("/jobs", "post"), ("/login", "post")}  # fmt: skip
 MODEL = "onelane-demo"
 EXAMPLES = 40  # per operation (and per mode, or scenarios): the whole file runs in well under a minute
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
@@ -63,6 +67,26 @@ def test_openapi_json_is_valid_openapi_3_1_with_every_operation(app) -> None:  #
     assert submit["429"]["headers"]["Retry-After"]["required"] is True
 
 
+def test_the_document_describes_every_route_the_app_serves_and_no_other(app) -> None:  # type: ignore[no-untyped-def]
+    # Given the app's own URL map (but its static files), When it is compared with the document, Then every route and
+    # method is an operation, and every operation a route: a new route cannot be left out
+    spec = app.test_client().get("/openapi.json").get_json()
+    documented = {(path, method) for path, item in spec["paths"].items() for method in item}
+    routed = {(re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule.rule), method.lower())
+              for rule in app.url_map.iter_rules() if rule.endpoint != "static"
+              for method in rule.methods - {"HEAD", "OPTIONS"}}  # fmt: skip
+    assert routed - documented == set(), "routes missing from /openapi.json"
+    assert documented - routed == set(), "operations no route serves"
+
+
+def test_the_list_limit_is_documented_with_its_type_and_range(app) -> None:  # type: ignore[no-untyped-def]
+    operation = app.test_client().get("/openapi.json").get_json()["paths"]["/v1/jobs"]["get"]
+    (limit,) = [p for p in operation["parameters"] if p["name"] == "limit"]
+    assert limit["in"] == "query"
+    assert limit["schema"] == {"type": "integer", "minimum": 1, "maximum": 200, "default": 50}
+    assert "400" in operation["responses"]
+
+
 def test_request_schemas_are_the_handlers_own_models_with_this_servers_limits(app) -> None:  # type: ignore[no-untyped-def]
     # Given the document, When its request schemas are compared with the models' own JSON schemas, Then they are the
     # same, but for what this server's settings decide: the models it serves, and its limits
@@ -89,10 +113,16 @@ def test_docs_page_lists_every_operation_and_schema(app) -> None:  # type: ignor
     for name in ("SubmitJob", "Job", "Error", "ChatRequest", "ChatCompletion", "OpenAIError"):
         assert f'id="schema-{name}"' in page
     assert "Retry-After" in page and "Bearer" in page
-    # offline and within the pages' CSP: nothing from another origin, no inline script
+    # offline and within the pages' CSP: nothing from another origin
     assert "default-src 'self'" in response.headers["Content-Security-Policy"]
     assert not re.search(r'(src|href)="(https?:)?//', page)
-    assert re.findall(r"<script[^>]*>", page) == ['<script src="/static/app.js" defer>']
+
+
+def test_the_docs_page_runs_no_script_while_the_other_pages_keep_theirs(app) -> None:  # type: ignore[no-untyped-def]
+    # As the README promises: /docs is rendered on the server and needs no script (app.js serves job pages and times)
+    client = app.test_client()
+    assert re.findall(r"<script\b", client.get("/docs").get_data(as_text=True)) == []
+    assert '<script src="/static/app.js" defer>' in client.get("/").get_data(as_text=True)
 
 
 def test_with_api_keys_the_document_is_for_users(settings, make_app) -> None:  # type: ignore[no-untyped-def]

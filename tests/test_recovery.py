@@ -165,3 +165,30 @@ def test_a_watched_job_whose_worker_dies_runs_again_for_its_still_connected_clie
     done = store.get(job["id"])
     assert (done.status.value, done.attempts, done.usage.completion_tokens) == ("completed", 2, 3000)
     assert seen.count("requeued") == 1 and seen[-1] == "completed"
+
+
+def test_an_openai_stream_goes_on_where_it_was_when_its_worker_dies(store, worker_process, live_server):
+    import json
+
+    import requests
+
+    worker_process()
+    body = {"model": store.settings.model_name, "messages": [{"role": "user", "content": "tell me"}], "stream": True,
+            "max_tokens": 3000, "temperature": 0.9, "ignore_eos": True}  # sampled, unseeded: its run is still its own
+    content, finish, killed = "", None, False
+    with requests.post(f"{live_server}/v1/chat/completions", json=body, stream=True, timeout=60) as response:
+        job_id = response.headers["x-onelane-job-id"]
+        for line in response.iter_lines(decode_unicode=True):
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            assert "error" not in chunk, chunk
+            content += chunk["choices"][0]["delta"].get("content") or ""
+            finish = chunk["choices"][0]["finish_reason"] or finish
+            if len(content) > 200 and not killed:
+                os.kill(wait_for_worker(store).pid, signal.SIGKILL)  # mid-answer
+                killed = True
+
+    done = store.get(job_id)
+    assert (done.status.value, done.attempts, finish) == ("completed", 2, "length")
+    assert content == done.output and done.usage.completion_tokens == 3000

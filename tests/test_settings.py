@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
+from tasks import keys
 from tasks.errors import SettingsError
-from tasks.settings import Settings
+from tasks.settings import ENV_NAMES, Settings
 
 
 def test_defaults_are_safe():
@@ -133,3 +134,55 @@ def test_a_keys_file_gives_users_weights_and_a_class(tmp_path):
     (tmp_path / "keys.toml").write_text('[users.a]\nkey = "ka"\nweight = 0\n')
     with pytest.raises(SettingsError, match="ONELANE_API_KEYS_FILE: users.a.weight"):
         Settings.from_env({"ONELANE_API_KEYS_FILE": str(tmp_path / "keys.toml")})
+
+
+#: Every numeric setting (read from the fields, so a new one is covered without editing this list).
+NUMERIC = [ENV_NAMES[f] for f, info in Settings.model_fields.items() if info.annotation in (int, float)]
+HUGE = "1" + "0" * 30  # an integer no Redis command, Lua script or sleep can take
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e30", HUGE, "-1"], ids=["inf", "nan", "1e30", "10**30", "-1"])
+@pytest.mark.parametrize("name", NUMERIC)
+def test_every_numeric_setting_must_be_finite_and_in_its_range(name, value):
+    # Given a numeric variable set to infinity, not-a-number, a huge or a negative value
+    # Then start-up stops, naming it (ONELANE_JOB_TIME_LIMIT=inf once passed, and then no job could start)
+    assert "ONELANE_JOB_TIME_LIMIT" in NUMERIC and "ONELANE_STALL_S" in NUMERIC
+    with pytest.raises(SettingsError, match=f"{name}="):
+        Settings.from_env({name: value})
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e30", HUGE, "-1"], ids=["inf", "nan", "1e30", "10**30", "-1"])
+@pytest.mark.parametrize(
+    "variable,entry,key",
+    [
+        ("ONELANE_API_KEYS_FILE", '[users.a]\nkey = "ka"', "max_queued"),
+        ("ONELANE_API_KEYS_FILE", '[users.a]\nkey = "ka"', "weight"),
+        ("ONELANE_MODELS_FILE", '[models.a]\npath = "x"', "max_batch"),
+        ("ONELANE_MODELS_FILE", '[models.a]\npath = "x"', "max_kv_size"),
+    ],
+    ids=["users.max_queued", "users.weight", "models.max_batch", "models.max_kv_size"],
+)
+def test_every_number_of_a_keys_or_models_file_must_be_finite_and_in_its_range(tmp_path, variable, entry, key, value):
+    (tmp_path / "file.toml").write_text(f"{entry}\n{key} = {value}\n")
+    with pytest.raises(SettingsError, match=f"{variable}: (users|models).a.{key}: "):
+        Settings.from_env({variable: str(tmp_path / "file.toml")})
+
+
+def test_the_largest_settings_in_range_still_run_a_job_through_redis(store):
+    # Given every time bound at the top of its range (a week to run, a week to wait, 30 days kept)
+    from tasks.job import JobSpec, JobStatus
+
+    longest = store.settings.model_copy(update={"job_time_limit_s": 7 * 86400.0, "job_ttl_s": 7 * 86400.0,
+                                                "result_ttl_s": 30 * 86400, "stall_s": 86400.0, "lease_s": 60.0})
+    big = type(store)(store.redis, longest)
+    # When a job is admitted, claimed, handed back, claimed again and finished
+    big.admit("job_1", JobSpec(owner="u", model=longest.model_name, prompt="hi"), longest.job_ttl_s)
+    assert big.take_device("w") == "ok"
+    assert big.claim_now("w").id == "job_1"
+    assert 0 < store.redis.ttl(keys.job("job_1")) <= (7 + 30) * 86400  # running: its time limit + the result TTL
+    big.hand_back("job_1", "w")
+    assert big.claim_now("w").id == "job_1"
+    assert big.finish("job_1", JobStatus.COMPLETED, "w", finish_reason="stop")
+    # Then every Redis expiry it set was accepted, and none outlives its bound (the run's life: a week + 30 days)
+    assert big.get("job_1").status is JobStatus.COMPLETED
+    assert 0 < store.redis.ttl(keys.job("job_1")) <= 30 * 86400

@@ -10,6 +10,7 @@ import pytest
 
 from tasks import keys
 from tasks.broker import QUEUE_NAME, run_next_message
+from tasks.store import Store
 from tests.helpers import BUSY, wait_ended, wait_event
 
 
@@ -332,10 +333,11 @@ def test_while_no_worker_runs_admissions_leave_one_pending_message(jobs, store, 
 
 
 def test_next_start_tags_are_kept_only_for_owners_with_live_jobs(app, store, start_worker):
-    # in local mode every browser is an owner of its own: 30 of them submit, one cancels, the rest run
+    # in local mode every browser is an owner of its own: 30 of them (on 30 machines) submit, one cancels, the rest run
     ids = []
     for n in range(30):
         browser = app.test_client()
+        browser.environ_base["REMOTE_ADDR"] = f"10.0.0.{n + 1}"
         page = browser.get("/").get_data(as_text=True)
         token = page.split('name="csrf_token" value="')[1].split('"')[0]
         response = browser.post("/v1/jobs", json={"prompt": f"v{n}", "max_tokens": 2}, headers={"X-CSRF-Token": token})
@@ -374,3 +376,39 @@ def test_a_generation_error_reaches_the_client_without_internal_text(jobs, store
 
     assert done["status"] == "failed" and done["error"]["type"] == "generation_error"
     assert "secret" not in done["error"]["message"] and "RuntimeError" not in done["error"]["message"]
+
+
+STOPS = ["rex", "edx"]
+
+
+@pytest.mark.parametrize("cut", ["cancel", "time_limit"])
+def test_a_job_cut_short_keeps_the_text_it_held_back(cut, jobs, store, start_worker):
+    # the stop matcher holds back text that could begin a stop string (this output is "rere…", then "eded…")
+    cutter = start_worker(**({"job_time_limit_s": 1.0} if cut == "time_limit" else {}))
+    job = jobs.submit("hello there", max_tokens=BUSY, ignore_eos=True, stop=STOPS)
+    if cut == "cancel":
+        wait_event(store, job["id"], lambda e: e.type == "token")
+        jobs.cancel(job["id"])
+    cut_short = wait_ended(store, job["id"])
+    assert cut_short["status"] == ("cancelled" if cut == "cancel" else "failed")
+    cutter.stop()
+
+    start_worker()  # with no time limit to cut the same job run to its length
+    n = cut_short["usage"]["completion_tokens"]
+    whole = wait_ended(store, jobs.submit("hello there", max_tokens=n, ignore_eos=True, stop=STOPS)["id"])
+    assert whole["usage"]["completion_tokens"] == n and cut_short["output"] == whole["output"] != ""
+
+
+def test_a_long_prefill_is_progress_not_a_stall(jobs, store, start_worker):
+    start_worker(prefill_step=16, stall_s=0.4)  # a prompt of ~4,000 tokens is read 16 at a time: seconds
+    supervisor = Store(store.redis, store.settings.model_copy(update={"stall_s": 0.4}))
+    job = jobs.submit("The quick brown fox jumps over the lazy dog. " * 300, max_tokens=2)
+
+    stalled: list[str] = []
+    while store.get(job["id"]).status.value in ("queued", "in_progress"):
+        stalled += supervisor.watch_device()[1]  # the supervisor's look, as it takes it
+        threading.Event().wait(0.05)
+
+    done = store.get(job["id"])
+    assert stalled == [] and done.status.value == "completed"
+    assert done.timings.first_token_at - done.timings.started_at > 5 * 0.4  # it was a long prefill indeed

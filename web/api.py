@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify, request, url_for
 
+from tasks.errors import InvalidParameter
 from tasks.job import Job
 from web.admission import admit
 from web.auth import current_owner
@@ -13,6 +14,7 @@ from web.services import services
 bp = Blueprint("api", __name__)
 
 CANCEL_WAIT_S = 2.0
+LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX = 50, 200  # GET /v1/jobs?limit=
 
 
 def job_response(job: Job, status: int = 200) -> Response:
@@ -48,7 +50,23 @@ def cancel_job(job_id: str) -> Response:
 
 @bp.get("/v1/jobs")
 def list_jobs() -> Response:
-    limit = request.args.get("limit", 50, type=int)
-    jobs = services().store.list(current_owner(), max(1, min(limit, 200)))
+    jobs = services().store.list(current_owner(), list_limit())
     return jsonify({"object": "list", "data": [job.public() for job in jobs]})
+
+
+def list_limit() -> int:
+    """`?limit=`: how many jobs to list, LIST_LIMIT_DEFAULT when absent.
+
+    Anything but one whole number from 1 to LIST_LIMIT_MAX, in plain digits, is refused (400 invalid_request, naming
+    the range), never clamped or replaced by the default: a client asking for 1000 would otherwise not learn that
+    it got 200. OpenAI's list endpoints refuse an out-of-range limit the same way.
+    """
+    given = request.args.getlist("limit")
+    if not given:
+        return LIST_LIMIT_DEFAULT
+    digits = given[0].lstrip("0") or "0"  # leading zeros are harmless; too many digits are refused before int()
+    short = digits.isascii() and digits.isdigit() and len(digits) <= len(str(LIST_LIMIT_MAX))
+    if len(given) == 1 and short and 1 <= int(digits) <= LIST_LIMIT_MAX:
+        return int(digits)
+    raise InvalidParameter(f"limit must be given once, as a whole number from 1 to {LIST_LIMIT_MAX}", param="limit")
 

@@ -3,7 +3,8 @@
 - `Authorization: Bearer <key>`: the user that key belongs to (401 for a wrong key). With no keys
   configured (single-user local mode) any bearer key is the local user, so OpenAI clients just work.
 - A browser: its signed session cookie. In local mode each browser is a visitor of its own
-  (`web-<random>`); with keys configured a browser signs in once with a key (`/login`).
+  (`web-<random>`), and the visitors of one client address share a quota (visitor_address); with keys configured
+  a browser signs in once with a key (`/login`).
 - Neither: the local user in local mode, else 401.
 
 A request that changes something and carries no bearer key is checked by check_csrf(), the one CSRF rule.
@@ -61,6 +62,16 @@ def current_owner() -> str:
     if "onelane_owner" not in g:
         g.onelane_owner, g.onelane_user = _identify()
     return str(g.onelane_owner)
+
+
+def visitor_address() -> str | None:
+    """In local mode, a browser visitor's client address: the visitors of one address share one user's quota and
+    a few turns (tasks/lua/admit.lua), however many identities it mints. Never X-Forwarded-For, which anyone can
+    write: behind a proxy all visitors have the proxy's address (a shared deployment uses API keys)."""
+    owner = current_owner()
+    if services().settings.keys_required or owner == LOCAL_USER:
+        return None
+    return request.remote_addr or "unknown"
 
 
 def _identify() -> tuple[str, User | None]:

@@ -36,18 +36,19 @@ REDIS_RETRY_AFTER_S = 5  # what a client is told to wait while Redis is unreacha
 OPENAI_CATEGORY = {401: "authentication_error", 429: "rate_limit_error"}
 
 
+def error_body(type_: str, message: str, param: str | None = None) -> dict[str, object]:
+    """onelane's error body, `{"error": {"type", "message", "param"}}` (`param` only when one is named)."""
+    return {"error": {"type": type_, "message": message, **({"param": param} if param is not None else {})}}
+
+
 def error_response(status: int, type_: str, message: str, param: str | None = None) -> Response:
     """onelane's error body; on the OpenAI endpoints, OpenAI's shape (and 400 for any invalid request)."""
-    body: dict[str, object]
     if request.blueprint == "openai":
         status = 400 if status == 422 else status
         category = OPENAI_CATEGORY.get(status, "server_error" if status >= 500 else "invalid_request_error")
-        body = {"message": message, "type": category, "param": param, "code": type_}
+        response = jsonify({"error": {"message": message, "type": category, "param": param, "code": type_}})
     else:
-        body = {"type": type_, "message": message}
-        if param is not None:
-            body["param"] = param
-    response = jsonify({"error": body})
+        response = jsonify(error_body(type_, message, param))
     response.status_code = status
     return response
 

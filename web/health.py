@@ -1,9 +1,10 @@
 """Health that tells the truth, and Prometheus metrics that are right across processes.
 
 /healthz: this web process answers. /readyz: Redis answers, a worker holds a device with a fresh heartbeat,
-and its job (if any) is making progress. /metrics: counters and histograms are recorded in Redis by the
-Lua scripts at the moment things happen (admission, claim, first token, end), so web and worker, and
-several web processes, report the same numbers; gauges are read at scrape time.
+and its job (if any) is making progress; anyone may ask, so it counts each worker's jobs, never naming them.
+/metrics: counters and histograms are recorded in Redis by the Lua scripts at the moment things happen
+(admission, claim, first token, end), so web and worker, and several web processes, report the same numbers;
+gauges are read at scrape time.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tasks.job import JobStatus
-from tasks.store import Snapshot, Store
+from tasks.store import DeviceLease, Snapshot, Store
 from web.errors import error_response
 from web.services import services
 
@@ -41,7 +42,7 @@ def readyz() -> Response:
     svc = services()
     snap = svc.store.snapshot()
     # a model that failed to load fails its own jobs; the server stays ready for the others
-    state = {"workers": [w.__dict__ for w in snap.workers], "models": [m.__dict__ for m in snap.models]}
+    state = {"workers": [_worker(w) for w in snap.workers], "models": [m.__dict__ for m in snap.models]}
     if not snap.workers:
         return _not_ready("no worker holds a device: none is running, or its heartbeat stopped", state)
     stalled = [w for w in snap.workers if w.progress_age_s is not None and w.progress_age_s > svc.settings.stall_s]
@@ -50,6 +51,13 @@ def readyz() -> Response:
         return _not_ready(f"worker {w.worker} made no progress on its {len(w.jobs)} job(s) for {w.progress_age_s:.0f} s",
                           state)  # fmt: skip
     return jsonify({"status": "ready", "queue_depth": snap.queue_depth, **state})
+
+
+def _worker(w: DeviceLease) -> dict[str, object]:
+    """A live worker as anyone may see it: its state and how many jobs it runs, never their ids (they are users')."""
+    return {"device": w.device, "worker": w.worker, "pid": w.pid, "heartbeat_age_s": w.heartbeat_age_s,
+            "running": len(w.jobs), "progress_age_s": w.progress_age_s, "batch": w.batch, "slots": w.slots,
+            "tokens_per_s": w.tokens_per_s, "models": w.models, "active": w.active, "loading": w.loading}  # fmt: skip
 
 
 def _not_ready(reason: str, state: dict[str, object]) -> Response:

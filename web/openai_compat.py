@@ -178,8 +178,15 @@ def _respond(job: Job, view: Chat, story: Iterator[Story]) -> Response:
 
 def _stream(job: Job, view: Chat, story: Iterator[Story]) -> Iterator[str]:
     """OpenAI's SSE: `data: {chunk}` lines, queue position as comments, `data: [DONE]` at the end. A client that
-    leaves before the end has its job cancelled."""
-    ended = sent = False
+    leaves before the end has its job cancelled.
+
+    If the job's worker dies mid-answer, the job starts over on the next worker and the stream goes on where it was:
+    the new run's text is matched against what this client already has and only what comes after is sent (a job's
+    run is reproducible: greedy, or sampled from its own seed). Should the new run write something else, the stream
+    ends with the error `worker_restarted` and the job is cancelled: nobody would read it."""
+    ended = False
+    sent = ""  # the text this client has
+    rerun: str | None = None  # since a requeue: the new run's text, until it has caught up with `sent`
     try:
         first = view.first_chunk()
         if first is not None:
@@ -192,15 +199,24 @@ def _stream(job: Job, view: Chat, story: Iterator[Story]) -> Iterator[str]:
                     yield sse.comment("ping")
                 case Gone():
                     return
+                case Event(type=EventType.REQUEUED):
+                    rerun = "" if sent else None
                 case Event(type=EventType.TOKEN):
-                    sent = True
-                    yield sse.data_line(view.envelope(view.chunk_object(), [view.choice(item.text, None, True)], None))
-                case Event(type=EventType.REQUEUED) if sent:
-                    # its worker died mid-answer: the job starts over, but this client already has part of an answer
-                    error = {"message": "the worker restarted mid-answer; please retry", "type": "server_error",
-                             "param": None, "code": "worker_restarted"}  # fmt: skip
-                    yield sse.data_line({"error": error})
-                    yield DONE
+                    text = item.text
+                    if rerun is not None:
+                        rerun += text
+                        if sent.startswith(rerun):  # still catching up
+                            continue
+                        if not rerun.startswith(sent):
+                            ended = True
+                            yield from _restarted_differently(job)
+                            return
+                        text, rerun = rerun[len(sent) :], None
+                    sent += text
+                    yield sse.data_line(view.envelope(view.chunk_object(), [view.choice(text, None, True)], None))
+                case Event(type=EventType.COMPLETED) if rerun is not None and rerun != sent:
+                    ended = True  # the new run ended short of what the client has
+                    yield from _restarted_differently(job)
                     return
                 case Event(type=EventType.COMPLETED):  # the terminal event has what the last chunks need
                     ended = True
@@ -218,3 +234,19 @@ def _stream(job: Job, view: Chat, story: Iterator[Story]) -> Iterator[str]:
     finally:
         if not ended:
             _hang_up(job)
+
+
+RESTARTED = ("worker_restarted", "the worker restarted mid-answer and the answer, generated again, differs from "
+             "what was streamed; please retry")  # fmt: skip
+
+
+def _restarted_differently(job: Job) -> Iterator[str]:
+    """End a stream whose job, run again after its worker died, wrote other text than the client has: say so, and
+    cancel the job (its answer would be read by nobody)."""
+    try:
+        services().store.cancel(job.id, job.owner, error=RESTARTED)
+    except OnelaneError:  # it ended meanwhile
+        pass
+    error = {"message": RESTARTED[1], "type": "server_error", "param": None, "code": RESTARTED[0]}
+    yield sse.data_line({"error": error})
+    yield DONE

@@ -2,7 +2,8 @@
 
 pydantic writes every schema (the request models of web/schemas.py and web/openai_compat.py, the response models
 of web/responses.py); apispec assembles the document around them: components, security, and one operation per
-route, at the path Flask itself routes (read from the app's URL rules, so a renamed route cannot drift).
+route, the API's (web/operations.py) and a browser's (web/page_operations.py), at the path Flask itself routes
+(read from the app's URL rules, so a renamed route cannot drift).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tasks.settings import Settings
 from web import responses
 from web.openai_schemas import ChatRequest, CompletionRequest
 from web.operations import operations
+from web.page_operations import TAGS, page_operations
 from web.schemas import SubmitJob
 
 REQUESTS: tuple[type[BaseModel], ...] = (SubmitJob, ChatRequest, CompletionRequest)
@@ -38,7 +40,7 @@ def build(app: Flask, settings: Settings) -> dict[str, Any]:
         openapi_version="3.1.0",
         info={"description": _overview(settings)},
         security=[{"bearerAuth": []}, {}],  # {}: none needed in local mode
-        tags=[{"name": "jobs"}, {"name": "openai", "description": "OpenAI-compatible"}, {"name": "health"}],
+        tags=[{"name": "jobs"}, {"name": "openai", "description": "OpenAI-compatible"}, {"name": "health"}, *TAGS],
     )
     spec.components.security_scheme("bearerAuth", {
         "type": "http", "scheme": "bearer",
@@ -58,7 +60,7 @@ def build(app: Flask, settings: Settings) -> dict[str, Any]:
         return refs[(model, "validation" if model in REQUESTS else "serialization")]
 
     paths: dict[str, dict[str, Any]] = {}
-    for endpoint, method, operation in operations(ref, settings):
+    for endpoint, method, operation in operations(ref, settings) + page_operations(ref, settings):
         paths.setdefault(_path(app, endpoint), {})[method] = operation
     for path, item in paths.items():
         spec.path(path=path, operations=item)

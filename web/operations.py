@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from tasks.events import EventType
 from tasks.settings import Settings
 from web import responses
+from web.api import LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX
 from web.openai_schemas import ChatRequest, CompletionRequest
 from web.schemas import SubmitJob
 
@@ -98,9 +99,13 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
         }),
         ("api.list_jobs", "get", {
             "operationId": "listJobs", "tags": ["jobs"], "summary": "List the caller's recent jobs",
-            "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer", "default": 50},
-                            "description": "how many, newest first (kept within 1 to 200)"}],
-            "responses": {"200": _answer("the jobs", ref(responses.JobList)), **dict([unauthorized, unavailable])},
+            "parameters": [{"name": "limit", "in": "query", "description": "how many, newest first",
+                            "schema": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX,
+                                       "default": LIST_LIMIT_DEFAULT}}],
+            "responses": {"200": _answer("the jobs", ref(responses.JobList)), **dict([
+                err(400, f"invalid_request: `limit` is not one whole number from 1 to {LIST_LIMIT_MAX} (`param`: "
+                         "limit); it is never clamped"),
+                unauthorized, unavailable])},
         }),
         ("api.get_job", "get", {
             "operationId": "getJob", "tags": ["jobs"], "summary": "Get a job",
@@ -167,7 +172,8 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
         ("health.readyz", "get", {
             "operationId": "readyz", "tags": ["health"], "summary": "Ready to generate", "security": [],
             "description": "Redis answers, a worker holds the device with a fresh heartbeat, and its jobs make "
-                           "progress; each worker is listed with the jobs it runs, and each model with its state.",
+                           "progress; each worker is listed with how many jobs it runs (never which: anyone may "
+                           "ask), and each model with its state.",
             "responses": {
                 "200": _answer("ready", ref(responses.Ready)),
                 "503": _answer("not ready, and why (or Redis unreachable, with Retry-After)",

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.job import JobError, JobStatus, Message, SamplingParams, Timings
 from tasks.settings import Priority
-from tasks.store import DeviceLease, ModelState
+from tasks.store import ModelState
 
 
 class Answer(BaseModel):
@@ -227,12 +227,29 @@ class Health(Answer):
     status: Literal["ok"]
 
 
+class Worker(Answer):
+    """A live worker, as /readyz shows it to anyone: how many jobs it runs (`running`), never which."""
+
+    device: str
+    worker: str
+    pid: int
+    heartbeat_age_s: float
+    running: int = Field(description="the jobs it runs now")
+    progress_age_s: float | None = Field(description="while it runs jobs: since it last started one, or a token")
+    batch: int = Field(description="jobs in its batch, as it last reported")
+    slots: int = Field(description="the most its batch holds (its ONELANE_MAX_BATCH)")
+    tokens_per_s: float
+    models: list[str] = Field(description="the models it has loaded")
+    active: str = Field(description="the model its batch runs ('' when the batch is empty)")
+    loading: str = Field(description="the model it loads now ('' when none)")
+
+
 class Ready(Answer):
     """Redis answers, a worker holds the device with a fresh heartbeat, and its jobs make progress."""
 
     status: Literal["ready"]
     queue_depth: int
-    workers: list[DeviceLease]
+    workers: list[Worker]
     models: list[ModelState]
 
 
@@ -240,6 +257,6 @@ class NotReady(Answer):
     """Why the server is not ready, with what the workers and models report."""
 
     error: ErrorDetail
-    workers: list[DeviceLease]
+    workers: list[Worker]
     models: list[ModelState]
 

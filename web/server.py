@@ -1,7 +1,8 @@
 """Serve the Flask app with gunicorn, configured in code (no config file to keep in sync).
 
 gevent workers: an open event stream costs a greenlet, not a thread, so one process holds hundreds of
-waiting clients. The app is built in each worker after gevent has patched the standard library.
+waiting clients. The app is built in each worker after gevent has patched the standard library. What gunicorn
+refuses before the app sees it is answered in JSON too (web/gevent_worker.py).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def serve(settings: Settings, host: str, port: int, workers: int = 1, connection
     options = {
         "bind": f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
         "workers": workers,
-        "worker_class": "gevent",
+        "worker_class": "web.gevent_worker.JsonErrorsWorker",  # gevent; its own refusals are JSON too
         "worker_connections": connections,
         "timeout": 60,
         "graceful_timeout": 10,

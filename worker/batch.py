@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ class Running:
     solo: bool = False  # runs alone: it was in a batch that failed
     tokens: int = 0
     stop_seen_at: int | None = None
+    progressed_at: float = field(default_factory=time.monotonic)  # when it last made a token, or told it progressed
 
 
 @dataclass

@@ -37,6 +37,7 @@ from worker.runner import Runner
 logger = logging.getLogger(__name__)
 
 TAKEOVER_POLL_S = 0.1  # how often a standby worker tries to take a free device
+SIGNAL_CHECK_S = 0.1  # how soon the main thread runs a signal's handler that another thread received
 IDLE_WAIT_MS = 2000  # an idle consumer blocks this long on its wake-up list before looking again
 
 
@@ -69,7 +70,8 @@ class GpuWorker:
         self.models = ModelPool(self.store, self.id, engine, on_change=self._report_now)
         self.broker = make_broker(settings)
         self.on_fatal = on_fatal
-        self.stopping = threading.Event()
+        self.stopping = threading.Event()  # asked to stop: claim nothing more, let the batch drain
+        self.down = threading.Event()  # stopped: nothing of this worker runs on the device any more
         self.runner = Runner(self.store, self.models, self.id, on_fatal)
         actors.declare(self.broker, self.runner, self.stopping)
         # Only the GPU queue: no consumer for the delay queue, which onelane never uses.
@@ -98,7 +100,7 @@ class GpuWorker:
         ensure_model(s)
         with self.models.lock:
             engine = self.models.load(s.model_name)
-        self.store.take_device(self.id, self._report())  # tell the batch's size and the models at once (for ETAs)
+        self._renew(self._report())  # tell the batch's size and the models at once (for ETAs)
         if engine is not None:
             logger.info("batch of up to %d jobs; KV budget %d tokens (%.0f MiB for %s); prefill %d tokens a step",
                         engine.max_batch, s.kv_budget_tokens, s.kv_budget_tokens * engine.kv_bytes_per_token / 2**20,
@@ -110,12 +112,24 @@ class GpuWorker:
         logger.info("worker %s consuming on device %s (1 process, 1 thread, prefetch 1)", self.id, s.device)
         return True
 
-    def stop(self, timeout_ms: int = 10_000) -> None:
+    def stop(self, release: bool = True) -> None:
+        """Stop in good order: the batch drains for ONELANE_DRAIN_S, then what still runs goes back to the front of
+        the queue (that run not counted as an attempt). The lease is renewed, and cancels are heard, until then, so
+        nobody takes the batch for a dead worker's. With `release`, the device is freed at the end for a standby to
+        take at once; a supervised worker leaves that to its supervisor, which frees it once this process is gone
+        (so the two are never seen holding the device together)."""
         self.stopping.set()
         self.housekeeper.stop()
-        self.worker.stop(timeout=timeout_ms)
-        self.runner.writer.wait_idle()
+        self.worker.stop(timeout=int((self.settings.drain_s + 60) * 1000))
+        with self.models.lock:  # the runner is out of its loop: the batch drained, or was handed back
+            self.runner.writer.wait_idle()
         self.broker.close()
+        self.down.set()
+        if release:
+            try:
+                self.store.release_device(self.id)
+            except redis.RedisError as exc:  # the lease lapses by itself
+                logger.warning("could not free device %s: %s", self.settings.device, exc)
 
     def _take_device(self) -> bool:
         """Block until this worker holds the device: a second worker on the same device waits here."""
@@ -139,24 +153,31 @@ class GpuWorker:
 
     def _heartbeat(self) -> None:
         """Renew the device lease, reporting the batch; a worker that lost it (presumed dead) must stop at once."""
-        while not self.stopping.wait(self.settings.lease_s / 3):
+        while not self.down.wait(self.settings.lease_s / 3):
             try:
                 report: BatchReport | None = self._report()
             except Exception:  # a report that cannot be made must not stop the lease's renewal
                 logger.exception("heartbeat: the report failed; renewing the lease without it")
                 report = None
             try:
-                holder = self.store.take_device(self.id, report)
+                if not self._renew(report):
+                    return
             except redis.RedisError as exc:
                 logger.warning("heartbeat failed: %s", exc)
-                continue
-            if holder != "ok":
-                self.on_fatal(f"lost device {self.settings.device} to worker {holder}")
-                return
+
+    def _renew(self, report: BatchReport | None) -> bool:
+        """Renew the lease; a worker that lost it (it lapsed, or another took it) stops at once: its jobs may have
+        been taken back, to run again elsewhere or here."""
+        holder = self.store.renew_device(self.id, report)
+        if holder == "ok":
+            return True
+        self.on_fatal(f"lost device {self.settings.device}: " + ("the lease lapsed" if holder == "lapsed"
+                                                                  else f"worker {holder} holds it"))  # fmt: skip
+        return False
 
     def _report_now(self) -> None:
         try:
-            self.store.take_device(self.id, self._report())
+            self._renew(self._report())
         except redis.RedisError as exc:  # the next heartbeat tells
             logger.warning("cannot report: %s", exc)
 
@@ -179,11 +200,11 @@ class GpuWorker:
     def _listen(self) -> None:
         """Hear cancels of running jobs the moment they happen, so a job stops before the next step, and queue
         moves, so a job joins the batch the moment it can."""
-        while not self.stopping.is_set():
+        while not self.down.is_set():
             try:
                 with self.store.listen() as sub:
                     self.runner.queue_moved.set()  # (re)subscribed: something may have been missed
-                    while not self.stopping.is_set():
+                    while not self.down.is_set():
                         message = sub.get_message(timeout=1.0)
                         if message is None:
                             continue
@@ -193,31 +214,39 @@ class GpuWorker:
                             self.runner.queue_moved.set()
             except redis.RedisError as exc:  # the output writes still carry the flag meanwhile
                 logger.warning("listener: %s; reconnecting", exc)
-                self.stopping.wait(1.0)
+                self.down.wait(1.0)
 
 
-def run(settings: Settings) -> None:
-    """Run one worker until SIGINT or SIGTERM."""
+def run(settings: Settings, supervised: bool = False) -> None:
+    """Run one worker until SIGINT or SIGTERM, then stop in good order (see GpuWorker.stop)."""
     started = time.perf_counter()
     worker = GpuWorker(settings)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: worker.stopping.set())
     if worker.start():
         logger.info("worker ready in %.2f s", time.perf_counter() - started)
-        worker.stopping.wait()
-    logger.info("worker stopping")
-    worker.stop()
+        # Python runs a signal's handler in the main thread, and a signal that lands on another thread (the runner's,
+        # BLAS's) does not interrupt a wait here: wait in short spans, so the handler runs at once whichever got it
+        while not worker.stopping.wait(SIGNAL_CHECK_S):
+            pass
+    logger.info("worker stopping: its batch has %g s to end", settings.drain_s)
+    worker.stop(release=not supervised)
+    logger.info("worker stopped")
+
+
+SUPERVISED = "--supervised"  # the flag the supervisor starts its workers with
 
 
 def main() -> None:
-    """`python -m worker.main`, one worker process as the supervisor starts it: its settings from the environment."""
+    """`python -m worker.main [--supervised]`, one worker process as the supervisor starts it: its settings from
+    the environment."""
     try:
         settings = Settings.from_env()
     except SettingsError as exc:
         sys.exit(f"Error: {exc.message}")
     preload_openblas()
     logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
-    run(settings)
+    run(settings, supervised=SUPERVISED in sys.argv[1:])
 
 
 if __name__ == "__main__":

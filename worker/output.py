@@ -5,6 +5,12 @@ trip): per job, the text of that window as one token event, then the job's endin
 text and every ending go out at once (a client waits on them); the rest waits for the window, so a fast batch
 does not pay a round trip per token. Each output write also tells whether its job must stop (cancelled, or no
 longer this worker's): the loop is told through `on_stop`.
+
+When Redis does not answer (a network blip, a failover), nothing is dropped and nothing is made up: what could not
+be written is sent again, first and in order, until it gets there, while the batch goes on. A text write says
+where in the run's output it starts, so a retry of a write that did get through (its reply lost) appends only
+what is missing. A worker that cannot write for WRITE_PATIENCE_S stops (on_fatal): its lease lapses, and the jobs
+are recovered from Redis by whoever comes next.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from tasks.store import Store
 logger = logging.getLogger(__name__)
 
 FLUSH_S = 0.02
-HAND_BACK_PATIENCE_S = 30.0
+RETRY_S = (0.05, 1.0)  # the wait before sending again what Redis did not take: doubling from the first to the second
+WRITE_PATIENCE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,24 @@ class _HandBack:
     shared: bool
 
 
+@dataclass(frozen=True)
+class _Append:
+    """A job's text as written: where in its run's output it starts (tokens, UTF-8 bytes), so a retry is exact."""
+
+    text: Text
+    start: tuple[int, int]
+
+    @property
+    def job_id(self) -> str:
+        return self.text.job_id
+
+    @property
+    def end(self) -> tuple[int, int]:
+        return self.start[0] + self.text.n_tokens, self.start[1] + len(self.text.text.encode())
+
+
 Item = Text | Ending | _HandBack
+Op = _Append | Ending | _HandBack
 
 
 class OutputWriter:
@@ -86,6 +110,11 @@ class OutputWriter:
         self._writing = False  # the writer is sending what it took
         self._endings_in = self._endings_out = 0  # endings and hand-backs handed over, and written
         self._last_flush = 0.0
+        # the writer thread's own:
+        self._written: dict[str, tuple[int, int]] = {}  # per running job: its output in Redis (tokens, bytes)
+        self._unsent: list[Op] = []  # what Redis did not take: sent again, first
+        self._failing_since: float | None = None
+        self._retry_s = RETRY_S[0]
         self._thread = threading.Thread(target=self._loop, name="output", daemon=True)
         self._thread.start()
 
@@ -118,10 +147,10 @@ class OutputWriter:
         with self._handed:
             return self._handed.wait_for(lambda: self._endings_out >= self._endings_in, timeout_s)
 
-    def wait_idle(self, timeout_s: float = 10.0) -> bool:
+    def wait_idle(self, timeout_s: float = WRITE_PATIENCE_S) -> bool:
         """Until everything handed over is written (for an orderly stop)."""
         with self._handed:
-            return self._handed.wait_for(lambda: not self._pending and not self._writing, timeout_s)
+            return self._handed.wait_for(lambda: not (self._pending or self._writing or self._unsent), timeout_s)
 
     def _put(self, items: Sequence[Item], urgent: bool) -> None:
         with self._handed:
@@ -133,13 +162,17 @@ class OutputWriter:
                 self._handed.notify_all()
 
     def _take(self) -> list[Item]:
-        """Wait for something to write; then, unless it is urgent, for the window to close."""
+        """Wait for something to write; then, unless it is urgent, for the window to close. With writes to send
+        again, wait only until it is time to."""
         with self._handed:
             self._writing = False
             self._handed.notify_all()  # for wait_idle
-            self._handed.wait_for(lambda: self._pending)
-            while not self._urgent and (left := self._last_flush + FLUSH_S - time.monotonic()) > 0:
-                self._handed.wait(left)
+            if self._unsent:
+                self._handed.wait(self._retry_s)
+            else:
+                self._handed.wait_for(lambda: self._pending)
+                while not self._urgent and (left := self._last_flush + FLUSH_S - time.monotonic()) > 0:
+                    self._handed.wait(left)
             items, self._pending, self._urgent, self._writing = self._pending, [], False, True
             return items
 
@@ -152,50 +185,71 @@ class OutputWriter:
                 logger.exception("output writer: unexpected error")
 
     def _write(self, items: list[Item]) -> None:
-        """Everything in `items` as one pipeline: per job its text so far as one write, before its ending."""
+        """What Redis did not take before, then `items`, as one pipeline: per job its text so far as one write,
+        before its ending."""
         self._last_flush = time.monotonic()
+        ops = [*self._unsent, *self._ops(items)]
+        self._unsent = []
+        if not ops:
+            return
+        results = self._send(ops)
+        if results is None:  # Redis did not answer: it may or may not have run them; send them all again
+            self._unsent = ops
+            self._wait_longer()
+            return
+        self._failing_since, self._retry_s = None, RETRY_S[0]
+        for op, result in zip(ops, results):
+            if isinstance(result, redis.exceptions.NoScriptError):  # Redis forgot the scripts (a restart)
+                self._unsent.append(op)  # it did not run: send it again once they are loaded
+            else:
+                self._settle(op, result)
+        if self._unsent:
+            try:
+                self.store.load_scripts()
+            except redis.RedisError:
+                pass
+
+    def _ops(self, items: list[Item]) -> list[Op]:
+        """The items as writes: a job's texts in a row as one, each placed after what is written of its run."""
         texts: dict[str, Text] = {}  # job id -> its text so far, in order of arrival
-        ops: list[Item] = []
+        ops: list[Op] = []
         for item in items:
             if isinstance(item, Text):
                 texts[item.job_id] = texts[item.job_id] + item if item.job_id in texts else item
             else:
                 if item.job_id in texts:
-                    ops.append(texts.pop(item.job_id))
+                    ops.append(self._append(texts.pop(item.job_id)))
                 ops.append(item)
-        ops += texts.values()
-        if not ops:
-            return
-        results = self._send(ops)
-        lost = [n for n, result in enumerate(results) if isinstance(result, redis.exceptions.NoScriptError)]
-        if lost:  # Redis forgot the scripts (a restart): those did not run; load them and send those again
-            try:
-                self.store.load_scripts()
-            except redis.RedisError:
-                pass
-            for n, result in zip(lost, self._send([ops[n] for n in lost])):
-                results[n] = result
-        for op, result in zip(ops, results):
-            self._settle(op, result)
-            if not isinstance(op, Text):
-                with self._handed:
-                    self._endings_out += 1
-                    self._handed.notify_all()
+        return ops + [self._append(text) for text in texts.values()]
 
-    def _send(self, ops: list[Item]) -> list[Any]:
-        """The ops as one pipeline (one round trip); each op's reply, or the error it met."""
+    def _append(self, text: Text) -> _Append:
+        op = _Append(text, self._written.get(text.job_id, (0, 0)))
+        self._written[text.job_id] = op.end
+        return op
+
+    def _wait_longer(self) -> None:
+        now = time.monotonic()
+        self._failing_since = self._failing_since or now
+        self._retry_s = min(self._retry_s * 2, RETRY_S[1])
+        if now - self._failing_since > WRITE_PATIENCE_S:
+            self.on_fatal(f"Redis took no output for {WRITE_PATIENCE_S:.0f} s")
+
+    def _send(self, ops: list[Op]) -> list[Any] | None:
+        """The ops as one pipeline (one round trip); each op's reply, or the error it met; None if Redis did not
+        answer."""
         pipe = self.store.redis.pipeline(transaction=False)
         for op in ops:
             self._queue_op(op, pipe)
         try:
             return list(pipe.execute(raise_on_error=False))
         except redis.RedisError as exc:
-            logger.warning("writing output failed: %s", exc)
-            return [exc] * len(ops)
+            logger.warning("writing output failed (%s): %d write(s) will be sent again", exc, len(ops))
+            return None
 
-    def _queue_op(self, op: Item, pipe: Any) -> None:
-        if isinstance(op, Text):
-            self.store.append(op.job_id, op.n_tokens, op.text, op.prompt_tokens, self.worker_id, pipe=pipe)
+    def _queue_op(self, op: Op, pipe: Any) -> None:
+        if isinstance(op, _Append):
+            t = op.text
+            self.store.append(t.job_id, t.n_tokens, t.text, t.prompt_tokens, self.worker_id, start=op.start, pipe=pipe)
         elif isinstance(op, Ending):
             self.store.finish(
                 op.job_id, op.status, self.worker_id, finish_reason=op.finish_reason, error=op.error,
@@ -205,27 +259,24 @@ class OutputWriter:
         elif isinstance(op, _HandBack):
             self.store.hand_back(op.job_id, self.worker_id, op.why, op.shared, pipe=pipe)
 
-    def _settle(self, op: Item, result: Any) -> None:
-        failed = isinstance(result, Exception)
-        if isinstance(op, Text):
-            if failed or result:  # Redis away, or the job must stop: either way it stops
+    def _settle(self, op: Op, result: Any) -> None:
+        """Act on one write's reply."""
+        if isinstance(result, Exception):  # the script failed (a bug, not Redis away): the operator's to see
+            logger.error("job %s: %s failed: %s", op.job_id, type(op).__name__.strip("_").lower(), result)
+        if isinstance(op, _Append):
+            if result == 1:  # cancelled, or no longer this worker's
                 self.on_stop(op.job_id)
-        elif failed:  # an ending or a hand-back that did not reach Redis: hand the job back, patiently
-            logger.warning("job %s: could not record its outcome (%s); handing it back", op.job_id, result)
-            self._hand_back_patiently(op.job_id)
-        elif isinstance(op, Ending) and not result:
+            return
+        self._written.pop(op.job_id, None)  # the run is over
+        if isinstance(op, Ending) and (result == -1 or isinstance(result, Exception)):
+            # not ended: say, `cancelled`, which nobody asked for. Never made up: the job goes back to the queue
+            logger.error("job %s: its ending was refused (%s); handing it back", op.job_id, result)
+            self._unsent.append(_HandBack(op.job_id, "worker_crashed", False))
+            return
+        if isinstance(op, Ending) and result == 0:
             logger.warning("job %s: taken away from this worker (presumed dead); its outcome was dropped", op.job_id)
         elif isinstance(op, _HandBack):
             logger.info("job %s: handed back: %s", op.job_id, result[1] if result else "not running here")
-
-    def _hand_back_patiently(self, job_id: str) -> None:
-        """Retry until Redis answers; if it never does, this worker exits: its lease lapses, and the next worker
-        recovers the job."""
-        deadline = time.monotonic() + HAND_BACK_PATIENCE_S
-        while time.monotonic() < deadline:
-            try:
-                logger.info("job %s: handed back: %s", job_id, self.store.hand_back(job_id, self.worker_id))
-                return
-            except redis.RedisError:
-                time.sleep(0.5)
-        self.on_fatal(f"job {job_id}: Redis unreachable for {HAND_BACK_PATIENCE_S:.0f} s")
+        with self._handed:
+            self._endings_out += 1
+            self._handed.notify_all()

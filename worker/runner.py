@@ -13,6 +13,7 @@ so a stopped job gets no token from the step after the one in which its stop was
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import threading
@@ -21,8 +22,8 @@ from collections.abc import Callable
 
 import redis
 
-from tasks.errors import InvalidPrompt
-from tasks.job import JobStatus
+from tasks.errors import InvalidPrompt, LeaseLost
+from tasks.job import Job, JobStatus, SamplingParams
 from tasks.store import Claim, Store, Switch
 from worker.batch import Batch, Finished, Head, Running, StepResult
 from worker.engine import Engine, Token
@@ -32,7 +33,9 @@ from worker.stops import StopMatcher
 
 logger = logging.getLogger(__name__)
 
-STOP_DRAIN_S = 5.0  # a stopping worker lets its batch run this long to end, then hands back what still runs
+SETTLE_S = 0.05  # how long a step waits for the endings before it to be recorded, before it claims
+SETTLE_IDLE_S = 1.0  # ... with nothing in the batch
+PROGRESS_S = 1.0  # how often a job that makes no token (its prompt is read) tells it progresses (at most)
 
 
 class Runner:
@@ -44,6 +47,7 @@ class Runner:
 
     def __init__(self, store: Store, models: ModelPool, worker_id: str, on_fatal: Callable[[str], None]) -> None:
         self.store = store
+        self.on_fatal = on_fatal
         self.models = models
         self.engine: Engine | None = None  # the active model's: the one the batch runs
         self.active = ""
@@ -76,7 +80,7 @@ class Runner:
 
         A job joins the moment a slot (and room in the KV budget) is free, and the next one is claimed as soon as
         one ends: on a GPU, any gap is throughput lost. Once `stopping` is set nothing more is claimed; the jobs
-        in the batch have STOP_DRAIN_S to end, then the rest go back to the front of the queue (that run not
+        in the batch have ONELANE_DRAIN_S to end, then the rest go back to the front of the queue (that run not
         counted as an attempt) for the next worker.
         """
         started = 0
@@ -85,7 +89,7 @@ class Runner:
             self._look = True
             while True:
                 if stopping.is_set() and self.batch:
-                    drain_until = drain_until or time.monotonic() + STOP_DRAIN_S
+                    drain_until = drain_until or time.monotonic() + self.store.settings.drain_s
                     if time.monotonic() > drain_until:
                         self._hand_back_all("stopping")
                         return started
@@ -106,7 +110,10 @@ class Runner:
         """Claim jobs in fair order while one can join; returns how many started. The queue is not looked at
         again until it moves or a job leaves the batch."""
         started = 0
-        self.writer.settle()
+        # a slot goes to the next job only once the job that held it has its end in Redis: a moment, unless Redis is
+        # away (the batch goes on meanwhile, and the queue is looked at again after the next step)
+        if not self.writer.settle(SETTLE_S if self.batch else SETTLE_IDLE_S):
+            return 0
         while self._has_slot():
             claim = self._claim()
             if claim is None:
@@ -140,6 +147,9 @@ class Runner:
                                           loaded=self.models.names())  # fmt: skip
         except redis.RedisError as exc:
             logger.warning("cannot claim: %s", exc)
+            return None
+        except LeaseLost as exc:  # the lease lapsed, or another worker holds it: this batch is no longer ours
+            self.on_fatal(exc.message)
             return None
         if claim is None:
             self._head = None
@@ -201,7 +211,7 @@ class Runner:
             return
         assert self.engine is not None
         limit_s = self.store.settings.job_time_limit_s
-        uid = self.engine.insert(head.tokens, job.spec.params)
+        uid = self.engine.insert(head.tokens, _sampling(job))
         self.batch.add(Running(job, uid, len(head.tokens), head.cost, time.monotonic() + limit_s,
                                self.engine.detokenizer(), StopMatcher(job.spec.params.stop), solo=head.solo))  # fmt: skip
         self.writer.begin(job.id)
@@ -228,6 +238,7 @@ class Runner:
         result = StepResult()
         for token in tokens:
             self._advance(token, result)
+        self._progress(result, {token.uid for token in tokens})
         self.writer.put_many(result.texts)
         for f in result.finished:
             self._end(f.run, f.reason, in_engine=f.in_engine)
@@ -252,17 +263,38 @@ class Runner:
         elif token.finish_reason:
             result.finished.append(Finished(r, token.finish_reason, in_engine=False))
 
+    def _progress(self, result: StepResult, advanced: set[int]) -> None:
+        """The jobs that made no token in this step (their prompts are being read, a chunk a step) tell that they
+        progress, now and then: a long prefill is not a stall."""
+        now, every_s = time.monotonic(), min(PROGRESS_S, self.store.settings.stall_s / 4)
+        for r in self.batch.by_uid.values():
+            if r.uid in advanced:
+                r.progressed_at = now
+            elif now - r.progressed_at >= every_s:
+                r.progressed_at = now
+                result.texts.append(Text(r.job.id, "", r.prompt_tokens, n_tokens=0))
+
     def _end_overdue(self) -> None:
         """End the jobs past their time limit."""
         now, limit_s = time.monotonic(), self.store.settings.job_time_limit_s
         for r in [r for r in self.batch.by_uid.values() if now > r.deadline]:
+            self._flush(r)
             self._end(r, None, error=("time_limit", f"generation ran past the time limit of {limit_s:g} s"))
 
     def _drop_stopped(self) -> None:
         while not self._stops.empty():  # this loop is the only reader
             r = self._stops.get_nowait()
             if self.batch.by_uid.get(r.uid) is r:  # still this run
+                self._flush(r)
                 self._end(r, "cancelled")
+
+    def _flush(self, r: Running) -> None:
+        """A job cut short keeps the text its detokenizer and stop matcher still held back."""
+        r.detokenizer.finalize()
+        text, hit = r.stops.feed(r.detokenizer.last_segment)
+        text += "" if hit else r.stops.flush()
+        if text:
+            self.writer.put_many([Text(r.job.id, text, r.prompt_tokens, n_tokens=0)])
 
     # --- leaving -------------------------------------------------------------------------------------------
 
@@ -300,6 +332,16 @@ class Runner:
         self.engine.reset()
         self.batch = Batch()
         self._look = True
+
+
+def _sampling(job: Job) -> SamplingParams:
+    """How every run of a job samples: a sampled job without a seed draws from a seed of its own, taken from its id,
+    so that a run after a requeue writes what the run before it wrote (an OpenAI stream goes on where it was)."""
+    params = job.spec.params
+    if params.seed is not None or params.temperature == 0:
+        return params
+    seed = int.from_bytes(hashlib.blake2b(job.id.encode(), digest_size=4).digest(), "big")
+    return params.model_copy(update={"seed": seed})
 
 
 def _generation_error(job_id: str) -> tuple[str, str]:

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 CHECK_S = 0.1  # how often dead children are reaped (no Redis involved)
 WATCH_EVERY = 5  # look at the device in Redis every 5th check: 2 commands/s
 WORKERS = 2  # the active one and a standby
+STOP_MARGIN_S = 30.0  # a stopping worker's time beyond its drain: handing back, writing out, letting go of MLX
 
 
 class Supervisor:
@@ -35,7 +36,7 @@ class Supervisor:
         self, settings: Settings, command: list[str] | None = None, env: dict[str, str] | None = None
     ) -> None:
         self.settings = settings
-        self.command = command or [sys.executable, "-m", "worker.main"]
+        self.command = command or [sys.executable, "-m", "worker.main", "--supervised"]
         # The workers inherit our environment (the settings were read from it), with OpenBLAS preloaded, and log
         # at our level (which `onelane --log-level` may have set).
         self.env = {**worker_env(os.environ if env is None else env), "ONELANE_LOG_LEVEL": settings.log_level}
@@ -62,14 +63,23 @@ class Supervisor:
                 if tick % WATCH_EVERY == 0:
                     self._check_holder()
         finally:
-            for child in self.children.values():
-                child.send_signal(signal.SIGTERM)
-                child.send_signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
-            for child in self.children.values():
-                try:
-                    child.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    child.kill()
+            self._stop_children()
+
+    def _stop_children(self) -> None:
+        """Stop every worker in good order (the active one lets its batch drain, then hands back what still runs),
+        then free the device at once for whoever comes next."""
+        for child in self.children.values():
+            child.send_signal(signal.SIGTERM)
+            child.send_signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+        for pid, child in self.children.items():
+            try:
+                child.wait(timeout=self.settings.drain_s + STOP_MARGIN_S)
+            except subprocess.TimeoutExpired:
+                logger.error("worker process %d did not stop within %.0f s: killing it", pid,
+                             self.settings.drain_s + STOP_MARGIN_S)  # fmt: skip
+                child.kill()
+                child.wait()
+            self._redis(lambda dead=pid: self.store.drop_device(dead))
 
     def _spawn(self) -> None:
         child = subprocess.Popen(self.command, env=self.env)
@@ -84,7 +94,8 @@ class Supervisor:
                 continue
             del self.children[pid]
             lived = time.monotonic() - self.spawned_at.pop(pid)
-            logger.warning("worker process %d exited (%s) after %.1f s", pid, child.returncode, lived)
+            log = logger.info if child.returncode == 0 else logger.warning  # 0: it stopped in good order
+            log("worker process %d exited (%s) after %.1f s", pid, child.returncode, lived)
             self._redis(lambda: self.store.count("worker_restarts"))
             dropped = self._redis(lambda dead=pid: self.store.drop_device(dead))
             if dropped or pid == self.holder:

@@ -6,21 +6,26 @@
 -- in finish-tag order (admission order on ties). So flows take turns in proportion to their weights, FIFO
 -- within a flow; a batch job waits behind ONELANE_BATCH_COST turns of every interactive flow at most, and an
 -- idle flow earns no credit.
+-- In local mode the browser visitors of one client address (`visitors`, the key of their set; '' otherwise)
+-- share one quota, and at most `max_visitors` of them have jobs waiting (each visitor is a flow of its own): an
+-- address minting identities takes no more of the queue than one user and a few turns (see web/auth.py).
 -- A watched job gets a lease of `watch_grace_s` (0: not watched) that its client's stream or polling renews.
 -- The job's dramatiq message (its doorbell), when given, is pushed here as dramatiq's enqueue would, unless one
 -- is pending already: an admitted job always has a message to wake the worker, and a consumer blocked on the
 -- queue wakes as this script ends.
 -- ARGV: id, owner, spec_json, ttl_s, result_ttl_s, watch_grace_s, max_queue, max_per_user (0: no bound),
 --       max_tokens, slots, message queue key, message hash key, message id, message ('' for no message),
---       model, class ('interactive' | 'batch'), cost
+--       model, class ('interactive' | 'batch'), cost, visitors key ('' for none), max_visitors
 -- -> {'ok', queued_at, deadline, position, seconds its model takes to load, the estimate (see position.lua)}
---    or {'queue_full' | 'quota_exceeded', retry_after_s} or {'model_unavailable', retry_after_s, why}
+--    or {'queue_full' | 'quota_exceeded' | 'address_quota' | 'address_visitors', retry_after_s}
+--    or {'model_unavailable', retry_after_s, why}
 local id, owner, spec = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
 local ttl, result_ttl, grace = tonumber(ARGV[A + 4]), tonumber(ARGV[A + 5]), tonumber(ARGV[A + 6])
 local max_queue, max_per_user, max_tokens = tonumber(ARGV[A + 7]), tonumber(ARGV[A + 8]), ARGV[A + 9]
 local slots = tonumber(ARGV[A + 10])
 local bell_queue, bell_messages, bell_id, bell = ARGV[A + 11], ARGV[A + 12], ARGV[A + 13], ARGV[A + 14]
 local model, class, cost = ARGV[A + 15], ARGV[A + 16], tonumber(ARGV[A + 17])
+local visitors, max_visitors = ARGV[A + 18], tonumber(ARGV[A + 19])
 local t = now()
 local q = UQ .. owner
 
@@ -43,6 +48,32 @@ if max_per_user > 0 and redis.call('ZCARD', q) >= max_per_user then
   stat('rejected:quota_exceeded')
   return {'quota_exceeded', math.max(1, math.ceil(eta_of(ahead + 1, mean, free)))}
 end
+if visitors ~= '' then
+  -- the address's visitors with jobs waiting (the others leave the set); a place frees when their first waiting
+  -- job starts (the quota), a visitor's turn when one of them has none left waiting (the bound on visitors)
+  local waiting, known, first, last = 0, false, math.huge, math.huge
+  for _, v in ipairs(redis.call('SMEMBERS', visitors)) do
+    local n = redis.call('ZCARD', UQ .. v)
+    if n == 0 then
+      redis.call('SREM', visitors, v)
+    else
+      waiting, known = waiting + n, known or v == owner
+      first = math.min(first, redis.call('ZRANK', QUEUE, redis.call('ZRANGE', UQ .. v, 0, 0)[1]) or 0)
+      last = math.min(last, redis.call('ZRANK', QUEUE, redis.call('ZRANGE', UQ .. v, -1, -1)[1]) or 0)
+    end
+  end
+  local verdict, ahead
+  if max_per_user > 0 and waiting >= max_per_user then
+    verdict, ahead = 'address_quota', first
+  elseif not known and redis.call('SCARD', visitors) >= max_visitors then
+    verdict, ahead = 'address_visitors', last
+  end
+  if verdict then
+    local mean, free = service_estimate(t, slots)
+    stat('rejected:quota_exceeded')
+    return {verdict, math.max(1, math.ceil(eta_of(ahead + 1, mean, free)))}
+  end
+end
 
 local deadline = t + ttl
 local life = math.ceil(ttl + result_ttl)
@@ -52,7 +83,7 @@ local score = tag * TIE + redis.call('INCR', SEQ) % TIE
 local jkey = JOB .. id
 redis.call('HSET', jkey, 'spec', spec, 'owner', owner, 'status', 'queued', 'queued_at', fmt(t),
   'deadline', fmt(deadline), 'attempts', 0, 'prompt_tokens', 0, 'completion_tokens', 0, 'tag', tag, 'score', score,
-  'max_tokens', max_tokens, 'model', model, 'class', class)
+  'max_tokens', max_tokens, 'model', model, 'class', class, 'cost', cost)
 if grace > 0 then redis.call('HSET', jkey, 'watched', grace) end
 redis.call('EXPIRE', jkey, life)
 redis.call('ZADD', TAGS, tag, flow)
@@ -60,6 +91,10 @@ enqueue(id, owner, model, score, deadline, grace, t, life)
 redis.call('ZADD', UJ .. owner, t, id)
 redis.call('ZREMRANGEBYRANK', UJ .. owner, 0, -1001) -- a user's listing keeps the newest 1000
 for _, k in ipairs({UJ .. owner, TAGS, SEQ, VTIME}) do extend(k, life) end
+if visitors ~= '' then
+  redis.call('SADD', visitors, owner)
+  extend(visitors, life)
+end
 ring(bell_queue, bell_messages, bell_id, bell)
 stat('admitted')
 per_minute(t, 'admitted')

@@ -1,28 +1,42 @@
--- Count generated tokens, append their text as one token event (if any), and report whether the job was
--- asked to stop (cancelled, or no longer this worker's: it was presumed dead and the job requeued).
--- ARGV: id, n_tokens, text, event_json, prompt_tokens, worker_id  ->  1 to stop, 0 to go on
-local id, n, text, ev, prompt_tokens = ARGV[A + 1], tonumber(ARGV[A + 2]), ARGV[A + 3], ARGV[A + 4], ARGV[A + 5]
+-- Count generated tokens, append their text as one token event (if any), and report whether the job must stop
+-- (cancelled, or no longer this worker's: it was presumed dead and the job requeued).
+-- A write says where it starts: the run's tokens and output bytes before it (`from_n`, `from_b`). A write whose
+-- reply was lost may have gone through, or may still arrive late: its retry (the same text, perhaps with more
+-- behind it) appends only what is not there yet, and a stale copy appends nothing; so no text is doubled or lost.
+-- A write that starts beyond what is there (a gap: something is wrong) stops the job.
+-- With no token (n = 0, during a long prefill), it records that the job is making progress.
+-- ARGV: id, n_tokens, text, prompt_tokens, worker_id, from_n, from_b ('' for both: at the end, unchecked)
+--   ->  1 to stop, 0 to go on
+local id, n, text, prompt_tokens = ARGV[A + 1], tonumber(ARGV[A + 2]), ARGV[A + 3], ARGV[A + 4]
+local from_n, from_b = tonumber(ARGV[A + 6]), tonumber(ARGV[A + 7])
 local jkey = JOB .. id
-local f = redis.call('HMGET', jkey, 'status', 'cancel_requested', 'first_token_at', 'worker', 'queued_at', 'device')
-if f[1] ~= 'in_progress' or f[4] ~= ARGV[A + 6] then return 1 end
-redis.call('HINCRBY', jkey, 'completion_tokens', n)
-stat('tokens', n)
+local f = redis.call('HMGET', jkey, 'status', 'cancel_requested', 'first_token_at', 'worker', 'queued_at', 'device',
+  'completion_tokens')
+if f[1] ~= 'in_progress' or f[4] ~= ARGV[A + 5] then return 1 end
+local skip_n, skip_b = 0, 0
+if from_n then skip_n, skip_b = (tonumber(f[7]) or 0) - from_n, redis.call('STRLEN', OUT .. id) - from_b end
+if skip_n < 0 or skip_b < 0 or skip_n > n or skip_b > #text then return 1 end
+n, text = n - skip_n, string.sub(text, skip_b + 1)
+local t = now()
+if redis.call('EXISTS', DEVICE .. f[6]) == 1 then -- a lapsed lease is not recreated (without its TTL)
+  redis.call('HSET', DEVICE .. f[6], 'progress', fmt(t))
+end
 redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens)
 if n > 0 then
-  local t = now()
+  redis.call('HINCRBY', jkey, 'completion_tokens', n)
+  stat('tokens', n)
   redis.call('HSET', jkey, 'last_token_at', fmt(t))
-  if redis.call('EXISTS', DEVICE .. f[6]) == 1 then -- a lapsed lease is not recreated (without its TTL)
-    redis.call('HSET', DEVICE .. f[6], 'progress', fmt(t))
-  end
   per_minute(t, 'tokens', n)
   if not f[3] then
     redis.call('HSET', jkey, 'first_token_at', fmt(t))
     observe('time_to_first_token', t - tonumber(f[5]))
   end
+elseif skip_n == 0 then
+  redis.call('HSET', jkey, 'progress_at', fmt(t))
 end
 if text ~= '' then
   if redis.call('APPEND', OUT .. id, text) == #text then same_life(OUT .. id, id) end
-  emit(id, ev)
+  emit(id, cjson.encode({type = 'token', text = text, n = n}))
 end
 if f[2] then return 1 end
 return 0

@@ -248,13 +248,21 @@ local EXPIRED = 'the job waited past its deadline and was never started'
 local CLIENT_GONE = 'the client left before the job started'
 
 -- Start a waiting job on `worker`: it leaves the queue, and the virtual time moves to its finish tag (never
--- back: a requeued job keeps its old tag). Flows whose next tag the virtual time caught up with are
--- forgotten. Returns the job's fields.
+-- back: a requeued job keeps its old tag). A job that goes ahead of the head of the fair order (its model is ready,
+-- the head's is not) moves it no further than the head's start tag: else a newcomer would land behind every job
+-- of the head's flow that the passing jobs' tags overtook, where in fair order it lands behind one of each flow.
+-- (The passing jobs are still their flow's turns: its next tag is past theirs.) Flows whose next tag the virtual
+-- time caught up with are forgotten. Returns the job's fields.
 local function start(id, worker, device, run_life, t)
   local jkey = JOB .. id
   local f = redis.call('HMGET', jkey, 'owner', 'tag', 'model')
+  local tag, head = tonumber(f[2]), redis.call('ZRANGE', QUEUE, 0, 0)[1]
+  if head and head ~= id then
+    local h = redis.call('HMGET', JOB .. head, 'tag', 'cost')
+    tag = math.min(tag, tonumber(h[1]) - (tonumber(h[2]) or 0))
+  end
   dequeue(id, f[1], f[3])
-  local vtime = math.max(virtual_time(), tonumber(f[2]))
+  local vtime = math.max(virtual_time(), tag)
   redis.call('SET', VTIME, vtime, 'KEEPTTL')
   extend(VTIME, run_life)
   redis.call('ZREMRANGEBYSCORE', TAGS, '-inf', vtime)
@@ -310,7 +318,7 @@ local function release(id, max_attempts, ttl, result_ttl, why, shared)
   local deadline = math.max(tonumber(f[6]), t + ttl)
   local life = math.ceil(deadline - t + result_ttl)
   redis.call('HSET', jkey, 'status', 'queued', 'deadline', fmt(deadline), 'completion_tokens', 0)
-  redis.call('HDEL', jkey, 'started_at', 'first_token_at', 'last_token_at', 'worker', 'device')
+  redis.call('HDEL', jkey, 'started_at', 'first_token_at', 'last_token_at', 'progress_at', 'worker', 'device')
   if solo then redis.call('HSET', jkey, 'solo', '1') end
   redis.call('DEL', OUT .. id)
   redis.call('EXPIRE', jkey, life)

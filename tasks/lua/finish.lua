@@ -1,13 +1,17 @@
 -- End a running job. Only an `in_progress` job, run by this worker, can end here: a job has exactly one
--- terminal state, and a worker presumed dead (its job requeued) cannot end it.
+-- terminal state, and a worker presumed dead (its job requeued) cannot end it. A job ends `cancelled` only if
+-- someone asked (cancel.lua): a worker that merely lost track of it (say, Redis was away) must not invent that.
+-- Ending it again as it ended is harmless (a retried write whose first reply was lost).
 -- ARGV: id, status, finish_reason, error_json, prompt_tokens, completion_tokens, result_ttl_s, worker_id,
 --       stop_seen_at (tokens generated when the worker heard it must stop; '' if it did not)
--- -> 1 if ended, 0 if it was not running here
+-- -> 1 if ended (now or before, so), 0 if it was not running here, -1 if nobody asked to cancel it
 local id, status, reason, err = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3], ARGV[A + 4]
 local prompt_tokens, completion_tokens, result_ttl = ARGV[A + 5], ARGV[A + 6], tonumber(ARGV[A + 7])
 local jkey = JOB .. id
-local f = redis.call('HMGET', jkey, 'status', 'worker')
+local f = redis.call('HMGET', jkey, 'status', 'worker', 'cancel_requested')
+if f[1] == status and f[2] == ARGV[A + 8] then return 1 end
 if f[1] ~= 'in_progress' or f[2] ~= ARGV[A + 8] then return 0 end
+if status == 'cancelled' and not f[3] then return -1 end
 if status == 'cancelled' and err == '' then err = redis.call('HGET', jkey, 'cancel_error') or '' end
 local t = now()
 redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens, 'completion_tokens', completion_tokens)

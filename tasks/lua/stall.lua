@@ -1,6 +1,6 @@
 -- The supervisor's look at a device, in one command: the pid of the process holding its lease, and the jobs it
--- ended as failed (stalled) because, running there, they made no progress (started, or a token) for `stall_s`
--- seconds by Redis's clock.
+-- ended as failed (stalled) because, running there, they made no progress (started, a token, or a step that read
+-- their prompt on) for `stall_s` seconds by Redis's clock.
 -- ARGV: device, stall_s, result_ttl_s  ->  {holder pid or false, stalled job id...}
 local device, stall_s, result_ttl = ARGV[A + 1], tonumber(ARGV[A + 2]), tonumber(ARGV[A + 3])
 local d = redis.call('HMGET', DEVICE .. device, 'worker', 'pid')
@@ -8,8 +8,9 @@ local out = {d[2] or false}
 if not d[1] then return out end
 local t = now()
 for _, id in ipairs(redis.call('ZRANGE', IN_PROGRESS, 0, -1)) do
-  local f = redis.call('HMGET', JOB .. id, 'worker', 'started_at', 'last_token_at')
-  if f[1] == d[1] and t - tonumber(f[3] or f[2]) >= stall_s then
+  local f = redis.call('HMGET', JOB .. id, 'worker', 'started_at', 'last_token_at', 'progress_at')
+  local progress = math.max(tonumber(f[2]) or 0, tonumber(f[3]) or 0, tonumber(f[4]) or 0)
+  if f[1] == d[1] and t - progress >= stall_s then
     finish(id, 'failed', '', error_json('stalled', 'no token for ' .. stall_s .. ' s; the worker was restarted'),
       result_ttl, t)
     table.insert(out, id)

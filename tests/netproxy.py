@@ -1,0 +1,84 @@
+"""A TCP proxy in front of Redis that the test can cut: the network between a worker and Redis, failing."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+
+class Proxy:
+    """Forwards 127.0.0.1:port to `upstream` (host, port). Two ways to fail:
+
+    - `blackhole()`: bytes stop moving either way and nothing is closed; they move again on `heal()`, late (as
+      after a partition, when TCP delivers what it held back): a client sees only its own timeouts.
+    - `reset()`: every connection is closed at once and new ones are refused until `heal()` (a restarted load
+      balancer, a dropped NAT entry): a client sees connection errors.
+    """
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.refusing = False
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def blackhole(self) -> None:
+        self.flowing.clear()
+
+    def reset(self) -> None:
+        self.refusing = True
+        with self._lock:
+            for sock in self._open:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            self._open.clear()
+
+    def heal(self) -> None:
+        self.refusing = False
+        self.flowing.set()
+
+    def close(self) -> None:
+        self.reset()
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            self.flowing.wait()
+            if self.refusing:
+                client.close()
+                continue
+            try:
+                server = socket.create_connection(self.upstream)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._open |= {client, server}
+            for src, dst in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                self.flowing.wait()
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)

@@ -1,0 +1,165 @@
+"""A worker stopped in good order (a deploy, a restart, Ctrl-C) never fails a user's job: its batch drains while its
+lease holds, what still runs goes back to the front of the queue without costing an attempt, and the next worker
+runs it to the end. Each way of stopping is tried twice on the same job, with the web's housekeeping looking on.
+
+The lease (1 s) is shorter than the drain (1.5 s): a worker whose heartbeat stopped while draining would be taken
+for dead, its job requeued as a crash (`attempt: 1`), and the second stop would fail it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import requests
+
+from tasks.settings import Settings
+from tasks.store import Store
+from tests.conftest import free_port
+from tests.helpers import EventStream, wait_answering, wait_ended, wait_event
+from tests.test_recovery import wait_for_worker
+
+DRAIN = {"ONELANE_DRAIN_S": "1.5"}  # with the fixture's ONELANE_LEASE_S=1
+LONG = {"max_tokens": 3000, "ignore_eos": True}  # seconds of work: it outlasts any drain here
+
+
+def runs(store: Store, job_id: str) -> int:
+    return [e.type for e in store.events(job_id)].count("started")
+
+
+def wait_generating(store: Store, job_id: str, run: int) -> None:
+    """Until the job's `run`-th run has made a token."""
+
+    def generating(_: object) -> bool:
+        types = [e.type for e in store.events(job_id)]
+        return types.count("started") == run and types[-1] == "token"
+
+    wait_event(store, job_id, generating, timeout_s=60)
+
+
+def assert_handed_back(store: Store, job_id: str, times: int) -> None:
+    job = store.get(job_id)
+    assert (job.status.value, job.attempts, job.position) == ("queued", 0, 1)
+    assert [e.attempt for e in store.events(job_id) if e.type == "requeued"] == [0] * times
+
+
+def assert_completed_once(store: Store, job_id: str, stops: int) -> None:
+    done = wait_ended(store, job_id, timeout_s=90)
+    assert (done["status"], done["attempts"], done["usage"]["completion_tokens"]) == ("completed", 1, 3000)
+    assert runs(store, job_id) == stops + 1
+    assert [e.attempt for e in store.events(job_id) if e.type == "requeued"] == [0] * stops
+
+
+def test_stopping_the_worker_service_twice_never_costs_the_job_an_attempt(jobs, store, worker_process):
+    """compose-style: SIGTERM to `onelane worker` (the supervisor), as `docker compose stop` sends it."""
+    job = jobs.submit("deploy", **LONG)
+    for stop in (1, 2):
+        service = worker_process(**DRAIN)
+        wait_generating(store, job["id"], stop)
+        service.send_signal(signal.SIGTERM)
+        assert service.wait(timeout=60) == 0
+        assert_handed_back(store, job["id"], stop)
+
+    worker_process(**DRAIN)
+    assert_completed_once(store, job["id"], stops=2)
+
+
+def test_stopping_the_active_worker_process_alone_hands_over_to_the_standby(jobs, store, worker_process, tmp_path):
+    """SIGTERM to the worker process holding the device: it drains and exits; its supervisor neither kills it as
+    frozen nor counts a crash; the standby takes over at once."""
+    service = worker_process(**DRAIN)
+    job = jobs.submit("restart", **LONG)
+    stopped = []
+    for stop in (1, 2):
+        wait_generating(store, job["id"], stop)
+        active = wait_for_worker(store)
+        assert active.pid not in stopped
+        os.kill(active.pid, signal.SIGTERM)
+        stopped.append(active.pid)
+
+    assert_completed_once(store, job["id"], stops=2)
+    assert service.poll() is None
+    log = (tmp_path / "worker-0.log").read_text()
+    assert "killing" not in log and "frozen" not in log, log
+    assert log.count("exited (0)") == 2, log
+
+
+def up_env(settings: Settings, var: Path, port: int) -> dict[str, str]:
+    environ = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # `up` runs its own Redis
+    return {**environ, "ONELANE_VAR_DIR": str(var), "ONELANE_MODEL": settings.model_path, "ONELANE_LEASE_S": "1",
+            "ONELANE_PORT": str(port), **DRAIN}  # fmt: skip
+
+
+def start_up(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """`onelane up` as a terminal starts it: the leader of its own foreground process group."""
+    out = open(log, "ab")
+    return subprocess.Popen([sys.executable, "-m", "tasks.cli", "up"], env=env, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+
+
+def follow(stream: EventStream) -> None:
+    """Someone reads the job's events until the web goes away."""
+
+    def read() -> None:
+        with contextlib.suppress(requests.RequestException):
+            for _ in stream:
+                pass
+
+    threading.Thread(target=read, daemon=True).start()
+
+
+def ctrl_c(up: subprocess.Popen[bytes], log: Path) -> None:
+    """The terminal's Ctrl-C: SIGINT to the whole foreground group; `up` stops everything and exits 0."""
+    os.killpg(up.pid, signal.SIGINT)
+    try:
+        assert up.wait(timeout=90) == 0, log.read_text()
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
+
+
+def test_ctrl_c_on_onelane_up_while_someone_follows_hands_the_job_back(settings, tmp_path):
+    """Ctrl-C reaches every process of the terminal's group at once: Redis must outlive the draining worker, and a
+    follower's open stream must not keep the web's housekeeping around to take the batch for a crash's."""
+    from tasks.embedded_redis import EmbeddedRedis
+
+    port, var = free_port(), tmp_path / "var"
+    base, env, log = f"http://127.0.0.1:{port}", up_env(settings, var, port), tmp_path / "up.log"
+    store = Store.connect(settings.model_copy(update={"redis_url": EmbeddedRedis(var / "redis").url}))
+    job_id = ""
+    try:
+        for stop in (1, 2):
+            up = start_up(env, log)
+            try:
+                wait_answering(f"{base}/readyz", up, timeout_s=90)
+                if not job_id:
+                    response = requests.post(f"{base}/v1/jobs", json={"prompt": "ctrl-c", **LONG}, timeout=10)
+                    assert response.status_code == 202, response.text
+                    job_id = response.json()["id"]
+                wait_generating(store, job_id, stop)
+                follow(EventStream(base, job_id))
+            finally:
+                ctrl_c(up, log)
+            # Redis stopped last, with the job back in it (AOF): read it as the next start will
+            redis_server = EmbeddedRedis(var / "redis").start()
+            try:
+                store.redis.connection_pool.reset()
+                assert_handed_back(store, job_id, stop)
+            finally:
+                redis_server.stop()
+        up = start_up(env, log)
+        try:
+            wait_answering(f"{base}/readyz", up, timeout_s=90)
+            store.redis.connection_pool.reset()
+            assert_completed_once(store, job_id, stops=2)
+        finally:
+            ctrl_c(up, log)
+    finally:
+        store.redis.close()
+        subprocess.run(["pkill", "-f", str(var / "redis")], check=False)  # whatever failed, no Redis left behind

@@ -1,0 +1,44 @@
+"""A worker cut off from Redis for less than its lease (a network blip, a proxy that stops forwarding, a failover)
+ends no job it did not finish, invents no outcome, and loses or doubles no output: what it could not write goes out
+once Redis answers again, and the job completes as if nothing happened."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from tests.helpers import wait_ended, wait_event
+from tests.netproxy import Proxy
+
+BLIP_S = 3.0  # longer than the worker's Redis timeout (0.5 s), shorter than its lease (8 s)
+GREEDY = {"max_tokens": 2500, "ignore_eos": True, "temperature": 0}  # ~10 s of work: it outlasts the blip
+
+
+@pytest.fixture
+def proxy(redis_server) -> Iterator[Proxy]:  # type: ignore[no-untyped-def]
+    """Requested before the worker, so it outlives it: the worker stops in good order through it."""
+    proxy = Proxy(("127.0.0.1", redis_server.port))
+    yield proxy
+    proxy.close()
+
+
+@pytest.mark.parametrize("cut", ["blackhole", "reset"])
+def test_a_worker_cut_off_from_redis_for_less_than_its_lease_loses_nothing(cut, proxy, jobs, store, start_worker):
+    start_worker(redis_url=proxy.url, lease_s=8, redis_timeout_s=0.5)
+    alone = wait_ended(store, jobs.submit("the same words", **GREEDY)["id"])  # the output with nothing cut
+    job = jobs.submit("the same words", **GREEDY)
+    wait_event(store, job["id"], lambda e: e.type == "token")
+
+    getattr(proxy, cut)()
+    threading.Event().wait(BLIP_S)  # the outage itself: the worker generates on, alone
+    proxy.heal()
+
+    done = wait_ended(store, job["id"], timeout_s=90)
+    assert (done["status"], done["finish_reason"], done["attempts"]) == ("completed", "length", 1)
+    assert done["usage"]["completion_tokens"] == 2500
+    assert done["output"] == alone["output"]  # nothing lost, nothing doubled
+    logged = "".join(e.text for e in store.events(job["id"]) if e.type == "token")
+    assert logged == done["output"]  # and the event log, which streams replay, holds it exactly once
+    assert [e.type for e in store.events(job["id"])].count("requeued") == 0
