@@ -11,16 +11,19 @@ class Proxy:
     """Forwards 127.0.0.1:port to `upstream` (host, port). Two ways to fail:
 
     - `blackhole()`: bytes stop moving either way and nothing is closed; they move again on `heal()`, late (as
-      after a partition, when TCP delivers what it held back): a client sees only its own timeouts.
+      after a partition, when TCP delivers what it held back), the oldest connection's first: a client sees only
+      its own timeouts, and Redis gets the stale copies of what the client sent (on connections it gave up on)
+      before the retry it waits on.
     - `reset()`: every connection is closed at once and new ones are refused until `heal()` (a restarted load
       balancer, a dropped NAT entry): a client sees connection errors.
     """
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
-        self.flowing = threading.Event()
+        self.flowing = threading.Event()  # new connections flow
         self.flowing.set()
         self.refusing = False
+        self._links: list[threading.Event] = []  # each connection's own flow, oldest first
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -33,6 +36,9 @@ class Proxy:
 
     def blackhole(self) -> None:
         self.flowing.clear()
+        with self._lock:
+            for link in self._links:
+                link.clear()
 
     def reset(self) -> None:
         self.refusing = True
@@ -45,6 +51,11 @@ class Proxy:
 
     def heal(self) -> None:
         self.refusing = False
+        with self._lock:
+            links = list(self._links)
+        for link in links:  # oldest first, each a moment before the next
+            link.set()
+            threading.Event().wait(0.002)
         self.flowing.set()
 
     def close(self) -> None:
@@ -57,7 +68,6 @@ class Proxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            self.flowing.wait()
             if self.refusing:
                 client.close()
                 continue
@@ -66,15 +76,19 @@ class Proxy:
             except OSError:
                 client.close()
                 continue
+            link = threading.Event()
+            if self.flowing.is_set():
+                link.set()
             with self._lock:
                 self._open |= {client, server}
+                self._links.append(link)
             for src, dst in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+                threading.Thread(target=self._pump, args=(src, dst, link), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, link: threading.Event) -> None:
         try:
             while data := src.recv(65536):
-                self.flowing.wait()
+                link.wait()
                 dst.sendall(data)
         except OSError:
             pass

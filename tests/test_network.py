@@ -42,3 +42,28 @@ def test_a_worker_cut_off_from_redis_for_less_than_its_lease_loses_nothing(cut, 
     logged = "".join(e.text for e in store.events(job["id"]) if e.type == "token")
     assert logged == done["output"]  # and the event log, which streams replay, holds it exactly once
     assert [e.type for e in store.events(job["id"])].count("requeued") == 0
+
+
+def test_a_write_sent_again_or_arriving_late_appends_each_piece_once(store):
+    """What reaches Redis when replies are lost: the same write twice, a retry that carries more, and stale copies
+    arriving after later writes, or before their predecessors."""
+    from tasks.job import JobSpec, SamplingParams
+
+    spec = JobSpec(owner="o", model=store.settings.model_name, prompt="p", params=SamplingParams(max_tokens=9))
+    store.admit("job_w", spec, 60)
+    assert store.take_device("w") == "ok" and store.claim_now("w").id == "job_w"
+
+    def write(text: str, n: int, start: tuple[int, int]) -> int:
+        return int(store.append("job_w", n, text, 1, "w", start=start))
+
+    assert write("ab", 2, (0, 0)) == 0
+    assert write("ab", 2, (0, 0)) == 0  # the same write again (its reply was lost): nothing more
+    assert write("abcd", 4, (0, 0)) == 0  # a retry that carries more: only the more
+    assert write("e", 1, (5, 5)) == 2  # ahead of its predecessor: nothing (the writer sends it again, in order)
+    assert write("ab", 2, (0, 0)) == 0  # a stale copy behind it all: nothing, and no reason to stop
+    assert write("é", 1, (4, 4)) == 0  # a piece of two bytes
+    assert write("e", 1, (5, 6)) == 0
+
+    job = store.get("job_w")
+    assert (job.output, job.usage.completion_tokens) == ("abcdée", 6)
+    assert [e.text for e in store.events("job_w") if e.type == "token"] == ["ab", "cd", "é", "e"]

@@ -266,6 +266,8 @@ class OutputWriter:
         if isinstance(op, _Append):
             if result == 1:  # cancelled, or no longer this worker's
                 self.on_stop(op.job_id)
+            elif result == 2:  # sent in order, so a gap means what came before it was lost: say so
+                logger.error("job %s: a write did not follow what Redis holds of its output; dropped", op.job_id)
             return
         self._written.pop(op.job_id, None)  # the run is over
         if isinstance(op, Ending) and (result == -1 or isinstance(result, Exception)):

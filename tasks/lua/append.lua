@@ -1,12 +1,13 @@
 -- Count generated tokens, append their text as one token event (if any), and report whether the job must stop
 -- (cancelled, or no longer this worker's: it was presumed dead and the job requeued).
 -- A write says where it starts: the run's tokens and output bytes before it (`from_n`, `from_b`). A write whose
--- reply was lost may have gone through, or may still arrive late: its retry (the same text, perhaps with more
--- behind it) appends only what is not there yet, and a stale copy appends nothing; so no text is doubled or lost.
--- A write that starts beyond what is there (a gap: something is wrong) stops the job.
+-- reply was lost may have gone through, or may still arrive late, even after later ones (each try went on a
+-- connection of its own): what is there already is not appended again, and a write that starts beyond what is
+-- there (its predecessor has not arrived yet) appends nothing and says so (2): the writer's own retry, sent in
+-- order, brings both. So no text is doubled, lost or reordered.
 -- With no token (n = 0, during a long prefill), it records that the job is making progress.
 -- ARGV: id, n_tokens, text, prompt_tokens, worker_id, from_n, from_b ('' for both: at the end, unchecked)
---   ->  1 to stop, 0 to go on
+--   ->  1 to stop, 0 to go on, 2 if it did not line up (nothing appended)
 local id, n, text, prompt_tokens = ARGV[A + 1], tonumber(ARGV[A + 2]), ARGV[A + 3], ARGV[A + 4]
 local from_n, from_b = tonumber(ARGV[A + 6]), tonumber(ARGV[A + 7])
 local jkey = JOB .. id
@@ -15,8 +16,8 @@ local f = redis.call('HMGET', jkey, 'status', 'cancel_requested', 'first_token_a
 if f[1] ~= 'in_progress' or f[4] ~= ARGV[A + 5] then return 1 end
 local skip_n, skip_b = 0, 0
 if from_n then skip_n, skip_b = (tonumber(f[7]) or 0) - from_n, redis.call('STRLEN', OUT .. id) - from_b end
-if skip_n < 0 or skip_b < 0 or skip_n > n or skip_b > #text then return 1 end
-n, text = n - skip_n, string.sub(text, skip_b + 1)
+if skip_n < 0 or skip_b < 0 then return 2 end
+n, text = math.max(n - skip_n, 0), string.sub(text, skip_b + 1)
 local t = now()
 if redis.call('EXISTS', DEVICE .. f[6]) == 1 then -- a lapsed lease is not recreated (without its TTL)
   redis.call('HSET', DEVICE .. f[6], 'progress', fmt(t))
