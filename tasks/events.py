@@ -22,6 +22,7 @@ class EventType(str, Enum):
     TOKEN = "token"  # text, n: what it wrote and how many tokens that is
     REQUEUED = "requeued"  # attempt: the run it is waiting for now
     # the terminal events are the job's terminal statuses, and carry finish_reason, prompt_tokens, completion_tokens
+    # and cached_tokens
     COMPLETED = JobStatus.COMPLETED.value
     FAILED = JobStatus.FAILED.value
     CANCELLED = JobStatus.CANCELLED.value
@@ -48,6 +49,7 @@ class Event:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
 
     @classmethod
     def decode(cls, index: int, raw: str | dict[str, Any]) -> Event:

@@ -75,6 +75,7 @@ class Usage(BaseModel):
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt's: read from the worker's prefix cache instead of prefilled
 
     @property
     def total_tokens(self) -> int:
@@ -141,6 +142,7 @@ class Job(BaseModel):
             usage=Usage(
                 prompt_tokens=int(fields.get("prompt_tokens", 0)),
                 completion_tokens=int(fields.get("completion_tokens", 0)),
+                cached_tokens=int(fields.get("cached_tokens", 0)),
             ),
         )
 

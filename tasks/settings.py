@@ -50,6 +50,8 @@ ENV_NAMES: dict[str, str] = {
     "port": "ONELANE_PORT",
     "log_level": "ONELANE_LOG_LEVEL",
     "openblas": "ONELANE_OPENBLAS",
+    "prefix_cache_bytes": "ONELANE_PREFIX_CACHE",
+    "prefix_cache_shared": "ONELANE_PREFIX_CACHE_SHARED",
 }
 
 
@@ -221,6 +223,9 @@ class Settings(BaseModel):
     port: int = Field(8000, ge=1, le=65535)
     log_level: LogLevel = "INFO"  # of every onelane process; `onelane --log-level` overrides it
     openblas: bool = True  # a Linux worker preloads OpenBLAS when installed (worker/blas.py); false: MLX's own BLAS
+    # the worker's prefix cache (worker/prefix_cache.py): KV states kept for prompts that start the same way; 0: off
+    prefix_cache_bytes: int = Field(default_factory=lambda: physical_memory() // 10, ge=0, le=2**50)
+    prefix_cache_shared: bool = False  # reuse an entry across owners (else only its owner's later jobs hit it)
 
     @model_validator(mode="after")
     def _default_within_limit(self) -> Settings:
@@ -247,7 +252,7 @@ class Settings(BaseModel):
                 raise ValueError(f"ONELANE_MODELS_FILE: only one model may be the default, not {', '.join(defaults)}")
         return self
 
-    @field_validator("models_memory", mode="before")
+    @field_validator("models_memory", "prefix_cache_bytes", mode="before")
     @classmethod
     def _bytes(cls, value: object) -> object:
         return parse_bytes(value)

@@ -2,7 +2,7 @@
 
 A job is a hash at keys.job(id) with the fields `spec` (JobSpec JSON, fixed at admission), `owner`,
 `status`, `queued_at`, `deadline`, `started_at`, `first_token_at`, `finished_at`, `attempts`,
-`finish_reason`, `error` (JSON), `prompt_tokens`, `completion_tokens` and, once a running job is asked to
+`finish_reason`, `error` (JSON), `prompt_tokens`, `cached_tokens`, `completion_tokens` and, once a running job is asked to
 stop, `cancel_requested` (the completion tokens counted at that moment). Its output text is a string at
 keys.output(id); its event log a list at keys.events(id).
 Every change that must not interleave with another is one Lua script in tasks/lua/.
@@ -426,12 +426,13 @@ class Store:
         pipe.execute()
 
     def append(self, job_id: str, n_tokens: int, text: str, prompt_tokens: int, worker: str,
-               start: tuple[int, int] | None = None, pipe: Any = None) -> Any:  # fmt: skip
+               start: tuple[int, int] | None = None, cached_tokens: int = 0, pipe: Any = None) -> Any:  # fmt: skip
         """Record generated text as one token event (n_tokens 0 and no text: progress without a token, as in a long
         prefill); true when the job must stop (cancelled, or taken away). `start`: the run's tokens and output bytes
-        before this text, so that a retried write appends only what did not get there (None: at the end)."""
+        before this text, so that a retried write appends only what did not get there (None: at the end).
+        `cached_tokens`: of the prompt's, those read from the prefix cache."""
         where = start if start is not None else ("", "")
-        return self._run("append", job_id, n_tokens, text, prompt_tokens, worker, *where, pipe=pipe)
+        return self._run("append", job_id, n_tokens, text, prompt_tokens, worker, *where, cached_tokens, pipe=pipe)
 
     def finish(
         self,
@@ -444,13 +445,15 @@ class Store:
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
         stop_seen_at: int | None = None,
+        cached_tokens: int = 0,
         pipe: Any = None,
     ) -> Any:
         """End a job `worker` runs; false if it was not running there (it has its one terminal state)."""
         err = error_json(*error) if error else ""
         s = self.settings
         seen = "" if stop_seen_at is None else stop_seen_at
-        args = (status.value, finish_reason or "", err, prompt_tokens, completion_tokens, s.result_ttl_s, worker, seen)
+        args = (status.value, finish_reason or "", err, prompt_tokens, completion_tokens, s.result_ttl_s, worker, seen,
+                cached_tokens)  # fmt: skip
         return self._run("finish", job_id, *args, pipe=pipe)
 
     def hand_back(self, job_id: str, worker: str, why: str = "worker_crashed", shared: bool = False,

@@ -116,10 +116,12 @@ class Text(Chat):
         return None
 
 
-def _usage(end: Event) -> dict[str, int]:
-    """OpenAI's usage object, from a job's terminal event."""
+def _usage(end: Event) -> dict[str, Any]:
+    """OpenAI's usage object, from a job's terminal event: the prompt's tokens read from the prefix cache are its
+    `prompt_tokens_details.cached_tokens`, as OpenAI reports its own prompt caching."""
     u = Usage(prompt_tokens=end.prompt_tokens, completion_tokens=end.completion_tokens)
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens}
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": end.cached_tokens}}
 
 
 def _headers(job: Job, queued_s: float | None = None) -> dict[str, str]:

@@ -24,6 +24,7 @@ class Answer(BaseModel):
 class TokenUsage(Answer):
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = Field(description="of the prompt's tokens, those read from the worker's prefix cache")
     total_tokens: int
 
 
@@ -110,10 +111,15 @@ class ChatChoice(Answer):
     finish_reason: Literal["stop", "length"]
 
 
+class PromptTokensDetails(Answer):
+    cached_tokens: int = Field(description="of the prompt's tokens, those read from the worker's prefix cache")
+
+
 class CompletionUsage(Answer):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class ChatCompletion(Answer):

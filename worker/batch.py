@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.job import Job
+from worker.engine import KV
 from worker.output import Text
 from worker.stops import StopMatcher
 
@@ -26,6 +27,12 @@ class Running:
     tokens: int = 0
     stop_seen_at: int | None = None
     progressed_at: float = field(default_factory=time.monotonic)  # when it last made a token, or told it progressed
+    cached: int = 0  # prompt tokens read from the prefix cache
+    cache_key: tuple[str, str] = ("", "")  # where its KV state goes in the prefix cache once it ends as meant
+
+    def text(self, text: str, n_tokens: int = 1) -> Text:
+        """New text of this job, made of `n_tokens` tokens."""
+        return Text(self.job.id, text, self.prompt_tokens, n_tokens, self.cached)
 
 
 @dataclass
@@ -80,6 +87,7 @@ class Finished:
     run: Running
     reason: str  # "stop" (EOS, or a stop string hit), "length" (max_tokens)
     in_engine: bool  # still in the engine's batch (a stop string ended it, not the engine)
+    kv: KV | None = None  # its KV state, when the engine ended it
 
 
 @dataclass

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm import load
@@ -35,12 +36,21 @@ PREFILL_BATCH = 8  # prompts prefilled together in one step (each by at most pre
 
 
 @dataclass(frozen=True)
+class KV:
+    """A sequence's KV cache, taken out of the batch, and the tokens it holds (its prompt and what it generated)."""
+
+    cache: list[Any]
+    tokens: list[int]
+
+
+@dataclass(frozen=True)
 class Token:
-    """One sequence's step: the token generated, and why it ended if this was its last."""
+    """One sequence's step: the token generated, and why it ended if this was its last (then, its KV state)."""
 
     uid: int
     token: int
     finish_reason: str | None  # "stop" (EOS), "length" (max_tokens) or None
+    kv: KV | None = None
 
 
 @dataclass(frozen=True)
@@ -149,20 +159,25 @@ class Engine:
         """A streaming detokenizer of its own for one sequence."""
         return self.tokenizer.detokenizer
 
-    def insert(self, prompt: list[int], params: SamplingParams) -> int:
-        """Add a sequence to the batch; it prefills over the next steps, then generates. Returns its uid."""
+    def insert(self, prompt: list[int], params: SamplingParams, cache: list[Any] | None = None, cached: int = 0) -> int:
+        """Add a sequence to the batch; it prefills over the next steps, then generates. Returns its uid. With
+        `cache`, a KV cache holding the prompt's first `cached` tokens, only the rest is prefilled."""
         (uid,) = self._batch.insert(
-            [prompt], max_tokens=[params.max_tokens], samplers=[make_sampler(params)],
+            [prompt[cached:]], max_tokens=[params.max_tokens], samplers=[make_sampler(params)],
             stop_sequences=[self._no_stop if params.ignore_eos else self._eos],
+            caches=[cache] if cache is not None else None, all_tokens=[prompt[:cached]] if cache is not None else None,
         )  # fmt: skip
         self.size += 1
         return int(uid)
 
-    def remove(self, uids: list[int]) -> None:
-        """Take sequences out of the batch before the next step (cancelled, stopped, over time)."""
-        if uids:
-            self._batch.remove(uids)
-            self.size -= len(uids)
+    def remove(self, uids: list[int], keep: bool = False) -> dict[int, KV]:
+        """Take sequences out of the batch before the next step (cancelled, stopped, over time); with `keep`, their
+        KV states."""
+        if not uids:
+            return {}
+        kept = self._batch.remove(uids, return_prompt_caches=keep)
+        self.size -= len(uids)
+        return {int(uid): KV(cache, list(tokens)) for uid, (cache, tokens) in kept.items()}
 
     @property
     def counters(self) -> Counters:
@@ -178,7 +193,9 @@ class Engine:
         """One step: a token for every generating sequence, and a chunk of prefill for joining ones."""
         _, generated = self._batch.next()
         self._steps += 1
-        tokens = [Token(int(r.uid), int(r.token), r.finish_reason) for r in generated]
+        tokens = [Token(int(r.uid), int(r.token), r.finish_reason,
+                        KV(r.prompt_cache, list(r.all_tokens)) if r.prompt_cache is not None else None)
+                  for r in generated]  # fmt: skip
         self.size -= sum(1 for t in tokens if t.finish_reason is not None)  # the generator dropped them
         return tokens
 
@@ -220,11 +237,14 @@ class Engine:
 
 
 def _kv_bytes_per_token(model) -> int:  # type: ignore[no-untyped-def]
-    """Bytes of KV cache one token takes, measured on a one-token forward pass (the caches' state, not what they
-    allocate ahead)."""
+    """Bytes of KV cache one token takes, measured on a short forward pass: what the caches hold for those tokens
+    (a KV cache allocates ahead in steps of 256 tokens; that room is not counted), divided by their number."""
+    n = 8
     cache = make_prompt_cache(model)
-    model(mx.array([[0]]), cache=cache)
-    state = [a for c in cache for a in (c.state if isinstance(c.state, (list, tuple)) else [c.state])]
-    arrays = [a for a in state if isinstance(a, mx.array)]
-    mx.eval(arrays)
-    return sum(a.nbytes for a in arrays) or 1
+    model(mx.array([list(range(n))]), cache=cache)
+    held = 0
+    for c in cache:
+        keys, values = getattr(c, "keys", None), getattr(c, "values", None)
+        if isinstance(keys, mx.array) and isinstance(values, mx.array):  # [batch, heads, room, dim]: n of the room
+            held += (keys.nbytes + values.nbytes) * n // keys.shape[2]
+    return max(held // n, 1)

@@ -21,6 +21,7 @@ from mlx.utils import tree_flatten
 from tasks.settings import ModelConfig, Settings
 from tasks.store import Store
 from worker.engine import Counters, Engine
+from worker.prefix_cache import PrefixCache, model_key
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ class ModelPool:
     def __init__(self, store: Store, worker_id: str, engine: Engine | None = None,
                  on_change: Callable[[], None] = lambda: None) -> None:  # fmt: skip
         self.store = store
+        s = store.settings
+        self.prefix = PrefixCache(s.prefix_cache_bytes, shared=s.prefix_cache_shared)  # of every model's KV states
         self.on_change = on_change  # told when a model loaded or left (the worker reports it in its lease)
         self.settings: Settings = store.settings
         self.worker_id = worker_id
@@ -58,6 +61,15 @@ class ModelPool:
 
     def names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self._loaded)
+
+    def key(self, name: str) -> str:
+        """The prefix cache's name for a served model as it is loaded (its load options included)."""
+        config = self.settings.model_named(name)
+        return model_key(config) if config is not None else name
+
+    def keys(self) -> dict[str, str]:
+        """The loaded models' prefix-cache names."""
+        return {name: self.key(name) for name in self.names()}
 
     def get(self, name: str) -> Engine | None:
         """The engine of a loaded model, now the most recently used."""
@@ -138,6 +150,7 @@ class ModelPool:
         freed = self._bytes.pop(name)
         engine.close()
         del engine
+        self.prefix.drop(self.key(name))
         gc.collect()
         mx.clear_cache()
         self.store.model_unloaded(name, self.worker_id)

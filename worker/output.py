@@ -45,6 +45,7 @@ class Ending:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     stop_seen_at: int | None = None
+    cached_tokens: int = 0  # of the prompt's: read from the prefix cache, not prefilled
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,12 @@ class Text:
     text: str
     prompt_tokens: int
     n_tokens: int = 1
+    cached_tokens: int = 0
 
     def __add__(self, later: Text) -> Text:
         """This text, then `later`'s (the writer sends a window's texts of one job as one)."""
-        return Text(self.job_id, self.text + later.text, later.prompt_tokens, self.n_tokens + later.n_tokens)
+        return Text(self.job_id, self.text + later.text, later.prompt_tokens, self.n_tokens + later.n_tokens,
+                    later.cached_tokens)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -249,12 +252,13 @@ class OutputWriter:
     def _queue_op(self, op: Op, pipe: Any) -> None:
         if isinstance(op, _Append):
             t = op.text
-            self.store.append(t.job_id, t.n_tokens, t.text, t.prompt_tokens, self.worker_id, start=op.start, pipe=pipe)
+            self.store.append(t.job_id, t.n_tokens, t.text, t.prompt_tokens, self.worker_id, start=op.start,
+                              cached_tokens=t.cached_tokens, pipe=pipe)  # fmt: skip
         elif isinstance(op, Ending):
             self.store.finish(
                 op.job_id, op.status, self.worker_id, finish_reason=op.finish_reason, error=op.error,
                 prompt_tokens=op.prompt_tokens, completion_tokens=op.completion_tokens, stop_seen_at=op.stop_seen_at,
-                pipe=pipe,
+                cached_tokens=op.cached_tokens, pipe=pipe,
             )  # fmt: skip
         elif isinstance(op, _HandBack):
             self.store.hand_back(op.job_id, self.worker_id, op.why, op.shared, pipe=pipe)

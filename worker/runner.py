@@ -26,9 +26,9 @@ from tasks.errors import InvalidPrompt, LeaseLost
 from tasks.job import Job, JobStatus, SamplingParams
 from tasks.store import Claim, Store, Switch
 from worker.batch import Batch, Finished, Head, Running, StepResult
-from worker.engine import Engine, Token
+from worker.engine import KV, Engine, Token
 from worker.models import ModelPool
-from worker.output import Ending, OutputWriter, Text
+from worker.output import Ending, OutputWriter
 from worker.stops import StopMatcher
 
 logger = logging.getLogger(__name__)
@@ -211,9 +211,14 @@ class Runner:
             return
         assert self.engine is not None
         limit_s = self.store.settings.job_time_limit_s
-        uid = self.engine.insert(head.tokens, _sampling(job))
+        key = self.models.prefix.scope(self.models.key(job.spec.model), job.owner)
+        hit = self.models.prefix.fetch(key, head.tokens)
+        uid = self.engine.insert(head.tokens, _sampling(job), hit.cache, hit.tokens)
         self.batch.add(Running(job, uid, len(head.tokens), head.cost, time.monotonic() + limit_s,
-                               self.engine.detokenizer(), StopMatcher(job.spec.params.stop), solo=head.solo))  # fmt: skip
+                               self.engine.detokenizer(), StopMatcher(job.spec.params.stop), solo=head.solo,
+                               cached=hit.tokens, cache_key=key))  # fmt: skip
+        if hit.tokens:
+            logger.info("job %s: %d of its %d prompt tokens from the prefix cache", job.id, hit.tokens, len(head.tokens))
         self.writer.begin(job.id)
 
     def _activate(self, model: str) -> None:
@@ -241,7 +246,7 @@ class Runner:
         self._progress(result, {token.uid for token in tokens})
         self.writer.put_many(result.texts)
         for f in result.finished:
-            self._end(f.run, f.reason, in_engine=f.in_engine)
+            self._end(f.run, f.reason, in_engine=f.in_engine, kv=f.kv)
         self._end_overdue()
 
     def _advance(self, token: Token, result: StepResult) -> None:
@@ -257,11 +262,11 @@ class Runner:
         text, hit = r.stops.feed(r.detokenizer.last_segment)
         if token.finish_reason and not hit:
             text += r.stops.flush()
-        result.texts.append(Text(r.job.id, text, r.prompt_tokens))
+        result.texts.append(r.text(text))
         if hit:  # a stop string: the engine may not have ended the sequence
-            result.finished.append(Finished(r, "stop", in_engine=token.finish_reason is None))
+            result.finished.append(Finished(r, "stop", in_engine=token.finish_reason is None, kv=token.kv))
         elif token.finish_reason:
-            result.finished.append(Finished(r, token.finish_reason, in_engine=False))
+            result.finished.append(Finished(r, token.finish_reason, in_engine=False, kv=token.kv))
 
     def _progress(self, result: StepResult, advanced: set[int]) -> None:
         """The jobs that made no token in this step (their prompts are being read, a chunk a step) tell that they
@@ -272,7 +277,7 @@ class Runner:
                 r.progressed_at = now
             elif now - r.progressed_at >= every_s:
                 r.progressed_at = now
-                result.texts.append(Text(r.job.id, "", r.prompt_tokens, n_tokens=0))
+                result.texts.append(r.text("", n_tokens=0))
 
     def _end_overdue(self) -> None:
         """End the jobs past their time limit."""
@@ -294,19 +299,23 @@ class Runner:
         text, hit = r.stops.feed(r.detokenizer.last_segment)
         text += "" if hit else r.stops.flush()
         if text:
-            self.writer.put_many([Text(r.job.id, text, r.prompt_tokens, n_tokens=0)])
+            self.writer.put_many([r.text(text, n_tokens=0)])
 
     # --- leaving -------------------------------------------------------------------------------------------
 
-    def _end(self, r: Running, reason: str | None, error: tuple[str, str] | None = None, in_engine: bool = True) -> None:
-        """Take a job out of the batch (and out of the engine, if it is still there) and record its outcome."""
+    def _end(self, r: Running, reason: str | None, error: tuple[str, str] | None = None, in_engine: bool = True,
+             kv: KV | None = None) -> None:  # fmt: skip
+        """Take a job out of the batch (and out of the engine, if it is still there) and record its outcome. A job
+        that ended as its generation meant to leaves its KV state to the prefix cache; one cut short, none."""
         assert self.engine is not None
+        status = JobStatus.FAILED if error else JobStatus.CANCELLED if reason == "cancelled" else JobStatus.COMPLETED
         if in_engine:
-            self.engine.remove([r.uid])
+            kv = self.engine.remove([r.uid], keep=status is JobStatus.COMPLETED).get(r.uid)
+        if kv is not None and status is JobStatus.COMPLETED:
+            self.models.prefix.insert(r.cache_key, kv.tokens, kv.cache)
         self.batch.drop(r)
         self._look = True
-        status = JobStatus.FAILED if error else JobStatus.CANCELLED if reason == "cancelled" else JobStatus.COMPLETED
-        self.writer.end(Ending(r.job.id, status, reason, error, r.prompt_tokens, r.tokens, r.stop_seen_at))
+        self.writer.end(Ending(r.job.id, status, reason, error, r.prompt_tokens, r.tokens, r.stop_seen_at, r.cached))
         logger.info("job %s: %s (%s, %d tokens)", r.job.id, status.value, reason or error and error[0], r.tokens)
 
     def _hand_back_all(self, why: str) -> None:
@@ -324,7 +333,8 @@ class Runner:
             return
         (r,) = self.batch.by_uid.values()
         self._start_afresh()
-        self.writer.end(Ending(r.job.id, JobStatus.FAILED, None, _generation_error(r.job.id), r.prompt_tokens, r.tokens))
+        self.writer.end(Ending(r.job.id, JobStatus.FAILED, None, _generation_error(r.job.id), r.prompt_tokens, r.tokens,
+                               cached_tokens=r.cached))  # fmt: skip
 
     def _start_afresh(self) -> None:
         """An empty batch, and an engine with nothing in it."""

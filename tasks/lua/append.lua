@@ -6,7 +6,8 @@
 -- there (its predecessor has not arrived yet) appends nothing and says so (2): the writer's own retry, sent in
 -- order, brings both. So no text is doubled, lost or reordered.
 -- With no token (n = 0, during a long prefill), it records that the job is making progress.
--- ARGV: id, n_tokens, text, prompt_tokens, worker_id, from_n, from_b ('' for both: at the end, unchecked)
+-- ARGV: id, n_tokens, text, prompt_tokens, worker_id, from_n, from_b ('' for both: at the end, unchecked),
+--       cached_tokens (of the prompt's, read from the prefix cache)
 --   ->  1 to stop, 0 to go on, 2 if it did not line up (nothing appended)
 local id, n, text, prompt_tokens = ARGV[A + 1], tonumber(ARGV[A + 2]), ARGV[A + 3], ARGV[A + 4]
 local from_n, from_b = tonumber(ARGV[A + 6]), tonumber(ARGV[A + 7])
@@ -22,7 +23,7 @@ local t = now()
 if redis.call('EXISTS', DEVICE .. f[6]) == 1 then -- a lapsed lease is not recreated (without its TTL)
   redis.call('HSET', DEVICE .. f[6], 'progress', fmt(t))
 end
-redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens)
+redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens, 'cached_tokens', ARGV[A + 8] or 0)
 if n > 0 then
   redis.call('HINCRBY', jkey, 'completion_tokens', n)
   stat('tokens', n)

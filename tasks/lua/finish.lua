@@ -3,7 +3,7 @@
 -- someone asked (cancel.lua): a worker that merely lost track of it (say, Redis was away) must not invent that.
 -- Ending it again as it ended is harmless (a retried write whose first reply was lost).
 -- ARGV: id, status, finish_reason, error_json, prompt_tokens, completion_tokens, result_ttl_s, worker_id,
---       stop_seen_at (tokens generated when the worker heard it must stop; '' if it did not)
+--       stop_seen_at (tokens generated when the worker heard it must stop; '' if it did not), cached_tokens
 -- -> 1 if ended (now or before, so), 0 if it was not running here, -1 if nobody asked to cancel it
 local id, status, reason, err = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3], ARGV[A + 4]
 local prompt_tokens, completion_tokens, result_ttl = ARGV[A + 5], ARGV[A + 6], tonumber(ARGV[A + 7])
@@ -14,7 +14,8 @@ if f[1] ~= 'in_progress' or f[2] ~= ARGV[A + 8] then return 0 end
 if status == 'cancelled' and not f[3] then return -1 end
 if status == 'cancelled' and err == '' then err = redis.call('HGET', jkey, 'cancel_error') or '' end
 local t = now()
-redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens, 'completion_tokens', completion_tokens)
+redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens, 'completion_tokens', completion_tokens,
+  'cached_tokens', ARGV[A + 10] or 0)
 if ARGV[A + 9] ~= '' then redis.call('HSET', jkey, 'stop_seen_at', ARGV[A + 9]) end
 local started = tonumber(redis.call('HGET', jkey, 'started_at'))
 if started then
