@@ -60,6 +60,8 @@ class DeviceLease:
     models: tuple[str, ...] = ()  # the models it has loaded
     active: str = ""  # the model its batch runs ('' when the batch is empty)
     loading: str = ""  # the model it loads now ('' when none)
+    cache_bytes: int = 0  # what its prefix cache holds
+    cache_entries: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,11 +78,17 @@ class BatchReport:
     models: tuple[str, ...] = ()
     active: str = ""
     loading: str = ""
+    cache_lookups: int = 0  # prefix cache: lookups, hits and prompt tokens they saved since the last report
+    cache_hits: int = 0
+    cache_tokens: int = 0
+    cache_bytes: int = 0  # ... and what it holds now
+    cache_entries: int = 0
 
     def args(self) -> tuple[object, ...]:
         return (self.batch, self.slots, f"{self.tokens_per_s:.1f}", self.steps, f"{self.decode_s:.6f}",
                 f"{self.prefill_s:.6f}", self.prefill_tokens, ",".join(self.models), self.active,
-                self.loading)  # fmt: skip
+                self.loading, self.cache_lookups, self.cache_hits, self.cache_tokens, self.cache_bytes,
+                self.cache_entries)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -524,7 +532,8 @@ class Store:
                 DeviceLease(name, lease["worker"], int(lease.get("pid", 0)), now - float(lease["beat"]), jobs,
                             now - progress if jobs else None, int(lease.get("batch", 0)), int(lease.get("slots", 0)),
                             float(lease.get("tok_s", 0)), tuple(filter(None, lease.get("models", "").split(","))),
-                            lease.get("active", ""), lease.get("loading", ""))  # fmt: skip
+                            lease.get("active", ""), lease.get("loading", ""), int(lease.get("cache_bytes", 0)),
+                            int(lease.get("cache_entries", 0)))  # fmt: skip
             )
         models = [_model_state(name, int(n), record, workers, now)
                   for name, n, record in zip(catalog, per_model[::2], per_model[1::2])]  # fmt: skip

@@ -21,7 +21,8 @@ class JobsClient:
         self.client = client
 
     def submit(self, prompt: str = "hi", expect: int = 202, **fields: Any) -> dict[str, Any]:
-        response = self.client.post("/v1/jobs", json={"prompt": prompt, **fields})
+        body = fields if "messages" in fields else {"prompt": prompt, **fields}
+        response = self.client.post("/v1/jobs", json=body)
         assert response.status_code == expect, response.get_json()
         return response.get_json()  # type: ignore[no-any-return]
 

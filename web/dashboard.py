@@ -93,7 +93,15 @@ def board_view(who: Viewer) -> dict[str, Any]:
         "models": [{"name": m.name, "state": m.state, "waiting": m.queue_depth} for m in snap.models],
         "failures": [_failure(job, who) for job in board.failures],
         "minutes": [_minute(m, snap.now) for m in board.minutes],
+        "prefix_cache": _prefix_cache(snap.stats),
     }
+
+
+def _prefix_cache(stats: dict[str, str]) -> dict[str, Any]:
+    """The prefix cache since the counters began: lookups, the share that hit, prompt tokens it saved."""
+    lookups, hits = int(stats.get("cache_lookups", 0)), int(stats.get("cache_hits", 0))
+    return {"lookups": lookups, "hits": hits, "hit_rate": round(hits / lookups, 3) if lookups else None,
+            "cached_tokens": int(stats.get("cache_tokens", 0))}  # fmt: skip
 
 
 def _named(job: Job, who: Viewer) -> dict[str, Any]:
@@ -158,7 +166,8 @@ def _worker(w: DeviceLease) -> dict[str, Any]:
         health, state = ("loading" if w.loading else "generating" if w.jobs else "idle"), "ok"
     return {"device": w.device, "worker": w.worker, "pid": w.pid, "health": health, "state": state,
             "heartbeat_age_s": round(w.heartbeat_age_s, 2), "batch": w.batch, "slots": w.slots,
-            "tok_s": w.tokens_per_s, "models": list(w.models), "active": w.active, "loading": w.loading}  # fmt: skip
+            "tok_s": w.tokens_per_s, "models": list(w.models), "active": w.active, "loading": w.loading,
+            "cache_bytes": w.cache_bytes, "cache_entries": w.cache_entries}  # fmt: skip
 
 
 def _minute(m: Minute, now: float) -> dict[str, Any]:

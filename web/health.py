@@ -101,6 +101,9 @@ def _gauges(snap: Snapshot) -> Iterator[Metric]:
         "batch_slots": ("The most jobs the device's batch holds (ONELANE_MAX_BATCH).", lambda w: w.slots),
         "batch_occupancy": ("Share of the batch's slots in use.", lambda w: w.batch / w.slots if w.slots else 0.0),
         "generation_tokens_per_second": ("Tokens the device generated per second lately.", lambda w: w.tokens_per_s),
+        "prefix_cache_bytes": ("Bytes of KV state the device's prefix cache holds (at most ONELANE_PREFIX_CACHE).",
+                               lambda w: w.cache_bytes),
+        "prefix_cache_entries": ("Entries (token sequences) in the device's prefix cache.", lambda w: w.cache_entries),
     }
     for name, (help_text, value) in batch.items():
         gauge = GaugeMetricFamily(f"onelane_{name}", help_text, labels=["device"])
@@ -140,6 +143,12 @@ def _counters(stats: dict[str, str]) -> Iterator[Metric]:
     yield CounterMetricFamily("onelane_prefill_seconds", "Seconds spent prefilling prompts.",
                               value=total("prefill_seconds"))  # fmt: skip
     yield CounterMetricFamily("onelane_prefill_tokens", "Prompt tokens prefilled.", value=total("prefill_tokens"))
+    yield CounterMetricFamily("onelane_prefix_cache_lookups", "Prompts looked up in the prefix cache as their job "
+                              "joined the batch.", value=total("cache_lookups"))  # fmt: skip
+    yield CounterMetricFamily("onelane_prefix_cache_hits", "Lookups that found a cached prefix of the prompt.",
+                              value=total("cache_hits"))  # fmt: skip
+    yield CounterMetricFamily("onelane_prefix_cache_tokens", "Prompt tokens read from the prefix cache instead of "
+                              "prefilled.", value=total("cache_tokens"))  # fmt: skip
     yield CounterMetricFamily("onelane_model_switches", "Times the batch changed model.", value=total("model_switches"))
     yield CounterMetricFamily("onelane_model_load_failures", "Model loads that failed.",
                               value=total("model_load_failures"))  # fmt: skip

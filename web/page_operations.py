@@ -165,5 +165,5 @@ def _board() -> dict[str, Any]:
     """The board's outline (web/dashboard.py's board_view builds it; its fields are for the dashboard's script)."""
     fields = {"now": {"type": "number"}, "viewer": {"type": "object"}, "running": {"type": "object"},
               "waiting": {"type": "object"}, "workers": {"type": "array"}, "models": {"type": "array"},
-              "failures": {"type": "array"}, "minutes": {"type": "array"}}  # fmt: skip
+              "failures": {"type": "array"}, "minutes": {"type": "array"}, "prefix_cache": {"type": "object"}}  # fmt: skip
     return {"type": "object", "properties": fields, "required": list(fields), "additionalProperties": False}

@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import dramatiq
@@ -32,6 +33,7 @@ from worker import actors
 from worker.blas import preload_openblas
 from worker.engine import Engine
 from worker.models import ModelPool
+from worker.prefix_cache import CacheCounters
 from worker.runner import Runner
 
 logger = logging.getLogger(__name__)
@@ -85,6 +87,7 @@ class GpuWorker:
             threading.Thread(target=self._listen, name="listener", daemon=True),
         ]
         self._reported = (0, 0.0, 0.0, 0, 0, time.monotonic())  # engine counters at the last report, and when
+        self._cache_reported = CacheCounters()  # the prefix cache's, at the last report
 
     def start(self) -> bool:
         """Wait for the device's lease, load the default model, recover what a dead worker left, then consume.
@@ -100,6 +103,7 @@ class GpuWorker:
         ensure_model(s)
         with self.models.lock:
             engine = self.models.load(s.model_name)
+            self._load_prefix_cache()
         self._renew(self._report())  # tell the batch's size and the models at once (for ETAs)
         if engine is not None:
             logger.info("batch of up to %d jobs; KV budget %d tokens (%.0f MiB for %s); prefill %d tokens a step",
@@ -123,6 +127,7 @@ class GpuWorker:
         self.worker.stop(timeout=int((self.settings.drain_s + 60) * 1000))
         with self.models.lock:  # the runner is out of its loop: the batch drained, or was handed back
             self.runner.writer.wait_idle()
+            self._save_prefix_cache()
         self.broker.close()
         self.down.set()
         if release:
@@ -130,6 +135,35 @@ class GpuWorker:
                 self.store.release_device(self.id)
             except redis.RedisError as exc:  # the lease lapses by itself
                 logger.warning("could not free device %s: %s", self.settings.device, exc)
+
+    @property
+    def _prefix_folder(self) -> Path:
+        return self.settings.var_dir / "prefix-cache" / self.settings.device
+
+    def _save_prefix_cache(self) -> None:
+        """Keep the prefix cache's entries for the next worker on this device (a restart in good order)."""
+        prefix = self.models.prefix
+        if not prefix.enabled or not len(prefix):
+            return
+        started = time.perf_counter()
+        try:
+            saved = prefix.save(self._prefix_folder, self.models.served_keys())
+        except OSError as exc:  # a full disk costs the next worker a cold start, nothing more
+            logger.warning("prefix cache: could not save to %s: %s", self._prefix_folder, exc)
+            return
+        logger.info("prefix cache: %d entries (%.1f MiB) saved in %.2f s", saved, prefix.nbytes / 2**20,
+                    time.perf_counter() - started)  # fmt: skip
+
+    def _load_prefix_cache(self) -> None:
+        """Take back what the worker before this one on this device saved as it stopped."""
+        prefix = self.models.prefix
+        if not prefix.enabled:
+            return
+        started = time.perf_counter()
+        loaded = prefix.load(self._prefix_folder, self.models.served_keys())
+        if loaded:
+            logger.info("prefix cache: %d entries (%.1f MiB) loaded in %.2f s", loaded, prefix.nbytes / 2**20,
+                        time.perf_counter() - started)  # fmt: skip
 
     def _take_device(self) -> bool:
         """Block until this worker holds the device: a second worker on the same device waits here."""
@@ -189,12 +223,17 @@ class GpuWorker:
         self._reported = (c.steps, c.decode_s, c.prefill_s, c.prompt_tokens, c.generated_tokens, now)
         runner = self.runner
         engine = runner.engine or self.models.get_quietly(self.settings.model_name)
+        prefix, before = self.models.prefix, self._cache_reported
+        now_cache = self._cache_reported = replace(prefix.counters)
         return BatchReport(
             batch=len(runner.batch), slots=engine.max_batch if engine else self.settings.max_batch,
             tokens_per_s=(c.generated_tokens - generated) / max(now - then, 1e-3), steps=c.steps - steps,
             decode_s=c.decode_s - decode_s, prefill_s=c.prefill_s - prefill_s,
             prefill_tokens=c.prompt_tokens - prefill_tokens, models=self.models.names(),
             active=runner.active if runner.batch else "", loading=self.models.loading,
+            cache_lookups=now_cache.lookups - before.lookups, cache_hits=now_cache.hits - before.hits,
+            cache_tokens=now_cache.cached_tokens - before.cached_tokens, cache_bytes=prefix.nbytes,
+            cache_entries=len(prefix),
         )  # fmt: skip
 
     def _listen(self) -> None:

@@ -67,9 +67,9 @@ class ModelPool:
         config = self.settings.model_named(name)
         return model_key(config) if config is not None else name
 
-    def keys(self) -> dict[str, str]:
-        """The loaded models' prefix-cache names."""
-        return {name: self.key(name) for name in self.names()}
+    def served_keys(self) -> dict[str, str]:
+        """Every served model's prefix-cache name, by model name."""
+        return {m.name: model_key(m) for m in self.settings.catalog}
 
     def get(self, name: str) -> Engine | None:
         """The engine of a loaded model, now the most recently used."""

@@ -7,7 +7,8 @@
 -- To `take` a lease is to get it if it is free; to `renew` one is to keep a lease still held: a worker whose lease
 -- lapsed (its jobs may have been taken back meanwhile, and run again elsewhere) is told 'lapsed' and must stop.
 -- ARGV: device, worker_id, pid, lease_ms, 'take' or 'renew'[, batch, slots, tok_s, steps, decode_s, prefill_s,
---       prefill_tokens, models, active, loading]
+--       prefill_tokens, models, active, loading, cache_lookups, cache_hits, cache_tokens, cache_bytes, cache_entries]
+-- (the prefix cache's lookups, hits and prompt tokens read from it since the last report; what it holds now)
 --   ->  'ok', 'lapsed', or the id of the worker that holds it
 local device, worker, pid, lease_ms = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3], tonumber(ARGV[A + 4])
 local key = DEVICE .. device
@@ -24,6 +25,10 @@ if ARGV[A + 6] then
   redis.call('HINCRBYFLOAT', STATS, 'prefill_seconds', ARGV[A + 11])
   stat('prefill_tokens', tonumber(ARGV[A + 12]))
   redis.call('HSET', key, 'models', ARGV[A + 13], 'active', ARGV[A + 14], 'loading', ARGV[A + 15])
+  stat('cache_lookups', tonumber(ARGV[A + 16]))
+  stat('cache_hits', tonumber(ARGV[A + 17]))
+  stat('cache_tokens', tonumber(ARGV[A + 18]))
+  redis.call('HSET', key, 'cache_bytes', ARGV[A + 19], 'cache_entries', ARGV[A + 20])
 end
 redis.call('PEXPIRE', key, lease_ms)
 redis.call('SADD', DEVICES, device)

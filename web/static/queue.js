@@ -184,6 +184,7 @@ class Dashboard {
       ["Completed, 1 h", hour("completed")],
       ["Failures, 1 h", hour("failed")],
       ["Workers", `${live.filter((w) => w.state === "ok").length} / ${b.workers.length}`],
+      ["Prefix cache hits", b.prefix_cache.hit_rate == null ? "–" : `${Math.round(b.prefix_cache.hit_rate * 100)}%`],
     ].map(([label, value]) => el("div", { className: "tile" }, el("span", { textContent: label }),
       el("strong", { textContent: value }))));
     this.renderRunning(b.running, admin);
@@ -229,6 +230,8 @@ class Dashboard {
       ["Heartbeat", (w) => (w.worker ? `${secs(w.heartbeat_age_s)} ago` : "–")],
       ["Batch", (w) => (w.worker ? `${w.batch} / ${w.slots}` : "–")],
       ["Tokens/s", (w) => (w.worker ? num(w.tok_s) : "–")],
+      ["Prefix cache", (w) => (w.worker ? `${w.cache_entries} ${w.cache_entries === 1 ? "entry" : "entries"}, ${(w.cache_bytes / 2 ** 20).toFixed(1)} MiB`
+        : "–")],
       ["Models", (w) => (w.worker ? (w.models.join(", ") || "none loaded") + (w.loading ? `, loading ${w.loading}` : "")
         : "–")]];
     this.$("workers").replaceChildren(table(columns, b.workers, "No worker has been seen: start one (onelane worker)"));

@@ -1,0 +1,191 @@
+"""The prefix cache: a chat's next turn, which resends the whole history, prefills only what is new; a hit changes
+no output; entries stay within their byte cap, their model, and (unless shared) their owner; a job cut short leaves
+none; a restart in good order keeps them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tasks.settings import ModelConfig, User
+from tests.helpers import BUSY, JobsClient, wait_ended, wait_event
+
+SYSTEM = "You answer questions about queues, GPUs and the people who wait for them, briefly and kindly. " * 12
+GREEDY = {"max_tokens": 24, "ignore_eos": True}
+SEEDED = {"max_tokens": 24, "ignore_eos": True, "temperature": 0.9, "seed": 3}
+
+
+def ask(jobs: JobsClient, store, messages: list[dict[str, str]], **params: Any) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    return wait_ended(store, jobs.submit(messages=messages, **params)["id"])
+
+
+def turns(first: dict[str, Any]) -> list[dict[str, str]]:
+    """A second turn: the history, the answer to the first, a new question."""
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is a queue?"},
+            {"role": "assistant", "content": first["output"]}, {"role": "user", "content": "And who waits in it?"}]
+
+
+FIRST = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is a queue?"}]
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_a_follow_up_turn_reads_its_history_from_the_cache_and_writes_what_it_would_without(
+    params, jobs, store, start_worker
+):
+    cached = start_worker(max_batch=4)
+    first = ask(jobs, store, FIRST, **params)
+    assert first["usage"]["cached_tokens"] == 0
+
+    # the follow-up runs while other jobs join the batch and leave it
+    others = [jobs.submit(f"other {n}", max_tokens=8 + 4 * n, ignore_eos=True)["id"] for n in range(3)]
+    hit = ask(jobs, store, turns(first), **params)
+    assert [wait_ended(store, other)["status"] for other in others] == ["completed"] * 3
+    prompt, from_cache = hit["usage"]["prompt_tokens"], hit["usage"]["cached_tokens"]
+    assert from_cache >= 0.8 * prompt, (from_cache, prompt)  # the history, up to where its answer was re-tokenized
+
+    cached.stop()
+    start_worker(max_batch=4, prefix_cache_bytes=0)  # the same job, read from its first token
+    miss = ask(jobs, store, turns(first), **params)
+    assert miss["usage"]["cached_tokens"] == 0
+    assert miss["output"] == hit["output"]
+
+
+def test_entries_stay_within_the_byte_cap_least_recently_used_first(engine):
+    from tasks.job import SamplingParams
+    from worker.prefix_cache import PrefixCache
+
+    def finished(prompt: str) -> tuple[list[int], Any]:
+        tokens = list(engine.tokenizer.encode(prompt))
+        uid = engine.insert(tokens, SamplingParams(max_tokens=4, ignore_eos=True))
+        with engine.lock:
+            while True:
+                ended = [t.kv for t in engine.step() if t.uid == uid and t.finish_reason]
+                if ended:
+                    return tokens, ended[0]
+
+    prompts = [f"prompt number {n}: " + "words " * (40 + n) for n in range(6)]
+    entries = [finished(p) for p in prompts]
+    size = sum(c.nbytes for c in entries[0][1].cache)
+    cache = PrefixCache(int(size * 3.5))  # room for three of them
+
+    def kept() -> list[int]:
+        found = []
+        for n, (_, kv) in enumerate(entries):
+            try:
+                cache._lru._trie.get(("m", "o"), kv.tokens)
+                found.append(n)
+            except KeyError:
+                pass
+        return found
+
+    for _, kv in entries[:4]:
+        cache.insert(("m", "o"), kv.tokens, kv.cache)
+        assert cache.nbytes <= cache.max_bytes
+    assert kept() == [1, 2, 3]  # the least recently used went first
+    assert cache.fetch(("m", "o"), entries[1][0]).tokens > 0  # a hit makes its entry the most recently used
+    cache.insert(("m", "o"), entries[4][1].tokens, entries[4][1].cache)
+    assert kept() == [1, 3, 4] and cache.nbytes <= cache.max_bytes
+    assert cache.nbytes == sum(sum(c.nbytes for c in entries[n][1].cache) for n in (1, 3, 4))  # measured, not guessed
+
+    bigger_than_all = PrefixCache(size // 2)
+    bigger_than_all.insert(("m", "o"), entries[0][1].tokens, entries[0][1].cache)
+    assert len(bigger_than_all) == 0 and bigger_than_all.nbytes == 0
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["own", "shared"])
+def test_an_entry_serves_its_owner_only_unless_sharing_is_on(shared, settings, make_app, store, start_worker):
+    users = (User(name="alice", key="ka" * 8), User(name="bob", key="kb" * 8))
+    keyed = settings.model_copy(update={"users": users, "prefix_cache_shared": shared})
+    client = make_app(keyed).test_client()
+
+    def ask_as(key: str) -> dict[str, Any]:
+        response = client.post("/v1/jobs", json={"messages": FIRST, **GREEDY}, headers={"Authorization": f"Bearer {key}"})
+        assert response.status_code == 202, response.get_json()
+        return wait_ended(store, response.get_json()["id"])
+
+    start_worker(users=users, prefix_cache_shared=shared)
+    alice = ask_as("ka" * 8)
+    bob = ask_as("kb" * 8)
+    again = ask_as("ka" * 8)
+
+    assert alice["usage"]["cached_tokens"] == 0 and again["usage"]["cached_tokens"] > 0
+    assert (bob["usage"]["cached_tokens"] > 0) is shared
+    assert alice["output"] == bob["output"] == again["output"]
+
+
+@pytest.mark.parametrize("cut", ["cancelled", "time_limit"])
+def test_a_job_cut_short_leaves_no_entry(cut, jobs, store, start_worker):
+    worker = start_worker(**({"job_time_limit_s": 0.5} if cut == "time_limit" else {}))
+    job = jobs.submit(messages=FIRST, max_tokens=BUSY, ignore_eos=True)
+    if cut == "cancelled":
+        wait_event(store, job["id"], lambda e: e.type == "token")
+        jobs.cancel(job["id"])
+    assert wait_ended(store, job["id"])["status"] == ("cancelled" if cut == "cancelled" else "failed")
+    assert len(worker.models.prefix) == 0
+
+    again = ask(jobs, store, FIRST, **GREEDY)
+    assert again["usage"]["cached_tokens"] == 0
+
+
+def test_an_entry_never_crosses_models(settings, demo_model, tmp_path, make_app, store, start_worker):
+    from worker.demo_model import make_demo_model
+
+    other = make_demo_model(tmp_path / "other", seed=1)  # the same architecture and tokenizer, other weights
+    catalog = (ModelConfig(name="tiny", path=str(demo_model), default=True), ModelConfig(name="other", path=str(other)))
+    served = settings.model_copy(update={"model": None, "models": catalog})
+    jobs = JobsClient(make_app(served).test_client())
+    start_worker(served)
+    first = ask(jobs, store, FIRST, model="tiny", **GREEDY)
+    elsewhere = ask(jobs, store, FIRST, model="other", **GREEDY)
+    again = ask(jobs, store, FIRST, model="tiny", **GREEDY)
+
+    assert elsewhere["usage"]["cached_tokens"] == 0 and again["usage"]["cached_tokens"] > 0
+    assert again["output"] == first["output"]
+
+
+def test_the_same_name_loaded_with_other_options_is_another_model(demo_model):
+    from worker.prefix_cache import model_key
+
+    plain = ModelConfig(name="m", path=str(demo_model))
+    assert model_key(plain) == model_key(ModelConfig(name="m", path=str(demo_model)))
+    assert model_key(plain) != model_key(ModelConfig(name="m", path=str(demo_model), adapter_path="/adapters/a"))
+    assert model_key(plain) != model_key(ModelConfig(name="m", path=str(demo_model), revision="v2"))
+
+
+def test_a_restart_in_good_order_keeps_the_entries_and_a_crash_loses_them_harmlessly(jobs, store, start_worker):
+    first_worker = start_worker()
+    first = ask(jobs, store, FIRST, **GREEDY)
+    first_worker.stop()  # a deploy: the entries are saved on the way down
+
+    second_worker = start_worker()
+    assert len(second_worker.models.prefix) >= 1
+    follow_up = ask(jobs, store, turns(first), **GREEDY)
+    assert follow_up["usage"]["cached_tokens"] > 0
+
+    # nothing saved is loaded twice: a worker that starts after a crash (no save) begins cold
+    second_worker.stop()
+    folder = second_worker._prefix_folder
+    for saved in folder.glob("*"):
+        saved.unlink()
+    third = start_worker()
+    assert len(third.models.prefix) == 0
+
+
+def test_cached_tokens_are_reported_as_openai_does_and_counted_in_metrics(live_server, store, start_worker, jobs):
+    import openai
+
+    start_worker()
+    client = openai.OpenAI(base_url=f"{live_server}/v1", api_key="local", max_retries=0)
+    model = store.settings.model_name
+    first = client.chat.completions.create(model=model, messages=FIRST, max_tokens=8)  # type: ignore[arg-type]
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    history = [*FIRST, {"role": "assistant", "content": first.choices[0].message.content},
+               {"role": "user", "content": "And who waits in it?"}]
+    second = client.chat.completions.create(model=model, messages=history, max_tokens=8)  # type: ignore[arg-type]
+    assert second.usage.prompt_tokens_details.cached_tokens > 0.8 * second.usage.prompt_tokens
+
+    stream = client.chat.completions.create(model=model, messages=history, max_tokens=8, stream=True,  # type: ignore[arg-type]
+                                            stream_options={"include_usage": True})  # fmt: skip
+    usage = [chunk.usage for chunk in stream if chunk.usage][-1]
+    assert usage.prompt_tokens_details.cached_tokens > 0.8 * usage.prompt_tokens
