@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
-import json
 import os
 import statistics
 import time
@@ -31,7 +29,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from bench.harness import (
     START_S,
@@ -63,7 +60,9 @@ from bench.openai_load import (
     burst,
     closed_loop,
     level_lines,
+    Streamed,
     post_chat,
+    stream_once,
 )
 from tasks import keys
 from tasks.settings import Settings
@@ -87,68 +86,6 @@ def onelane_body(model: str, prompt: str, max_tokens: int, stream: bool = False,
     if tag is not None:
         request["seed"] = tag
     return request
-
-
-@dataclass
-class Streamed:
-    """One streamed answer: time to the first non-empty content delta, to the end, and what came."""
-
-    ttft: float | None
-    total: float
-    content_chunks: int
-    done: bool
-    error: str | None
-
-
-def stream_once(url: str, request: dict[str, Any], timeout_s: float) -> Streamed:
-    """POST with "stream": true and read the SSE as it arrives (read1: no waiting for a full buffer)."""
-    parts = urlsplit(url)
-    payload = json.dumps(request).encode()
-    started = time.monotonic()
-    first: float | None = None
-    chunks, done, error = 0, False, None
-    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=timeout_s)
-    try:
-        conn.request("POST", "/v1/chat/completions", body=payload, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            return Streamed(None, time.monotonic() - started, 0, False, f"http {resp.status}")
-        buffer = b""
-        for _ in range(100_000):  # bounded; a 64-token stream takes well under 1000 reads
-            if time.monotonic() - started > timeout_s:
-                error = "stream too slow"
-                break
-            data = resp.read1(65536)
-            if not data:
-                break
-            buffer += data
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                line = line.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                body = line[5:].strip()
-                if body == b"[DONE]":
-                    done = True
-                    break
-                obj = json.loads(body)
-                if "error" in obj:
-                    error = f"error event: {obj['error']}"
-                    break
-                for choice in obj.get("choices") or []:
-                    if (choice.get("delta") or {}).get("content"):
-                        chunks += 1
-                        if first is None:
-                            first = time.monotonic() - started
-            if done or error:
-                break
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        error = type(exc).__name__
-    finally:
-        conn.close()
-    if not done and error is None:
-        error = "stream ended without [DONE]"
-    return Streamed(first, time.monotonic() - started, chunks, done, error)
 
 
 # --- onelane -------------------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@ level of concurrency, and an overload burst followed by a fresh request while th
 
 from __future__ import annotations
 
+import http.client
+import json
 import math
 import threading
 import time
@@ -11,6 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
@@ -87,12 +90,12 @@ def classify(exc: requests.RequestException) -> str:
     return type(exc).__name__
 
 
-def post_chat(url: str, request: dict[str, Any], timeout_s: float) -> Outcome:
+def post_chat(url: str, request: dict[str, Any], timeout_s: float, headers: dict[str, str] | None = None) -> Outcome:
     """POST one chat completion; never raises for network or HTTP errors."""
     tag = request.get("seed")
     started = time.monotonic()
     try:
-        reply = requests.post(f"{url}/v1/chat/completions", json=request, timeout=timeout_s)
+        reply = requests.post(f"{url}/v1/chat/completions", json=request, timeout=timeout_s, headers=headers)
     except requests.RequestException as exc:
         ended = time.monotonic()
         return Outcome(False, ended - started, classify(exc), ended=ended, tag=tag)
@@ -186,3 +189,71 @@ def level_lines(server: str, level: Level, details: Callable[[list[Outcome]], tu
                   f"{head} {len(ok) / level.wall_s:.2f} req/s, {tokens / level.wall_s:.1f} completion tok/s over "
                   f"{level.wall_s:.2f} s", f"{head} {usage}"]  # fmt: skip
     return lines
+
+
+@dataclass
+class Streamed:
+    """One streamed answer: time to the first non-empty content delta, to the end, what came, and its usage (the
+    last chunk's, with stream_options.include_usage)."""
+
+    ttft: float | None
+    total: float
+    content_chunks: int
+    done: bool
+    error: str | None
+    text: str = ""
+    usage: dict[str, Any] | None = None
+
+
+def stream_once(url: str, request: dict[str, Any], timeout_s: float, headers: dict[str, str] | None = None) -> Streamed:
+    """POST with "stream": true and read the SSE as it arrives (read1: no waiting for a full buffer)."""
+    parts = urlsplit(url)
+    payload = json.dumps(request).encode()
+    started = time.monotonic()
+    first: float | None = None
+    chunks, done, error, text, usage = 0, False, None, [], None
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=timeout_s)
+    try:
+        conn.request("POST", "/v1/chat/completions", body=payload,
+                     headers={"Content-Type": "application/json", **(headers or {})})  # fmt: skip
+        resp = conn.getresponse()
+        if resp.status != 200:
+            return Streamed(None, time.monotonic() - started, 0, False, f"http {resp.status}")
+        buffer = b""
+        for _ in range(100_000):  # bounded; a 64-token stream takes well under 1000 reads
+            if time.monotonic() - started > timeout_s:
+                error = "stream too slow"
+                break
+            data = resp.read1(65536)
+            if not data:
+                break
+            buffer += data
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                body = line[5:].strip()
+                if body == b"[DONE]":
+                    done = True
+                    break
+                obj = json.loads(body)
+                if "error" in obj:
+                    error = f"error event: {obj['error']}"
+                    break
+                usage = obj.get("usage") or usage
+                for choice in obj.get("choices") or []:
+                    if content := (choice.get("delta") or {}).get("content"):
+                        chunks += 1
+                        text.append(content)
+                        if first is None:
+                            first = time.monotonic() - started
+            if done or error:
+                break
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        error = type(exc).__name__
+    finally:
+        conn.close()
+    if not done and error is None:
+        error = "stream ended without [DONE]"
+    return Streamed(first, time.monotonic() - started, chunks, done, error, "".join(text), usage)

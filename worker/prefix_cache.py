@@ -38,6 +38,7 @@ from tasks.settings import ModelConfig
 
 logger = logging.getLogger(__name__)
 
+MIN_HIT_TOKENS = 32  # a shorter cached prefix is not worth copying an entry for: it is prefilled like the rest
 MAX_ENTRIES = 1 << 20  # entries are bounded by bytes; a count bound only keeps the trie's bookkeeping sane
 SHARED = ""  # the scope of an entry any owner may reuse (ONELANE_PREFIX_CACHE_SHARED)
 INDEX = "index.json"
@@ -97,6 +98,15 @@ class PrefixCache:
             return Hit(None, 0)
         self.counters.lookups += 1
         found = self._lru._trie.search(key, tokens)
+        shorter = len(found.shorter) if found.shorter else 0
+        if found.exact is not None:
+            reach = len(tokens) - 1
+        elif found.longer is not None and found.common_prefix > shorter:
+            reach = min(len(tokens) - 1, found.common_prefix)
+        else:
+            reach = shorter
+        if reach < MIN_HIT_TOKENS:  # (every chat prompt shares its template's first tokens with every entry)
+            return Hit(None, 0)
         cache, rest = self._lru.fetch_nearest_cache(key, tokens)
         if cache is None:
             return Hit(None, 0)
@@ -107,7 +117,6 @@ class PrefixCache:
                 layer.trim(1)
             rest = tokens[-1:]
         cached = len(tokens) - len(rest)
-        shorter = len(found.shorter) if found.shorter else 0
         used = found.exact or (found.longer if found.longer and found.common_prefix > shorter else found.shorter)
         self._touch(key, used)
         self.counters.hits += 1

@@ -1,0 +1,347 @@
+"""Multi-turn chat, the workload chat clients make: every request resends the whole history. onelane with its
+prefix cache vs onelane without it vs mlx_lm.server (which reuses its KV cache too), same machine, same run, same
+model folder.
+
+    ./dev.sh bench multiturn [--model PATH] [--users 1,4] [--turns 6] [--rounds 2] [--system-chars 6000]
+                             [--answer-tokens 16] [--skip-uncached]
+
+1. Conversations: each of U users (at once) holds a conversation of T turns that opens with the same long system
+   message; every request streams (temperature 0, the answer kept to --answer-tokens: onelane `ignore_eos`,
+   mlx_lm.server a logit bias against EOS) and carries the history so far. TTFT = time to the first content chunk.
+   Each user has an API key of their own on onelane, so its cache entries are private (the default); mlx_lm.server
+   has one cache for everyone. Every (round, server) starts its server afresh, cold; the order rotates each round.
+2. After a restart: one conversation on onelane, then the active worker gets SIGTERM (a deploy), its supervisor's
+   standby takes over, and the next turn is sent: its cached tokens say whether the entries survived.
+3. Nothing to hit: independent prompts (each one new, as no chat is) from 8 closed-loop clients, onelane with the
+   cache on, then off, alternating rounds: tokens per second, and the ratio.
+
+Every figure printed is measured in this run; every process started here is stopped before the script returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.harness import (
+    START_S,
+    free_port,
+    onelane_web,
+    onelane_worker,
+    pct,
+    poll_until,
+    private_redis,
+    queue_bounds,
+    spread,
+)
+from bench.mlx_server import eos_id, mlx_server
+from bench.openai_load import Streamed, closed_loop, post_chat, stream_once
+from tasks.settings import SHIPPED_DEMO_MODEL, Settings
+from tasks.store import Store
+
+QUESTIONS = [
+    "What is a queue, and why would a GPU need one?",
+    "Who waits in it, and how do they know where they stand?",
+    "What happens when the worker dies in the middle of an answer?",
+    "And when a user leaves before their answer starts?",
+    "How does the queue stay fair between a busy user and a quiet one?",
+    "Sum it up in one sentence.",
+    "One more thing: what should I read next?",
+    "Thank you. Anything to add?",
+]
+SYSTEM_SENTENCES = [
+    "You are the help desk of a shared GPU that many people use through one queue.",
+    "Answer briefly, in plain words, and say when you do not know.",
+    "The queue admits jobs into Redis, each with a deadline, and one worker generates on the device.",
+    "Jobs that expired, were cancelled, or whose client left are skipped before generation.",
+    "Users see their position and an estimate of when they will start; results stream back as they are made.",
+    "When the queue is full it sheds load with a clear answer and a time to retry.",
+]
+TIMEOUT_S = 300.0
+INDEPENDENT_CLIENTS = 8
+INDEPENDENT_TOKENS = 64
+
+
+def system_message(chars: int) -> str:
+    text, n = "", 0
+    while len(text) < chars:
+        text += SYSTEM_SENTENCES[n % len(SYSTEM_SENTENCES)] + " "
+        n += 1
+    return text.strip()
+
+
+# --- the servers ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    name: str
+    url: str
+    eos: int | None = None  # mlx_lm.server: the EOS its requests push down
+    keys: list[str] = field(default_factory=list)  # onelane: one API key per user
+    store: Store | None = None
+    folder: Path | None = None
+    model: str = ""  # onelane: the model's name (a path given as ONELANE_MODEL is served under it)
+
+
+def user_keys(n: int) -> list[str]:
+    return [f"bench-user-{u}-key-0123456789" for u in range(n)]
+
+
+@contextlib.contextmanager
+def onelane(model: str, users: int, cache: bool, log: Path) -> Iterator[Server]:
+    """A fresh Redis, `onelane worker` and `onelane web`, with a key per user; the prefix cache on or off."""
+    with private_redis() as (folder, url):
+        keys = user_keys(users)
+        settings = Settings(redis_url=url, model=model, var_dir=folder)
+        extra = {**queue_bounds(1000), "ONELANE_API_KEYS": ",".join(f"u{n}:{k}" for n, k in enumerate(keys)),
+                 "ONELANE_PREFIX_CACHE": os.environ.get("ONELANE_PREFIX_CACHE", "10%") if cache else "0",
+                 "ONELANE_MAX_TOKENS_LIMIT": "4096"}  # fmt: skip
+        port = free_port()
+        with onelane_worker(settings, log.with_suffix(".worker.log"), **extra), \
+                onelane_web(settings, port, log.with_suffix(".web.log"), ready="/readyz", **extra):  # fmt: skip
+            store = Store.connect(settings)
+            try:
+                yield Server("onelane" if cache else "onelane, no cache", f"http://127.0.0.1:{port}", keys=keys,
+                             store=store, folder=folder, model=settings.model_name)  # fmt: skip
+            finally:
+                store.redis.close()
+
+
+@contextlib.contextmanager
+def baseline(model: str, log: Path) -> Iterator[Server]:
+    with mlx_server(model, log) as server:
+        yield Server("mlx_lm.server", server.url, eos=eos_id(model))
+
+
+def request(server: Server, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+    """A streamed greedy chat request, the same to both servers but for how EOS is kept out."""
+    req: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+                           "stream_options": {"include_usage": True}}  # fmt: skip
+    if server.eos is not None:
+        req["logit_bias"] = {str(server.eos): -1e4}
+    else:
+        req["ignore_eos"], req["model"] = True, server.model
+    return req
+
+
+def auth(server: Server, user: int) -> dict[str, str]:
+    return {"Authorization": f"Bearer {server.keys[user]}"} if server.keys else {}
+
+
+# --- 1. conversations ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Turn:
+    user: int
+    n: int
+    ttft: float | None
+    prompt_tokens: int
+    cached_tokens: int
+    error: str | None
+
+
+@dataclass
+class Run:
+    """One server's conversations at one number of users."""
+
+    server: str
+    users: int
+    turns: list[Turn]
+    wall_s: float
+
+    def ttfts(self, first: bool) -> list[float]:
+        return [t.ttft for t in self.turns if (t.n == 0) == first and t.ttft is not None]
+
+    @property
+    def errors(self) -> list[str]:
+        return [t.error for t in self.turns if t.error]
+
+
+def conversation(server: Server, user: int, system: str, turns: int, answer: int) -> list[Turn]:
+    messages = [{"role": "system", "content": system}]
+    done = []
+    for n in range(turns):
+        messages.append({"role": "user", "content": QUESTIONS[n % len(QUESTIONS)]})
+        got: Streamed = stream_once(server.url, request(server, messages, answer), TIMEOUT_S, auth(server, user))
+        usage = got.usage or {}
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        done.append(Turn(user, n, got.ttft, usage.get("prompt_tokens", 0), cached, got.error))
+        if got.error:
+            break
+        messages.append({"role": "assistant", "content": got.text})
+    return done
+
+
+def conversations(server: Server, users: int, system: str, turns: int, answer: int) -> Run:
+    results: list[list[Turn]] = [[] for _ in range(users)]
+    started = time.monotonic()
+    threads = [threading.Thread(target=lambda u=u: results.__setitem__(u, conversation(server, u, system, turns, answer)))
+               for u in range(users)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return Run(server.name, users, [turn for user in results for turn in user], time.monotonic() - started)
+
+
+# --- 2. across a restart -------------------------------------------------------------------------------------------
+
+
+def restart_check(model: str, system: str, answer: int, log: Path) -> tuple[Turn, Turn, float]:
+    """Two turns, SIGTERM to the active worker, the third turn: (the turn before, the turn after, seconds the
+    handover took until /readyz answered again)."""
+    with onelane(model, 1, True, log) as server:
+        before = conversation(server, 0, system, 2, answer)
+        assert server.store is not None
+        pid = next(w.pid for w in server.store.snapshot().workers)
+        os.kill(pid, signal.SIGTERM)
+        stopped = time.monotonic()
+        if not poll_until(lambda: any(w.pid != pid and w.models for w in server.store.snapshot().workers), START_S):
+            raise RuntimeError("no worker took over after the restart")
+        handover = time.monotonic() - stopped
+        after = conversation(server, 0, system, 3, answer)[-1]
+    return before[-1], after, handover
+
+
+# --- 3. nothing to hit ---------------------------------------------------------------------------------------------
+
+
+def independent(server: Server, rounds_seed: int) -> float:
+    """Tokens per second from closed-loop clients whose every prompt is new."""
+    counter = iter(range(rounds_seed * 100_000, (rounds_seed + 1) * 100_000))
+    lock = threading.Lock()
+
+    def one(prompt: str) -> Any:
+        with lock:
+            n = next(counter)
+        req = {"messages": [{"role": "user", "content": f"{n} {prompt}"}], "max_tokens": INDEPENDENT_TOKENS,
+               "temperature": 0.0, "ignore_eos": True, "model": server.model}  # fmt: skip
+        return post_chat(server.url, req, TIMEOUT_S, headers=auth(server, 0))
+
+    level = closed_loop(INDEPENDENT_CLIENTS, one)
+    tokens = sum(o.completion_tokens for o in level.ok)
+    return tokens / level.wall_s
+
+
+# --- report --------------------------------------------------------------------------------------------------------
+
+
+def p50(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def ms(value: float | None) -> str:
+    return "–" if value is None else f"{value * 1000:,.0f} ms"
+
+
+def report(runs: list[Run], users_levels: list[int]) -> None:
+    print("\nconversations (medians over the rounds; each round's p50 first):")
+    names = list(dict.fromkeys(r.server for r in runs))
+    header = f"{'users':>5}  {'server':<18} {'first-turn TTFT p50':>20} {'follow-up TTFT p50':>20} " \
+             f"{'follow-up p95':>14} {'wall':>8} {'cached share':>12}"  # fmt: skip
+    print(header)
+    summary: dict[tuple[int, str], dict[str, float | None]] = {}
+    for users in users_levels:
+        for name in names:
+            mine = [r for r in runs if r.server == name and r.users == users]
+            first = [p50(r.ttfts(True)) for r in mine]
+            follow = [p50(r.ttfts(False)) for r in mine]
+            p95 = [pct(r.ttfts(False), 95) for r in mine if r.ttfts(False)]
+            walls = [r.wall_s for r in mine]
+            follow_turns = [t for r in mine for t in r.turns if t.n > 0]
+            share = sum(t.cached_tokens for t in follow_turns) / max(1, sum(t.prompt_tokens for t in follow_turns))
+            row = {"first": p50([x for x in first if x is not None]), "follow": p50([x for x in follow if x is not None]),
+                   "wall": p50(walls)}  # fmt: skip
+            summary[(users, name)] = row
+            errors = [e for r in mine for e in r.errors]
+            print(f"{users:>5}  {name:<18} {ms(row['first']):>20} {ms(row['follow']):>20} "
+                  f"{ms(p50(p95)):>14} {row['wall']:>7.1f}s {share:>11.0%}"
+                  + (f"   errors: {errors[:3]}" if errors else ""))  # fmt: skip
+            def rounds(values: list[float | None], fmt: str) -> str:
+                kept = [v for v in values if v is not None]
+                return spread(kept, fmt, True) if kept else "–"
+
+            print(f"{'':>5}  {'':<18} {'rounds: ' + rounds(first, '{:.3f}'):>20} {rounds(follow, '{:.3f}'):>20} "
+                  f"{'':>14} {rounds(walls, '{:.1f}'):>8}")
+    print("\nratios (onelane / the other; below 1.0: onelane is faster):")
+    for users in users_levels:
+        ol = summary.get((users, "onelane"))
+        for other in ("mlx_lm.server", "onelane, no cache"):
+            o = summary.get((users, other))
+            if not ol or not o:
+                continue
+            parts = [f"{key} {ol[key] / o[key]:.2f}x" for key in ("first", "follow", "wall") if ol[key] and o[key]]
+            print(f"  {users} user(s), vs {other}: " + ", ".join(parts))
+        if ol and ol["first"] and ol["follow"]:
+            print(f"  {users} user(s), onelane's follow-up turn is {ol['first'] / ol['follow']:.1f}x faster to its first "
+                  "token than its first turn")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=str(SHIPPED_DEMO_MODEL), help="a model folder both servers load")
+    parser.add_argument("--users", default="1,4")
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--system-chars", type=int, default=6000)
+    parser.add_argument("--answer-tokens", type=int, default=16)
+    parser.add_argument("--skip-uncached", action="store_true", help="leave out onelane without its cache")
+    parser.add_argument("--skip-independent", action="store_true")
+    args = parser.parse_args()
+    users_levels = [int(u) for u in args.users.split(",")]
+    system = system_message(args.system_chars)
+    logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"onelane-multiturn-{os.getpid()}"
+    logs.mkdir(parents=True, exist_ok=True)
+    print(f"model {args.model}; system message {len(system)} characters; {args.turns} turns of {args.answer_tokens}-token "
+          f"answers; users {users_levels}; {args.rounds} round(s); logs in {logs}")  # fmt: skip
+
+    variants = [("onelane", lambda users, log: onelane(args.model, users, True, log)),
+                ("mlx_lm.server", lambda users, log: baseline(args.model, log))]  # fmt: skip
+    if not args.skip_uncached:
+        variants.append(("onelane, no cache", lambda users, log: onelane(args.model, users, False, log)))
+    runs: list[Run] = []
+    for rnd in range(args.rounds):
+        order = variants[rnd % len(variants):] + variants[: rnd % len(variants)]
+        for users in users_levels:
+            for name, start in order:
+                with start(users, logs / f"r{rnd}-u{users}-{name.replace(' ', '').replace(',', '')}") as server:
+                    run = conversations(server, users, system, args.turns, args.answer_tokens)
+                runs.append(run)
+                print(f"  round {rnd + 1}, {users} user(s), {name}: wall {run.wall_s:.1f} s, follow-up TTFT p50 "
+                      f"{ms(p50(run.ttfts(False)))}, first {ms(p50(run.ttfts(True)))}"
+                      + (f", errors {run.errors[:2]}" if run.errors else ""), flush=True)  # fmt: skip
+    report(runs, users_levels)
+
+    before, after, handover = restart_check(args.model, system, args.answer_tokens, logs / "restart")
+    print(f"\nafter a restart in good order (SIGTERM to the active worker; the standby answered after {handover:.1f} s):"
+          f" the next turn read {after.cached_tokens} of its {after.prompt_tokens} prompt tokens from the cache "
+          f"(TTFT {ms(after.ttft)}; the turn before the restart: {before.cached_tokens} of {before.prompt_tokens}, "
+          f"TTFT {ms(before.ttft)})")  # fmt: skip
+
+    if not args.skip_independent:
+        rates: dict[bool, list[float]] = {True: [], False: []}
+        for rnd in range(args.rounds * 2):
+            cache = rnd % 2 == 0
+            with onelane(args.model, 1, cache, logs / f"independent-{rnd}") as server:
+                rates[cache].append(independent(server, rnd))
+            print(f"  nothing to hit, round {rnd + 1}, cache {'on' if cache else 'off'}: {rates[cache][-1]:.1f} tok/s",
+                  flush=True)  # fmt: skip
+        on, off = p50(rates[True]), p50(rates[False])
+        print(f"\nnothing to hit ({INDEPENDENT_CLIENTS} clients, every prompt new, {INDEPENDENT_TOKENS} tokens each): "
+              f"cache on {on:.1f} tok/s ({spread(rates[True], '{:.1f}', True)}), off {off:.1f} tok/s "
+              f"({spread(rates[False], '{:.1f}', True)}): {on / off:.3f}x")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
