@@ -3,7 +3,7 @@ prefix cache vs onelane without it vs mlx_lm.server (which reuses its KV cache t
 model folder.
 
     ./dev.sh bench multiturn [--model PATH] [--users 1,4] [--turns 6] [--rounds 2] [--system-chars 6000]
-                             [--answer-tokens 16] [--skip-uncached]
+                             [--answer-tokens 16] [--skip-uncached] [--skip-two-devices] [--skip-independent]
 
 1. Conversations: each of U users (at once) holds a conversation of T turns that opens with the same long system
    message; every request streams (temperature 0, the answer kept to --answer-tokens: onelane `ignore_eos`,
@@ -12,7 +12,9 @@ model folder.
    has one cache for everyone. Every (round, server) starts its server afresh, cold; the order rotates each round.
 2. After a restart: one conversation on onelane, then the active worker gets SIGTERM (a deploy), its supervisor's
    standby takes over, and the next turn is sent: its cached tokens say whether the entries survived.
-3. Nothing to hit: independent prompts (each one new, as no chat is) from 8 closed-loop clients, onelane with the
+3. Two devices: two workers on one Redis (two GPUs, as far as onelane can tell), the most users: the share of
+   follow-up turns that read their history from the cache, with ONELANE_CACHE_AFFINITY_S=2 and with 0.
+4. Nothing to hit: independent prompts (each one new, as no chat is) from 8 closed-loop clients, onelane with the
    cache on, then off, alternating rounds: tokens per second, and the ratio.
 
 Every figure printed is measured in this run; every process started here is stopped before the script returns.
@@ -115,6 +117,38 @@ def onelane(model: str, users: int, cache: bool, log: Path) -> Iterator[Server]:
                              store=store, folder=folder, model=settings.model_name)  # fmt: skip
             finally:
                 store.redis.close()
+
+
+@contextlib.contextmanager
+def two_devices(model: str, users: int, affinity_s: float, log: Path) -> Iterator[Server]:
+    """onelane with two workers on two devices of one Redis (as two GPUs would be), steering by cache or not."""
+    with private_redis() as (folder, url):
+        keys = user_keys(users)
+        settings = Settings(redis_url=url, model=model, var_dir=folder)
+        extra = {**queue_bounds(1000), "ONELANE_API_KEYS": ",".join(f"u{n}:{k}" for n, k in enumerate(keys)),
+                 "ONELANE_CACHE_AFFINITY_S": str(affinity_s), "ONELANE_MAX_TOKENS_LIMIT": "4096"}  # fmt: skip
+        port = free_port()
+        with onelane_worker(settings, log.with_suffix(".a.log"), ONELANE_DEVICE="gpu-a", **extra), \
+                onelane_worker(settings, log.with_suffix(".b.log"), ONELANE_DEVICE="gpu-b", **extra), \
+                onelane_web(settings, port, log.with_suffix(".web.log"), ready="/readyz", **extra):  # fmt: skip
+            store = Store.connect(settings)
+            try:
+                if not poll_until(lambda: len([w for w in store.snapshot().workers if w.models]) == 2, START_S):
+                    raise RuntimeError("the two workers did not both come up")
+                yield Server(f"onelane, 2 devices, steering {'on' if affinity_s else 'off'}", f"http://127.0.0.1:{port}",
+                             keys=keys, store=store, folder=folder, model=settings.model_name)  # fmt: skip
+            finally:
+                store.redis.close()
+
+
+def history_hits(run: Run) -> tuple[int, int]:
+    """Follow-up turns that read more from the cache than the turn before them sent (their history, not only the
+    system message), and all follow-up turns."""
+    by_user: dict[int, list[Turn]] = {}
+    for turn in run.turns:
+        by_user.setdefault(turn.user, []).append(turn)
+    pairs = [(a, b) for turns in by_user.values() for a, b in zip(turns, turns[1:])]
+    return sum(b.cached_tokens > a.prompt_tokens for a, b in pairs), len(pairs)
 
 
 @contextlib.contextmanager
@@ -298,6 +332,7 @@ def main() -> None:
     parser.add_argument("--answer-tokens", type=int, default=16)
     parser.add_argument("--skip-uncached", action="store_true", help="leave out onelane without its cache")
     parser.add_argument("--skip-independent", action="store_true")
+    parser.add_argument("--skip-two-devices", action="store_true")
     args = parser.parse_args()
     users_levels = [int(u) for u in args.users.split(",")]
     system = system_message(args.system_chars)
@@ -328,6 +363,17 @@ def main() -> None:
           f" the next turn read {after.cached_tokens} of its {after.prompt_tokens} prompt tokens from the cache "
           f"(TTFT {ms(after.ttft)}; the turn before the restart: {before.cached_tokens} of {before.prompt_tokens}, "
           f"TTFT {ms(before.ttft)})")  # fmt: skip
+
+    if not args.skip_two_devices:
+        users = max(users_levels)
+        print(f"\ntwo devices, {users} users: does a follow-up go where its history is?")
+        for affinity_s in (2.0, 0.0) * args.rounds:
+            with two_devices(args.model, users, affinity_s, logs / f"two-{affinity_s:g}") as server:
+                run = conversations(server, users, system, args.turns, args.answer_tokens)
+            hit, of = history_hits(run)
+            print(f"  {server.name}: {hit} of {of} follow-ups read their history from the cache ({hit / of:.0%}); "
+                  f"follow-up TTFT p50 {ms(p50(run.ttfts(False)))}, wall {run.wall_s:.1f} s"
+                  + (f", errors {run.errors[:2]}" if run.errors else ""), flush=True)  # fmt: skip
 
     if not args.skip_independent:
         rates: dict[bool, list[float]] = {True: [], False: []}

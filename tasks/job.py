@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
+from collections.abc import Iterable
 from enum import Enum
 from typing import Literal
 
@@ -32,6 +34,24 @@ class Message(BaseModel):
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str
+
+
+def history_prefix(model_key: str, scope: str) -> str:
+    """Where a history's digest starts: the prefix cache's key of its entries (the model as loaded; the owner,
+    or '' when entries are shared)."""
+    return f"{model_key}{HISTORY_SEP}{scope}{HISTORY_SEP}"
+
+
+def history_digest(prefix: str, messages: Iterable[Message]) -> str:
+    """A conversation's history as a follow-up's admission names it (its messages but the last), and as finish.lua
+    names the history a completed chat leaves in its worker's prefix cache (its messages, then its answer): a digest
+    of `history_prefix` and every message's role and content. The two sides must agree byte for byte
+    (tests/test_prefix_cache.py checks it)."""
+    text = prefix + "".join(f"{m.role}\n{m.content}{HISTORY_SEP}" for m in messages)
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+HISTORY_SEP = "\x1e"  # between the parts a history digest is made of
 
 
 class SamplingParams(BaseModel):

@@ -17,6 +17,8 @@ USER_JOBS_PREFIX = NS + "jobs:"  # sorted set: one user's recent job ids by admi
 
 MODEL_QUEUE_PREFIX = NS + "mq:"  # sorted set: one model's waiting job ids, by the same score as QUEUE
 MODEL_PREFIX = NS + "model:"  # hash: a model's load outcome (state, load_s, bytes, error, retry_at, worker)
+AFFINITY_PREFIX = NS + "affinity:"  # string, kept ONELANE_RESULT_TTL: the device whose prefix cache holds a conversation's
+#                                     history (the digest of it a follow-up's admission computes; tasks/job.py)
 ADDRESS_PREFIX = NS + "address:"  # set, in local mode: the browser visitors of one client address with jobs waiting
 #                                   (admit.lua), living as long as the jobs it counts
 
@@ -107,5 +109,5 @@ def prefixes() -> list[str]:
         JOB_PREFIX, OUTPUT_PREFIX, EVENTS_PREFIX, CHANNEL_PREFIX, USER_QUEUE_PREFIX, USER_JOBS_PREFIX,
         QUEUE, WAITING, WATCHED, QUEUE_MOVED, IN_PROGRESS, SERVICE_TIMES, VIRTUAL_TIME, NEXT_TAGS, SEQUENCE,
         DEVICE_PREFIX, DEVICES, STATS, CANCELS, MODEL_QUEUE_PREFIX, MODEL_PREFIX, BLOCKED, MINUTE_PREFIX, FAILURES,
-        str(MINUTE_TTL_S), str(FAILURES_KEPT),
+        AFFINITY_PREFIX, str(MINUTE_TTL_S), str(FAILURES_KEPT),
     ]  # fmt: skip

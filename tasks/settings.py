@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import socket
@@ -52,6 +54,7 @@ ENV_NAMES: dict[str, str] = {
     "openblas": "ONELANE_OPENBLAS",
     "prefix_cache_bytes": "ONELANE_PREFIX_CACHE",
     "prefix_cache_shared": "ONELANE_PREFIX_CACHE_SHARED",
+    "cache_affinity_s": "ONELANE_CACHE_AFFINITY_S",
 }
 
 
@@ -106,6 +109,12 @@ class ModelConfig(BaseModel):
     # KV cache kept per sequence: older tokens rotate out beyond it
     max_kv_size: int | None = Field(None, ge=16, le=10_000_000)
     default: bool = False
+
+    def cache_key(self) -> str:
+        """The model as the prefix cache names it: its name and a digest of how it is loaded, so entries made under
+        other load options (an adapter, a revision, another path) never match."""
+        options = json.dumps({"path": self.path, **self.load_options()}, sort_keys=True, default=str)
+        return f"{self.name}#{hashlib.sha256(options.encode()).hexdigest()[:16]}"
 
     def load_options(self) -> dict[str, Any]:
         """The keyword arguments of mlx_lm.load beside the path."""
@@ -226,6 +235,8 @@ class Settings(BaseModel):
     # the worker's prefix cache (worker/prefix_cache.py): KV states kept for prompts that start the same way; 0: off
     prefix_cache_bytes: int = Field(default_factory=lambda: physical_memory() // 10, ge=0, le=2**50)
     prefix_cache_shared: bool = False  # reuse an entry across owners (else only its owner's later jobs hit it)
+    # a follow-up turn waits at most this long for the device whose prefix cache holds its history (with room)
+    cache_affinity_s: float = Field(2.0, ge=0, le=60)
 
     @model_validator(mode="after")
     def _default_within_limit(self) -> Settings:
@@ -365,6 +376,10 @@ class Settings(BaseModel):
 
     def model_named(self, name: str) -> ModelConfig | None:
         return next((m for m in self.catalog if m.name == name), None)
+
+    def cache_scope(self, owner: str) -> str:
+        """Whose entries of the prefix cache a job of `owner` may read: its owner's, or everyone's when shared."""
+        return "" if self.prefix_cache_shared else owner
 
     def user_named(self, name: str) -> User | None:
         return next((u for u in self.users if u.name == name), None)

@@ -25,7 +25,7 @@ from tasks.broker import Doorbell
 from tasks.connection import connect
 from tasks.errors import JobAlreadyEnded, JobNotFound, LeaseLost, ModelUnavailable, QueueFull, QuotaExceeded
 from tasks.events import Event
-from tasks.job import Job, JobSpec, JobStatus, Timings, error_json
+from tasks.job import Job, JobSpec, JobStatus, Timings, error_json, history_digest, history_prefix
 from tasks.settings import Settings
 
 
@@ -258,11 +258,15 @@ class Store:
         s = self.settings
         grace = s.watch_grace_s if spec.watched else 0
         quota = quota or s.max_queued_per_user
+        config = s.model_named(spec.model)
+        history = ""  # a chat's history so far: a worker whose prefix cache holds it may be preferred
+        if spec.messages and len(spec.messages) > 1 and config is not None:
+            history = history_digest(history_prefix(config.cache_key(), s.cache_scope(spec.owner)), spec.messages[:-1])
         verdict, *rest = self._run(
             "admit", job_id, spec.owner, spec.model_dump_json(), ttl_s, s.result_ttl_s, grace, s.max_queue, quota,
             spec.params.max_tokens, s.max_batch, *_bell(doorbell), spec.model, spec.priority,
             s.cost_of(spec.owner, spec.priority), keys.address_visitors(address) if address else "",
-            VISITORS_PER_ADDRESS,
+            VISITORS_PER_ADDRESS, history,
         )  # fmt: skip
         if verdict == "queue_full":
             raise QueueFull(f"the queue is full ({s.max_queue} jobs waiting); try again later", retry_after_s=rest[0])
@@ -392,7 +396,7 @@ class Store:
         run_life = int(s.job_time_limit_s + s.result_ttl_s)
         loaded = tuple(m.name for m in s.catalog) if loaded is None else loaded
         claimed = self._run("claim", s.result_ttl_s, run_life, s.device, worker, want or "", active,
-                            s.model_switch_wait_s, *loaded)  # fmt: skip
+                            s.model_switch_wait_s, s.cache_affinity_s, *loaded)  # fmt: skip
         if claimed == "lost":
             raise LeaseLost(f"worker {worker} lost the lease of device {self.settings.device}")
         if not claimed:
@@ -454,14 +458,18 @@ class Store:
         completion_tokens: int = 0,
         stop_seen_at: int | None = None,
         cached_tokens: int = 0,
+        kept_as: tuple[str, str] | None = None,
         pipe: Any = None,
     ) -> Any:
-        """End a job `worker` runs; false if it was not running there (it has its one terminal state)."""
+        """End a job `worker` runs; false if it was not running there (it has its one terminal state). `kept_as`:
+        the prefix cache's key (model key, scope) under which the worker kept the job's KV state, so a follow-up of
+        this chat can be steered to this device."""
         err = error_json(*error) if error else ""
         s = self.settings
         seen = "" if stop_seen_at is None else stop_seen_at
+        kept = history_prefix(*kept_as) if kept_as else ""
         args = (status.value, finish_reason or "", err, prompt_tokens, completion_tokens, s.result_ttl_s, worker, seen,
-                cached_tokens)  # fmt: skip
+                cached_tokens, kept)  # fmt: skip
         return self._run("finish", job_id, *args, pipe=pipe)
 
     def hand_back(self, job_id: str, worker: str, why: str = "worker_crashed", shared: bool = False,

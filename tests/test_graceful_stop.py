@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import requests
@@ -163,3 +164,23 @@ def test_ctrl_c_on_onelane_up_while_someone_follows_hands_the_job_back(settings,
     finally:
         store.redis.close()
         subprocess.run(["pkill", "-f", str(var / "redis")], check=False)  # whatever failed, no Redis left behind
+
+
+def test_a_worker_whose_supervisor_died_stops_rather_than_hold_the_device(store, worker_process):
+    service = worker_process(**DRAIN)
+    active = wait_for_worker(store).pid
+    service.send_signal(signal.SIGKILL)  # the supervisor alone (the OOM killer, say): its workers are orphaned
+    service.wait()
+
+    deadline = time.monotonic() + 30
+    while running(active):
+        assert time.monotonic() < deadline, "the orphaned worker is still running"
+        time.sleep(0.1)  # a poll: nothing announces another process's exit
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return "zombie" not in status.read().lower()
+    except FileNotFoundError:
+        return False

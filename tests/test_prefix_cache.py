@@ -145,12 +145,11 @@ def test_an_entry_never_crosses_models(settings, demo_model, tmp_path, make_app,
 
 
 def test_the_same_name_loaded_with_other_options_is_another_model(demo_model):
-    from worker.prefix_cache import model_key
-
-    plain = ModelConfig(name="m", path=str(demo_model))
-    assert model_key(plain) == model_key(ModelConfig(name="m", path=str(demo_model)))
-    assert model_key(plain) != model_key(ModelConfig(name="m", path=str(demo_model), adapter_path="/adapters/a"))
-    assert model_key(plain) != model_key(ModelConfig(name="m", path=str(demo_model), revision="v2"))
+    plain = ModelConfig(name="m", path=str(demo_model)).cache_key()
+    assert plain == ModelConfig(name="m", path=str(demo_model)).cache_key()
+    assert plain != ModelConfig(name="m", path=str(demo_model), adapter_path="/adapters/a").cache_key()
+    assert plain != ModelConfig(name="m", path=str(demo_model), revision="v2").cache_key()
+    assert plain != ModelConfig(name="m", path=str(demo_model), model_config={"rope_theta": 1e4}).cache_key()
 
 
 def test_a_restart_in_good_order_keeps_the_entries_and_a_crash_loses_them_harmlessly(jobs, store, start_worker):
@@ -189,3 +188,59 @@ def test_cached_tokens_are_reported_as_openai_does_and_counted_in_metrics(live_s
                                             stream_options={"include_usage": True})  # fmt: skip
     usage = [chunk.usage for chunk in stream if chunk.usage][-1]
     assert usage.prompt_tokens_details.cached_tokens > 0.8 * usage.prompt_tokens
+
+
+def conversation_on_two_devices(jobs: JobsClient, store, turns: int, question: str) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    messages = [{"role": "system", "content": SYSTEM}]
+    done = []
+    for n in range(turns):
+        messages.append({"role": "user", "content": f"{question} ({n})"})
+        done.append(ask(jobs, store, messages, **GREEDY))
+        messages.append({"role": "assistant", "content": done[-1]["output"]})
+    return done
+
+
+@pytest.mark.parametrize("affinity_s", ["2", "0"], ids=["steered", "not steered"])
+def test_with_two_devices_a_follow_up_goes_to_the_one_that_holds_its_history(affinity_s, jobs, store, worker_process):
+    from tasks import keys
+    from tasks.job import Message, history_digest, history_prefix
+
+    for device in ("gpu-a", "gpu-b"):
+        worker_process(supervise=False, ONELANE_DEVICE=device, ONELANE_MAX_BATCH="4", ONELANE_CACHE_AFFINITY_S=affinity_s)
+    chats = [conversation_on_two_devices(jobs, store, 3, q) for q in ("Où est la file d’attente ?", "Why a queue?")]
+
+    devices = [[store.redis.hget(keys.job(turn["id"]), "device") for turn in chat] for chat in chats]
+    assert {d for chat in devices for d in chat} <= {"gpu-a", "gpu-b"}
+    # a follow-up hit its history when it read more than the turn before it sent (not only the system message,
+    # which every conversation of this owner shares)
+    hits = [n["usage"]["cached_tokens"] > before["usage"]["prompt_tokens"]
+            for chat in chats for before, n in zip(chat, chat[1:])]  # fmt: skip
+    print(f"affinity {affinity_s} s: {sum(hits)} of {len(hits)} follow-ups hit their history; devices {devices}")
+    if affinity_s != "0":
+        assert all(len(set(chat)) == 1 for chat in devices)  # each conversation stayed where its history is
+        assert all(hits)
+        # the history a completed turn left is named, byte for byte, as its follow-up's admission names it
+        last = chats[0][-1]
+        history = [Message(**m) for m in (*last["messages"], {"role": "assistant", "content": last["output"]})]
+        prefix = history_prefix(store.settings.catalog[0].cache_key(), "local")
+        assert store.redis.get(keys.AFFINITY_PREFIX + history_digest(prefix, history)) == devices[0][-1]
+
+
+@pytest.mark.parametrize("cached", [0, 3990], ids=["read in full", "mostly cached"])
+def test_a_running_jobs_estimate_counts_only_the_prefill_still_to_do(cached, store):
+    """Before its first token, a running job frees its slot once what of its prompt is not cached is prefilled and
+    its tokens are generated, at the device's measured rates: the next job's ETA says so."""
+    from tasks import keys
+    from tasks.job import JobSpec, SamplingParams
+
+    store.redis.hset(keys.STATS, mapping={"prefill_tokens": 1000, "prefill_seconds": 1.0,  # 1,000 tokens/s
+                                          "batch_steps": 100, "decode_seconds": 1.0})  # 10 ms a step  # fmt: skip
+    store.redis.lpush(keys.SERVICE_TIMES, 5.0)  # a job was timed: estimates are given
+    spec = JobSpec(owner="a", model=store.settings.model_name, prompt="p", params=SamplingParams(max_tokens=10))
+    store.admit("job_long", spec, 60)
+    assert store.take_device("w") == "ok" and store.claim_now("w").id == "job_long"
+    store.append("job_long", 0, "", 4000, "w", cached_tokens=cached)  # as the worker does when it joins the batch
+
+    behind = store.admit("job_next", spec.model_copy(update={"owner": "b"}), 60)
+    expected = (4000 - cached) / 1000 + 10 * 0.01
+    assert behind.position == 1 and behind.eta_s == pytest.approx(expected, abs=0.05)

@@ -27,7 +27,7 @@ from tasks import keys
 from tasks.broker import QUEUE_NAME, make_broker
 from tasks.errors import SettingsError
 from tasks.housekeeping import Housekeeper
-from tasks.settings import LOG_FORMAT, Settings
+from tasks.settings import LOG_FORMAT, Settings, physical_memory
 from tasks.store import BatchReport, Store
 from worker import actors
 from worker.blas import preload_openblas
@@ -106,9 +106,7 @@ class GpuWorker:
             self._load_prefix_cache()
         self._renew(self._report())  # tell the batch's size and the models at once (for ETAs)
         if engine is not None:
-            logger.info("batch of up to %d jobs; KV budget %d tokens (%.0f MiB for %s); prefill %d tokens a step",
-                        engine.max_batch, s.kv_budget_tokens, s.kv_budget_tokens * engine.kv_bytes_per_token / 2**20,
-                        s.model_name, s.prefill_step)  # fmt: skip
+            self._log_memory(engine)
         self._threads[1].start()
         self.housekeeper.round()  # recover what a dead worker left before the first claim
         self.housekeeper.start()
@@ -135,6 +133,20 @@ class GpuWorker:
                 self.store.release_device(self.id)
             except redis.RedisError as exc:  # the lease lapses by itself
                 logger.warning("could not free device %s: %s", self.settings.device, exc)
+
+    def _log_memory(self, engine: Engine) -> None:
+        """The worker's memory, in its three bounded parts: weights, the batch's KV cache, the prefix cache."""
+        s = self.settings
+        batch_kv = s.kv_budget_tokens * engine.kv_bytes_per_token
+        logger.info("batch of up to %d jobs; prefill %d tokens a step; memory: weights at most %.0f MiB, the batch's "
+                    "KV cache at most %d tokens = %.0f MiB (%s: %.1f KiB a token), the prefix cache at most %.0f MiB",
+                    engine.max_batch, s.prefill_step, s.models_memory / 2**20, s.kv_budget_tokens, batch_kv / 2**20,
+                    s.model_name, engine.kv_bytes_per_token / 1024, s.prefix_cache_bytes / 2**20)  # fmt: skip
+        total = s.models_memory + batch_kv + s.prefix_cache_bytes
+        if total > physical_memory():
+            logger.warning("weights, batch KV cache and prefix cache may come to %.0f MiB, more than this machine's "
+                           "%.0f MiB: lower ONELANE_MODELS_MEMORY, ONELANE_KV_BUDGET or ONELANE_PREFIX_CACHE",
+                           total / 2**20, physical_memory() / 2**20)  # fmt: skip
 
     @property
     def _prefix_folder(self) -> Path:
@@ -262,6 +274,9 @@ def run(settings: Settings, supervised: bool = False) -> None:
     worker = GpuWorker(settings)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: worker.stopping.set())
+    parent = os.getppid()
+    if supervised:  # a worker whose supervisor is gone (killed, say) stops rather than hold the device for nobody
+        threading.Thread(target=_orphan_watch, args=(worker, parent), name="orphan-watch", daemon=True).start()
     if worker.start():
         logger.info("worker ready in %.2f s", time.perf_counter() - started)
         # Python runs a signal's handler in the main thread, and a signal that lands on another thread (the runner's,
@@ -271,6 +286,13 @@ def run(settings: Settings, supervised: bool = False) -> None:
     logger.info("worker stopping: its batch has %g s to end", settings.drain_s)
     worker.stop(release=not supervised)
     logger.info("worker stopped")
+
+
+def _orphan_watch(worker: GpuWorker, parent: int) -> None:
+    while not worker.stopping.wait(1.0):
+        if os.getppid() != parent:
+            logger.warning("worker: its supervisor (pid %d) is gone; stopping", parent)
+            worker.stopping.set()
 
 
 SUPERVISED = "--supervised"  # the flag the supervisor starts its workers with

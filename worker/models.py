@@ -21,7 +21,7 @@ from mlx.utils import tree_flatten
 from tasks.settings import ModelConfig, Settings
 from tasks.store import Store
 from worker.engine import Counters, Engine
-from worker.prefix_cache import PrefixCache, model_key
+from worker.prefix_cache import PrefixCache
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class ModelPool:
                  on_change: Callable[[], None] = lambda: None) -> None:  # fmt: skip
         self.store = store
         s = store.settings
-        self.prefix = PrefixCache(s.prefix_cache_bytes, shared=s.prefix_cache_shared)  # of every model's KV states
+        self.prefix = PrefixCache(s.prefix_cache_bytes)  # of every model's KV states
         self.on_change = on_change  # told when a model loaded or left (the worker reports it in its lease)
         self.settings: Settings = store.settings
         self.worker_id = worker_id
@@ -65,11 +65,11 @@ class ModelPool:
     def key(self, name: str) -> str:
         """The prefix cache's name for a served model as it is loaded (its load options included)."""
         config = self.settings.model_named(name)
-        return model_key(config) if config is not None else name
+        return config.cache_key() if config is not None else name
 
     def served_keys(self) -> dict[str, str]:
         """Every served model's prefix-cache name, by model name."""
-        return {m.name: model_key(m) for m in self.settings.catalog}
+        return {m.name: m.cache_key() for m in self.settings.catalog}
 
     def get(self, name: str) -> Engine | None:
         """The engine of a loaded model, now the most recently used."""

@@ -46,6 +46,7 @@ class Ending:
     completion_tokens: int = 0
     stop_seen_at: int | None = None
     cached_tokens: int = 0  # of the prompt's: read from the prefix cache, not prefilled
+    kept_as: tuple[str, str] | None = None  # the prefix cache's key its KV state was kept under, if it was
 
 
 @dataclass(frozen=True)
@@ -258,7 +259,7 @@ class OutputWriter:
             self.store.finish(
                 op.job_id, op.status, self.worker_id, finish_reason=op.finish_reason, error=op.error,
                 prompt_tokens=op.prompt_tokens, completion_tokens=op.completion_tokens, stop_seen_at=op.stop_seen_at,
-                cached_tokens=op.cached_tokens, pipe=pipe,
+                cached_tokens=op.cached_tokens, kept_as=op.kept_as, pipe=pipe,
             )  # fmt: skip
         elif isinstance(op, _HandBack):
             self.store.hand_back(op.job_id, self.worker_id, op.why, op.shared, pipe=pipe)

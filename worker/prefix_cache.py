@@ -21,7 +21,6 @@ short (cancelled, failed, over time, handed back) leaves none, so no later job t
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -34,21 +33,11 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, load_prompt_cache, save_prompt_cache
 
-from tasks.settings import ModelConfig
-
 logger = logging.getLogger(__name__)
 
 MIN_HIT_TOKENS = 32  # a shorter cached prefix is not worth copying an entry for: it is prefilled like the rest
 MAX_ENTRIES = 1 << 20  # entries are bounded by bytes; a count bound only keeps the trie's bookkeeping sane
-SHARED = ""  # the scope of an entry any owner may reuse (ONELANE_PREFIX_CACHE_SHARED)
 INDEX = "index.json"
-
-
-def model_key(config: ModelConfig) -> str:
-    """A served model and how it was loaded: entries made under other load options (an adapter, a revision, a
-    changed path) never match."""
-    options = json.dumps({"path": config.path, **config.load_options()}, sort_keys=True, default=str)
-    return f"{config.name}#{hashlib.sha256(options.encode()).hexdigest()[:16]}"
 
 
 @dataclass(frozen=True)
@@ -69,11 +58,11 @@ class CacheCounters:
 
 
 class PrefixCache:
-    """KV states by (model key, scope) and token sequence, at most `max_bytes` of them (0: no cache)."""
+    """KV states by key (the model as loaded: ModelConfig.cache_key; the owner, or '' when shared:
+    Settings.cache_scope) and token sequence, at most `max_bytes` of them (0: no cache)."""
 
-    def __init__(self, max_bytes: int, shared: bool = False) -> None:
+    def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self.shared = shared
         self.counters = CacheCounters()
         self._lru = LRUPromptCache(max_size=MAX_ENTRIES, max_bytes=max(max_bytes, 0))
 
@@ -87,9 +76,6 @@ class PrefixCache:
 
     def __len__(self) -> int:
         return len(self._lru)
-
-    def scope(self, model: str, owner: str) -> tuple[str, str]:
-        return model, SHARED if self.shared else owner
 
     def fetch(self, key: tuple[str, str], tokens: list[int]) -> Hit:
         """The longest cached prefix of `tokens` under `key`, as a cache of its own; at least one token is left to
@@ -123,16 +109,17 @@ class PrefixCache:
         self.counters.cached_tokens += cached
         return Hit(cache, cached)
 
-    def insert(self, key: tuple[str, str], tokens: list[int], cache: list[Any]) -> None:
+    def insert(self, key: tuple[str, str], tokens: list[int], cache: list[Any]) -> bool:
         """Keep a finished sequence's KV state (`cache` holds exactly `tokens`), evicting the least recently used
-        entries past the byte cap. An entry bigger than the whole cap is not kept."""
+        entries past the byte cap; whether it was kept (an entry bigger than the whole cap is not)."""
         if not self.enabled or not tokens:
-            return
+            return False
         # made now, not when first read: a lazy slice would keep the whole batch's buffers alive
         mx.eval([leaf for c in cache for _, leaf in tree_flatten(c.state) if isinstance(leaf, mx.array)])
         if sum(c.nbytes for c in cache) > self.max_bytes:
-            return
+            return False
         self._lru.insert_cache(key, list(tokens), cache)
+        return True
 
     def drop(self, model: str) -> None:
         """Forget a model's entries (it was evicted: its KV states are of no use without it)."""

@@ -211,7 +211,7 @@ class Runner:
             return
         assert self.engine is not None
         limit_s = self.store.settings.job_time_limit_s
-        key = self.models.prefix.scope(self.models.key(job.spec.model), job.owner)
+        key = (self.models.key(job.spec.model), self.store.settings.cache_scope(job.owner))
         hit = self.models.prefix.fetch(key, head.tokens)
         uid = self.engine.insert(head.tokens, _sampling(job), hit.cache, hit.tokens)
         self.batch.add(Running(job, uid, len(head.tokens), head.cost, time.monotonic() + limit_s,
@@ -220,6 +220,8 @@ class Runner:
         if hit.tokens:
             logger.info("job %s: %d of its %d prompt tokens from the prefix cache", job.id, hit.tokens, len(head.tokens))
         self.writer.begin(job.id)
+        # its prompt and what of it is cached, recorded at once: estimates count only the prefill still to do
+        self.writer.put_many([self.batch.by_uid[uid].text("", n_tokens=0)])
 
     def _activate(self, model: str) -> None:
         """The batch's model is its first job's."""
@@ -311,11 +313,12 @@ class Runner:
         status = JobStatus.FAILED if error else JobStatus.CANCELLED if reason == "cancelled" else JobStatus.COMPLETED
         if in_engine:
             kv = self.engine.remove([r.uid], keep=status is JobStatus.COMPLETED).get(r.uid)
-        if kv is not None and status is JobStatus.COMPLETED:
-            self.models.prefix.insert(r.cache_key, kv.tokens, kv.cache)
+        kept = kv is not None and status is JobStatus.COMPLETED and self.models.prefix.insert(r.cache_key, kv.tokens,
+                                                                                               kv.cache)  # fmt: skip
         self.batch.drop(r)
         self._look = True
-        self.writer.end(Ending(r.job.id, status, reason, error, r.prompt_tokens, r.tokens, r.stop_seen_at, r.cached))
+        self.writer.end(Ending(r.job.id, status, reason, error, r.prompt_tokens, r.tokens, r.stop_seen_at, r.cached,
+                               kept_as=r.cache_key if kept else None))  # fmt: skip
         logger.info("job %s: %s (%s, %d tokens)", r.job.id, status.value, reason or error and error[0], r.tokens)
 
     def _hand_back_all(self, why: str) -> None:

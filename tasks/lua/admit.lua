@@ -15,7 +15,8 @@
 -- queue wakes as this script ends.
 -- ARGV: id, owner, spec_json, ttl_s, result_ttl_s, watch_grace_s, max_queue, max_per_user (0: no bound),
 --       max_tokens, slots, message queue key, message hash key, message id, message ('' for no message),
---       model, class ('interactive' | 'batch'), cost, visitors key ('' for none), max_visitors
+--       model, class ('interactive' | 'batch'), cost, visitors key ('' for none), max_visitors, history (the
+--       digest of a chat's messages but the last, '' for none: a device whose prefix cache holds it is preferred)
 -- -> {'ok', queued_at, deadline, position, seconds its model takes to load, the estimate (see position.lua)}
 --    or {'queue_full' | 'quota_exceeded' | 'address_quota' | 'address_visitors', retry_after_s}
 --    or {'model_unavailable', retry_after_s, why}
@@ -25,7 +26,7 @@ local max_queue, max_per_user, max_tokens = tonumber(ARGV[A + 7]), tonumber(ARGV
 local slots = tonumber(ARGV[A + 10])
 local bell_queue, bell_messages, bell_id, bell = ARGV[A + 11], ARGV[A + 12], ARGV[A + 13], ARGV[A + 14]
 local model, class, cost = ARGV[A + 15], ARGV[A + 16], tonumber(ARGV[A + 17])
-local visitors, max_visitors = ARGV[A + 18], tonumber(ARGV[A + 19])
+local visitors, max_visitors, history = ARGV[A + 18], tonumber(ARGV[A + 19]), ARGV[A + 20]
 local t = now()
 local q = UQ .. owner
 
@@ -85,6 +86,7 @@ redis.call('HSET', jkey, 'spec', spec, 'owner', owner, 'status', 'queued', 'queu
   'deadline', fmt(deadline), 'attempts', 0, 'prompt_tokens', 0, 'completion_tokens', 0, 'tag', tag, 'score', score,
   'max_tokens', max_tokens, 'model', model, 'class', class, 'cost', cost)
 if grace > 0 then redis.call('HSET', jkey, 'watched', grace) end
+if history ~= '' then redis.call('HSET', jkey, 'history', history) end
 redis.call('EXPIRE', jkey, life)
 redis.call('ZADD', TAGS, tag, flow)
 enqueue(id, owner, model, score, deadline, grace, t, life)

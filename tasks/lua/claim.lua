@@ -9,14 +9,17 @@
 -- A worker with a KV budget must know a job's size before it starts it, so the next job is started only if it is
 -- the job the worker names (`want`, which it measured, or '*': any job, as into an empty batch); any other is
 -- returned as it is, unclaimed.
+-- A chat whose history another live device's prefix cache holds (finish.lua names it), while that device has room
+-- in its batch, is left to it for up to `affinity_s` after its admission: this worker takes the next job it may
+-- run instead (a job of another owner, as when a head is passed over for its model), or none.
 -- ARGV: result_ttl_s, run_life_s, device, worker_id, want ('' for none), active (the model the batch runs; '' when
---       the batch is empty), switch_wait_s, the models the worker has loaded...
+--       the batch is empty), switch_wait_s, affinity_s, the models the worker has loaded...
 -- -> {'started' | 'next', id, the job's fields as HGETALL gives them, jobs still waiting after it},
 --    {'switch' | 'load', head id, its model}, false when nothing waits, or 'lost' without the lease
 local result_ttl, run_life, device, worker = tonumber(ARGV[A + 1]), tonumber(ARGV[A + 2]), ARGV[A + 3], ARGV[A + 4]
-local want, active, switch_wait = ARGV[A + 5], ARGV[A + 6], tonumber(ARGV[A + 7])
+local want, active, switch_wait, affinity_s = ARGV[A + 5], ARGV[A + 6], tonumber(ARGV[A + 7]), tonumber(ARGV[A + 8])
 local loaded = {}
-for i = A + 8, #ARGV do loaded[ARGV[i]] = true end
+for i = A + 9, #ARGV do loaded[ARGV[i]] = true end
 if redis.call('HGET', DEVICE .. device, 'worker') ~= worker then return 'lost' end
 local t = now()
 
@@ -55,6 +58,33 @@ local function may_pass(head)
   return t - tonumber(b[2]) < switch_wait
 end
 
+-- Whether a waiting job is left, for now, to the device whose prefix cache holds its history.
+local function elsewhere(id)
+  if affinity_s <= 0 then return false end
+  local f = redis.call('HMGET', JOB .. id, 'history', 'queued_at')
+  if not f[1] or t - tonumber(f[2]) >= affinity_s then return false end
+  local there = redis.call('GET', AFFINITY .. f[1])
+  if not there or there == device then return false end
+  local d = redis.call('HMGET', DEVICE .. there, 'worker', 'batch', 'slots')
+  return d[1] ~= false and (tonumber(d[2]) or 0) < (tonumber(d[3]) or 0)
+end
+
+-- The first job after `skip` in the fair order that this worker may run now: waiting, in time, of a model it
+-- runs, and not left to another device (a bounded look).
+local function next_for_me(skip)
+  for _, id in ipairs(redis.call('ZRANGE', QUEUE, 0, 63)) do
+    if id ~= skip then
+      local f = redis.call('HMGET', JOB .. id, 'status', 'deadline', 'model', 'watched')
+      local mine = (active ~= '' and f[3] == active) or (active == '' and loaded[f[3]])
+      local watched = f[4] and tonumber(redis.call('ZSCORE', WATCHED, id) or '0') > t
+      if f[1] == 'queued' and t < tonumber(f[2]) and mine and (watched or not f[4]) and not elsewhere(id) then
+        return id
+      end
+    end
+  end
+  return nil
+end
+
 local head, model = first_live(QUEUE)
 if not head then return false end
 local pick = head
@@ -72,6 +102,11 @@ if (active ~= '' and model ~= active) or (active == '' and not loaded[model]) th
     end
   end
   if not pick then return {active ~= '' and 'switch' or 'load', head, model} end
+end
+if elsewhere(pick) then
+  stat('affinity_passes')
+  pick = next_for_me(pick)
+  if not pick then return false end
 end
 if pick == want or want == '*' then
   if pick ~= head then stat('passed_head') end

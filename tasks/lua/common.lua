@@ -1,7 +1,8 @@
 -- Shared by every onelane script (store.py prepends it, after NAMES: the key names and prefixes of
 -- tasks/keys.py, in the order of keys.prefixes(), written into the script so no call has to send them).
 local JOB, OUT, EV, CH, UQ, UJ, QUEUE, WAITING, WATCHED, MOVED, IN_PROGRESS, SERVICE_TIMES, VTIME, TAGS, SEQ,
-  DEVICE, DEVICES, STATS, CANCELS, MQ, MODEL, BLOCKED, MINUTE, FAILURES, MINUTE_TTL, FAILURES_KEPT = unpack(NAMES)
+  DEVICE, DEVICES, STATS, CANCELS, MQ, MODEL, BLOCKED, MINUTE, FAILURES, AFFINITY, MINUTE_TTL,
+  FAILURES_KEPT = unpack(NAMES)
 MINUTE_TTL, FAILURES_KEPT = tonumber(MINUTE_TTL), tonumber(FAILURES_KEPT)
 local A = 0 -- the script's own arguments start at ARGV[A + 1]
 local TIE = 1048576 -- queue score = finish tag (in thousandths of a turn) * TIE + admission counter (mod TIE)
@@ -109,8 +110,10 @@ end
 -- slot frees, in seconds from now, soonest first (0: free now). The slots are those the live workers report in
 -- their leases; with no worker alive, the caller's `slots` (its ONELANE_MAX_BATCH). A running job frees its slot
 -- once its remaining max_tokens are generated at its own rate (an upper bound: EOS may come first); before its
--- first token, when the mean service time is up. Until a job has been timed, the oldest running job's age stands
--- in for the mean (it took this long; assume as long again). Returns mean, {free in s...}, jobs timed.
+-- first token, once the part of its prompt not read from the prefix cache is prefilled and its max_tokens
+-- generated, at the device's measured prefill and step rates (failing those, when the mean service time is up).
+-- Until a job has been timed, the oldest running job's age stands in for the mean (it took this long; assume as long
+-- again). Returns mean, {free in s...}, jobs timed.
 local function service_estimate(t, slots)
   local reported = 0 -- the slots live workers report (each lease holds its worker's batch size)
   for _, device in ipairs(redis.call('SMEMBERS', DEVICES)) do
@@ -127,13 +130,21 @@ local function service_estimate(t, slots)
   elseif #running > 0 then
     mean = math.max(1.0, t - tonumber(running[2]))
   end
+  local s = redis.call('HMGET', STATS, 'prefill_tokens', 'prefill_seconds', 'batch_steps', 'decode_seconds')
+  local prefill_rate = (tonumber(s[2]) or 0) > 0 and (tonumber(s[1]) or 0) / tonumber(s[2]) or 0
+  local step_s = (tonumber(s[3]) or 0) > 0 and (tonumber(s[4]) or 0) / tonumber(s[3]) or 0
   local free = {}
   for i = 1, #running, 2 do
-    local f = redis.call('HMGET', JOB .. running[i], 'max_tokens', 'completion_tokens', 'first_token_at')
+    local f = redis.call('HMGET', JOB .. running[i], 'max_tokens', 'completion_tokens', 'first_token_at',
+      'prompt_tokens', 'cached_tokens')
     local max, done, first = tonumber(f[1] or ''), tonumber(f[2] or '0'), tonumber(f[3] or '')
+    local prompt, cached = tonumber(f[4] or '0') or 0, tonumber(f[5] or '0') or 0
     local left = mean
     if first and done > 0 and max then
       left = math.max(0, max - done) * (t - first) / done
+    elseif prompt > 0 and max and prefill_rate > 0 and step_s > 0 then
+      local since = t - tonumber(running[i + 1])
+      left = math.max(0, (prompt - cached) / prefill_rate - since) + max * step_s
     elseif #times > 0 then
       left = math.max(0, mean - (t - tonumber(running[i + 1])))
     end

@@ -3,7 +3,10 @@
 -- someone asked (cancel.lua): a worker that merely lost track of it (say, Redis was away) must not invent that.
 -- Ending it again as it ended is harmless (a retried write whose first reply was lost).
 -- ARGV: id, status, finish_reason, error_json, prompt_tokens, completion_tokens, result_ttl_s, worker_id,
---       stop_seen_at (tokens generated when the worker heard it must stop; '' if it did not), cached_tokens
+--       stop_seen_at (tokens generated when the worker heard it must stop; '' if it did not), cached_tokens,
+--       kept ('' or, when the worker's prefix cache kept the job's KV state: history_prefix in tasks/job.py)
+-- A chat whose KV state was kept names its history (its messages, then its answer) after its device, as
+-- history_digest in tasks/job.py does, so that its follow-up (which resends that history) is steered there.
 -- -> 1 if ended (now or before, so), 0 if it was not running here, -1 if nobody asked to cancel it
 local id, status, reason, err = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3], ARGV[A + 4]
 local prompt_tokens, completion_tokens, result_ttl = ARGV[A + 5], ARGV[A + 6], tonumber(ARGV[A + 7])
@@ -28,6 +31,15 @@ local model = redis.call('HGET', jkey, 'model')
 if model then -- per model, for /metrics
   stat('model_tokens:' .. model, tonumber(completion_tokens))
   stat('model_finished:' .. model .. ':' .. status)
+end
+if ARGV[A + 11] and ARGV[A + 11] ~= '' then
+  local spec = cjson.decode(redis.call('HGET', jkey, 'spec'))
+  if type(spec.messages) == 'table' then
+    local parts = {ARGV[A + 11]}
+    for _, m in ipairs(spec.messages) do parts[#parts + 1] = m.role .. '\n' .. m.content .. '\30' end
+    parts[#parts + 1] = 'assistant\n' .. (redis.call('GET', OUT .. id) or '') .. '\30'
+    redis.call('SET', AFFINITY .. redis.sha1hex(table.concat(parts)), redis.call('HGET', jkey, 'device'), 'EX', result_ttl)
+  end
 end
 finish(id, status, reason, err, result_ttl, t)
 return 1
