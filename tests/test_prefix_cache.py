@@ -4,6 +4,7 @@ none; a restart in good order keeps them."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -188,6 +189,22 @@ def test_cached_tokens_are_reported_as_openai_does_and_counted_in_metrics(live_s
                                             stream_options={"include_usage": True})  # fmt: skip
     usage = [chunk.usage for chunk in stream if chunk.usage][-1]
     assert usage.prompt_tokens_details.cached_tokens > 0.8 * usage.prompt_tokens
+
+    # the worker reports its cache with its next lease renewal: /metrics and the dashboard count the hits
+    import requests
+
+    def counted() -> dict[str, float]:
+        lines = requests.get(f"{live_server}/metrics", timeout=5).text.splitlines()
+        return {line.split()[0]: float(line.split()[1]) for line in lines if line.startswith("onelane_prefix_cache")}
+
+    deadline = time.monotonic() + 10
+    while (metrics := counted()).get("onelane_prefix_cache_hits_total", 0) < 2:
+        assert time.monotonic() < deadline, metrics
+        time.sleep(0.2)  # a poll: the report rides on the lease's renewal, every ONELANE_LEASE_S / 3
+    assert metrics["onelane_prefix_cache_lookups_total"] == 3 and metrics["onelane_prefix_cache_tokens_total"] > 0
+    assert metrics[f'onelane_prefix_cache_entries{{device="{store.settings.device}"}}'] >= 1
+    board = requests.get(f"{live_server}/queue.json", timeout=5).json()["prefix_cache"]
+    assert (board["lookups"], board["hits"], board["hit_rate"]) == (3, 2, round(2 / 3, 3))
 
 
 def conversation_on_two_devices(jobs: JobsClient, store, turns: int, question: str) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]

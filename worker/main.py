@@ -40,7 +40,8 @@ logger = logging.getLogger(__name__)
 
 TAKEOVER_POLL_S = 0.1  # how often a standby worker tries to take a free device
 SIGNAL_CHECK_S = 0.1  # how soon the main thread runs a signal's handler that another thread received
-IDLE_WAIT_MS = 2000  # an idle consumer blocks this long on its wake-up list before looking again
+IDLE_WAIT_MS = 500  # an idle consumer blocks this long on its wake-up list before looking again (and a stopping
+#                    worker's threads notice within it)
 
 
 def ensure_model(settings: Settings) -> str:
