@@ -168,19 +168,25 @@ def test_ctrl_c_on_onelane_up_while_someone_follows_hands_the_job_back(settings,
 
 def test_a_worker_whose_supervisor_died_stops_rather_than_hold_the_device(store, worker_process):
     service = worker_process(**DRAIN)
-    active = wait_for_worker(store).pid
+    wait_for_worker(store)
     service.send_signal(signal.SIGKILL)  # the supervisor alone (the OOM killer, say): its workers are orphaned
     service.wait()
 
     deadline = time.monotonic() + 30
-    while running(active):
-        assert time.monotonic() < deadline, "the orphaned worker is still running"
+    while members := group(service.pid):  # the active worker and the standby
+        assert time.monotonic() < deadline, f"orphaned workers still running: {members}"
         time.sleep(0.1)  # a poll: nothing announces another process's exit
+    assert store.snapshot().workers == []  # and the last one freed the device
 
 
-def running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return "zombie" not in status.read().lower()
-    except FileNotFoundError:
-        return False
+def group(pgid: int) -> list[int]:
+    """The live processes of a process group (zombies left out)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found

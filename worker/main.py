@@ -269,15 +269,16 @@ class GpuWorker:
                 self.down.wait(1.0)
 
 
-def run(settings: Settings, supervised: bool = False) -> None:
-    """Run one worker until SIGINT or SIGTERM, then stop in good order (see GpuWorker.stop)."""
+def run(settings: Settings, supervisor: int | None = None) -> None:
+    """Run one worker until SIGINT or SIGTERM, then stop in good order (see GpuWorker.stop). `supervisor`: the pid of
+    the supervisor that started this process: should it be gone (killed, say), the worker stops rather than hold the
+    device for nobody, and frees the device itself."""
     started = time.perf_counter()
     worker = GpuWorker(settings)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: worker.stopping.set())
-    parent = os.getppid()
-    if supervised:  # a worker whose supervisor is gone (killed, say) stops rather than hold the device for nobody
-        threading.Thread(target=_orphan_watch, args=(worker, parent), name="orphan-watch", daemon=True).start()
+    if supervisor is not None:
+        threading.Thread(target=_orphan_watch, args=(worker, supervisor), name="orphan-watch", daemon=True).start()
     if worker.start():
         logger.info("worker ready in %.2f s", time.perf_counter() - started)
         # Python runs a signal's handler in the main thread, and a signal that lands on another thread (the runner's,
@@ -285,30 +286,34 @@ def run(settings: Settings, supervised: bool = False) -> None:
         while not worker.stopping.wait(SIGNAL_CHECK_S):
             pass
     logger.info("worker stopping: its batch has %g s to end", settings.drain_s)
-    worker.stop(release=not supervised)
+    worker.stop(release=supervisor is None or os.getppid() != supervisor)
     logger.info("worker stopped")
 
 
-def _orphan_watch(worker: GpuWorker, parent: int) -> None:
-    while not worker.stopping.wait(1.0):
-        if os.getppid() != parent:
-            logger.warning("worker: its supervisor (pid %d) is gone; stopping", parent)
+def _orphan_watch(worker: GpuWorker, supervisor: int) -> None:
+    while True:
+        if os.getppid() != supervisor:
+            logger.warning("worker: its supervisor (pid %d) is gone; stopping", supervisor)
             worker.stopping.set()
+        if worker.stopping.wait(ORPHAN_CHECK_S):
+            return
 
 
-SUPERVISED = "--supervised"  # the flag the supervisor starts its workers with
+SUPERVISOR_FLAG = "--supervisor"  # `--supervisor PID`: how the supervisor starts its workers
+ORPHAN_CHECK_S = 0.5
 
 
 def main() -> None:
-    """`python -m worker.main [--supervised]`, one worker process as the supervisor starts it: its settings from
-    the environment."""
+    """`python -m worker.main [--supervisor PID]`, one worker process alone or as a supervisor starts it: its
+    settings from the environment."""
     try:
         settings = Settings.from_env()
     except SettingsError as exc:
         sys.exit(f"Error: {exc.message}")
     preload_openblas()
     logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
-    run(settings, supervised=SUPERVISED in sys.argv[1:])
+    args = sys.argv[1:]
+    run(settings, supervisor=int(args[args.index(SUPERVISOR_FLAG) + 1]) if SUPERVISOR_FLAG in args else None)
 
 
 if __name__ == "__main__":

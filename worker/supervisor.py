@@ -36,7 +36,7 @@ class Supervisor:
         self, settings: Settings, command: list[str] | None = None, env: dict[str, str] | None = None
     ) -> None:
         self.settings = settings
-        self.command = command or [sys.executable, "-m", "worker.main", "--supervised"]
+        self.command = command or [sys.executable, "-m", "worker.main", "--supervisor", str(os.getpid())]
         # The workers inherit our environment (the settings were read from it), with OpenBLAS preloaded, and log
         # at our level (which `onelane --log-level` may have set).
         self.env = {**worker_env(os.environ if env is None else env), "ONELANE_LOG_LEVEL": settings.log_level}
