@@ -12,7 +12,7 @@ import pytest
 from tests.helpers import wait_ended, wait_event
 from tests.netproxy import Proxy
 
-BLIP_S = 3.0  # longer than the worker's Redis timeout (0.5 s), shorter than its lease (8 s)
+BLIP_S = 2.5  # longer than the worker's Redis timeout (0.5 s), shorter than its lease (12 s)
 GREEDY = {"max_tokens": 2500, "ignore_eos": True, "temperature": 0}  # ~10 s of work: it outlasts the blip
 
 
@@ -26,7 +26,7 @@ def proxy(redis_server) -> Iterator[Proxy]:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("cut", ["blackhole", "reset"])
 def test_a_worker_cut_off_from_redis_for_less_than_its_lease_loses_nothing(cut, proxy, jobs, store, start_worker):
-    start_worker(redis_url=proxy.url, lease_s=8, redis_timeout_s=0.5)
+    start_worker(redis_url=proxy.url, lease_s=12, redis_timeout_s=0.5)
     alone = wait_ended(store, jobs.submit("the same words", **GREEDY)["id"])  # the output with nothing cut
     job = jobs.submit("the same words", **GREEDY)
     wait_event(store, job["id"], lambda e: e.type == "token")
