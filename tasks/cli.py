@@ -162,6 +162,27 @@ def redis() -> None:
         server.stop()  # on Ctrl-C or SIGTERM too: never leave the server behind
 
 
+@main.command("import-gguf")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("folder", type=click.Path(path_type=Path))
+def import_gguf_cmd(source: Path, folder: Path) -> None:
+    """Import a llama-family GGUF file (llama.cpp's, or an Ollama blob) as a model folder mlx_lm.load reads.
+
+    The tensor types MLX reads: Q4_0, Q4_1, Q8_0, F16, F32 (Ollama's blobs are under ~/.ollama/models/blobs; `ollama
+    show --modelfile NAME` names the one of a model). Then serve it: ONELANE_MODEL=FOLDER, or a [models.NAME] table
+    with `path = "FOLDER"` (or `gguf = "SOURCE"` to import it on first use) in ONELANE_MODELS_FILE.
+    """
+    _settings()  # for the log level
+    _check_mlx()
+    from worker.gguf import GgufError, import_gguf
+
+    try:
+        import_gguf(source, folder)
+    except GgufError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"imported {source} into {folder}: serve it with ONELANE_MODEL={folder}")
+
+
 @main.command("make-demo-model")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--size", type=click.Choice(["tiny", "mini", "small"]), default="tiny", show_default=True)

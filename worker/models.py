@@ -21,6 +21,7 @@ from mlx.utils import tree_flatten
 from tasks.settings import ModelConfig, Settings
 from tasks.store import Store
 from worker.engine import Counters, Engine
+from worker.gguf import GgufError, prepare
 from worker.prefix_cache import PrefixCache
 
 logger = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ class ModelPool:
         self.store.model_loading(name, self.worker_id)
         started = time.perf_counter()
         try:
+            prepare(config)  # a GGUF is imported into its folder the first time
             engine = Engine.load(config, self._max_batch(config), self.settings.prefill_step, lock=self.lock)
         except Exception as exc:  # a missing folder, a bad adapter, an unknown architecture, out of memory...
             logger.exception("model %s failed to load from %s", name, config.path)
@@ -161,6 +163,9 @@ class ModelPool:
 
 
 def _load_error(exc: Exception) -> str:
-    """What a client may read of a load failure: the kind of error, not its text (which may name server paths)."""
+    """What a client may read of a load failure: the kind of error, not its text (which may name server paths); an
+    import's own message names none, and says what to do."""
+    if isinstance(exc, GgufError):
+        return f"the model failed to load: {exc}"
     kind = "its files were not found" if isinstance(exc, (FileNotFoundError, OSError)) else "it could not be loaded"
     return f"the model failed to load ({kind}); the worker logged the error"
