@@ -111,6 +111,8 @@ def _job_options(command: Callable[..., None]) -> Callable[..., None]:
                           "ONELANE_MAX_TOKENS_LIMIT."),
         click.option("--temperature", type=click.FloatRange(0, 2), help="Sampling temperature (default 0: greedy)."),
         click.option("--ignore-eos", is_flag=True, help="Generate all --max-tokens, past the end of text."),
+        click.option("--raw", is_flag=True, help="Send PROMPT as text to continue, without the model's chat template "
+                                                 "(default: PROMPT is your turn of a chat)."),
         click.option("--wait", is_flag=True, help="When the server is overloaded (429/503), retry after Retry-After."),
         click.option("--json", "as_json", is_flag=True, help="Print the job as JSON (for scripts)."),
     ]

@@ -22,13 +22,16 @@ RECORD_CHANGES = """() => {
 }"""
 
 
-def submit_form(page: Any, prompt: str, max_tokens: str = "64", ignore_eos: bool = False) -> str:
-    """Fill in and send the form; return the id of the job whose page it lands on."""
+def submit_form(page: Any, prompt: str, max_tokens: str = "64", ignore_eos: bool = False, raw: bool = False) -> str:
+    """Fill in and send the form (the prompt as a chat turn, or with `raw` as text to continue); return the id of the
+    job whose page it lands on."""
     page.goto("/")
     page.fill("#prompt", prompt)
     page.fill("#max_tokens", max_tokens)
     if ignore_eos:
         page.check("#ignore_eos")
+    if raw:
+        page.check("#raw")
     page.click("button[type=submit]")
     page.wait_for_url(re.compile(r"/jobs/job_[\w-]+$"))
     return page.url.rsplit("/", 1)[1]
@@ -59,7 +62,7 @@ def test_a_job_waits_its_turn_then_streams_and_ends_with_timings(page, jobs, sto
     start_worker()
     long = start_long_job(jobs, store)
 
-    job_id = submit_form(page, "tell me a story", max_tokens="200", ignore_eos=True)
+    job_id = submit_form(page, "tell me a story", max_tokens="200", ignore_eos=True, raw=True)
     status = page.locator("#status")
     expect(status).to_have_text("#1 in queue, ETA unknown")
     expect(page.locator("#cancel")).to_be_visible()
@@ -167,12 +170,14 @@ def test_markup_in_a_prompt_renders_as_text_and_runs_nothing(page):
     from playwright.sync_api import expect
 
     page.evaluate("alert('the dialog listener works')")  # control: a dialog that does fire is seen
-    submit_form(page, XSS)
-
+    submit_form(page, XSS)  # a chat turn
     expect(page.locator("#status")).to_have_text("#1 in queue, ETA unknown")  # the page's script ran
+    assert page.locator("#prompt pre").all_text_contents() == [XSS]
+    assert page.locator("#prompt img, #prompt script").count() == 0
+    submit_form(page, XSS, raw=True)  # text to continue
     assert page.locator("#prompt").text_content() == XSS
     assert page.locator("#prompt *").count() == 0
     page.goto("/jobs")
-    assert page.locator("table.jobs a").all_text_contents() == [XSS]
+    assert page.locator("table.jobs a").all_text_contents() == [XSS, XSS]
     assert page.locator("table.jobs img, table.jobs script").count() == 0
     assert page.dialogs == ["the dialog listener works"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -331,3 +332,13 @@ def test_server_sent_events_parse_across_chunks_with_crlf_comments_and_multiline
     events = list(parse_sse(lines(chunks)))
 
     assert events == [ServerEvent("retry", {"ms": 1000}), ServerEvent("token", {"text": "a"}, 3)]
+
+
+def test_a_prompt_is_a_chat_turn_unless_raw(live_server):
+    client = Client(live_server, None)
+    chat = client.submit("What is the capital of France?", max_tokens=4)
+    raw = client.submit("The capital of France is", raw=True, max_tokens=4)
+    assert (chat["prompt"], chat["messages"]) == (None, [{"role": "user", "content": "What is the capital of France?"}])
+    assert (raw["prompt"], raw["messages"]) == ("The capital of France is", None)
+    done = onelane(live_server, "submit", "--raw", "--json", "continue this", "--max-tokens", "4")
+    assert json.loads(done.stdout)["prompt"] == "continue this", done.stderr

@@ -50,7 +50,9 @@ def test_form_submit_redirects_to_the_job_page_and_the_job_is_watched(browser):
 
     job = browser.get(f"/v1/jobs/{job_id}").get_json()
     assert job["abandon_on_disconnect"] is True
-    assert job["prompt"] == "hello there"
+    assert (job["prompt"], job["messages"]) == (None, [{"role": "user", "content": "hello there"}])  # a chat turn
+    raw = browser.get(f"/v1/jobs/{submit_via_form(browser, 'once upon a', raw='true')}").get_json()
+    assert (raw["prompt"], raw["messages"]) == ("once upon a", None)  # text to continue
     assert job["params"]["max_tokens"] == 8 and job["params"]["temperature"] == 0.5
     assert job["params"]["ignore_eos"] is False
     page = browser.get(f"/jobs/{job_id}")

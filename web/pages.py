@@ -20,7 +20,7 @@ from web.services import services
 
 bp = pages_blueprint("pages", __name__)
 
-FORM_DEFAULTS = {"prompt": "", "max_tokens": "64", "temperature": "0", "ignore_eos": ""}
+FORM_DEFAULTS = {"prompt": "", "max_tokens": "64", "temperature": "0", "ignore_eos": "", "raw": ""}
 NUMBER_FIELDS = ("max_tokens", "temperature")
 CHOICE_FIELDS = ("model", "priority")  # <select>s: sent as chosen, or left to the API's defaults when absent
 PRIORITIES = {"interactive": "Interactive", "batch": "Batch (runs when no interactive job waits)"}
@@ -65,7 +65,11 @@ def _number(raw: str) -> int | float | str:
 
 def submission(form: MultiDict[str, str]) -> dict[str, Any]:
     """The form as the API's request body: numbers converted, empty fields omitted."""
-    fields: dict[str, Any] = {"prompt": form.get("prompt", "")}  # an empty one is refused by name
+    text = form.get("prompt", "")
+    if form.get("raw") or not text.strip():  # (an empty one is refused by name, as a prompt)
+        fields: dict[str, Any] = {"prompt": text}
+    else:  # the text is the user's turn of a chat, read through the model's chat template
+        fields = {"messages": [{"role": "user", "content": text}]}
     for name in NUMBER_FIELDS:
         raw = form.get(name, "").strip()
         if raw:
