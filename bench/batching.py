@@ -183,6 +183,7 @@ def sweep(b: Bench, runs: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
+    parser.add_argument("--model", help="a model folder (instead of a random one of --size)")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--batch", type=int, default=Settings().max_batch)
     parser.add_argument("--parts", default="speedup,cancel,stall,sweep")
@@ -191,8 +192,8 @@ def main() -> None:
     parts = set(args.parts.split(","))
     preload_openblas()  # as onelane's workers run
 
-    print(f"model {args.size}; load average {os.getloadavg()[0]:.2f}; runs {args.runs}")
-    with bench_env(args.size, max_queue=1000, max_queued_per_user=1000) as settings:
+    print(f"model {args.model or 'random, ' + args.size}; load average {os.getloadavg()[0]:.2f}; runs {args.runs}")
+    with bench_env(args.size, args.model, max_queue=1000, max_queued_per_user=1000) as settings:
         b = Bench(settings)
         if "speedup" in parts:
             speedup(b, args.runs, args.batch)

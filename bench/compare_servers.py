@@ -495,7 +495,7 @@ def ratios(a: list[Level], b: list[Level]) -> list[float]:
 
 def report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any], load: float, wall: float) -> None:
     levels = args.levels
-    print(f"onelane vs mlx_lm.server: demo model {args.size}, max_tokens {args.max_tokens}, temperature 0, every answer "
+    print(f"onelane vs mlx_lm.server: model {args.model or 'random, ' + args.size}, max_tokens {args.max_tokens}, temperature 0, every answer "
           f"forced to max_tokens (onelane: ignore_eos; mlx_lm.server: logit_bias against EOS), non-streaming levels, "
           f"{args.rounds} rounds alternating the servers; {os.cpu_count()} CPUs, load average {load:.2f} before, "
           f"{os.getloadavg()[0]:.2f} after")  # fmt: skip
@@ -552,6 +552,8 @@ def report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any], l
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
+    parser.add_argument("--model", help="a model folder both servers load (instead of a random one of --size): e.g. "
+                        "worker/demo, or SmolLM2 as float32 (onelane import-gguf FILE DIR --dtype float32)")
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrent clients, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     parser.add_argument("--rounds", type=int, default=3, help="each level this many times on each server")
@@ -560,7 +562,7 @@ def main() -> None:
     args = parser.parse_args()
     args.levels = [int(c) for c in args.levels.split(",")]
     wall, load = time.monotonic(), os.getloadavg()[0]
-    with bench_env(args.size) as settings:
+    with bench_env(args.size, args.model) as settings:
         ol, base = measure(settings, args)
     report(args, ol, base, load, wall)
 

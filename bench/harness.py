@@ -52,13 +52,14 @@ def private_redis() -> Iterator[tuple[Path, str]]:
 
 
 @contextmanager
-def bench_env(size: str = "tiny", **overrides: object) -> Iterator[Settings]:
-    """A fresh Redis and a demo model of `size`; yields Settings pointing at both (their folder is `var_dir`)."""
+def bench_env(size: str = "tiny", model: str | None = None, **overrides: object) -> Iterator[Settings]:
+    """A fresh Redis and a random demo model of `size` (or the model folder `model`); yields Settings pointing at
+    both (their folder is `var_dir`)."""
     from worker.demo_model import make_demo_model
 
     with private_redis() as (folder, url):
-        model = make_demo_model(folder / f"model-{size}", size=size)
-        yield Settings(redis_url=url, model=str(model), var_dir=folder, **overrides)  # type: ignore[arg-type]
+        model = model or str(make_demo_model(folder / f"model-{size}", size=size))
+        yield Settings(redis_url=url, model=model, var_dir=folder, **overrides)  # type: ignore[arg-type]
 
 
 def onelane_env(settings: Settings, quiet: bool = False, **extra: str) -> dict[str, str]:

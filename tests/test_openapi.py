@@ -24,7 +24,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tasks.settings import Settings
+from tasks.settings import DEFAULT_MODEL, Settings
 from tests.helpers import wait_ended
 from web.openai_schemas import ChatRequest, CompletionRequest
 from web.schemas import SubmitJob
@@ -99,7 +99,7 @@ def test_request_schemas_are_the_handlers_own_models_with_this_servers_limits(ap
             if field not in ("model", "prompt", "max_tokens", "max_completion_tokens", "ttl_s"):
                 assert documented["properties"][field] == schema, field
         model_field = documented["properties"]["model"]
-        assert [MODEL] in [branch.get("enum") for branch in model_field.get("anyOf", [model_field])]
+        assert [DEFAULT_MODEL, MODEL] in [branch.get("enum") for branch in model_field.get("anyOf", [model_field])]
     assert {"type": "number", "maximum": 600.0}.items() <= schemas["SubmitJob"]["properties"]["ttl_s"]["anyOf"][0].items()
 
 

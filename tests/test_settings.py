@@ -9,7 +9,7 @@ import pytest
 
 from tasks import keys
 from tasks.errors import SettingsError
-from tasks.settings import ENV_NAMES, Settings
+from tasks.settings import DEFAULT_MODEL, ENV_NAMES, Settings
 
 
 def test_defaults_are_safe():
@@ -82,7 +82,7 @@ def test_a_models_file_names_each_model_with_its_pinned_load_options(tmp_path):
     assert (sql.max_batch, sql.max_kv_size) == (4, 4096)
     assert s.models_memory == 1536 * 2**20
     assert Settings.from_env({"ONELANE_MODEL": "some/model"}).catalog[0].name == "some/model"  # one model, as before
-    assert Settings.from_env({}).model_name == "onelane-demo"
+    assert Settings.from_env({}).model_name == DEFAULT_MODEL == "smollm2-135m-instruct"
 
 
 @pytest.mark.parametrize(

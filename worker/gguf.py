@@ -65,8 +65,10 @@ def prepare(config: ModelConfig) -> None:
     import_gguf(source, Path(config.path))
 
 
-def import_gguf(source: Path, folder: Path) -> Path:
-    """Write the MLX model folder for the GGUF file `source` at `folder` (replaced whole, atomically)."""
+def import_gguf(source: Path, folder: Path, dtype: str | None = None) -> Path:
+    """Write the MLX model folder for the GGUF file `source` at `folder` (replaced whole, atomically): its tensors as
+    the file holds them, or with `dtype` (float32, float16, bfloat16) dequantized and cast, for a server that cannot
+    choose at load time (mlx_lm.server, say)."""
     source, folder = Path(source), Path(folder)
     weights, meta = _read(source)
     arch = _text(meta, "general.architecture")
@@ -81,6 +83,8 @@ def import_gguf(source: Path, folder: Path) -> Path:
     staging = folder.with_name(folder.name + ".importing")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    if dtype is not None:
+        tensors, config = _cast(tensors, config, getattr(mx, dtype))
     mx.save_safetensors(str(staging / "model.safetensors"), tensors, metadata={"format": "mlx"})
     (staging / "config.json").write_text(json.dumps(config, indent=2))
     _tokenizer(meta, staging)
@@ -89,6 +93,22 @@ def import_gguf(source: Path, folder: Path) -> Path:
     logger.info("imported %s (%s, %d layers) into %s", source.name, FILE_TYPES[file_type],
                 config["num_hidden_layers"], folder)  # fmt: skip
     return folder
+
+
+def _cast(tensors: dict[str, mx.array], config: dict[str, Any], dtype: mx.Dtype) -> tuple[dict[str, mx.array],
+                                                                                         dict[str, Any]]:  # fmt: skip
+    """The tensors dequantized and cast to `dtype`; the config without its quantization."""
+    quantization = config.pop("quantization", {})
+    cast = {}
+    for name, array in tensors.items():
+        stem, _, kind = name.rpartition(".")
+        if kind in ("scales", "biases"):
+            continue
+        if f"{stem}.scales" in tensors:
+            bits = quantization.get(stem, quantization)["bits"]
+            array = mx.dequantize(array, tensors[f"{stem}.scales"], tensors[f"{stem}.biases"], GROUP_SIZE, bits)
+        cast[name] = array.astype(dtype)
+    return cast, config
 
 
 def _read(source: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
