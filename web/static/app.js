@@ -3,6 +3,7 @@
 "use strict";
 
 const ENDED = new Set(["completed", "failed", "cancelled", "expired"]);
+const RESTARTING = "the worker stopped, so it will start over";
 
 /** A duration in seconds, readable: "0.42 s", "12.3 s", "2 min 5 s". */
 function duration(s) {
@@ -103,7 +104,8 @@ class JobPage {
     source.addEventListener("open", () => this.setNote(""));
     source.addEventListener("queued", (e) => {
       const data = JSON.parse(e.data);
-      this.setStatus("queued", queuedText(data.position, data.eta_s));
+      const where = queuedText(data.position, data.eta_s);
+      this.setStatus("queued", this.restarting ? `${where} (${RESTARTING})` : where);
     });
     source.addEventListener("started", (e) => this.onStarted(JSON.parse(e.data)));
     source.addEventListener("token", (e) => this.onToken(JSON.parse(e.data)));
@@ -123,7 +125,9 @@ class JobPage {
   }
 
   onStarted(data) {
-    if (this.fresh(data.index)) this.setStatus("in_progress", "Running…");
+    if (!this.fresh(data.index)) return;
+    this.restarting = false;
+    this.setStatus("in_progress", "Running…");
   }
 
   onToken(data) {
@@ -138,7 +142,8 @@ class JobPage {
     if (!this.fresh(data.index)) return;
     this.output.textContent = "";
     this.tokens = 0;
-    this.setStatus("queued", "Back at the front of the queue: the worker stopped, so it will start over.");
+    this.restarting = true;  // until it starts again, its place in the queue says why it waits again
+    this.setStatus("queued", `Back at the front of the queue: ${RESTARTING}.`);
   }
 
   /** Show the ended job as the server has it, and stop listening. */
