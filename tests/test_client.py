@@ -31,8 +31,11 @@ def onelane(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str
 
 
 def start(url: str, *args: str) -> subprocess.Popen[bytes]:
+    """The client as a terminal starts it: with Ctrl-C's default action even when this suite runs in the background
+    (where a shell starts everything with SIGINT ignored, and a child inherits that)."""
     return subprocess.Popen([sys.executable, "-m", "tasks.cli", *args], env=onelane_env(url),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
 
 
 def read_until(pipe, text: str) -> str:  # type: ignore[no-untyped-def]
