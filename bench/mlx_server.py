@@ -19,6 +19,7 @@ from typing import Any
 
 from bench.harness import START_S, answers, free_port, poll_until, proc_cpu, spawn, summary, wait_idle
 from bench.openai_load import (
+    MIN_REQUESTS,
     OVERLOAD_CAP_S,
     OVERLOAD_HEAD,
     OVERLOAD_TIMEOUT_S,
@@ -90,9 +91,10 @@ def mlx_server(model_path: str, log_path: Path, allow_eos: bool = False) -> Iter
         yield server
 
 
-def load_level(server: Server, clients: int, max_tokens: int) -> Level:
+def load_level(server: Server, clients: int, max_tokens: int, requests: int = MIN_REQUESTS) -> Level:
     """`clients` closed-loop clients at once (see closed_loop)."""
-    return closed_loop(clients, lambda prompt: post_chat(server.url, body(prompt, max_tokens, server.eos), REQUEST_TIMEOUT_S))
+    return closed_loop(clients, lambda prompt: post_chat(server.url, body(prompt, max_tokens, server.eos), REQUEST_TIMEOUT_S),
+                       requests)
 
 
 def settle(server: Server) -> bool:

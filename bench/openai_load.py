@@ -126,10 +126,10 @@ def post_chat(url: str, request: dict[str, Any], timeout_s: float, headers: dict
     )  # fmt: skip
 
 
-def closed_loop(clients: int, send: Callable[[str], Outcome]) -> Level:
-    """`clients` closed-loop clients at once, each sending `send(prompt)` back to back: MIN_REQUESTS in all (at least
+def closed_loop(clients: int, send: Callable[[str], Outcome], requests: int = MIN_REQUESTS) -> Level:
+    """`clients` closed-loop clients at once, each sending `send(prompt)` back to back: `requests` in all (at least
     2 each), none started after LEVEL_DEADLINE_S."""
-    rounds = max(2, math.ceil(MIN_REQUESTS / clients))
+    rounds = max(2, math.ceil(requests / clients))
     deadline = time.monotonic() + LEVEL_DEADLINE_S
 
     def client(c: int) -> list[Outcome]:

