@@ -67,6 +67,18 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = False
 
 
+class ResponseFields(BaseModel):
+    """What a job made through OpenAI's Responses API (/v1/responses) echoes back beyond the job: the worker never
+    reads it (the instructions are also the first of the job's messages)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    background: bool = False
+    instructions: str | None = None
+    metadata: dict[str, str] = {}
+    service_tier: str = "default"
+
+
 class JobSpec(BaseModel):
     """The immutable part of a job, fixed at admission."""
 
@@ -81,6 +93,8 @@ class JobSpec(BaseModel):
     priority: Literal["interactive", "batch"] = "interactive"
     # True: the job is skipped before generation once its client stops watching (stream or polling).
     watched: bool = False
+    # set for a job made through /v1/responses (it is then also readable as a response)
+    response: ResponseFields | None = None
 
 
 class JobError(BaseModel):

@@ -35,10 +35,10 @@ OPERATIONS = {
     ("/v1/completions", "post"), ("/healthz", "get"), ("/readyz", "get"), ("/metrics", "get"),
     ("/", "get"), ("/jobs", "post"), ("/jobs/{job_id}", "get"), ("/jobs", "get"), ("/login", "get"), ("/login", "post"),
     ("/queue", "get"), ("/queue.json", "get"), ("/queue/jobs/{job_id}/cancel", "post"), ("/openapi.json", "get"),
-    ("/docs", "get"),
+    ("/docs", "get"), ("/v1/responses", "post"), ("/v1/responses/{rid}", "get"), ("/v1/responses/{rid}/cancel", "post"),
 }  # fmt: skip
 TAKE_INPUT = {("/v1/jobs", "post"), ("/v1/jobs", "get"), ("/v1/chat/completions", "post"), ("/v1/completions", "post"),
-              ("/jobs", "post"), ("/login", "post")}  # fmt: skip
+              ("/jobs", "post"), ("/login", "post"), ("/v1/responses", "post")}  # fmt: skip
 MODEL = "onelane-demo"
 EXAMPLES = 40  # per operation (and per mode, or scenarios): the whole file runs in well under a minute
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,

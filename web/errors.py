@@ -33,6 +33,7 @@ STATUS: dict[type[errors.OnelaneError], int] = {
 
 
 REDIS_RETRY_AFTER_S = 5  # what a client is told to wait while Redis is unreachable
+OPENAI_BLUEPRINTS = ("openai", "responses")  # whose errors take OpenAI's shape
 OPENAI_CATEGORY = {401: "authentication_error", 429: "rate_limit_error"}
 
 
@@ -43,7 +44,7 @@ def error_body(type_: str, message: str, param: str | None = None) -> dict[str, 
 
 def error_response(status: int, type_: str, message: str, param: str | None = None) -> Response:
     """onelane's error body; on the OpenAI endpoints, OpenAI's shape (and 400 for any invalid request)."""
-    if request.blueprint == "openai":
+    if request.blueprint in OPENAI_BLUEPRINTS:
         status = 400 if status == 422 else status
         category = OPENAI_CATEGORY.get(status, "server_error" if status >= 500 else "invalid_request_error")
         response = jsonify({"error": {"message": message, "type": category, "param": param, "code": type_}})

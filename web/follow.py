@@ -15,6 +15,7 @@ from typing import Any
 from tasks.events import Event, EventType
 from tasks.job import Job, JobStatus
 from tasks.store import Standing, Store
+from web import sse
 from web.connection import client_connected
 from web.feed import Feed, Hub, Moved
 
@@ -40,6 +41,13 @@ class Gone:
 
 
 Story = Event | Queued | Ping | Gone
+
+
+def aside(item: Queued | Ping) -> str:
+    """What an OpenAI stream sends of the job's standing or of a ping: an SSE comment, which clients skip."""
+    if isinstance(item, Queued):
+        return sse.comment(f"queued, position {item.position}, eta_s {item.eta_s}")
+    return sse.comment("ping")
 
 
 def follow(

@@ -20,8 +20,9 @@ from web.admission import admit
 from web.auth import current_owner
 from web.errors import openai_error
 from web.feed import Feed
-from web.follow import Gone, Ping, Queued, Story, follow
+from web.follow import Gone, Ping, Queued, Story, aside, follow
 from web.openai_schemas import ChatRequest, CompletionRequest, Sampling, parse_openai
+from web.rerun import RESTARTED, Diverged, SentText, cancel_restarted
 from web.schemas import json_body, make_spec
 from web.services import services
 
@@ -180,43 +181,32 @@ def _respond(job: Job, view: Chat, story: Iterator[Story]) -> Response:
 
 def _stream(job: Job, view: Chat, story: Iterator[Story]) -> Iterator[str]:
     """OpenAI's SSE: `data: {chunk}` lines, queue position as comments, `data: [DONE]` at the end. A client that
-    leaves before the end has its job cancelled.
-
-    If the job's worker dies mid-answer, the job starts over on the next worker and the stream goes on where it was:
-    the new run's text is matched against what this client already has and only what comes after is sent (a job's
-    run is reproducible: greedy, or sampled from its own seed). Should the new run write something else, the stream
-    ends with the error `worker_restarted` and the job is cancelled: nobody would read it."""
+    leaves before the end has its job cancelled. If the job's worker dies mid-answer, the stream goes on where it
+    was, or ends with `worker_restarted` (web/rerun.py)."""
     ended = False
-    sent = ""  # the text this client has
-    rerun: str | None = None  # since a requeue: the new run's text, until it has caught up with `sent`
+    text = SentText()
     try:
         first = view.first_chunk()
         if first is not None:
             yield sse.data_line(first)
         for item in story:
             match item:
-                case Queued(position=position, eta_s=eta_s):
-                    yield sse.comment(f"queued, position {position}, eta_s {eta_s}")
-                case Ping():
-                    yield sse.comment("ping")
+                case Queued() | Ping():
+                    yield aside(item)
                 case Gone():
                     return
                 case Event(type=EventType.REQUEUED):
-                    rerun = "" if sent else None
+                    text.requeued()
                 case Event(type=EventType.TOKEN):
-                    text = item.text
-                    if rerun is not None:
-                        rerun += text
-                        if sent.startswith(rerun):  # still catching up
-                            continue
-                        if not rerun.startswith(sent):
-                            ended = True
-                            yield from _restarted_differently(job)
-                            return
-                        text, rerun = rerun[len(sent) :], None
-                    sent += text
-                    yield sse.data_line(view.envelope(view.chunk_object(), [view.choice(text, None, True)], None))
-                case Event(type=EventType.COMPLETED) if rerun is not None and rerun != sent:
+                    try:
+                        new = text.token(item.text)
+                    except Diverged:
+                        ended = True
+                        yield from _restarted_differently(job)
+                        return
+                    if new:
+                        yield sse.data_line(view.envelope(view.chunk_object(), [view.choice(new, None, True)], None))
+                case Event(type=EventType.COMPLETED) if text.ended_short():
                     ended = True  # the new run ended short of what the client has
                     yield from _restarted_differently(job)
                     return
@@ -238,17 +228,9 @@ def _stream(job: Job, view: Chat, story: Iterator[Story]) -> Iterator[str]:
             _hang_up(job)
 
 
-RESTARTED = ("worker_restarted", "the worker restarted mid-answer and the answer, generated again, differs from "
-             "what was streamed; please retry")  # fmt: skip
-
-
 def _restarted_differently(job: Job) -> Iterator[str]:
-    """End a stream whose job, run again after its worker died, wrote other text than the client has: say so, and
-    cancel the job (its answer would be read by nobody)."""
-    try:
-        services().store.cancel(job.id, job.owner, error=RESTARTED)
-    except OnelaneError:  # it ended meanwhile
-        pass
+    """End a stream whose job, run again after its worker died, wrote other text than the client has."""
+    cancel_restarted(job)
     error = {"message": RESTARTED[1], "type": "server_error", "param": None, "code": RESTARTED[0]}
     yield sse.data_line({"error": error})
     yield DONE

@@ -111,11 +111,11 @@ class CompletionRequest(Sampling):
                                              "minItems": 1, "maxItems": 1}]})  # fmt: skip
 
 
-def parse_openai(model: type[Sampling], body: dict[str, Any]) -> Any:
+def parse_openai(model: type[BaseModel], body: dict[str, Any], neutral: dict[str, tuple[Any, ...]] = NEUTRAL) -> Any:
     """Validate, refusing unsupported fields by name; the neutral value of a known field is let through."""
     for field in list(body):
-        if field in NEUTRAL and field not in model.model_fields:
-            if not _neutral(body[field], NEUTRAL[field]):
+        if field in neutral and field not in model.model_fields:
+            if not _neutral(body[field], neutral[field]):
                 shown = reprlib.repr(body[field])  # a bounded excerpt of what was sent
                 raise InvalidRequest(f"'{field}' = {shown} is not supported by onelane", param=field)
             del body[field]
@@ -127,3 +127,118 @@ def parse_openai(model: type[Sampling], body: dict[str, Any]) -> Any:
 def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
     """`value` is one of the neutral values, of the same JSON type (`true` is not 1, nor 1.0 an integer 1)."""
     return any(value == v and type(value) is type(v) for v in neutral)
+
+
+# --- the Responses API (/v1/responses) ------------------------------------------------------------------------
+
+
+class InputText(BaseModel):
+    model_config = STRICT
+
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[Any] | None = None  # an earlier answer's output_text, sent back as it came
+
+
+class InputMessage(BaseModel):
+    """One message of a response's `input` (an "easy input message", or an item of type `message`)."""
+
+    model_config = STRICT
+
+    type: Literal["message"] | None = None
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[InputText]
+    id: str | None = None  # an earlier output item's, sent back as it came
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+    def to_message(self) -> Message:
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return Message(role="system" if self.role == "developer" else self.role, content=content)
+
+
+class TextFormat(BaseModel):
+    model_config = STRICT
+
+    type: Literal["text"]
+
+
+class TextOptions(BaseModel):
+    model_config = STRICT
+
+    format: TextFormat | None = None
+    verbosity: Literal["medium"] | None = None
+
+
+class ResponseRequest(BaseModel):
+    """POST /v1/responses: a job in the same queue. Fields of the API that would change the answer's meaning (tools,
+    reasoning, structured output, previous_response_id) are refused by name."""
+
+    model_config = STRICT
+
+    model: str
+    input: str | list[InputMessage] = Field(description="the user's text, or the conversation's messages")
+    instructions: str | None = Field(None, description="the system message, put before `input`")
+    background: bool = Field(False, description="answer at once with the queued response; poll or stream it later")
+    stream: bool = False
+    store: bool = Field(True, description="always stored, as a job: `false` is refused with `background`")
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
+        None, description="`auto`/`default`: the key's class; `flex`: batch; `priority`: interactive")
+    metadata: dict[str, str] | None = Field(None, description="up to 16 pairs, echoed back",
+                                            json_schema_extra={"maxProperties": 16})  # fmt: skip
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = Field(None, description="accepted; onelane's prefix cache needs no key")
+    text: TextOptions | None = None
+    truncation: Literal["disabled"] | None = None
+    ignore_eos: bool = Field(False, description="an extension, as on the chat endpoint: generate to the limit")
+
+    _int_is_a_float = field_validator("temperature", "top_p", mode="before")(int_is_a_float)
+
+    @field_validator("input")
+    @classmethod
+    def _some_input(cls, value: str | list[InputMessage]) -> str | list[InputMessage]:
+        if not value:
+            raise ValueError("input is empty")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _bounded_metadata(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None and (len(value) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in value.items())):
+            raise ValueError("metadata takes up to 16 pairs, keys up to 64 and values up to 512 characters")
+        return value
+
+    def messages(self) -> tuple[Message, ...]:
+        """The conversation the model answers: `instructions` as the system message, then `input`."""
+        turns = [Message(role="user", content=self.input)] if isinstance(self.input, str) else [
+            m.to_message() for m in self.input]  # fmt: skip
+        if self.instructions:
+            turns.insert(0, Message(role="system", content=self.instructions))
+        return tuple(turns)
+
+    def params(self, default_max_tokens: int) -> SamplingParams:
+        return SamplingParams(max_tokens=self.max_output_tokens or default_max_tokens,
+                              temperature=1.0 if self.temperature is None else self.temperature,
+                              top_p=1.0 if self.top_p is None else self.top_p, ignore_eos=self.ignore_eos)  # fmt: skip
+
+    def priority(self) -> Priority | None:
+        return TIERS[self.service_tier] if self.service_tier else None
+
+
+#: Responses fields onelane takes only with their neutral value (anything else: 400 naming the field).
+RESPONSE_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "tools": ([], None),
+    "tool_choice": ("auto", "none", None),
+    "parallel_tool_calls": (True, False, None),
+    "reasoning": (None,),
+    "include": ([], None),
+    "previous_response_id": (None,),
+    "conversation": (None,),
+    "prompt": (None,),
+    "max_tool_calls": (None,),
+    "top_logprobs": (0, None),
+    "stream_options": (None,),
+}

@@ -14,7 +14,7 @@ from tasks.events import EventType
 from tasks.settings import Settings
 from web import responses
 from web.api import LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX
-from web.openai_schemas import ChatRequest, CompletionRequest
+from web.openai_schemas import ChatRequest, CompletionRequest, ResponseRequest
 from web.schemas import SubmitJob
 
 Ref = Callable[[type[BaseModel]], dict[str, Any]]  # a model -> {"$ref": its component}
@@ -165,6 +165,38 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
             "responses": {"200": _openai_answer(ref(responses.Completion), ref(responses.CompletionChunk), oai),
                           **openai_errors},
         }),
+        ("responses.create", "post", {
+            "operationId": "createResponse", "tags": ["openai"], "summary": "Create a response (Responses API)",
+            "description": "A job in the same queue. `background: true`: answered at once with the response, "
+                           "`queued`; it runs whoever follows it. Otherwise the request waits for it (and a client "
+                           "that hangs up has it cancelled). " + _response_stream_note(),
+            "requestBody": body(ResponseRequest),
+            "responses": {"200": _response_answer(ref), **openai_errors},
+        }),
+        ("responses.retrieve", "get", {
+            "operationId": "getResponse", "tags": ["openai"], "summary": "Get a response",
+            "description": "The response now; with `stream=true`, its events from the start, or after "
+                           "`starting_after`. " + _response_stream_note(),
+            "parameters": [RESPONSE_ID,
+                           {"name": "stream", "in": "query", "schema": {"type": "string", "enum": ["true", "false"]}},
+                           {"name": "starting_after", "in": "query", "schema": {"type": "integer", "minimum": 0},
+                            "description": "the sequence_number of the last event the client has"}],
+            "responses": {"200": _response_answer(ref), **dict([
+                err(400, "invalid_request_error: `stream` or `starting_after` malformed", True),
+                oai_unauthorized, err(404, "not_found: no such response, or another user's", True),
+                err(503, "unavailable: Redis is unreachable", True)])},
+        }),
+        ("responses.cancel", "post", {
+            "operationId": "cancelResponse", "tags": ["openai"], "summary": "Cancel a background response",
+            "description": "Queued: it never runs; running: it stops within a step, keeping its partial output. "
+                           "Again, or once it ended: the response as it is.",
+            "parameters": [RESPONSE_ID],
+            "responses": {"200": _answer("the response", ref(responses.OpenAIResponse)), **dict([
+                err(400, "invalid_request_error: a foreground response (it ends with its own request)", True),
+                oai_unauthorized, err(403, "forbidden: a request another site made, or a missing CSRF token", True),
+                err(404, "not_found: no such response, or another user's", True),
+                err(503, "unavailable: Redis is unreachable", True)])},
+        }),
         ("health.healthz", "get", {
             "operationId": "healthz", "tags": ["health"], "summary": "This web process answers", "security": [],
             "responses": {"200": _answer("alive", ref(responses.Health))},
@@ -186,6 +218,26 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                           **dict([unavailable])},
         }),
     ]
+
+
+RESPONSE_ID = {"name": "rid", "in": "path", "required": True, "schema": {"type": "string"},
+               "description": "the response's id (`resp_…`)"}  # fmt: skip
+
+
+def _response_stream_note() -> str:
+    return ("With `stream=true`: `text/event-stream`, each event named by its `type`, numbered by `sequence_number` "
+            "from 0 (the same numbers on every stream of one response), `: queued, position N` comments while it "
+            "waits; no `[DONE]`.")
+
+
+def _response_answer(ref: Ref) -> dict[str, Any]:
+    answer = _answer("the response, or (`stream`) its events", ref(responses.OpenAIResponse),
+                     headers={"x-onelane-job-id": False})
+    event = {"type": "object", "required": ["event", "data"], "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string", "contentMediaType": JSON, "contentSchema": ref(responses.ResponseStreamEvent)}}}
+    answer["content"][SSE] = {"schema": event}
+    return answer
 
 
 def _stream_note(obj: str) -> str:

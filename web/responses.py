@@ -266,3 +266,99 @@ class NotReady(Answer):
     workers: list[Worker]
     models: list[ModelState]
 
+
+
+# --- the Responses API --------------------------------------------------------------------------------------------
+
+
+class OutputText(Answer):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[None] = Field(max_length=0)
+    logprobs: list[None] = Field(max_length=0)
+
+
+class OutputMessage(Answer):
+    """The response's one output item: the assistant's message."""
+
+    id: str
+    type: Literal["message"]
+    status: Literal["in_progress", "completed", "incomplete"]
+    role: Literal["assistant"]
+    content: list[OutputText]
+
+
+class ResponseError(Answer):
+    code: str = Field(description="why it failed: expired, worker_crashed, model_unavailable, …")
+    message: str
+
+
+class IncompleteDetails(Answer):
+    reason: Literal["max_output_tokens"]
+
+
+class InputTokensDetails(Answer):
+    cached_tokens: int = Field(description="of the input's tokens, those read from the worker's prefix cache")
+
+
+class OutputTokensDetails(Answer):
+    reasoning_tokens: int
+
+
+class ResponseUsage(Answer):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class TextFormatAnswer(Answer):
+    type: Literal["text"]
+
+
+class TextAnswer(Answer):
+    format: TextFormatAnswer
+
+
+class OpenAIResponse(Answer):
+    """A response (OpenAI's Responses API): a view of its job. `expired` shows as `failed` (error code `expired`);
+    a job that stopped at its token limit as `incomplete`."""
+
+    id: str = Field(description="`resp_…`: the job `job_…` with the same rest")
+    object: Literal["response"]
+    created_at: int
+    status: Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+    background: bool
+    error: ResponseError | None
+    incomplete_details: IncompleteDetails | None
+    instructions: str | None
+    max_output_tokens: int
+    metadata: dict[str, str]
+    model: str
+    output: list[OutputMessage]
+    parallel_tool_calls: bool
+    previous_response_id: None
+    service_tier: Literal["default", "flex", "priority"]
+    store: bool
+    temperature: float
+    text: TextAnswer
+    tool_choice: Literal["auto"]
+    tools: list[None] = Field(max_length=0)
+    top_p: float
+    truncation: Literal["disabled"]
+    usage: ResponseUsage | None = Field(description="once it ended")
+    user: None
+
+
+class ResponseStreamEvent(Answer):
+    """One event of a response's stream (its SSE `event` is its `type`): the fields beyond `type` and
+    `sequence_number` are those of OpenAI's event of that type."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["response.created", "response.queued", "response.in_progress", "response.output_item.added",
+                  "response.content_part.added", "response.output_text.delta", "response.output_text.done",
+                  "response.content_part.done", "response.output_item.done", "response.completed",
+                  "response.incomplete", "response.failed", "error"]  # fmt: skip
+    sequence_number: int = Field(description="from 0, the same on every stream of one response")

@@ -9,7 +9,7 @@ from flask import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tasks.errors import Forbidden, InvalidJSON, InvalidRequest, ModelNotFound, PromptTooLarge
-from tasks.job import JobSpec, Message, SamplingParams
+from tasks.job import JobSpec, Message, ResponseFields, SamplingParams
 from tasks.settings import Priority, Settings, User
 from web.body import raw as body_bytes
 
@@ -175,6 +175,7 @@ def make_spec(
     priority: Priority | None = None,
     ttl_s: float | None = None,
     watched: bool = False,
+    response: ResponseFields | None = None,
 ) -> tuple[JobSpec, float]:
     """Apply the server's catalog and limits (model, prompt size, max_tokens, TTL) and the owner's default
     priority; every way in goes through here."""
@@ -197,5 +198,5 @@ def make_spec(
     if ttl_s > settings.job_ttl_s:
         raise InvalidRequest(f"ttl_s may be at most {settings.job_ttl_s:g}", param="ttl_s")
     spec = JobSpec(owner=owner, model=model, prompt=prompt, messages=messages, params=params, priority=priority,
-                   watched=watched)  # fmt: skip
+                   watched=watched, response=response)  # fmt: skip
     return spec, ttl_s

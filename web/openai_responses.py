@@ -1,0 +1,284 @@
+"""OpenAI's Responses API on the queue: /v1/responses, in background mode or not, streamed or not.
+
+A response is a job (its id is the job's, `resp_` for `job_`), readable and cancellable as the job is; what only a
+response has (background, instructions, metadata) is kept with the job's spec. Its status is the job's:
+
+    job            queued   in_progress   completed (stop)   completed (length)   failed   expired   cancelled
+    response       queued   in_progress   completed          incomplete           failed   failed    cancelled
+
+Its stream events are numbered (`sequence_number`) from the job's durable log, so the same job always gives the same
+numbering: `GET /v1/responses/{id}?stream=true&starting_after=N` resumes exactly after event N, as `Last-Event-ID`
+does on the job's own stream. A background response runs whoever follows it; a foreground one is watched by its
+request, as the chat endpoint's: a client that hangs up has it cancelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request
+
+from tasks.errors import InvalidParameter, InvalidRequest, JobAlreadyEnded, JobDidNotComplete, JobNotFound
+from tasks.events import Event, EventType
+from tasks.job import Job, JobStatus, ResponseFields, new_job_id
+from web import sse
+from web.admission import admit
+from web.auth import current_owner
+from web.feed import Feed
+from web.follow import Gone, Ping, Queued, Story, aside, follow
+from web.openai_schemas import RESPONSE_NEUTRAL, ResponseRequest, parse_openai
+from web.rerun import RESTARTED, Diverged, SentText, cancel_restarted
+from web.schemas import json_body, make_spec
+from web.services import services
+
+bp = Blueprint("responses", __name__)
+
+PREFIX = "resp_"
+TIER_NAMES = {"batch": "flex", "interactive": "default"}
+
+
+def response_id(job_id: str) -> str:
+    return PREFIX + job_id.removeprefix("job_")
+
+
+def _own(rid: str) -> Job:
+    """The caller's response `rid` (another user's, or a job made otherwise, is not found)."""
+    if not rid.startswith(PREFIX):
+        raise JobNotFound("no such response")
+    job = services().store.get("job_" + rid.removeprefix(PREFIX), current_owner())
+    if job.spec.response is None:
+        raise JobNotFound("no such response")
+    return job
+
+
+@bp.post("/v1/responses")
+def create() -> Response:
+    owner = current_owner()
+    req: ResponseRequest = parse_openai(ResponseRequest, json_body(request), RESPONSE_NEUTRAL)
+    if req.background and not req.store:
+        raise InvalidRequest("background responses are stored: `store` must not be false", param="store")
+    settings = services().settings
+    params = req.params(settings.default_max_tokens)
+    if params.max_tokens > settings.max_tokens_limit:
+        raise InvalidRequest(f"max_output_tokens may be at most {settings.max_tokens_limit}", param="max_output_tokens")
+    extra = ResponseFields(background=req.background, instructions=req.instructions, metadata=req.metadata or {},
+                           service_tier=req.service_tier or "default")  # fmt: skip
+    spec, ttl_s = make_spec(owner, settings, params, None, req.messages(), model=req.model, priority=req.priority(),
+                            watched=not req.background, response=extra)  # fmt: skip
+    if req.background and not req.stream:
+        return jsonify(snapshot(admit(spec, ttl_s)))
+    svc = services()
+    job_id = new_job_id()
+    feed = Feed(svc.store, svc.hub, job_id, replay=False)  # subscribed before the job exists: nothing is missed
+    try:
+        job = admit(spec, ttl_s, job_id=job_id)
+    except BaseException:
+        feed.close()
+        raise
+    environ = None if req.background else request.environ  # a background response runs whoever follows it
+    story = follow(svc.store, svc.hub, job, ping_s=svc.settings.sse_ping_s, environ=environ, feed=feed)
+    if req.stream:
+        stream = ResponseStream(job, watcher=not req.background).events(story)
+        return sse.response(stream, {"x-onelane-job-id": job.id}, on_close=feed.close)
+    return _answer(job, story)
+
+
+@bp.get("/v1/responses/<rid>")
+def retrieve(rid: str) -> Response:
+    job = _own(rid)
+    if not _flag(request.args.get("stream", "false")):
+        services().store.keep_watching(job)
+        return jsonify(snapshot(job))
+    after = _starting_after()
+    svc = services()
+    story = follow(svc.store, svc.hub, job, ping_s=svc.settings.sse_ping_s)  # (it watches, but cancels nothing)
+    return sse.response(ResponseStream(job, after).events(story), {"x-onelane-job-id": job.id})
+
+
+@bp.post("/v1/responses/<rid>/cancel")
+def cancel(rid: str) -> Response:
+    """Cancel a response: queued, it never runs; running, it stops within a step. Again, or once it ended: the
+    response as it is."""
+    job = _own(rid)
+    if not job.spec.response.background:  # type: ignore[union-attr]
+        raise InvalidRequest("only a background response can be cancelled (a foreground one ends with its request)")
+    try:
+        job = services().store.cancel(job.id, job.owner, wait_s=2.0)
+    except JobAlreadyEnded:
+        job = services().store.get(job.id, job.owner)
+    return jsonify(snapshot(job))
+
+
+def _flag(raw: str) -> bool:
+    if raw.lower() not in ("true", "false", "1", "0"):
+        raise InvalidParameter("stream must be true or false", param="stream")
+    return raw.lower() in ("true", "1")
+
+
+def _starting_after() -> int:
+    raw = request.args.get("starting_after", "")
+    if not raw:
+        return -1
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 10):
+        raise InvalidParameter("starting_after must be the sequence_number of an event", param="starting_after")
+    return int(raw)
+
+
+def _answer(job: Job, story: Iterator[Story]) -> Response:
+    """A foreground response, whole, once its job ended (nothing read back before the end)."""
+    for item in story:
+        if isinstance(item, Gone):
+            _hang_up(job)
+            return Response(status=499)
+        if isinstance(item, Event) and item.terminal:
+            ended = services().store.get(job.id)
+            if ended.status is not JobStatus.COMPLETED:
+                raise JobDidNotComplete.of(ended)
+            return jsonify(snapshot(ended))
+    raise JobDidNotComplete.of(services().store.get(job.id))
+
+
+def _hang_up(job: Job) -> None:
+    try:
+        services().store.cancel(job.id, job.owner, error=("client_gone", "the client closed its connection"))
+    except (JobAlreadyEnded, JobNotFound):
+        pass
+
+
+# --- the response object ------------------------------------------------------------------------------------------
+
+
+def status_of(job: Job) -> str:
+    if job.status is JobStatus.COMPLETED:
+        return "incomplete" if job.finish_reason == "length" else "completed"
+    return "failed" if job.status is JobStatus.EXPIRED else job.status.value
+
+
+def snapshot(job: Job, status: str | None = None, text: str | None = None) -> dict[str, Any]:
+    """The response object for `job` as it stands (or as a stream tells it: `status`, with `text` so far)."""
+    status = status or status_of(job)
+    text = job.output if text is None else text
+    extra, params = job.spec.response or ResponseFields(), job.spec.params
+    ended = job.status.ended and status not in ("queued", "in_progress")
+    output = [] if status == "queued" or (ended and not text and status != "completed") else [
+        message(job, text, "completed" if status == "completed" else "in_progress" if not ended else "incomplete")]
+    error = None
+    if status == "failed":
+        error = {"code": job.error.type if job.error else job.status.value,
+                 "message": job.error.message if job.error else f"the job {job.status.value}"}  # fmt: skip
+    return {
+        "id": response_id(job.id), "object": "response", "created_at": int(job.timings.queued_at), "status": status,
+        "background": extra.background, "error": error,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": extra.instructions, "max_output_tokens": params.max_tokens, "metadata": extra.metadata,
+        "model": job.spec.model, "output": output, "parallel_tool_calls": True, "previous_response_id": None,
+        "service_tier": TIER_NAMES[job.spec.priority] if extra.service_tier != "priority" else "priority",
+        "store": True, "temperature": params.temperature, "text": {"format": {"type": "text"}}, "tool_choice": "auto",
+        "tools": [], "top_p": params.top_p, "truncation": "disabled", "usage": usage(job) if ended else None,
+        "user": None,
+    }  # fmt: skip
+
+
+def message(job: Job, text: str, status: str) -> dict[str, Any]:
+    """The response's one output item: the assistant's message."""
+    return {"id": "msg_" + job.id.removeprefix("job_"), "type": "message", "status": status, "role": "assistant",
+            "content": [part(text)]}  # fmt: skip
+
+
+def part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def usage(job: Job) -> dict[str, Any]:
+    u = job.usage
+    return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
+            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": u.total_tokens}  # fmt: skip
+
+
+# --- the stream ---------------------------------------------------------------------------------------------------
+
+
+class ResponseStream:
+    """A response's stream events from its job's story, numbered from 0; those up to `after` are left out.
+
+    Every event is a function of the job's log (its place there, and the text before it), never of when the stream
+    was opened, so the numbering is the same on every stream of one job: position updates go as SSE comments,
+    unnumbered. created, queued; at the first start: in_progress, output_item.added, content_part.added; a delta per
+    token event (after a requeue, once the new run has caught up: web/rerun.py); at the end output_text.done,
+    content_part.done, output_item.done and completed or incomplete, or else failed (failed, expired, cancelled:
+    the response's own status says which), or `error` if a new run wrote other text than was streamed.
+    """
+
+    def __init__(self, job: Job, after: int = -1, watcher: bool = False) -> None:
+        """`watcher`: this stream is the request a foreground response ends with (its end cancels the job)."""
+        self.job, self.after, self.watcher = job, after, watcher
+        self.seq = -1
+        self.text = SentText()
+        self.started = False
+        self.item_id = "msg_" + job.id.removeprefix("job_")
+
+    def _event(self, kind: str, **fields: Any) -> Iterator[str]:
+        self.seq += 1
+        if self.seq > self.after:
+            yield sse.event(kind, {"type": kind, "sequence_number": self.seq, **fields})
+
+    def _where(self) -> dict[str, Any]:
+        return {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+
+    def events(self, story: Iterator[Story]) -> Iterator[str]:
+        ended = False
+        try:
+            queued = self.job.model_copy(update={"status": JobStatus.QUEUED})
+            yield from self._event("response.created", response=snapshot(queued, "queued", ""))
+            yield from self._event("response.queued", response=snapshot(queued, "queued", ""))
+            for item in story:
+                match item:
+                    case Queued() | Ping():
+                        yield aside(item)
+                    case Gone():
+                        return
+                    case Event() if item.terminal:
+                        ended = True
+                        yield from self._end(item)
+                        return
+                    case Event():
+                        yield from self._on(item)
+        except Diverged:
+            ended = True
+            cancel_restarted(self.job)
+            yield from self._event("error", code=RESTARTED[0], message=RESTARTED[1], param=None)
+        finally:
+            if not ended and self.watcher:
+                _hang_up(self.job)
+
+    def _on(self, event: Event) -> Iterator[str]:
+        if event.type is EventType.STARTED and not self.started:
+            self.started = True
+            running = self.job.model_copy(update={"status": JobStatus.IN_PROGRESS})
+            yield from self._event("response.in_progress", response=snapshot(running, "in_progress", ""))
+            yield from self._event("response.output_item.added", output_index=0,
+                                   item={**message(self.job, "", "in_progress"), "content": []})  # fmt: skip
+            yield from self._event("response.content_part.added", **self._where(), part=part(""))
+        elif event.type is EventType.REQUEUED:
+            self.text.requeued()
+        elif event.type is EventType.TOKEN:
+            new = self.text.token(event.text)  # (Diverged: the caller ends the stream)
+            if new:
+                yield from self._event("response.output_text.delta", **self._where(), delta=new, logprobs=[])
+
+    def _end(self, event: Event) -> Iterator[str]:
+        if event.type is EventType.COMPLETED and self.text.ended_short():
+            raise Diverged
+        job = services().store.get(self.job.id)
+        if event.type is not EventType.COMPLETED:
+            yield from self._event("response.failed", response=snapshot(job))
+            return
+        text = self.text.sent
+        status = status_of(job)
+        yield from self._event("response.output_text.done", **self._where(), text=text, logprobs=[])
+        yield from self._event("response.content_part.done", **self._where(), part=part(text))
+        item_status = "completed" if status == "completed" else "incomplete"
+        yield from self._event("response.output_item.done", output_index=0, item=message(job, text, item_status))
+        yield from self._event(f"response.{status}", response=snapshot(job, status, text))
