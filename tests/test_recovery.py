@@ -192,3 +192,35 @@ def test_an_openai_stream_goes_on_where_it_was_when_its_worker_dies(store, worke
     done = store.get(job_id)
     assert (done.status.value, done.attempts, finish) == ("completed", 2, "length")
     assert content == done.output and done.usage.completion_tokens == 3000
+
+
+def test_a_background_response_stream_goes_on_numbered_alike_when_its_worker_dies(store, worker_process, live_server):
+    import json
+
+    import requests
+
+    worker_process()
+    body = {"model": store.settings.model_name, "input": "tell me", "stream": True, "background": True,
+            "max_output_tokens": 3000, "temperature": 0.9, "ignore_eos": True}  # fmt: skip
+    events, killed = [], False
+    with requests.post(f"{live_server}/v1/responses", json=body, stream=True, timeout=60) as response:
+        job_id = response.headers["x-onelane-job-id"]
+        for line in response.iter_lines(decode_unicode=True):
+            if line.startswith("data: "):
+                events.append(json.loads(line.removeprefix("data: ")))
+                deltas = sum(1 for e in events if e["type"] == "response.output_text.delta")
+                if deltas > 50 and not killed:
+                    os.kill(wait_for_worker(store).pid, signal.SIGKILL)  # mid-answer
+                    killed = True
+
+    done = store.get(job_id)
+    assert (done.status.value, done.attempts) == ("completed", 2) and events[-1]["type"] == "response.incomplete"
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == done.output
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    # a stream opened now, after the requeue, numbers the response's events as the one that lived through it
+    rid = events[0]["response"]["id"]
+    with requests.get(f"{live_server}/v1/responses/{rid}", params={"stream": "true", "starting_after": 40},
+                      stream=True, timeout=60) as again:  # fmt: skip
+        later = [json.loads(line.removeprefix("data: ")) for line in again.iter_lines(decode_unicode=True)
+                 if line.startswith("data: ")]  # fmt: skip
+    assert later == events[41:]
