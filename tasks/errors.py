@@ -55,6 +55,12 @@ class JobNotFound(OnelaneError):
     type = "not_found"
 
 
+class FileNotFound(OnelaneError):
+    """No such file, or not one of the caller's (or past its retention)."""
+
+    type = "not_found"
+
+
 class ModelNotFound(OnelaneError):
     """The request names a model this server does not serve."""
 

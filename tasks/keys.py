@@ -22,6 +22,10 @@ AFFINITY_PREFIX = NS + "affinity:"  # string, kept ONELANE_RESULT_TTL: the devic
 ADDRESS_PREFIX = NS + "address:"  # set, in local mode: the browser visitors of one client address with jobs waiting
 #                                   (admit.lua), living as long as the jobs it counts
 
+FILE_PREFIX = NS + "file:"  # hash, kept ONELANE_FILE_RETENTION: an uploaded file's record (tasks/files.py)
+FILE_DATA_PREFIX = NS + "file-data:"  # string, the same TTL: the file's bytes
+USER_FILES_PREFIX = NS + "files:"  # sorted set: one user's file ids by upload time (expired ids trimmed at upload)
+
 QUEUE = NS + "queue"  # sorted set: every waiting job id by its fair-queuing finish tag: the run order
 WAITING = NS + "waiting"  # sorted set: every waiting job id by its deadline
 WATCHED = NS + "watched"  # sorted set: waiting watched job ids by when their watcher's lease lapses
@@ -111,3 +115,15 @@ def prefixes() -> list[str]:
         DEVICE_PREFIX, DEVICES, STATS, CANCELS, MODEL_QUEUE_PREFIX, MODEL_PREFIX, BLOCKED, MINUTE_PREFIX, FAILURES,
         AFFINITY_PREFIX, str(MINUTE_TTL_S), str(FAILURES_KEPT),
     ]  # fmt: skip
+
+
+def file(file_id: str) -> str:
+    return FILE_PREFIX + file_id
+
+
+def file_data(file_id: str) -> str:
+    return FILE_DATA_PREFIX + file_id
+
+
+def user_files(owner: str) -> str:
+    return USER_FILES_PREFIX + owner

@@ -55,6 +55,8 @@ ENV_NAMES: dict[str, str] = {
     "prefix_cache_bytes": "ONELANE_PREFIX_CACHE",
     "prefix_cache_shared": "ONELANE_PREFIX_CACHE_SHARED",
     "cache_affinity_s": "ONELANE_CACHE_AFFINITY_S",
+    "file_retention_s": "ONELANE_FILE_RETENTION",
+    "max_file_bytes": "ONELANE_MAX_FILE_BYTES",
 }
 
 
@@ -244,6 +246,8 @@ class Settings(BaseModel):
     openblas: bool = True  # a Linux worker preloads OpenBLAS when installed (worker/blas.py); false: MLX's own BLAS
     # the worker's prefix cache (worker/prefix_cache.py): KV states kept for prompts that start the same way; 0: off
     prefix_cache_bytes: int = Field(default_factory=lambda: physical_memory() // 10, ge=0, le=2**50)
+    file_retention_s: int = Field(7 * 86400, ge=60, le=30 * 86400)  # an uploaded file (/v1/files) is kept this long
+    max_file_bytes: int = Field(32 * 2**20, ge=1024, le=512 * 2**20)  # the largest file /v1/files takes
     prefix_cache_shared: bool = False  # reuse an entry across owners (else only its owner's later jobs hit it)
     # a follow-up turn waits at most this long for the device whose prefix cache holds its history (with room)
     cache_affinity_s: float = Field(2.0, ge=0, le=60)
@@ -273,7 +277,7 @@ class Settings(BaseModel):
                 raise ValueError(f"ONELANE_MODELS_FILE: only one model may be the default, not {', '.join(defaults)}")
         return self
 
-    @field_validator("models_memory", "prefix_cache_bytes", mode="before")
+    @field_validator("models_memory", "prefix_cache_bytes", "max_file_bytes", mode="before")
     @classmethod
     def _bytes(cls, value: object) -> object:
         return parse_bytes(value)

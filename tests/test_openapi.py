@@ -36,6 +36,8 @@ OPERATIONS = {
     ("/", "get"), ("/jobs", "post"), ("/jobs/{job_id}", "get"), ("/jobs", "get"), ("/login", "get"), ("/login", "post"),
     ("/queue", "get"), ("/queue.json", "get"), ("/queue/jobs/{job_id}/cancel", "post"), ("/openapi.json", "get"),
     ("/docs", "get"), ("/v1/responses", "post"), ("/v1/responses/{rid}", "get"), ("/v1/responses/{rid}/cancel", "post"),
+    ("/v1/files", "post"), ("/v1/files", "get"), ("/v1/files/{file_id}", "get"), ("/v1/files/{file_id}/content", "get"),
+    ("/v1/files/{file_id}", "delete"),
 }  # fmt: skip
 TAKE_INPUT = {("/v1/jobs", "post"), ("/v1/jobs", "get"), ("/v1/chat/completions", "post"), ("/v1/completions", "post"),
               ("/jobs", "post"), ("/login", "post"), ("/v1/responses", "post")}  # fmt: skip

@@ -30,6 +30,7 @@ ANSWERS: tuple[type[BaseModel], ...] = (
     responses.ChatCompletion, responses.Completion, responses.ChatCompletionChunk, responses.CompletionChunk,
     responses.QueuedEvent, responses.StartedEvent, responses.TokenEvent, responses.RequeuedEvent,
     responses.Health, responses.Ready, responses.NotReady, responses.OpenAIResponse, responses.ResponseStreamEvent,
+    responses.FileObject, responses.FileList, responses.FileDeleted,
 )  # fmt: skip
 
 def build(app: Flask, settings: Settings) -> dict[str, Any]:

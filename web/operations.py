@@ -197,6 +197,51 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 err(404, "not_found: no such response, or another user's", True),
                 err(503, "unavailable: Redis is unreachable", True)])},
         }),
+        ("files.upload", "post", {
+            "operationId": "createFile", "tags": ["openai"], "summary": "Upload a file (for the Batch API)",
+            "description": f"multipart/form-data: `file` (UTF-8 JSONL, at most {s.max_file_bytes} bytes) and `purpose` "
+                           f"(`batch`); kept {s.file_retention_s} s.",
+            "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+                "type": "object", "required": ["file", "purpose"],
+                "properties": {"file": {"type": "string", "contentMediaType": "application/octet-stream"},
+                               "purpose": {"type": "string", "enum": ["batch"]}}}}}},
+            "responses": {"200": _answer("the file", ref(responses.FileObject)), **dict([
+                err(400, "invalid_request_error: another purpose, no file, an empty file, or not UTF-8 text", True),
+                oai_unauthorized, err(403, "forbidden: a request another site made, or a missing CSRF token", True),
+                err(413, "payload_too_large: the file is over ONELANE_MAX_FILE_BYTES", True),
+                err(503, "unavailable: Redis is unreachable", True)])},
+        }),
+        ("files.list_files", "get", {
+            "operationId": "listFiles", "tags": ["openai"], "summary": "List the caller's files",
+            "parameters": [{"name": "limit", "in": "query", "description": "how many, newest first",
+                            "schema": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX,
+                                       "default": LIST_LIMIT_DEFAULT}}],
+            "responses": {"200": _answer("the files", ref(responses.FileList)), **dict([
+                err(400, f"invalid_request_error: `limit` is not a whole number from 1 to {LIST_LIMIT_MAX}", True),
+                oai_unauthorized, err(503, "unavailable: Redis is unreachable", True)])},
+        }),
+        ("files.retrieve", "get", {
+            "operationId": "getFile", "tags": ["openai"], "summary": "Get a file's record",
+            "parameters": [FILE_ID],
+            "responses": {"200": _answer("the file", ref(responses.FileObject)), **dict([
+                oai_unauthorized, err(404, "not_found: no such file, or another user's", True),
+                err(503, "unavailable: Redis is unreachable", True)])},
+        }),
+        ("files.content", "get", {
+            "operationId": "getFileContent", "tags": ["openai"], "summary": "Read a file's bytes",
+            "parameters": [FILE_ID],
+            "responses": {"200": _answer("the file's bytes, as uploaded", {"type": "string"}, "application/octet-stream"),
+                          **dict([oai_unauthorized, err(404, "not_found: no such file, or another user's", True),
+                                  err(503, "unavailable: Redis is unreachable", True)])},
+        }),
+        ("files.delete", "delete", {
+            "operationId": "deleteFile", "tags": ["openai"], "summary": "Delete a file",
+            "parameters": [FILE_ID],
+            "responses": {"200": _answer("deleted", ref(responses.FileDeleted)), **dict([
+                oai_unauthorized, err(403, "forbidden: a request another site made, or a missing CSRF token", True),
+                err(404, "not_found: no such file, or another user's", True),
+                err(503, "unavailable: Redis is unreachable", True)])},
+        }),
         ("health.healthz", "get", {
             "operationId": "healthz", "tags": ["health"], "summary": "This web process answers", "security": [],
             "responses": {"200": _answer("alive", ref(responses.Health))},
@@ -220,6 +265,8 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
     ]
 
 
+FILE_ID = {"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"},
+           "description": "the file's id (`file-…`)"}  # fmt: skip
 RESPONSE_ID = {"name": "rid", "in": "path", "required": True, "schema": {"type": "string"},
                "description": "the response's id (`resp_…`)"}  # fmt: skip
 

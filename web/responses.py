@@ -362,3 +362,34 @@ class ResponseStreamEvent(Answer):
                   "response.content_part.done", "response.output_item.done", "response.completed",
                   "response.incomplete", "response.failed", "error"]  # fmt: skip
     sequence_number: int = Field(description="from 0, the same on every stream of one response")
+
+
+# --- the Files API ------------------------------------------------------------------------------------------------
+
+
+class FileObject(Answer):
+    """An uploaded file (kept ONELANE_FILE_RETENTION)."""
+
+    id: str = Field(description="`file-…`")
+    object: Literal["file"]
+    bytes: int
+    created_at: int
+    expires_at: int
+    filename: str
+    purpose: Literal["batch"]
+    status: Literal["processed"]
+    status_details: None
+
+
+class FileList(Answer):
+    """The caller's files, newest first."""
+
+    object: Literal["list"]
+    data: list[FileObject]
+    has_more: bool
+
+
+class FileDeleted(Answer):
+    id: str
+    object: Literal["file"]
+    deleted: Literal[True]

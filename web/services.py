@@ -1,4 +1,4 @@
-"""The app's services: the settings, the job store, the broker, the pub/sub hub and the housekeeper.
+"""The app's services: the settings, the job store, the broker, the pub/sub hub, the housekeeper, the file store.
 
 Built once per app by `web.create_app`; a view reaches them with `services()` (as flaskr's `get_db`).
 """
@@ -11,6 +11,7 @@ import dramatiq
 from flask import current_app
 
 from tasks.broker import make_broker
+from tasks.files import FileStore
 from tasks.housekeeping import Housekeeper
 from tasks.settings import Settings
 from tasks.store import Store
@@ -26,6 +27,7 @@ class Services:
     broker: dramatiq.Broker
     hub: Hub  # the process's one pub/sub connection, for every open stream
     housekeeper: Housekeeper  # expires jobs on time even while no worker runs
+    files: FileStore  # uploaded files (/v1/files)
 
     @classmethod
     def start(cls, settings: Settings) -> Services:
@@ -33,7 +35,7 @@ class Services:
         store = Store.connect(settings)
         broker = make_broker(settings, worker=False)
         return cls(settings=settings, store=store, broker=broker, hub=Hub(store, settings.effective_redis_url),
-                   housekeeper=Housekeeper(store, broker).start())  # fmt: skip
+                   housekeeper=Housekeeper(store, broker).start(), files=FileStore(store.redis, settings))  # fmt: skip
 
 
 def services() -> Services:
