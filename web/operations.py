@@ -60,6 +60,9 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
     oai_unauthorized = err(401, "unauthorized: no API key, or a wrong one (only with API keys configured)", True)
     not_found = err(404, "not_found: no such job, or another user's")
     unavailable = err(503, "unavailable: Redis is unreachable")
+    oai_unavailable = err(503, "unavailable: Redis is unreachable", True)
+    file_not_found = err(404, "not_found: no such file, or another user's", True)
+    response_not_found = err(404, "not_found: no such response, or another user's", True)
     submit_errors = dict([
         err(400, "invalid_json: not a JSON object, `NaN`, nested more than 32 levels, or not valid Unicode text"),
         unauthorized,
@@ -183,8 +186,8 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                             "description": "the sequence_number of the last event the client has"}],
             "responses": {"200": _response_answer(ref), **dict([
                 err(400, "invalid_request_error: `stream` or `starting_after` malformed", True),
-                oai_unauthorized, err(404, "not_found: no such response, or another user's", True),
-                err(503, "unavailable: Redis is unreachable", True)])},
+                oai_unauthorized, response_not_found,
+                oai_unavailable])},
         }),
         ("responses.cancel", "post", {
             "operationId": "cancelResponse", "tags": ["openai"], "summary": "Cancel a background response",
@@ -194,8 +197,8 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
             "responses": {"200": _answer("the response", ref(responses.OpenAIResponse)), **dict([
                 err(400, "invalid_request_error: a foreground response (it ends with its own request)", True),
                 oai_unauthorized, err(403, "forbidden: a request another site made, or a missing CSRF token", True),
-                err(404, "not_found: no such response, or another user's", True),
-                err(503, "unavailable: Redis is unreachable", True)])},
+                response_not_found,
+                oai_unavailable])},
         }),
         ("files.upload", "post", {
             "operationId": "createFile", "tags": ["openai"], "summary": "Upload a file (for the Batch API)",
@@ -209,7 +212,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 err(400, "invalid_request_error: another purpose, no file, an empty file, or not UTF-8 text", True),
                 oai_unauthorized, err(403, "forbidden: a request another site made, or a missing CSRF token", True),
                 err(413, "payload_too_large: the file is over ONELANE_MAX_FILE_BYTES", True),
-                err(503, "unavailable: Redis is unreachable", True)])},
+                oai_unavailable])},
         }),
         ("files.list_files", "get", {
             "operationId": "listFiles", "tags": ["openai"], "summary": "List the caller's files",
@@ -218,29 +221,29 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                                        "default": LIST_LIMIT_DEFAULT}}],
             "responses": {"200": _answer("the files", ref(responses.FileList)), **dict([
                 err(400, f"invalid_request_error: `limit` is not a whole number from 1 to {LIST_LIMIT_MAX}", True),
-                oai_unauthorized, err(503, "unavailable: Redis is unreachable", True)])},
+                oai_unauthorized, oai_unavailable])},
         }),
         ("files.retrieve", "get", {
             "operationId": "getFile", "tags": ["openai"], "summary": "Get a file's record",
             "parameters": [FILE_ID],
             "responses": {"200": _answer("the file", ref(responses.FileObject)), **dict([
-                oai_unauthorized, err(404, "not_found: no such file, or another user's", True),
-                err(503, "unavailable: Redis is unreachable", True)])},
+                oai_unauthorized, file_not_found,
+                oai_unavailable])},
         }),
         ("files.content", "get", {
             "operationId": "getFileContent", "tags": ["openai"], "summary": "Read a file's bytes",
             "parameters": [FILE_ID],
             "responses": {"200": _answer("the file's bytes, as uploaded", {"type": "string"}, "application/octet-stream"),
-                          **dict([oai_unauthorized, err(404, "not_found: no such file, or another user's", True),
-                                  err(503, "unavailable: Redis is unreachable", True)])},
+                          **dict([oai_unauthorized, file_not_found,
+                                  oai_unavailable])},
         }),
         ("files.delete", "delete", {
             "operationId": "deleteFile", "tags": ["openai"], "summary": "Delete a file",
             "parameters": [FILE_ID],
             "responses": {"200": _answer("deleted", ref(responses.FileDeleted)), **dict([
                 oai_unauthorized, err(403, "forbidden: a request another site made, or a missing CSRF token", True),
-                err(404, "not_found: no such file, or another user's", True),
-                err(503, "unavailable: Redis is unreachable", True)])},
+                file_not_found,
+                oai_unavailable])},
         }),
         ("health.healthz", "get", {
             "operationId": "healthz", "tags": ["health"], "summary": "This web process answers", "security": [],
