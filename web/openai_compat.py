@@ -12,7 +12,7 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from tasks.errors import InvalidRequest, JobDidNotComplete, OnelaneError
+from tasks.errors import JobDidNotComplete, OnelaneError
 from tasks.events import Event, EventType
 from tasks.job import Job, JobSpec, Usage, new_job_id
 from web import sse
@@ -23,7 +23,7 @@ from web.feed import Feed
 from web.follow import Gone, Ping, Queued, Story, aside, follow
 from web.openai_schemas import ChatRequest, CompletionRequest, Sampling, parse_openai
 from web.rerun import RESTARTED, Diverged, SentText, cancel_restarted
-from web.schemas import json_body, make_spec
+from web.schemas import json_body
 from web.services import services
 
 bp = Blueprint("openai", __name__)
@@ -43,10 +43,7 @@ def models() -> Response:
 def chat_completions() -> Response:
     owner = current_owner()  # who is asking (and may they), before what they ask
     req: ChatRequest = parse_openai(ChatRequest, json_body(request))
-    settings = services().settings
-    params = req.params(settings.default_max_tokens, req.max_completion_tokens)
-    messages = tuple(m.to_message() for m in req.messages)
-    spec = make_spec(owner, settings, params, None, messages, model=req.model, priority=req.priority(), watched=True)
+    spec = req.admission(owner, services().settings)
     return _admit_and_respond(spec, Chat, req)
 
 
@@ -54,12 +51,7 @@ def chat_completions() -> Response:
 def completions() -> Response:
     owner = current_owner()
     req: CompletionRequest = parse_openai(CompletionRequest, json_body(request))
-    if isinstance(req.prompt, list) and len(req.prompt) != 1:
-        raise InvalidRequest("onelane takes one prompt per request", param="prompt")
-    prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
-    settings = services().settings
-    params = req.params(min(16, settings.max_tokens_limit))  # the legacy endpoint's default is 16 tokens
-    spec = make_spec(owner, settings, params, prompt, None, model=req.model, priority=req.priority(), watched=True)
+    spec = req.admission(owner, services().settings)
     return _admit_and_respond(spec, Text, req)
 
 

@@ -29,7 +29,7 @@ from web.feed import Feed
 from web.follow import Gone, Ping, Queued, Story, aside, follow
 from web.openai_schemas import RESPONSE_NEUTRAL, ResponseRequest, parse_openai
 from web.rerun import RESTARTED, Diverged, SentText, cancel_restarted
-from web.schemas import json_body, make_spec
+from web.schemas import json_body
 from web.services import services
 
 bp = Blueprint("responses", __name__)
@@ -56,16 +56,7 @@ def _own(rid: str) -> Job:
 def create() -> Response:
     owner = current_owner()
     req: ResponseRequest = parse_openai(ResponseRequest, json_body(request), RESPONSE_NEUTRAL)
-    if req.background and not req.store:
-        raise InvalidRequest("background responses are stored: `store` must not be false", param="store")
-    settings = services().settings
-    params = req.params(settings.default_max_tokens)
-    if params.max_tokens > settings.max_tokens_limit:
-        raise InvalidRequest(f"max_output_tokens may be at most {settings.max_tokens_limit}", param="max_output_tokens")
-    extra = ResponseFields(background=req.background, instructions=req.instructions, metadata=req.metadata or {},
-                           service_tier=req.service_tier or "default")  # fmt: skip
-    spec, ttl_s = make_spec(owner, settings, params, None, req.messages(), model=req.model, priority=req.priority(),
-                            watched=not req.background, response=extra)  # fmt: skip
+    spec, ttl_s = req.admission(owner, services().settings)
     if req.background and not req.stream:
         return jsonify(snapshot(admit(spec, ttl_s)))
     svc = services()

@@ -11,9 +11,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.errors import InvalidRequest
-from tasks.job import Message, SamplingParams
-from tasks.settings import Priority
-from web.schemas import int_is_a_float, parse, stops_schema
+from tasks.job import JobSpec, Message, ResponseFields, SamplingParams
+from tasks.settings import Priority, Settings
+from web.schemas import int_is_a_float, make_spec, parse, stops_schema
 
 #: Fields onelane accepts only with their neutral value: anything else would change the answer's meaning.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -104,11 +104,26 @@ class ChatRequest(Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
 
+    def admission(self, owner: str, settings: Settings, batch: bool = False) -> tuple[JobSpec, float]:
+        """The job this request asks for (a batch's line: batch class, nobody watching), and its TTL."""
+        params = self.params(settings.default_max_tokens, self.max_completion_tokens)
+        messages = tuple(m.to_message() for m in self.messages)
+        return make_spec(owner, settings, params, None, messages, model=self.model,
+                         priority="batch" if batch else self.priority(), watched=not batch)  # fmt: skip
+
 
 class CompletionRequest(Sampling):
     prompt: str | list[str] = Field(json_schema_extra={"anyOf": [  # one prompt, as a string or a list of one
         {"type": "string", "minLength": 1}, {"type": "array", "items": {"type": "string", "minLength": 1},
                                              "minItems": 1, "maxItems": 1}]})  # fmt: skip
+
+    def admission(self, owner: str, settings: Settings, batch: bool = False) -> tuple[JobSpec, float]:
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise InvalidRequest("onelane takes one prompt per request", param="prompt")
+        prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+        params = self.params(min(16, settings.max_tokens_limit))  # the legacy endpoint's default is 16 tokens
+        return make_spec(owner, settings, params, prompt, None, model=self.model,
+                         priority="batch" if batch else self.priority(), watched=not batch)  # fmt: skip
 
 
 def parse_openai(model: type[BaseModel], body: dict[str, Any], neutral: dict[str, tuple[Any, ...]] = NEUTRAL) -> Any:
@@ -226,6 +241,20 @@ class ResponseRequest(BaseModel):
 
     def priority(self) -> Priority | None:
         return TIERS[self.service_tier] if self.service_tier else None
+
+    def admission(self, owner: str, settings: Settings, batch: bool = False) -> tuple[JobSpec, float]:
+        """A foreground response is watched by its request; a background one (or a batch's line) by nobody."""
+        if self.background and not self.store:
+            raise InvalidRequest("background responses are stored: `store` must not be false", param="store")
+        params = self.params(settings.default_max_tokens)
+        if params.max_tokens > settings.max_tokens_limit:
+            raise InvalidRequest(f"max_output_tokens may be at most {settings.max_tokens_limit}",
+                                 param="max_output_tokens")  # fmt: skip
+        extra = ResponseFields(background=self.background and not batch, instructions=self.instructions,
+                               metadata=self.metadata or {}, service_tier=self.service_tier or "default")  # fmt: skip
+        return make_spec(owner, settings, params, None, self.messages(), model=self.model,
+                         priority="batch" if batch else self.priority(), watched=not (self.background or batch),
+                         response=extra)  # fmt: skip
 
 
 #: Responses fields onelane takes only with their neutral value (anything else: 400 naming the field).

@@ -1,0 +1,68 @@
+"""A batch's input file, line by line: each line a job of the batch class checked as its endpoint checks a request,
+or an error line with its custom_id; only a file with no JSON object at all is refused whole."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from web.batch_input import NotJsonl, read_lines
+
+CHAT = "/v1/chat/completions"
+
+
+def line(custom_id, body=None, url=CHAT, method="POST"):  # type: ignore[no-untyped-def]
+    body = body if body is not None else {"model": "onelane-demo", "messages": [{"role": "user", "content": "hi"}]}
+    return json.dumps({"custom_id": custom_id, "method": method, "url": url, "body": body})
+
+
+@pytest.fixture
+def served(settings):  # type: ignore[no-untyped-def]
+    return settings.model_copy(update={"model": None})  # the default catalog: onelane-demo is one of its models
+
+
+def test_good_lines_are_batch_jobs_nobody_watches_and_bad_ones_are_errors_with_their_custom_id(served):
+    data = "\n".join([
+        line("a"),
+        line("b", {"model": "onelane-demo", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5,
+                   "service_tier": "priority"}),
+        "not json",
+        line("a"),  # again
+        line("c", url="/v1/embeddings"),
+        line("d", url="/v1/completions"),  # another endpoint than the batch's
+        line("e", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}),
+        line("f", {"model": "onelane-demo", "messages": [], "tools": [{"type": "function"}]}),
+        line("g", method="GET"),
+        line("h", {"model": "onelane-demo", "messages": [{"role": "user", "content": "x"}], "stream": True}),
+        json.dumps({"method": "POST", "url": CHAT, "body": {}}),
+        "",
+    ]).encode()  # fmt: skip
+
+    lines, errors = read_lines(data, CHAT, "alice", served)
+
+    assert [(l.index, l.custom_id) for l in lines] == [(0, "a"), (1, "b")]
+    assert all(l.spec.priority == "batch" and not l.spec.watched and l.spec.owner == "alice" for l in lines)
+    assert lines[1].spec.params.max_tokens == 5
+    assert [(e.index, e.custom_id, e.code) for e in errors] == [
+        (2, None, "invalid_json"), (3, "a", "duplicate_custom_id"), (4, "c", "invalid_url"), (5, "d", "invalid_url"),
+        (6, "e", "model_not_found"), (7, "f", "invalid_request"), (8, "g", "invalid_method"), (9, "h", "invalid_body"),
+        (10, None, "missing_custom_id"),
+    ]  # fmt: skip
+    assert "tools" in errors[5].message
+
+
+def test_responses_lines_are_responses_and_completions_lines_completions(served):
+    body = {"model": "onelane-demo", "input": "hi", "instructions": "Be brief.", "background": True}
+    (resp,), _ = read_lines(line("r", body, url="/v1/responses").encode(), "/v1/responses", "u", served)
+    assert resp.spec.response is not None and resp.spec.response.background is False and not resp.spec.watched
+    assert resp.spec.messages[0].content == "Be brief."
+    (text,), _ = read_lines(line("t", {"model": "onelane-demo", "prompt": "Once"}, url="/v1/completions").encode(),
+                            "/v1/completions", "u", served)  # fmt: skip
+    assert text.spec.prompt == "Once" and text.spec.params.max_tokens == 16
+
+
+@pytest.mark.parametrize("data", [b"not json\nat all\n", b"[1, 2]\n\n", b"\n\n"])
+def test_a_file_with_no_json_object_is_refused_whole(served, data):
+    with pytest.raises(NotJsonl):
+        read_lines(data, CHAT, "u", served)

@@ -1,0 +1,110 @@
+"""A Batch API input file, read line by line into the jobs it asks for, and the lines it cannot be.
+
+Each line of the JSONL file is `{"custom_id", "method": "POST", "url", "body"}`; its body is checked exactly as the
+endpoint `url` checks a request (the same request models and server limits, web/openai_schemas.py), and becomes a
+job of the batch class that nobody watches. A line that cannot be one (not JSON, no custom_id, a custom_id seen
+before, another method, a url that is not the batch's endpoint, a body the endpoint refuses, `stream`) is an error
+line with its custom_id, never the whole batch's failure; only a file in which no line is a JSON object is refused
+whole (NotJsonl).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from tasks.errors import OnelaneError
+from tasks.job import JobSpec
+from tasks.settings import Settings
+from web.openai_schemas import NEUTRAL, RESPONSE_NEUTRAL, ChatRequest, CompletionRequest, ResponseRequest, parse_openai
+
+#: The endpoints a batch may address, with the request model (and its neutral fields) each one's body is.
+ENDPOINTS: dict[str, tuple[type[BaseModel], dict[str, tuple[Any, ...]]]] = {
+    "/v1/chat/completions": (ChatRequest, NEUTRAL),
+    "/v1/completions": (CompletionRequest, NEUTRAL),
+    "/v1/responses": (ResponseRequest, RESPONSE_NEUTRAL),
+}
+
+
+class NotJsonl(OnelaneError):
+    """No line of the file is a JSON object: it is no batch input at all."""
+
+    type = "invalid_file"
+
+
+@dataclass(frozen=True)
+class Line:
+    """A line that is a job: its place in the file (from 0), its custom_id, and the job with its TTL."""
+
+    index: int
+    custom_id: str
+    spec: JobSpec
+    ttl_s: float
+
+
+@dataclass(frozen=True)
+class LineError:
+    """A line that is not a job, and why (`code` as OpenAI's batch errors name them, `message` in words)."""
+
+    index: int
+    custom_id: str | None
+    code: str
+    message: str
+
+
+def read_lines(data: bytes, endpoint: str, owner: str, settings: Settings) -> tuple[list[Line], list[LineError]]:
+    """Every non-blank line of `data` as a Line or a LineError, in file order (NotJsonl: none is a JSON object)."""
+    lines: list[Line] = []
+    errors: list[LineError] = []
+    seen: set[str] = set()
+    objects = 0
+    for index, raw in enumerate(data.decode("utf-8", errors="replace").splitlines()):
+        if not raw.strip():
+            continue
+        try:
+            item = json.loads(raw)
+        except ValueError:
+            errors.append(LineError(index, None, "invalid_json", "the line is not JSON"))
+            continue
+        if not isinstance(item, dict):
+            errors.append(LineError(index, None, "invalid_json", "the line is not a JSON object"))
+            continue
+        objects += 1
+        outcome = _line(index, item, endpoint, owner, settings, seen)
+        (lines if isinstance(outcome, Line) else errors).append(outcome)  # type: ignore[arg-type]
+    if not objects:
+        raise NotJsonl("no line of the file is a JSON object: a batch's input is JSONL, one request a line")
+    return lines, errors
+
+
+def _line(index: int, item: dict[str, Any], endpoint: str, owner: str, settings: Settings,
+          seen: set[str]) -> Line | LineError:  # fmt: skip
+    custom_id = item.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id or len(custom_id) > 512:
+        return LineError(index, None, "missing_custom_id", "each line needs a custom_id: a string of 1 to 512 characters")
+    if custom_id in seen:
+        return LineError(index, custom_id, "duplicate_custom_id", "this custom_id is on an earlier line")
+    seen.add(custom_id)
+    if item.get("method") != "POST":
+        return LineError(index, custom_id, "invalid_method", "method must be POST")
+    url = item.get("url")
+    if url != endpoint:
+        known = url in ENDPOINTS
+        why = f"this batch's endpoint is {endpoint}" if known else f"unknown url; one of {', '.join(ENDPOINTS)}"
+        return LineError(index, custom_id, "invalid_url", why)
+    body = item.get("body")
+    if not isinstance(body, dict):
+        return LineError(index, custom_id, "invalid_body", "body must be a JSON object: the request to the endpoint")
+    if body.get("stream"):
+        return LineError(index, custom_id, "invalid_body", "a batch's requests are not streamed: leave out stream")
+    model, neutral = ENDPOINTS[endpoint]
+    try:
+        req = parse_openai(model, dict(body), neutral)
+        spec, ttl_s = req.admission(owner, settings, batch=True)
+    except OnelaneError as exc:
+        where = f" ({exc.param})" if exc.param else ""
+        return LineError(index, custom_id, exc.type, exc.message + where)
+    return Line(index, custom_id, spec, ttl_s)
