@@ -99,15 +99,19 @@ def user_keys(n: int) -> list[str]:
     return [f"bench-user-{u}-key-0123456789" for u in range(n)]
 
 
+def stack_env(keys: list[str], **more: str) -> dict[str, str]:
+    """What every onelane process of a run is started with: wide queue bounds, a key per user, long answers."""
+    return {**queue_bounds(1000), "ONELANE_API_KEYS": ",".join(f"u{n}:{k}" for n, k in enumerate(keys)),
+            "ONELANE_MAX_TOKENS_LIMIT": "4096", **more}  # fmt: skip
+
+
 @contextlib.contextmanager
 def onelane(model: str, users: int, cache: bool, log: Path) -> Iterator[Server]:
     """A fresh Redis, `onelane worker` and `onelane web`, with a key per user; the prefix cache on or off."""
     with private_redis() as (folder, url):
         keys = user_keys(users)
         settings = Settings(redis_url=url, model=model, var_dir=folder)
-        extra = {**queue_bounds(1000), "ONELANE_API_KEYS": ",".join(f"u{n}:{k}" for n, k in enumerate(keys)),
-                 "ONELANE_PREFIX_CACHE": os.environ.get("ONELANE_PREFIX_CACHE", "10%") if cache else "0",
-                 "ONELANE_MAX_TOKENS_LIMIT": "4096"}  # fmt: skip
+        extra = stack_env(keys, ONELANE_PREFIX_CACHE=os.environ.get("ONELANE_PREFIX_CACHE", "10%") if cache else "0")
         port = free_port()
         with onelane_worker(settings, log.with_suffix(".worker.log"), **extra), \
                 onelane_web(settings, port, log.with_suffix(".web.log"), ready="/readyz", **extra):  # fmt: skip
@@ -125,8 +129,7 @@ def two_devices(model: str, users: int, affinity_s: float, log: Path) -> Iterato
     with private_redis() as (folder, url):
         keys = user_keys(users)
         settings = Settings(redis_url=url, model=model, var_dir=folder)
-        extra = {**queue_bounds(1000), "ONELANE_API_KEYS": ",".join(f"u{n}:{k}" for n, k in enumerate(keys)),
-                 "ONELANE_CACHE_AFFINITY_S": str(affinity_s), "ONELANE_MAX_TOKENS_LIMIT": "4096"}  # fmt: skip
+        extra = stack_env(keys, ONELANE_CACHE_AFFINITY_S=str(affinity_s))
         port = free_port()
         with onelane_worker(settings, log.with_suffix(".a.log"), ONELANE_DEVICE="gpu-a", **extra), \
                 onelane_worker(settings, log.with_suffix(".b.log"), ONELANE_DEVICE="gpu-b", **extra), \

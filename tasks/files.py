@@ -62,15 +62,15 @@ class FileStore:
         return record
 
     def get(self, file_id: str, owner: str) -> FileRecord:
-        fields = self.redis.hgetall(keys.file(file_id))
-        if not fields or fields.get("owner") != owner:
-            raise FileNotFound("no such file")
-        return FileRecord.model_validate({"id": file_id, **fields})
+        return _record(file_id, owner, self.redis.hgetall(keys.file(file_id)))
 
     def content(self, file_id: str, owner: str) -> bytes:
-        self.get(file_id, owner)
-        data = self.redis.execute_command("GET", keys.file_data(file_id), NEVER_DECODE=True)
-        if data is None:  # it expired between the two reads
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(keys.file(file_id))
+        pipe.execute_command("GET", keys.file_data(file_id), NEVER_DECODE=True)
+        fields, data = pipe.execute()
+        _record(file_id, owner, fields)
+        if data is None:  # (its two keys expire together; this is the moment between them)
             raise FileNotFound("no such file")
         return bytes(data)
 
@@ -84,10 +84,15 @@ class FileStore:
     def list(self, owner: str, limit: int) -> list[FileRecord]:
         """The owner's files, newest first (those past their retention are gone)."""
         ids = self.redis.zrevrange(keys.user_files(owner), 0, limit - 1)
-        records = []
+        pipe = self.redis.pipeline(transaction=False)
         for file_id in ids:
-            try:
-                records.append(self.get(file_id, owner))
-            except FileNotFound:
-                continue
-        return records
+            pipe.hgetall(keys.file(file_id))
+        return [FileRecord.model_validate({"id": file_id, **fields})
+                for file_id, fields in zip(ids, pipe.execute()) if fields.get("owner") == owner]  # fmt: skip
+
+
+def _record(file_id: str, owner: str, fields: dict[str, str]) -> FileRecord:
+    """The file whose hash is `fields`, if `owner`'s (FileNotFound otherwise, as when there is none)."""
+    if not fields or fields.get("owner") != owner:
+        raise FileNotFound("no such file")
+    return FileRecord.model_validate({"id": file_id, **fields})

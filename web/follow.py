@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from tasks.errors import OnelaneError
 from tasks.events import Event, EventType
 from tasks.job import Job, JobStatus
 from tasks.store import Standing, Store
@@ -41,6 +42,17 @@ class Gone:
 
 
 Story = Event | Queued | Ping | Gone
+
+
+CLIENT_GONE = ("client_gone", "the client closed its connection")
+
+
+def cancel_quietly(store: Store, job: Job, error: tuple[str, str]) -> None:
+    """Cancel `job` for `error` (CLIENT_GONE: its client hung up), unless it ended meanwhile."""
+    try:
+        store.cancel(job.id, job.owner, error=error)
+    except OnelaneError:
+        pass
 
 
 def aside(item: Queued | Ping) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from tasks.errors import JobDidNotComplete, OnelaneError
+from tasks.errors import JobDidNotComplete
 from tasks.events import Event, EventType
 from tasks.job import Job, JobSpec, Usage, new_job_id
 from web import sse
@@ -20,7 +20,7 @@ from web.admission import admit
 from web.auth import current_owner
 from web.errors import openai_error
 from web.feed import Feed
-from web.follow import Gone, Ping, Queued, Story, aside, follow
+from web.follow import CLIENT_GONE, Gone, Ping, Queued, Story, aside, cancel_quietly, follow
 from web.openai_schemas import ChatRequest, CompletionRequest, Sampling, parse_openai
 from web.rerun import RESTARTED, Diverged, SentText, cancel_restarted
 from web.schemas import json_body
@@ -124,14 +124,6 @@ def _headers(job: Job, queued_s: float | None = None) -> dict[str, str]:
     return headers
 
 
-def _hang_up(job: Job) -> None:
-    """The client left: cancel its job, unless it ended meanwhile."""
-    try:
-        services().store.cancel(job.id, job.owner, error=("client_gone", "the client closed its connection"))
-    except OnelaneError:  # it ended meanwhile
-        pass
-
-
 def _admit_and_respond(admission: tuple[JobSpec, float], view_class: type[Chat], req: Sampling) -> Response:
     """Admit the job and answer with its story. Its feed subscribes first, so that, once admitted, the job's
     events all arrive live and nothing is read back before the first token."""
@@ -157,7 +149,7 @@ def _respond(job: Job, view: Chat, story: Iterator[Story]) -> Response:
     for item in story:
         match item:
             case Gone():
-                _hang_up(job)
+                cancel_quietly(services().store, job, CLIENT_GONE)
                 return Response(status=499)  # nobody reads it; the job was cancelled
             case Event(type=EventType.STARTED):  # (again, after a requeue: its output starts over)
                 output, queued_s = [], item.queued_s
@@ -217,7 +209,7 @@ def _stream(job: Job, view: Chat, story: Iterator[Story]) -> Iterator[str]:
                     return
     finally:
         if not ended:
-            _hang_up(job)
+            cancel_quietly(services().store, job, CLIENT_GONE)
 
 
 def _restarted_differently(job: Job) -> Iterator[str]:

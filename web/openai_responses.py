@@ -24,9 +24,10 @@ from tasks.events import Event, EventType
 from tasks.job import Job, JobStatus, ResponseFields, new_job_id
 from web import sse
 from web.admission import admit
+from web.api import CANCEL_WAIT_S
 from web.auth import current_owner
 from web.feed import Feed
-from web.follow import Gone, Ping, Queued, Story, aside, follow
+from web.follow import CLIENT_GONE, Gone, Ping, Queued, Story, aside, cancel_quietly, follow
 from web.openai_schemas import RESPONSE_NEUTRAL, ResponseRequest, parse_openai
 from web.rerun import RESTARTED, Diverged, SentText, cancel_restarted
 from web.schemas import json_body
@@ -95,7 +96,7 @@ def cancel(rid: str) -> Response:
     if not job.spec.response.background:  # type: ignore[union-attr]
         raise InvalidRequest("only a background response can be cancelled (a foreground one ends with its request)")
     try:
-        job = services().store.cancel(job.id, job.owner, wait_s=2.0)
+        job = services().store.cancel(job.id, job.owner, wait_s=CANCEL_WAIT_S)
     except JobAlreadyEnded:
         job = services().store.get(job.id, job.owner)
     return jsonify(snapshot(job))
@@ -120,7 +121,7 @@ def _answer(job: Job, story: Iterator[Story]) -> Response:
     """A foreground response, whole, once its job ended (nothing read back before the end)."""
     for item in story:
         if isinstance(item, Gone):
-            _hang_up(job)
+            cancel_quietly(services().store, job, CLIENT_GONE)
             return Response(status=499)
         if isinstance(item, Event) and item.terminal:
             ended = services().store.get(job.id)
@@ -128,13 +129,6 @@ def _answer(job: Job, story: Iterator[Story]) -> Response:
                 raise JobDidNotComplete.of(ended)
             return jsonify(snapshot(ended))
     raise JobDidNotComplete.of(services().store.get(job.id))
-
-
-def _hang_up(job: Job) -> None:
-    try:
-        services().store.cancel(job.id, job.owner, error=("client_gone", "the client closed its connection"))
-    except (JobAlreadyEnded, JobNotFound):
-        pass
 
 
 # --- the response object ------------------------------------------------------------------------------------------
@@ -151,9 +145,12 @@ def snapshot(job: Job, status: str | None = None, text: str | None = None) -> di
     status = status or status_of(job)
     text = job.output if text is None else text
     extra, params = job.spec.response or ResponseFields(), job.spec.params
-    ended = job.status.ended and status not in ("queued", "in_progress")
-    output = [] if status == "queued" or (ended and not text and status != "completed") else [
-        message(job, text, "completed" if status == "completed" else "in_progress" if not ended else "incomplete")]
+    ended = status not in ("queued", "in_progress")
+    if status == "queued" or (ended and status != "completed" and not text):
+        output = []  # nothing written (yet, or ever)
+    else:
+        output = [message(job, text, "in_progress" if not ended else "completed" if status == "completed" else
+                          "incomplete")]  # fmt: skip
     error = None
     if status == "failed":
         error = {"code": job.error.type if job.error else job.status.value,
@@ -173,8 +170,11 @@ def snapshot(job: Job, status: str | None = None, text: str | None = None) -> di
 
 def message(job: Job, text: str, status: str) -> dict[str, Any]:
     """The response's one output item: the assistant's message."""
-    return {"id": "msg_" + job.id.removeprefix("job_"), "type": "message", "status": status, "role": "assistant",
-            "content": [part(text)]}  # fmt: skip
+    return {"id": item_id(job), "type": "message", "status": status, "role": "assistant", "content": [part(text)]}
+
+
+def item_id(job: Job) -> str:
+    return "msg_" + job.id.removeprefix("job_")
 
 
 def part(text: str) -> dict[str, Any]:
@@ -208,7 +208,7 @@ class ResponseStream:
         self.seq = -1
         self.text = SentText()
         self.started = False
-        self.item_id = "msg_" + job.id.removeprefix("job_")
+        self.item_id = item_id(job)
 
     def _event(self, kind: str, **fields: Any) -> Iterator[str]:
         self.seq += 1
@@ -221,9 +221,8 @@ class ResponseStream:
     def events(self, story: Iterator[Story]) -> Iterator[str]:
         ended = False
         try:
-            queued = self.job.model_copy(update={"status": JobStatus.QUEUED})
-            yield from self._event("response.created", response=snapshot(queued, "queued", ""))
-            yield from self._event("response.queued", response=snapshot(queued, "queued", ""))
+            yield from self._event("response.created", response=snapshot(self.job, "queued", ""))
+            yield from self._event("response.queued", response=snapshot(self.job, "queued", ""))
             for item in story:
                 match item:
                     case Queued() | Ping():
@@ -242,13 +241,12 @@ class ResponseStream:
             yield from self._event("error", code=RESTARTED[0], message=RESTARTED[1], param=None)
         finally:
             if not ended and self.watcher:
-                _hang_up(self.job)
+                cancel_quietly(services().store, self.job, CLIENT_GONE)
 
     def _on(self, event: Event) -> Iterator[str]:
         if event.type is EventType.STARTED and not self.started:
             self.started = True
-            running = self.job.model_copy(update={"status": JobStatus.IN_PROGRESS})
-            yield from self._event("response.in_progress", response=snapshot(running, "in_progress", ""))
+            yield from self._event("response.in_progress", response=snapshot(self.job, "in_progress", ""))
             yield from self._event("response.output_item.added", output_index=0,
                                    item={**message(self.job, "", "in_progress"), "content": []})  # fmt: skip
             yield from self._event("response.content_part.added", **self._where(), part=part(""))

@@ -29,6 +29,12 @@ HEADERS = {
 }
 JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"},
           "description": "the job's id (`job_…`); another user's job is 404, as one that does not exist"}  # fmt: skip
+LIMIT = {"name": "limit", "in": "query", "description": "how many, newest first",
+         "schema": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX, "default": LIST_LIMIT_DEFAULT}}  # fmt: skip
+FILE_ID = {"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"},
+           "description": "the file's id (`file-…`)"}  # fmt: skip
+RESPONSE_ID = {"name": "rid", "in": "path", "required": True, "schema": {"type": "string"},
+               "description": "the response's id (`resp_…`)"}  # fmt: skip
 
 
 def _answer(description: str, schema: Any = None, media: str = JSON,
@@ -102,9 +108,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
         }),
         ("api.list_jobs", "get", {
             "operationId": "listJobs", "tags": ["jobs"], "summary": "List the caller's recent jobs",
-            "parameters": [{"name": "limit", "in": "query", "description": "how many, newest first",
-                            "schema": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX,
-                                       "default": LIST_LIMIT_DEFAULT}}],
+            "parameters": [LIMIT],
             "responses": {"200": _answer("the jobs", ref(responses.JobList)), **dict([
                 err(400, f"invalid_request: `limit` is not one whole number from 1 to {LIST_LIMIT_MAX} (`param`: "
                          "limit); it is never clamped"),
@@ -216,9 +220,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
         }),
         ("files.list_files", "get", {
             "operationId": "listFiles", "tags": ["openai"], "summary": "List the caller's files",
-            "parameters": [{"name": "limit", "in": "query", "description": "how many, newest first",
-                            "schema": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX,
-                                       "default": LIST_LIMIT_DEFAULT}}],
+            "parameters": [LIMIT],
             "responses": {"200": _answer("the files", ref(responses.FileList)), **dict([
                 err(400, f"invalid_request_error: `limit` is not a whole number from 1 to {LIST_LIMIT_MAX}", True),
                 oai_unauthorized, oai_unavailable])},
@@ -266,12 +268,6 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                           **dict([unavailable])},
         }),
     ]
-
-
-FILE_ID = {"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"},
-           "description": "the file's id (`file-…`)"}  # fmt: skip
-RESPONSE_ID = {"name": "rid", "in": "path", "required": True, "schema": {"type": "string"},
-               "description": "the response's id (`resp_…`)"}  # fmt: skip
 
 
 def _response_stream_note() -> str:

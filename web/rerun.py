@@ -9,8 +9,8 @@ Should the new run write something else, the stream cannot take back what it sen
 
 from __future__ import annotations
 
-from tasks.errors import OnelaneError
 from tasks.job import Job
+from web.follow import cancel_quietly
 from web.services import services
 
 RESTARTED = ("worker_restarted", "the worker restarted mid-answer and the answer, generated again, differs from "
@@ -50,7 +50,4 @@ class SentText:
 
 def cancel_restarted(job: Job) -> None:
     """Cancel a job whose new run differs from what its client was sent (unless it ended meanwhile)."""
-    try:
-        services().store.cancel(job.id, job.owner, error=RESTARTED)
-    except OnelaneError:
-        pass
+    cancel_quietly(services().store, job, RESTARTED)

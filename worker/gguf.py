@@ -134,7 +134,12 @@ def _number(meta: dict[str, Any], key: str, default: float | None = None) -> flo
         if default is None:
             raise GgufError(f"the file's metadata has no {key}")
         return default
-    return float(value.item() if isinstance(value, mx.array) else value)
+    return float(_scalar(value))
+
+
+def _scalar(value: Any) -> Any:
+    """A metadata value as Python reads it (MLX gives numbers as 0-d arrays)."""
+    return value.item() if isinstance(value, mx.array) else value
 
 
 def _renamed(weights: dict[str, mx.array]) -> dict[str, mx.array]:
@@ -215,7 +220,7 @@ def _tokenizer(meta: dict[str, Any], folder: Path) -> None:
 
     def token(key: str) -> str | None:
         value = meta.get(key)
-        return tokens[int(value.item() if isinstance(value, mx.array) else value)] if value is not None else None
+        return tokens[int(_scalar(value))] if value is not None else None
 
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=bpe, bos_token=token("tokenizer.ggml.bos_token_id"),
@@ -230,5 +235,5 @@ def _tokenizer(meta: dict[str, Any], folder: Path) -> None:
     if meta.get("tokenizer.chat_template"):
         config["chat_template"] = meta["tokenizer.chat_template"]
     add_bos = meta.get("tokenizer.ggml.add_bos_token")
-    config["add_bos_token"] = bool(add_bos.item() if isinstance(add_bos, mx.array) else add_bos)
+    config["add_bos_token"] = bool(_scalar(add_bos))
     config_file.write_text(json.dumps(config, indent=2))

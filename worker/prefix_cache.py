@@ -85,12 +85,12 @@ class PrefixCache:
         self.counters.lookups += 1
         found = self._lru._trie.search(key, tokens)
         shorter = len(found.shorter) if found.shorter else 0
-        if found.exact is not None:
-            reach = len(tokens) - 1
+        if found.exact is not None:  # the entry mlx-lm's fetch will copy from, and how much of the prompt it holds
+            used, reach = found.exact, len(tokens) - 1
         elif found.longer is not None and found.common_prefix > shorter:
-            reach = min(len(tokens) - 1, found.common_prefix)
+            used, reach = found.longer, min(len(tokens) - 1, found.common_prefix)
         else:
-            reach = shorter
+            used, reach = found.shorter, shorter
         if reach < MIN_HIT_TOKENS:  # (every chat prompt shares its template's first tokens with every entry)
             return Hit(None, 0)
         cache, rest = self._lru.fetch_nearest_cache(key, tokens)
@@ -103,7 +103,6 @@ class PrefixCache:
                 layer.trim(1)
             rest = tokens[-1:]
         cached = len(tokens) - len(rest)
-        used = found.exact or (found.longer if found.longer and found.common_prefix > shorter else found.shorter)
         self._touch(key, used)
         self.counters.hits += 1
         self.counters.cached_tokens += cached
