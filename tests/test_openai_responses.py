@@ -182,3 +182,17 @@ def test_a_background_stream_whose_client_hangs_up_runs_on(live_server, worker, 
         job_id = answer.headers["x-onelane-job-id"]
         next(answer.iter_lines())
     assert wait_ended(store, job_id)["status"] == "completed"
+
+
+def test_a_background_response_that_waits_past_its_ttl_is_failed_expired(make_app, settings, store):
+    # Given no worker and a one-second TTL, When a background response waits past it
+    client = make_app(settings.model_copy(update={"job_ttl_s": 1})).test_client()
+    created = client.post("/v1/responses", json={"model": MODEL, "input": "hi", "background": True}).get_json()
+    wait_ended(store, job_of(created["id"]))  # the web's housekeeping expires it
+
+    # Then it reads as failed, code `expired`, with nothing written, and its stream ends with response.failed
+    done = client.get(f"/v1/responses/{created['id']}").get_json()
+    assert (done["status"], done["error"]["code"], done["output"]) == ("failed", "expired", [])
+    assert done["usage"]["output_tokens"] == 0
+    stream = client.get(f"/v1/responses/{created['id']}?stream=true").get_data(as_text=True)
+    assert stream.rstrip().splitlines()[-2] == "event: response.failed"
