@@ -330,7 +330,7 @@ def run_kill(args: argparse.Namespace, max_attempts: int) -> dict[str, int]:
                 run.stats = store.redis.hgetall(keys.STATS)
                 time.sleep(0.3)  # the last events reach the clock
         finally:
-            app.extensions[EXTENSION].housekeeper.stop()
+            app.extensions[EXTENSION].stop()
             clock.stop.set()
             lease.stop.set()
             clock.join(5)

@@ -61,6 +61,12 @@ class FileNotFound(OnelaneError):
     type = "not_found"
 
 
+class BatchNotFound(OnelaneError):
+    """No such batch, or not the caller's."""
+
+    type = "not_found"
+
+
 class ModelNotFound(OnelaneError):
     """The request names a model this server does not serve."""
 

@@ -46,9 +46,10 @@ class FileStore:
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
         self.redis, self.settings = client, settings
 
-    def create(self, owner: str, filename: str, purpose: str, data: bytes) -> FileRecord:
+    def create(self, owner: str, filename: str, purpose: str, data: bytes, file_id: str | None = None) -> FileRecord:
+        """Keep `data` as a new file (or as `file_id`, written again whole: a batch's result files)."""
         now, keep = int(time.time()), self.settings.file_retention_s
-        record = FileRecord(id=new_file_id(), owner=owner, purpose=purpose, filename=filename, bytes=len(data),
+        record = FileRecord(id=file_id or new_file_id(), owner=owner, purpose=purpose, filename=filename, bytes=len(data),
                             created_at=now, expires_at=now + keep)  # fmt: skip
         fields = record.model_dump(exclude={"id"})
         pipe = self.redis.pipeline(transaction=True)

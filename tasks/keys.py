@@ -26,6 +26,17 @@ FILE_PREFIX = NS + "file:"  # hash, kept ONELANE_FILE_RETENTION: an uploaded fil
 FILE_DATA_PREFIX = NS + "file-data:"  # string, the same TTL: the file's bytes
 USER_FILES_PREFIX = NS + "files:"  # sorted set: one user's file ids by upload time (expired ids trimmed at upload)
 
+BATCH_PREFIX = NS + "batch:"  # hash: a batch's record (tasks/batches.py); kept its completion window + the retention
+BATCH_LINES_PREFIX = NS + "batch-lines:"  # list: the batch's lines not admitted yet, in file order (removed at its end)
+BATCH_RUNNING_PREFIX = NS + "batch-running:"  # hash: job id -> line, the batch's lines admitted and not collected
+BATCH_OUTPUT_PREFIX = NS + "batch-out:"  # hash: line index -> result line, of the lines that succeeded (removed at
+#                                        its end, once in the output file)
+BATCH_ERRORS_PREFIX = NS + "batch-err:"  # hash: line index -> result line, of the lines that failed (likewise)
+BATCH_CHANNEL_PREFIX = NS + "batch-ch:"  # pub/sub: "the batch moved" (a line ended, its status changed)
+BATCH_LOCK_PREFIX = NS + "batch-lock:"  # string, a few seconds: who runs the batch's round now
+USER_BATCHES_PREFIX = NS + "batches:"  # sorted set: one user's batch ids by creation time (expired ids trimmed)
+BATCHES = NS + "batches"  # sorted set: the batches not ended yet, by creation time (the runners' work list)
+
 QUEUE = NS + "queue"  # sorted set: every waiting job id by its fair-queuing finish tag: the run order
 WAITING = NS + "waiting"  # sorted set: every waiting job id by its deadline
 WATCHED = NS + "watched"  # sorted set: waiting watched job ids by when their watcher's lease lapses
@@ -127,3 +138,35 @@ def file_data(file_id: str) -> str:
 
 def user_files(owner: str) -> str:
     return USER_FILES_PREFIX + owner
+
+
+def batch(batch_id: str) -> str:
+    return BATCH_PREFIX + batch_id
+
+
+def batch_lines(batch_id: str) -> str:
+    return BATCH_LINES_PREFIX + batch_id
+
+
+def batch_running(batch_id: str) -> str:
+    return BATCH_RUNNING_PREFIX + batch_id
+
+
+def batch_output(batch_id: str) -> str:
+    return BATCH_OUTPUT_PREFIX + batch_id
+
+
+def batch_errors(batch_id: str) -> str:
+    return BATCH_ERRORS_PREFIX + batch_id
+
+
+def batch_channel(batch_id: str) -> str:
+    return BATCH_CHANNEL_PREFIX + batch_id
+
+
+def batch_lock(batch_id: str) -> str:
+    return BATCH_LOCK_PREFIX + batch_id
+
+
+def user_batches(owner: str) -> str:
+    return USER_BATCHES_PREFIX + owner

@@ -57,6 +57,9 @@ ENV_NAMES: dict[str, str] = {
     "cache_affinity_s": "ONELANE_CACHE_AFFINITY_S",
     "file_retention_s": "ONELANE_FILE_RETENTION",
     "max_file_bytes": "ONELANE_MAX_FILE_BYTES",
+    "max_batch_lines": "ONELANE_MAX_BATCH_LINES",
+    "batch_waiting": "ONELANE_BATCH_WAITING",
+    "batch_window_s": "ONELANE_BATCH_WINDOW",
 }
 
 
@@ -248,6 +251,11 @@ class Settings(BaseModel):
     prefix_cache_bytes: int = Field(default_factory=lambda: physical_memory() // 10, ge=0, le=2**50)
     file_retention_s: int = Field(7 * 86400, ge=60, le=30 * 86400)  # an uploaded file (/v1/files) is kept this long
     max_file_bytes: int = Field(32 * 2**20, ge=1024, le=512 * 2**20)  # the largest file /v1/files takes
+    max_batch_lines: int = Field(50_000, ge=1, le=1_000_000)  # the most requests one batch's input file holds
+    # a batch's lines waiting in the queue at once: it feeds the queue as it drains (places of its owner's quota)
+    batch_waiting: int = Field(8, ge=1, le=10_000)
+    # what a batch's completion_window "24h" gives it, in seconds (shorter for tests or a busy server)
+    batch_window_s: float = Field(86400.0, ge=1, le=7 * 86400)
     prefix_cache_shared: bool = False  # reuse an entry across owners (else only its owner's later jobs hit it)
     # a follow-up turn waits at most this long for the device whose prefix cache holds its history (with room)
     cache_affinity_s: float = Field(2.0, ge=0, le=60)

@@ -246,18 +246,20 @@ class Store:
 
     def admit(
         self, job_id: str, spec: JobSpec, ttl_s: float, quota: int | None = None, doorbell: Doorbell | None = None,
-        address: str | None = None,
+        address: str | None = None, line: bool = False,
     ) -> Job:
         """Admit a job in fair order, or raise QueueFull / QuotaExceeded leaving nothing behind.
 
         `quota` is the owner's bound on waiting jobs (default: the server's per-user bound); `doorbell`, the
         job's dramatiq message, is enqueued in the same step. `address`, for a local-mode browser visitor: its
         client address, whose visitors share the quota, at most VISITORS_PER_ADDRESS of them with jobs waiting.
+        A batch's `line` is admitted once only (a job of that id, admitted before, is returned as it stands),
+        outside the owner's quota and listing: the batch bounds its own lines in the queue (web/batch_runner.py).
         Returns the job as admitted, with its position and ETA, without reading it back.
         """
         s = self.settings
         grace = s.watch_grace_s if spec.watched else 0
-        quota = quota or s.max_queued_per_user
+        quota = 0 if line else quota or s.max_queued_per_user
         config = s.model_named(spec.model)
         history = ""  # a chat's history so far: a worker whose prefix cache holds it may be preferred
         if spec.messages and len(spec.messages) > 1 and config is not None:
@@ -266,8 +268,10 @@ class Store:
             "admit", job_id, spec.owner, spec.model_dump_json(), ttl_s, s.result_ttl_s, grace, s.max_queue, quota,
             spec.params.max_tokens, s.max_batch, *_bell(doorbell), spec.model, spec.priority,
             s.cost_of(spec.owner, spec.priority), keys.address_visitors(address) if address else "",
-            VISITORS_PER_ADDRESS, history,
+            VISITORS_PER_ADDRESS, history, "1" if line else "",
         )  # fmt: skip
+        if verdict == "exists":
+            return self.get(job_id)
         if verdict == "queue_full":
             raise QueueFull(f"the queue is full ({s.max_queue} jobs waiting); try again later", retry_after_s=rest[0])
         if verdict == "quota_exceeded":
@@ -314,6 +318,16 @@ class Store:
                 return job.model_copy(update={"position": standing.position, "eta_s": standing.eta_s})
             # it left the queue between the two reads (it started, or ended): read it again
         return job
+
+    def read(self, job_ids: list[str]) -> dict[str, Job]:
+        """The jobs of those ids still on record, as they stand, in one round trip (no position read)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hgetall(keys.job(job_id))
+            pipe.get(keys.output(job_id))
+        replies = pipe.execute()
+        return {job_id: Job.from_redis(job_id, fields, output or "")
+                for job_id, fields, output in zip(job_ids, replies[::2], replies[1::2]) if fields}  # fmt: skip
 
     def list(self, owner: str, limit: int = 50) -> list[Job]:
         """The owner's most recent jobs, newest first."""

@@ -94,7 +94,7 @@ def make_app(redis_client: redis.Redis):  # type: ignore[no-untyped-def]
 
     yield make
     for app in made:
-        app.extensions["onelane"].housekeeper.stop()
+        app.extensions["onelane"].stop()
 
 
 @pytest.fixture

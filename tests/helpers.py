@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tasks import keys
+from tasks.batches import BatchRecord, BatchStore
 from tasks.events import Event
 from tasks.store import Store
 
@@ -107,3 +108,17 @@ def wait_answering(url: str, process: Any, timeout_s: float = 30.0) -> None:
             pass
         assert time.monotonic() < deadline, f"{url} did not answer 200 within {timeout_s:g} s"
         time.sleep(0.1)  # a poll: a process starting up announces nothing to wait on
+
+
+def wait_batch(store: Store, batch_id: str, match: Callable[[BatchRecord], bool] = lambda b: b.ended,
+               timeout_s: float = 60.0) -> BatchRecord:  # fmt: skip
+    """Wait on the batch's channel (not a sleep loop) until its record matches `match` (default: it ended)."""
+    batches = BatchStore(store.redis, store.settings)
+    with store.redis.pubsub(ignore_subscribe_messages=True) as sub:
+        sub.subscribe(keys.batch_channel(batch_id))
+        deadline = time.monotonic() + timeout_s
+        while not match(record := batches.get(batch_id)):
+            if (left := deadline - time.monotonic()) <= 0:
+                raise AssertionError(f"batch {batch_id}: not there within {timeout_s} s: {record}")
+            sub.get_message(timeout=left)
+    return record

@@ -9,7 +9,9 @@ from pathlib import Path
 from flask import Flask
 
 from tasks.settings import Settings
-from web import api, dashboard, docs, errors, health, openai_compat, openai_files, openai_responses, pages, stream
+from web import (
+    api, dashboard, docs, errors, health, openai_batches, openai_compat, openai_files, openai_responses, pages, stream,
+)
 from web.services import EXTENSION, Services
 
 
@@ -41,6 +43,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.config.update(SESSION_COOKIE_SAMESITE="Lax", SESSION_COOKIE_HTTPONLY=True)
     app.extensions[EXTENSION] = Services.start(settings)
     errors.register(app)
-    for module in (api, health, stream, openai_compat, openai_responses, openai_files, pages, docs, dashboard):
+    for module in (api, health, stream, openai_compat, openai_responses, openai_files, openai_batches, pages, docs,
+                   dashboard):  # fmt: skip
         app.register_blueprint(module.bp)
     return app

@@ -19,6 +19,7 @@ STATUS: dict[type[errors.OnelaneError], int] = {
     errors.InvalidRequest: 422,
     errors.JobNotFound: 404,
     errors.FileNotFound: 404,
+    errors.BatchNotFound: 404,
     errors.JobAlreadyEnded: 409,
     errors.JobCancelled: 410,
     errors.JobExpired: 503,
@@ -34,7 +35,7 @@ STATUS: dict[type[errors.OnelaneError], int] = {
 
 
 REDIS_RETRY_AFTER_S = 5  # what a client is told to wait while Redis is unreachable
-OPENAI_BLUEPRINTS = ("openai", "responses", "files")  # whose errors take OpenAI's shape
+OPENAI_BLUEPRINTS = ("openai", "responses", "files", "batches")  # whose errors take OpenAI's shape
 OPENAI_CATEGORY = {401: "authentication_error", 429: "rate_limit_error"}
 
 

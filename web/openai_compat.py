@@ -22,6 +22,7 @@ from web.errors import openai_error
 from web.feed import Feed
 from web.follow import CLIENT_GONE, Gone, Ping, Queued, Story, aside, cancel_quietly, follow
 from web.openai_schemas import ChatRequest, CompletionRequest, Sampling, parse_openai
+from web.openai_bodies import Chat, Text, usage_object
 from web.rerun import RESTARTED, Diverged, SentText, cancel_restarted
 from web.schemas import json_body
 from web.services import services
@@ -55,66 +56,10 @@ def completions() -> Response:
     return _admit_and_respond(spec, Text, req)
 
 
-class Chat:
-    """The chat.completion wire format for one job."""
-
-    object = "chat.completion"
-    prefix = "chatcmpl-"
-    echoes_tier = True  # as OpenAI's: the service tier the job got
-
-    def __init__(self, job: Job, req: Sampling) -> None:
-        self.id = self.prefix + job.id.removeprefix("job_")
-        self.model = job.spec.model
-        self.created = int(job.timings.queued_at)
-        self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        asked_priority = req.service_tier == "priority"
-        self.tier = "flex" if job.spec.priority == "batch" else "priority" if asked_priority else "default"
-
-    def envelope(self, obj: str, choices: list[dict[str, Any]], usage: dict[str, int] | None) -> dict[str, Any]:
-        body: dict[str, Any] = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-        if self.echoes_tier:
-            body["service_tier"] = self.tier
-        body["choices"] = choices
-        if usage is not None or obj == self.object or self.include_usage:
-            body["usage"] = usage
-        return body
-
-    def choice(self, text: str, finish_reason: str | None, delta: bool) -> dict[str, Any]:
-        key = "delta" if delta else "message"
-        content: dict[str, Any] = {"content": text} if delta else {"role": "assistant", "content": text}
-        return {"index": 0, key: content, "logprobs": None, "finish_reason": finish_reason}
-
-    def chunk_object(self) -> str:
-        return self.object + ".chunk"
-
-    def first_chunk(self) -> dict[str, Any] | None:
-        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-        return self.envelope(self.chunk_object(), [choice], None)
-
-
-class Text(Chat):
-    """The text_completion wire format for one job."""
-
-    object = "text_completion"
-    prefix = "cmpl-"
-    echoes_tier = False  # OpenAI's legacy completions have no service tier
-
-    def choice(self, text: str, finish_reason: str | None, delta: bool) -> dict[str, Any]:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-
-    def chunk_object(self) -> str:
-        return self.object
-
-    def first_chunk(self) -> dict[str, Any] | None:
-        return None
-
-
 def _usage(end: Event) -> dict[str, Any]:
-    """OpenAI's usage object, from a job's terminal event: the prompt's tokens read from the prefix cache are its
-    `prompt_tokens_details.cached_tokens`, as OpenAI reports its own prompt caching."""
-    u = Usage(prompt_tokens=end.prompt_tokens, completion_tokens=end.completion_tokens)
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens,
-            "prompt_tokens_details": {"cached_tokens": end.cached_tokens}}
+    """OpenAI's usage object, from a job's terminal event."""
+    return usage_object(Usage(prompt_tokens=end.prompt_tokens, completion_tokens=end.completion_tokens,
+                              cached_tokens=end.cached_tokens))  # fmt: skip
 
 
 def _headers(job: Job, queued_s: float | None = None) -> dict[str, str]:

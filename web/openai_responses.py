@@ -29,19 +29,12 @@ from web.auth import current_owner
 from web.feed import Feed
 from web.follow import CLIENT_GONE, Gone, Ping, Queued, Story, aside, cancel_quietly, follow
 from web.openai_schemas import RESPONSE_NEUTRAL, ResponseRequest, parse_openai
+from web.openai_bodies import PREFIX, item_id, message, part, snapshot, status_of
 from web.rerun import RESTARTED, Diverged, SentText, cancel_restarted
 from web.schemas import json_body
 from web.services import services
 
 bp = Blueprint("responses", __name__)
-
-PREFIX = "resp_"
-TIER_NAMES = {"batch": "flex", "interactive": "default"}
-
-
-def response_id(job_id: str) -> str:
-    return PREFIX + job_id.removeprefix("job_")
-
 
 def _own(rid: str) -> Job:
     """The caller's response `rid` (another user's, or a job made otherwise, is not found)."""
@@ -129,63 +122,6 @@ def _answer(job: Job, story: Iterator[Story]) -> Response:
                 raise JobDidNotComplete.of(ended)
             return jsonify(snapshot(ended))
     raise JobDidNotComplete.of(services().store.get(job.id))
-
-
-# --- the response object ------------------------------------------------------------------------------------------
-
-
-def status_of(job: Job) -> str:
-    if job.status is JobStatus.COMPLETED:
-        return "incomplete" if job.finish_reason == "length" else "completed"
-    return "failed" if job.status is JobStatus.EXPIRED else job.status.value
-
-
-def snapshot(job: Job, status: str | None = None, text: str | None = None) -> dict[str, Any]:
-    """The response object for `job` as it stands (or as a stream tells it: `status`, with `text` so far)."""
-    status = status or status_of(job)
-    text = job.output if text is None else text
-    extra, params = job.spec.response or ResponseFields(), job.spec.params
-    ended = status not in ("queued", "in_progress")
-    if status == "queued" or (ended and status != "completed" and not text):
-        output = []  # nothing written (yet, or ever)
-    else:
-        output = [message(job, text, "in_progress" if not ended else "completed" if status == "completed" else
-                          "incomplete")]  # fmt: skip
-    error = None
-    if status == "failed":
-        error = {"code": job.error.type if job.error else job.status.value,
-                 "message": job.error.message if job.error else f"the job {job.status.value}"}  # fmt: skip
-    return {
-        "id": response_id(job.id), "object": "response", "created_at": int(job.timings.queued_at), "status": status,
-        "background": extra.background, "error": error,
-        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-        "instructions": extra.instructions, "max_output_tokens": params.max_tokens, "metadata": extra.metadata,
-        "model": job.spec.model, "output": output, "parallel_tool_calls": True, "previous_response_id": None,
-        "service_tier": TIER_NAMES[job.spec.priority] if extra.service_tier != "priority" else "priority",
-        "store": True, "temperature": params.temperature, "text": {"format": {"type": "text"}}, "tool_choice": "auto",
-        "tools": [], "top_p": params.top_p, "truncation": "disabled", "usage": usage(job) if ended else None,
-        "user": None,
-    }  # fmt: skip
-
-
-def message(job: Job, text: str, status: str) -> dict[str, Any]:
-    """The response's one output item: the assistant's message."""
-    return {"id": item_id(job), "type": "message", "status": status, "role": "assistant", "content": [part(text)]}
-
-
-def item_id(job: Job) -> str:
-    return "msg_" + job.id.removeprefix("job_")
-
-
-def part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def usage(job: Job) -> dict[str, Any]:
-    u = job.usage
-    return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
-            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": u.total_tokens}  # fmt: skip
 
 
 # --- the stream ---------------------------------------------------------------------------------------------------

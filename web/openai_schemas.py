@@ -144,6 +144,13 @@ def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
     return any(value == v and type(value) is type(v) for v in neutral)
 
 
+def bounded_metadata(value: dict[str, str] | None) -> dict[str, str] | None:
+    """OpenAI's bounds on `metadata`: 16 pairs, keys up to 64 and values up to 512 characters."""
+    if value is not None and (len(value) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in value.items())):
+        raise ValueError("metadata takes up to 16 pairs, keys up to 64 and values up to 512 characters")
+    return value
+
+
 # --- the Responses API (/v1/responses) ------------------------------------------------------------------------
 
 
@@ -219,12 +226,7 @@ class ResponseRequest(BaseModel):
             raise ValueError("input is empty")
         return value
 
-    @field_validator("metadata")
-    @classmethod
-    def _bounded_metadata(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        if value is not None and (len(value) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in value.items())):
-            raise ValueError("metadata takes up to 16 pairs, keys up to 64 and values up to 512 characters")
-        return value
+    _bounded_metadata = field_validator("metadata")(bounded_metadata)
 
     def messages(self) -> tuple[Message, ...]:
         """The conversation the model answers: `instructions` as the system message, then `input`."""
@@ -271,3 +273,22 @@ RESPONSE_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "top_logprobs": (0, None),
     "stream_options": (None,),
 }
+
+
+# --- the Batch API (/v1/batches) ------------------------------------------------------------------------------
+
+
+class BatchRequest(BaseModel):
+    """POST /v1/batches: run every request of an uploaded JSONL file (purpose `batch`) against one endpoint."""
+
+    model_config = STRICT
+
+    input_file_id: str = Field(max_length=256)
+    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
+    completion_window: Literal["24h"] = Field(description="the only window: ONELANE_BATCH_WINDOW seconds (24 h)")
+    metadata: dict[str, str] | None = Field(None, description="up to 16 pairs, echoed back",
+                                            json_schema_extra={"maxProperties": 16})  # fmt: skip
+    output_expires_after: dict[str, Any] | None = Field(None, description="accepted; the result files are kept "
+                                                        "ONELANE_FILE_RETENTION")  # fmt: skip
+
+    _bounded_metadata = field_validator("metadata")(bounded_metadata)

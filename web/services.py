@@ -1,4 +1,5 @@
-"""The app's services: the settings, the job store, the broker, the pub/sub hub, the housekeeper, the file store.
+"""The app's services: the settings, the job store, the broker, the pub/sub hub, the housekeeper, the file store,
+the batches and their runner.
 
 Built once per app by `web.create_app`; a view reaches them with `services()` (as flaskr's `get_db`).
 """
@@ -10,11 +11,13 @@ from dataclasses import dataclass
 import dramatiq
 from flask import current_app
 
+from tasks.batches import BatchStore
 from tasks.broker import make_broker
 from tasks.files import FileStore
 from tasks.housekeeping import Housekeeper
 from tasks.settings import Settings
 from tasks.store import Store
+from web.batch_runner import BatchRunner
 from web.feed import Hub
 
 EXTENSION = "onelane"
@@ -28,14 +31,24 @@ class Services:
     hub: Hub  # the process's one pub/sub connection, for every open stream
     housekeeper: Housekeeper  # expires jobs on time even while no worker runs
     files: FileStore  # uploaded files (/v1/files)
+    batches: BatchStore  # /v1/batches
+    batch_runner: BatchRunner  # feeds the batches' lines to the queue and collects their results
 
     @classmethod
     def start(cls, settings: Settings) -> Services:
-        """Connect to Redis and the broker, and start the housekeeper (the hub connects on its first stream)."""
+        """Connect to Redis and the broker, and start the housekeeper and the batch runner (the hub connects on its
+        first stream)."""
         store = Store.connect(settings)
         broker = make_broker(settings, worker=False)
+        files, batches = FileStore(store.redis, settings), BatchStore(store.redis, settings)
         return cls(settings=settings, store=store, broker=broker, hub=Hub(store, settings.effective_redis_url),
-                   housekeeper=Housekeeper(store, broker).start(), files=FileStore(store.redis, settings))  # fmt: skip
+                   housekeeper=Housekeeper(store, broker).start(), files=files, batches=batches,
+                   batch_runner=BatchRunner(store, batches, files, broker).start())  # fmt: skip
+
+    def stop(self) -> None:
+        """Stop the app's threads (tests and benches that build apps in one process)."""
+        self.housekeeper.stop()
+        self.batch_runner.stop()
 
 
 def services() -> Services:

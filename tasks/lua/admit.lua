@@ -16,8 +16,10 @@
 -- ARGV: id, owner, spec_json, ttl_s, result_ttl_s, watch_grace_s, max_queue, max_per_user (0: no bound),
 --       max_tokens, slots, message queue key, message hash key, message id, message ('' for no message),
 --       model, class ('interactive' | 'batch'), cost, visitors key ('' for none), max_visitors, history (the
---       digest of a chat's messages but the last, '' for none: a device whose prefix cache holds it is preferred)
--- -> {'ok', queued_at, deadline, position, seconds its model takes to load, the estimate (see position.lua)}
+--       digest of a chat's messages but the last, '' for none: a device whose prefix cache holds it is preferred),
+--       line ('1': a batch's line, admitted once only, and neither counted in its owner's quota nor listed)
+-- -> {'exists'} for a batch's line admitted before (nothing is written)
+--    or {'ok', queued_at, deadline, position, seconds its model takes to load, the estimate (see position.lua)}
 --    or {'queue_full' | 'quota_exceeded' | 'address_quota' | 'address_visitors', retry_after_s}
 --    or {'model_unavailable', retry_after_s, why}
 local id, owner, spec = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
@@ -27,8 +29,12 @@ local slots = tonumber(ARGV[A + 10])
 local bell_queue, bell_messages, bell_id, bell = ARGV[A + 11], ARGV[A + 12], ARGV[A + 13], ARGV[A + 14]
 local model, class, cost = ARGV[A + 15], ARGV[A + 16], tonumber(ARGV[A + 17])
 local visitors, max_visitors, history = ARGV[A + 18], tonumber(ARGV[A + 19]), ARGV[A + 20]
+local line = ARGV[A + 21] == '1'
 local t = now()
 local q = UQ .. owner
+local jkey = JOB .. id
+
+if line and redis.call('EXISTS', jkey) == 1 then return {'exists'} end
 
 local why, retry = model_failure(model, t)
 if why then
@@ -41,7 +47,16 @@ if max_queue > 0 and redis.call('ZCARD', WAITING) >= max_queue then
   stat('rejected:queue_full')
   return {'queue_full', math.max(1, math.ceil(free[1]))}
 end
-if max_per_user > 0 and redis.call('ZCARD', q) >= max_per_user then
+-- the owner's waiting jobs that count against their quota: a batch's lines do not (the batch bounds them itself)
+local function counted(queue)
+  local n = 0
+  for _, other in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
+    if redis.call('HGET', JOB .. other, 'line') ~= '1' then n = n + 1 end
+  end
+  return n
+end
+
+if max_per_user > 0 and redis.call('ZCARD', q) >= max_per_user and counted(q) >= max_per_user then
   -- a place frees when this user's first waiting job starts
   local mean, free = service_estimate(t, slots)
   local first = redis.call('ZRANGE', q, 0, 0)[1]
@@ -81,17 +96,19 @@ local life = math.ceil(ttl + result_ttl)
 local flow = flow_of(owner, class)
 local tag = math.max(virtual_time(), tonumber(redis.call('ZSCORE', TAGS, flow) or '0')) + cost
 local score = tag * TIE + redis.call('INCR', SEQ) % TIE
-local jkey = JOB .. id
 redis.call('HSET', jkey, 'spec', spec, 'owner', owner, 'status', 'queued', 'queued_at', fmt(t),
   'deadline', fmt(deadline), 'attempts', 0, 'prompt_tokens', 0, 'completion_tokens', 0, 'tag', tag, 'score', score,
   'max_tokens', max_tokens, 'model', model, 'class', class, 'cost', cost)
 if grace > 0 then redis.call('HSET', jkey, 'watched', grace) end
 if history ~= '' then redis.call('HSET', jkey, 'history', history) end
+if line then redis.call('HSET', jkey, 'line', '1') end
 redis.call('EXPIRE', jkey, life)
 redis.call('ZADD', TAGS, tag, flow)
 enqueue(id, owner, model, score, deadline, grace, t, life)
-redis.call('ZADD', UJ .. owner, t, id)
-redis.call('ZREMRANGEBYRANK', UJ .. owner, 0, -1001) -- a user's listing keeps the newest 1000
+if not line then
+  redis.call('ZADD', UJ .. owner, t, id)
+  redis.call('ZREMRANGEBYRANK', UJ .. owner, 0, -1001) -- a user's listing keeps the newest 1000
+end
 for _, k in ipairs({UJ .. owner, TAGS, SEQ, VTIME}) do extend(k, life) end
 if visitors ~= '' then
   redis.call('SADD', visitors, owner)

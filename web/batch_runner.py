@@ -1,0 +1,212 @@
+"""Runs the batches: admits their lines as the queue drains, collects what their jobs answered, writes their files.
+
+Every web process runs one, on a thread of its own; a round of a batch holds its lock (tasks/batches.py), so several
+processes share the work and any one of them can die at any point: the next round, in any process, goes on from
+what Redis holds. A round wakes when the queue moves (a job started or was admitted) or after a second.
+
+A batch keeps at most ONELANE_BATCH_WAITING of its lines waiting in the queue: they are batch-class jobs (fair
+queuing puts one of them behind ONELANE_BATCH_COST turns of each interactive user at most, and none ahead of an
+interactive job's turn), admitted once only under ids made from the batch and the line, outside their owner's
+quota and listing. A full queue makes the batch wait, never fail. When every line has its result, the batch writes
+its output and error files and ends; cancelled or past its window, it cancels what still runs, keeps what
+completed, and ends each line not run with `batch_cancelled` or `batch_expired`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import redis
+from dramatiq.brokers.redis import RedisBroker
+
+from tasks import keys
+from tasks.batches import (
+    STOPPING, BatchRecord, BatchStore, PendingLine, Result, job_id_of, request_id_of, result_file_id,
+)
+from tasks.broker import Doorbell
+from tasks.errors import BatchNotFound, JobAlreadyEnded, JobNotFound, ModelUnavailable, QueueFull
+from tasks.files import FileStore
+from tasks.job import Job, JobSpec, JobStatus
+from tasks.store import Store
+from web.openai_bodies import Chat, Text, snapshot
+
+logger = logging.getLogger(__name__)
+
+INTERVAL_S = 1.0
+STOPPED = {"cancelled": "the batch was cancelled", "expired": "the batch's completion window ended"}
+
+
+class BatchRunner:
+    """Runs rounds of every batch not ended, on a thread of its own, until stopped."""
+
+    def __init__(self, store: Store, batches: BatchStore, files: FileStore, broker: RedisBroker) -> None:
+        self.store, self.batches, self.files, self.broker = store, batches, files, broker
+        self.settings = store.settings
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="batches", daemon=True)
+
+    def start(self) -> BatchRunner:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def round(self) -> None:
+        """A round of every batch not ended."""
+        for batch_id in self.batches.active():
+            self.run(batch_id)
+
+    def run(self, batch_id: str) -> None:
+        """A round of the batch now, unless another process runs one."""
+        lock = self.batches.lock(batch_id)
+        if not lock.acquire():
+            return
+        try:
+            self._round(batch_id)
+        finally:
+            try:
+                lock.release()
+            except redis.exceptions.LockError:  # held past its timeout: another round may have run since
+                pass
+
+    def _loop(self) -> None:
+        sub = None
+        while not self._stop.is_set():
+            try:
+                if sub is None:
+                    sub = self.store.redis.pubsub(ignore_subscribe_messages=True)
+                    sub.subscribe(keys.QUEUE_MOVED)
+                if sub.get_message(timeout=INTERVAL_S) is not None:
+                    while sub.get_message(timeout=0) is not None:  # one round for every move so far
+                        pass
+                self.round()
+            except redis.RedisError as exc:  # Redis away: try again in a while
+                logger.warning("batch round failed: %s", exc)
+                sub = None
+                self._stop.wait(INTERVAL_S)
+        if sub is not None:
+            sub.close()
+
+    def _round(self, batch_id: str) -> None:
+        try:
+            record = self.batches.get(batch_id)
+        except BatchNotFound:  # past its retention
+            self.batches.forget(batch_id)
+            return
+        if record.ended:
+            self.batches.forget(batch_id)
+            return
+        stop = STOPPING.get(record.status) or ("expired" if time.time() >= record.expires_at else None)
+        running = self.batches.running(batch_id)
+        jobs = self.store.read(list(running))
+        ended, waiting = [], 0
+        for job_id, line in running.items():
+            job = jobs.get(job_id)
+            if job is None or job.status.ended:
+                ended.append(job_result(record, line, job, stop))
+                continue
+            waiting += job.status is JobStatus.QUEUED
+            if stop:
+                self._cancel(job, stop)
+        self.batches.collect(batch_id, ended)
+        fed = 0 if stop else self._feed(record, self.settings.batch_waiting - waiting)
+        if len(ended) == len(running) and not fed and (stop or self.batches.next_line(batch_id) is None):
+            self._end(record, stop)
+
+    def _feed(self, record: BatchRecord, room: int) -> int:
+        """Admit up to `room` more lines; how many were."""
+        fed = 0
+        while fed < room and (line := self.batches.next_line(record.id)) is not None:
+            job_id = job_id_of(record.id, line.index)
+            ttl_s = record.expires_at - time.time()  # a line waits no longer than its batch
+            try:
+                self.store.admit(job_id, JobSpec.model_validate_json(line.spec), ttl_s,
+                                 doorbell=Doorbell.ring(self.broker, job_id), line=True)  # fmt: skip
+            except (QueueFull, ModelUnavailable):  # wait for room, or for the model: the batch's window bounds it
+                break
+            self.batches.admitted(record.id, line)
+            fed += 1
+        return fed
+
+    def _cancel(self, job: Job, stop: str) -> None:
+        try:
+            self.store.cancel(job.id, job.owner, error=(f"batch_{stop}", STOPPED[stop]))
+        except (JobAlreadyEnded, JobNotFound):  # it ended meanwhile: the next round collects it
+            pass
+
+    def _end(self, record: BatchRecord, stop: str | None) -> None:
+        """Every line has its result (or the batch stopped): write the files, end the batch."""
+        bid = record.id
+        if stop is None:
+            self.batches.set_status(bid, "finalizing")
+        else:
+            code = f"batch_{stop}"
+            left = [error_result(bid, line, code, STOPPED[stop]) for line in self.batches.remaining(bid)]
+            self.batches.drop_remaining(bid, left)
+        output, errors = self.batches.results(bid)
+        self.batches.finish(bid, stop or "completed", self._file(record, "output", output),
+                            self._file(record, "error", errors), len(output), len(errors))  # fmt: skip
+        logger.info("batch %s %s: %d completed, %d failed", bid, stop or "completed", len(output), len(errors))
+
+    def _file(self, record: BatchRecord, kind: str, lines: list[str]) -> str | None:
+        if not lines:
+            return None
+        data = "".join(line + "\n" for line in lines).encode()
+        name = f"{record.id}_{kind}.jsonl"
+        return self.files.create(record.owner, name, "batch_output", data, result_file_id(record.id, kind)).id
+
+
+# --- result lines -------------------------------------------------------------------------------------------------
+
+
+def job_result(record: BatchRecord, line: PendingLine, job: Job | None, stop: str | None) -> Result:
+    """A line's result from its ended job: the endpoint's answer (output file), or why there is none (error file)."""
+    bid, job_id = record.id, job_id_of(record.id, line.index)
+    if job is None:  # its record is gone (it ended longer ago than its results are kept)
+        return error_result(bid, line, "batch_expired", "the line's job is no longer on record", job_id)
+    if job.status is JobStatus.COMPLETED:
+        return _response(bid, line, job, 200, body_of(job, record.endpoint), ok=True)
+    if job.status is JobStatus.FAILED:
+        error = job.error.model_dump() if job.error else {"type": "job_failed", "message": "the job failed"}
+        body = {"error": {"message": error["message"], "type": "server_error", "param": None, "code": error["type"]}}
+        return _response(bid, line, job, 500, body, ok=False)
+    if job.status is JobStatus.EXPIRED:
+        return error_result(bid, line, "batch_expired", STOPPED["expired"], job_id)
+    if stop is not None:
+        return error_result(bid, line, f"batch_{stop}", STOPPED[stop], job_id)
+    return error_result(bid, line, "cancelled", job.error.message if job.error else "the job was cancelled", job_id)
+
+
+def body_of(job: Job, endpoint: str) -> dict[str, Any]:
+    """The answer the endpoint gives for a completed job."""
+    if endpoint == "/v1/responses":
+        return snapshot(job)
+    return (Chat if endpoint == "/v1/chat/completions" else Text)(job).body(job)
+
+
+def error_result(batch_id: str, line: PendingLine, code: str, message: str, job_id: str | None = None) -> Result:
+    """A line without an answer (not run, or refused before it was), for the error file."""
+    return _line(batch_id, line.index, line.custom_id, None, {"code": code, "message": message}, False, job_id)
+
+
+def refused_line(batch_id: str, index: int, custom_id: str | None, code: str, message: str) -> Result:
+    """A line the endpoint refused as it was read (web/batch_input.py's LineError)."""
+    return _line(batch_id, index, custom_id, None, {"code": code, "message": message, "line": index + 1}, False, None)
+
+
+def _response(bid: str, line: PendingLine, job: Job, status: int, body: dict[str, Any], ok: bool) -> Result:
+    response = {"status_code": status, "request_id": job.id, "body": body}
+    return _line(bid, line.index, line.custom_id, response, None, ok, job.id)
+
+
+def _line(batch_id: str, index: int, custom_id: str | None, response: dict[str, Any] | None,
+          error: dict[str, Any] | None, ok: bool, job_id: str | None) -> Result:  # fmt: skip
+    body = {"id": request_id_of(batch_id, index), "custom_id": custom_id, "response": response, "error": error}
+    return Result(index, json.dumps(body, ensure_ascii=False), ok, job_id)

@@ -1,0 +1,88 @@
+"""OpenAI's Batch API on the queue: /v1/batches (create, retrieve, list, cancel).
+
+A batch runs an uploaded JSONL file (/v1/files, purpose `batch`) against one endpoint. Its lines are read and checked
+here, as the endpoint checks a request (web/batch_input.py); a line that cannot run is an error line at once, and
+the rest become batch-class jobs as the queue drains (web/batch_runner.py). Its status:
+
+    in_progress -> finalizing -> completed     (every line has its result, in the output or the error file)
+    in_progress -> cancelling -> cancelled     (POST .../cancel: what completed is kept, the rest are error lines)
+    in_progress -> expired                     (its window ended: likewise)
+    failed                                     (the file holds no JSON object at all; nothing ran)
+
+A batch is validated as it is created, so it is never seen `validating`. request_counts: `completed` counts the
+output file's lines, `failed` the error file's, `total` every line.
+"""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, Response, jsonify, request
+
+from tasks.batches import BatchRecord, PendingLine, new_batch_id
+from tasks.errors import FileNotFound, InvalidRequest
+from web.api import list_limit
+from web.auth import current_owner
+from web.batch_input import NotJsonl, read_lines
+from web.batch_runner import refused_line
+from web.openai_schemas import BatchRequest, parse_openai
+from web.schemas import json_body
+from web.services import services
+
+bp = Blueprint("batches", __name__)
+
+
+@bp.post("/v1/batches")
+def create() -> Response:
+    owner = current_owner()
+    req: BatchRequest = parse_openai(BatchRequest, json_body(request))
+    svc = services()
+    settings = svc.settings
+    try:
+        source = svc.files.get(req.input_file_id, owner)
+    except FileNotFound:
+        raise FileNotFound(f"no file {req.input_file_id!r}", param="input_file_id") from None
+    if source.purpose != "batch":
+        raise InvalidRequest("the input file's purpose must be `batch`", param="input_file_id")
+    now = int(time.time())
+    bid = new_batch_id()
+    record = BatchRecord(id=bid, owner=owner, endpoint=req.endpoint, input_file_id=source.id, status="in_progress",
+                         created_at=now, in_progress_at=now, expires_at=now + int(settings.batch_window_s),
+                         metadata=req.metadata)  # fmt: skip
+    try:
+        lines, refused = read_lines(svc.files.content(source.id, owner), req.endpoint, owner, settings)
+    except NotJsonl as exc:
+        failed = record.model_copy(update={"status": "failed", "in_progress_at": None, "failed_at": now,
+                                           "errors": [{"code": exc.type, "message": exc.message, "param": None,
+                                                       "line": None}]})  # fmt: skip
+        return jsonify(svc.batches.create(failed, [], []).public())
+    total = len(lines) + len(refused)
+    if total > settings.max_batch_lines:
+        raise InvalidRequest(f"the file holds {total} requests; a batch takes at most {settings.max_batch_lines} "
+                             "(ONELANE_MAX_BATCH_LINES)", param="input_file_id")  # fmt: skip
+    pending = [PendingLine(line.index, line.custom_id, line.spec.model_dump_json()) for line in lines]
+    errors = [refused_line(bid, e.index, e.custom_id, e.code, e.message) for e in refused]
+    created = svc.batches.create(record.model_copy(update={"total": total}), pending, errors)
+    svc.batch_runner.run(bid)  # its first lines in the queue now
+    return jsonify(svc.batches.get(bid, owner).public())
+
+
+@bp.get("/v1/batches")
+def list_batches() -> Response:
+    records, more = services().batches.list(current_owner(), list_limit(), request.args.get("after"))
+    data = [r.public() for r in records]
+    return jsonify({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                    "last_id": data[-1]["id"] if data else None, "has_more": more})  # fmt: skip
+
+
+@bp.get("/v1/batches/<batch_id>")
+def retrieve(batch_id: str) -> Response:
+    return jsonify(services().batches.get(batch_id, current_owner()).public())
+
+
+@bp.post("/v1/batches/<batch_id>/cancel")
+def cancel(batch_id: str) -> Response:
+    svc = services()
+    cancelled = svc.batches.cancel(batch_id, current_owner())
+    svc.batch_runner.run(batch_id)  # what waits is cancelled now
+    return jsonify(svc.batches.get(batch_id, cancelled.owner).public())

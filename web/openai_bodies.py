@@ -1,0 +1,143 @@
+"""OpenAI's wire formats for a job, as the endpoints answer it: chat.completion, text_completion, response.
+
+Shared by the endpoints (web/openai_compat.py, web/openai_responses.py) and by a batch's result lines
+(web/batch_runner.py). How a response's status follows its job's is told in web/openai_responses.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.job import Job, JobStatus, ResponseFields, Usage
+from web.openai_schemas import Sampling
+
+
+class Chat:
+    """The chat.completion wire format for one job."""
+
+    object = "chat.completion"
+    prefix = "chatcmpl-"
+    echoes_tier = True  # as OpenAI's: the service tier the job got
+
+    def __init__(self, job: Job, req: Sampling | None = None) -> None:
+        self.id = self.prefix + job.id.removeprefix("job_")
+        self.model = job.spec.model
+        self.created = int(job.timings.queued_at)
+        self.include_usage = bool(req and req.stream_options and req.stream_options.include_usage)
+        asked_priority = req is not None and req.service_tier == "priority"
+        self.tier = "flex" if job.spec.priority == "batch" else "priority" if asked_priority else "default"
+
+    def body(self, job: Job) -> dict[str, Any]:
+        """The whole answer of a completed job, as read back from its record (a batch's line's)."""
+        choice = self.choice(job.output, job.finish_reason, False)
+        return self.envelope(self.object, [choice], usage_object(job.usage))
+
+    def envelope(self, obj: str, choices: list[dict[str, Any]], usage: dict[str, int] | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        if self.echoes_tier:
+            body["service_tier"] = self.tier
+        body["choices"] = choices
+        if usage is not None or obj == self.object or self.include_usage:
+            body["usage"] = usage
+        return body
+
+    def choice(self, text: str, finish_reason: str | None, delta: bool) -> dict[str, Any]:
+        key = "delta" if delta else "message"
+        content: dict[str, Any] = {"content": text} if delta else {"role": "assistant", "content": text}
+        return {"index": 0, key: content, "logprobs": None, "finish_reason": finish_reason}
+
+    def chunk_object(self) -> str:
+        return self.object + ".chunk"
+
+    def first_chunk(self) -> dict[str, Any] | None:
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        return self.envelope(self.chunk_object(), [choice], None)
+
+
+class Text(Chat):
+    """The text_completion wire format for one job."""
+
+    object = "text_completion"
+    prefix = "cmpl-"
+    echoes_tier = False  # OpenAI's legacy completions have no service tier
+
+    def choice(self, text: str, finish_reason: str | None, delta: bool) -> dict[str, Any]:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+    def chunk_object(self) -> str:
+        return self.object
+
+    def first_chunk(self) -> dict[str, Any] | None:
+        return None
+
+
+def usage_object(u: Usage) -> dict[str, Any]:
+    """OpenAI's usage object: the prompt's tokens read from the prefix cache are its
+    `prompt_tokens_details.cached_tokens`, as OpenAI reports its own prompt caching."""
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+# --- the response object ----------------------------------------------------------------------------------------------
+
+
+PREFIX = "resp_"
+TIER_NAMES = {"batch": "flex", "interactive": "default"}
+
+
+def response_id(job_id: str) -> str:
+    return PREFIX + job_id.removeprefix("job_")
+
+
+def status_of(job: Job) -> str:
+    if job.status is JobStatus.COMPLETED:
+        return "incomplete" if job.finish_reason == "length" else "completed"
+    return "failed" if job.status is JobStatus.EXPIRED else job.status.value
+
+
+def snapshot(job: Job, status: str | None = None, text: str | None = None) -> dict[str, Any]:
+    """The response object for `job` as it stands (or as a stream tells it: `status`, with `text` so far)."""
+    status = status or status_of(job)
+    text = job.output if text is None else text
+    extra, params = job.spec.response or ResponseFields(), job.spec.params
+    ended = status not in ("queued", "in_progress")
+    if status == "queued" or (ended and status != "completed" and not text):
+        output = []  # nothing written (yet, or ever)
+    else:
+        output = [message(job, text, "in_progress" if not ended else "completed" if status == "completed" else
+                          "incomplete")]  # fmt: skip
+    error = None
+    if status == "failed":
+        error = {"code": job.error.type if job.error else job.status.value,
+                 "message": job.error.message if job.error else f"the job {job.status.value}"}  # fmt: skip
+    return {
+        "id": response_id(job.id), "object": "response", "created_at": int(job.timings.queued_at), "status": status,
+        "background": extra.background, "error": error,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": extra.instructions, "max_output_tokens": params.max_tokens, "metadata": extra.metadata,
+        "model": job.spec.model, "output": output, "parallel_tool_calls": True, "previous_response_id": None,
+        "service_tier": TIER_NAMES[job.spec.priority] if extra.service_tier != "priority" else "priority",
+        "store": True, "temperature": params.temperature, "text": {"format": {"type": "text"}}, "tool_choice": "auto",
+        "tools": [], "top_p": params.top_p, "truncation": "disabled", "usage": usage(job) if ended else None,
+        "user": None,
+    }  # fmt: skip
+
+
+def message(job: Job, text: str, status: str) -> dict[str, Any]:
+    """The response's one output item: the assistant's message."""
+    return {"id": item_id(job), "type": "message", "status": status, "role": "assistant", "content": [part(text)]}
+
+
+def item_id(job: Job) -> str:
+    return "msg_" + job.id.removeprefix("job_")
+
+
+def part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def usage(job: Job) -> dict[str, Any]:
+    u = job.usage
+    return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
+            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": u.total_tokens}  # fmt: skip
