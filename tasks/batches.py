@@ -28,7 +28,7 @@ from tasks.settings import Settings
 ENDED = ("completed", "failed", "expired", "cancelled")
 STOPPING = {"cancelling": "cancelled"}  # a status on its way to an end, and that end
 TIMES = ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")  # each has `_at`
-LOCK_S = 30  # a round holds its batch at most this long (it takes milliseconds)
+LOCK_S = 10  # a round holds its batch at most this long (it takes milliseconds; a dead holder delays it so long)
 
 
 class BatchRecord(BaseModel):
@@ -208,13 +208,13 @@ class BatchStore:
                 except redis.WatchError:  # it changed meanwhile: read it again
                     continue
 
-    def owners(self, batch_ids: list[str]) -> list[BatchRecord]:
-        """Those batches (not owner-checked: the dashboard's view); the gone left out."""
+    def unended(self) -> list[BatchRecord]:
+        """Every batch not ended, oldest first, whoever's (the dashboard's view: it shows only what one may see)."""
         out = []
-        for batch_id in batch_ids:
+        for batch_id in self.active():
             try:
                 out.append(self.get(batch_id))
-            except BatchNotFound:
+            except BatchNotFound:  # past its retention: the next round forgets it
                 continue
         return out
 

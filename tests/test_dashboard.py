@@ -82,6 +82,33 @@ def test_an_admin_sees_every_job_named_with_its_owner(jobs):
     assert all(j["cancel_url"] for j in seen["waiting"]["jobs"])
 
 
+def make_batch(client, user: str, model: str, lines: int, bad: int = 0) -> str:  # type: ignore[no-untyped-def]
+    """A batch of `lines` chat requests, `bad` of them for an unknown url, created by `user` (no worker runs it)."""
+    import io
+
+    def line(n: int) -> str:
+        url = "/v1/nope" if n < bad else "/v1/chat/completions"
+        return json.dumps({"custom_id": f"r{n}", "method": "POST", "url": url,
+                           "body": {"model": model, "messages": [{"role": "user", "content": SECRET}],
+                                    "max_tokens": 2}})  # fmt: skip
+
+    data = "".join(line(n) + "\n" for n in range(lines)).encode()
+    sent = client.post("/v1/files", data={"purpose": "batch", "file": (io.BytesIO(data), "b.jsonl")}, headers=auth(user))
+    body = {"input_file_id": sent.get_json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    return str(client.post("/v1/batches", json=body, headers=auth(user)).get_json()["id"])
+
+
+def test_batches_show_with_their_counts_to_their_owner_and_only_counted_to_others(jobs, settings):
+    c = jobs.client
+    mine = make_batch(c, "alice", settings.model_name, 4, bad=1)
+
+    assert [(b["id"], b["status"], b["total"], b["completed"], b["failed"], b["owner"])
+            for b in board(c, "alice")["batches"]["batches"]] == [(mine, "in_progress", 4, 0, 1, None)]  # fmt: skip
+    seen = board(c, "bob")
+    assert seen["batches"] == {"batches": [], "others": {"batches": 1, "users": 1}} and mine not in json.dumps(seen)
+    assert [b["owner"] for b in board(c, "root")["batches"]["batches"]] == ["alice"]
+
+
 def test_an_admin_cancels_another_users_job_and_its_owner_is_told(jobs, store):
     c = jobs.client
     job_id = submit(c, "alice", SECRET)

@@ -38,9 +38,11 @@ OPERATIONS = {
     ("/docs", "get"), ("/v1/responses", "post"), ("/v1/responses/{rid}", "get"), ("/v1/responses/{rid}/cancel", "post"),
     ("/v1/files", "post"), ("/v1/files", "get"), ("/v1/files/{file_id}", "get"), ("/v1/files/{file_id}/content", "get"),
     ("/v1/files/{file_id}", "delete"),
+    ("/v1/batches", "post"), ("/v1/batches", "get"), ("/v1/batches/{batch_id}", "get"),
+    ("/v1/batches/{batch_id}/cancel", "post"),
 }  # fmt: skip
 TAKE_INPUT = {("/v1/jobs", "post"), ("/v1/jobs", "get"), ("/v1/chat/completions", "post"), ("/v1/completions", "post"),
-              ("/jobs", "post"), ("/login", "post"), ("/v1/responses", "post")}  # fmt: skip
+              ("/jobs", "post"), ("/login", "post"), ("/v1/responses", "post"), ("/v1/batches", "post")}  # fmt: skip
 MODEL = "onelane-demo"
 EXAMPLES = 40  # per operation (and per mode, or scenarios): the whole file runs in well under a minute
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,

@@ -224,3 +224,68 @@ def test_a_background_response_stream_goes_on_numbered_alike_when_its_worker_die
         later = [json.loads(line.removeprefix("data: ")) for line in again.iter_lines(decode_unicode=True)
                  if line.startswith("data: ")]  # fmt: skip
     assert later == events[41:]
+
+
+def start_web(settings, log_path):  # type: ignore[no-untyped-def]
+    """`onelane web` (gunicorn) on a free port, serving the workers' model; (process, base URL)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import free_port
+    from tests.helpers import wait_answering
+
+    port = free_port()
+    env = {**os.environ, "REDIS_URL": settings.effective_redis_url, "ONELANE_MODEL": settings.model_path,
+           "ONELANE_VAR_DIR": str(settings.var_dir)}  # fmt: skip
+    process = subprocess.Popen([sys.executable, "-m", "tasks.cli", "web", "--port", str(port)], env=env,
+                               stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    wait_answering(f"http://127.0.0.1:{port}/healthz", process)
+    return process, f"http://127.0.0.1:{port}"
+
+
+def test_a_batch_through_a_worker_kill_and_a_web_restart_ends_every_line_exactly_once(store, settings,
+                                                                                       worker_process, tmp_path):  # fmt: skip
+    import io
+    import json
+
+    import openai
+
+    from tasks.batches import job_id_of
+    from tests.helpers import wait_batch
+
+    # Given a worker and a web, running a batch of 10 lines
+    worker_process()
+    web, url = start_web(settings, tmp_path / "web-1.log")
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+    lines = [{"custom_id": f"r{n}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": settings.model_name, "messages": [{"role": "user", "content": f"line {n}"}],
+                       "max_tokens": 400 if n == 3 else 20, "ignore_eos": True}} for n in range(10)]  # fmt: skip
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    source = client.files.create(file=("b.jsonl", io.BytesIO(data)), purpose="batch")
+    batch = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
+
+    # When the worker is killed while it generates a line, and the web is killed and another one started
+    wait_event(store, job_id_of(batch.id, 3), lambda e: e.type == "token")
+    os.kill(wait_for_worker(store).pid, signal.SIGKILL)
+    os.killpg(web.pid, signal.SIGKILL)
+    web.wait()
+    web, url = start_web(settings, tmp_path / "web-2.log")
+    try:
+        done = wait_batch(store, batch.id, timeout_s=120)
+
+        # Then every line ended once, completed, and only the line killed mid-answer ran twice
+        assert (done.status, done.completed, done.failed) == ("completed", 10, 0)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+        output = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
+        assert sorted(o["custom_id"] for o in output) == sorted(f"r{n}" for n in range(10))
+        jobs = store.read([job_id_of(batch.id, n) for n in range(10)])
+        assert {job.status.value for job in jobs.values()} == {"completed"} and len(jobs) == 10
+        assert [jobs[job_id_of(batch.id, n)].attempts for n in range(10)] == [1, 1, 1, 2, 1, 1, 1, 1, 1, 1]
+        assert len(store.redis.keys(keys.JOB_PREFIX + "*")) == 10  # no line admitted twice under another id
+        for o in output:
+            job = jobs[o["response"]["request_id"]]
+            assert o["response"]["body"]["choices"][0]["message"]["content"] == job.output
+            assert events(store, job.id).count("started") == job.attempts
+    finally:
+        os.killpg(web.pid, signal.SIGTERM)
+        web.wait(timeout=30)

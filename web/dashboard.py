@@ -92,6 +92,7 @@ def board_view(who: Viewer) -> dict[str, Any]:
             if d not in {w.device for w in snap.workers}],  # fmt: skip
         "models": [{"name": m.name, "state": m.state, "waiting": m.queue_depth} for m in snap.models],
         "failures": [_failure(job, who) for job in board.failures],
+        "batches": _batches(who),
         "minutes": [_minute(m, snap.now) for m in board.minutes],
         "prefix_cache": _prefix_cache(snap.stats),
     }
@@ -143,6 +144,19 @@ def _waiting(board: Board, who: Viewer) -> dict[str, Any]:
                          "waited_s": round(now - entry.job.timings.queued_at, 1)})  # fmt: skip
     return {"jobs": rows, "total": board.snapshot.queue_depth, "listed": len(board.waiting),
             "others": list(others.values())}  # fmt: skip
+
+
+def _batches(who: Viewer) -> dict[str, Any]:
+    """The batches not ended: the viewer's own (an admin: all) with their counts; everyone else's only counted."""
+    rows, others = [], []
+    for b in services().batches.unended():
+        if not who.sees(b.owner):
+            others.append(b.owner)
+            continue
+        rows.append({"id": b.id, "owner": b.owner if who.admin else None, "mine": b.owner == who.name,
+                     "status": b.status, "endpoint": b.endpoint, "created_at": b.created_at, "total": b.total,
+                     "completed": b.completed, "failed": b.failed})  # fmt: skip
+    return {"batches": rows, "others": {"batches": len(others), "users": len(set(others))}}
 
 
 def _failure(job: Job, who: Viewer) -> dict[str, Any]:

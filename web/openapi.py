@@ -19,18 +19,18 @@ from pydantic.json_schema import models_json_schema
 
 from tasks.settings import Settings
 from web import responses
-from web.openai_schemas import ChatRequest, CompletionRequest, ResponseRequest
+from web.openai_schemas import BatchRequest, ChatRequest, CompletionRequest, ResponseRequest
 from web.operations import operations
 from web.page_operations import TAGS, page_operations
 from web.schemas import SubmitJob
 
-REQUESTS: tuple[type[BaseModel], ...] = (SubmitJob, ChatRequest, CompletionRequest, ResponseRequest)
+REQUESTS: tuple[type[BaseModel], ...] = (SubmitJob, ChatRequest, CompletionRequest, ResponseRequest, BatchRequest)
 ANSWERS: tuple[type[BaseModel], ...] = (
     responses.Job, responses.JobList, responses.Error, responses.OpenAIError, responses.ModelList,
     responses.ChatCompletion, responses.Completion, responses.ChatCompletionChunk, responses.CompletionChunk,
     responses.QueuedEvent, responses.StartedEvent, responses.TokenEvent, responses.RequeuedEvent,
     responses.Health, responses.Ready, responses.NotReady, responses.OpenAIResponse, responses.ResponseStreamEvent,
-    responses.FileObject, responses.FileList, responses.FileDeleted,
+    responses.FileObject, responses.FileList, responses.FileDeleted, responses.Batch, responses.BatchList,
 )  # fmt: skip
 
 def build(app: Flask, settings: Settings) -> dict[str, Any]:

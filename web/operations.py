@@ -14,7 +14,7 @@ from tasks.events import EventType
 from tasks.settings import Settings
 from web import responses
 from web.api import LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX
-from web.openai_schemas import ChatRequest, CompletionRequest, ResponseRequest
+from web.openai_schemas import BatchRequest, ChatRequest, CompletionRequest, ResponseRequest
 from web.schemas import SubmitJob
 
 Ref = Callable[[type[BaseModel]], dict[str, Any]]  # a model -> {"$ref": its component}
@@ -33,6 +33,8 @@ LIMIT = {"name": "limit", "in": "query", "description": "how many, newest first"
          "schema": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX, "default": LIST_LIMIT_DEFAULT}}  # fmt: skip
 FILE_ID = {"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"},
            "description": "the file's id (`file-…`)"}  # fmt: skip
+BATCH_ID = {"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"},
+            "description": "the batch's id (`batch_…`); another user's batch is 404, as one that does not exist"}  # fmt: skip
 RESPONSE_ID = {"name": "rid", "in": "path", "required": True, "schema": {"type": "string"},
                "description": "the response's id (`resp_…`)"}  # fmt: skip
 
@@ -69,6 +71,8 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
     oai_unavailable = err(503, "unavailable: Redis is unreachable", True)
     file_not_found = err(404, "not_found: no such file, or another user's", True)
     response_not_found = err(404, "not_found: no such response, or another user's", True)
+    batch_not_found = err(404, "not_found: no such batch, or another user's", True)
+    forbidden = err(403, "forbidden: a request another site made, or a missing CSRF token", True)
     submit_errors = dict([
         err(400, "invalid_json: not a JSON object, `NaN`, nested more than 32 levels, or not valid Unicode text"),
         unauthorized,
@@ -245,6 +249,46 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
             "responses": {"200": _answer("deleted", ref(responses.FileDeleted)), **dict([
                 oai_unauthorized, err(403, "forbidden: a request another site made, or a missing CSRF token", True),
                 file_not_found,
+                oai_unavailable])},
+        }),
+        ("batches.create", "post", {
+            "operationId": "createBatch", "tags": ["openai"], "summary": "Run an uploaded file's requests (Batch API)",
+            "description": "Each line of the file (`purpose=batch`) is checked as its endpoint checks a request; a line "
+                           "that cannot run is an error line at once (with its custom_id), the others run as "
+                           f"batch-class jobs, at most {s.batch_waiting} waiting at once (fed as the queue drains, "
+                           f"outside the owner's quota). The window is {s.batch_window_s:g} s; a file with no JSON "
+                           "object makes a `failed` batch.",
+            "requestBody": body(BatchRequest),
+            "responses": {"200": _answer("the batch, in_progress (or already ended)", ref(responses.Batch)), **dict([
+                err(400, "invalid_request_error: an unknown endpoint or window, an input file of another purpose, "
+                         f"more than {s.max_batch_lines} lines (ONELANE_MAX_BATCH_LINES), named in `param`", True),
+                oai_unauthorized, forbidden,
+                err(404, "not_found: no such input file, or another user's", True),
+                oai_unavailable])},
+        }),
+        ("batches.list_batches", "get", {
+            "operationId": "listBatches", "tags": ["openai"], "summary": "List the caller's batches",
+            "parameters": [LIMIT, {"name": "after", "in": "query", "schema": {"type": "string"},
+                                   "description": "list those older than this batch"}],
+            "responses": {"200": _answer("the batches", ref(responses.BatchList)), **dict([
+                err(400, f"invalid_request_error: `limit` is not a whole number from 1 to {LIST_LIMIT_MAX}", True),
+                oai_unauthorized, oai_unavailable])},
+        }),
+        ("batches.retrieve", "get", {
+            "operationId": "getBatch", "tags": ["openai"], "summary": "Get a batch, with its request counts",
+            "parameters": [BATCH_ID],
+            "responses": {"200": _answer("the batch", ref(responses.Batch)), **dict([
+                oai_unauthorized, batch_not_found,
+                oai_unavailable])},
+        }),
+        ("batches.cancel", "post", {
+            "operationId": "cancelBatch", "tags": ["openai"], "summary": "Cancel a batch, keeping what completed",
+            "description": "`cancelling`, then `cancelled`: what runs stops within a step, what waits never runs; "
+                           "each line not answered goes to the error file (`batch_cancelled`). Again, or once it "
+                           "ended: the batch as it is.",
+            "parameters": [BATCH_ID],
+            "responses": {"200": _answer("the batch", ref(responses.Batch)), **dict([
+                oai_unauthorized, forbidden, batch_not_found,
                 oai_unavailable])},
         }),
         ("health.healthz", "get", {

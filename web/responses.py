@@ -376,7 +376,7 @@ class FileObject(Answer):
     created_at: int
     expires_at: int
     filename: str
-    purpose: Literal["batch"]
+    purpose: Literal["batch", "batch_output"] = Field(description="`batch`: uploaded; `batch_output`: a batch's results")
     status: Literal["processed"]
     status_details: None
 
@@ -393,3 +393,57 @@ class FileDeleted(Answer):
     id: str
     object: Literal["file"]
     deleted: Literal[True]
+
+
+class BatchCounts(Answer):
+    total: int = Field(description="every line of the input file")
+    completed: int = Field(description="lines answered: the output file's")
+    failed: int = Field(description="lines without an answer: the error file's")
+
+
+class BatchError(Answer):
+    code: str
+    message: str
+    param: str | None
+    line: int | None
+
+
+class BatchErrors(Answer):
+    object: Literal["list"]
+    data: list[BatchError]
+
+
+class Batch(Answer):
+    """A batch (OpenAI's Batch API): an uploaded file's requests run as batch-class jobs."""
+
+    id: str = Field(description="`batch_…`")
+    object: Literal["batch"]
+    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
+    errors: BatchErrors | None = Field(description="why a `failed` batch ran nothing")
+    input_file_id: str
+    completion_window: Literal["24h"]
+    status: Literal["validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling",
+                    "cancelled"]  # fmt: skip
+    output_file_id: str | None = Field(description="its answered lines, once it ended (none: null)")
+    error_file_id: str | None = Field(description="its lines without an answer, once it ended (none: null)")
+    created_at: int
+    in_progress_at: int | None
+    expires_at: int
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: BatchCounts
+    metadata: dict[str, str] | None
+
+
+class BatchList(Answer):
+    """The caller's batches, newest first."""
+
+    object: Literal["list"]
+    data: list[Batch]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool

@@ -190,6 +190,7 @@ class Dashboard {
     this.renderRunning(b.running, admin);
     this.renderWaiting(b.waiting, admin);
     this.renderWorkers(b);
+    this.renderBatches(b.batches, admin, b.now);
     this.renderFailures(b.failures, admin, b.now);
     this.plots();
   }
@@ -237,6 +238,20 @@ class Dashboard {
     this.$("workers").replaceChildren(table(columns, b.workers, "No worker has been seen: start one (onelane worker)"));
     const models = b.models.map((m) => `${m.name} ${m.state}, ${m.waiting} waiting`);
     this.$("models").textContent = `Models: ${models.join(" · ")}`;
+  }
+
+  renderBatches(b, admin, now) {
+    const done = (x) => x.completed + x.failed;
+    const columns = [["Batch", (x) => x.id], ...(admin ? [["Owner", (x) => x.owner]] : []),
+      ["Status", (x) => badge(x.status, x.status === "cancelling" ? "warn" : "ok")], ["Endpoint", (x) => x.endpoint],
+      ["Done", (x) => `${done(x).toLocaleString("en")} / ${x.total.toLocaleString("en")}`],
+      ["Completed", (x) => x.completed.toLocaleString("en")], ["Failed", (x) => x.failed.toLocaleString("en")],
+      ["Running for", (x) => secs(now - x.created_at)]];
+    const o = b.others;
+    const others = o.batches ? `+ ${o.batches} ${o.batches === 1 ? "batch" : "batches"} of ${plural(o.users, "other user")}` : null;
+    this.$("batches").replaceChildren(...[table(columns, b.batches, o.batches ? "None of the batches is yours." :
+      "No batch runs."), others && el("p", { className: "others", id: "batches-others", textContent: others })]
+      .filter(Boolean));
   }
 
   renderFailures(failures, admin, now) {
