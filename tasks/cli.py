@@ -1,5 +1,5 @@
 """The `onelane` command (`onelane = tasks.cli:main`): up, web, worker, redis, make-demo-model, and the terminal
-client's run, submit, tail, jobs, cancel (tasks/client_cli.py).
+client's run, submit, tail, jobs, cancel, batch (tasks/client_cli.py).
 
 The one entry point of the house, and the only module of tasks/ that reaches web/ or worker/: only lazily, inside
 the commands that start them (web, worker, make-demo-model), so the contract never imports the processes built on it.
@@ -33,7 +33,8 @@ def main(log_level: str | None) -> None:
     # The commands that start onelane's processes read the settings and set up logging with them (_settings).
 
 
-for command in (client_cli.run, client_cli.submit, client_cli.tail, client_cli.jobs, client_cli.cancel):
+for command in (client_cli.run, client_cli.submit, client_cli.tail, client_cli.jobs, client_cli.cancel,
+                client_cli.batch):  # fmt: skip
     main.add_command(command)
 
 

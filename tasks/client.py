@@ -1,7 +1,8 @@
-"""An HTTP client of onelane's REST API: submit, get, list and cancel jobs, and follow a job's events.
+"""An HTTP client of onelane's REST API: submit, get, list and cancel jobs, and follow a job's events; upload a
+file, and create, read and cancel a batch of OpenAI's Batch API, and read its result files.
 
-No Flask, no MLX: this is what `onelane run`, `jobs`, `cancel` and `tail` use, from any machine that can reach the
-web. A followed stream that drops is resumed with `Last-Event-ID`, so no token is lost or repeated.
+No Flask, no MLX: this is what `onelane run`, `jobs`, `cancel`, `tail` and `batch` use, from any machine that can
+reach the web. A followed stream that drops is resumed with `Last-Event-ID`, so no token is lost or repeated.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0  # a live stream sends a ping every ONELANE_SSE_PING_S (15 s): silence this long is a dead link
 RESUME_FOR_S = 60.0  # how long a dropped stream keeps trying to resume before giving up
+NO_KEY = "none"  # the key a client without one sends where a form needs one (any key, to a server without keys)
 
 
 class ClientError(Exception):
@@ -89,6 +91,40 @@ class Client:
     def cancel(self, job_id: str) -> dict[str, Any]:
         """DELETE /v1/jobs/<id>: the job as it is after the cancel (ApiError 409 job_ended if it ended otherwise)."""
         return self._json("DELETE", f"/v1/jobs/{job_id}")
+
+    def upload_file(self, name: str, data: bytes, purpose: str = "batch") -> dict[str, Any]:
+        """POST /v1/files (multipart): `data` as a file called `name`, for `purpose`; the file object (its `id`).
+
+        Without an API key it sends NO_KEY as one: a form with neither key nor session is what another site's page
+        could post, which onelane refuses (web/auth.py check_csrf); a server without keys takes any key as its
+        local user, one with keys refuses it (said as the missing key it is)."""
+        headers = None if self.api_key else {"Authorization": f"Bearer {NO_KEY}"}
+        try:
+            return self._json("POST", "/v1/files", headers=headers, data={"purpose": purpose},
+                              files={"file": (name, data)})  # fmt: skip
+        except ApiError as exc:
+            if self.api_key or exc.status != 401:
+                raise
+            raise ApiError(401, exc.type, "this server needs an API key: set ONELANE_API_KEY") from None
+
+    def file_content(self, file_id: str) -> bytes:
+        """GET /v1/files/<id>/content: the file's bytes (a batch's output or error file, JSONL)."""
+        with self._request("GET", f"/v1/files/{file_id}/content",
+                           timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S)) as response:  # fmt: skip
+            return response.content
+
+    def create_batch(self, input_file_id: str, endpoint: str) -> dict[str, Any]:
+        """POST /v1/batches: run the uploaded file's lines against `endpoint`, within 24 h; the batch object."""
+        body = {"input_file_id": input_file_id, "endpoint": endpoint, "completion_window": "24h"}
+        return self._json("POST", "/v1/batches", json=body)
+
+    def get_batch(self, batch_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/batches/{batch_id}")
+
+    def cancel_batch(self, batch_id: str) -> dict[str, Any]:
+        """POST /v1/batches/<id>/cancel: the batch as it is after the cancel (`cancelling` until what runs stopped;
+        an ended batch is left as it is)."""
+        return self._json("POST", f"/v1/batches/{batch_id}/cancel", json={})  # a JSON POST: a form would need a key
 
     def events(self, job_id: str, after: int = -1, resume_for_s: float = RESUME_FOR_S) -> Iterator[ServerEvent]:
         """The job's events after log index `after`, live, until its terminal event.

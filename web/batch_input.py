@@ -11,6 +11,7 @@ whole (NotJsonl).
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,9 @@ ENDPOINTS: dict[str, tuple[type[BaseModel], dict[str, tuple[Any, ...]]]] = {
     "/v1/completions": (CompletionRequest, NEUTRAL),
     "/v1/responses": (ResponseRequest, RESPONSE_NEUTRAL),
 }
+
+
+YIELD_EVERY = 500  # lines read between two yields (50,000 lines take ~2 s to check on one core)
 
 
 class NotJsonl(OnelaneError):
@@ -62,6 +66,8 @@ def read_lines(data: bytes, endpoint: str, owner: str, settings: Settings) -> tu
     seen: set[str] = set()
     objects = 0
     for index, raw in enumerate(data.decode("utf-8", errors="replace").splitlines()):
+        if index % YIELD_EVERY == YIELD_EVERY - 1:
+            time.sleep(0)  # under gevent (onelane web), let the process's other requests and streams run meanwhile
         if not raw.strip():
             continue
         try:
