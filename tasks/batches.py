@@ -232,6 +232,13 @@ class BatchStore:
         """The batch's lines admitted and not collected yet, by job id."""
         return {job_id: PendingLine.decode(raw) for job_id, raw in self.redis.hgetall(keys.batch_running(batch_id)).items()}
 
+    def in_flight(self) -> int:
+        """Every batch's lines admitted and not collected yet (waiting, running, or just ended)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for batch_id in self.active():
+            pipe.hlen(keys.batch_running(batch_id))
+        return sum(pipe.execute())
+
     def next_line(self, batch_id: str) -> PendingLine | None:
         """The first line not admitted yet (it stays first until `admitted`)."""
         raw = self.redis.lindex(keys.batch_lines(batch_id), 0)

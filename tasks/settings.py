@@ -59,6 +59,7 @@ ENV_NAMES: dict[str, str] = {
     "max_file_bytes": "ONELANE_MAX_FILE_BYTES",
     "max_batch_lines": "ONELANE_MAX_BATCH_LINES",
     "batch_waiting": "ONELANE_BATCH_WAITING",
+    "batch_share": "ONELANE_BATCH_SHARE",
     "batch_window_s": "ONELANE_BATCH_WINDOW",
 }
 
@@ -254,6 +255,9 @@ class Settings(BaseModel):
     max_batch_lines: int = Field(50_000, ge=1, le=1_000_000)  # the most requests one batch's input file holds
     # a batch's lines waiting in the queue at once: it feeds the queue as it drains (places of its owner's quota)
     batch_waiting: int = Field(8, ge=1, le=10_000)
+    # the share of the live workers' slots that batches' lines may hold at once (waiting or running): the rest stay
+    # free for everyone else's work, so an interactive job finds a slot without waiting for a batch's line to end
+    batch_share: float = Field(0.75, gt=0, le=1)
     # what a batch's completion_window "24h" gives it, in seconds (shorter for tests or a busy server)
     batch_window_s: float = Field(86400.0, ge=1, le=7 * 86400)
     prefix_cache_shared: bool = False  # reuse an entry across owners (else only its owner's later jobs hit it)

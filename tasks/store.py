@@ -523,6 +523,14 @@ class Store:
         pid, *stalled = self._run("stall", s.device, s.stall_s, s.result_ttl_s)
         return (int(pid) if pid else None), stalled
 
+    def live_slots(self) -> int:
+        """The slots of every live worker's batch (its ONELANE_MAX_BATCH, as its lease reports it)."""
+        devices = list(self.redis.smembers(keys.DEVICES))
+        pipe = self.redis.pipeline(transaction=False)
+        for name in devices:
+            pipe.hmget(keys.device(name), "worker", "slots")
+        return sum(int(slots or 0) for worker, slots in pipe.execute() if worker)
+
     def snapshot(self) -> Snapshot:
         """Everything /readyz and /metrics report, read in two pipelines."""
         devices = sorted(self.redis.smembers(keys.DEVICES))

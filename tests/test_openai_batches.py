@@ -137,7 +137,7 @@ def test_each_endpoint_answers_in_its_own_shape(client, start_worker, store, end
 
 def test_a_batch_feeds_the_queue_as_it_drains_outside_its_owners_quota(client_with, settings, store, start_worker):
     # Given a bound of 3 waiting lines per batch, and a quota of 2 waiting jobs per user
-    own = client_with(batch_waiting=3, max_queued_per_user=2)
+    own = client_with(batch_waiting=3, max_queued_per_user=2, max_batch=8, batch_share=1.0)
 
     # When a batch of 12 lines is created while no worker runs
     batch = submit(own, jsonl(*(chat_line(f"r{n}", tokens=2) for n in range(12))))
@@ -156,6 +156,20 @@ def test_a_batch_feeds_the_queue_as_it_drains_outside_its_owners_quota(client_wi
     assert (done.status, done.completed, done.failed) == ("completed", 12, 0)
     for r in mine:
         wait_ended(store, "job_" + r.id.removeprefix("resp_"))
+
+
+def test_the_batches_hold_at_most_their_share_of_the_slots(client_with, store):
+    # Given slots for 8 jobs (no worker live yet: ONELANE_MAX_BATCH counts), of which batches may hold half
+    own = client_with(max_batch=8, batch_share=0.5)
+
+    # When two batches are created
+    first = submit(own, jsonl(*(chat_line(f"a{n}") for n in range(6))))
+    second = submit(own, jsonl(*(chat_line(f"b{n}") for n in range(6))))
+
+    # Then 4 of their lines are in the queue, the first batch's before the second's, and 4 places stay free
+    assert store.redis.zcard(keys.QUEUE) == 4
+    assert store.redis.hlen(keys.batch_running(first.id)) == 4 and store.redis.hlen(keys.batch_running(second.id)) == 0
+    assert own.batches.retrieve(second.id).status == "in_progress"
 
 
 def test_cancel_keeps_what_completed_and_ends_every_other_line_once(client, start_worker, store):

@@ -2,12 +2,13 @@
 
 Every web process runs one, on a thread of its own; a round of a batch holds its lock (tasks/batches.py), so several
 processes share the work and any one of them can die at any point: the next round, in any process, goes on from
-what Redis holds. A round wakes when the queue moves (a job started or was admitted) or after a second.
+what Redis holds. A round runs when the queue moves (a job started or was admitted) and at least every INTERVAL_S.
 
-A batch keeps at most ONELANE_BATCH_WAITING of its lines waiting in the queue: they are batch-class jobs (fair
-queuing puts one of them behind ONELANE_BATCH_COST turns of each interactive user at most, and none ahead of an
-interactive job's turn), admitted once only under ids made from the batch and the line, outside their owner's
-quota and listing. A full queue makes the batch wait, never fail. When every line has its result, the batch writes
+A batch keeps at most ONELANE_BATCH_WAITING of its lines waiting in the queue, and the batches together at most
+ONELANE_BATCH_SHARE of the live workers' slots in flight (waiting or running), so that an interactive job finds a free
+slot rather than wait for a line to end. The lines are batch-class jobs (fair queuing puts one of them behind
+ONELANE_BATCH_COST turns of each interactive user at most, and none ahead of an interactive job's turn), admitted
+once only under ids made from the batch and the line, outside their owner's quota and listing. A full queue makes the batch wait, never fail. When every line has its result, the batch writes
 its output and error files and ends; cancelled or past its window, it cancels what still runs, keeps what
 completed, and ends each line not run with `batch_cancelled` or `batch_expired`.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from typing import Any
@@ -36,7 +38,7 @@ from web.openai_bodies import Chat, Text, snapshot
 
 logger = logging.getLogger(__name__)
 
-INTERVAL_S = 1.0
+INTERVAL_S = 0.25  # a round at least this often: a line that ended is collected, and its place refilled, this soon
 STOPPED = {"cancelled": "the batch was cancelled", "expired": "the batch's completion window ended"}
 
 
@@ -116,9 +118,15 @@ class BatchRunner:
             if stop:
                 self._cancel(job, stop)
         self.batches.collect(batch_id, ended)
-        fed = 0 if stop else self._feed(record, self.settings.batch_waiting - waiting)
+        fed = 0 if stop else self._feed(record, min(self.settings.batch_waiting - waiting, self._share_left()))
         if len(ended) == len(running) and not fed and (stop or self.batches.next_line(batch_id) is None):
             self._end(record, stop)
+
+    def _share_left(self) -> int:
+        """How many more lines the batches may have in flight: ONELANE_BATCH_SHARE of the live workers' slots (of
+        ONELANE_MAX_BATCH while none is live), at least one, less what they have."""
+        slots = self.store.live_slots() or self.settings.max_batch
+        return max(1, math.floor(slots * self.settings.batch_share)) - self.batches.in_flight()
 
     def _feed(self, record: BatchRecord, room: int) -> int:
         """Admit up to `room` more lines; how many were."""
