@@ -1,7 +1,8 @@
 """Every Redis key and channel onelane uses. No other module formats a key.
 
 Lua scripts that must reach keys chosen at run time (the job at the head of the queue, its owner's
-queue) receive the names and prefixes below as arguments, so the names still come from this module only.
+queue) get the names and prefixes below written into them (LUA_NAMES, by tasks/scripts.py), so the names still
+come from this module only.
 """
 
 from __future__ import annotations
@@ -117,15 +118,16 @@ def minute(index: int) -> str:
     return f"{MINUTE_PREFIX}{index}"
 
 
-def prefixes() -> list[str]:
-    """The names and prefixes, in the order every Lua script (tasks/lua/common.lua) expects them first, then the
-    bounds of the dashboard's records."""
-    return [
-        JOB_PREFIX, OUTPUT_PREFIX, EVENTS_PREFIX, CHANNEL_PREFIX, USER_QUEUE_PREFIX, USER_JOBS_PREFIX,
-        QUEUE, WAITING, WATCHED, QUEUE_MOVED, IN_PROGRESS, SERVICE_TIMES, VIRTUAL_TIME, NEXT_TAGS, SEQUENCE,
-        DEVICE_PREFIX, DEVICES, STATS, CANCELS, MODEL_QUEUE_PREFIX, MODEL_PREFIX, BLOCKED, MINUTE_PREFIX, FAILURES,
-        AFFINITY_PREFIX, str(MINUTE_TTL_S), str(FAILURES_KEPT),
-    ]  # fmt: skip
+#: The key names and prefixes the Lua scripts use, under the constant names they use them by (tasks/scripts.py writes
+#: them into every script), and the bounds of the dashboard's records.
+LUA_NAMES: dict[str, str | int] = {
+    "JOB": JOB_PREFIX, "OUT": OUTPUT_PREFIX, "EV": EVENTS_PREFIX, "CH": CHANNEL_PREFIX, "UQ": USER_QUEUE_PREFIX,
+    "UJ": USER_JOBS_PREFIX, "QUEUE": QUEUE, "WAITING": WAITING, "WATCHED": WATCHED, "MOVED": QUEUE_MOVED,
+    "IN_PROGRESS": IN_PROGRESS, "SERVICE_TIMES": SERVICE_TIMES, "VTIME": VIRTUAL_TIME, "TAGS": NEXT_TAGS,
+    "SEQ": SEQUENCE, "DEVICE": DEVICE_PREFIX, "DEVICES": DEVICES, "STATS": STATS, "CANCELS": CANCELS,
+    "MQ": MODEL_QUEUE_PREFIX, "MODEL": MODEL_PREFIX, "BLOCKED": BLOCKED, "MINUTE": MINUTE_PREFIX,
+    "FAILURES": FAILURES, "AFFINITY": AFFINITY_PREFIX, "MINUTE_TTL": MINUTE_TTL_S, "FAILURES_KEPT": FAILURES_KEPT,
+}  # fmt: skip
 
 
 def file(file_id: str) -> str:

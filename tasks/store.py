@@ -10,13 +10,11 @@ Every change that must not interleave with another is one Lua script in tasks/lu
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
-from typing import Any
+from typing import Any, ClassVar
 
 import redis
 
@@ -26,16 +24,8 @@ from tasks.connection import connect
 from tasks.errors import JobAlreadyEnded, JobNotFound, LeaseLost, ModelUnavailable, QueueFull, QuotaExceeded
 from tasks.events import Event
 from tasks.job import Job, JobSpec, JobStatus, Timings, error_json, history_digest, history_prefix
+from tasks.scripts import ARGS, BELL, Scripts
 from tasks.settings import Settings
-
-
-def _load_scripts(client: redis.Redis) -> dict[str, Any]:
-    folder = resources.files("tasks") / "lua"
-    names = "local NAMES = {" + ", ".join(json.dumps(name) for name in keys.prefixes()) + "}\n"
-    common = names + (folder / "common.lua").read_text()
-    names = ("admit", "claim", "cancel", "append", "finish", "position", "recover", "lease", "stall",
-             "drop_lease", "housekeep", "watch", "ring", "model_failed")
-    return {name: client.register_script(common + (folder / f"{name}.lua").read_text()) for name in names}
 
 
 MODEL_RECORD_TTL_S = 7 * 86400  # a model's load record (keys.model) outlives no week without news
@@ -84,11 +74,16 @@ class BatchReport:
     cache_bytes: int = 0  # ... and what it holds now
     cache_entries: int = 0
 
-    def args(self) -> tuple[object, ...]:
-        return (self.batch, self.slots, f"{self.tokens_per_s:.1f}", self.steps, f"{self.decode_s:.6f}",
-                f"{self.prefill_s:.6f}", self.prefill_tokens, ",".join(self.models), self.active,
-                self.loading, self.cache_lookups, self.cache_hits, self.cache_tokens, self.cache_bytes,
-                self.cache_entries)  # fmt: skip
+    NAMES: ClassVar[tuple[str, ...]] = ARGS["lease"][5:]  # what lease.lua takes of a report, by name
+
+    def fields(self) -> dict[str, object]:
+        """The report as lease.lua takes it, by name."""
+        return {"batch": self.batch, "slots": self.slots, "tok_s": f"{self.tokens_per_s:.1f}", "steps": self.steps,
+                "decode_s": f"{self.decode_s:.6f}", "prefill_s": f"{self.prefill_s:.6f}",
+                "prefill_tokens": self.prefill_tokens, "models": ",".join(self.models), "active": self.active,
+                "loading": self.loading, "cache_lookups": self.cache_lookups, "cache_hits": self.cache_hits,
+                "cache_tokens": self.cache_tokens, "cache_bytes": self.cache_bytes,
+                "cache_entries": self.cache_entries}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -216,26 +211,16 @@ class Store:
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
         self.redis = client
         self.settings = settings
-        self._scripts = _load_scripts(client)
+        self.scripts = Scripts(client)
 
     @classmethod
     def connect(cls, settings: Settings) -> Store:
         """A store on its own connection pool to `settings`' Redis (a process's one store)."""
         return cls(connect(settings.effective_redis_url, settings.redis_timeout_s), settings)
 
-    def _run(self, name: str, *args: object, pipe: Any = None) -> Any:
-        """Run a script now, or queue it on `pipe` (a pipeline: its reply comes with the pipeline's). On a pipeline
-        it goes by its SHA alone: redis-py would otherwise ask SCRIPT EXISTS first, a round trip per pipeline. If
-        Redis lost it (NoScriptError in the reply), `load_scripts` and send it again: it did not run."""
-        script = self._scripts[name]
-        if pipe is not None:
-            return pipe.evalsha(script.sha, 0, *args)
-        return script(keys=[], args=args)
-
     def load_scripts(self) -> None:
         """Load every script into Redis again (after a restart or SCRIPT FLUSH)."""
-        for script in self._scripts.values():
-            script.sha = self.redis.script_load(script.script)
+        self.scripts.load()
 
     # --- the web's verbs -------------------------------------------------------------------------
 
@@ -264,12 +249,13 @@ class Store:
         history = ""  # a chat's history so far: a worker whose prefix cache holds it may be preferred
         if spec.messages and len(spec.messages) > 1 and config is not None:
             history = history_digest(history_prefix(config.cache_key(), s.cache_scope(spec.owner)), spec.messages[:-1])
-        verdict, *rest = self._run(
-            "admit", job_id, spec.owner, spec.model_dump_json(), ttl_s, s.result_ttl_s, grace, s.max_queue, quota,
-            spec.params.max_tokens, s.max_batch, *_bell(doorbell), spec.model, spec.priority,
-            s.cost_of(spec.owner, spec.priority), keys.address_visitors(address) if address else "",
-            VISITORS_PER_ADDRESS, history, "1" if line else "",
-        )  # fmt: skip
+        verdict, *rest = self.scripts.run(
+            "admit", id=job_id, owner=spec.owner, spec=spec.model_dump_json(), ttl_s=ttl_s, result_ttl_s=s.result_ttl_s,
+            watch_grace_s=grace, max_queue=s.max_queue, max_per_user=quota, max_tokens=spec.params.max_tokens,
+            slots=s.max_batch, **_bell(doorbell), model=spec.model, **{"class": spec.priority},
+            cost=s.cost_of(spec.owner, spec.priority), visitors=keys.address_visitors(address) if address else "",
+            max_visitors=VISITORS_PER_ADDRESS, history=history, line="1" if line else "",
+        )
         if verdict == "exists":
             return self.get(job_id)
         if verdict == "queue_full":
@@ -299,7 +285,7 @@ class Store:
 
     def renew_watch(self, job_id: str) -> None:
         """Renew the job's watch lease if it has one (a watched job that waits); harmless otherwise."""
-        self._run("watch", job_id)
+        self.scripts.run("watch", id=job_id)
 
     def get(self, job_id: str, owner: str | None = None) -> Job:
         """The job as it stands now, with its position while it waits. Another owner's job is not found."""
@@ -349,7 +335,7 @@ class Store:
         with self.redis.pubsub(ignore_subscribe_messages=True) as sub:
             sub.subscribe(keys.channel(job_id))  # before the cancel, so the worker's answer cannot be missed
             err = error_json(*error) if error else ""
-            found = self._run("cancel", job_id, owner, self.settings.result_ttl_s, err)
+            found = self.scripts.run("cancel", id=job_id, owner=owner, result_ttl_s=self.settings.result_ttl_s, error=err)
             if found == "not_found":
                 raise JobNotFound(f"no job {job_id!r}", param="id")
             if found not in ("queued", "cancelling", JobStatus.CANCELLED.value):
@@ -367,7 +353,7 @@ class Store:
 
     def standings(self, job_ids: list[str]) -> list[Standing]:
         """The standing of each job, in one call (Standing(None, None) for a job that does not wait)."""
-        estimate, flat = Estimate.parse(self._run("position", self.settings.max_batch, *job_ids))
+        estimate, flat = Estimate.parse(self.scripts.run("position", slots=self.settings.max_batch, ids=job_ids))
         return [Standing(int(p), estimate.eta(int(p), float(load_s))) if p else Standing(None, None)
                 for p, load_s in zip(flat[::2], flat[1::2])]  # fmt: skip
 
@@ -392,8 +378,9 @@ class Store:
 
     def _lease(self, mode: str, worker: str, report: BatchReport | None) -> str:
         lease_ms = int(self.settings.lease_s * 1000)
-        extra = report.args() if report else ()
-        return str(self._run("lease", self.settings.device, worker, os.getpid(), lease_ms, mode, *extra))
+        told = report.fields() if report else dict.fromkeys(BatchReport.NAMES, "")
+        return str(self.scripts.run("lease", device=self.settings.device, worker=worker, pid=os.getpid(),
+                                    lease_ms=lease_ms, mode=mode, **told))
 
     def claim_next(
         self, worker: str, want: str | None = None, active: str = "", loaded: tuple[str, ...] | None = None
@@ -409,8 +396,9 @@ class Store:
         s = self.settings
         run_life = int(s.job_time_limit_s + s.result_ttl_s)
         loaded = tuple(m.name for m in s.catalog) if loaded is None else loaded
-        claimed = self._run("claim", s.result_ttl_s, run_life, s.device, worker, want or "", active,
-                            s.model_switch_wait_s, s.cache_affinity_s, *loaded)  # fmt: skip
+        claimed = self.scripts.run("claim", result_ttl_s=s.result_ttl_s, run_life_s=run_life, device=s.device,
+                                   worker=worker, want=want or "", active=active, switch_wait_s=s.model_switch_wait_s,
+                                   affinity_s=s.cache_affinity_s, loaded=loaded)
         if claimed == "lost":
             raise LeaseLost(f"worker {worker} lost the lease of device {self.settings.device}")
         if not claimed:
@@ -443,7 +431,8 @@ class Store:
     def model_failed(self, name: str, worker: str, message: str) -> int:
         """Record that `name` failed to load and fail its waiting jobs (model_unavailable); returns how many."""
         s = self.settings
-        return int(self._run("model_failed", name, message, s.model_retry_s, s.result_ttl_s, worker))
+        return int(self.scripts.run("model_failed", model=name, message=message, retry_s=s.model_retry_s,
+                                    result_ttl_s=s.result_ttl_s, worker=worker))
 
     def _model(self, name: str, **fields: object) -> None:
         pipe = self.redis.pipeline(transaction=True)
@@ -458,7 +447,8 @@ class Store:
         before this text, so that a retried write appends only what did not get there (None: at the end).
         `cached_tokens`: of the prompt's, those read from the prefix cache."""
         where = start if start is not None else ("", "")
-        return self._run("append", job_id, n_tokens, text, prompt_tokens, worker, *where, cached_tokens, pipe=pipe)
+        return self.scripts.run("append", pipe, id=job_id, n_tokens=n_tokens, text=text, prompt_tokens=prompt_tokens,
+                                worker=worker, from_n=where[0], from_b=where[1], cached_tokens=cached_tokens)
 
     def finish(
         self,
@@ -482,9 +472,10 @@ class Store:
         s = self.settings
         seen = "" if stop_seen_at is None else stop_seen_at
         kept = history_prefix(*kept_as) if kept_as else ""
-        args = (status.value, finish_reason or "", err, prompt_tokens, completion_tokens, s.result_ttl_s, worker, seen,
-                cached_tokens, kept)  # fmt: skip
-        return self._run("finish", job_id, *args, pipe=pipe)
+        return self.scripts.run("finish", pipe, id=job_id, status=status.value, finish_reason=finish_reason or "",
+                                error=err, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                result_ttl_s=s.result_ttl_s, worker=worker, stop_seen_at=seen,
+                                cached_tokens=cached_tokens, kept=kept)
 
     def hand_back(self, job_id: str, worker: str, why: str = "worker_crashed", shared: bool = False,
                   pipe: Any = None) -> Any:  # fmt: skip
@@ -494,33 +485,35 @@ class Store:
         ran with others, so the failure is not blamed on it (see release() in tasks/lua/common.lua). Returns
         [id, verdict], or [] if it does not run there."""
         s = self.settings
-        return self._run("recover", s.max_attempts, s.job_ttl_s, s.result_ttl_s, job_id, worker, why,
-                         "1" if shared else "", pipe=pipe)  # fmt: skip
+        return self.scripts.run("recover", pipe, max_attempts=s.max_attempts, ttl_s=s.job_ttl_s,
+                                result_ttl_s=s.result_ttl_s, id=job_id, worker=worker, why=why,
+                                shared="1" if shared else "")
 
     def housekeep(self, doorbell: Doorbell | None = None) -> tuple[int, list[tuple[str, str]]]:
         """One periodic round: end waiting jobs past their deadline (expired) or whose watcher left (client_gone),
         release running jobs whose worker lost its device (requeued at the front, or failed after max_attempts),
         and ring `doorbell` if jobs wait and no message is pending. Returns (jobs waiting, [(job id, verdict)])."""
         s = self.settings
-        waiting, *flat = self._run("housekeep", s.max_attempts, s.job_ttl_s, s.result_ttl_s, 500, *_bell(doorbell))
+        waiting, *flat = self.scripts.run("housekeep", max_attempts=s.max_attempts, ttl_s=s.job_ttl_s,
+                                          result_ttl_s=s.result_ttl_s, limit=500, **_bell(doorbell))
         return int(waiting), list(zip(flat[::2], flat[1::2]))
 
     def ring(self, doorbell: Doorbell) -> bool:
         """Push the worker's doorbell unless one is pending; True if pushed."""
-        return bool(self._run("ring", *_bell(doorbell)))
+        return bool(self.scripts.run("ring", **_bell(doorbell)))
 
     def drop_device(self, pid: int) -> bool:
         """Free this device if the process `pid` (known dead) holds it."""
-        return bool(self._run("drop_lease", self.settings.device, "pid", pid))
+        return bool(self.scripts.run("drop_lease", device=self.settings.device, field="pid", value=pid))
 
     def release_device(self, worker: str) -> bool:
         """Free this device if `worker` (stopped in good order: nothing of it runs on the device) holds it."""
-        return bool(self._run("drop_lease", self.settings.device, "worker", worker))
+        return bool(self.scripts.run("drop_lease", device=self.settings.device, field="worker", value=worker))
 
     def watch_device(self) -> tuple[int | None, list[str]]:
         """The pid holding this device, and the jobs ended as stalled (no progress for stall_s s) there."""
         s = self.settings
-        pid, *stalled = self._run("stall", s.device, s.stall_s, s.result_ttl_s)
+        pid, *stalled = self.scripts.run("stall", device=s.device, stall_s=s.stall_s, result_ttl_s=s.result_ttl_s)
         return (int(pid) if pid else None), stalled
 
     def live_slots(self) -> int:
@@ -633,8 +626,8 @@ def _model_state(name: str, depth: int, record: dict[str, str], workers: list[De
     )  # fmt: skip
 
 
-def _bell(doorbell: Doorbell | None) -> tuple[str, str, str, str | bytes]:
-    """A doorbell as the scripts take it: queue key, hash key, message id, payload ('' for none)."""
+def _bell(doorbell: Doorbell | None) -> dict[str, str | bytes]:
+    """A doorbell as the scripts take it (scripts.BELL): queue key, hash key, message id, payload ('' for none)."""
     if doorbell is None:
-        return ("",) * 4
-    return doorbell.queue_key, doorbell.messages_key, doorbell.message_id, doorbell.payload
+        return dict.fromkeys(BELL, "")
+    return dict(zip(BELL, (doorbell.queue_key, doorbell.messages_key, doorbell.message_id, doorbell.payload)))

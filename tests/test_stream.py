@@ -235,14 +235,14 @@ def test_one_position_lookup_serves_every_waiting_stream_when_the_queue_moves(jo
 
     store = app.extensions["onelane"].store
     lookups: list[tuple[str, ...]] = []
-    run = store._run
+    run = store.scripts.run
 
-    def counting_run(name: str, *args: object, **kwargs: object) -> object:
+    def counting_run(name: str, pipe: object = None, **args: object) -> object:
         if name == "position":
-            lookups.append(tuple(map(str, args[1:])))  # after the number of slots
-        return run(name, *args, **kwargs)
+            lookups.append(tuple(map(str, args["ids"])))  # type: ignore[call-overload]
+        return run(name, pipe, **args)
 
-    monkeypatch.setattr(store, "_run", counting_run)
+    monkeypatch.setattr(store.scripts, "run", counting_run)
     jobs.cancel(head["id"])
 
     assert [next(e for e in s if e.get("event") == "queued")["data"]["position"] for s in streams] == [1, 2, 3]

@@ -13,7 +13,7 @@
 -- The job's dramatiq message (its doorbell), when given, is pushed here as dramatiq's enqueue would, unless one
 -- is pending already: an admitted job always has a message to wake the worker, and a consumer blocked on the
 -- queue wakes as this script ends.
--- ARGV: id, owner, spec_json, ttl_s, result_ttl_s, watch_grace_s, max_queue, max_per_user (0: no bound),
+-- ARG: id, owner, spec_json, ttl_s, result_ttl_s, watch_grace_s, max_queue, max_per_user (0: no bound),
 --       max_tokens, slots, message queue key, message hash key, message id, message ('' for no message),
 --       model, class ('interactive' | 'batch'), cost, visitors key ('' for none), max_visitors, history (the
 --       digest of a chat's messages but the last, '' for none: a device whose prefix cache holds it is preferred),
@@ -22,14 +22,14 @@
 --    or {'ok', queued_at, deadline, position, seconds its model takes to load, the estimate (see position.lua)}
 --    or {'queue_full' | 'quota_exceeded' | 'address_quota' | 'address_visitors', retry_after_s}
 --    or {'model_unavailable', retry_after_s, why}
-local id, owner, spec = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3]
-local ttl, result_ttl, grace = tonumber(ARGV[A + 4]), tonumber(ARGV[A + 5]), tonumber(ARGV[A + 6])
-local max_queue, max_per_user, max_tokens = tonumber(ARGV[A + 7]), tonumber(ARGV[A + 8]), ARGV[A + 9]
-local slots = tonumber(ARGV[A + 10])
-local bell_queue, bell_messages, bell_id, bell = ARGV[A + 11], ARGV[A + 12], ARGV[A + 13], ARGV[A + 14]
-local model, class, cost = ARGV[A + 15], ARGV[A + 16], tonumber(ARGV[A + 17])
-local visitors, max_visitors, history = ARGV[A + 18], tonumber(ARGV[A + 19]), ARGV[A + 20]
-local line = ARGV[A + 21] == '1'
+local id, owner, spec = ARG.id, ARG.owner, ARG.spec
+local ttl, result_ttl, grace = tonumber(ARG.ttl_s), tonumber(ARG.result_ttl_s), tonumber(ARG.watch_grace_s)
+local max_queue, max_per_user, max_tokens = tonumber(ARG.max_queue), tonumber(ARG.max_per_user), ARG.max_tokens
+local slots = tonumber(ARG.slots)
+local bell_queue, bell_messages, bell_id, bell = ARG.bell_queue, ARG.bell_messages, ARG.bell_id, ARG.bell
+local model, class, cost = ARG.model, ARG.class, tonumber(ARG.cost)
+local visitors, max_visitors, history = ARG.visitors, tonumber(ARG.max_visitors), ARG.history
+local line = ARG.line == '1'
 local t = now()
 local q = UQ .. owner
 local jkey = JOB .. id

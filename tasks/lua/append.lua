@@ -6,15 +6,15 @@
 -- there (its predecessor has not arrived yet) appends nothing and says so (2): the writer's own retry, sent in
 -- order, brings both. So no text is doubled, lost or reordered.
 -- With no token (n = 0, during a long prefill), it records that the job is making progress.
--- ARGV: id, n_tokens, text, prompt_tokens, worker_id, from_n, from_b ('' for both: at the end, unchecked),
+-- ARG: id, n_tokens, text, prompt_tokens, worker_id, from_n, from_b ('' for both: at the end, unchecked),
 --       cached_tokens (of the prompt's, read from the prefix cache)
 --   ->  1 to stop, 0 to go on, 2 if it did not line up (nothing appended)
-local id, n, text, prompt_tokens = ARGV[A + 1], tonumber(ARGV[A + 2]), ARGV[A + 3], ARGV[A + 4]
-local from_n, from_b = tonumber(ARGV[A + 6]), tonumber(ARGV[A + 7])
+local id, n, text, prompt_tokens = ARG.id, tonumber(ARG.n_tokens), ARG.text, ARG.prompt_tokens
+local from_n, from_b = tonumber(ARG.from_n), tonumber(ARG.from_b)
 local jkey = JOB .. id
 local f = redis.call('HMGET', jkey, 'status', 'cancel_requested', 'first_token_at', 'worker', 'queued_at', 'device',
   'completion_tokens')
-if f[1] ~= 'in_progress' or f[4] ~= ARGV[A + 5] then return 1 end
+if f[1] ~= 'in_progress' or f[4] ~= ARG.worker then return 1 end
 local skip_n, skip_b = 0, 0
 if from_n then skip_n, skip_b = (tonumber(f[7]) or 0) - from_n, redis.call('STRLEN', OUT .. id) - from_b end
 if skip_n < 0 or skip_b < 0 then return 2 end
@@ -23,7 +23,7 @@ local t = now()
 if redis.call('EXISTS', DEVICE .. f[6]) == 1 then -- a lapsed lease is not recreated (without its TTL)
   redis.call('HSET', DEVICE .. f[6], 'progress', fmt(t))
 end
-redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens, 'cached_tokens', ARGV[A + 8] or 0)
+redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens, 'cached_tokens', ARG.cached_tokens or 0)
 if n > 0 then
   redis.call('HINCRBY', jkey, 'completion_tokens', n)
   stat('tokens', n)

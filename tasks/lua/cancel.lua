@@ -2,8 +2,8 @@
 -- announced on CANCELS: the worker's listener hears it at once and the generation loop stops at its next
 -- token (the flag is the fallback: every output write returns it). Returns the status it found, or
 -- 'not_found' (also for another owner's job), or 'cancelling'.
--- ARGV: id, owner, result_ttl_s, error_json ('' for a plain cancel; the job's error otherwise)
-local id, owner, result_ttl, err = ARGV[A + 1], ARGV[A + 2], tonumber(ARGV[A + 3]), ARGV[A + 4]
+-- ARG: id, owner, result_ttl_s, error_json ('' for a plain cancel; the job's error otherwise)
+local id, owner, result_ttl, err = ARG.id, ARG.owner, tonumber(ARG.result_ttl_s), ARG.error
 local jkey = JOB .. id
 local f = redis.call('HMGET', jkey, 'status', 'owner')
 if not f[1] or f[2] ~= owner then return 'not_found' end

@@ -12,14 +12,14 @@
 -- A chat whose history another live device's prefix cache holds (finish.lua names it), while that device has room
 -- in its batch, is left to it for up to `affinity_s` after its admission: this worker takes the next job it may
 -- run instead (a job of another owner, as when a head is passed over for its model), or none.
--- ARGV: result_ttl_s, run_life_s, device, worker_id, want ('' for none), active (the model the batch runs; '' when
+-- ARG: result_ttl_s, run_life_s, device, worker_id, want ('' for none), active (the model the batch runs; '' when
 --       the batch is empty), switch_wait_s, affinity_s, the models the worker has loaded...
 -- -> {'started' | 'next', id, the job's fields as HGETALL gives them, jobs still waiting after it},
 --    {'switch' | 'load', head id, its model}, false when nothing waits, or 'lost' without the lease
-local result_ttl, run_life, device, worker = tonumber(ARGV[A + 1]), tonumber(ARGV[A + 2]), ARGV[A + 3], ARGV[A + 4]
-local want, active, switch_wait, affinity_s = ARGV[A + 5], ARGV[A + 6], tonumber(ARGV[A + 7]), tonumber(ARGV[A + 8])
+local result_ttl, run_life, device, worker = tonumber(ARG.result_ttl_s), tonumber(ARG.run_life_s), ARG.device, ARG.worker
+local want, active, switch_wait, affinity_s = ARG.want, ARG.active, tonumber(ARG.switch_wait_s), tonumber(ARG.affinity_s)
 local loaded = {}
-for i = A + 9, #ARGV do loaded[ARGV[i]] = true end
+for _, name in ipairs(ARG.loaded) do loaded[name] = true end
 if redis.call('HGET', DEVICE .. device, 'worker') ~= worker then return 'lost' end
 local t = now()
 

@@ -1,10 +1,5 @@
--- Shared by every onelane script (store.py prepends it, after NAMES: the key names and prefixes of
--- tasks/keys.py, in the order of keys.prefixes(), written into the script so no call has to send them).
-local JOB, OUT, EV, CH, UQ, UJ, QUEUE, WAITING, WATCHED, MOVED, IN_PROGRESS, SERVICE_TIMES, VTIME, TAGS, SEQ,
-  DEVICE, DEVICES, STATS, CANCELS, MQ, MODEL, BLOCKED, MINUTE, FAILURES, AFFINITY, MINUTE_TTL,
-  FAILURES_KEPT = unpack(NAMES)
-MINUTE_TTL, FAILURES_KEPT = tonumber(MINUTE_TTL), tonumber(FAILURES_KEPT)
-local A = 0 -- the script's own arguments start at ARGV[A + 1]
+-- Shared by every onelane script: tasks/scripts.py writes, in front of it, the constants (every key name and
+-- prefix of tasks/keys.py, and the other facts Python and Lua share) and the script's ARG, its arguments by name.
 local TIE = 1048576 -- queue score = finish tag (in thousandths of a turn) * TIE + admission counter (mod TIE)
 
 local function now()

@@ -2,24 +2,25 @@
 -- terminal state, and a worker presumed dead (its job requeued) cannot end it. A job ends `cancelled` only if
 -- someone asked (cancel.lua): a worker that merely lost track of it (say, Redis was away) must not invent that.
 -- Ending it again as it ended is harmless (a retried write whose first reply was lost).
--- ARGV: id, status, finish_reason, error_json, prompt_tokens, completion_tokens, result_ttl_s, worker_id,
+-- ARG: id, status, finish_reason, error_json, prompt_tokens, completion_tokens, result_ttl_s, worker_id,
 --       stop_seen_at (tokens generated when the worker heard it must stop; '' if it did not), cached_tokens,
 --       kept ('' or, when the worker's prefix cache kept the job's KV state: history_prefix in tasks/job.py)
 -- A chat whose KV state was kept names its history (its messages, then its answer) after its device, as
 -- history_digest in tasks/job.py does, so that its follow-up (which resends that history) is steered there.
 -- -> 1 if ended (now or before, so), 0 if it was not running here, -1 if nobody asked to cancel it
-local id, status, reason, err = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3], ARGV[A + 4]
-local prompt_tokens, completion_tokens, result_ttl = ARGV[A + 5], ARGV[A + 6], tonumber(ARGV[A + 7])
+local id, status, reason, err = ARG.id, ARG.status, ARG.finish_reason, ARG.error
+local prompt_tokens, completion_tokens = ARG.prompt_tokens, ARG.completion_tokens
+local result_ttl = tonumber(ARG.result_ttl_s)
 local jkey = JOB .. id
 local f = redis.call('HMGET', jkey, 'status', 'worker', 'cancel_requested')
-if f[1] == status and f[2] == ARGV[A + 8] then return 1 end
-if f[1] ~= 'in_progress' or f[2] ~= ARGV[A + 8] then return 0 end
+if f[1] == status and f[2] == ARG.worker then return 1 end
+if f[1] ~= 'in_progress' or f[2] ~= ARG.worker then return 0 end
 if status == 'cancelled' and not f[3] then return -1 end
 if status == 'cancelled' and err == '' then err = redis.call('HGET', jkey, 'cancel_error') or '' end
 local t = now()
 redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens, 'completion_tokens', completion_tokens,
-  'cached_tokens', ARGV[A + 10] or 0)
-if ARGV[A + 9] ~= '' then redis.call('HSET', jkey, 'stop_seen_at', ARGV[A + 9]) end
+  'cached_tokens', ARG.cached_tokens or 0)
+if ARG.stop_seen_at ~= '' then redis.call('HSET', jkey, 'stop_seen_at', ARG.stop_seen_at) end
 local started = tonumber(redis.call('HGET', jkey, 'started_at'))
 if started then
   redis.call('LPUSH', SERVICE_TIMES, fmt(t - started))
@@ -32,12 +33,12 @@ if model then -- per model, for /metrics
   stat('model_tokens:' .. model, tonumber(completion_tokens))
   stat('model_finished:' .. model .. ':' .. status)
 end
-if ARGV[A + 11] and ARGV[A + 11] ~= '' then
+if ARG.kept ~= '' then
   local spec = cjson.decode(redis.call('HGET', jkey, 'spec'))
   if type(spec.messages) == 'table' then
-    local parts = {ARGV[A + 11]}
-    for _, m in ipairs(spec.messages) do parts[#parts + 1] = m.role .. '\n' .. m.content .. '\30' end
-    parts[#parts + 1] = 'assistant\n' .. (redis.call('GET', OUT .. id) or '') .. '\30'
+    local parts = {ARG.kept}
+    for _, m in ipairs(spec.messages) do parts[#parts + 1] = m.role .. '\n' .. m.content .. HISTORY_SEP end
+    parts[#parts + 1] = 'assistant\n' .. (redis.call('GET', OUT .. id) or '') .. HISTORY_SEP
     redis.call('SET', AFFINITY .. redis.sha1hex(table.concat(parts)), redis.call('HGET', jkey, 'device'), 'EX', result_ttl)
   end
 end

@@ -3,10 +3,10 @@
 -- `expired`; their watcher's lease lapsed: `cancelled`, client_gone), releases running jobs whose worker lost
 -- its device (see release() in common.lua), and rings the worker's doorbell if jobs wait and none is pending
 -- (a message lost with a worker, or jobs requeued).
--- ARGV: max_attempts, ttl_s, result_ttl_s, limit, message queue key, message hash key, message id, message
+-- ARG: max_attempts, ttl_s, result_ttl_s, limit, message queue key, message hash key, message id, message
 -- -> {waiting, id, verdict, id, verdict, ...}
-local max_attempts, ttl, result_ttl, limit = tonumber(ARGV[A + 1]), tonumber(ARGV[A + 2]), tonumber(ARGV[A + 3]),
-  tonumber(ARGV[A + 4])
+local max_attempts, ttl, result_ttl, limit = tonumber(ARG.max_attempts), tonumber(ARG.ttl_s), tonumber(ARG.result_ttl_s),
+  tonumber(ARG.limit)
 local t = now()
 local function sweep(index, status, reason, type_, message)
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', fmt(t), 'LIMIT', 0, limit)) do
@@ -33,5 +33,5 @@ for _, job in ipairs(lost) do
   table.insert(out, release(job[1], max_attempts, ttl, result_ttl, 'worker_crashed', with[job[2]] > 1))
 end
 out[1] = redis.call('ZCARD', QUEUE)
-if out[1] > 0 then ring(ARGV[A + 5], ARGV[A + 6], ARGV[A + 7], ARGV[A + 8]) end
+if out[1] > 0 then ring(ARG.bell_queue, ARG.bell_messages, ARG.bell_id, ARG.bell) end
 return out

@@ -6,29 +6,30 @@
 -- `active` (the model its batch runs) and `loading` (the model it loads now), for ETAs and health checks.
 -- To `take` a lease is to get it if it is free; to `renew` one is to keep a lease still held: a worker whose lease
 -- lapsed (its jobs may have been taken back meanwhile, and run again elsewhere) is told 'lapsed' and must stop.
--- ARGV: device, worker_id, pid, lease_ms, 'take' or 'renew'[, batch, slots, tok_s, steps, decode_s, prefill_s,
---       prefill_tokens, models, active, loading, cache_lookups, cache_hits, cache_tokens, cache_bytes, cache_entries]
--- (the prefix cache's lookups, hits and prompt tokens read from it since the last report; what it holds now)
+-- ARG: device, worker_id, pid, lease_ms, mode ('take' or 'renew'), and the worker's report (all '' when it
+-- reports nothing): batch, slots, tok_s, steps, decode_s, prefill_s, prefill_tokens, models, active, loading,
+-- cache_lookups, cache_hits, cache_tokens (the prefix cache's lookups, hits and prompt tokens read from it since
+-- the last report), cache_bytes, cache_entries (what it holds now)
 --   ->  'ok', 'lapsed', or the id of the worker that holds it
-local device, worker, pid, lease_ms = ARGV[A + 1], ARGV[A + 2], ARGV[A + 3], tonumber(ARGV[A + 4])
+local device, worker, pid, lease_ms = ARG.device, ARG.worker, ARG.pid, tonumber(ARG.lease_ms)
 local key = DEVICE .. device
 local holder = redis.call('HGET', key, 'worker')
 if holder and holder ~= worker then return holder end
-if not holder and ARGV[A + 5] == 'renew' then return 'lapsed' end
+if not holder and ARG.mode == 'renew' then return 'lapsed' end
 local t = redis.call('TIME')
 if not holder then redis.call('HSET', key, 'worker', worker, 'pid', pid, 'since', t[1] .. '.' .. t[2]) end
 redis.call('HSET', key, 'beat', string.format('%d.%06d', t[1], t[2]))
-if ARGV[A + 6] then
-  redis.call('HSET', key, 'batch', ARGV[A + 6], 'slots', ARGV[A + 7], 'tok_s', ARGV[A + 8])
-  stat('batch_steps', tonumber(ARGV[A + 9]))
-  redis.call('HINCRBYFLOAT', STATS, 'decode_seconds', ARGV[A + 10])
-  redis.call('HINCRBYFLOAT', STATS, 'prefill_seconds', ARGV[A + 11])
-  stat('prefill_tokens', tonumber(ARGV[A + 12]))
-  redis.call('HSET', key, 'models', ARGV[A + 13], 'active', ARGV[A + 14], 'loading', ARGV[A + 15])
-  stat('cache_lookups', tonumber(ARGV[A + 16]))
-  stat('cache_hits', tonumber(ARGV[A + 17]))
-  stat('cache_tokens', tonumber(ARGV[A + 18]))
-  redis.call('HSET', key, 'cache_bytes', ARGV[A + 19], 'cache_entries', ARGV[A + 20])
+if ARG.batch ~= '' then
+  redis.call('HSET', key, 'batch', ARG.batch, 'slots', ARG.slots, 'tok_s', ARG.tok_s)
+  stat('batch_steps', tonumber(ARG.steps))
+  redis.call('HINCRBYFLOAT', STATS, 'decode_seconds', ARG.decode_s)
+  redis.call('HINCRBYFLOAT', STATS, 'prefill_seconds', ARG.prefill_s)
+  stat('prefill_tokens', tonumber(ARG.prefill_tokens))
+  redis.call('HSET', key, 'models', ARG.models, 'active', ARG.active, 'loading', ARG.loading)
+  stat('cache_lookups', tonumber(ARG.cache_lookups))
+  stat('cache_hits', tonumber(ARG.cache_hits))
+  stat('cache_tokens', tonumber(ARG.cache_tokens))
+  redis.call('HSET', key, 'cache_bytes', ARG.cache_bytes, 'cache_entries', ARG.cache_entries)
 end
 redis.call('PEXPIRE', key, lease_ms)
 redis.call('SADD', DEVICES, device)

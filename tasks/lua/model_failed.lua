@@ -1,10 +1,10 @@
 -- A model failed to load: record why, and fail every job of it that waits (model_unavailable), at once; admission
 -- refuses its new jobs until `retry_s` have passed, when the next job of it makes the worker try again.
--- ARGV: model, message, retry_s, result_ttl_s, worker_id  ->  the number of jobs failed
-local model, message, retry, result_ttl = ARGV[A + 1], ARGV[A + 2], tonumber(ARGV[A + 3]), tonumber(ARGV[A + 4])
+-- ARG: model, message, retry_s, result_ttl_s, worker_id  ->  the number of jobs failed
+local model, message, retry, result_ttl = ARG.model, ARG.message, tonumber(ARG.retry_s), tonumber(ARG.result_ttl_s)
 local t = now()
 redis.call('HSET', MODEL .. model, 'state', 'failed', 'error', message, 'retry_at', fmt(t + retry), 'at', fmt(t),
-  'worker', ARGV[A + 5])
+  'worker', ARG.worker)
 redis.call('EXPIRE', MODEL .. model, 7 * 86400)
 stat('model_load_failures')
 local err = error_json('model_unavailable', message)

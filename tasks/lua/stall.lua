@@ -1,8 +1,8 @@
 -- The supervisor's look at a device, in one command: the pid of the process holding its lease, and the jobs it
 -- ended as failed (stalled) because, running there, they made no progress (started, a token, or a step that read
 -- their prompt on) for `stall_s` seconds by Redis's clock.
--- ARGV: device, stall_s, result_ttl_s  ->  {holder pid or false, stalled job id...}
-local device, stall_s, result_ttl = ARGV[A + 1], tonumber(ARGV[A + 2]), tonumber(ARGV[A + 3])
+-- ARG: device, stall_s, result_ttl_s  ->  {holder pid or false, stalled job id...}
+local device, stall_s, result_ttl = ARG.device, tonumber(ARG.stall_s), tonumber(ARG.result_ttl_s)
 local d = redis.call('HMGET', DEVICE .. device, 'worker', 'pid')
 local out = {d[2] or false}
 if not d[1] then return out end

@@ -1,0 +1,102 @@
+"""The Lua scripts of tasks/lua/, and the one table of what each one takes.
+
+Nothing crosses from Python to Lua by position. Each script reads its arguments by name, as `ARG.<name>`, and the
+key names and other shared facts as constants (`JOB`, `QUEUE`, `HISTORY_SEP`, ...): both come from a prelude
+written here, from ARGS and CONSTANTS, in front of tasks/lua/common.lua and the script. A caller passes the
+arguments by name too (`Scripts.run("cancel", id=..., owner=...)`), and a name the table does not list for that
+script, or one it lists and the call leaves out, is a TypeError before anything is sent. tests/test_scripts.py
+reads every script and fails on a name it uses that its entry does not list, or one listed that it never uses.
+An entry's last name may start with `*`: the arguments from there on, as a Lua list.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+import redis
+
+from tasks import keys
+from tasks.job import HISTORY_SEP
+
+BELL = ("bell_queue", "bell_messages", "bell_id", "bell")  # a job's dramatiq message: see tasks/broker.py Doorbell
+
+#: Each script's arguments, by name, in the order they are sent.
+ARGS: dict[str, tuple[str, ...]] = {
+    "admit": ("id", "owner", "spec", "ttl_s", "result_ttl_s", "watch_grace_s", "max_queue", "max_per_user",
+              "max_tokens", "slots", *BELL, "model", "class", "cost", "visitors", "max_visitors", "history", "line"),
+    "append": ("id", "n_tokens", "text", "prompt_tokens", "worker", "from_n", "from_b", "cached_tokens"),
+    "cancel": ("id", "owner", "result_ttl_s", "error"),
+    "claim": ("result_ttl_s", "run_life_s", "device", "worker", "want", "active", "switch_wait_s", "affinity_s",
+              "*loaded"),
+    "drop_lease": ("device", "field", "value"),
+    "finish": ("id", "status", "finish_reason", "error", "prompt_tokens", "completion_tokens", "result_ttl_s",
+               "worker", "stop_seen_at", "cached_tokens", "kept"),
+    "housekeep": ("max_attempts", "ttl_s", "result_ttl_s", "limit", *BELL),
+    "lease": ("device", "worker", "pid", "lease_ms", "mode", "batch", "slots", "tok_s", "steps", "decode_s",
+              "prefill_s", "prefill_tokens", "models", "active", "loading", "cache_lookups", "cache_hits",
+              "cache_tokens", "cache_bytes", "cache_entries"),
+    "model_failed": ("model", "message", "retry_s", "result_ttl_s", "worker"),
+    "position": ("slots", "*ids"),
+    "recover": ("max_attempts", "ttl_s", "result_ttl_s", "id", "worker", "why", "shared"),
+    "ring": BELL,
+    "stall": ("device", "stall_s", "result_ttl_s"),
+    "watch": ("id",),
+}  # fmt: skip
+
+#: The facts the scripts share with Python: every key name and prefix (tasks/keys.py), and the rest.
+CONSTANTS: dict[str, str | int] = {**keys.LUA_NAMES, "HISTORY_SEP": HISTORY_SEP}
+
+
+def prelude(name: str) -> str:
+    """The Lua that defines CONSTANTS and the script's ARG table, from ARGV in ARGS' order."""
+    lines = [f"local {const} = {json.dumps(value)}" for const, value in CONSTANTS.items()]
+    fields = []
+    for n, arg in enumerate(ARGS[name], start=1):
+        if arg.startswith("*"):
+            fields.append(f"[{json.dumps(arg[1:])}] = {{unpack(ARGV, {n})}}")
+        else:
+            fields.append(f"[{json.dumps(arg)}] = ARGV[{n}]")
+    lines.append("local ARG = {" + ", ".join(fields) + "}")
+    return "\n".join(lines) + "\n"
+
+
+def source(name: str) -> str:
+    """The whole text Redis runs for the script `name`."""
+    folder = resources.files("tasks") / "lua"
+    return prelude(name) + (folder / "common.lua").read_text() + (folder / f"{name}.lua").read_text()
+
+
+def ordered(name: str, args: dict[str, Any]) -> list[Any]:
+    """The arguments of a call to `name`, in the order ARGS gives (a name missing or unknown: TypeError)."""
+    names = ARGS[name]
+    rest = names[-1][1:] if names[-1].startswith("*") else None
+    fixed = names[:-1] if rest else names
+    wanted = set(fixed) | ({rest} if rest else set())
+    if set(args) != wanted:
+        missing, unknown = sorted(wanted - set(args)), sorted(set(args) - wanted)
+        raise TypeError(f"script {name}: missing {missing}, unknown {unknown}")
+    return [args[n] for n in fixed] + (list(args[rest]) if rest else [])
+
+
+class Scripts:
+    """The scripts, registered with one Redis client; run by name, with their arguments by name."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._scripts = {name: client.register_script(source(name)) for name in ARGS}
+        self.redis = client
+
+    def run(self, name: str, pipe: Any = None, **args: Any) -> Any:
+        """Run a script now, or queue it on `pipe` (a pipeline: its reply comes with the pipeline's). On a pipeline
+        it goes by its SHA alone: redis-py would otherwise ask SCRIPT EXISTS first, a round trip per pipeline. If
+        Redis lost it (NoScriptError in the reply), `load` and send it again: it did not run."""
+        script, values = self._scripts[name], ordered(name, args)
+        if pipe is not None:
+            return pipe.evalsha(script.sha, 0, *values)
+        return script(keys=[], args=values)
+
+    def load(self) -> None:
+        """Load every script into Redis again (after a restart or SCRIPT FLUSH)."""
+        for script in self._scripts.values():
+            script.sha = self.redis.script_load(script.script)
