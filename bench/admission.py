@@ -359,7 +359,7 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
     elapsed = time.perf_counter() - started
     redis_busy = redis_cpu(client) - cpu0
     mem1 = int(client.info("memory")["used_memory"])
-    waiting = store.waiting()
+    waiting = store.readings.waiting()
     if done < args.jobs:
         print(f"  ! stopped at the {args.fill_timeout:g} s bound with {done:,} admitted")
     print(f"fill: {done:,} jobs in {elapsed:.1f} s = {done / elapsed:,.0f} admissions/s "

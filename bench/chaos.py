@@ -73,7 +73,7 @@ def wait_for_holder(store: Store, exclude: set[int], timeout_s: float) -> int | 
 
     def holder() -> int | None:
         try:
-            workers = store.snapshot().workers
+            workers = store.readings.snapshot().workers
         except redis.RedisError:
             return None
         return next((w.pid for w in workers if w.pid and w.pid not in exclude and not pid_dead(w.pid)), None)
@@ -281,7 +281,7 @@ def kill_holders(args: argparse.Namespace, store: Store, supervisor: subprocess.
         if pid is None:
             print(f"  ! kill {no + 1}: nobody took the device within 60 s; no more kills")
             return
-        holding = [w for w in store.snapshot().workers if w.pid == pid]
+        holding = [w for w in store.readings.snapshot().workers if w.pid == pid]
         job = holding[0].jobs[0] if holding and holding[0].jobs else None
         t, wall = time.monotonic(), time.time()
         try:

@@ -96,7 +96,7 @@ def settle_queue(store: Store, timeout_s: float = SETTLE_S) -> bool:
     """Wait (bounded) until nothing waits and nothing runs."""
 
     def idle() -> bool:
-        snap = store.snapshot()
+        snap = store.readings.snapshot()
         return snap.queue_depth == 0 and snap.in_progress == 0
 
     return bool(poll_until(idle, timeout_s))
@@ -109,7 +109,7 @@ def onelane_level(url: str, model: str, clients: int, max_tokens: int, requests:
 
 
 def holder_pid(store: Store) -> int | None:
-    workers = store.snapshot().workers
+    workers = store.readings.snapshot().workers
     return workers[0].pid if workers else None
 
 

@@ -136,7 +136,7 @@ def two_devices(model: str, users: int, affinity_s: float, log: Path) -> Iterato
                 onelane_web(settings, port, log.with_suffix(".web.log"), ready="/readyz", **extra):  # fmt: skip
             store = Store.connect(settings)
             try:
-                if not poll_until(lambda: len([w for w in store.snapshot().workers if w.models]) == 2, START_S):
+                if not poll_until(lambda: len([w for w in store.readings.snapshot().workers if w.models]) == 2, START_S):
                     raise RuntimeError("the two workers did not both come up")
                 yield Server(f"onelane, 2 devices, steering {'on' if affinity_s else 'off'}", f"http://127.0.0.1:{port}",
                              keys=keys, store=store, folder=folder, model=settings.model_name)  # fmt: skip
@@ -241,10 +241,10 @@ def restart_check(model: str, system: str, answer: int, log: Path) -> tuple[Turn
     with onelane(model, 1, True, log) as server:
         before = conversation(server, 0, system, 2, answer)
         assert server.store is not None
-        pid = next(w.pid for w in server.store.snapshot().workers)
+        pid = next(w.pid for w in server.store.readings.snapshot().workers)
         os.kill(pid, signal.SIGTERM)
         stopped = time.monotonic()
-        if not poll_until(lambda: any(w.pid != pid and w.models for w in server.store.snapshot().workers), START_S):
+        if not poll_until(lambda: any(w.pid != pid and w.models for w in server.store.readings.snapshot().workers), START_S):
             raise RuntimeError("no worker took over after the restart")
         handover = time.monotonic() - stopped
         after = conversation(server, 0, system, 3, answer)[-1]

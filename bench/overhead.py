@@ -131,7 +131,7 @@ def main() -> None:
             onelane_worker(settings, settings.var_dir / "worker.log", supervised=False, quiet=True),
             onelane_web(settings, port, settings.var_dir / "web.log", 1, quiet=True),
         ):
-            if not poll_until(lambda: store.snapshot().workers, 60, every_s=0.05):
+            if not poll_until(lambda: store.readings.snapshot().workers, 60, every_s=0.05):
                 raise RuntimeError("the worker never took the device")
             runs = measure(engine, spec, port, chat_request(port, settings.model_name, args.tokens), store, args)
     report(args, runs)

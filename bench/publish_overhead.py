@@ -22,7 +22,8 @@ from worker.runner import Runner
 
 def measure(engine: Engine, store: Store, spec: JobSpec, runs: int) -> tuple[list[float], list[float], list[int]]:
     """`runs` of each, alternating which goes first: (direct seconds, runner seconds, token events per job)."""
-    runner = Runner(store, ModelPool(store, "bench", engine), "bench", on_fatal=print)
+    bench = store.for_worker("bench")
+    runner = Runner(bench, ModelPool(bench, engine), on_fatal=print)
     direct: list[float] = []
     queued: list[float] = []
     events: list[int] = []
@@ -34,8 +35,8 @@ def measure(engine: Engine, store: Store, spec: JobSpec, runs: int) -> tuple[lis
         direct.append(time.perf_counter() - started)
 
     def run_queued() -> None:
-        job = store.create(new_job_id(), spec, 600)
-        assert store.take_device("bench") == "ok"  # this process plays the worker: hold the device lease
+        job = store.get(store.admit(new_job_id(), spec, 600).id)
+        assert store.for_worker("bench").take_device() == "ok"  # this process plays the worker: hold the device lease
         started = time.perf_counter()
         assert runner.run_waiting(threading.Event()) == 1  # claims the job, runs it to its end
         runner.writer.settle()  # its end recorded

@@ -35,7 +35,7 @@ class Housekeeper:
 
     def round(self) -> int:
         """One round now; returns how many jobs wait."""
-        waiting, released = self.store.housekeep(Doorbell.ring(self.broker, "housekeeping"))
+        waiting, released = self.store.upkeep.housekeep(Doorbell.ring(self.broker, "housekeeping"))
         for job_id, verdict in released:
             logger.warning("job %s: its worker died; %s", job_id, verdict)
         return waiting

@@ -11,13 +11,13 @@ An entry's last name may start with `*`: the arguments from there on, as a Lua l
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from typing import Any
 
 import redis
 
 from tasks import keys
+from tasks.broker import Doorbell
 from tasks.job import HISTORY_SEP
 
 BELL = ("bell_queue", "bell_messages", "bell_id", "bell")  # a job's dramatiq message: see tasks/broker.py Doorbell
@@ -49,17 +49,33 @@ ARGS: dict[str, tuple[str, ...]] = {
 CONSTANTS: dict[str, str | int] = {**keys.LUA_NAMES, "HISTORY_SEP": HISTORY_SEP}
 
 
+def bell(doorbell: Doorbell | None) -> dict[str, str | bytes]:
+    """A doorbell as the scripts take it (BELL): queue key, hash key, message id, payload ('' for none)."""
+    if doorbell is None:
+        return dict.fromkeys(BELL, "")
+    return dict(zip(BELL, (doorbell.queue_key, doorbell.messages_key, doorbell.message_id, doorbell.payload)))
+
+
 def prelude(name: str) -> str:
     """The Lua that defines CONSTANTS and the script's ARG table, from ARGV in ARGS' order."""
-    lines = [f"local {const} = {json.dumps(value)}" for const, value in CONSTANTS.items()]
+    lines = [f"local {const} = {lua_literal(value)}" for const, value in CONSTANTS.items()]
     fields = []
     for n, arg in enumerate(ARGS[name], start=1):
         if arg.startswith("*"):
-            fields.append(f"[{json.dumps(arg[1:])}] = {{unpack(ARGV, {n})}}")
+            fields.append(f"[{lua_literal(arg[1:])}] = {{unpack(ARGV, {n})}}")
         else:
-            fields.append(f"[{json.dumps(arg)}] = ARGV[{n}]")
+            fields.append(f"[{lua_literal(arg)}] = ARGV[{n}]")
     lines.append("local ARG = {" + ", ".join(fields) + "}")
     return "\n".join(lines) + "\n"
+
+
+def lua_literal(value: str | int) -> str:
+    """A Lua 5.1 literal of `value`: a number, or a string whose bytes other than printable ASCII are escaped
+    (`\\ddd`: Lua 5.1 knows no `\\u`)."""
+    if isinstance(value, int):
+        return str(value)
+    plain = (chr(b) if 32 <= b < 127 and chr(b) not in "\\'\"" else f"\\{b}" for b in value.encode())
+    return '"' + "".join(plain) + '"'
 
 
 def source(name: str) -> str:

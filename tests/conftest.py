@@ -14,7 +14,8 @@ import redis
 
 from tasks.embedded_redis import EmbeddedRedis, RedisUnavailable, redis_binary
 from tasks.settings import Settings
-from tasks.store import Store, connect
+from tasks.connection import connect
+from tasks.store import Store
 from tests.helpers import BUSY, JobsClient
 
 IN_CI = bool(os.environ.get("CI"))

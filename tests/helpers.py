@@ -10,7 +10,8 @@ from typing import Any
 from tasks import keys
 from tasks.batches import BatchRecord, BatchStore
 from tasks.events import Event
-from tasks.store import Store
+from tasks.job import Job
+from tasks.store import Store, Switch
 
 BUSY = 1_000_000  # max_tokens of a job that keeps the worker busy until the story cancels it (the tests' limit)
 
@@ -34,6 +35,13 @@ class JobsClient:
 
     def cancel(self, job_id: str) -> Any:
         return self.client.delete(f"/v1/jobs/{job_id}")
+
+
+def claim_now(store: Store, worker: str) -> Job | None:
+    """Play a worker that has every model loaded and no budget to keep: start the next job in fair order."""
+    claim = store.for_worker(worker).claim_next(want="*")
+    assert not isinstance(claim, Switch), "every model is loaded"
+    return claim.job if claim else None
 
 
 def wait_ended(store: Store, job_id: str, timeout_s: float = 30.0) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import time
 import uuid
 
 from tasks.settings import Settings
+from tests.helpers import claim_now
 from tasks.store import Store
 
 if __name__ == "__main__":
@@ -15,6 +16,6 @@ if __name__ == "__main__":
     worker = uuid.uuid4().hex
     claimed = None
     while True:
-        if store.take_device(worker) == "ok" and claimed is None:
-            claimed = store.claim_now(worker)
+        if store.for_worker(worker).take_device() == "ok" and claimed is None:
+            claimed = claim_now(store, worker)
         time.sleep(0.05)

@@ -260,7 +260,7 @@ def test_readyz_and_metrics_show_the_batch(jobs, store, start_worker):
 
     ready = jobs.client.get("/readyz").get_json()
     assert ready["workers"][0]["running"] == len(ids)
-    wait_event(store, ids[0], lambda e: e.type == "token" and store.snapshot().workers[0].batch == 3)
+    wait_event(store, ids[0], lambda e: e.type == "token" and store.readings.snapshot().workers[0].batch == 3)
     metrics = scrape(jobs.client)
     for job_id in ids:
         jobs.cancel(job_id)

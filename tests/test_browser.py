@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import BUSY, wait_event
+from tests.helpers import BUSY, claim_now, wait_event
 
 XSS = "<script>alert(1)</script> <img src=x onerror=alert(1)>"
 STREAM_TIMEOUT_MS = 30_000
@@ -148,21 +148,21 @@ def test_a_job_the_worker_dropped_starts_over_without_the_lost_text(page, store)
     job_id = submit_form(page, "again")  # no worker: this test plays the worker, step by step
     status, output = page.locator("#status"), page.locator("#output")
     expect(status).to_have_text("#1 in queue, ETA unknown")
-    assert store.take_device("w") == "ok"
-    assert store.claim_now("w").id == job_id
-    store.append(job_id, 2, "lost text", 1, "w")
+    assert store.for_worker("w").take_device() == "ok"
+    assert claim_now(store, "w").id == job_id
+    store.for_worker("w").append(job_id, 2, "lost text", 1)
     expect(output).to_have_text("lost text")
 
-    store.hand_back(job_id, "w")  # as after the worker died mid-run: back to the front, output cleared
+    store.for_worker("w").hand_back(job_id)  # as after the worker died mid-run: back to the front, output cleared
 
     # (its place may be told again before it starts; the reason stays with it)
     expect(status).to_contain_text("the worker stopped, so it will start over")
     expect(output).to_have_text("")
     store.keep_watching(store.get(job_id))  # the page's lease is the stream's business, not this test's
-    assert store.take_device("w") == "ok"  # renew the lease this test holds as the worker (no heartbeat here)
-    assert store.claim_now("w").id == job_id
-    store.append(job_id, 1, "kept", 1, "w")
-    store.finish(job_id, JobStatus.COMPLETED, "w", finish_reason="stop", prompt_tokens=1, completion_tokens=1)
+    assert store.for_worker("w").take_device() == "ok"  # renew the lease this test holds as the worker (no heartbeat here)
+    assert claim_now(store, "w").id == job_id
+    store.for_worker("w").append(job_id, 1, "kept", 1)
+    store.for_worker("w").finish(job_id, JobStatus.COMPLETED, finish_reason="stop", prompt_tokens=1, completion_tokens=1)
     expect(status).to_have_text("Completed: the model finished.")
     assert output.text_content() == "kept" == store.get(job_id).output
 

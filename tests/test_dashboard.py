@@ -13,7 +13,7 @@ from tasks.errors import SettingsError
 from tasks.job import JobStatus
 from tasks.settings import Settings, User
 from tasks.store import Store
-from tests.helpers import BUSY, wait_ended, wait_event
+from tests.helpers import BUSY, claim_now, wait_ended, wait_event
 from tests.test_browser import STREAM_TIMEOUT_MS
 
 USERS = (User(name="alice", key="ka"), User(name="bob", key="kb"), User(name="carol", key="kc"),
@@ -44,10 +44,10 @@ def board(client, user: str) -> dict[str, Any]:  # type: ignore[no-untyped-def]
 
 def run_by_hand(store: Store, job_id: str, tokens: int, status: JobStatus = JobStatus.COMPLETED) -> None:
     """Play the worker for one job (no model needed): claim it, generate `tokens`, end it."""
-    assert store.take_device("w") == "ok"
-    assert store.claim_now("w").id == job_id
-    store.append(job_id, tokens, "x" * tokens, 1, "w")
-    store.finish(job_id, status, "w", finish_reason="length", prompt_tokens=1, completion_tokens=tokens)
+    assert store.for_worker("w").take_device() == "ok"
+    assert claim_now(store, "w").id == job_id
+    store.for_worker("w").append(job_id, tokens, "x" * tokens, 1)
+    store.for_worker("w").finish(job_id, status, finish_reason="length", prompt_tokens=1, completion_tokens=tokens)
 
 
 # --- who sees what -----------------------------------------------------------------------------------------------
@@ -198,11 +198,11 @@ def test_minutes_count_tokens_ends_and_waits_and_every_record_is_bounded(jobs, s
 def test_a_token_written_after_the_lease_lapsed_leaves_no_lease_record_and_the_device_shows_down(jobs, store):
     c = jobs.client
     job_id = submit(c, "alice", "a")
-    assert store.take_device("w") == "ok"
-    assert store.claim_now("w").id == job_id
+    assert store.for_worker("w").take_device() == "ok"
+    assert claim_now(store, "w").id == job_id
     store.redis.delete(keys.device(store.settings.device))  # the worker froze past its lease, then writes
 
-    store.append(job_id, 1, "x", 1, "w")
+    store.for_worker("w").append(job_id, 1, "x", 1)
 
     assert not store.redis.exists(keys.device(store.settings.device))  # not recreated without its TTL
     assert board(c, "root")["workers"] == [{"device": store.settings.device, "health": "down", "state": "bad"}]

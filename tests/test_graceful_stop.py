@@ -176,7 +176,7 @@ def test_a_worker_whose_supervisor_died_stops_rather_than_hold_the_device(store,
     while members := group(service.pid):  # the active worker and the standby
         assert time.monotonic() < deadline, f"orphaned workers still running: {members}"
         time.sleep(0.1)  # a poll: nothing announces another process's exit
-    assert store.snapshot().workers == []  # and the last one freed the device
+    assert store.readings.snapshot().workers == []  # and the last one freed the device
 
 
 def group(pgid: int) -> list[int]:

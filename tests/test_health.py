@@ -6,7 +6,7 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import wait_ended
+from tests.helpers import claim_now, wait_ended
 
 
 def scrape(client) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -64,13 +64,13 @@ def test_readyz_forgets_a_job_that_ended_stalled_while_its_worker_holds_the_devi
     client = make_app(settings.model_copy(update={"stall_s": 0.3})).test_client()
     quick = store.__class__(store.redis, settings.model_copy(update={"stall_s": 0.3}))
     job = client.post("/v1/jobs", json={"prompt": "stuck", "max_tokens": 4}).get_json()
-    assert quick.take_device("w1") == "ok" and quick.claim_now("w1").id == job["id"]
+    assert quick.for_worker("w1").take_device() == "ok" and claim_now(quick, "w1").id == job["id"]
     assert client.get("/readyz").get_json()["workers"][0]["running"] == 1
 
-    while not (stalled := quick.watch_device()[1]):  # the supervisor's look, until the job counts as stalled
+    while not (stalled := quick.upkeep.watch_device()[1]):  # the supervisor's look, until the job counts as stalled
         assert quick.get(job["id"]).status.value == "in_progress"
     assert stalled == [job["id"]] and quick.get(job["id"]).status.value == "failed"
-    assert quick.take_device("w1") == "ok"  # its worker still holds the device (say, not killed yet)
+    assert quick.for_worker("w1").take_device() == "ok"  # its worker still holds the device (say, not killed yet)
 
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.get_json()["workers"][0]["running"] == 0
@@ -84,7 +84,7 @@ def test_readyz_counts_each_workers_jobs_and_never_names_them(settings, make_app
     client = make_app(keyed).test_client()
     job = client.post("/v1/jobs", json={"prompt": "a", "max_tokens": 4}, headers={"Authorization": "Bearer ka"})
     job_id = job.get_json()["id"]
-    assert store.take_device("w1") == "ok" and store.claim_now("w1").id == job_id
+    assert store.for_worker("w1").take_device() == "ok" and claim_now(store, "w1").id == job_id
 
     # When anybody asks /readyz, ready and then stalled
     ready = client.get("/readyz")

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from tasks import keys
-from tasks.store import VISITORS_PER_ADDRESS
+from tasks.store.jobs import VISITORS_PER_ADDRESS
 
 
 @pytest.fixture

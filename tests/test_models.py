@@ -79,7 +79,7 @@ def test_each_job_runs_on_the_model_it_names(served, start_worker, mini_model, d
     assert outputs["mini"] == alone(mini_model, "u 0", 16)
     assert outputs["tiny"] == alone(demo_model, "u 0", 16)
     assert outputs["mini"] != outputs["tiny"]
-    states = {m.name: m.state for m in store.snapshot().models}
+    states = {m.name: m.state for m in store.readings.snapshot().models}
     assert states == {"tiny": "loaded", "mini": "loaded", "broken": "unloaded"}
 
 
@@ -158,31 +158,31 @@ def test_only_one_thread_ever_steps_and_no_two_steps_overlap(served, start_worke
 def test_a_loaded_models_jobs_go_ahead_of_the_head_only_within_the_switch_wait(served, store):
     patient = Store(store.redis, served.model_copy(update={"model_switch_wait_s": 600}))
     strict = Store(store.redis, served.model_copy(update={"model_switch_wait_s": 0}))
-    patient.take_device("w")
+    patient.for_worker("w").take_device()
     head = admit(patient, "a", "mini")
     behind = admit(patient, "b", "tiny")
 
-    switch = strict.claim_next("w", want="*", active="tiny", loaded=("tiny",))
+    switch = strict.for_worker("w").claim_next(want="*", active="tiny", loaded=("tiny",))
     assert switch == Switch(head, "mini", load=False)  # strict: the batch drains, then mini runs
-    ahead = patient.claim_next("w", want="*", active="tiny", loaded=("tiny",))
+    ahead = patient.for_worker("w").claim_next(want="*", active="tiny", loaded=("tiny",))
     assert not isinstance(ahead, Switch) and ahead.job.id == behind  # within the bound: tiny goes ahead
-    assert patient.claim_next("w", want="*", active="", loaded=("tiny",)) == Switch(head, "mini", load=True)
-    assert patient.claim_next("w", want="*", active="", loaded=("tiny", "mini")).job.id == head  # type: ignore[union-attr]
+    assert patient.for_worker("w").claim_next(want="*", active="", loaded=("tiny",)) == Switch(head, "mini", load=True)
+    assert patient.for_worker("w").claim_next(want="*", active="", loaded=("tiny", "mini")).job.id == head  # type: ignore[union-attr]
 
 
 def test_a_head_job_passed_over_waits_no_longer_than_the_bound(served, store):
     bounded = Store(store.redis, served.model_copy(update={"model_switch_wait_s": 0.2}))
-    bounded.take_device("w")
+    bounded.for_worker("w").take_device()
     head = admit(bounded, "a", "mini")
     passed = []
     began = time.monotonic()
     while True:  # an endless supply of tiny jobs behind it
         admit(bounded, "b", "tiny")
-        claim = bounded.claim_next("w", want="*", active="tiny", loaded=("tiny",))
+        claim = bounded.for_worker("w").claim_next(want="*", active="tiny", loaded=("tiny",))
         if isinstance(claim, Switch):
             break
         passed.append(claim)
-        bounded.finish(claim.job.id, JobStatus.COMPLETED, "w")  # type: ignore[union-attr]
+        bounded.for_worker("w").finish(claim.job.id, JobStatus.COMPLETED)  # type: ignore[union-attr]
     waited = time.monotonic() - began
 
     assert claim.head == head and passed
@@ -194,12 +194,12 @@ def test_a_newcomer_waits_behind_at_most_one_job_of_each_user_whether_or_not_hea
     switch_wait, served, store
 ):
     s = Store(store.redis, served.model_copy(update={"model_switch_wait_s": switch_wait}))
-    s.take_device("w")
+    s.for_worker("w").take_device()
     alice = [admit(s, "alice", "mini", n) for n in range(6)]
     bob = [admit(s, "bob", "tiny", n) for n in range(6)]
     # four jobs start: with the switch wait, bob's go ahead of alice's head (the batch runs tiny); without, the
     # worker switches at every change of model and they start in fair order
-    started = [s.claim_next("w", want="*", active="tiny" if switch_wait else "", loaded=("tiny", "mini")).job.id  # type: ignore[union-attr]
+    started = [s.for_worker("w").claim_next(want="*", active="tiny" if switch_wait else "", loaded=("tiny", "mini")).job.id  # type: ignore[union-attr]
                for _ in range(4)]  # fmt: skip
     assert started == (bob[:4] if switch_wait else [alice[0], bob[0], alice[1], bob[1]])
 
@@ -243,7 +243,7 @@ def test_a_user_of_weight_two_gets_two_turns_to_one(settings, store, start_worke
 
 def test_position_and_eta_count_a_pending_model_load(served, store):
     fair = Store(store.redis, served)
-    fair.model_loaded("mini", "w", load_s=5.0, size=1)  # its last load took 5 s; no live worker has it loaded now
+    fair.for_worker("w").model_loaded("mini", load_s=5.0, size=1)  # its last load took 5 s; no live worker has it loaded now
     fair.redis.lpush(keys.SERVICE_TIMES, "1.0")  # one job has been timed: ETAs are given
 
     tiny, mini = (fair.admit(f"job_{m}", JobSpec(owner=m, model=m, prompt="x"), 60) for m in ("tiny", "mini"))

@@ -123,7 +123,7 @@ def test_a_model_that_is_not_a_served_name_is_a_client_error(client, store, mode
 
 
 def test_a_model_that_failed_to_load_is_503_with_retry_after_until_it_is_tried_again(client, store):
-    store.model_failed("other", "w", "the model failed to load (its files were not found)")  # as a worker records it
+    store.for_worker("w").model_failed("other", "the model failed to load (its files were not found)")  # as a worker records it
 
     for path, body in (("/v1/jobs", {"prompt": "x"}), ("/v1/chat/completions", CHAT)):
         response = client.post(path, json={**body, "model": "other"})

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers import wait_ended, wait_event
+from tests.helpers import claim_now, wait_ended, wait_event
 from tests.netproxy import Proxy
 
 BLIP_S = 2.5  # longer than the worker's Redis timeout (0.5 s), shorter than its lease (12 s)
@@ -51,10 +51,10 @@ def test_a_write_sent_again_or_arriving_late_appends_each_piece_once(store):
 
     spec = JobSpec(owner="o", model=store.settings.model_name, prompt="p", params=SamplingParams(max_tokens=9))
     store.admit("job_w", spec, 60)
-    assert store.take_device("w") == "ok" and store.claim_now("w").id == "job_w"
+    assert store.for_worker("w").take_device() == "ok" and claim_now(store, "w").id == "job_w"
 
     def write(text: str, n: int, start: tuple[int, int]) -> int:
-        return int(store.append("job_w", n, text, 1, "w", start=start))
+        return int(store.for_worker("w").append("job_w", n, text, 1, start=start))
 
     assert write("ab", 2, (0, 0)) == 0
     assert write("ab", 2, (0, 0)) == 0  # the same write again (its reply was lost): nothing more

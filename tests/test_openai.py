@@ -11,7 +11,7 @@ import requests
 
 from tasks.job import JobStatus
 from tasks.settings import DEFAULT_MODEL
-from tests.helpers import BUSY, wait_ended, wait_event
+from tests.helpers import BUSY, claim_now, wait_ended, wait_event
 
 MODEL = "onelane-demo"
 
@@ -186,21 +186,21 @@ def stream_across_a_restart(live_server, store, rerun: list[str]) -> tuple[str, 
     with requests.post(f"{live_server}/v1/chat/completions", json=body, stream=True, timeout=30) as response:
         job_id = response.headers["x-onelane-job-id"]
         lines = response.iter_lines(decode_unicode=True)
-        assert store.take_device("w") == "ok"
-        assert store.claim_now("w").id == job_id
-        store.append(job_id, 1, "half an answer", 1, "w")
+        assert store.for_worker("w").take_device() == "ok"
+        assert claim_now(store, "w").id == job_id
+        store.for_worker("w").append(job_id, 1, "half an answer", 1)
         next(ln for ln in lines if "half an answer" in ln)
-        store.hand_back(job_id, "w")  # the worker died: the job starts over
-        assert store.claim_now("w").id == job_id
-        with store.listen() as cancels:  # as the worker hears a cancel
+        store.for_worker("w").hand_back(job_id)  # the worker died: the job starts over
+        assert claim_now(store, "w").id == job_id
+        with store.for_worker("w").listen() as cancels:  # as the worker hears a cancel
             for text in rerun:
-                store.append(job_id, 1, text, 1, "w")
+                store.for_worker("w").append(job_id, 1, text, 1)
             if "".join(rerun).startswith("half an answer"):
-                store.finish(job_id, JobStatus.COMPLETED, "w", finish_reason="stop", completion_tokens=len(rerun))
+                store.for_worker("w").finish(job_id, JobStatus.COMPLETED, finish_reason="stop", completion_tokens=len(rerun))
             else:  # the stream cannot go on: it cancels the job, and the worker ends it
                 while (message := cancels.get_message(timeout=10)) and message["data"] != job_id:
                     pass
-                store.finish(job_id, JobStatus.CANCELLED, "w", finish_reason="cancelled")
+                store.for_worker("w").finish(job_id, JobStatus.CANCELLED, finish_reason="cancelled")
         rest = [ln.removeprefix("data: ") for ln in lines if ln.startswith("data: ")]
     return job_id, [json.loads(ln) for ln in rest if ln != "[DONE]"], rest
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tasks.settings import ModelConfig, User
-from tests.helpers import BUSY, JobsClient, wait_ended, wait_event
+from tests.helpers import BUSY, JobsClient, claim_now, wait_ended, wait_event
 
 SYSTEM = "You answer questions about queues, GPUs and the people who wait for them, briefly and kindly. " * 12
 GREEDY = {"max_tokens": 24, "ignore_eos": True}
@@ -255,8 +255,8 @@ def test_a_running_jobs_estimate_counts_only_the_prefill_still_to_do(cached, sto
     store.redis.lpush(keys.SERVICE_TIMES, 5.0)  # a job was timed: estimates are given
     spec = JobSpec(owner="a", model=store.settings.model_name, prompt="p", params=SamplingParams(max_tokens=10))
     store.admit("job_long", spec, 60)
-    assert store.take_device("w") == "ok" and store.claim_now("w").id == "job_long"
-    store.append("job_long", 0, "", 4000, "w", cached_tokens=cached)  # as the worker does when it joins the batch
+    assert store.for_worker("w").take_device() == "ok" and claim_now(store, "w").id == "job_long"
+    store.for_worker("w").append("job_long", 0, "", 4000, cached_tokens=cached)  # as the worker does when it joins the batch
 
     behind = store.admit("job_next", spec.model_copy(update={"owner": "b"}), 60)
     expected = (4000 - cached) / 1000 + 10 * 0.01

@@ -14,7 +14,7 @@ def wait_for_worker(store, other_than: int | None = None, timeout_s: float = 60)
     """The live worker holding the device (optionally: not the process `other_than`)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        workers = [w for w in store.snapshot().workers if w.pid != other_than]
+        workers = [w for w in store.readings.snapshot().workers if w.pid != other_than]
         if workers:
             return workers[0]
         time.sleep(0.05)

@@ -10,7 +10,7 @@ from importlib import resources
 
 import pytest
 
-from tasks.scripts import ARGS, CONSTANTS, ordered
+from tasks.scripts import ARGS, CONSTANTS, ordered, prelude
 
 LUA = resources.files("tasks") / "lua"
 
@@ -47,3 +47,9 @@ def test_a_call_that_names_an_argument_the_entry_does_not_list_is_refused() -> N
     with pytest.raises(TypeError, match="missing \\['error'\\]"):
         ordered("cancel", {"id": "j", "owner": "me", "result_ttl_s": 1})
     assert ordered("position", {"slots": 4, "ids": ["a", "b"]}) == [4, "a", "b"]
+
+
+def test_every_constant_reads_in_lua_as_python_has_it(redis_client) -> None:  # type: ignore[no-untyped-def]
+    names = list(CONSTANTS)
+    got = redis_client.eval(prelude("watch") + "return {" + ", ".join(f"tostring({n})" for n in names) + "}", 0)
+    assert dict(zip(names, got)) == {n: str(v) for n, v in CONSTANTS.items()}  # HISTORY_SEP ("\x1e") byte for byte

@@ -10,6 +10,7 @@ import pytest
 from tasks import keys
 from tasks.errors import SettingsError
 from tasks.settings import DEFAULT_MODEL, ENV_NAMES, Settings
+from tests.helpers import claim_now
 
 
 def test_defaults_are_safe():
@@ -177,12 +178,12 @@ def test_the_largest_settings_in_range_still_run_a_job_through_redis(store):
     big = type(store)(store.redis, longest)
     # When a job is admitted, claimed, handed back, claimed again and finished
     big.admit("job_1", JobSpec(owner="u", model=longest.model_name, prompt="hi"), longest.job_ttl_s)
-    assert big.take_device("w") == "ok"
-    assert big.claim_now("w").id == "job_1"
+    assert big.for_worker("w").take_device() == "ok"
+    assert claim_now(big, "w").id == "job_1"
     assert 0 < store.redis.ttl(keys.job("job_1")) <= (7 + 30) * 86400  # running: its time limit + the result TTL
-    big.hand_back("job_1", "w")
-    assert big.claim_now("w").id == "job_1"
-    assert big.finish("job_1", JobStatus.COMPLETED, "w", finish_reason="stop")
+    big.for_worker("w").hand_back("job_1")
+    assert claim_now(big, "w").id == "job_1"
+    assert big.for_worker("w").finish("job_1", JobStatus.COMPLETED, finish_reason="stop")
     # Then every Redis expiry it set was accepted, and none outlives its bound (the run's life: a week + 30 days)
     assert big.get("job_1").status is JobStatus.COMPLETED
     assert 0 < store.redis.ttl(keys.job("job_1")) <= 30 * 86400

@@ -9,7 +9,7 @@ import requests
 
 from tasks import keys
 from tasks.events import TERMINAL
-from tests.helpers import BUSY, EventStream, wait_ended, wait_event
+from tests.helpers import BUSY, EventStream, claim_now, wait_ended, wait_event
 
 
 def read_until(stream: EventStream, stop) -> list[dict]:  # type: ignore[no-untyped-def]
@@ -176,13 +176,13 @@ def test_an_open_stream_keeps_a_watched_job_in_the_queue_past_the_grace(jobs, st
 
 def test_a_stream_opened_while_its_job_ran_keeps_it_queued_after_its_worker_hands_it_back(jobs, store, live_server):
     job = jobs.submit("watched", max_tokens=6, abandon_on_disconnect=True)
-    assert store.take_device("w") == "ok"  # this test plays the worker
-    assert store.claim_now("w").id == job["id"]
+    assert store.for_worker("w").take_device() == "ok"  # this test plays the worker
+    assert claim_now(store, "w").id == job["id"]
     stream = EventStream(live_server, job["id"])  # opened (or reopened) while the job runs
     items = iter(stream)
     assert next(e for e in items if "event" in e)["event"] == "started"
 
-    store.hand_back(job["id"], "w")  # its worker died: back to the front, with a fresh watch lease of 1 s
+    store.for_worker("w").hand_back(job["id"])  # its worker died: back to the front, with a fresh watch lease of 1 s
     assert next(e for e in items if "event" in e)["event"] == "requeued"
     pings_needed = int(3 * store.settings.watch_grace_s / min(store.settings.sse_ping_s, 1 / 3)) + 1
     pings = 0
@@ -190,7 +190,7 @@ def test_a_stream_opened_while_its_job_ran_keeps_it_queued_after_its_worker_hand
         pings += item.get("comment") == "ping"
         if pings >= pings_needed:
             break
-    store.housekeep()  # what would end it, had the lease lapsed
+    store.upkeep.housekeep()  # what would end it, had the lease lapsed
 
     assert store.get(job["id"]).status.value == "queued"
     stream.close()

@@ -11,7 +11,7 @@ import pytest
 from tasks import keys
 from tasks.broker import QUEUE_NAME, run_next_message
 from tasks.store import Store
-from tests.helpers import BUSY, wait_ended, wait_event
+from tests.helpers import BUSY, claim_now, wait_ended, wait_event
 
 
 def test_submitted_job_completes_with_output_and_usage(jobs, store, start_worker):
@@ -136,8 +136,8 @@ def test_claim_judges_the_deadline_by_redis_clock(store, jobs):
     wait_until = time.monotonic() + 5
     while store.redis.time()[0] + store.redis.time()[1] / 1e6 < job["deadline"]:
         assert time.monotonic() < wait_until
-    assert store.take_device("w1") == "ok"
-    assert store.claim_now("w1") is None
+    assert store.for_worker("w1").take_device() == "ok"
+    assert claim_now(store, "w1") is None
     assert jobs.get(job["id"])["status"] == "expired"
 
 
@@ -245,8 +245,8 @@ def test_one_doorbell_runs_every_waiting_job_back_to_back(jobs, store, engine):
     from worker.runner import Runner
 
     ids = [jobs.submit(f"job {n}", max_tokens=4, ignore_eos=True)["id"] for n in range(3)]
-    assert store.take_device("w") == "ok"
-    runner = Runner(store, ModelPool(store, "w", engine), "w", on_fatal=pytest.fail)
+    assert store.for_worker("w").take_device() == "ok"
+    runner = Runner(store.for_worker("w"), ModelPool(store.for_worker("w"), engine), on_fatal=pytest.fail)
 
     # When it handles the message, it claims the next job the moment one ends, until none waits
     assert runner.run_waiting(threading.Event()) == 3
@@ -264,11 +264,11 @@ def test_a_stopping_worker_claims_no_more_jobs(jobs, store, engine):
     from worker.runner import Runner
 
     job_id = jobs.submit("left for the next worker", max_tokens=4)["id"]
-    assert store.take_device("w") == "ok"
+    assert store.for_worker("w").take_device() == "ok"
     stopping = threading.Event()
     stopping.set()
 
-    assert Runner(store, ModelPool(store, "w", engine), "w", on_fatal=pytest.fail).run_waiting(stopping) == 0
+    assert Runner(store.for_worker("w"), ModelPool(store.for_worker("w"), engine), on_fatal=pytest.fail).run_waiting(stopping) == 0
     assert store.get(job_id).status.value == "queued"
 
 
@@ -310,11 +310,11 @@ def test_an_openai_request_gets_its_answer_when_its_job_expires_while_no_worker_
 
 def test_a_requeued_job_leaves_no_key_without_a_ttl(jobs, store):
     job = jobs.submit("requeued", max_tokens=4)
-    assert store.take_device("w1") == "ok"
-    assert store.claim_now("w1").id == job["id"]  # the queue is empty now: its keys are gone
+    assert store.for_worker("w1").take_device() == "ok"
+    assert claim_now(store, "w1").id == job["id"]  # the queue is empty now: its keys are gone
     store.redis.delete(keys.device(store.settings.device))  # w1 died
 
-    store.housekeep()
+    store.upkeep.housekeep()
 
     assert jobs.get(job["id"])["status"] == "queued"
     without_ttl = [k for k in store.redis.keys(keys.NS + "*") if store.redis.ttl(k) < 0]
@@ -406,7 +406,7 @@ def test_a_long_prefill_is_progress_not_a_stall(jobs, store, start_worker):
 
     stalled: list[str] = []
     while store.get(job["id"]).status.value in ("queued", "in_progress"):
-        stalled += supervisor.watch_device()[1]  # the supervisor's look, as it takes it
+        stalled += supervisor.upkeep.watch_device()[1]  # the supervisor's look, as it takes it
         threading.Event().wait(0.05)
 
     done = store.get(job["id"])

@@ -125,7 +125,7 @@ class BatchRunner:
     def _share_left(self) -> int:
         """How many more lines the batches may have in flight: ONELANE_BATCH_SHARE of the live workers' slots (of
         ONELANE_MAX_BATCH while none is live), at least one, less what they have."""
-        slots = self.store.live_slots() or self.settings.max_batch
+        slots = self.store.readings.live_slots() or self.settings.max_batch
         return max(1, math.floor(slots * self.settings.batch_share)) - self.batches.in_flight()
 
     def _feed(self, record: BatchRecord, room: int) -> int:

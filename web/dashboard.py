@@ -80,7 +80,7 @@ def cancel(job_id: str) -> Response:
 
 def board_view(who: Viewer) -> dict[str, Any]:
     """The dashboard as JSON, with what `who` may not see left out."""
-    board = services().store.board(who.sees)
+    board = services().store.readings.board(who.sees)
     snap = board.snapshot
     return {
         "now": snap.now,

@@ -40,7 +40,7 @@ def healthz() -> Response:
 @bp.get("/readyz")
 def readyz() -> Response:
     svc = services()
-    snap = svc.store.snapshot()
+    snap = svc.store.readings.snapshot()
     # a model that failed to load fails its own jobs; the server stays ready for the others
     state = {"workers": [_worker(w) for w in snap.workers], "models": [m.__dict__ for m in snap.models]}
     if not snap.workers:
@@ -80,7 +80,7 @@ class _Collector:
         self.store = store
 
     def collect(self) -> Iterator[Metric]:
-        snap = self.store.snapshot()
+        snap = self.store.readings.snapshot()
         yield from _gauges(snap)
         yield from _counters(snap.stats)
         yield from _histograms(snap.stats)

@@ -62,7 +62,7 @@ def create() -> Response:
                              "(ONELANE_MAX_BATCH_LINES)", param="input_file_id")  # fmt: skip
     pending = [PendingLine(line.index, line.custom_id, line.spec.model_dump_json()) for line in lines]
     errors = [refused_line(bid, e.index, e.custom_id, e.code, e.message) for e in refused]
-    created = svc.batches.create(record.model_copy(update={"total": total}), pending, errors)
+    svc.batches.create(record.model_copy(update={"total": total}), pending, errors)
     svc.batch_runner.run(bid)  # its first lines in the queue now
     return jsonify(svc.batches.get(bid, owner).public())
 

@@ -21,7 +21,7 @@ from flask import Blueprint, Response, jsonify, request
 
 from tasks.errors import InvalidParameter, InvalidRequest, JobAlreadyEnded, JobDidNotComplete, JobNotFound
 from tasks.events import Event, EventType
-from tasks.job import Job, JobStatus, ResponseFields, new_job_id
+from tasks.job import Job, JobStatus, new_job_id
 from web import sse
 from web.admission import admit
 from web.api import CANCEL_WAIT_S

@@ -120,7 +120,7 @@ def page_operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any
         }),
         ("dashboard.page", "get", {
             "operationId": "queuePage", "tags": ["dashboard"], "summary": "The queue dashboard",
-            "description": "The running batch, who waits, the workers, recent failures and the last hour; it "
+            "description": "The running batch, who waits, the batches, the workers, recent failures and the last hour; it "
                            "refreshes itself from /queue.json.",
             "responses": {"200": _answer("the dashboard", html), **dict([sign_in, unauthorized, unavailable])},
         }),
@@ -165,5 +165,6 @@ def _board() -> dict[str, Any]:
     """The board's outline (web/dashboard.py's board_view builds it; its fields are for the dashboard's script)."""
     fields = {"now": {"type": "number"}, "viewer": {"type": "object"}, "running": {"type": "object"},
               "waiting": {"type": "object"}, "workers": {"type": "array"}, "models": {"type": "array"},
-              "failures": {"type": "array"}, "minutes": {"type": "array"}, "prefix_cache": {"type": "object"}}  # fmt: skip
+              "failures": {"type": "array"}, "minutes": {"type": "array"}, "prefix_cache": {"type": "object"},
+              "batches": {"type": "object"}}  # fmt: skip
     return {"type": "object", "properties": fields, "required": list(fields), "additionalProperties": False}

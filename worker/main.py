@@ -70,12 +70,13 @@ class GpuWorker:
         self.settings = settings
         self.id = uuid.uuid4().hex
         self.store = Store.connect(settings)
-        self.models = ModelPool(self.store, self.id, engine, on_change=self._report_now)
+        self.jobs = self.store.for_worker(self.id)  # its verbs, bound to its id
+        self.models = ModelPool(self.jobs, engine, on_change=self._report_now)
         self.broker = make_broker(settings)
         self.on_fatal = on_fatal
         self.stopping = threading.Event()  # asked to stop: claim nothing more, let the batch drain
         self.down = threading.Event()  # stopped: nothing of this worker runs on the device any more
-        self.runner = Runner(self.store, self.models, self.id, on_fatal)
+        self.runner = Runner(self.jobs, self.models, on_fatal)
         actors.declare(self.broker, self.runner, self.stopping)
         # Only the GPU queue: no consumer for the delay queue, which onelane never uses.
         self.worker = dramatiq.Worker(self.broker, queues={QUEUE_NAME}, worker_threads=1, worker_timeout=IDLE_WAIT_MS)
@@ -131,7 +132,7 @@ class GpuWorker:
         self.down.set()
         if release:
             try:
-                self.store.release_device(self.id)
+                self.jobs.release_device()
             except redis.RedisError as exc:  # the lease lapses by itself
                 logger.warning("could not free device %s: %s", self.settings.device, exc)
 
@@ -184,7 +185,7 @@ class GpuWorker:
         while not self.stopping.is_set():
             holder: str | None
             try:
-                holder = self.store.take_device(self.id)
+                holder = self.jobs.take_device()
             except redis.RedisError as exc:
                 logger.warning("cannot reach Redis at %s to take device %s: %s", self.settings.effective_redis_url,
                                self.settings.device, exc)  # fmt: skip
@@ -215,7 +216,7 @@ class GpuWorker:
     def _renew(self, report: BatchReport | None) -> bool:
         """Renew the lease; a worker that lost it (it lapsed, or another took it) stops at once: its jobs may have
         been taken back, to run again elsewhere or here."""
-        holder = self.store.renew_device(self.id, report)
+        holder = self.jobs.renew_device(report)
         if holder == "ok":
             return True
         self.on_fatal(f"lost device {self.settings.device}: " + ("the lease lapsed" if holder == "lapsed"
@@ -254,7 +255,7 @@ class GpuWorker:
         moves, so a job joins the batch the moment it can."""
         while not self.down.is_set():
             try:
-                with self.store.listen() as sub:
+                with self.jobs.listen() as sub:
                     self.runner.queue_moved.set()  # (re)subscribed: something may have been missed
                     while not self.down.is_set():
                         message = sub.get_message(timeout=1.0)

@@ -19,7 +19,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from tasks.settings import ModelConfig, Settings
-from tasks.store import Store
+from tasks.store import WorkerStore
 from worker.engine import Counters, Engine
 from worker.gguf import GgufError, prepare
 from worker.prefix_cache import PrefixCache
@@ -43,14 +43,13 @@ class ModelPool:
     steps one; `names()`, `loading` and the counters may be read from any thread (the heartbeat reports them): they
     read a snapshot the owner replaces whole at every change."""
 
-    def __init__(self, store: Store, worker_id: str, engine: Engine | None = None,
+    def __init__(self, store: WorkerStore, engine: Engine | None = None,
                  on_change: Callable[[], None] = lambda: None) -> None:  # fmt: skip
         self.store = store
         s = store.settings
         self.prefix = PrefixCache(s.prefix_cache_bytes)  # of every model's KV states
         self.on_change = on_change  # told when a model loaded or left (the worker reports it in its lease)
         self.settings: Settings = store.settings
-        self.worker_id = worker_id
         self.lock = engine.lock if engine is not None else threading.Lock()
         self._engines: OrderedDict[str, Engine] = OrderedDict()
         self._loaded: tuple[tuple[str, Engine], ...] = ()  # the snapshot other threads read
@@ -103,11 +102,11 @@ class ModelPool:
             return engine
         config = self.settings.model_named(name)
         if config is None:  # admission checks the name; a job admitted under an older models file
-            self.store.model_failed(name, self.worker_id, f"this server no longer serves a model named {name!r}")
+            self.store.model_failed(name, f"this server no longer serves a model named {name!r}")
             return None
         self._make_room(size_on_disk(config))
         self.loading = name
-        self.store.model_loading(name, self.worker_id)
+        self.store.model_loading(name)
         started = time.perf_counter()
         try:
             prepare(config)  # a GGUF is imported into its folder the first time
@@ -115,7 +114,7 @@ class ModelPool:
         except Exception as exc:  # a missing folder, a bad adapter, an unknown architecture, out of memory...
             logger.exception("model %s failed to load from %s", name, config.path)
             self.loading = ""
-            failed = self.store.model_failed(name, self.worker_id, _load_error(exc))
+            failed = self.store.model_failed(name, _load_error(exc))
             logger.warning("model %s: %d waiting job(s) failed (model_unavailable)", name, failed)
             self.on_change()
             return None
@@ -132,7 +131,7 @@ class ModelPool:
         self._engines[name] = engine
         self._loaded = tuple(self._engines.items())
         self._bytes[name] = size_in_memory(engine)
-        self.store.model_loaded(name, self.worker_id, load_s, self._bytes[name])
+        self.store.model_loaded(name, load_s, self._bytes[name])
         logger.info("model %s loaded in %.2f s (%.1f MiB; %d model(s), %.1f of %.1f MiB held)", name, load_s,
                     self._bytes[name] / 2**20, len(self._engines), self.held_bytes / 2**20,
                     self.settings.models_memory / 2**20)  # fmt: skip
@@ -155,7 +154,7 @@ class ModelPool:
         self.prefix.drop(self.key(name))
         gc.collect()
         mx.clear_cache()
-        self.store.model_unloaded(name, self.worker_id)
+        self.store.model_unloaded(name)
         logger.info("model %s evicted (least recently used; %.1f MiB freed)", name, freed / 2**20)
 
     def _max_batch(self, config: ModelConfig) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 import redis
 
 from tasks.job import JobStatus
-from tasks.store import Store
+from tasks.store import WorkerStore
 
 logger = logging.getLogger(__name__)
 
@@ -101,10 +101,9 @@ class OutputWriter:
     """
 
     def __init__(
-        self, store: Store, worker_id: str, on_stop: Callable[[str], None], on_fatal: Callable[[str], None]
+        self, store: WorkerStore, on_stop: Callable[[str], None], on_fatal: Callable[[str], None]
     ) -> None:
         self.store = store
-        self.worker_id = worker_id
         self.on_stop = on_stop
         self.on_fatal = on_fatal
         self._fresh: set[str] = set()  # jobs none of whose text was handed over yet (the loop's thread only)
@@ -209,7 +208,7 @@ class OutputWriter:
                 self._settle(op, result)
         if self._unsent:
             try:
-                self.store.load_scripts()
+                self.store.scripts.load()
             except redis.RedisError:
                 pass
 
@@ -253,16 +252,16 @@ class OutputWriter:
     def _queue_op(self, op: Op, pipe: Any) -> None:
         if isinstance(op, _Append):
             t = op.text
-            self.store.append(t.job_id, t.n_tokens, t.text, t.prompt_tokens, self.worker_id, start=op.start,
+            self.store.append(t.job_id, t.n_tokens, t.text, t.prompt_tokens, start=op.start,
                               cached_tokens=t.cached_tokens, pipe=pipe)  # fmt: skip
         elif isinstance(op, Ending):
             self.store.finish(
-                op.job_id, op.status, self.worker_id, finish_reason=op.finish_reason, error=op.error,
+                op.job_id, op.status, finish_reason=op.finish_reason, error=op.error,
                 prompt_tokens=op.prompt_tokens, completion_tokens=op.completion_tokens, stop_seen_at=op.stop_seen_at,
                 cached_tokens=op.cached_tokens, kept_as=op.kept_as, pipe=pipe,
             )  # fmt: skip
         elif isinstance(op, _HandBack):
-            self.store.hand_back(op.job_id, self.worker_id, op.why, op.shared, pipe=pipe)
+            self.store.hand_back(op.job_id, op.why, op.shared, pipe=pipe)
 
     def _settle(self, op: Op, result: Any) -> None:
         """Act on one write's reply."""

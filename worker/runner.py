@@ -24,7 +24,7 @@ import redis
 
 from tasks.errors import InvalidPrompt, LeaseLost
 from tasks.job import Job, JobStatus, SamplingParams
-from tasks.store import Claim, Store, Switch
+from tasks.store import Claim, Switch, WorkerStore
 from worker.batch import Batch, Finished, Head, Running, StepResult
 from worker.engine import KV, Engine, Token
 from worker.models import ModelPool
@@ -39,26 +39,25 @@ PROGRESS_S = 1.0  # how often a job that makes no token (its prompt is read) tel
 
 
 class Runner:
-    """Runs jobs for one worker process, identified by `worker_id` (the holder of the device's lease).
+    """Runs jobs for one worker process, through its verbs of the store (bound to its id: the device's lease holder).
 
     One thread runs the loop (`run_waiting`) and owns everything here; other threads only call `request_stop`, set
     `queue_moved`, and read `batch`, `engine` and `active` for the heartbeat's report.
     """
 
-    def __init__(self, store: Store, models: ModelPool, worker_id: str, on_fatal: Callable[[str], None]) -> None:
+    def __init__(self, store: WorkerStore, models: ModelPool, on_fatal: Callable[[str], None]) -> None:
         self.store = store
         self.on_fatal = on_fatal
         self.models = models
         self.engine: Engine | None = None  # the active model's: the one the batch runs
         self.active = ""
-        self.worker_id = worker_id
         self.batch = Batch()
         self.queue_moved = threading.Event()  # set by the worker's listener: jobs may wait to be claimed
         self._stops: queue.SimpleQueue[Running] = queue.SimpleQueue()  # runs that must stop; the loop alone reads it
         # the loop's view of the queue (its thread alone uses these):
         self._look = True  # it may hold a job that can join now: set when it moves or a job leaves, cleared by `_fill`
         self._head: Head | None = None  # its head, measured, waiting for room in the batch
-        self.writer = OutputWriter(store, worker_id, on_stop=self.request_stop, on_fatal=on_fatal)
+        self.writer = OutputWriter(store, on_stop=self.request_stop, on_fatal=on_fatal)
 
     @property
     def budget(self) -> int:
@@ -143,7 +142,7 @@ class Runner:
         else:
             want = self._head.id if self._head and self._fits(self._head) else None
         try:
-            claim = self.store.claim_next(self.worker_id, want=want, active=self.active if self.batch else "",
+            claim = self.store.claim_next(want=want, active=self.active if self.batch else "",
                                           loaded=self.models.names())  # fmt: skip
         except redis.RedisError as exc:
             logger.warning("cannot claim: %s", exc)
@@ -227,7 +226,7 @@ class Runner:
         """The batch's model is its first job's."""
         if model != self.active:
             logger.info("batch switches to model %s (from %s)", model, self.active or "none")
-            self.store.count("model_switches")
+            self.store.upkeep.count("model_switches")
         self.active, self.engine = model, self.models.get(model)
 
     # --- generating ----------------------------------------------------------------------------------------

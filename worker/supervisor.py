@@ -79,7 +79,7 @@ class Supervisor:
                              self.settings.drain_s + STOP_MARGIN_S)  # fmt: skip
                 child.kill()
                 child.wait()
-            self._redis(lambda dead=pid: self.store.drop_device(dead))
+            self._redis(lambda dead=pid: self.store.upkeep.drop_device(dead))
 
     def _spawn(self) -> None:
         child = subprocess.Popen(self.command, env=self.env)
@@ -96,8 +96,8 @@ class Supervisor:
             lived = time.monotonic() - self.spawned_at.pop(pid)
             log = logger.info if child.returncode == 0 else logger.warning  # 0: it stopped in good order
             log("worker process %d exited (%s) after %.1f s", pid, child.returncode, lived)
-            self._redis(lambda: self.store.count("worker_restarts"))
-            dropped = self._redis(lambda dead=pid: self.store.drop_device(dead))
+            self._redis(lambda: self.store.upkeep.count("worker_restarts"))
+            dropped = self._redis(lambda dead=pid: self.store.upkeep.drop_device(dead))
             if dropped or pid == self.holder:
                 self.holder, self.died_at = None, time.monotonic()
             # A worker killed while working is replaced at once; one that dies before it ever held the device
@@ -111,7 +111,7 @@ class Supervisor:
 
     def _check_holder(self) -> None:
         """Track which child holds the device; kill it if its job stalled or it froze past its lease."""
-        watched = self._redis(self.store.watch_device)
+        watched = self._redis(self.store.upkeep.watch_device)
         if watched is False:
             return
         pid, stalled = watched

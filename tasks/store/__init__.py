@@ -1,0 +1,19 @@
+"""The only code that talks to Redis about jobs, a module per audience, all on one connection:
+
+    jobs.py      Store: the web's verbs (admit, get, read, list, cancel, standing, events) and the way to the rest
+    worker.py    WorkerStore: one worker process's verbs, bound to its id (lease, claim, append, finish, hand back)
+    readings.py  Readings: what health checks, /metrics and the dashboard read (only reads)
+    upkeep.py    Upkeep: housekeeping rounds, the doorbell, the supervisor's look at the device, the counters
+
+Every change that must not interleave with another is one Lua script, run by name (tasks/scripts.py).
+"""
+
+from tasks.store.jobs import Estimate, Standing, Store
+from tasks.store.readings import Board, DeviceLease, Minute, ModelState, Readings, Snapshot, Waiting
+from tasks.store.upkeep import Upkeep
+from tasks.store.worker import BatchReport, Claim, Switch, WorkerStore
+
+__all__ = [
+    "BatchReport", "Board", "Claim", "DeviceLease", "Estimate", "Minute", "ModelState", "Readings", "Snapshot",
+    "Standing", "Store", "Switch", "Upkeep", "Waiting", "WorkerStore",
+]  # fmt: skip

@@ -1,0 +1,233 @@
+"""The web's verbs on jobs: admit, read, list, cancel, and where a waiting job stands.
+
+A job is a hash at keys.job(id) with the fields `spec` (JobSpec JSON, fixed at admission), `owner`, `status`,
+`queued_at`, `deadline`, `started_at`, `first_token_at`, `finished_at`, `attempts`, `finish_reason`, `error` (JSON),
+`prompt_tokens`, `cached_tokens`, `completion_tokens` and, once a running job is asked to stop, `cancel_requested`
+(the completion tokens counted at that moment). Its output text is a string at keys.output(id); its event log a
+list at keys.events(id). Every change that must not interleave with another is one Lua script (tasks/scripts.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import redis
+
+from tasks import keys
+from tasks.broker import Doorbell
+from tasks.connection import connect
+from tasks.errors import JobAlreadyEnded, JobNotFound, ModelUnavailable, QueueFull, QuotaExceeded
+from tasks.events import Event
+from tasks.job import Job, JobSpec, JobStatus, Timings, error_json, history_digest, history_prefix
+from tasks.scripts import Scripts, bell
+from tasks.settings import Settings
+from tasks.store.readings import Readings
+from tasks.store.upkeep import Upkeep
+from tasks.store.worker import WorkerStore
+
+VISITORS_PER_ADDRESS = 4  # local mode: browser visitors of one client address that may have jobs waiting at once
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where a waiting job stands: position 1 starts at the next free slot; eta_s is None until a job has been
+    timed."""
+
+    position: int | None
+    eta_s: float | None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The batch's slots as a waiting job sees them (see service_estimate in tasks/lua/common.lua)."""
+
+    mean_s: float  # recent jobs' mean service time, start to end
+    timed: bool  # whether any job has been timed yet
+    free_s: tuple[float, ...]  # when each slot frees, in seconds from now, soonest first
+
+    @classmethod
+    def parse(cls, reply: list[Any]) -> tuple[Estimate, list[Any]]:
+        """An estimate from the front of a script's reply, and what follows it."""
+        mean, timed, n, *rest = reply
+        n = int(n)
+        return cls(float(mean), int(timed) > 0, tuple(float(x) for x in rest[:n])), rest[n:]
+
+    def eta(self, position: int, load_s: float = 0.0) -> float | None:
+        """When the job at `position` should start: the slots free in turn, each taking the next waiting job; and
+        its model loads first (`load_s`) if no worker has it loaded."""
+        if not self.timed:
+            return None
+        k = position - 1
+        return round(self.free_s[k % len(self.free_s)] + (k // len(self.free_s)) * self.mean_s + load_s, 3)
+
+
+class Store:
+    """The web's verbs on jobs, each one Redis command, one pipeline, or one script; and the other audiences' parts
+    of the store on the same connection: `for_worker(id)`, `readings`, `upkeep`."""
+
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        self.redis = client
+        self.settings = settings
+        self.scripts = Scripts(client)
+
+    @classmethod
+    def connect(cls, settings: Settings) -> Store:
+        """A store on its own connection pool to `settings`' Redis (a process's one store)."""
+        return cls(connect(settings.effective_redis_url, settings.redis_timeout_s), settings)
+
+    def load_scripts(self) -> None:
+        """Load every script into Redis again (after a restart or SCRIPT FLUSH)."""
+        self.scripts.load()
+
+    def for_worker(self, worker: str) -> WorkerStore:
+        """The worker process `worker`'s verbs (its device lease, its jobs' claims, writes and ends)."""
+        return WorkerStore(self, worker)
+
+    @cached_property
+    def readings(self) -> Readings:
+        """What health checks, /metrics and the dashboard read."""
+        return Readings(self)
+
+    @cached_property
+    def upkeep(self) -> Upkeep:
+        """Housekeeping rounds, the doorbell, the supervisor's look at the device, the counters."""
+        return Upkeep(self)
+
+    def admit(
+        self, job_id: str, spec: JobSpec, ttl_s: float, quota: int | None = None, doorbell: Doorbell | None = None,
+        address: str | None = None, line: bool = False,
+    ) -> Job:
+        """Admit a job in fair order, or raise QueueFull / QuotaExceeded leaving nothing behind.
+
+        `quota` is the owner's bound on waiting jobs (default: the server's per-user bound); `doorbell`, the
+        job's dramatiq message, is enqueued in the same step. `address`, for a local-mode browser visitor: its
+        client address, whose visitors share the quota, at most VISITORS_PER_ADDRESS of them with jobs waiting.
+        A batch's `line` is admitted once only (a job of that id, admitted before, is returned as it stands),
+        outside the owner's quota and listing: the batch bounds its own lines in the queue (web/batch_runner.py).
+        Returns the job as admitted, with its position and ETA, without reading it back.
+        """
+        s = self.settings
+        grace = s.watch_grace_s if spec.watched else 0
+        quota = 0 if line else quota or s.max_queued_per_user
+        config = s.model_named(spec.model)
+        history = ""  # a chat's history so far: a worker whose prefix cache holds it may be preferred
+        if spec.messages and len(spec.messages) > 1 and config is not None:
+            history = history_digest(history_prefix(config.cache_key(), s.cache_scope(spec.owner)), spec.messages[:-1])
+        verdict, *rest = self.scripts.run(
+            "admit", id=job_id, owner=spec.owner, spec=spec.model_dump_json(), ttl_s=ttl_s, result_ttl_s=s.result_ttl_s,
+            watch_grace_s=grace, max_queue=s.max_queue, max_per_user=quota, max_tokens=spec.params.max_tokens,
+            slots=s.max_batch, **bell(doorbell), model=spec.model, **{"class": spec.priority},
+            cost=s.cost_of(spec.owner, spec.priority), visitors=keys.address_visitors(address) if address else "",
+            max_visitors=VISITORS_PER_ADDRESS, history=history, line="1" if line else "",
+        )
+        if verdict == "exists":
+            return self.get(job_id)
+        if verdict == "queue_full":
+            raise QueueFull(f"the queue is full ({s.max_queue} jobs waiting); try again later", retry_after_s=rest[0])
+        if verdict == "quota_exceeded":
+            raise QuotaExceeded(f"you already have {quota} jobs waiting; try again later", retry_after_s=rest[0])
+        if verdict == "address_quota":
+            raise QuotaExceeded(f"the browsers at your address already have {quota} jobs waiting; try again later",
+                                retry_after_s=rest[0])  # fmt: skip
+        if verdict == "address_visitors":
+            raise QuotaExceeded(f"{VISITORS_PER_ADDRESS} other browsers at your address already have jobs waiting; "
+                                "try again later", retry_after_s=rest[0])  # fmt: skip
+        if verdict == "model_unavailable":
+            raise ModelUnavailable(f"the model {spec.model!r} is unavailable: {rest[1]}", retry_after_s=rest[0])
+        queued_at, deadline, position, load_s, *rest = rest
+        estimate, _ = Estimate.parse(rest)
+        return Job(
+            id=job_id, spec=spec, status=JobStatus.QUEUED, deadline=float(deadline),
+            timings=Timings(queued_at=float(queued_at)), position=int(position),
+            eta_s=estimate.eta(int(position), float(load_s)),
+        )  # fmt: skip
+
+    def keep_watching(self, job: Job) -> None:
+        """Renew a watched, waiting job's lease: its client (a stream, or polling) is still there."""
+        if job.spec.watched and job.status is JobStatus.QUEUED:
+            self.renew_watch(job.id)
+
+    def renew_watch(self, job_id: str) -> None:
+        """Renew the job's watch lease if it has one (a watched job that waits); harmless otherwise."""
+        self.scripts.run("watch", id=job_id)
+
+    def get(self, job_id: str, owner: str | None = None) -> Job:
+        """The job as it stands now, with its position while it waits. Another owner's job is not found."""
+        for _ in range(3):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hgetall(keys.job(job_id))
+            pipe.get(keys.output(job_id))
+            fields, output = pipe.execute()
+            if not fields or (owner is not None and fields.get("owner") != owner):
+                raise JobNotFound(f"no job {job_id!r}", param="id")
+            job = Job.from_redis(job_id, fields, output or "")
+            if job.status is not JobStatus.QUEUED:
+                return job
+            standing = self.standing(job)
+            if standing.position is not None:
+                return job.model_copy(update={"position": standing.position, "eta_s": standing.eta_s})
+            # it left the queue between the two reads (it started, or ended): read it again
+        return job
+
+    def read(self, job_ids: list[str]) -> dict[str, Job]:
+        """The jobs of those ids still on record, as they stand, in one round trip (no position read)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hgetall(keys.job(job_id))
+            pipe.get(keys.output(job_id))
+        replies = pipe.execute()
+        return {job_id: Job.from_redis(job_id, fields, output or "")
+                for job_id, fields, output in zip(job_ids, replies[::2], replies[1::2]) if fields}  # fmt: skip
+
+    def list(self, owner: str, limit: int = 50) -> list[Job]:
+        """The owner's most recent jobs, newest first."""
+        ids = self.redis.zrevrange(keys.user_jobs(owner), 0, limit - 1)
+        jobs = []
+        for job_id in ids:
+            try:
+                jobs.append(self.get(job_id, owner))
+            except JobNotFound:  # ended and past its result TTL
+                continue
+        return jobs
+
+    def cancel(self, job_id: str, owner: str, wait_s: float = 0.0, error: tuple[str, str] | None = None) -> Job:
+        """Cancel a waiting job now; flag a running one and wait up to `wait_s` for the worker to end it.
+
+        Cancelling a job that is already cancelled is harmless; one that ended otherwise is JobAlreadyEnded.
+        `error` (type, message) records why, e.g. ("client_gone", ...) when the client hung up.
+        """
+        with self.redis.pubsub(ignore_subscribe_messages=True) as sub:
+            sub.subscribe(keys.channel(job_id))  # before the cancel, so the worker's answer cannot be missed
+            err = error_json(*error) if error else ""
+            found = self.scripts.run("cancel", id=job_id, owner=owner, result_ttl_s=self.settings.result_ttl_s, error=err)
+            if found == "not_found":
+                raise JobNotFound(f"no job {job_id!r}", param="id")
+            if found not in ("queued", "cancelling", JobStatus.CANCELLED.value):
+                raise JobAlreadyEnded(f"job {job_id!r} already ended: {found}", param="id")
+            deadline = time.monotonic() + wait_s
+            while found == "cancelling" and (left := deadline - time.monotonic()) > 0:
+                message = sub.get_message(timeout=left)
+                if message and Event.from_message(message["data"]).terminal:
+                    break
+        return self.get(job_id, owner)
+
+    def standing(self, job: Job) -> Standing:
+        """Position and ETA of a waiting job: its rank in the fair order, times the recent mean service time."""
+        return self.standings([job.id])[0]
+
+    def standings(self, job_ids: list[str]) -> list[Standing]:
+        """The standing of each job, in one call (Standing(None, None) for a job that does not wait)."""
+        estimate, flat = Estimate.parse(self.scripts.run("position", slots=self.settings.max_batch, ids=job_ids))
+        return [Standing(int(p), estimate.eta(int(p), float(load_s))) if p else Standing(None, None)
+                for p, load_s in zip(flat[::2], flat[1::2])]  # fmt: skip
+
+    def events(self, job_id: str, start: int = 0) -> list[Event]:
+        """The job's durable events from index `start` on."""
+        raw = self.redis.lrange(keys.events(job_id), start, -1)
+        return [Event.decode(start + n, event) for n, event in enumerate(raw)]
+
+    def ping(self) -> bool:
+        return bool(self.redis.ping())

@@ -1,0 +1,47 @@
+"""Upkeep of the queue, whoever runs it: housekeeping rounds (every web process and the worker), the worker's
+doorbell, the supervisor's look at its device, and the counters behind /metrics."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tasks import keys
+from tasks.broker import Doorbell
+from tasks.scripts import bell
+
+if TYPE_CHECKING:
+    from tasks.store.jobs import Store
+
+
+class Upkeep:
+    """Upkeep verbs on `store`'s connection."""
+
+    def __init__(self, store: Store) -> None:
+        self.redis, self.settings, self.scripts = store.redis, store.settings, store.scripts
+
+    def housekeep(self, doorbell: Doorbell | None = None) -> tuple[int, list[tuple[str, str]]]:
+        """One periodic round: end waiting jobs past their deadline (expired) or whose watcher left (client_gone),
+        release running jobs whose worker lost its device (requeued at the front, or failed after max_attempts),
+        and ring `doorbell` if jobs wait and no message is pending. Returns (jobs waiting, [(job id, verdict)])."""
+        s = self.settings
+        waiting, *flat = self.scripts.run("housekeep", max_attempts=s.max_attempts, ttl_s=s.job_ttl_s,
+                                          result_ttl_s=s.result_ttl_s, limit=500, **bell(doorbell))
+        return int(waiting), list(zip(flat[::2], flat[1::2]))
+
+    def ring(self, doorbell: Doorbell) -> bool:
+        """Push the worker's doorbell unless one is pending; True if pushed."""
+        return bool(self.scripts.run("ring", **bell(doorbell)))
+
+    def drop_device(self, pid: int) -> bool:
+        """Free this device if the process `pid` (known dead) holds it."""
+        return bool(self.scripts.run("drop_lease", device=self.settings.device, field="pid", value=pid))
+
+    def watch_device(self) -> tuple[int | None, list[str]]:
+        """The pid holding this device, and the jobs ended as stalled (no progress for stall_s s) there."""
+        s = self.settings
+        pid, *stalled = self.scripts.run("stall", device=s.device, stall_s=s.stall_s, result_ttl_s=s.result_ttl_s)
+        return (int(pid) if pid else None), stalled
+
+    def count(self, field: str, n: int = 1) -> None:
+        """Add to one of the counters behind /metrics."""
+        self.redis.hincrby(keys.STATS, field, n)

@@ -1,0 +1,205 @@
+"""The worker's verbs on jobs and its device: bound to one worker process (its id) once, for its life.
+
+Its lease on the device (lease.lua), the jobs it claims (claim.lua), the text it writes (append.lua), how they end
+(finish.lua, recover.lua), and what it tells of its models. Only the worker holding the device's lease may claim,
+write or end: a worker presumed dead (its jobs requeued) finds its writes refused.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from tasks import keys
+from tasks.errors import LeaseLost
+from tasks.job import Job, JobStatus, error_json, history_prefix
+from tasks.scripts import ARGS
+
+if TYPE_CHECKING:
+    from tasks.store.jobs import Store
+
+MODEL_RECORD_TTL_S = 7 * 86400  # a model's load record (keys.model) outlives no week without news
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """What a worker tells with each lease renewal: its batch now, and the work it did since its last report."""
+
+    batch: int
+    slots: int
+    tokens_per_s: float
+    steps: int
+    decode_s: float
+    prefill_s: float
+    prefill_tokens: int
+    models: tuple[str, ...] = ()
+    active: str = ""
+    loading: str = ""
+    cache_lookups: int = 0  # prefix cache: lookups, hits and prompt tokens they saved since the last report
+    cache_hits: int = 0
+    cache_tokens: int = 0
+    cache_bytes: int = 0  # ... and what it holds now
+    cache_entries: int = 0
+
+    NAMES: ClassVar[tuple[str, ...]] = ARGS["lease"][5:]  # what lease.lua takes of a report, by name
+
+    def fields(self) -> dict[str, object]:
+        """The report as lease.lua takes it, by name."""
+        return {"batch": self.batch, "slots": self.slots, "tok_s": f"{self.tokens_per_s:.1f}", "steps": self.steps,
+                "decode_s": f"{self.decode_s:.6f}", "prefill_s": f"{self.prefill_s:.6f}",
+                "prefill_tokens": self.prefill_tokens, "models": ",".join(self.models), "active": self.active,
+                "loading": self.loading, "cache_lookups": self.cache_lookups, "cache_hits": self.cache_hits,
+                "cache_tokens": self.cache_tokens, "cache_bytes": self.cache_bytes,
+                "cache_entries": self.cache_entries}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a claim found: the job it started for the worker, or the job at the head of the queue, unclaimed."""
+
+    job: Job
+    started: bool
+    solo: bool  # the job must run alone (it was in a batch that failed: see release() in tasks/lua/common.lua)
+    behind: int  # jobs waiting behind it (the worker need not look again for more while there are none)
+
+
+@dataclass(frozen=True)
+class Switch:
+    """The next job needs another model than the worker's batch runs (`load`: one the worker has not loaded), and
+    no job of a model it has ready may go ahead of it any longer."""
+
+    head: str
+    model: str
+    load: bool
+
+
+class WorkerStore:
+    """The verbs of the worker process `worker` (its id), on `store`'s connection."""
+
+    def __init__(self, store: Store, worker: str) -> None:
+        self.redis, self.settings, self.scripts = store.redis, store.settings, store.scripts
+        self.upkeep = store.upkeep  # (its counters)
+        self.worker = worker
+
+    def take_device(self, report: BatchReport | None = None) -> str:
+        """Take this device's lease for this worker (or renew it): 'ok', or the id of the worker holding it."""
+        return self._lease("take", report)
+
+    def renew_device(self, report: BatchReport | None = None) -> str:
+        """Renew the lease this worker holds: 'ok'; 'lapsed' if it lapsed (the worker must stop: its jobs may have been
+        taken back); or the id of the worker that took it."""
+        return self._lease("renew", report)
+
+    def _lease(self, mode: str, report: BatchReport | None) -> str:
+        lease_ms = int(self.settings.lease_s * 1000)
+        told = report.fields() if report else dict.fromkeys(BatchReport.NAMES, "")
+        return str(self.scripts.run("lease", device=self.settings.device, worker=self.worker, pid=os.getpid(),
+                                    lease_ms=lease_ms, mode=mode, **told))
+
+    def claim_next(
+        self, want: str | None = None, active: str = "", loaded: tuple[str, ...] | None = None
+    ) -> Claim | Switch | None:
+        """Atomically start the next job for this worker if it is `want` (any job: "*"); else tell which job is next,
+        unclaimed (the worker measures it, and names it when it fits). The next job is the fair order's head, or a
+        job of the model the batch runs (`active`; '' for an empty batch) or of a `loaded` one, within the switch
+        bound (see tasks/lua/claim.lua); past it, a Switch. None when nothing waits. `loaded` defaults to every
+        model served (a worker that keeps them all).
+
+        Raises LeaseLost if this worker no longer holds the device (it must stop: another worker took over).
+        """
+        s = self.settings
+        run_life = int(s.job_time_limit_s + s.result_ttl_s)
+        loaded = tuple(m.name for m in s.catalog) if loaded is None else loaded
+        claimed = self.scripts.run("claim", result_ttl_s=s.result_ttl_s, run_life_s=run_life, device=s.device,
+                                   worker=self.worker, want=want or "", active=active,
+                                   switch_wait_s=s.model_switch_wait_s, affinity_s=s.cache_affinity_s, loaded=loaded)
+        if claimed == "lost":
+            raise LeaseLost(f"worker {self.worker} lost the lease of device {self.settings.device}")
+        if not claimed:
+            return None
+        if claimed[0] in ("switch", "load"):
+            return Switch(claimed[1], claimed[2], load=claimed[0] == "load")
+        verdict, job_id, flat, behind = claimed
+        fields = dict(zip(flat[::2], flat[1::2]))
+        # no output yet: it starts now, or has not started
+        return Claim(Job.from_redis(job_id, fields, ""), verdict == "started", fields.get("solo") == "1", int(behind))
+
+    def model_loading(self, name: str) -> None:
+        self._model(name, state="loading", worker=self.worker)
+
+    def model_loaded(self, name: str, load_s: float, size: int) -> None:
+        self._model(name, state="loaded", worker=self.worker, load_s=f"{load_s:.3f}", bytes=size, error="")
+
+    def model_unloaded(self, name: str) -> None:
+        self._model(name, state="unloaded", worker=self.worker)
+
+    def model_failed(self, name: str, message: str) -> int:
+        """Record that `name` failed to load and fail its waiting jobs (model_unavailable); returns how many."""
+        s = self.settings
+        return int(self.scripts.run("model_failed", model=name, message=message, retry_s=s.model_retry_s,
+                                    result_ttl_s=s.result_ttl_s, worker=self.worker))
+
+    def _model(self, name: str, **fields: object) -> None:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(keys.model(name), mapping=fields)  # type: ignore[arg-type]
+        pipe.expire(keys.model(name), MODEL_RECORD_TTL_S)
+        pipe.execute()
+
+    def append(self, job_id: str, n_tokens: int, text: str, prompt_tokens: int,
+               start: tuple[int, int] | None = None, cached_tokens: int = 0, pipe: Any = None) -> Any:  # fmt: skip
+        """Record generated text as one token event (n_tokens 0 and no text: progress without a token, as in a long
+        prefill); true when the job must stop (cancelled, or taken away). `start`: the run's tokens and output bytes
+        before this text, so that a retried write appends only what did not get there (None: at the end).
+        `cached_tokens`: of the prompt's, those read from the prefix cache."""
+        where = start if start is not None else ("", "")
+        return self.scripts.run("append", pipe, id=job_id, n_tokens=n_tokens, text=text, prompt_tokens=prompt_tokens,
+                                worker=self.worker, from_n=where[0], from_b=where[1], cached_tokens=cached_tokens)
+
+    def finish(
+        self,
+        job_id: str,
+        status: JobStatus,
+        *,
+        finish_reason: str | None = None,
+        error: tuple[str, str] | None = None,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        stop_seen_at: int | None = None,
+        cached_tokens: int = 0,
+        kept_as: tuple[str, str] | None = None,
+        pipe: Any = None,
+    ) -> Any:
+        """End a job this worker runs; false if it was not running there (it has its one terminal state). `kept_as`:
+        the prefix cache's key (model key, scope) under which the worker kept the job's KV state, so a follow-up of
+        this chat can be steered to this device."""
+        err = error_json(*error) if error else ""
+        s = self.settings
+        seen = "" if stop_seen_at is None else stop_seen_at
+        kept = history_prefix(*kept_as) if kept_as else ""
+        return self.scripts.run("finish", pipe, id=job_id, status=status.value, finish_reason=finish_reason or "",
+                                error=err, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                result_ttl_s=s.result_ttl_s, worker=self.worker, stop_seen_at=seen,
+                                cached_tokens=cached_tokens, kept=kept)
+
+    def hand_back(self, job_id: str, why: str = "worker_crashed", shared: bool = False,
+                  pipe: Any = None) -> Any:  # fmt: skip
+        """Release a job this worker runs but cannot finish: requeued at the front, or failed after max_attempts.
+        `why`: worker_crashed (it could not record the outcome), generation_error (its batch's step failed), or
+        stopping (the worker shuts down in good order: the run does not count as an attempt). `shared`: the job
+        ran with others, so the failure is not blamed on it (see release() in tasks/lua/common.lua). Returns
+        [id, verdict], or [] if it does not run there."""
+        s = self.settings
+        return self.scripts.run("recover", pipe, max_attempts=s.max_attempts, ttl_s=s.job_ttl_s,
+                                result_ttl_s=s.result_ttl_s, id=job_id, worker=self.worker, why=why,
+                                shared="1" if shared else "")
+
+    def release_device(self) -> bool:
+        """Free this device if this worker (stopped in good order: nothing of it runs on the device) holds it."""
+        return bool(self.scripts.run("drop_lease", device=self.settings.device, field="worker", value=self.worker))
+
+    def listen(self) -> Any:
+        """A pub/sub subscribed to the ids of running jobs asked to stop, and to the queue's moves."""
+        sub = self.redis.pubsub(ignore_subscribe_messages=True)
+        sub.subscribe(keys.CANCELS, keys.QUEUE_MOVED)
+        return sub
