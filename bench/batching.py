@@ -29,7 +29,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from bench.harness import admit, bench_env, pct, poll_until, prompt, running_worker, spread, wait_ended
+from bench.harness import admit, bench_env, generate, pct, poll_until, prompt, running_worker, spread, wait_ended
 from tasks import keys
 from tasks.broker import make_broker
 from tasks.job import JobSpec, SamplingParams
@@ -113,7 +113,7 @@ def cancel(b: Bench, runs: int, batch: int) -> None:
 
 def _alone(b: Bench, text: str, tokens: int) -> str:
     spec = JobSpec(owner="b", model="m", prompt=text, params=SamplingParams(max_tokens=tokens, ignore_eos=True))
-    return "".join(c.text for c in b.engine.generate(spec))
+    return "".join(c.text for c in generate(b.engine, spec))
 
 
 def stall(b: Bench, runs: int, default_step: int, steps: list[int]) -> None:

@@ -24,6 +24,7 @@ def probe(model: str, tokens: int) -> dict[str, object]:
     """Measure in this process (run as a child)."""
     import mlx.core as mx
 
+    from bench.harness import generate
     from tasks.job import JobSpec, SamplingParams
     from worker.engine import Engine
 
@@ -36,9 +37,9 @@ def probe(model: str, tokens: int) -> dict[str, object]:
     engine = Engine.load(model)
     spec = JobSpec(owner="b", model="m", prompt="The queue keeps the GPU busy. " * 16,
                    params=SamplingParams(max_tokens=tokens, ignore_eos=True))  # fmt: skip
-    list(engine.generate(spec.model_copy(update={"params": SamplingParams(max_tokens=2, ignore_eos=True)})))
+    list(generate(engine, spec.model_copy(update={"params": SamplingParams(max_tokens=2, ignore_eos=True)})))
     started = time.perf_counter()
-    chunks = engine.generate(spec)
+    chunks = generate(engine, spec)
     first = next(chunks)
     prefill_s = time.perf_counter() - started
     text = [first.text]

@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -318,6 +319,37 @@ def wait_ended(store: Store, ids: list[str], timeout_s: float, every_s: float = 
         if pending:
             time.sleep(every_s)
     return pending
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One step of a job run alone: the new text, its tokens so far, and the finish reason last."""
+
+    text: str
+    tokens: int
+    finish_reason: str | None = None
+
+
+def generate(engine: Any, spec: JobSpec) -> Iterator[Chunk]:
+    """One job alone on `engine` (worker/engine.py), start to end, a chunk per token, holding the device's lock as the
+    worker's runner does: the baseline of the benchmarks (and the tests' way to run a model without a worker)."""
+    with engine.lock:
+        uid = engine.insert(engine.prompt_tokens(spec), spec.params)
+        detokenizer, n = engine.detokenizer(), 0
+        try:
+            while True:
+                for t in engine.step():
+                    n += 1
+                    if t.finish_reason != "stop":
+                        detokenizer.add_token(t.token)
+                    if t.finish_reason:
+                        detokenizer.finalize()
+                    yield Chunk(detokenizer.last_segment, n, t.finish_reason)
+                    if t.finish_reason:
+                        return
+        finally:
+            if engine.size:
+                engine.remove([uid])
 
 
 @contextmanager

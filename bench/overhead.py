@@ -22,7 +22,7 @@ import socket
 import statistics
 import time
 
-from bench.harness import bench_env, free_port, onelane_web, onelane_worker, poll_until
+from bench.harness import bench_env, free_port, generate, onelane_web, onelane_worker, poll_until
 from tasks.job import JobSpec, Message, SamplingParams
 from tasks.store import Store
 from worker.blas import preload_openblas
@@ -35,7 +35,7 @@ PROMPT = "hello"
 def direct_run(engine, spec: JobSpec) -> tuple[float, float]:  # type: ignore[no-untyped-def]
     started = time.perf_counter()
     first = None
-    for chunk in engine.generate(spec):
+    for chunk in generate(engine, spec):
         if first is None and chunk.text:  # the first token that shows as text, as a client sees it
             first = time.perf_counter() - started
     return (first if first is not None else float("nan")), time.perf_counter() - started

@@ -11,7 +11,7 @@ import statistics
 import threading
 import time
 
-from bench.harness import bench_env
+from bench.harness import bench_env, generate
 from tasks.events import EventType
 from tasks.job import JobSpec, SamplingParams, new_job_id
 from tasks.store import Store
@@ -30,7 +30,7 @@ def measure(engine: Engine, store: Store, spec: JobSpec, runs: int) -> tuple[lis
 
     def run_direct() -> None:
         started = time.perf_counter()
-        for _ in engine.generate(spec):
+        for _ in generate(engine, spec):
             pass
         direct.append(time.perf_counter() - started)
 
@@ -45,7 +45,7 @@ def measure(engine: Engine, store: Store, spec: JobSpec, runs: int) -> tuple[lis
         assert done.usage.completion_tokens == spec.params.max_tokens, done.usage
         events.append(sum(1 for e in store.events(job.id) if e.type is EventType.TOKEN))
 
-    for _ in engine.generate(spec):  # warm up
+    for _ in generate(engine, spec):  # warm up
         pass
     for n in range(runs):  # alternate which goes first, so neither gains from order
         for step in (run_direct, run_queued) if n % 2 == 0 else (run_queued, run_direct):

@@ -20,7 +20,7 @@ import click
 
 from tasks import client_cli
 from tasks.errors import OnelaneError
-from tasks.settings import LOG_FORMAT, LogLevel, Settings
+from tasks.settings import ENV_NAMES, LOG_FORMAT, LogLevel, Settings
 
 logger = logging.getLogger("onelane")
 
@@ -59,7 +59,7 @@ def up(host: str | None, port: int | None) -> None:
     from tasks.embedded_redis import EmbeddedRedis
 
     settings = _settings()
-    env = {**os.environ, "ONELANE_LOG_LEVEL": settings.log_level}
+    env = {**os.environ, ENV_NAMES["log_level"]: settings.log_level}
     embedded = None
     if settings.redis_url is None:
         try:

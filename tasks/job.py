@@ -180,30 +180,6 @@ class Job(BaseModel):
             ),
         )
 
-    def public(self) -> dict[str, object]:
-        """The JSON shape clients see."""
-        spec = self.spec
-        return {
-            "id": self.id,
-            "object": "job",
-            "status": self.status.value,
-            "model": spec.model,
-            "priority": spec.priority,
-            "prompt": spec.prompt,
-            "messages": [m.model_dump() for m in spec.messages] if spec.messages is not None else None,
-            "params": spec.params.model_dump(mode="json"),
-            "abandon_on_disconnect": spec.watched,
-            "position": self.position,
-            "eta_s": self.eta_s,
-            "deadline": self.deadline,
-            "output": self.output,
-            "finish_reason": self.finish_reason,
-            "error": self.error.model_dump() if self.error else None,
-            "usage": {**self.usage.model_dump(), "total_tokens": self.usage.total_tokens},
-            "timings": self.timings.model_dump(),
-            "attempts": self.attempts,
-        }
-
 
 def new_job_id() -> str:
     """An unguessable id: 128 random bits."""

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from web.responses import Job as JobBody
 from tasks import keys
 from tasks.batches import BatchRecord, BatchStore
 from tasks.events import Event
@@ -56,12 +57,12 @@ def wait_event(
     with store.redis.pubsub(ignore_subscribe_messages=True) as sub:
         sub.subscribe(keys.channel(job_id))
         if any(match(e) for e in store.events(job_id)):
-            return store.get(job_id).public()
+            return JobBody.of(store.get(job_id))
         deadline = time.monotonic() + timeout_s
         while (left := deadline - time.monotonic()) > 0:
             message = sub.get_message(timeout=left)
             if message and match(Event.from_message(message["data"])):
-                return store.get(job_id).public()
+                return JobBody.of(store.get(job_id))
     raise AssertionError(f"job {job_id}: no matching event within {timeout_s} s; events: {store.events(job_id)}")
 
 

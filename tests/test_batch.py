@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from bench.harness import generate
 from tasks import keys
 from tasks.job import JobSpec, SamplingParams
 from tests.helpers import wait_ended, wait_event
@@ -24,7 +25,7 @@ def prompts(n: int, seed: int = 7) -> list[str]:
 def alone(engine, prompt: str, **params) -> str:  # type: ignore[no-untyped-def]
     """The job's output when it runs by itself: a batch of one, through the same engine."""
     spec = JobSpec(owner="t", model="m", prompt=prompt, params=SamplingParams(**params))
-    return "".join(chunk.text for chunk in engine.generate(spec))
+    return "".join(chunk.text for chunk in generate(engine, spec))
 
 
 def overlap(done: list[dict]) -> int:  # type: ignore[type-arg]
@@ -153,7 +154,7 @@ def watch_batch(worker, engine, monkeypatch) -> list[tuple[set[str], int]]:  # t
     step = engine.step
 
     def watched_step():  # type: ignore[no-untyped-def]
-        held.append((set(worker.runner.batch.by_job), worker.runner.batch.kv_tokens))
+        held.append((set(worker.runner.batch.by_job), worker.runner.batch.kv_tokens_with(0)))
         return step()
 
     monkeypatch.setattr(engine, "step", watched_step)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import BUSY, claim_now, wait_event
+from web.responses import Job as JobBody
 
 XSS = "<script>alert(1)</script> <img src=x onerror=alert(1)>"
 STREAM_TIMEOUT_MS = 30_000
@@ -72,7 +73,7 @@ def test_a_job_waits_its_turn_then_streams_and_ends_with_timings(page, jobs, sto
     expect(status).to_have_attribute("data-status", "completed", timeout=STREAM_TIMEOUT_MS)
     expect(status).to_have_text("Completed: reached the limit of 200 tokens.")
     expect(page.locator("#cancel")).to_have_count(0)
-    done = store.get(job_id).public()
+    done = JobBody.of(store.get(job_id))
     final = page.locator("#output").text_content()
     assert final == done["output"] and final
     streaming = [text for state, text in page.evaluate("window.seen") if state == "in_progress"]
@@ -134,7 +135,7 @@ def test_the_cancel_button_stops_a_running_job_and_keeps_its_output(page, store,
 
     expect(page.locator("#status")).to_have_text("Cancelled while running; the output so far is kept.")
     expect(page.locator("#cancel")).to_have_count(0)
-    job = store.get(job_id).public()
+    job = JobBody.of(store.get(job_id))
     assert job["status"] == "cancelled" and job["finish_reason"] == "cancelled"
     assert page.locator("#output").text_content() == job["output"] != ""
     assert 0 < job["usage"]["completion_tokens"] < 4000

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.harness import generate
 from tasks.job import JobSpec, Message, SamplingParams
 from tasks.settings import SHIPPED_DEMO_MODEL, Settings
 from worker import demo_corpus
@@ -26,7 +27,7 @@ def vocabulary() -> set[str]:
 def greedy(engine, **prompt: object) -> str:  # type: ignore[no-untyped-def]
     params = SamplingParams(max_tokens=48)  # temperature 0: greedy
     spec = JobSpec(owner="t", model="onelane-demo", params=params, **prompt)  # type: ignore[arg-type]
-    return "".join(chunk.text for chunk in engine.generate(spec))
+    return "".join(chunk.text for chunk in generate(engine, spec))
 
 
 def test_with_no_model_configured_the_shipped_demo_model_is_served() -> None:

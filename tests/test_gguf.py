@@ -13,6 +13,7 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
+from bench.harness import generate
 from tasks.job import JobSpec, Message, SamplingParams
 from tasks.settings import DEFAULT_MODEL, DEFAULT_MODEL_GGUF, ModelConfig, Settings
 from worker.engine import Engine
@@ -70,7 +71,7 @@ def write_gguf(folder: Path, target: Path, file_type: int = 1, architecture: str
 def answers(engine: Engine, questions: list[str], max_tokens: int = 24) -> list[str]:
     """Greedy answers to chat questions."""
     params = SamplingParams(max_tokens=max_tokens)
-    return ["".join(chunk.text for chunk in engine.generate(JobSpec(owner="o", model="m", params=params,
+    return ["".join(chunk.text for chunk in generate(engine, JobSpec(owner="o", model="m", params=params,
             messages=(Message(role="user", content=q),)))) for q in questions]  # fmt: skip
 
 

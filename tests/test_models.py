@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness import generate
 from tasks import keys
 from tasks.job import JobSpec, JobStatus, SamplingParams
 from tasks.settings import ModelConfig, Settings, User
@@ -63,7 +64,7 @@ def alone(path: Path, prompt: str, tokens: int) -> str:
     from worker.engine import Engine
 
     spec = JobSpec(owner="t", model="x", prompt=prompt, params=SamplingParams(max_tokens=tokens, ignore_eos=True))
-    return "".join(chunk.text for chunk in Engine.load(str(path)).generate(spec))
+    return "".join(chunk.text for chunk in generate(Engine.load(str(path)), spec))
 
 
 # --- routing, memory, failures ---------------------------------------------------------------------------------

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import re
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
 from tasks.scripts import ARGS, CONSTANTS, ordered, prelude
+from web.health import HISTOGRAMS, REJECTED
 
 LUA = resources.files("tasks") / "lua"
 
@@ -53,3 +55,19 @@ def test_every_constant_reads_in_lua_as_python_has_it(redis_client) -> None:  # 
     names = list(CONSTANTS)
     got = redis_client.eval(prelude("watch") + "return {" + ", ".join(f"tostring({n})" for n in names) + "}", 0)
     assert dict(zip(names, got)) == {n: str(v) for n, v in CONSTANTS.items()}  # HISTORY_SEP ("\x1e") byte for byte
+
+
+def test_the_counters_the_scripts_write_are_the_ones_metrics_reads() -> None:
+    # What the scripts count into keys.STATS (and the worker's processes, through Upkeep.count), by name...
+    text = "\n".join((LUA / p.name).read_text() for p in LUA.iterdir() if p.name.endswith(".lua"))
+    written = set(re.findall(r"\bstat\('([\w:]+)'[,)]", text)) | set(re.findall(r"STATS, '(\w+)'", text))
+    written |= {f"h:{name}" for name in re.findall(r"\bobserve\('(\w+)'", text)}
+    python = Path(__file__).parent.parent
+    written |= set(re.findall(r'upkeep\.count\("(\w+)"\)', "".join(p.read_text() for p in python.glob("worker/*.py"))))
+    # ... and what /metrics reads (web/health.py), by name: each one the other side knows
+    health = (python / "web" / "health.py").read_text()
+    read = set(re.findall(r'total\("(\w+)"\)', health)) | {f"rejected:{r}" for r in REJECTED}
+    read |= {f"h:{name}" for name in HISTOGRAMS}
+    dynamic = {"h", "finished", "model_tokens", "model_finished"}  # prefixes with a name or status after them
+    assert {w for w in written if w.split(":")[0] not in dynamic or w.startswith("h:")} == read
+    assert "cache_lookups" in written and "rejected:queue_full" in written  # (the patterns read the scripts)

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from bench.harness import generate
 from tasks import keys
 from tasks.broker import QUEUE_NAME, run_next_message
 from tasks.store import Store
@@ -60,8 +61,8 @@ def test_engine_lock_serializes_generations_even_with_two_threads(engine):
     spec = JobSpec(owner="t", model="m", prompt="x", params=SamplingParams(max_tokens=20, ignore_eos=True))
     spans: list[tuple[float, float]] = []
 
-    def generate() -> None:
-        chunks = engine.generate(spec)
+    def run_alone() -> None:
+        chunks = generate(engine, spec)
         first = next(chunks)
         begin = time.perf_counter()
         for _ in chunks:
@@ -69,7 +70,7 @@ def test_engine_lock_serializes_generations_even_with_two_threads(engine):
         spans.append((begin, time.perf_counter()))
         assert first.tokens == 1
 
-    threads = [threading.Thread(target=generate) for _ in range(2)]
+    threads = [threading.Thread(target=run_alone) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from flask import Flask
 
+from tasks.job import JobStatus
 from tasks.settings import Settings
 from web import (
     api, dashboard, docs, errors, health, openai_batches, openai_compat, openai_files, openai_responses, pages, stream,
@@ -42,6 +43,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.secret_key = settings.secret_key or _stored_secret(settings.var_dir / "secret_key")
     app.config.update(SESSION_COOKIE_SAMESITE="Lax", SESSION_COOKIE_HTTPONLY=True)
     app.extensions[EXTENSION] = Services.start(settings)
+    app.jinja_env.globals["ended_statuses"] = [s.value for s in JobStatus if s.ended]  # for the pages' script
     errors.register(app)
     for module in (api, health, stream, openai_compat, openai_responses, openai_files, openai_batches, pages, docs,
                    dashboard):  # fmt: skip

@@ -6,6 +6,7 @@ from flask import Blueprint, Response, jsonify, request, url_for
 
 from tasks.errors import InvalidParameter
 from tasks.job import Job
+from web import responses
 from web.admission import admit
 from web.auth import current_owner
 from web.schemas import SubmitJob, json_body, parse, to_spec
@@ -18,7 +19,7 @@ LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX = 50, 200  # GET /v1/jobs?limit=
 
 
 def job_response(job: Job, status: int = 200) -> Response:
-    response = jsonify(job.public())
+    response = jsonify(responses.Job.of(job))
     response.status_code = status
     return response
 

@@ -25,6 +25,7 @@ from web.services import services
 bp = Blueprint("health", __name__)
 
 MODEL_STATES = ("loaded", "loading", "failed", "unloaded")
+REJECTED = ("queue_full", "quota_exceeded", "model_unavailable")  # admit.lua counts each as rejected:<reason>
 HISTOGRAMS = {
     "queue_wait": "Seconds from admission to start, for jobs that started.",
     "time_to_first_token": "Seconds from admission to the first generated token.",
@@ -127,7 +128,7 @@ def _counters(stats: dict[str, str]) -> Iterator[Metric]:
 
     yield CounterMetricFamily("onelane_jobs_admitted", "Jobs admitted into the queue.", value=total("admitted"))
     rejected = CounterMetricFamily("onelane_jobs_rejected", "Submissions refused, by reason.", labels=["reason"])
-    for reason in ("queue_full", "quota_exceeded", "model_unavailable"):
+    for reason in REJECTED:
         rejected.add_metric([reason], total(f"rejected:{reason}"))
     yield rejected
     finished = CounterMetricFamily("onelane_jobs_finished", "Jobs that reached a terminal state.", labels=["status"])
@@ -149,6 +150,8 @@ def _counters(stats: dict[str, str]) -> Iterator[Metric]:
                               value=total("cache_hits"))  # fmt: skip
     yield CounterMetricFamily("onelane_prefix_cache_tokens", "Prompt tokens read from the prefix cache instead of "
                               "prefilled.", value=total("cache_tokens"))  # fmt: skip
+    yield CounterMetricFamily("onelane_cache_affinity_passes", "Times a worker left a follow-up turn to the device "
+                              "whose prefix cache holds its history.", value=total("affinity_passes"))  # fmt: skip
     yield CounterMetricFamily("onelane_model_switches", "Times the batch changed model.", value=total("model_switches"))
     yield CounterMetricFamily("onelane_model_load_failures", "Model loads that failed.",
                               value=total("model_load_failures"))  # fmt: skip

@@ -10,7 +10,7 @@ from werkzeug.datastructures import MultiDict
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from tasks.errors import Forbidden, JobNotFound, OnelaneError, PromptTooLarge
-from web import body
+from web import body, responses
 from web.admission import admit
 from web.auth import check_csrf, csrf_token, current_owner, session_user, sign_in, signed_in, start_visit
 from web.errors import error_headers, status_for
@@ -147,7 +147,7 @@ def job_page(job_id: str) -> tuple[str, int]:
     except JobNotFound:
         return render_template("not_found.html", job_id=job_id), 404
     store.keep_watching(job)
-    return render_template("job.html", job=job), 200
+    return render_template("job.html", job=job, body=responses.Job.of(job)), 200
 
 
 @bp.get("/jobs")

@@ -1,15 +1,16 @@
 """What the API answers, as pydantic models: /openapi.json documents every response with them.
 
-The handlers build their bodies as before (Job.public(), jsonify); tests/test_openapi.py fuzzes the app with
-schemathesis and checks that every answer conforms, so these models cannot drift from what is sent.
+A job's body is built here (`Job.of`); the other handlers build theirs with jsonify, and tests/test_openapi.py fuzzes
+the app with schemathesis and checks that every answer conforms, so these models cannot drift from what is sent.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks import job as record
 from tasks.job import JobError, JobStatus, Message, SamplingParams, Timings
 from tasks.settings import Priority
 from tasks.store import ModelState
@@ -49,6 +50,20 @@ class Job(Answer):
     usage: TokenUsage
     timings: Timings
     attempts: int = Field(description="how many times a worker started it")
+
+    @classmethod
+    def of(cls, job: record.Job) -> dict[str, Any]:
+        """The JSON body of `job`: the one place its shape is written."""
+        spec, usage = job.spec, job.usage
+        return cls(
+            id=job.id, object="job", status=job.status, model=spec.model, priority=spec.priority, prompt=spec.prompt,
+            messages=list(spec.messages) if spec.messages is not None else None, params=spec.params,
+            abandon_on_disconnect=spec.watched, position=job.position, eta_s=job.eta_s, deadline=job.deadline,
+            output=job.output, finish_reason=job.finish_reason, error=job.error,
+            usage=TokenUsage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                             cached_tokens=usage.cached_tokens, total_tokens=usage.total_tokens),
+            timings=job.timings, attempts=job.attempts,
+        ).model_dump(mode="json")
 
 
 class JobList(Answer):

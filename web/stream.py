@@ -14,6 +14,7 @@ from tasks.errors import InvalidParameter
 from tasks.events import Event
 from tasks.job import Job
 from tasks.store import Store
+from web import responses
 from web import sse
 from web.auth import current_owner
 from web.feed import Hub
@@ -62,5 +63,5 @@ def job_stream(store: Store, hub: Hub, job: Job, after: int, ping_s: float) -> I
         elif isinstance(item, Queued):
             yield sse.event("queued", {"position": item.position, "eta_s": item.eta_s})
         elif isinstance(item, Event):  # a terminal event sends the job as it ended
-            data = store.get(job.id).public() if item.terminal else item.payload()
+            data = responses.Job.of(store.get(job.id)) if item.terminal else item.payload()
             yield sse.event(item.type.value, data, item.index)

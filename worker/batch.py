@@ -63,13 +63,8 @@ class Batch:
     def drop(self, r: Running) -> None:
         del self.by_uid[r.uid], self.by_job[r.job.id]
 
-    @property
-    def kv_tokens(self) -> int:
-        """The KV cache the batch may come to hold, in tokens."""
-        return self.kv_tokens_with(0) if self else 0
-
     def kv_tokens_with(self, cost: int) -> int:
-        """... with one more job of `cost` tokens in it."""
+        """The KV cache the batch may come to hold, in tokens, with one more job of `cost` tokens in it (0: none)."""
         return (len(self) + (1 if cost else 0)) * max([cost, *(r.cost for r in self.by_uid.values())])
 
     @property

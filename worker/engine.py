@@ -15,7 +15,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,15 +53,6 @@ class Token:
     token: int
     finish_reason: str | None  # "stop" (EOS), "length" (max_tokens) or None
     kv: KV | None = None
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """One job's step, as `Engine.generate` yields it: the new text, tokens so far, and the finish reason last."""
-
-    text: str
-    tokens: int
-    finish_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -215,29 +206,6 @@ class Engine:
             self._batch.close()
         self._batch = self._new_batch()
         self.size = 0
-
-    def generate(self, spec: JobSpec) -> Iterator[Chunk]:
-        """One job alone, start to end, a chunk per token. For benchmarks and tests; the worker drives the batch
-        itself (worker/runner.py)."""
-        with self.lock:
-            uid = self.insert(self.prompt_tokens(spec), spec.params)
-            detokenizer, n = self.detokenizer(), 0
-            try:
-                while True:
-                    for t in self.step():
-                        n += 1
-                        if t.finish_reason == "stop":
-                            detokenizer.finalize()
-                        else:
-                            detokenizer.add_token(t.token)
-                            if t.finish_reason:
-                                detokenizer.finalize()
-                        yield Chunk(detokenizer.last_segment, n, t.finish_reason)
-                        if t.finish_reason:
-                            return
-            finally:
-                if self.size:
-                    self.remove([uid])
 
 
 def with_dtype(model: nn.Module, dtype: str) -> str:

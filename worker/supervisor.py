@@ -19,7 +19,7 @@ import time
 
 import redis
 
-from tasks.settings import Settings
+from tasks.settings import ENV_NAMES, Settings
 from tasks.store import Store
 from worker.blas import worker_env
 
@@ -39,7 +39,7 @@ class Supervisor:
         self.command = command or [sys.executable, "-m", "worker.main", "--supervisor", str(os.getpid())]
         # The workers inherit our environment (the settings were read from it), with OpenBLAS preloaded, and log
         # at our level (which `onelane --log-level` may have set).
-        self.env = {**worker_env(os.environ if env is None else env), "ONELANE_LOG_LEVEL": settings.log_level}
+        self.env = {**worker_env(os.environ if env is None else env), ENV_NAMES["log_level"]: settings.log_level}
         self.store = Store.connect(settings)
         self.stopping = threading.Event()
         self.children: dict[int, subprocess.Popen[bytes]] = {}

@@ -2,7 +2,7 @@
 // they only ever go into the page through textContent or text nodes, never as HTML.
 "use strict";
 
-const ENDED = new Set(["completed", "failed", "cancelled", "expired"]);
+const ENDED = new Set(JSON.parse(document.body.dataset.ended)); // the ended statuses, from tasks/job.py
 const RESTARTING = "the worker stopped, so it will start over";
 
 /** A duration in seconds, readable: "0.42 s", "12.3 s", "2 min 5 s". */
