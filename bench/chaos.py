@@ -271,11 +271,10 @@ def kill_holders(args: argparse.Namespace, store: Store, supervisor: subprocess.
         if time.monotonic() > deadline:
             print(f"  ! the kill phase hit its {args.wait_s:.0f} s bound after {no} kills")
             return
-        if args.kill_order == "holder-first":
-            # a new holder first, then a random moment of its active life
-            if wait_for_holder(store, killed, timeout_s=60) is None:
-                print(f"  ! kill {no + 1}: nobody took the device within 60 s; no more kills")
-                return
+        # holder-first: a new holder first, then a random moment of its active life
+        if args.kill_order == "holder-first" and wait_for_holder(store, killed, timeout_s=60) is None:
+            print(f"  ! kill {no + 1}: nobody took the device within 60 s; no more kills")
+            return
         time.sleep(rng.uniform(0.3, 2.0))
         pid = wait_for_holder(store, killed, timeout_s=60)
         if pid is None:

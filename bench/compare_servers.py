@@ -57,11 +57,11 @@ from bench.openai_load import (
     SETTLE_S,
     Level,
     Outcome,
+    Streamed,
     aftermath,
     burst,
     closed_loop,
     level_lines,
-    Streamed,
     post_chat,
     stream_once,
 )
@@ -372,7 +372,8 @@ def table(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], ttft: tuple[fl
                      pair(a.timed_out, b.timed_out), pair(a.for_nobody, b.for_nobody),
                      pair(a.busy_after, b.busy_after), pair(a.fresh, b.fresh)])  # fmt: skip
     widths = [max(len(c), *(len(r[i]) for r in body)) for i, c in enumerate(cols)]
-    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))
+    def line(cells):
+        return "  ".join(c.rjust(w) for c, w in zip(cells, widths))
     return [line(cols), line(["-" * w for w in widths]), *map(line, body)]
 
 

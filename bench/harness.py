@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -113,10 +113,8 @@ def stop(child: subprocess.Popen[bytes], timeout_s: float = 45.0) -> None:
         if not left:
             break
         for pid in left:
-            try:
+            with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(0.2)
     if child.poll() is None:
         child.wait(timeout=10)

@@ -36,7 +36,18 @@ from typing import Any
 
 import gevent
 
-from bench.harness import bench_env, children, cpu_now, free_port, http_request, onelane_web, pct, queue_bounds, rss_kb, tail
+from bench.harness import (
+    bench_env,
+    children,
+    cpu_now,
+    free_port,
+    http_request,
+    onelane_web,
+    pct,
+    queue_bounds,
+    rss_kb,
+    tail,
+)
 from tasks.events import TERMINAL
 from tasks.settings import Settings
 from tasks.store import Store

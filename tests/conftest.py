@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -12,9 +13,9 @@ from typing import Any
 import pytest
 import redis
 
+from tasks.connection import connect
 from tasks.embedded_redis import EmbeddedRedis, RedisUnavailable, redis_binary
 from tasks.settings import Settings
-from tasks.connection import connect
 from tasks.store import Store
 from tests.helpers import BUSY, JobsClient
 
@@ -194,10 +195,8 @@ def canceller(store: Store) -> Iterator[None]:
     def run() -> None:
         while not done.is_set():
             for job_id in store.redis.zrange(keys.QUEUE, 0, -1):
-                try:
+                with contextlib.suppress(OnelaneError):
                     store.cancel(job_id, store.redis.hget(keys.job(job_id), "owner") or "")
-                except OnelaneError:
-                    pass
             time.sleep(0.005)  # a poll: what it waits for is any admission, of which no event is kept
 
     thread = threading.Thread(target=run, daemon=True)

@@ -7,12 +7,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from web.responses import Job as JobBody
 from tasks import keys
 from tasks.batches import BatchRecord, BatchStore
 from tasks.events import Event
 from tasks.job import Job
 from tasks.store import Store, Switch
+from web.responses import Job as JobBody
 
 BUSY = 1_000_000  # max_tokens of a job that keeps the worker busy until the story cancels it (the tests' limit)
 

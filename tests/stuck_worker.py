@@ -7,8 +7,8 @@ import time
 import uuid
 
 from tasks.settings import Settings
-from tests.helpers import claim_now
 from tasks.store import Store
+from tests.helpers import claim_now
 
 if __name__ == "__main__":
     settings = Settings.from_env()

@@ -8,7 +8,6 @@ import pytest
 
 from tasks import keys
 
-
 BAD_BODIES = [
     ("malformed json", b'{"prompt": "hi"', 400, "invalid_json"),
     ("not an object", b'["hi"]', 400, "invalid_json"),

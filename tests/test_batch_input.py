@@ -41,8 +41,8 @@ def test_good_lines_are_batch_jobs_nobody_watches_and_bad_ones_are_errors_with_t
 
     lines, errors = read_lines(data, CHAT, "alice", served)
 
-    assert [(l.index, l.custom_id) for l in lines] == [(0, "a"), (1, "b")]
-    assert all(l.spec.priority == "batch" and not l.spec.watched and l.spec.owner == "alice" for l in lines)
+    assert [(line.index, line.custom_id) for line in lines] == [(0, "a"), (1, "b")]
+    assert all(x.spec.priority == "batch" and not x.spec.watched and x.spec.owner == "alice" for x in lines)
     assert lines[1].spec.params.max_tokens == 5
     assert [(e.index, e.custom_id, e.code) for e in errors] == [
         (2, None, "invalid_json"), (3, "a", "duplicate_custom_id"), (4, "c", "invalid_url"), (5, "d", "invalid_url"),

@@ -17,8 +17,9 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
-
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "500"))
 MODEL = "onelane-demo"

@@ -16,9 +16,9 @@ import pytest
 from bench.harness import generate
 from tasks.job import JobSpec, Message, SamplingParams
 from tasks.settings import DEFAULT_MODEL, DEFAULT_MODEL_GGUF, ModelConfig, Settings
+from tests.helpers import wait_ended
 from worker.engine import Engine
 from worker.gguf import GgufError, import_gguf, locate
-from tests.helpers import wait_ended
 
 NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 PARTS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",

@@ -12,7 +12,8 @@ from collections import Counter
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings as hypothesis_settings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
 from hypothesis.stateful import run_state_machine_as_test
 from openapi_spec_validator import OpenAPIV31SpecValidator
 from schemathesis.checks import not_a_server_error

@@ -71,7 +71,7 @@ def test_200_concurrent_submits_never_exceed_the_bounds(live_server, store):
     accepted = Counter(user for user, r in results if r.status_code == 202)
     assert sum(accepted.values()) == 50  # the global bound, reached exactly and never passed
     assert max(accepted.values()) <= 20 and accepted["alice"] == 20
-    for user, r in results:
+    for _user, r in results:
         if r.status_code == 202:
             continue
         error = r.json()["error"]["type"]
@@ -86,7 +86,7 @@ def test_200_concurrent_submits_never_exceed_the_bounds(live_server, store):
 def test_retry_after_follows_the_eta(jobs, store, start_worker, settings):
     start_worker()
     c = jobs.client
-    for n in range(2):  # time a few jobs so the ETA is known
+    for _n in range(2):  # time a few jobs so the ETA is known
         wait_ended(store, submit(c, "bob", max_tokens=20).get_json()["id"])
     mean = sum(float(t) for t in store.redis.lrange(keys.SERVICE_TIMES, 0, -1)) / 2
     long = submit(c, "carol", max_tokens=4000).get_json()["id"]  # runs long

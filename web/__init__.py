@@ -11,7 +11,17 @@ from flask import Flask
 from tasks.job import JobStatus
 from tasks.settings import Settings
 from web import (
-    api, dashboard, docs, errors, health, openai_batches, openai_compat, openai_files, openai_responses, pages, stream,
+    api,
+    dashboard,
+    docs,
+    errors,
+    health,
+    openai_batches,
+    openai_compat,
+    openai_files,
+    openai_responses,
+    pages,
+    stream,
 )
 from web.services import EXTENSION, Services
 

@@ -15,6 +15,7 @@ completed, and ends each line not run with `batch_cancelled` or `batch_expired`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -27,7 +28,14 @@ from dramatiq.brokers.redis import RedisBroker
 
 from tasks import keys
 from tasks.batches import (
-    STOPPING, BatchRecord, BatchStore, PendingLine, Result, job_id_of, request_id_of, result_file_id,
+    STOPPING,
+    BatchRecord,
+    BatchStore,
+    PendingLine,
+    Result,
+    job_id_of,
+    request_id_of,
+    result_file_id,
 )
 from tasks.broker import Doorbell
 from tasks.errors import BatchNotFound, JobAlreadyEnded, JobNotFound, ModelUnavailable, QueueFull
@@ -73,10 +81,8 @@ class BatchRunner:
         try:
             self._round(batch_id)
         finally:
-            try:
+            with contextlib.suppress(redis.exceptions.LockError):  # held past its timeout: another round may have run
                 lock.release()
-            except redis.exceptions.LockError:  # held past its timeout: another round may have run since
-                pass
 
     def _loop(self) -> None:
         sub = None
@@ -144,10 +150,8 @@ class BatchRunner:
         return fed
 
     def _cancel(self, job: Job, stop: str) -> None:
-        try:
+        with contextlib.suppress(JobAlreadyEnded, JobNotFound):  # it ended meanwhile: the next round collects it
             self.store.cancel(job.id, job.owner, error=(f"batch_{stop}", STOPPED[stop]))
-        except (JobAlreadyEnded, JobNotFound):  # it ended meanwhile: the next round collects it
-            pass
 
     def _end(self, record: BatchRecord, stop: str | None) -> None:
         """Every line has its result (or the batch stopped): write the files, end the batch."""

@@ -7,6 +7,7 @@ knows, named here: `Queued` (its standing while it waits), `Ping` (time to show 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,10 +50,8 @@ CLIENT_GONE = ("client_gone", "the client closed its connection")
 
 def cancel_quietly(store: Store, job: Job, error: tuple[str, str]) -> None:
     """Cancel `job` for `error` (CLIENT_GONE: its client hung up), unless it ended meanwhile."""
-    try:
+    with contextlib.suppress(OnelaneError):
         store.cancel(job.id, job.owner, error=error)
-    except OnelaneError:
-        pass
 
 
 def aside(item: Queued | Ping) -> str:

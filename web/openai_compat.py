@@ -21,8 +21,8 @@ from web.auth import current_owner
 from web.errors import openai_error
 from web.feed import Feed
 from web.follow import CLIENT_GONE, Gone, Ping, Queued, Story, aside, cancel_quietly, follow
-from web.openai_schemas import ChatRequest, CompletionRequest, Sampling, parse_openai
 from web.openai_bodies import Chat, Text, usage_object
+from web.openai_schemas import ChatRequest, CompletionRequest, Sampling, parse_openai
 from web.rerun import RESTARTED, Diverged, SentText, cancel_restarted
 from web.schemas import json_body
 from web.services import services

@@ -28,8 +28,8 @@ from web.api import CANCEL_WAIT_S
 from web.auth import current_owner
 from web.feed import Feed
 from web.follow import CLIENT_GONE, Gone, Ping, Queued, Story, aside, cancel_quietly, follow
-from web.openai_schemas import RESPONSE_NEUTRAL, ResponseRequest, parse_openai
 from web.openai_bodies import PREFIX, item_id, message, part, snapshot, status_of
+from web.openai_schemas import RESPONSE_NEUTRAL, ResponseRequest, parse_openai
 from web.rerun import RESTARTED, Diverged, SentText, cancel_restarted
 from web.schemas import json_body
 from web.services import services

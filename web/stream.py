@@ -14,8 +14,7 @@ from tasks.errors import InvalidParameter
 from tasks.events import Event
 from tasks.job import Job
 from tasks.store import Store
-from web import responses
-from web import sse
+from web import responses, sse
 from web.auth import current_owner
 from web.feed import Hub
 from web.follow import Ping, Queued, follow

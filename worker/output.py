@@ -15,6 +15,7 @@ are recovered from Redis by whoever comes next.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -207,10 +208,8 @@ class OutputWriter:
             else:
                 self._settle(op, result)
         if self._unsent:
-            try:
+            with contextlib.suppress(redis.RedisError):
                 self.store.scripts.load()
-            except redis.RedisError:
-                pass
 
     def _ops(self, items: list[Item]) -> list[Op]:
         """The items as writes: a job's texts in a row as one, each placed after what is written of its run."""

@@ -130,11 +130,10 @@ class Supervisor:
                 logger.info("worker process %d took the device %.2f s after the previous one was lost",
                             pid, time.monotonic() - self.died_at)  # fmt: skip
                 self.died_at = None
-        if self.holder is not None and pid == self.holder:
-            if stalled:
-                logger.error("jobs %s made no progress for %.0f s: ended failed (stalled); killing worker %d",
-                             ", ".join(stalled), self.settings.stall_s, self.holder)  # fmt: skip
-                self.children[self.holder].kill()
+        if self.holder is not None and pid == self.holder and stalled:
+            logger.error("jobs %s made no progress for %.0f s: ended failed (stalled); killing worker %d",
+                         ", ".join(stalled), self.settings.stall_s, self.holder)  # fmt: skip
+            self.children[self.holder].kill()
 
     def _redis(self, call):  # type: ignore[no-untyped-def]
         """Run a Redis call; False when Redis is away (the supervisor just tries again next round)."""
