@@ -1,7 +1,7 @@
 #!/bin/sh
 # onelane's one entry point for a fresh machine: it installs what the project needs, then runs it.
 #   ./dev.sh up [--port N]   Redis (private, unless REDIS_URL is set) + worker + web on http://127.0.0.1:8000
-#   ./dev.sh test [ARGS]     the whole test suite (pytest ARGS)
+#   ./dev.sh test [ARGS]     the linter, the formatter's check, then the whole test suite (pytest ARGS)
 #   ./dev.sh bench NAME      a benchmark from bench/
 set -eu
 cd "$(dirname "$0")"
@@ -55,6 +55,8 @@ case "$command" in
         openblas
         # the browser tests drive Debian's chromium; without it they skip (and fail in CI), so do not stop here
         command -v chromium >/dev/null 2>&1 || apt_install chromium || true
+        # the linter and the formatter first (pyproject.toml [tool.ruff]): a second each, and nothing runs unlinted
+        .venv/bin/ruff check --no-cache . && .venv/bin/ruff format --no-cache --check .
         exec .venv/bin/python -m pytest "$@"
         ;;
     bench)

@@ -58,11 +58,14 @@ done = function(summary, latency, requests)
     e.connect, e.read, e.write, e.status, e.timeout, latency:percentile(50), latency:percentile(99), latency.max))
 end
 """
-WRK_SCRIPT = """
+WRK_SCRIPT = (
+    """
 wrk.method = "POST"
 wrk.body = 'BODY_JSON'
 wrk.headers["Content-Type"] = "application/json"
-""".replace("BODY_JSON", BODY) + REPORT_LUA
+""".replace("BODY_JSON", BODY)
+    + REPORT_LUA
+)
 # wrk counts answers >= 400 as e.status; the 202s are also checked against Redis's own count of admissions.
 
 
@@ -72,8 +75,17 @@ def children_cpu() -> float:
 
 
 def run_wrk(port: int, connections: int, seconds: float, script: Path, path: str = "/v1/jobs") -> dict[str, Any]:
-    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(script),
-           f"http://127.0.0.1:{port}{path}"]  # fmt: skip
+    cmd = [
+        "wrk",
+        "-t1",
+        f"-c{connections}",
+        f"-d{seconds:g}s",
+        "--timeout",
+        "10s",
+        "-s",
+        str(script),
+        f"http://127.0.0.1:{port}{path}",
+    ]
     before = children_cpu()
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=seconds + 30)
     wrk_cpu = children_cpu() - before
@@ -81,8 +93,16 @@ def run_wrk(port: int, connections: int, seconds: float, script: Path, path: str
     if done.returncode != 0 or line is None:
         raise RuntimeError(f"wrk failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     dur, reqs, e_conn, e_read, e_write, e_status, e_timeout, p50, p99, mx = (int(x) for x in line.split()[1:])
-    return {"seconds": dur / 1e6, "requests": reqs, "errors": e_conn + e_read + e_write + e_timeout,
-            "non2xx": e_status, "p50_ms": p50 / 1000, "p99_ms": p99 / 1000, "max_ms": mx / 1000, "wrk_cpu": wrk_cpu}  # fmt: skip
+    return {
+        "seconds": dur / 1e6,
+        "requests": reqs,
+        "errors": e_conn + e_read + e_write + e_timeout,
+        "non2xx": e_status,
+        "p50_ms": p50 / 1000,
+        "p99_ms": p99 / 1000,
+        "max_ms": mx / 1000,
+        "wrk_cpu": wrk_cpu,
+    }
 
 
 def admitted(client: redis.Redis) -> int:
@@ -101,8 +121,9 @@ def settle(client: redis.Redis, limit_s: float = 10.0) -> int:
     return last
 
 
-def submit_level(port: int, pids: list[int], client: redis.Redis, conns: int, seconds: float,
-                 script: Path) -> dict[str, Any]:  # fmt: skip
+def submit_level(
+    port: int, pids: list[int], client: redis.Redis, conns: int, seconds: float, script: Path
+) -> dict[str, Any]:
     """wrk at `conns` connections for `seconds`: its figures, plus the CPU each part used and the failures."""
     n0 = settle(client)
     before = cpu_now(pids, client)
@@ -110,21 +131,31 @@ def submit_level(port: int, pids: list[int], client: redis.Redis, conns: int, se
     web_cpu, redis_used, busy = (b - a for a, b in zip(before, cpu_now(pids, client)))
     n1 = settle(client)
     in_flight = (n1 - n0) - r["requests"]  # admitted after wrk stopped counting: at most one per connection
-    return {**r, "rate": r["requests"] / r["seconds"], "web_cpu": web_cpu, "redis_cpu": redis_used,
-            "other": busy - web_cpu - redis_used - r["wrk_cpu"], "admitted": n1 - n0,
-            "failed": r["errors"] + r["non2xx"] + (0 if 0 <= in_flight <= conns else abs(in_flight))}  # fmt: skip
+    return {
+        **r,
+        "rate": r["requests"] / r["seconds"],
+        "web_cpu": web_cpu,
+        "redis_cpu": redis_used,
+        "other": busy - web_cpu - redis_used - r["wrk_cpu"],
+        "admitted": n1 - n0,
+        "failed": r["errors"] + r["non2xx"] + (0 if 0 <= in_flight <= conns else abs(in_flight)),
+    }
 
 
 def level_row(workers: int, conns: int, r: dict[str, Any]) -> str:
     """One row of the submit-rate table (and what failed, if anything did)."""
     dur, n = r["seconds"], max(r["requests"], 1)
-    row = (f"{workers:>4} {conns:>6} {r['rate']:>11.0f} {r['p50_ms']:>9.2f} {r['p99_ms']:>8.2f} {r['max_ms']:>8.1f} "
-           f"{r['failed']:>7}  | {'':>6}{100 * r['web_cpu'] / dur:>5.0f} {100 * r['redis_cpu'] / dur:>6.0f} "
-           f"{100 * r['wrk_cpu'] / dur:>4.0f} {100 * r['other'] / dur:>6.0f}  {1e3 * r['web_cpu'] / n:>5.2f} "
-           f"{1e6 * r['redis_cpu'] / n:>5.0f}")  # fmt: skip
+    row = (
+        f"{workers:>4} {conns:>6} {r['rate']:>11.0f} {r['p50_ms']:>9.2f} {r['p99_ms']:>8.2f} {r['max_ms']:>8.1f} "
+        f"{r['failed']:>7}  | {'':>6}{100 * r['web_cpu'] / dur:>5.0f} {100 * r['redis_cpu'] / dur:>6.0f} "
+        f"{100 * r['wrk_cpu'] / dur:>4.0f} {100 * r['other'] / dur:>6.0f}  {1e3 * r['web_cpu'] / n:>5.2f} "
+        f"{1e6 * r['redis_cpu'] / n:>5.0f}"
+    )
     if r["failed"]:
-        row += (f"\n       ! wrk: {r['errors']} socket errors/timeouts, {r['non2xx']} answers >= 400; Redis counted "
-                f"{r['admitted']} admissions for {r['requests']} answered requests")  # fmt: skip
+        row += (
+            f"\n       ! wrk: {r['errors']} socket errors/timeouts, {r['non2xx']} answers >= 400; Redis counted "
+            f"{r['admitted']} admissions for {r['requests']} answered requests"
+        )
     return row
 
 
@@ -133,11 +164,15 @@ def http_part(args: argparse.Namespace, settings: Any, folder: Path) -> None:
     script = folder / "post.lua"
     script.write_text(WRK_SCRIPT)
     best: dict[int, tuple[float, int, float]] = {}
-    print(f"\n=== submit rate through `onelane web` (gunicorn gevent), no worker; wrk -t1 (closed loop, keep-alive), "
-          f"{args.seconds:g} s per level, body {BODY} ===")  # fmt: skip
+    print(
+        f"\n=== submit rate through `onelane web` (gunicorn gevent), no worker; wrk -t1 (closed loop, keep-alive), "
+        f"{args.seconds:g} s per level, body {BODY} ==="
+    )
     print("CPU columns: % of one core over the run (the machine has 2); `other` = everything else on the machine")
-    print(" web  conns   submits/s    p50 ms   p99 ms   max ms  failed  | CPU %:  web  redis  wrk  other  "
-          "web ms/submit  redis us/submit")  # fmt: skip
+    print(
+        " web  conns   submits/s    p50 ms   p99 ms   max ms  failed  | CPU %:  web  redis  wrk  other  "
+        "web ms/submit  redis us/submit"
+    )
     for workers in args.workers:
         client.flushall()
         port = free_port()
@@ -159,9 +194,11 @@ def http_part(args: argparse.Namespace, settings: Any, folder: Path) -> None:
                 web0 = cpu_seconds(pids)
                 r = run_wrk(port, conns, min(args.seconds, 6.0), reference, "/healthz")
                 per = (cpu_seconds(pids) - web0) / max(r["requests"], 1)
-                print(f"reference, GET /healthz (no Redis) at {conns} connections: {r['requests'] / r['seconds']:.0f} "
-                      f"requests/s, p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; web CPU {per * 1e3:.2f} ms "
-                      f"per request")  # fmt: skip
+                print(
+                    f"reference, GET /healthz (no Redis) at {conns} connections: {r['requests'] / r['seconds']:.0f} "
+                    f"requests/s, p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; web CPU {per * 1e3:.2f} ms "
+                    f"per request"
+                )
                 commands_per_submit(client, settings.effective_redis_url, port)
             if args.profile and workers == args.workers[0]:
                 profile_worker(port, children(web.pid)[0], max(args.concurrency), script, folder)
@@ -174,7 +211,10 @@ def http_part(args: argparse.Namespace, settings: Any, folder: Path) -> None:
 
 PROFILE_PARTS = [  # (label, substrings of py-spy frames; a sample counts when any frame of its stack matches)
     ("the view: submit() in web/api.py", ["submit (web/api.py"]),
-    ("  body parsing + validation (json_body, parse, to_spec)", ["json_body (web/", "parse (web/schemas.py", "to_spec (web/"]),
+    (
+        "  body parsing + validation (json_body, parse, to_spec)",
+        ["json_body (web/", "parse (web/schemas.py", "to_spec (web/"],
+    ),
     ("  Store.admit (admit script round trip)", ["Store.admit (tasks/store.py"]),
     ("  send_run_next (dramatiq message + enqueue script + wake pipeline)", ["send_run_next (tasks/broker.py"]),
     ("  Store.get (HGETALL+GET pipeline, position script, Job model)", ["Store.get (tasks/store.py"]),
@@ -182,10 +222,19 @@ PROFILE_PARTS = [  # (label, substrings of py-spy frames; a sample counts when a
     ("redis-py, anywhere (command packing, socket I/O, reply parsing)", ["(redis/"]),
     ("pydantic, anywhere", ["(pydantic"]),
     ("dramatiq, anywhere", ["(dramatiq/"]),
-    ("gunicorn: reading + parsing the HTTP request", ["(gunicorn/http/message.py", "(gunicorn/http/parser.py",
-                                                      "(gunicorn/http/unreader.py", "(gunicorn/http/body.py"]),
-    ("gunicorn: writing the response", ["Response.send_headers (gunicorn", "Response.write (gunicorn",
-                                        "Response.close (gunicorn"]),
+    (
+        "gunicorn: reading + parsing the HTTP request",
+        [
+            "(gunicorn/http/message.py",
+            "(gunicorn/http/parser.py",
+            "(gunicorn/http/unreader.py",
+            "(gunicorn/http/body.py",
+        ],
+    ),
+    (
+        "gunicorn: writing the response",
+        ["Response.send_headers (gunicorn", "Response.write (gunicorn", "Response.close (gunicorn"],
+    ),
 ]
 VIEW = "submit (web/api.py"
 
@@ -197,8 +246,11 @@ def profile_worker(port: int, pid: int, conns: int, script: Path, folder: Path, 
         print("(no py-spy on PATH: `pip install py-spy` for the profile)")
         return
     out = folder / "profile.txt"
-    recorder = subprocess.Popen([spy, "record", "-p", str(pid), "-d", f"{seconds:g}", "-r", "250", "-f", "raw",
-                                 "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    recorder = subprocess.Popen(
+        [spy, "record", "-p", str(pid), "-d", f"{seconds:g}", "-r", "250", "-f", "raw", "-o", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         run_wrk(port, conns, seconds + 2, script)
         recorder.wait(timeout=30)
@@ -215,15 +267,19 @@ def profile_worker(port: int, pid: int, conns: int, script: Path, folder: Path, 
     if not total:
         print("(py-spy recorded nothing)")
         return
-    print(f"where the web worker's CPU goes at {conns} connections (py-spy, {total} samples of the busy thread, "
-          f"inclusive: a sample counts in every line whose frames it has):")  # fmt: skip
+    print(
+        f"where the web worker's CPU goes at {conns} connections (py-spy, {total} samples of the busy thread, "
+        f"inclusive: a sample counts in every line whose frames it has):"
+    )
     for label, needles in PROFILE_PARTS:
         n = sum(c for frames, c in stacks if any(needle in frames for needle in needles))
         print(f"  {100 * n / total:5.1f} %  {label}")
     outside = [(frames, c) for frames, c in stacks if VIEW not in frames]
     framework = sum(c for frames, c in outside if "(flask/" in frames or "(werkzeug/" in frames)
-    print(f"  {100 * sum(c for _, c in outside) / total:5.1f} %  outside the view (gunicorn, flask, werkzeug, gevent); "
-          f"of it flask/werkzeug {100 * framework / total:.1f} %")  # fmt: skip
+    print(
+        f"  {100 * sum(c for _, c in outside) / total:5.1f} %  outside the view (gunicorn, flask, werkzeug, gevent); "
+        f"of it flask/werkzeug {100 * framework / total:.1f} %"
+    )
     leaves: Counter[str] = Counter()
     for frames, c in stacks:
         leaves[frames.rsplit(";", 1)[-1].split(" (")[0]] += c
@@ -263,14 +319,25 @@ def commands_per_submit(client: redis.Redis, url: str, port: int, n: int = 5) ->
     top = [c for c in seen if c.get("client_type") != "lua"]
     lua = [c for c in seen if c.get("client_type") == "lua"]
     names = Counter(c["command"].split(" ", 1)[0].upper() for c in top)
-    print(f"Redis commands per submit (MONITOR, {n} sequential submits): {len(top) / n:.1f} sent by the web "
-          f"({', '.join(f'{k} x{v / n:g}' for k, v in names.most_common())}), "
-          f"{len(lua) / n:.1f} more run inside Lua scripts")  # fmt: skip
+    print(
+        f"Redis commands per submit (MONITOR, {n} sequential submits): {len(top) / n:.1f} sent by the web "
+        f"({', '.join(f'{k} x{v / n:g}' for k, v in names.most_common())}), "
+        f"{len(lua) / n:.1f} more run inside Lua scripts"
+    )
     per = len(top) // n
     if per:
-        print("  one submit, in order: " + " | ".join(c["command"].split(" ", 1)[0].upper() + (
-            " " + c["command"].split(" ")[1][:40] if c["command"].upper().startswith(('"EVALSHA', 'EVALSHA')) else "")
-            for c in top[:per]))  # fmt: skip
+        print(
+            "  one submit, in order: "
+            + " | ".join(
+                c["command"].split(" ", 1)[0].upper()
+                + (
+                    " " + c["command"].split(" ")[1][:40]
+                    if c["command"].upper().startswith(('"EVALSHA', "EVALSHA"))
+                    else ""
+                )
+                for c in top[:per]
+            )
+        )
 
 
 class Captured(Exception):
@@ -282,10 +349,14 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
     store = Store.connect(s)
     client = store.redis
     client.flushall()
-    print(f"\n=== {args.jobs:,} waiting jobs admitted through the admit script, {args.owners} owners, "
-          f"pipelines of {args.batch} ===")  # fmt: skip
+    print(
+        f"\n=== {args.jobs:,} waiting jobs admitted through the admit script, {args.owners} owners, "
+        f"pipelines of {args.batch} ==="
+    )
     specs = [
-        JobSpec(owner=f"user{u:03d}", model=s.model_name, prompt="hi", params=SamplingParams(max_tokens=8)).model_dump_json()
+        JobSpec(
+            owner=f"user{u:03d}", model=s.model_name, prompt="hi", params=SamplingParams(max_tokens=8)
+        ).model_dump_json()
         for u in range(args.owners)
     ]
     # The admit script exactly as Store.admit runs it (same script, same arguments), sent as EVALSHA in
@@ -351,8 +422,10 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
             done += size
             if done % args.progress == 0 or done == args.jobs:
                 now = time.perf_counter()
-                print(f"  {done:>9,} admitted  {now - started:6.1f} s  {args.progress / (now - last):>8,.0f} jobs/s "
-                      f"(this step), Redis used_memory {int(client.info('memory')['used_memory']) / 2**20:,.0f} MiB")  # fmt: skip
+                print(
+                    f"  {done:>9,} admitted  {now - started:6.1f} s  {args.progress / (now - last):>8,.0f} jobs/s "
+                    f"(this step), Redis used_memory {int(client.info('memory')['used_memory']) / 2**20:,.0f} MiB"
+                )
                 last = now
     finally:
         client.connection_pool.release(conn)
@@ -362,21 +435,33 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
     waiting = store.readings.waiting()
     if done < args.jobs:
         print(f"  ! stopped at the {args.fill_timeout:g} s bound with {done:,} admitted")
-    print(f"fill: {done:,} jobs in {elapsed:.1f} s = {done / elapsed:,.0f} admissions/s "
-          f"(Redis CPU {100 * redis_busy / elapsed:.0f} % of one core, {1e6 * redis_busy / done:.1f} us per admit)")  # fmt: skip
-    print(f"waiting (ZCARD onelane:waiting) = {waiting:,}, queue = {client.zcard(keys.QUEUE):,}, "
-          f"keys = {client.dbsize():,}")  # fmt: skip
-    print(f"Redis used_memory: before {mem0 / 2**20:.1f} MiB, after {mem1 / 2**20:.1f} MiB -> "
-          f"{(mem1 - mem0) / done:.0f} bytes per waiting job")  # fmt: skip
+    print(
+        f"fill: {done:,} jobs in {elapsed:.1f} s = {done / elapsed:,.0f} admissions/s "
+        f"(Redis CPU {100 * redis_busy / elapsed:.0f} % of one core, {1e6 * redis_busy / done:.1f} us per admit)"
+    )
+    print(
+        f"waiting (ZCARD onelane:waiting) = {waiting:,}, queue = {client.zcard(keys.QUEUE):,}, "
+        f"keys = {client.dbsize():,}"
+    )
+    print(
+        f"Redis used_memory: before {mem0 / 2**20:.1f} MiB, after {mem1 / 2**20:.1f} MiB -> "
+        f"{(mem1 - mem0) / done:.0f} bytes per waiting job"
+    )
     one = next(iter(sampled.values()))
     record = client.memory_usage(keys.job(one), samples=0) or 0
-    sets = {"queue": [keys.QUEUE], "waiting": [keys.WAITING],
-            "owners' queues": [keys.user_queue(f"user{u:03d}") for u in range(args.owners)],
-            "owners' listings (newest 1000 each)": [keys.user_jobs(f"user{u:03d}") for u in range(args.owners)]}  # fmt: skip
+    sets = {
+        "queue": [keys.QUEUE],
+        "waiting": [keys.WAITING],
+        "owners' queues": [keys.user_queue(f"user{u:03d}") for u in range(args.owners)],
+        "owners' listings (newest 1000 each)": [keys.user_jobs(f"user{u:03d}") for u in range(args.owners)],
+    }
     per_set = {name: sum(client.memory_usage(k, samples=0) or 0 for k in names) / done for name, names in sets.items()}
-    print(f"  where it goes, per job: record {record} B (a hash, encoding {client.object('encoding', keys.job(one))}; "
-          f"its spec field alone is {len(client.hget(keys.job(one), 'spec') or '')} B), "
-          + ", ".join(f"{name} {size:.0f} B" for name, size in per_set.items()) + ", the rest is the keyspace's own entries")  # fmt: skip
+    print(
+        f"  where it goes, per job: record {record} B (a hash, encoding {client.object('encoding', keys.job(one))}; "
+        f"its spec field alone is {len(client.hget(keys.job(one), 'spec') or '')} B), "
+        + ", ".join(f"{name} {size:.0f} B" for name, size in per_set.items())
+        + ", the rest is the keyspace's own entries"
+    )
     # the same record if Redis kept such hashes compact (hash-max-listpack-value is 64 bytes by default)
     limit = client.config_get("hash-max-listpack-value")["hash-max-listpack-value"]
     probe = "bench:probe-record"
@@ -384,8 +469,10 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
         client.config_set("hash-max-listpack-value", 4096)
         client.hset(probe, mapping=client.hgetall(keys.job(one)))
         compact = client.memory_usage(probe, samples=0)
-        print(f"  the same record with hash-max-listpack-value 4096 (instead of {limit}): {compact} B, "
-              f"{client.object('encoding', probe)}")  # fmt: skip
+        print(
+            f"  the same record with hash-max-listpack-value 4096 (instead of {limit}): {compact} B, "
+            f"{client.object('encoding', probe)}"
+        )
     finally:
         client.delete(probe)
         client.config_set("hash-max-listpack-value", limit)
@@ -415,8 +502,10 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
     print(f"  positions equal to admission order: {len(order) - wrong} of {len(order)}")
     stats = client.info("commandstats")
     evalsha = stats.get("cmdstat_evalsha", {})
-    print(f"  Redis commandstats: EVALSHA {evalsha.get('calls')} calls, {evalsha.get('usec_per_call')} us per call "
-          f"(admit and position together)")  # fmt: skip
+    print(
+        f"  Redis commandstats: EVALSHA {evalsha.get('calls')} calls, {evalsha.get('usec_per_call')} us per call "
+        f"(admit and position together)"
+    )
     client.close()  # the server goes with bench_env; a FLUSHALL of this much would outlast the socket timeout
 
 

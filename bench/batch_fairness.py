@@ -35,8 +35,15 @@ from bench.harness import free_port, onelane_web, onelane_worker, pct, private_r
 from tasks.settings import DEFAULT_MODEL, DEFAULT_MODEL_GGUF, SHIPPED_DEMO_MODEL, Settings
 
 BATCH_USER = "batcher"
-QUESTIONS = ["What is a queue?", "Name three colours.", "Why is the sky blue?", "What is 12 times 12?",
-             "Say hello in French.", "What is a GPU for?", "Give me a word that rhymes with cat."]  # fmt: skip
+QUESTIONS = [
+    "What is a queue?",
+    "Name three colours.",
+    "Why is the sky blue?",
+    "What is 12 times 12?",
+    "Say hello in French.",
+    "What is a GPU for?",
+    "Give me a word that rhymes with cat.",
+]
 
 
 @dataclass
@@ -59,8 +66,13 @@ def auth(name: str) -> dict[str, str]:
 
 
 def chat(url: str, model: str, user: str, n: int, tokens: int, phase: Phase) -> None:
-    body = {"model": model, "messages": [{"role": "user", "content": f"{QUESTIONS[n % len(QUESTIONS)]} ({user} {n})"}],
-            "max_tokens": tokens, "temperature": 0, "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": f"{QUESTIONS[n % len(QUESTIONS)]} ({user} {n})"}],
+        "max_tokens": tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     reply = requests.post(f"{url}/v1/chat/completions", json=body, headers=auth(user), timeout=600)
     if reply.status_code != 200:
         phase.errors.append(f"{reply.status_code} {reply.text[:120]}")
@@ -69,8 +81,9 @@ def chat(url: str, model: str, user: str, n: int, tokens: int, phase: Phase) -> 
     phase.served += 1
 
 
-def users_until(url: str, model: str, users: int, tokens: int, phase: Phase, done: threading.Event | None,
-                requests_each: int) -> None:  # fmt: skip
+def users_until(
+    url: str, model: str, users: int, tokens: int, phase: Phase, done: threading.Event | None, requests_each: int
+) -> None:
     """`users` closed-loop users, each sending `requests_each` requests, or (with `done`) until it is set."""
 
     def loop(u: int) -> None:
@@ -87,17 +100,39 @@ def users_until(url: str, model: str, users: int, tokens: int, phase: Phase, don
 
 
 def run_batch(url: str, model: str, lines: int, tokens: int, tag: str, phase: Phase, done: threading.Event) -> None:
-    data = "".join(json.dumps({"custom_id": f"{tag}-{n}", "method": "POST", "url": "/v1/chat/completions",
-                               "body": {"model": model, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
-                                        "messages": [{"role": "user", "content": f"Line {n} of {tag}: "
-                                                      f"{QUESTIONS[n % len(QUESTIONS)]}"}]}}) + "\n"
-                   for n in range(lines)).encode()  # fmt: skip
+    data = "".join(
+        json.dumps(
+            {
+                "custom_id": f"{tag}-{n}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": model,
+                    "max_tokens": tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "messages": [{"role": "user", "content": f"Line {n} of {tag}: {QUESTIONS[n % len(QUESTIONS)]}"}],
+                },
+            }
+        )
+        + "\n"
+        for n in range(lines)
+    ).encode()
     try:
-        sent = requests.post(f"{url}/v1/files", headers=auth(BATCH_USER), data={"purpose": "batch"},
-                             files={"file": ("batch.jsonl", data)}, timeout=60).json()  # fmt: skip
+        sent = requests.post(
+            f"{url}/v1/files",
+            headers=auth(BATCH_USER),
+            data={"purpose": "batch"},
+            files={"file": ("batch.jsonl", data)},
+            timeout=60,
+        ).json()
         started = time.monotonic()
-        batch = requests.post(f"{url}/v1/batches", headers=auth(BATCH_USER), timeout=120, json={
-            "input_file_id": sent["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}).json()
+        batch = requests.post(
+            f"{url}/v1/batches",
+            headers=auth(BATCH_USER),
+            timeout=120,
+            json={"input_file_id": sent["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        ).json()
         while batch["status"] not in ("completed", "failed", "expired", "cancelled"):
             time.sleep(0.2)  # (a client polls a batch; the bench does as OpenAI's SDK examples do)
             batch = requests.get(f"{url}/v1/batches/{batch['id']}", headers=auth(BATCH_USER), timeout=30).json()
@@ -120,8 +155,14 @@ def model_folder(choice: str, folder: Path) -> Path:
 
 def summary(phase: Phase) -> str:
     w = phase.waits
-    waits = (f"queue wait p50 {pct(w, 50) * 1000:.0f} ms, p99 {pct(w, 99) * 1000:.0f} ms, mean "
-             f"{statistics.fmean(w) * 1000:.0f} ms ({phase.served} requests)") if w else "no interactive request"  # fmt: skip
+    waits = (
+        (
+            f"queue wait p50 {pct(w, 50) * 1000:.0f} ms, p99 {pct(w, 99) * 1000:.0f} ms, mean "
+            f"{statistics.fmean(w) * 1000:.0f} ms ({phase.served} requests)"
+        )
+        if w
+        else "no interactive request"
+    )
     batch = f"; batch {phase.batch_s:.1f} s, {phase.batch_counts}" if phase.batch_s is not None else ""
     errors = f"; errors {len(phase.errors)}: {phase.errors[:2]}" if phase.errors else ""
     return waits + batch + errors
@@ -144,20 +185,26 @@ def main() -> None:
         env = {**keys_env(args.users), "ONELANE_PREFIX_CACHE": "0"}
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        print(f"model {model}; a batch of {args.lines} lines x {args.line_tokens} tokens; {args.users} users x "
-              f"{args.chat_tokens}-token chats; ONELANE_BATCH_COST 10, ONELANE_BATCH_WAITING 8, ONELANE_MAX_BATCH 32; "
-              f"logs in {folder}", flush=True)  # fmt: skip
+        print(
+            f"model {model}; a batch of {args.lines} lines x {args.line_tokens} tokens; {args.users} users x "
+            f"{args.chat_tokens}-token chats; ONELANE_BATCH_COST 10, ONELANE_BATCH_WAITING 8, ONELANE_MAX_BATCH 32; "
+            f"logs in {folder}",
+            flush=True,
+        )
         phases: dict[str, list[Phase]] = {"interactive alone": [], "batch + interactive": [], "batch alone": []}
-        with onelane_worker(settings, folder / "worker.log", quiet=True, **env), \
-                onelane_web(settings, port, folder / "web.log", ready="/readyz", quiet=True, **env):  # fmt: skip
+        with (
+            onelane_worker(settings, folder / "worker.log", quiet=True, **env),
+            onelane_web(settings, port, folder / "web.log", ready="/readyz", quiet=True, **env),
+        ):
             chat(url, name, "user0", 0, 4, Phase("warm-up"))
             for rnd in range(args.rounds):
                 alone = Phase("interactive alone")
                 users_until(url, name, args.users, args.chat_tokens, alone, None, args.requests)
                 mixed = Phase("batch + interactive")
                 done = threading.Event()
-                batch = threading.Thread(target=run_batch, args=(url, name, args.lines, args.line_tokens,
-                                                                 f"r{rnd}-mixed", mixed, done))  # fmt: skip
+                batch = threading.Thread(
+                    target=run_batch, args=(url, name, args.lines, args.line_tokens, f"r{rnd}-mixed", mixed, done)
+                )
                 batch.start()
                 users_until(url, name, args.users, args.chat_tokens, mixed, done, 0)
                 batch.join()
@@ -175,16 +222,22 @@ def report(phases: dict[str, list[Phase]]) -> None:
     wait_mixed = [w for p in mixed for w in p.waits]
     print("\ninteractive queue wait (ms)        p50        p99       mean   requests")
     for label, waits in (("without the batch", wait_alone), ("with the batch running", wait_mixed)):
-        print(f"  {label:<30} {pct(waits, 50) * 1000:>8.0f} {pct(waits, 99) * 1000:>10.0f} "
-              f"{statistics.fmean(waits) * 1000:>10.0f} {len(waits):>10}")  # fmt: skip
+        print(
+            f"  {label:<30} {pct(waits, 50) * 1000:>8.0f} {pct(waits, 99) * 1000:>10.0f} "
+            f"{statistics.fmean(waits) * 1000:>10.0f} {len(waits):>10}"
+        )
     with_users = [p.batch_s for p in mixed if p.batch_s]
     without = [p.batch_s for p in solo if p.batch_s]
     ratio = statistics.median(with_users) / statistics.median(without)
-    print(f"\nbatch completion (s): with the interactive users {spread(with_users, '{:.1f}')}; alone "
-          f"{spread(without, '{:.1f}')}; ratio {ratio:.2f}x")  # fmt: skip
-    print(f"batch lines (completed, failed): with users {[p.batch_counts for p in mixed]}, alone "
-          f"{[p.batch_counts for p in solo]}; interactive requests served during the batch: "
-          f"{[p.served for p in mixed]}")  # fmt: skip
+    print(
+        f"\nbatch completion (s): with the interactive users {spread(with_users, '{:.1f}')}; alone "
+        f"{spread(without, '{:.1f}')}; ratio {ratio:.2f}x"
+    )
+    print(
+        f"batch lines (completed, failed): with users {[p.batch_counts for p in mixed]}, alone "
+        f"{[p.batch_counts for p in solo]}; interactive requests served during the batch: "
+        f"{[p.served for p in mixed]}"
+    )
 
 
 if __name__ == "__main__":

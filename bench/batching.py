@@ -81,9 +81,13 @@ def speedup(b: Bench, runs: int, batch: int) -> None:
                     walls[size].append(b.closed_batch(n)[0])
         one, many = walls[1], walls[batch]
         ratios = [o / m for o, m in zip(one, many)]
-        print(f"  {n:>2} jobs: one at a time {n * 64 / statistics.median(one):7.0f} tok/s, "
-              f"batched {n * 64 / statistics.median(many):7.0f} tok/s; speed-up {spread(ratios, '{:.2f}')}×")
-        print(f"           wall one at a time {spread([w * 1000 for w in one])} ms; batched {spread([w * 1000 for w in many])} ms")
+        print(
+            f"  {n:>2} jobs: one at a time {n * 64 / statistics.median(one):7.0f} tok/s, "
+            f"batched {n * 64 / statistics.median(many):7.0f} tok/s; speed-up {spread(ratios, '{:.2f}')}×"
+        )
+        print(
+            f"           wall one at a time {spread([w * 1000 for w in one])} ms; batched {spread([w * 1000 for w in many])} ms"
+        )
 
 
 def cancel(b: Bench, runs: int, batch: int) -> None:
@@ -130,11 +134,15 @@ def stall(b: Bench, runs: int, default_step: int, steps: list[int]) -> None:
             joins.append(s)
             after.append(a)
         ratio = [w / n for w, n in zip(worst, normal)]
-        label = " (ONELANE_PREFILL_STEP default)" if step == default_step else " (mlx-lm's default)" if step == 2048 else ""
-        print(f"  prefill {step:>4} tokens a step{label}: normal step {spread(normal, '{:.2f}')} ms; longest step while "
-              f"it joins {spread(worst, '{:.1f}')} ms = {spread(ratio, '{:.1f}')}x a normal step; "
-              f"{statistics.median(joins):.0f} steps to join, {statistics.median(extra):.0f} ms added in all; "
-              f"a step once it has joined (9 sequences, one 2000 tokens long) {spread(after, '{:.2f}')} ms")
+        label = (
+            " (ONELANE_PREFILL_STEP default)" if step == default_step else " (mlx-lm's default)" if step == 2048 else ""
+        )
+        print(
+            f"  prefill {step:>4} tokens a step{label}: normal step {spread(normal, '{:.2f}')} ms; longest step while "
+            f"it joins {spread(worst, '{:.1f}')} ms = {spread(ratio, '{:.1f}')}x a normal step; "
+            f"{statistics.median(joins):.0f} steps to join, {statistics.median(extra):.0f} ms added in all; "
+            f"a step once it has joined (9 sequences, one 2000 tokens long) {spread(after, '{:.2f}')} ms"
+        )
 
 
 def _join_once(b: Bench, long_prompt: list[int], prefill_step: int) -> tuple[float, float, float, int, float]:

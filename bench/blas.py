@@ -35,8 +35,12 @@ def probe(model: str, tokens: int) -> dict[str, object]:
         mx.eval(a @ a)
     matmul_ms = (time.perf_counter() - started) / 5 * 1000
     engine = Engine.load(model)
-    spec = JobSpec(owner="b", model="m", prompt="The queue keeps the GPU busy. " * 16,
-                   params=SamplingParams(max_tokens=tokens, ignore_eos=True))  # fmt: skip
+    spec = JobSpec(
+        owner="b",
+        model="m",
+        prompt="The queue keeps the GPU busy. " * 16,
+        params=SamplingParams(max_tokens=tokens, ignore_eos=True),
+    )
     list(generate(engine, spec.model_copy(update={"params": SamplingParams(max_tokens=2, ignore_eos=True)})))
     started = time.perf_counter()
     chunks = generate(engine, spec)
@@ -47,16 +51,27 @@ def probe(model: str, tokens: int) -> dict[str, object]:
     for chunk in chunks:
         text.append(chunk.text)
     decode_s = time.perf_counter() - decode_started
-    return {"matmul_ms": matmul_ms, "prefill_s": prefill_s, "prompt_tokens": len(engine.prompt_tokens(spec)),
-            "decode_tok_s": (tokens - 1) / decode_s, "text": "".join(text)}  # fmt: skip
+    return {
+        "matmul_ms": matmul_ms,
+        "prefill_s": prefill_s,
+        "prompt_tokens": len(engine.prompt_tokens(spec)),
+        "decode_tok_s": (tokens - 1) / decode_s,
+        "text": "".join(text),
+    }
 
 
 def run_child(model: str, tokens: int, preload: str | None) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     if preload:
         env["LD_PRELOAD"] = preload
-    out = subprocess.run([sys.executable, "-m", "bench.blas", "--child", model, "--tokens", str(tokens)],
-                         env=env, capture_output=True, text=True, check=True, timeout=900)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.blas", "--child", model, "--tokens", str(tokens)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=900,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -78,10 +93,15 @@ def main() -> None:
         model = str(make_demo_model(Path(tmp) / "model", size=args.size))
         bundled = run_child(model, args.tokens, None)
         openblas = run_child(model, args.tokens, library)
-    print(f"demo model {args.size}, prompt {bundled['prompt_tokens']} tokens, {args.tokens} generated, "
-          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
-    for name, key, unit in [("1024x1024 fp32 matmul", "matmul_ms", "ms"), ("prompt processing", "prefill_s", "s"),
-                            ("decode", "decode_tok_s", "tok/s")]:  # fmt: skip
+    print(
+        f"demo model {args.size}, prompt {bundled['prompt_tokens']} tokens, {args.tokens} generated, "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
+    for name, key, unit in [
+        ("1024x1024 fp32 matmul", "matmul_ms", "ms"),
+        ("prompt processing", "prefill_s", "s"),
+        ("decode", "decode_tok_s", "tok/s"),
+    ]:
         b, o = float(bundled[key]), float(openblas[key])  # type: ignore[arg-type]
         ratio = b / o if unit != "tok/s" else o / b
         print(f"{name:22s} bundled BLAS {b:10.2f} {unit:5s} OpenBLAS {o:10.2f} {unit:5s} -> x{ratio:.1f} faster")

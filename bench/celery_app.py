@@ -121,11 +121,23 @@ def run(url: str, n: int = 200) -> dict[str, list[float]]:
     client = redis.Redis.from_url(url)
     env = {**os.environ, BROKER_ENV: broker_url(url), REDIS_ENV: url, "PYTHONPATH": str(Path(__file__).parents[1])}
     cmd = [
-        sys.executable, "-m", "celery", "-A", "bench.celery_app", "worker",
-        "--pool=solo", "--concurrency=1", "--prefetch-multiplier=1", "-Q", QUEUE,
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "bench.celery_app",
+        "worker",
+        "--pool=solo",
+        "--concurrency=1",
+        "--prefetch-multiplier=1",
+        "-Q",
+        QUEUE,
         # no gossip/mingle/heartbeat: cluster chatter would only add noise to a one-worker measurement
-        "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel=WARNING",
-    ]  # fmt: skip
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "--loglevel=WARNING",
+    ]
     try:
         with tempfile.TemporaryDirectory(prefix="onelane-celery-") as tmp, spawn(cmd, Path(tmp) / "worker.log", env):
             try:

@@ -25,8 +25,10 @@ def main() -> None:
     with private_redis() as (_, url):
         figures = celery_app.run(url, args.n)
     drain = figures["drain"][0]
-    print(f"celery {celery.__version__}, solo pool, Redis on a unix socket, no-op job body; "
-          f"load average {load:.2f} before, {os.getloadavg()[0]:.2f} after")  # fmt: skip
+    print(
+        f"celery {celery.__version__}, solo pool, Redis on a unix socket, no-op job body; "
+        f"load average {load:.2f} before, {os.getloadavg()[0]:.2f} after"
+    )
     print(f"celery solo: pickup (idle worker) {summary(figures['pickup'])}")
     print(f"celery solo: back-to-back gap {summary(figures['gap'])}")
     print(f"celery solo: drained {args.n} queued jobs in {drain * 1000:.1f} ms ({(args.n - 1) / drain:.0f} jobs/s)")

@@ -257,13 +257,16 @@ def admit_backlog(app: Flask, n_jobs: int, max_tokens: int, rng: random.Random) 
         statuses[response.status_code] += 1
         if response.status_code == 202:
             ids.append(response.get_json()["id"])
-    print(f"admitted {len(ids)} of {n_jobs} via POST /v1/jobs in {time.perf_counter() - started:.2f} s "
-          f"(statuses {dict(statuses)}), max_tokens={max_tokens}, ignore_eos")  # fmt: skip
+    print(
+        f"admitted {len(ids)} of {n_jobs} via POST /v1/jobs in {time.perf_counter() - started:.2f} s "
+        f"(statuses {dict(statuses)}), max_tokens={max_tokens}, ignore_eos"
+    )
     return ids
 
 
-def kill_holders(args: argparse.Namespace, store: Store, supervisor: subprocess.Popen[bytes], rng: random.Random,
-                 run: KillRun) -> None:  # fmt: skip
+def kill_holders(
+    args: argparse.Namespace, store: Store, supervisor: subprocess.Popen[bytes], rng: random.Random, run: KillRun
+) -> None:
     """SIGKILL the lease holder args.kills times at random moments (bounded by args.wait_s overall)."""
     killed: set[int] = set()
     deadline = time.monotonic() + args.wait_s
@@ -301,11 +304,14 @@ def kill_holders(args: argparse.Namespace, store: Store, supervisor: subprocess.
 def run_kill(args: argparse.Namespace, max_attempts: int) -> dict[str, int]:
     """A fresh stack with the backlog admitted and the observers listening; the kills and the drain; the audit."""
     rng = random.Random(args.seed)
-    print(f"\n=== mode kill: {args.jobs} jobs, {args.kills} kills ({args.kill_order}), "
-          f"ONELANE_MAX_ATTEMPTS={max_attempts}, ONELANE_LEASE_S=1, seed {args.seed} ===")  # fmt: skip
+    print(
+        f"\n=== mode kill: {args.jobs} jobs, {args.kills} kills ({args.kill_order}), "
+        f"ONELANE_MAX_ATTEMPTS={max_attempts}, ONELANE_LEASE_S=1, seed {args.seed} ==="
+    )
     wall = time.monotonic()
-    with bench_env("tiny", max_queue=args.jobs * 2, max_queued_per_user=args.jobs * 2, lease_s=1.0,
-                   max_attempts=max_attempts) as settings:  # fmt: skip
+    with bench_env(
+        "tiny", max_queue=args.jobs * 2, max_queued_per_user=args.jobs * 2, lease_s=1.0, max_attempts=max_attempts
+    ) as settings:
         store = Store.connect(settings)
         worker_log = Path(settings.var_dir) / "worker.log"
         limit = 2 * args.wait_s + 180
@@ -372,8 +378,11 @@ def report_kill(args: argparse.Namespace, run: KillRun, wall: float) -> dict[str
     tokens = [k.token_s for k in kills if k.token_s is not None]
     holders = [k.holder_s for k in kills if k.holder_s is not None]
     # recovery without another kill in between: the next token came before the next kill
-    clean = [a.token_s for a, b in zip(kills, [*kills[1:], None])
-             if a.token_s is not None and (b is None or a.t + a.token_s < b.t)]  # fmt: skip
+    clean = [
+        a.token_s
+        for a, b in zip(kills, [*kills[1:], None])
+        if a.token_s is not None and (b is None or a.t + a.token_s < b.t)
+    ]
     exits = {}
     for stamp, pid in EXITED_LINE.findall(run.log_text):
         try:
@@ -384,8 +393,10 @@ def report_kill(args: argparse.Namespace, run: KillRun, wall: float) -> dict[str
     waits = [a["wait"] for a in audits.values() if a["wait"] is not None]
 
     print(f"jobs admitted:                  {len(run.ids)}")
-    print(f"reached a terminal state:       {sum(c for s, c in by_status.items() if s in TERMINAL)}  "
-          f"({', '.join(f'{s} {c}' for s, c in sorted(by_status.items()))})")  # fmt: skip
+    print(
+        f"reached a terminal state:       {sum(c for s, c in by_status.items() if s in TERMINAL)}  "
+        f"({', '.join(f'{s} {c}' for s, c in sorted(by_status.items()))})"
+    )
     print(f"LOST (not terminal or missing): {lost}  (missing {len(run.missing)}, not terminal {len(not_terminal)})")
     print(f"GENERATED TWICE:                {len(twice)}")
     print("  = jobs with any of: in the durable event log (store.events), more than one terminal event, or one that")
@@ -394,31 +405,47 @@ def report_kill(args: argparse.Namespace, run: KillRun, wall: float) -> dict[str
     print("  completed with completion_tokens != max_tokens or output != the text of its last attempt's token")
     print("  events. In the worker log: a job id logged 'completed' twice, or logged 'completed' while Redis says")
     print("  otherwise.")
-    print(f"  event-log violations {len(event_problems)}; logged 'completed' twice {len(logged_twice)}; logged "
-          f"'completed' but not completed in Redis {len(logged_not_completed)}")  # fmt: skip
+    print(
+        f"  event-log violations {len(event_problems)}; logged 'completed' twice {len(logged_twice)}; logged "
+        f"'completed' but not completed in Redis {len(logged_not_completed)}"
+    )
     print("  (completed in Redis without a 'completed' log line, the kill having landed between the worker's")
     print(f"  finish and its log line: {len(unlogged)})")
     for j, problems in list(event_problems.items())[:5]:
         print(f"    {j}: {problems}")
     for j, c in list(logged_twice.items())[:5]:
         print(f"    {j}: 'completed' {c} times in the worker log")
-    print(f"jobs requeued:                  {sum(1 for a in audits.values() if a['requeues'])}  (requeued events "
-          f"{sum(a['requeues'] for a in audits.values())}, stats requeued {run.stats.get('requeued', 0)})")  # fmt: skip
+    print(
+        f"jobs requeued:                  {sum(1 for a in audits.values() if a['requeues'])}  (requeued events "
+        f"{sum(a['requeues'] for a in audits.values())}, stats requeued {run.stats.get('requeued', 0)})"
+    )
     print(f"failed worker_crashed:          {crashed}")
-    print(f"jobs whose worker died twice:   {hit_twice}  (attempts per job: "
-          f"{', '.join(f'{c} jobs x{a}' for a, c in sorted(attempts.items()))}; 'started' log lines "
-          f"{sum(started_lines.values())})")  # fmt: skip
-    print(f"kills:                          {len(kills)} of {args.kills}, {sum(1 for k in kills if k.job)} while a "
-          f"job was running")  # fmt: skip
+    print(
+        f"jobs whose worker died twice:   {hit_twice}  (attempts per job: "
+        f"{', '.join(f'{c} jobs x{a}' for a, c in sorted(attempts.items()))}; 'started' log lines "
+        f"{sum(started_lines.values())})"
+    )
+    print(
+        f"kills:                          {len(kills)} of {args.kills}, {sum(1 for k in kills if k.job)} while a "
+        f"job was running"
+    )
     print(f"worker restarts (stats):        {run.stats.get('worker_restarts', 0)}")
-    print(f"kill -> next token:             longest {max(tokens, default=float('nan')):.2f} s, median "
-          f"{median(tokens):.2f} s (n={len(tokens)}; {len(kills) - len(tokens)} kills never followed by a token)")
-    print(f"  ... no kill in between:       longest {max(clean, default=float('nan')):.2f} s, median "
-          f"{median(clean):.2f} s (n={len(clean)})")  # fmt: skip
-    print(f"kill -> another lease holder:   longest {max(holders, default=float('nan')):.2f} s, median "
-          f"{median(holders):.2f} s (n={len(holders)})")  # fmt: skip
-    print(f"kill -> supervisor logs exit:   longest {max(noticed, default=float('nan')):.2f} s, median "
-          f"{median(noticed):.2f} s (n={len(noticed)})")  # fmt: skip
+    print(
+        f"kill -> next token:             longest {max(tokens, default=float('nan')):.2f} s, median "
+        f"{median(tokens):.2f} s (n={len(tokens)}; {len(kills) - len(tokens)} kills never followed by a token)"
+    )
+    print(
+        f"  ... no kill in between:       longest {max(clean, default=float('nan')):.2f} s, median "
+        f"{median(clean):.2f} s (n={len(clean)})"
+    )
+    print(
+        f"kill -> another lease holder:   longest {max(holders, default=float('nan')):.2f} s, median "
+        f"{median(holders):.2f} s (n={len(holders)})"
+    )
+    print(
+        f"kill -> supervisor logs exit:   longest {max(noticed, default=float('nan')):.2f} s, median "
+        f"{median(noticed):.2f} s (n={len(noticed)})"
+    )
     if waits:
         print(f"queue wait (started-queued):    p50 {pct(waits, 50):.2f} s, max {max(waits):.2f} s")
     print("per kill: time, pid, was it running a job, s until another process held the device, s until a token:")
@@ -427,8 +454,10 @@ def report_kill(args: argparse.Namespace, run: KillRun, wall: float) -> dict[str
         holder = f"{k.holder_s:6.2f}" if k.holder_s is not None else "     -"
         token = f"{k.token_s:6.2f}" if k.token_s is not None else "     -"
         print(f"  #{k.no + 1:<2} {at} pid {k.pid:<7} {'job  ' if k.job else 'no job'} holder {holder}  token {token}")
-    print(f"timeline: kills over {run.kill_end - run.t_start:.1f} s; all terminal {run.drained - run.t_start:.1f} s "
-          f"after the worker started ({len(run.pending)} not); whole run {time.monotonic() - wall:.1f} s")  # fmt: skip
+    print(
+        f"timeline: kills over {run.kill_end - run.t_start:.1f} s; all terminal {run.drained - run.t_start:.1f} s "
+        f"after the worker started ({len(run.pending)} not); whole run {time.monotonic() - wall:.1f} s"
+    )
     return {"lost": lost, "twice": len(twice)}
 
 
@@ -526,8 +555,10 @@ def run_overload(args: argparse.Namespace) -> None:
     """The stack up with small queue bounds; its service rate, then the flood at `--factor` times that; the report."""
     import requests
 
-    print(f"\n=== mode overload: ONELANE_MAX_QUEUE={args.max_queue}, ONELANE_MAX_QUEUED_PER_USER={args.max_queue}, "
-          f"{args.seconds:.0f} s at {args.factor:g}x the service rate from {args.clients} client threads ===")  # fmt: skip
+    print(
+        f"\n=== mode overload: ONELANE_MAX_QUEUE={args.max_queue}, ONELANE_MAX_QUEUED_PER_USER={args.max_queue}, "
+        f"{args.seconds:.0f} s at {args.factor:g}x the service rate from {args.clients} client threads ==="
+    )
     wall = time.monotonic()
     with bench_env("tiny") as settings:
         folder = Path(settings.var_dir)
@@ -546,13 +577,17 @@ def run_overload(args: argparse.Namespace) -> None:
             wait_http(http, base, http.post(f"{base}/v1/jobs", json=body, timeout=10).json()["id"], 60)  # warm-up
             # the service rate: jobs one after another, each submitted once the previous one ended
             started = time.perf_counter()
-            seq = [wait_http(http, base, http.post(f"{base}/v1/jobs", json=body, timeout=10).json()["id"], 30)
-                   for _ in range(args.rate_jobs)]  # fmt: skip
+            seq = [
+                wait_http(http, base, http.post(f"{base}/v1/jobs", json=body, timeout=10).json()["id"], 30)
+                for _ in range(args.rate_jobs)
+            ]
             rate = args.rate_jobs / (time.perf_counter() - started)
             service = [j["timings"]["finished_at"] - j["timings"]["started_at"] for j in seq]
-            print(f"service rate: {args.rate_jobs} jobs one after another (submit, poll until ended) = "
-                  f"{rate:.2f} jobs/s; generation alone median {median(service) * 1000:.0f} ms/job "
-                  f"({args.max_tokens} tokens)")  # fmt: skip
+            print(
+                f"service rate: {args.rate_jobs} jobs one after another (submit, poll until ended) = "
+                f"{rate:.2f} jobs/s; generation alone median {median(service) * 1000:.0f} ms/job "
+                f"({args.max_tokens} tokens)"
+            )
             mem_before = redis_memory(store.redis)
             result = flood(base, body, rate * args.factor, args.seconds, args.clients)
             mem_after = redis_memory(store.redis)
@@ -566,41 +601,63 @@ def run_overload(args: argparse.Namespace) -> None:
         keep_log(args, folder / "web.log", "overload-web.log")
 
 
-def report_overload(args: argparse.Namespace, rate: float, result: Flood, jobs: list[dict[str, Any]],
-                    unfinished: list[str], memory: tuple[Any, ...], alive: bool, wall: float) -> None:  # fmt: skip
+def report_overload(
+    args: argparse.Namespace,
+    rate: float,
+    result: Flood,
+    jobs: list[dict[str, Any]],
+    unfinished: list[str],
+    memory: tuple[Any, ...],
+    alive: bool,
+    wall: float,
+) -> None:
     submitted = len(result.accepted) + sum(result.rejected.values())
     rejected = sum(result.rejected.values())
-    print(f"target {rate * args.factor:.1f} jobs/s for {args.seconds:.0f} s = {result.planned} requests; sent in "
-          f"{result.elapsed:.1f} s = {submitted / max(result.elapsed, 1e-9):.1f} requests/s")  # fmt: skip
+    print(
+        f"target {rate * args.factor:.1f} jobs/s for {args.seconds:.0f} s = {result.planned} requests; sent in "
+        f"{result.elapsed:.1f} s = {submitted / max(result.elapsed, 1e-9):.1f} requests/s"
+    )
     errors = f" {dict(result.errors)}" if result.errors else ""
     print(f"submitted:        {submitted}  (+ {sum(result.errors.values())} without an answer{errors})")
     print(f"accepted (202):   {len(result.accepted)}")
-    print(f"rejected:         {rejected}  ({', '.join(f'{k}: {v}' for k, v in sorted(result.rejected.items())) or '-'})")
+    print(
+        f"rejected:         {rejected}  ({', '.join(f'{k}: {v}' for k, v in sorted(result.rejected.items())) or '-'})"
+    )
     ra = result.retry_after
     values = f"; values min {min(ra)}, median {median(ra):g}, max {max(ra)} s" if ra else ""
     bad = f" {result.retry_malformed[:5]}" if result.retry_malformed else ""
-    print(f"Retry-After:      a positive integer on {len(ra)} of {rejected} rejections; missing on "
-          f"{result.retry_missing}, malformed on {len(result.retry_malformed)}{bad}{values}")  # fmt: skip
+    print(
+        f"Retry-After:      a positive integer on {len(ra)} of {rejected} rejections; missing on "
+        f"{result.retry_missing}, malformed on {len(result.retry_malformed)}{bad}{values}"
+    )
     if result.latency:
         lat = result.latency
-        print(f"POST latency:     p50 {pct(lat, 50) * 1000:.1f} ms, p99 {pct(lat, 99) * 1000:.1f} ms, "
-              f"max {max(lat) * 1000:.1f} ms")  # fmt: skip
+        print(
+            f"POST latency:     p50 {pct(lat, 50) * 1000:.1f} ms, p99 {pct(lat, 99) * 1000:.1f} ms, "
+            f"max {max(lat) * 1000:.1f} ms"
+        )
     print(f"accepted jobs:    ended {dict(Counter(j['status'] for j in jobs))}; not terminal {len(unfinished)}")
     waits = [j["timings"]["started_at"] - j["timings"]["queued_at"] for j in jobs if j["timings"]["started_at"]]
     if waits:
-        print(f"wait of accepted jobs (timings.started_at - queued_at): longest {max(waits):.2f} s, "
-              f"p50 {pct(waits, 50):.2f} s, p99 {pct(waits, 99):.2f} s (n={len(waits)})")  # fmt: skip
+        print(
+            f"wait of accepted jobs (timings.started_at - queued_at): longest {max(waits):.2f} s, "
+            f"p50 {pct(waits, 50):.2f} s, p99 {pct(waits, 99):.2f} s (n={len(waits)})"
+        )
         done = [j for j in jobs if j["status"] == "completed"]
         if done:
             span = max(j["timings"]["finished_at"] for j in done) - min(j["timings"]["queued_at"] for j in jobs)
-            print(f"throughput:       {len(done)} accepted jobs completed in {span:.1f} s = {len(done) / span:.2f} "
-                  f"jobs/s under load (one after another: {rate:.2f} jobs/s)")  # fmt: skip
+            print(
+                f"throughput:       {len(done)} accepted jobs completed in {span:.1f} s = {len(done) / span:.2f} "
+                f"jobs/s under load (one after another: {rate:.2f} jobs/s)"
+            )
     print("Redis memory (INFO memory):")
     for label, m in zip(("before the flood", "after the flood", "after every job ended"), memory):
         print(f"  {label:<22} used_memory_human {m[0]:>7} = {m[1]} bytes; {m[2]} keys; peak so far {m[3]}")
     print("  (ended jobs and their output are kept for ONELANE_RESULT_TTL, so the last line still holds them all)")
-    print(f"worker and web still up at the end: {alive}; client threads stuck: {result.stuck_threads}; "
-          f"whole run {time.monotonic() - wall:.1f} s")  # fmt: skip
+    print(
+        f"worker and web still up at the end: {alive}; client threads stuck: {result.stuck_threads}; "
+        f"whole run {time.monotonic() - wall:.1f} s"
+    )
 
 
 # --- main --------------------------------------------------------------------------------------------------
@@ -611,12 +668,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mode", choices=["kill", "overload", "both"], default="kill")
     parser.add_argument("--jobs", type=int, default=200, help="kill: jobs in the backlog")
     parser.add_argument("--kills", type=int, default=20, help="kill: SIGKILLs of the lease holder")
-    parser.add_argument("--attempts", type=int, nargs="+", default=[3],
-                        help="kill: ONELANE_MAX_ATTEMPTS, one run per value (e.g. --attempts 3 2)")  # fmt: skip
-    parser.add_argument("--kill-order", choices=["holder-first", "wait-first"], default="holder-first",
-                        help="kill: holder-first waits for a new lease holder, then 0.3-2.0 s, then kills it; "
-                        "wait-first waits 0.3-2.0 s, then kills the holder as soon as there is one (often while "
-                        "it is still starting)")  # fmt: skip
+    parser.add_argument(
+        "--attempts",
+        type=int,
+        nargs="+",
+        default=[3],
+        help="kill: ONELANE_MAX_ATTEMPTS, one run per value (e.g. --attempts 3 2)",
+    )
+    parser.add_argument(
+        "--kill-order",
+        choices=["holder-first", "wait-first"],
+        default="holder-first",
+        help="kill: holder-first waits for a new lease holder, then 0.3-2.0 s, then kills it; "
+        "wait-first waits 0.3-2.0 s, then kills the holder as soon as there is one (often while "
+        "it is still starting)",
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--max-tokens", type=int, default=60, help="per job (ignore_eos)")
     parser.add_argument("--wait-s", type=float, default=180.0, help="kill: bound on the kills and on the drain")
@@ -636,19 +702,24 @@ def main(argv: list[str] | None = None) -> None:
 
     failures = []
     if args.mode in ("kill", "both"):
-        print(f"Why ONELANE_MAX_ATTEMPTS={'/'.join(map(str, args.attempts))} (default 2): a job whose worker dies is "
-              "requeued at the front and")  # fmt: skip
+        print(
+            f"Why ONELANE_MAX_ATTEMPTS={'/'.join(map(str, args.attempts))} (default 2): a job whose worker dies is "
+            "requeued at the front and"
+        )
         print("runs first on the next worker; after MAX_ATTEMPTS starts it ends failed `worker_crashed` instead (the")
-        print(f"quarantine for a prompt that kills the worker). With {args.kills} kills at random among {args.jobs} "
-              "jobs, a kill can land")  # fmt: skip
+        print(
+            f"quarantine for a prompt that kills the worker). With {args.kills} kills at random among {args.jobs} "
+            "jobs, a kill can land"
+        )
         print("on the worker that is re-running the job the previous kill requeued: that job is hit twice. With the")
         print("default 2 it would end failed worker_crashed though it crashed nothing (not lost, but a spurious")
         print("failure); with 3 it survives one such double hit. `--attempts 3 2` runs both.")
         for max_attempts in args.attempts:
             outcome = run_kill(args, max_attempts)
             if outcome["lost"] or outcome["twice"]:
-                failures.append(f"kill, MAX_ATTEMPTS={max_attempts}: {outcome['lost']} lost, "
-                                f"{outcome['twice']} generated twice")  # fmt: skip
+                failures.append(
+                    f"kill, MAX_ATTEMPTS={max_attempts}: {outcome['lost']} lost, {outcome['twice']} generated twice"
+                )
     if args.mode in ("overload", "both"):
         run_overload(args)
     if failures:

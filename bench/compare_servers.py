@@ -78,7 +78,9 @@ LOG_NEEDLES = ("Traceback", " ERROR ", " CRITICAL ")
 # --- requests ------------------------------------------------------------------------------------------------
 
 
-def onelane_body(model: str, prompt: str, max_tokens: int, stream: bool = False, tag: int | None = None) -> dict[str, Any]:
+def onelane_body(
+    model: str, prompt: str, max_tokens: int, stream: bool = False, tag: int | None = None
+) -> dict[str, Any]:
     """The same chat request the baseline sends, with onelane's `ignore_eos` instead of a logit bias.
 
     `tag` goes in `seed`, which does not change a temperature-0 answer; it lets a job be matched to its client.
@@ -104,8 +106,9 @@ def settle_queue(store: Store, timeout_s: float = SETTLE_S) -> bool:
 
 def onelane_level(url: str, model: str, clients: int, max_tokens: int, requests: int) -> Level:
     """The baseline's level, against onelane (see closed_loop)."""
-    return closed_loop(clients, lambda prompt: post_chat(url, onelane_body(model, prompt, max_tokens), REQUEST_TIMEOUT_S),
-                       requests)
+    return closed_loop(
+        clients, lambda prompt: post_chat(url, onelane_body(model, prompt, max_tokens), REQUEST_TIMEOUT_S), requests
+    )
 
 
 def holder_pid(store: Store) -> int | None:
@@ -134,17 +137,27 @@ def onelane_overload(url: str, model: str, store: Store) -> dict[str, Any]:
     jobs = {}
     for job in store.list("local", 200):
         seed = job.spec.params.seed
-        if job.timings.queued_at >= burst_wall - 1 and job.spec.params.max_tokens == OVERLOAD_TOKENS and seed is not None:
+        if (
+            job.timings.queued_at >= burst_wall - 1
+            and job.spec.params.max_tokens == OVERLOAD_TOKENS
+            and seed is not None
+        ):
             raw = store.redis.hmget(keys.job(job.id), "cancel_requested", "last_token_at")
             jobs[seed] = (job, raw[0], raw[1])
     return {
-        "outcomes": outcomes, "jobs": jobs, "to_wall": to_wall, "started": started, "gave_up": gave_up,
-        "gave_up_after_s": gave_up - started, "settled_before": settled, "drained": drained,
+        "outcomes": outcomes,
+        "jobs": jobs,
+        "to_wall": to_wall,
+        "started": started,
+        "gave_up": gave_up,
+        "gave_up_after_s": gave_up - started,
+        "settled_before": settled,
+        "drained": drained,
         "busy_after_give_up_s": None if idle_at is None else max(0.0, idle_at - gave_up),
         "still_busy_at_cap": idle_at is None and pid is not None,
         "cpu_s": None if cpu_before is None or cpu_after is None else cpu_after - cpu_before,
         "fresh_request": fresh,
-    }  # fmt: skip
+    }
 
 
 @dataclass
@@ -183,8 +196,10 @@ def abandoned(probe: dict[str, Any]) -> Abandoned:
             out.started += 1
             if job.timings.started_at > gone:
                 out.started_after_gone += 1
-                out.examples.append(f"{job.id}: client gone at {gone:.3f}, started {job.timings.started_at:.3f}, "
-                                    f"{job.usage.completion_tokens} tokens, {job.status.value}")  # fmt: skip
+                out.examples.append(
+                    f"{job.id}: client gone at {gone:.3f}, started {job.timings.started_at:.3f}, "
+                    f"{job.usage.completion_tokens} tokens, {job.status.value}"
+                )
         if job.timings.finished_at is not None:
             out.gone_to_end.append(job.timings.finished_at - gone)
         if last_token_at:
@@ -204,10 +219,11 @@ def level_stats(level: Level) -> dict[str, float | None]:
     ok = level.ok
     lat = [o.latency for o in ok]
     return {
-        "p50": pct(lat, 50) if lat else None, "p99": pct(lat, 99) if lat else None,
+        "p50": pct(lat, 50) if lat else None,
+        "p99": pct(lat, 99) if lat else None,
         "rps": len(ok) / level.wall_s if level.wall_s else None,
         "tps": sum(o.completion_tokens for o in ok) / level.wall_s if level.wall_s else None,
-    }  # fmt: skip
+    }
 
 
 def onelane_level_lines(level: Level, max_tokens: int) -> list[str]:
@@ -216,11 +232,13 @@ def onelane_level_lines(level: Level, max_tokens: int) -> list[str]:
         tokens = [o.completion_tokens for o in ok]
         wrong = sum(1 for t in tokens if t != max_tokens)
         queue = [o.queue_s for o in ok if o.queue_s is not None]
-        return (f"latency p50 {ms(s['p50'])} ms, p99 {ms(s['p99'])} ms, mean "
-                f"{statistics.fmean(o.latency for o in ok) * 1000:.0f} ms; of which queue wait (x-queue-time) p50 "
-                f"{ms(pct(queue, 50) if queue else None)} ms, p99 {ms(pct(queue, 99) if queue else None)} ms",
-                f"usage.completion_tokens min {min(tokens)}, max {max(tokens)} ({wrong} answers != {max_tokens}); "
-                f"finish_reason {dict(Counter(o.finish_reason for o in ok))}")  # fmt: skip
+        return (
+            f"latency p50 {ms(s['p50'])} ms, p99 {ms(s['p99'])} ms, mean "
+            f"{statistics.fmean(o.latency for o in ok) * 1000:.0f} ms; of which queue wait (x-queue-time) p50 "
+            f"{ms(pct(queue, 50) if queue else None)} ms, p99 {ms(pct(queue, 99) if queue else None)} ms",
+            f"usage.completion_tokens min {min(tokens)}, max {max(tokens)} ({wrong} answers != {max_tokens}); "
+            f"finish_reason {dict(Counter(o.finish_reason for o in ok))}",
+        )
 
     return level_lines("onelane", level, details)
 
@@ -232,9 +250,11 @@ def ttft_line(name: str, series: list[Streamed]) -> str:
         return f"{name} stream c=1: no successful stream of {len(series)} ({dict(bad)})"
     totals = [s.total for s in series if s.error is None]
     chunks = [s.content_chunks for s in series if s.error is None]
-    return (f"{name} stream c=1: time to first content delta p50 {ms(pct(firsts, 50))} ms, p99 {ms(pct(firsts, 99))} ms;"
-            f" whole stream p50 {ms(pct(totals, 50))} ms; content chunks/stream median {statistics.median(chunks):.0f}"
-            f" (n={len(firsts)}, failed {sum(bad.values())}{' ' + str(dict(bad)) if bad else ''})")  # fmt: skip
+    return (
+        f"{name} stream c=1: time to first content delta p50 {ms(pct(firsts, 50))} ms, p99 {ms(pct(firsts, 99))} ms;"
+        f" whole stream p50 {ms(pct(totals, 50))} ms; content chunks/stream median {statistics.median(chunks):.0f}"
+        f" (n={len(firsts)}, failed {sum(bad.values())}{' ' + str(dict(bad)) if bad else ''})"
+    )
 
 
 def onelane_overload_lines(probe: dict[str, Any], ab: Abandoned) -> list[str]:
@@ -252,26 +272,38 @@ def onelane_overload_lines(probe: dict[str, Any], ab: Abandoned) -> list[str]:
         f"({', '.join(f'{k} {n}' for k, n in Counter(f'{o.status} {o.error_type}' for o in rejected).items()) or '-'}),"
         f" timed out/no answer {len(timeouts)} ({', '.join(f'{k} {n}' for k, n in Counter(o.error for o in timeouts).items()) or '-'})"
         + (f", other HTTP {Counter(o.status for o in other_http)}" if other_http else ""),
-        (f"{head} Retry-After on {len(with_ra)} of {len(rejected)} rejections (values {sorted({o.retry_after for o in with_ra}) or '-'});"
-        f" OpenAI error JSON on {shaped} of {len(rejected)}; rejections answered in p50 "
-        f"{ms(pct([o.latency for o in rejected], 50) if rejected else None)} ms"),
-        (f"{head} last client gave up {probe['gave_up_after_s']:.2f} s after the burst; {len(probe['jobs'])} jobs were "
-        f"admitted, {sum(1 for j, _, _ in probe['jobs'].values() if j.timings.started_at is not None)} started generating"),
-        (f"{head} jobs of the {ab.jobs} admitted clients that timed out: {ab.started} started at all, "
-        f"{ab.started_after_gone} started after their client had gone; statuses {dict(ab.statuses)}, "
-        f"errors {dict(ab.errors)}"),
-        (f"{head} completion tokens spent on them: {ab.tokens} in all, {ab.tokens_after_cancel} after the web flagged "
-        f"the cancel; client gone -> job ended p50 {ms(pct(ab.gone_to_end, 50) if ab.gone_to_end else None)} ms, "
-        f"max {ms(max(ab.gone_to_end) if ab.gone_to_end else None)} ms"),
-    ]  # fmt: skip
+        (
+            f"{head} Retry-After on {len(with_ra)} of {len(rejected)} rejections (values {sorted({o.retry_after for o in with_ra}) or '-'});"
+            f" OpenAI error JSON on {shaped} of {len(rejected)}; rejections answered in p50 "
+            f"{ms(pct([o.latency for o in rejected], 50) if rejected else None)} ms"
+        ),
+        (
+            f"{head} last client gave up {probe['gave_up_after_s']:.2f} s after the burst; {len(probe['jobs'])} jobs were "
+            f"admitted, {sum(1 for j, _, _ in probe['jobs'].values() if j.timings.started_at is not None)} started generating"
+        ),
+        (
+            f"{head} jobs of the {ab.jobs} admitted clients that timed out: {ab.started} started at all, "
+            f"{ab.started_after_gone} started after their client had gone; statuses {dict(ab.statuses)}, "
+            f"errors {dict(ab.errors)}"
+        ),
+        (
+            f"{head} completion tokens spent on them: {ab.tokens} in all, {ab.tokens_after_cancel} after the web flagged "
+            f"the cancel; client gone -> job ended p50 {ms(pct(ab.gone_to_end, 50) if ab.gone_to_end else None)} ms, "
+            f"max {ms(max(ab.gone_to_end) if ab.gone_to_end else None)} ms"
+        ),
+    ]
     last = ab.last_token_after_give_up
-    lines.append(f"{head} last token generated for a departed client: "
-                 + ("none" if last is None else f"{last:+.2f} s relative to the last client giving up"))  # fmt: skip
+    lines.append(
+        f"{head} last token generated for a departed client: "
+        + ("none" if last is None else f"{last:+.2f} s relative to the last client giving up")
+    )
     busy = probe["busy_after_give_up_s"]
     cpu = f"{probe['cpu_s']:.1f} s worker CPU" if probe["cpu_s"] is not None else "CPU time unavailable"
     if busy is not None:
-        lines.append(f"{head} worker CPU idle {busy:.2f} s after the last client gave up ({cpu} in all; the 1-token "
-                     "request below runs in that window too)")  # fmt: skip
+        lines.append(
+            f"{head} worker CPU idle {busy:.2f} s after the last client gave up ({cpu} in all; the 1-token "
+            "request below runs in that window too)"
+        )
     elif probe["still_busy_at_cap"]:
         lines.append(f"{head} worker still busy when the {OVERLOAD_CAP_S:.0f} s cap ended the probe ({cpu})")
     fresh: Outcome | None = probe["fresh_request"]
@@ -280,8 +312,10 @@ def onelane_overload_lines(probe: dict[str, Any], ab: Abandoned) -> list[str]:
         lines.append(f"{head} a 1-token request sent right after they gave up {state} in {fresh.latency:.2f} s")
     freed = first_place_freed(probe)
     if freed is not None:
-        lines.append(f"{head} the last rejection arrived at +{freed[0]:.2f} s; the first queue place freed (a waiting "
-                     f"job started or was cancelled) at +{freed[1]:.2f} s")  # fmt: skip
+        lines.append(
+            f"{head} the last rejection arrived at +{freed[0]:.2f} s; the first queue place freed (a waiting "
+            f"job started or was cancelled) at +{freed[1]:.2f} s"
+        )
     for example in ab.examples[:5]:
         lines.append(f"{head} SUSPICIOUS: {example}")
     lines += timeline(probe, head)
@@ -297,8 +331,10 @@ def first_place_freed(probe: dict[str, Any]) -> tuple[float, float] | None:
     if not rejected:
         return None
     last = max(rejected)
-    left = [j.timings.started_at if j.timings.started_at is not None else j.timings.finished_at
-            for j, _, _ in probe["jobs"].values()]  # fmt: skip
+    left = [
+        j.timings.started_at if j.timings.started_at is not None else j.timings.finished_at
+        for j, _, _ in probe["jobs"].values()
+    ]
     later = [t for t in left if t is not None and t > last]
     return (last - base, min(later) - base) if later else None
 
@@ -306,21 +342,28 @@ def first_place_freed(probe: dict[str, Any]) -> tuple[float, float] | None:
 def timeline(probe: dict[str, Any], head: str) -> list[str]:
     """Every probe job that started generating, in seconds after the burst (Redis's clock, same machine)."""
     base = probe["started"] + probe["to_wall"]
-    ended = {o.tag: (o.ended + probe["to_wall"], "answered" if o.ok else o.error or f"http {o.status}")
-             for o in probe["outcomes"] if o.tag is not None}  # fmt: skip
+    ended = {
+        o.tag: (o.ended + probe["to_wall"], "answered" if o.ok else o.error or f"http {o.status}")
+        for o in probe["outcomes"]
+        if o.tag is not None
+    }
     lines = []
-    started = sorted((j for j, _, _ in probe["jobs"].values() if j.timings.started_at is not None),
-                     key=lambda j: j.timings.started_at or 0.0)  # fmt: skip
+    started = sorted(
+        (j for j, _, _ in probe["jobs"].values() if j.timings.started_at is not None),
+        key=lambda j: j.timings.started_at or 0.0,
+    )
     for job in started:
         t = job.timings
 
         def rel(v: float | None) -> str:
             return "-" if v is None else f"{v - base:+.2f}"
 
-        lines.append(f"{head}   job seed={job.spec.params.seed}: queued {rel(t.queued_at)} s, started {rel(t.started_at)},"
-                     f" first token {rel(t.first_token_at)}, ended {rel(t.finished_at)} {job.status.value}"
-                     f" ({job.usage.completion_tokens} tokens); its client: {ended[job.spec.params.seed][1]} at "
-                     f"{rel(ended[job.spec.params.seed][0])}")  # fmt: skip
+        lines.append(
+            f"{head}   job seed={job.spec.params.seed}: queued {rel(t.queued_at)} s, started {rel(t.started_at)},"
+            f" first token {rel(t.first_token_at)}, ended {rel(t.finished_at)} {job.status.value}"
+            f" ({job.usage.completion_tokens} tokens); its client: {ended[job.spec.params.seed][1]} at "
+            f"{rel(ended[job.spec.params.seed][0])}"
+        )
     return lines
 
 
@@ -342,17 +385,35 @@ def overload_row(probe: dict[str, Any], for_nobody: int) -> OverloadRow:
     fresh = probe["fresh_request"]
     busy = probe["busy_after_give_up_s"]
     return OverloadRow(
-        sum(1 for o in outcomes if o.ok), f"{len(rejected)} (RA {ra})", sum(1 for o in outcomes if o.status is None),
-        str(for_nobody), "-" if busy is None else f"{busy:.1f}",
+        sum(1 for o in outcomes if o.ok),
+        f"{len(rejected)} (RA {ra})",
+        sum(1 for o in outcomes if o.status is None),
+        str(for_nobody),
+        "-" if busy is None else f"{busy:.1f}",
         "-" if fresh is None else f"{fresh.latency:.2f}" + ("" if fresh.ok else f" {fresh.error}"),
-    )  # fmt: skip
+    )
 
 
-def table(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], ttft: tuple[float | None, float | None],
-          over: tuple[OverloadRow, OverloadRow] | None) -> list[str]:  # fmt: skip
+def table(
+    rows: list[tuple[str, dict[str, Any], dict[str, Any]]],
+    ttft: tuple[float | None, float | None],
+    over: tuple[OverloadRow, OverloadRow] | None,
+) -> list[str]:
     """One table; each cell is `onelane | mlx_lm.server`."""
-    cols = ["clients", "p50 ms", "p99 ms", "req/s", "tok/s", "TTFT p50 ms", "answered", "429/503 (Retry-After)",
-            "no answer", "tok for gone clients", "busy after give-up s", "next 1-tok req s"]  # fmt: skip
+    cols = [
+        "clients",
+        "p50 ms",
+        "p99 ms",
+        "req/s",
+        "tok/s",
+        "TTFT p50 ms",
+        "answered",
+        "429/503 (Retry-After)",
+        "no answer",
+        "tok for gone clients",
+        "busy after give-up s",
+        "next 1-tok req s",
+    ]
 
     def pair(a: Any, b: Any) -> str:
         return f"{a} | {b}"
@@ -362,24 +423,48 @@ def table(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], ttft: tuple[fl
 
     body: list[list[str]] = []
     for name, a, b in rows:
-        cells = [name, pair(ms(a["p50"]), ms(b["p50"])), pair(ms(a["p99"]), ms(b["p99"])),
-                 pair(num(a["rps"], ".1f"), num(b["rps"], ".1f")), pair(num(a["tps"], ".0f"), num(b["tps"], ".0f"))]
+        cells = [
+            name,
+            pair(ms(a["p50"]), ms(b["p50"])),
+            pair(ms(a["p99"]), ms(b["p99"])),
+            pair(num(a["rps"], ".1f"), num(b["rps"], ".1f")),
+            pair(num(a["tps"], ".0f"), num(b["tps"], ".0f")),
+        ]
         cells.append(pair(ms(ttft[0]), ms(ttft[1])) if name == "1" else "")
         body.append(cells + [""] * 6)
     if over is not None:
         a, b = over
-        body.append(["overload", "", "", "", "", "", pair(a.answered, b.answered), pair(a.rejected, b.rejected),
-                     pair(a.timed_out, b.timed_out), pair(a.for_nobody, b.for_nobody),
-                     pair(a.busy_after, b.busy_after), pair(a.fresh, b.fresh)])  # fmt: skip
+        body.append(
+            [
+                "overload",
+                "",
+                "",
+                "",
+                "",
+                "",
+                pair(a.answered, b.answered),
+                pair(a.rejected, b.rejected),
+                pair(a.timed_out, b.timed_out),
+                pair(a.for_nobody, b.for_nobody),
+                pair(a.busy_after, b.busy_after),
+                pair(a.fresh, b.fresh),
+            ]
+        )
     widths = [max(len(c), *(len(r[i]) for r in body)) for i, c in enumerate(cols)]
+
     def line(cells):
         return "  ".join(c.rjust(w) for c, w in zip(cells, widths))
+
     return [line(cols), line(["-" * w for w in widths]), *map(line, body)]
 
 
-def verdict(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], spreads: dict[str, list[float]],
-            ol_probe: dict[str, Any] | None, ab: Abandoned | None,
-            mlx_probe: dict[str, Any] | None) -> list[str]:  # fmt: skip
+def verdict(
+    rows: list[tuple[str, dict[str, Any], dict[str, Any]]],
+    spreads: dict[str, list[float]],
+    ol_probe: dict[str, Any] | None,
+    ab: Abandoned | None,
+    mlx_probe: dict[str, Any] | None,
+) -> list[str]:
     """Where each is ahead, worded from the figures measured above."""
     lines = []
     for name, a, b in rows:
@@ -387,27 +472,37 @@ def verdict(rows: list[tuple[str, dict[str, Any], dict[str, Any]]], spreads: dic
         if each:
             ratio = statistics.median(each)
             who = "onelane" if ratio > 1.05 else "mlx_lm.server" if ratio < 1 / 1.05 else "neither (within 5%)"
-            lines.append(f"c={name}: {who} ahead on throughput: onelane/mlx_lm.server median {ratio:.2f}x (min "
-                         f"{min(each):.2f}, max {max(each):.2f}, n={len(each)}; {a['tps']:.0f} vs {b['tps']:.0f} "
-                         f"tok/s); latency p50 {ms(a['p50'])} vs {ms(b['p50'])} ms, p99 {ms(a['p99'])} vs "
-                         f"{ms(b['p99'])} ms")  # fmt: skip
-    lines.append("Both batch: mlx_lm.server up to 32 sequences per decode step (--decode-concurrency 32), onelane up "
-                 "to ONELANE_MAX_BATCH jobs in its one worker's continuous batch.")  # fmt: skip
+            lines.append(
+                f"c={name}: {who} ahead on throughput: onelane/mlx_lm.server median {ratio:.2f}x (min "
+                f"{min(each):.2f}, max {max(each):.2f}, n={len(each)}; {a['tps']:.0f} vs {b['tps']:.0f} "
+                f"tok/s); latency p50 {ms(a['p50'])} vs {ms(b['p50'])} ms, p99 {ms(a['p99'])} vs "
+                f"{ms(b['p99'])} ms"
+            )
+    lines.append(
+        "Both batch: mlx_lm.server up to 32 sequences per decode step (--decode-concurrency 32), onelane up "
+        "to ONELANE_MAX_BATCH jobs in its one worker's continuous batch."
+    )
     if ol_probe is not None and mlx_probe is not None and ab is not None:
         rej = [o for o in ol_probe["outcomes"] if o.status in (429, 503)]
         mlx_rej = [o for o in mlx_probe["outcomes"] if o.status in (429, 503)]
-        lines.append(f"Overload: onelane refused {len(rej)} of {OVERLOAD_CLIENTS} at once "
-                     f"({sum(1 for o in rej if o.retry_after)} with Retry-After); mlx_lm.server refused {len(mlx_rej)} "
-                     f"and took every request it could accept (listen backlog aside).")  # fmt: skip
-        lines.append(f"Work for departed clients: onelane spent {ab.tokens} tokens on jobs whose client timed out "
-                     f"({ab.started_after_gone} of those jobs started after the client had gone); mlx_lm.server "
-                     f"finished {mlx_probe['write_errors']} answers nobody read "
-                     f"({mlx_probe['write_errors'] * OVERLOAD_TOKENS} tokens).")  # fmt: skip
+        lines.append(
+            f"Overload: onelane refused {len(rej)} of {OVERLOAD_CLIENTS} at once "
+            f"({sum(1 for o in rej if o.retry_after)} with Retry-After); mlx_lm.server refused {len(mlx_rej)} "
+            f"and took every request it could accept (listen backlog aside)."
+        )
+        lines.append(
+            f"Work for departed clients: onelane spent {ab.tokens} tokens on jobs whose client timed out "
+            f"({ab.started_after_gone} of those jobs started after the client had gone); mlx_lm.server "
+            f"finished {mlx_probe['write_errors']} answers nobody read "
+            f"({mlx_probe['write_errors'] * OVERLOAD_TOKENS} tokens)."
+        )
         fa, fb = ol_probe["fresh_request"], mlx_probe["fresh_request"]
         if fa is not None and fb is not None:
-            lines.append(f"The next user's 1-token request right after the burst: {fa.latency:.2f} s on onelane "
-                         f"({'ok' if fa.ok else fa.error}), {fb.latency:.2f} s on mlx_lm.server "
-                         f"({'ok' if fb.ok else fb.error}).")  # fmt: skip
+            lines.append(
+                f"The next user's 1-token request right after the burst: {fa.latency:.2f} s on onelane "
+                f"({'ok' if fa.ok else fa.error}), {fb.latency:.2f} s on mlx_lm.server "
+                f"({'ok' if fb.ok else fb.error})."
+            )
     return lines
 
 
@@ -430,13 +525,19 @@ def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any
     store = Store.connect(settings)
     levels = args.levels
     sized = {"ONELANE_MAX_BATCH": str(args.batch)}
-    ol: dict[str, Any] = {"levels": {c: [] for c in levels}, "unsettled": [], "overload": None, "abandoned": None,
-                          "ttft": []}  # fmt: skip
+    ol: dict[str, Any] = {
+        "levels": {c: [] for c in levels},
+        "unsettled": [],
+        "overload": None,
+        "abandoned": None,
+        "ttft": [],
+    }
     base: dict[str, Any] = {"levels": {c: [] for c in levels}, "unsettled": [], "overload": None, "ttft": []}
     try:
         with contextlib.ExitStack() as onelane, mlx_server(settings.model_path, folder / "mlx-server.log") as server:
-            worker = onelane.enter_context(onelane_worker(settings, folder / "worker.log", **queue_bounds(BIG_QUEUE),
-                                                          **sized))  # fmt: skip
+            worker = onelane.enter_context(
+                onelane_worker(settings, folder / "worker.log", **queue_bounds(BIG_QUEUE), **sized)
+            )
             port = free_port()
             url = f"http://127.0.0.1:{port}"
             started = time.monotonic()
@@ -463,22 +564,34 @@ def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any
                             side(clients)
                 for i in range(TTFT_REQUESTS):
                     prompt = PROMPTS[i % len(PROMPTS)]
-                    ol["ttft"].append(stream_once(url, onelane_body(model, prompt, args.max_tokens, stream=True),
-                                                  REQUEST_TIMEOUT_S))  # fmt: skip
-                    base["ttft"].append(stream_once(server.url, {**body(prompt, args.max_tokens, server.eos),
-                                                                 "stream": True}, REQUEST_TIMEOUT_S))  # fmt: skip
+                    ol["ttft"].append(
+                        stream_once(url, onelane_body(model, prompt, args.max_tokens, stream=True), REQUEST_TIMEOUT_S)
+                    )
+                    base["ttft"].append(
+                        stream_once(
+                            server.url, {**body(prompt, args.max_tokens, server.eos), "stream": True}, REQUEST_TIMEOUT_S
+                        )
+                    )
                 settle_queue(store)
             if not args.no_overload:
                 port = free_port()
-                with onelane_web(settings, port, folder / "web-overload.log", ready="/readyz",
-                                 **queue_bounds(OVERLOAD_QUEUE), **sized):  # fmt: skip
+                with onelane_web(
+                    settings,
+                    port,
+                    folder / "web-overload.log",
+                    ready="/readyz",
+                    **queue_bounds(OVERLOAD_QUEUE),
+                    **sized,
+                ):
                     ol["overload"] = onelane_overload(f"http://127.0.0.1:{port}", model, store)
                     ol["abandoned"] = abandoned(ol["overload"])
             ol["alive"] = worker.poll() is None
             onelane.close()  # onelane stopped: mlx_lm.server's probe runs alone
             if not args.no_overload:
                 base["overload"] = overload_probe(server)
-        ol["log_problems"] = {name: log_problems(folder / name) for name in ("worker.log", "web.log", "web-overload.log")}
+        ol["log_problems"] = {
+            name: log_problems(folder / name) for name in ("worker.log", "web.log", "web-overload.log")
+        }
     finally:
         store.redis.close()
     return ol, base
@@ -487,8 +600,10 @@ def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any
 def over_rounds(runs: list[Level]) -> dict[str, float | None]:
     """A level's figures, each the median over the rounds."""
     stats = [level_stats(level) for level in runs]
-    return {k: statistics.median(v) if (v := [st[k] for st in stats if st[k] is not None]) else None
-            for k in ("p50", "p99", "rps", "tps")}  # fmt: skip
+    return {
+        k: statistics.median(v) if (v := [st[k] for st in stats if st[k] is not None]) else None
+        for k in ("p50", "p99", "rps", "tps")
+    }
 
 
 def ratios(a: list[Level], b: list[Level]) -> list[float]:
@@ -498,12 +613,16 @@ def ratios(a: list[Level], b: list[Level]) -> list[float]:
 
 def report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any], load: float, wall: float) -> None:
     levels = args.levels
-    print(f"onelane vs mlx_lm.server: model {args.model or 'random, ' + args.size}, max_tokens {args.max_tokens}, temperature 0, every answer "
-          f"forced to max_tokens (onelane: ignore_eos; mlx_lm.server: logit_bias against EOS), non-streaming levels, "
-          f"{args.rounds} rounds alternating the servers; {os.cpu_count()} CPUs, load average {load:.2f} before, "
-          f"{os.getloadavg()[0]:.2f} after")  # fmt: skip
-    print(f"onelane: ONELANE_MAX_BATCH={args.batch}; worker (supervised) + web (gunicorn gevent), ready in "
-          f"{ol['ready_s']:.1f} s. mlx_lm.server: --decode-concurrency 32 (its default).")  # fmt: skip
+    print(
+        f"onelane vs mlx_lm.server: model {args.model or 'random, ' + args.size}, max_tokens {args.max_tokens}, temperature 0, every answer "
+        f"forced to max_tokens (onelane: ignore_eos; mlx_lm.server: logit_bias against EOS), non-streaming levels, "
+        f"{args.rounds} rounds alternating the servers; {os.cpu_count()} CPUs, load average {load:.2f} before, "
+        f"{os.getloadavg()[0]:.2f} after"
+    )
+    print(
+        f"onelane: ONELANE_MAX_BATCH={args.batch}; worker (supervised) + web (gunicorn gevent), ready in "
+        f"{ol['ready_s']:.1f} s. mlx_lm.server: --decode-concurrency 32 (its default)."
+    )
     for r in range(args.rounds):
         print(f"\n-- round {r + 1}")
         for clients in levels:
@@ -533,19 +652,25 @@ def report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any], l
 
     over = None
     if ol["overload"] is not None and base["overload"] is not None:
-        over = (overload_row(ol["overload"], ol["abandoned"].tokens),
-                overload_row(base["overload"], base["overload"]["write_errors"] * OVERLOAD_TOKENS))  # fmt: skip
-    print(f"side by side, each cell `onelane | mlx_lm.server`, medians over {args.rounds} rounds (tok for gone "
-          "clients: onelane = completion tokens of jobs whose client timed out, from Redis; mlx_lm.server = answers "
-          f"finished for closed sockets x {OVERLOAD_TOKENS}, from its log)")  # fmt: skip
+        over = (
+            overload_row(ol["overload"], ol["abandoned"].tokens),
+            overload_row(base["overload"], base["overload"]["write_errors"] * OVERLOAD_TOKENS),
+        )
+    print(
+        f"side by side, each cell `onelane | mlx_lm.server`, medians over {args.rounds} rounds (tok for gone "
+        "clients: onelane = completion tokens of jobs whose client timed out, from Redis; mlx_lm.server = answers "
+        f"finished for closed sockets x {OVERLOAD_TOKENS}, from its log)"
+    )
     print("\n".join(table(rows, (p50_ttft(ol["ttft"]), p50_ttft(base["ttft"])), over)))
     print()
     spreads = {str(c): ratios(ol["levels"][c], base["levels"][c]) for c in levels}
     print("\n".join(verdict(rows, spreads, ol["overload"], ol["abandoned"], base["overload"])))
     problems = {name: lines for name, lines in ol["log_problems"].items() if lines}
     print()
-    print(f"onelane worker alive at the end: {ol['alive']}; error lines in onelane's logs: "
-          + (", ".join(f"{n}: {len(v)}" for n, v in problems.items()) or "none"))  # fmt: skip
+    print(
+        f"onelane worker alive at the end: {ol['alive']}; error lines in onelane's logs: "
+        + (", ".join(f"{n}: {len(v)}" for n, v in problems.items()) or "none")
+    )
     for name, lines in problems.items():
         for line in lines[:5]:
             print(f"  {name}: {line[:300]}")
@@ -555,13 +680,20 @@ def report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any], l
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
-    parser.add_argument("--model", help="a model folder both servers load (instead of a random one of --size): e.g. "
-                        "worker/demo, or SmolLM2 as float32 (onelane import-gguf FILE DIR --dtype float32)")
+    parser.add_argument(
+        "--model",
+        help="a model folder both servers load (instead of a random one of --size): e.g. "
+        "worker/demo, or SmolLM2 as float32 (onelane import-gguf FILE DIR --dtype float32)",
+    )
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrent clients, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     parser.add_argument("--rounds", type=int, default=3, help="each level this many times on each server")
-    parser.add_argument("--requests", type=int, default=MIN_REQUESTS,
-                        help="requests per level (at least 2 per client); fewer for a slow model")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=MIN_REQUESTS,
+        help="requests per level (at least 2 per client); fewer for a slow model",
+    )
     parser.add_argument("--no-overload", action="store_true")
     parser.add_argument("--batch", type=int, default=Settings().max_batch, help="onelane's ONELANE_MAX_BATCH")
     args = parser.parse_args()

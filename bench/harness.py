@@ -86,12 +86,14 @@ def queue_bounds(n: int) -> dict[str, str]:
 
 
 @contextmanager
-def spawn(args: list[str], log_path: Path, env: dict[str, str] | None = None,
-          stop_timeout_s: float = 45.0) -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
+def spawn(
+    args: list[str], log_path: Path, env: dict[str, str] | None = None, stop_timeout_s: float = 45.0
+) -> Iterator[subprocess.Popen[bytes]]:
     """`args` in a process group of its own, its output appended to `log_path`; stopped on exit (see `stop`)."""
     with open(log_path, "ab") as log:
-        child = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)  # fmt: skip
+        child = subprocess.Popen(
+            args, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             yield child
         finally:
@@ -120,18 +122,34 @@ def stop(child: subprocess.Popen[bytes], timeout_s: float = 45.0) -> None:
         child.wait(timeout=10)
 
 
-def onelane_worker(settings: Settings, log_path: Path, supervised: bool = True, quiet: bool = False,
-                   **extra: str) -> AbstractContextManager[subprocess.Popen[bytes]]:  # fmt: skip
+def onelane_worker(
+    settings: Settings, log_path: Path, supervised: bool = True, quiet: bool = False, **extra: str
+) -> AbstractContextManager[subprocess.Popen[bytes]]:
     """`onelane worker` (a supervisor, an active worker and a standby), or one `python -m worker.main` alone."""
     args = [sys.executable, "-m", *(["tasks.cli", "worker"] if supervised else ["worker.main"])]
     return spawn(args, log_path, onelane_env(settings, quiet, **extra))
 
 
 @contextmanager
-def onelane_web(settings: Settings, port: int, log_path: Path, workers: int | None = None, ready: str = "/healthz",
-                quiet: bool = False, **extra: str) -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
+def onelane_web(
+    settings: Settings,
+    port: int,
+    log_path: Path,
+    workers: int | None = None,
+    ready: str = "/healthz",
+    quiet: bool = False,
+    **extra: str,
+) -> Iterator[subprocess.Popen[bytes]]:
     """`onelane web --port P [--workers N]`, up when yielded: `ready` answers 200 and its gunicorn workers run."""
-    args = [sys.executable, "-m", "tasks.cli", "web", "--port", str(port), *(["--workers", str(workers)] if workers else [])]
+    args = [
+        sys.executable,
+        "-m",
+        "tasks.cli",
+        "web",
+        "--port",
+        str(port),
+        *(["--workers", str(workers)] if workers else []),
+    ]
     with spawn(args, log_path, onelane_env(settings, quiet, **extra)) as web:
 
         def up() -> bool:
@@ -140,8 +158,10 @@ def onelane_web(settings: Settings, port: int, log_path: Path, workers: int | No
             return answers(port, ready) and len(children(web.pid)) >= (workers or 1)
 
         if not poll_until(up, START_S):
-            raise RuntimeError(f"onelane web: no 200 from {ready} within {START_S:.0f} s:\n{tail(log_path)}\n"
-                               f"{tail(log_path.parent / 'worker.log')}")  # fmt: skip
+            raise RuntimeError(
+                f"onelane web: no 200 from {ready} within {START_S:.0f} s:\n{tail(log_path)}\n"
+                f"{tail(log_path.parent / 'worker.log')}"
+            )
         yield web
 
 
@@ -164,7 +184,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def http_request(port: int, method: str, path: str, body: bytes | None = None, timeout: float = 10.0) -> tuple[int, bytes]:
+def http_request(
+    port: int, method: str, path: str, body: bytes | None = None, timeout: float = 10.0
+) -> tuple[int, bytes]:
     """One request to 127.0.0.1:`port` on a fresh connection: (status, body)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
@@ -270,7 +292,9 @@ def cpu_now(pids: list[int], client: Any) -> tuple[float, float, float]:
     return cpu_seconds(pids), redis_cpu(client), machine_busy()
 
 
-def wait_idle(pid: int, deadline: float, sample_s: float = 0.25, quiet_samples: int = 3, cores: float = 0.1) -> float | None:
+def wait_idle(
+    pid: int, deadline: float, sample_s: float = 0.25, quiet_samples: int = 3, cores: float = 0.1
+) -> float | None:
     """When `pid`'s CPU fell under `cores` for `quiet_samples` samples in a row (monotonic); None if not by `deadline`."""
     quiet_since, quiet = 0.0, 0
     while time.monotonic() < deadline:
@@ -296,8 +320,9 @@ def prompt(n: int, words: int = 12) -> str:
     return " ".join(WORDS[(n * 7 + k) % len(WORDS)] for k in range(words))
 
 
-def admit(store: Store, broker: Any, owner: str, text: str, model: str | None = None, job_id: str | None = None,
-          **params: Any) -> str:  # fmt: skip
+def admit(
+    store: Store, broker: Any, owner: str, text: str, model: str | None = None, job_id: str | None = None, **params: Any
+) -> str:
     """Admit a job as the web does (the job and its dramatiq message in one script); returns its id."""
     job_id = job_id or new_job_id()
     spec = JobSpec(owner=owner, model=model or store.settings.model_name, prompt=text, params=SamplingParams(**params))
@@ -378,8 +403,10 @@ def median(values: list[float]) -> float:
 
 def summary(values: list[float], unit: str = "ms", scale: float = 1000.0) -> str:
     """p50, p99 and mean, scaled (seconds to ms by default)."""
-    return (f"p50 {pct(values, 50) * scale:.2f} {unit}, p99 {pct(values, 99) * scale:.2f} {unit}, "
-            f"mean {statistics.fmean(values) * scale:.2f} {unit} (n={len(values)})")  # fmt: skip
+    return (
+        f"p50 {pct(values, 50) * scale:.2f} {unit}, p99 {pct(values, 99) * scale:.2f} {unit}, "
+        f"mean {statistics.fmean(values) * scale:.2f} {unit} (n={len(values)})"
+    )
 
 
 def spread(values: list[float], fmt: str = "{:.0f}", short: bool = False) -> str:

@@ -93,8 +93,9 @@ def mlx_server(model_path: str, log_path: Path, allow_eos: bool = False) -> Iter
 
 def load_level(server: Server, clients: int, max_tokens: int, requests: int = MIN_REQUESTS) -> Level:
     """`clients` closed-loop clients at once (see closed_loop)."""
-    return closed_loop(clients, lambda prompt: post_chat(server.url, body(prompt, max_tokens, server.eos), REQUEST_TIMEOUT_S),
-                       requests)
+    return closed_loop(
+        clients, lambda prompt: post_chat(server.url, body(prompt, max_tokens, server.eos), REQUEST_TIMEOUT_S), requests
+    )
 
 
 def settle(server: Server) -> bool:
@@ -133,8 +134,9 @@ def overload_probe(server: Server) -> dict[str, Any]:
     request = body(PROMPTS[0], OVERLOAD_TOKENS, server.eos)
     outcomes, started, gave_up = burst(lambda _: post_chat(server.url, request, OVERLOAD_TIMEOUT_S))
     overflows_after = listen_overflows()
-    idle_at, fresh = aftermath(pid, started + OVERLOAD_CAP_S,
-                               lambda timeout_s: post_chat(server.url, body(PROMPTS[1], 1, None), timeout_s))  # fmt: skip
+    idle_at, fresh = aftermath(
+        pid, started + OVERLOAD_CAP_S, lambda timeout_s: post_chat(server.url, body(PROMPTS[1], 1, None), timeout_s)
+    )
     cpu_after = proc_cpu(pid)
     time.sleep(0.2)  # let the server flush its log lines about the abandoned answers
     admitted = log_count(server, ['"POST /v1/chat/completions HTTP/1.1" 200'], log_mark)
@@ -150,7 +152,8 @@ def overload_probe(server: Server) -> dict[str, Any]:
         "fresh_request": fresh,
         # the server logs status 200 when a request enters generation; the fresh request is one of them
         "admitted": admitted - (1 if fresh and fresh.status == 200 else 0),
-        "listen_overflows": None if overflows_before is None or overflows_after is None
+        "listen_overflows": None
+        if overflows_before is None or overflows_after is None
         else overflows_after - overflows_before,
         "write_errors": log_count(server, ["BrokenPipeError", "ConnectionResetError"], log_mark),
     }
@@ -162,9 +165,11 @@ def mlx_level_lines(level: Level) -> list[str]:
     def details(ok: list[Outcome]) -> tuple[str, str]:
         tokens = [o.completion_tokens for o in ok]
         prompt, cached = sum(o.prompt_tokens for o in ok), sum(o.cached_tokens for o in ok)
-        return (f"latency {summary([o.latency for o in ok])}",
-                f"completion tokens/request min {min(tokens)}, median {statistics.median(tokens):.0f}, max "
-                f"{max(tokens)}; prompt tokens served from its prompt cache {cached} of {prompt}")  # fmt: skip
+        return (
+            f"latency {summary([o.latency for o in ok])}",
+            f"completion tokens/request min {min(tokens)}, median {statistics.median(tokens):.0f}, max "
+            f"{max(tokens)}; prompt tokens served from its prompt cache {cached} of {prompt}",
+        )
 
     return level_lines("mlx_lm.server", level, details)
 
@@ -180,14 +185,17 @@ def overload_lines(probe: dict[str, Any]) -> list[str]:
     lines = [] if probe["settled_before"] else [f"{head} WARNING: server still busy with earlier requests at start"]
     lines += [
         f"{head} answered {len(ok)}, failed {sum(failed.values())} ("
-        + (", ".join(f"{name} {n}" for name, n in failed.most_common()) or "none") + ")",
+        + (", ".join(f"{name} {n}" for name, n in failed.most_common()) or "none")
+        + ")",
         f"{head} 429/503 seen: {statuses or 'none'}; Retry-After seen: {retry_after or 'none'}",
         f"{head} last client gave up {probe['gave_up_after_s']:.2f} s after the burst; "
         f"server admitted {probe['admitted']} of them into generation",
-    ]  # fmt: skip
+    ]
     if probe["listen_overflows"] is not None:
-        lines.append(f"{head} kernel listen-queue overflows during the burst: {probe['listen_overflows']} "
-                     "(TcpExt ListenOverflows, system-wide; the server listens with a backlog of 5)")  # fmt: skip
+        lines.append(
+            f"{head} kernel listen-queue overflows during the burst: {probe['listen_overflows']} "
+            "(TcpExt ListenOverflows, system-wide; the server listens with a backlog of 5)"
+        )
     busy = probe["busy_after_give_up_s"]
     cpu = f"{probe['cpu_s']:.1f} s CPU" if probe["cpu_s"] is not None else "CPU time unavailable"
     if busy is not None:
@@ -196,9 +204,11 @@ def overload_lines(probe: dict[str, Any]) -> list[str]:
         lines.append(f"{head} server still generating when the {probe['cap_s']:.0f} s cap ended the probe ({cpu})")
     else:
         lines.append(f"{head} server idle time unknown (no /proc)")
-    lines.append(f"{head} {probe['write_errors']} answers were finished for clients already gone (broken pipe/reset "
-                 f"in its log): {'' if probe['eos_suppressed'] else 'up to '}{probe['write_errors'] * OVERLOAD_TOKENS} "
-                 "tokens generated for nobody")  # fmt: skip
+    lines.append(
+        f"{head} {probe['write_errors']} answers were finished for clients already gone (broken pipe/reset "
+        f"in its log): {'' if probe['eos_suppressed'] else 'up to '}{probe['write_errors'] * OVERLOAD_TOKENS} "
+        "tokens generated for nobody"
+    )
     fresh: Outcome | None = probe["fresh_request"]
     if fresh is not None:
         state = "answered" if fresh.ok else f"failed ({fresh.error})"

@@ -42,14 +42,19 @@ def main() -> None:
     args = parser.parse_args()
     load = os.getloadavg()[0]
 
-    with bench_env(args.size) as settings, mlx_server(settings.model_path, settings.var_dir / "server.log",
-                                                      args.allow_eos) as server:  # fmt: skip
-        levels, unsettled, probe = measure(server, [int(c) for c in args.levels.split(",")], args.max_tokens,
-                                           not args.no_overload)  # fmt: skip
+    with (
+        bench_env(args.size) as settings,
+        mlx_server(settings.model_path, settings.var_dir / "server.log", args.allow_eos) as server,
+    ):
+        levels, unsettled, probe = measure(
+            server, [int(c) for c in args.levels.split(",")], args.max_tokens, not args.no_overload
+        )
 
     eos_note = "EOS allowed" if args.allow_eos else "EOS suppressed by logit_bias"
-    print(f"mlx_lm.server, demo model {args.size}, max_tokens {args.max_tokens}, temperature 0, {eos_note}, "
-          f"non-streaming; load average {load:.2f} before, {os.getloadavg()[0]:.2f} after")  # fmt: skip
+    print(
+        f"mlx_lm.server, demo model {args.size}, max_tokens {args.max_tokens}, temperature 0, {eos_note}, "
+        f"non-streaming; load average {load:.2f} before, {os.getloadavg()[0]:.2f} after"
+    )
     for level in levels:
         print("\n".join(mlx_level_lines(level)))
         if level.clients in unsettled:

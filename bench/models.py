@@ -135,11 +135,19 @@ def run_once(settings: Settings, traffic: list[tuple[str, str]], tokens: int, ra
     waits = [j.timings.started_at - j.timings.queued_at for j in order]  # type: ignore[operator]
     heads = [j.timings.started_at - sampler.first_head[j.id] for j in order if j.id in sampler.first_head]  # type: ignore[operator]
     return Run(
-        switches=100 * changes / len(jobs), counter=after - before, loads=len(loads), load_s=sum(loads),
-        jobs_s=len(done) / (last - first), tokens_s=len(done) * tokens / (last - first),
-        wait_p50=pct(waits, 50), wait_max=max(waits), head_max=max(heads, default=0.0), heads=len(heads),
-        empty=sampler.empty / max(1, sampler.samples), failed=len(jobs) - len(done),
-    )  # fmt: skip
+        switches=100 * changes / len(jobs),
+        counter=after - before,
+        loads=len(loads),
+        load_s=sum(loads),
+        jobs_s=len(done) / (last - first),
+        tokens_s=len(done) * tokens / (last - first),
+        wait_p50=pct(waits, 50),
+        wait_max=max(waits),
+        head_max=max(heads, default=0.0),
+        heads=len(heads),
+        empty=sampler.empty / max(1, sampler.samples),
+        failed=len(jobs) - len(done),
+    )
 
 
 ROWS: list[tuple[str, str, str]] = [  # (Run attribute, label, format)
@@ -183,9 +191,12 @@ def measure(base: Settings, budget: str, sizes: list[str], args: argparse.Namesp
         for wait_s in (args.switch_wait, 0.0) if r % 2 == 0 else (0.0, args.switch_wait):
             run = run_once(base.model_copy(update={"model_switch_wait_s": wait_s}), traffic, args.tokens, args.rate)
             results[wait_s].append(run)
-            print(f"  [{budget}, round {r + 1}, wait {wait_s:g} s] switches/100 {run.switches:.0f}, "
-                  f"loads {run.loads}, {run.jobs_s:.2f} jobs/s, queue wait max {run.wait_max:.1f} s, "
-                  f"head wait max {run.head_max:.2f} s ({run.heads} heads seen)", flush=True)  # fmt: skip
+            print(
+                f"  [{budget}, round {r + 1}, wait {wait_s:g} s] switches/100 {run.switches:.0f}, "
+                f"loads {run.loads}, {run.jobs_s:.2f} jobs/s, queue wait max {run.wait_max:.1f} s, "
+                f"head wait max {run.head_max:.2f} s ({run.heads} heads seen)",
+                flush=True,
+            )
     return results
 
 
@@ -211,22 +222,34 @@ def main() -> None:
     from worker.models import size_on_disk
 
     began = time.monotonic()
-    print(f"models {sizes[0]} + {sizes[1]}; {args.jobs} jobs of {args.tokens} tokens at {args.rate:g}/s from "
-          f"{args.users} users, models at random; switch wait {args.switch_wait:g} s vs 0; {args.rounds} rounds; "
-          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+    print(
+        f"models {sizes[0]} + {sizes[1]}; {args.jobs} jobs of {args.tokens} tokens at {args.rate:g}/s from "
+        f"{args.users} users, models at random; switch wait {args.switch_wait:g} s vs 0; {args.rounds} rounds; "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     with private_redis() as (folder, url):
-        configs = tuple(ModelConfig(name=size, path=str(make_demo_model(folder / size, size=size)), default=n == 0)
-                        for n, size in enumerate(sizes))  # fmt: skip
+        configs = tuple(
+            ModelConfig(name=size, path=str(make_demo_model(folder / size, size=size)), default=n == 0)
+            for n, size in enumerate(sizes)
+        )
         bytes_ = [size_on_disk(c) for c in configs]
         memory = {"one": max(bytes_) + min(bytes_) // 2, "both": 2 * sum(bytes_)}
         print("model sizes: " + ", ".join(f"{c.name} {b / 2**20:.1f} MiB" for c, b in zip(configs, bytes_)))
         for budget in budgets:
-            base = Settings(redis_url=url, var_dir=folder, models=configs, models_memory=memory[budget],
-                            max_queue=10_000, max_queued_per_user=10_000)  # fmt: skip
+            base = Settings(
+                redis_url=url,
+                var_dir=folder,
+                models=configs,
+                models_memory=memory[budget],
+                max_queue=10_000,
+                max_queued_per_user=10_000,
+            )
             results = measure(base, budget, sizes, args)
-            title = (f"memory budget {memory[budget] / 2**20:.0f} MiB: "
-                     + ("one model at a time (every switch evicts and reloads)" if budget == "one"
-                        else "both models stay loaded"))  # fmt: skip
+            title = f"memory budget {memory[budget] / 2**20:.0f} MiB: " + (
+                "one model at a time (every switch evicts and reloads)"
+                if budget == "one"
+                else "both models stay loaded"
+            )
             report(title, results[args.switch_wait], results[0.0], args.switch_wait)
     print(f"\nmedian (min-max) over {args.rounds} rounds; ratios per round; took {time.monotonic() - began:.0f} s")
 

@@ -101,8 +101,12 @@ def user_keys(n: int) -> list[str]:
 
 def stack_env(keys: list[str], **more: str) -> dict[str, str]:
     """What every onelane process of a run is started with: wide queue bounds, a key per user, long answers."""
-    return {**queue_bounds(1000), "ONELANE_API_KEYS": ",".join(f"u{n}:{k}" for n, k in enumerate(keys)),
-            "ONELANE_MAX_TOKENS_LIMIT": "4096", **more}  # fmt: skip
+    return {
+        **queue_bounds(1000),
+        "ONELANE_API_KEYS": ",".join(f"u{n}:{k}" for n, k in enumerate(keys)),
+        "ONELANE_MAX_TOKENS_LIMIT": "4096",
+        **more,
+    }
 
 
 @contextlib.contextmanager
@@ -113,12 +117,20 @@ def onelane(model: str, users: int, cache: bool, log: Path) -> Iterator[Server]:
         settings = Settings(redis_url=url, model=model, var_dir=folder)
         extra = stack_env(keys, ONELANE_PREFIX_CACHE=os.environ.get("ONELANE_PREFIX_CACHE", "10%") if cache else "0")
         port = free_port()
-        with onelane_worker(settings, log.with_suffix(".worker.log"), **extra), \
-                onelane_web(settings, port, log.with_suffix(".web.log"), ready="/readyz", **extra):  # fmt: skip
+        with (
+            onelane_worker(settings, log.with_suffix(".worker.log"), **extra),
+            onelane_web(settings, port, log.with_suffix(".web.log"), ready="/readyz", **extra),
+        ):
             store = Store.connect(settings)
             try:
-                yield Server("onelane" if cache else "onelane, no cache", f"http://127.0.0.1:{port}", keys=keys,
-                             store=store, folder=folder, model=settings.model_name)  # fmt: skip
+                yield Server(
+                    "onelane" if cache else "onelane, no cache",
+                    f"http://127.0.0.1:{port}",
+                    keys=keys,
+                    store=store,
+                    folder=folder,
+                    model=settings.model_name,
+                )
             finally:
                 store.redis.close()
 
@@ -131,15 +143,25 @@ def two_devices(model: str, users: int, affinity_s: float, log: Path) -> Iterato
         settings = Settings(redis_url=url, model=model, var_dir=folder)
         extra = stack_env(keys, ONELANE_CACHE_AFFINITY_S=str(affinity_s))
         port = free_port()
-        with onelane_worker(settings, log.with_suffix(".a.log"), ONELANE_DEVICE="gpu-a", **extra), \
-                onelane_worker(settings, log.with_suffix(".b.log"), ONELANE_DEVICE="gpu-b", **extra), \
-                onelane_web(settings, port, log.with_suffix(".web.log"), ready="/readyz", **extra):  # fmt: skip
+        with (
+            onelane_worker(settings, log.with_suffix(".a.log"), ONELANE_DEVICE="gpu-a", **extra),
+            onelane_worker(settings, log.with_suffix(".b.log"), ONELANE_DEVICE="gpu-b", **extra),
+            onelane_web(settings, port, log.with_suffix(".web.log"), ready="/readyz", **extra),
+        ):
             store = Store.connect(settings)
             try:
-                if not poll_until(lambda: len([w for w in store.readings.snapshot().workers if w.models]) == 2, START_S):
+                if not poll_until(
+                    lambda: len([w for w in store.readings.snapshot().workers if w.models]) == 2, START_S
+                ):
                     raise RuntimeError("the two workers did not both come up")
-                yield Server(f"onelane, 2 devices, steering {'on' if affinity_s else 'off'}", f"http://127.0.0.1:{port}",
-                             keys=keys, store=store, folder=folder, model=settings.model_name)  # fmt: skip
+                yield Server(
+                    f"onelane, 2 devices, steering {'on' if affinity_s else 'off'}",
+                    f"http://127.0.0.1:{port}",
+                    keys=keys,
+                    store=store,
+                    folder=folder,
+                    model=settings.model_name,
+                )
             finally:
                 store.redis.close()
 
@@ -162,8 +184,13 @@ def baseline(model: str, log: Path) -> Iterator[Server]:
 
 def request(server: Server, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
     """A streamed greedy chat request, the same to both servers but for how EOS is kept out."""
-    req: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-                           "stream_options": {"include_usage": True}}  # fmt: skip
+    req: dict[str, Any] = {
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if server.eos is not None:
         req["logit_bias"] = {str(server.eos): -1e4}
     else:
@@ -223,8 +250,10 @@ def conversation(server: Server, user: int, system: str, turns: int, answer: int
 def conversations(server: Server, users: int, system: str, turns: int, answer: int) -> Run:
     results: list[list[Turn]] = [[] for _ in range(users)]
     started = time.monotonic()
-    threads = [threading.Thread(target=lambda u=u: results.__setitem__(u, conversation(server, u, system, turns, answer)))
-               for u in range(users)]  # fmt: skip
+    threads = [
+        threading.Thread(target=lambda u=u: results.__setitem__(u, conversation(server, u, system, turns, answer)))
+        for u in range(users)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -244,7 +273,9 @@ def restart_check(model: str, system: str, answer: int, log: Path) -> tuple[Turn
         pid = next(w.pid for w in server.store.readings.snapshot().workers)
         os.kill(pid, signal.SIGTERM)
         stopped = time.monotonic()
-        if not poll_until(lambda: any(w.pid != pid and w.models for w in server.store.readings.snapshot().workers), START_S):
+        if not poll_until(
+            lambda: any(w.pid != pid and w.models for w in server.store.readings.snapshot().workers), START_S
+        ):
             raise RuntimeError("no worker took over after the restart")
         handover = time.monotonic() - stopped
         after = conversation(server, 0, system, 3, answer)[-1]
@@ -262,8 +293,13 @@ def independent(server: Server, rounds_seed: int) -> float:
     def one(prompt: str) -> Any:
         with lock:
             n = next(counter)
-        req = {"messages": [{"role": "user", "content": f"{n} {prompt}"}], "max_tokens": INDEPENDENT_TOKENS,
-               "temperature": 0.0, "ignore_eos": True, "model": server.model}  # fmt: skip
+        req = {
+            "messages": [{"role": "user", "content": f"{n} {prompt}"}],
+            "max_tokens": INDEPENDENT_TOKENS,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "model": server.model,
+        }
         return post_chat(server.url, req, TIMEOUT_S, headers=auth(server, 0))
 
     level = closed_loop(INDEPENDENT_CLIENTS, one)
@@ -285,8 +321,10 @@ def ms(value: float | None) -> str:
 def report(runs: list[Run], users_levels: list[int]) -> None:
     print("\nconversations (medians over the rounds; each round's p50 first):")
     names = list(dict.fromkeys(r.server for r in runs))
-    header = f"{'users':>5}  {'server':<18} {'first-turn TTFT p50':>20} {'follow-up TTFT p50':>20} " \
-             f"{'follow-up p95':>14} {'wall':>8} {'cached share':>12}"  # fmt: skip
+    header = (
+        f"{'users':>5}  {'server':<18} {'first-turn TTFT p50':>20} {'follow-up TTFT p50':>20} "
+        f"{'follow-up p95':>14} {'wall':>8} {'cached share':>12}"
+    )
     print(header)
     summary: dict[tuple[int, str], dict[str, float | None]] = {}
     for users in users_levels:
@@ -298,19 +336,27 @@ def report(runs: list[Run], users_levels: list[int]) -> None:
             walls = [r.wall_s for r in mine]
             follow_turns = [t for r in mine for t in r.turns if t.n > 0]
             share = sum(t.cached_tokens for t in follow_turns) / max(1, sum(t.prompt_tokens for t in follow_turns))
-            row = {"first": p50([x for x in first if x is not None]), "follow": p50([x for x in follow if x is not None]),
-                   "wall": p50(walls)}  # fmt: skip
+            row = {
+                "first": p50([x for x in first if x is not None]),
+                "follow": p50([x for x in follow if x is not None]),
+                "wall": p50(walls),
+            }
             summary[(users, name)] = row
             errors = [e for r in mine for e in r.errors]
-            print(f"{users:>5}  {name:<18} {ms(row['first']):>20} {ms(row['follow']):>20} "
-                  f"{ms(p50(p95)):>14} {row['wall']:>7.1f}s {share:>11.0%}"
-                  + (f"   errors: {errors[:3]}" if errors else ""))  # fmt: skip
+            print(
+                f"{users:>5}  {name:<18} {ms(row['first']):>20} {ms(row['follow']):>20} "
+                f"{ms(p50(p95)):>14} {row['wall']:>7.1f}s {share:>11.0%}"
+                + (f"   errors: {errors[:3]}" if errors else "")
+            )
+
             def rounds(values: list[float | None], fmt: str) -> str:
                 kept = [v for v in values if v is not None]
                 return spread(kept, fmt, True) if kept else "–"
 
-            print(f"{'':>5}  {'':<18} {'rounds: ' + rounds(first, '{:.3f}'):>20} {rounds(follow, '{:.3f}'):>20} "
-                  f"{'':>14} {rounds(walls, '{:.1f}'):>8}")
+            print(
+                f"{'':>5}  {'':<18} {'rounds: ' + rounds(first, '{:.3f}'):>20} {rounds(follow, '{:.3f}'):>20} "
+                f"{'':>14} {rounds(walls, '{:.1f}'):>8}"
+            )
     print("\nratios (onelane / the other; below 1.0: onelane is faster):")
     for users in users_levels:
         ol = summary.get((users, "onelane"))
@@ -321,8 +367,10 @@ def report(runs: list[Run], users_levels: list[int]) -> None:
             parts = [f"{key} {ol[key] / o[key]:.2f}x" for key in ("first", "follow", "wall") if ol[key] and o[key]]
             print(f"  {users} user(s), vs {other}: " + ", ".join(parts))
         if ol and ol["first"] and ol["follow"]:
-            print(f"  {users} user(s), onelane's follow-up turn is {ol['first'] / ol['follow']:.1f}x faster to its first "
-                  "token than its first turn")  # fmt: skip
+            print(
+                f"  {users} user(s), onelane's follow-up turn is {ol['first'] / ol['follow']:.1f}x faster to its first "
+                "token than its first turn"
+            )
 
 
 def main() -> None:
@@ -341,31 +389,40 @@ def main() -> None:
     system = system_message(args.system_chars)
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"onelane-multiturn-{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
-    print(f"model {args.model}; system message {len(system)} characters; {args.turns} turns of {args.answer_tokens}-token "
-          f"answers; users {users_levels}; {args.rounds} round(s); logs in {logs}")  # fmt: skip
+    print(
+        f"model {args.model}; system message {len(system)} characters; {args.turns} turns of {args.answer_tokens}-token "
+        f"answers; users {users_levels}; {args.rounds} round(s); logs in {logs}"
+    )
 
-    variants = [("onelane", lambda users, log: onelane(args.model, users, True, log)),
-                ("mlx_lm.server", lambda users, log: baseline(args.model, log))]  # fmt: skip
+    variants = [
+        ("onelane", lambda users, log: onelane(args.model, users, True, log)),
+        ("mlx_lm.server", lambda users, log: baseline(args.model, log)),
+    ]
     if not args.skip_uncached:
         variants.append(("onelane, no cache", lambda users, log: onelane(args.model, users, False, log)))
     runs: list[Run] = []
     for rnd in range(args.rounds):
-        order = variants[rnd % len(variants):] + variants[: rnd % len(variants)]
+        order = variants[rnd % len(variants) :] + variants[: rnd % len(variants)]
         for users in users_levels:
             for name, start in order:
                 with start(users, logs / f"r{rnd}-u{users}-{name.replace(' ', '').replace(',', '')}") as server:
                     run = conversations(server, users, system, args.turns, args.answer_tokens)
                 runs.append(run)
-                print(f"  round {rnd + 1}, {users} user(s), {name}: wall {run.wall_s:.1f} s, follow-up TTFT p50 "
-                      f"{ms(p50(run.ttfts(False)))}, first {ms(p50(run.ttfts(True)))}"
-                      + (f", errors {run.errors[:2]}" if run.errors else ""), flush=True)  # fmt: skip
+                print(
+                    f"  round {rnd + 1}, {users} user(s), {name}: wall {run.wall_s:.1f} s, follow-up TTFT p50 "
+                    f"{ms(p50(run.ttfts(False)))}, first {ms(p50(run.ttfts(True)))}"
+                    + (f", errors {run.errors[:2]}" if run.errors else ""),
+                    flush=True,
+                )
     report(runs, users_levels)
 
     before, after, handover = restart_check(args.model, system, args.answer_tokens, logs / "restart")
-    print(f"\nafter a restart in good order (SIGTERM to the active worker; the standby answered after {handover:.1f} s):"
-          f" the next turn read {after.cached_tokens} of its {after.prompt_tokens} prompt tokens from the cache "
-          f"(TTFT {ms(after.ttft)}; the turn before the restart: {before.cached_tokens} of {before.prompt_tokens}, "
-          f"TTFT {ms(before.ttft)})")  # fmt: skip
+    print(
+        f"\nafter a restart in good order (SIGTERM to the active worker; the standby answered after {handover:.1f} s):"
+        f" the next turn read {after.cached_tokens} of its {after.prompt_tokens} prompt tokens from the cache "
+        f"(TTFT {ms(after.ttft)}; the turn before the restart: {before.cached_tokens} of {before.prompt_tokens}, "
+        f"TTFT {ms(before.ttft)})"
+    )
 
     if not args.skip_two_devices:
         users = max(users_levels)
@@ -374,9 +431,12 @@ def main() -> None:
             with two_devices(args.model, users, affinity_s, logs / f"two-{affinity_s:g}") as server:
                 run = conversations(server, users, system, args.turns, args.answer_tokens)
             hit, of = history_hits(run)
-            print(f"  {server.name}: {hit} of {of} follow-ups read their history from the cache ({hit / of:.0%}); "
-                  f"follow-up TTFT p50 {ms(p50(run.ttfts(False)))}, wall {run.wall_s:.1f} s"
-                  + (f", errors {run.errors[:2]}" if run.errors else ""), flush=True)  # fmt: skip
+            print(
+                f"  {server.name}: {hit} of {of} follow-ups read their history from the cache ({hit / of:.0%}); "
+                f"follow-up TTFT p50 {ms(p50(run.ttfts(False)))}, wall {run.wall_s:.1f} s"
+                + (f", errors {run.errors[:2]}" if run.errors else ""),
+                flush=True,
+            )
 
     if not args.skip_independent:
         rates: dict[bool, list[float]] = {True: [], False: []}
@@ -384,12 +444,16 @@ def main() -> None:
             cache = rnd % 2 == 0
             with onelane(args.model, 1, cache, logs / f"independent-{rnd}") as server:
                 rates[cache].append(independent(server, rnd))
-            print(f"  nothing to hit, round {rnd + 1}, cache {'on' if cache else 'off'}: {rates[cache][-1]:.1f} tok/s",
-                  flush=True)  # fmt: skip
+            print(
+                f"  nothing to hit, round {rnd + 1}, cache {'on' if cache else 'off'}: {rates[cache][-1]:.1f} tok/s",
+                flush=True,
+            )
         on, off = p50(rates[True]), p50(rates[False])
-        print(f"\nnothing to hit ({INDEPENDENT_CLIENTS} clients, every prompt new, {INDEPENDENT_TOKENS} tokens each): "
-              f"cache on {on:.1f} tok/s ({spread(rates[True], '{:.1f}', True)}), off {off:.1f} tok/s "
-              f"({spread(rates[False], '{:.1f}', True)}): {on / off:.3f}x")  # fmt: skip
+        print(
+            f"\nnothing to hit ({INDEPENDENT_CLIENTS} clients, every prompt new, {INDEPENDENT_TOKENS} tokens each): "
+            f"cache on {on:.1f} tok/s ({spread(rates[True], '{:.1f}', True)}), off {off:.1f} tok/s "
+            f"({spread(rates[False], '{:.1f}', True)}): {on / off:.3f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ PROMPTS = [
 ]
 LEVELS = (1, 8, 32)
 MAX_TOKENS = 64
-MIN_REQUESTS = 128  # per level: enough samples at 1 client, at least 4 rounds per client at 32 (levels of ~1 s are noise here)
+MIN_REQUESTS = (
+    128  # per level: enough samples at 1 client, at least 4 rounds per client at 32 (levels of ~1 s are noise here)
+)
 LEVEL_DEADLINE_S = 60.0
 REQUEST_TIMEOUT_S = 60.0
 OVERLOAD_CLIENTS = 64
@@ -101,9 +103,12 @@ def post_chat(url: str, request: dict[str, Any], timeout_s: float, headers: dict
         return Outcome(False, ended - started, classify(exc), ended=ended, tag=tag)
     ended = time.monotonic()
     common: dict[str, Any] = {
-        "status": reply.status_code, "retry_after": reply.headers.get("Retry-After"), "ended": ended,
-        "job_id": reply.headers.get("x-onelane-job-id"), "tag": tag,
-    }  # fmt: skip
+        "status": reply.status_code,
+        "retry_after": reply.headers.get("Retry-After"),
+        "ended": ended,
+        "job_id": reply.headers.get("x-onelane-job-id"),
+        "tag": tag,
+    }
     try:
         data = reply.json()
     except ValueError:
@@ -111,19 +116,29 @@ def post_chat(url: str, request: dict[str, Any], timeout_s: float, headers: dict
     if reply.status_code != 200:
         err = data.get("error") if isinstance(data, dict) else None
         shaped = isinstance(err, dict) and isinstance(err.get("type"), str) and isinstance(err.get("message"), str)
-        return Outcome(False, ended - started, f"http {reply.status_code}", json_error=shaped,
-                       error_type=str(err.get("code") or err["type"]) if shaped else None, **common)  # type: ignore[union-attr]  # fmt: skip
+        return Outcome(
+            False,
+            ended - started,
+            f"http {reply.status_code}",
+            json_error=shaped,
+            error_type=str(err.get("code") or err["type"]) if shaped else None,
+            **common,
+        )  # type: ignore[union-attr]
     if not isinstance(data, dict):
         return Outcome(False, ended - started, "200 without JSON", json_error=False, **common)
     usage = data.get("usage") or {}
     queue = reply.headers.get("x-queue-time")
     return Outcome(
-        True, ended - started, None,
-        completion_tokens=int(usage.get("completion_tokens", 0)), prompt_tokens=int(usage.get("prompt_tokens", 0)),
+        True,
+        ended - started,
+        None,
+        completion_tokens=int(usage.get("completion_tokens", 0)),
+        prompt_tokens=int(usage.get("prompt_tokens", 0)),
         cached_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)),
-        finish_reason=(data.get("choices") or [{}])[0].get("finish_reason"), queue_s=float(queue) if queue else None,
+        finish_reason=(data.get("choices") or [{}])[0].get("finish_reason"),
+        queue_s=float(queue) if queue else None,
         **common,
-    )  # fmt: skip
+    )
 
 
 def closed_loop(clients: int, send: Callable[[str], Outcome], requests: int = MIN_REQUESTS) -> Level:
@@ -164,7 +179,9 @@ def burst(send: Callable[[int], Outcome]) -> tuple[list[Outcome], float, float]:
     return outcomes, started, max(o.ended for o in outcomes)
 
 
-def aftermath(pid: int | None, deadline: float, fresh: Callable[[float], Outcome]) -> tuple[float | None, Outcome | None]:
+def aftermath(
+    pid: int | None, deadline: float, fresh: Callable[[float], Outcome]
+) -> tuple[float | None, Outcome | None]:
     """Right after a burst: a fresh request, `fresh(timeout_s)` (what the next user waits), while `pid`'s CPU is
     watched until it idles: (when it went idle, or None by `deadline`; the fresh request's outcome)."""
     answer: list[Outcome] = []
@@ -185,9 +202,12 @@ def level_lines(server: str, level: Level, details: Callable[[list[Outcome]], tu
     if ok:
         latency, usage = details(ok)
         tokens = sum(o.completion_tokens for o in ok)
-        lines += [f"{head} {latency}",
-                  f"{head} {len(ok) / level.wall_s:.2f} req/s, {tokens / level.wall_s:.1f} completion tok/s over "
-                  f"{level.wall_s:.2f} s", f"{head} {usage}"]  # fmt: skip
+        lines += [
+            f"{head} {latency}",
+            f"{head} {len(ok) / level.wall_s:.2f} req/s, {tokens / level.wall_s:.1f} completion tok/s over "
+            f"{level.wall_s:.2f} s",
+            f"{head} {usage}",
+        ]
     return lines
 
 
@@ -214,8 +234,12 @@ def stream_once(url: str, request: dict[str, Any], timeout_s: float, headers: di
     chunks, done, error, text, usage = 0, False, None, [], None
     conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=timeout_s)
     try:
-        conn.request("POST", "/v1/chat/completions", body=payload,
-                     headers={"Content-Type": "application/json", **(headers or {})})  # fmt: skip
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=payload,
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
         resp = conn.getresponse()
         if resp.status != 200:
             return Streamed(None, time.monotonic() - started, 0, False, f"http {resp.status}")

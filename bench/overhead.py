@@ -64,15 +64,32 @@ def onelane_run(sock: socket.socket, request: bytes, store: Store) -> tuple[floa
 
 
 def chat_request(port: int, model: str, tokens: int) -> bytes:
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens,
-                       "stream": True, "ignore_eos": True, "temperature": 1.0, "seed": SEED}).encode()  # fmt: skip
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n")  # fmt: skip
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": tokens,
+            "stream": True,
+            "ignore_eos": True,
+            "temperature": 1.0,
+            "seed": SEED,
+        }
+    ).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
     return head.encode() + body
 
 
-def measure(engine, spec: JobSpec, port: int, request: bytes, store: Store,  # type: ignore[no-untyped-def]
-            args: argparse.Namespace) -> dict[str, list[float]]:
+def measure(
+    engine,
+    spec: JobSpec,
+    port: int,
+    request: bytes,
+    store: Store,  # type: ignore[no-untyped-def]
+    args: argparse.Namespace,
+) -> dict[str, list[float]]:
     """`--runs` alternating pairs (after a warm-up pair), each after the same idle pause: direct, then onelane."""
     runs: dict[str, list[float]] = {"d_first": [], "d_total": [], "o_first": [], "o_total": [], "o_gen": []}
     sock = socket.create_connection(("127.0.0.1", port))
@@ -100,15 +117,23 @@ def report(args: argparse.Namespace, runs: dict[str, list[float]]) -> None:
     def paired(a: list[float], b: list[float]) -> float:
         return med([x - y for x, y in zip(a, b)])
 
-    print(f"tiny demo model, {args.tokens} tokens, chat prompt, {args.runs} alternating runs after {args.pause:g} s idle "
-          f"each, load average {os.getloadavg()[0]:.2f}; medians (paired difference)")  # fmt: skip
-    print(f"time to first token: direct {med(d_first) * ms:.2f} ms, through onelane (SSE) {med(o_first) * ms:.2f} ms "
-          f"-> {paired(o_first, d_first) * ms:+.2f} ms")  # fmt: skip
+    print(
+        f"tiny demo model, {args.tokens} tokens, chat prompt, {args.runs} alternating runs after {args.pause:g} s idle "
+        f"each, load average {os.getloadavg()[0]:.2f}; medians (paired difference)"
+    )
+    print(
+        f"time to first token: direct {med(d_first) * ms:.2f} ms, through onelane (SSE) {med(o_first) * ms:.2f} ms "
+        f"-> {paired(o_first, d_first) * ms:+.2f} ms"
+    )
     extra = paired(o_total, d_total)
-    print(f"whole job:           direct {med(d_total) * ms:.1f} ms, through onelane end to end {med(o_total) * ms:.1f} ms "
-          f"-> {extra * ms:+.1f} ms ({extra / med(d_total) * 100:+.1f} %)")  # fmt: skip
-    print(f"generation alone (started -> finished in Redis): {med(o_gen) * ms:.1f} ms -> "
-          f"{paired(o_gen, d_total) * ms:+.1f} ms vs direct")  # fmt: skip
+    print(
+        f"whole job:           direct {med(d_total) * ms:.1f} ms, through onelane end to end {med(o_total) * ms:.1f} ms "
+        f"-> {extra * ms:+.1f} ms ({extra / med(d_total) * 100:+.1f} %)"
+    )
+    print(
+        f"generation alone (started -> finished in Redis): {med(o_gen) * ms:.1f} ms -> "
+        f"{paired(o_gen, d_total) * ms:+.1f} ms vs direct"
+    )
     print("targets: extra time <= 2 % and <= 5 ms; first token <= direct + 5 ms")
 
 

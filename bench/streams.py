@@ -81,8 +81,10 @@ def follow_stream(port: int, stream: Stream, deadline: float, read_timeout: floa
     """GET /v1/jobs/<id>/events and record every event until a terminal one, `stop`, an error or `deadline`."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     try:
-        sock.sendall(f"GET /v1/jobs/{stream.job_id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                     "Accept: text/event-stream\r\n\r\n".encode())  # fmt: skip
+        sock.sendall(
+            f"GET /v1/jobs/{stream.job_id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            "Accept: text/event-stream\r\n\r\n".encode()
+        )
         sock.settimeout(read_timeout)
         raw = b""
         while b"\r\n\r\n" not in raw:
@@ -182,8 +184,14 @@ class Sample:
     @classmethod
     def take(cls, worker: int, client: Any) -> Sample:
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        return cls(time.monotonic(), rss_kb(worker), open_fds(worker), int(client.info("clients")["connected_clients"]),
-                   cpu_now([worker], client), usage.ru_utime + usage.ru_stime)  # fmt: skip
+        return cls(
+            time.monotonic(),
+            rss_kb(worker),
+            open_fds(worker),
+            int(client.info("clients")["connected_clients"]),
+            cpu_now([worker], client),
+            usage.ru_utime + usage.ru_stime,
+        )
 
 
 @dataclass
@@ -214,7 +222,9 @@ def admit_jobs(port: int, n: int) -> list[str]:
     return ids
 
 
-def move_queue(port: int, streams: list[Stream], moves_n: int, gap: float) -> tuple[list[list[float]], int, list[float]]:
+def move_queue(
+    port: int, streams: list[Stream], moves_n: int, gap: float
+) -> tuple[list[list[float]], int, list[float]]:
     """Cancel the head job `moves_n` times, `gap` s apart: how long each move took to reach each stream, how many
     streams it never reached, and how long each DELETE took."""
     moves: list[list[float]] = []
@@ -243,8 +253,15 @@ def move_queue(port: int, streams: list[Stream], moves_n: int, gap: float) -> tu
     return moves, missing, cancel_ms
 
 
-def measure(port: int, worker: int, client: Any, args: argparse.Namespace, hold: float, moves_n: int,
-            greenlets: list[gevent.Greenlet]) -> Run:  # fmt: skip
+def measure(
+    port: int,
+    worker: int,
+    client: Any,
+    args: argparse.Namespace,
+    hold: float,
+    moves_n: int,
+    greenlets: list[gevent.Greenlet],
+) -> Run:
     """Admit the jobs, open a stream on each, hold them `hold` s while the queue moves `moves_n` times, hang up."""
     started = time.monotonic()
     ids = admit_jobs(port, args.streams)
@@ -287,8 +304,17 @@ def measure(port: int, worker: int, client: Any, args: argparse.Namespace, hold:
         now_clients = int(client.info("clients")["connected_clients"])
         if now_clients != clients:
             clients, stable_since = now_clients, time.monotonic()
-    return Run(admit_s, before, opened_at, streams, post, get_status, (start, idle, end), *moves,
-               (clients, stable_since - hung_up, rss_kb(worker)))  # fmt: skip
+    return Run(
+        admit_s,
+        before,
+        opened_at,
+        streams,
+        post,
+        get_status,
+        (start, idle, end),
+        *moves,
+        (clients, stable_since - hung_up, rss_kb(worker)),
+    )
 
 
 def report(run: Run, args: argparse.Namespace) -> None:
@@ -298,54 +324,75 @@ def report(run: Run, args: argparse.Namespace) -> None:
     print(f"before: worker VmRSS {before.rss_kb / 1024:.1f} MiB, Redis connected_clients {before.redis_clients}")
     first = [s.queued[0][0] - run.opened_at for s in streams if s.queued]
     ok_first = sum(1 for i, s in enumerate(streams) if s.queued and s.queued[0][1] == i + 1)
-    print(f"opened: {sum(1 for s in streams if s.opened_at)} of {n} answered 200; {len(first)} got their "
-          f"first `queued` event, all within {max(first) if first else float('nan'):.2f} s of the first "
-          f"connect; {ok_first} with the right position")  # fmt: skip
+    print(
+        f"opened: {sum(1 for s in streams if s.opened_at)} of {n} answered 200; {len(first)} got their "
+        f"first `queued` event, all within {max(first) if first else float('nan'):.2f} s of the first "
+        f"connect; {ok_first} with the right position"
+    )
     errors = [s.error for s in streams if s.error]
     if errors:
         print(f"  ! {len(errors)} streams failed: {sorted(set(errors))[:5]}")
     status, answer, post_ms = run.post
-    print(f"while they are open: POST /v1/jobs answered {status} in {post_ms:.0f} ms"
-          f"{' ' + answer[:120].decode(errors='replace') if status != 202 else ''}; GET /v1/jobs/<id> "
-          f"answered {run.get_status}")  # fmt: skip
+    print(
+        f"while they are open: POST /v1/jobs answered {status} in {post_ms:.0f} ms"
+        f"{' ' + answer[:120].decode(errors='replace') if status != 202 else ''}; GET /v1/jobs/<id> "
+        f"answered {run.get_status}"
+    )
 
     start, idle, end = run.held
     held = end.at - start.at
     head = len(run.moves)
     cancelled, rest = streams[:head], streams[head:]
     pings = [sum(1 for t in s.pings if start.at <= t <= end.at) for s in rest if s.open] or [0]
-    print(f"held {held:.1f} s: {sum(1 for s in rest if s.open)} of {len(rest)} waiting streams still open; the {head} "
-          f"cancelled jobs' streams ended with `cancelled`: "
-          f"{sum(1 for s in cancelled if s.others and s.others[-1][1] == 'cancelled')} of {head}")  # fmt: skip
+    print(
+        f"held {held:.1f} s: {sum(1 for s in rest if s.open)} of {len(rest)} waiting streams still open; the {head} "
+        f"cancelled jobs' streams ended with `cancelled`: "
+        f"{sum(1 for s in cancelled if s.others and s.others[-1][1] == 'cancelled')} of {head}"
+    )
     failed = next((s for s in rest if s.error), None)
     if failed:
         print(f"  ! {failed.job_id}: {failed.error}")
-    print(f"pings per open stream while holding: min {min(pings)}, median {statistics.median(pings):g}, "
-          f"max {max(pings)} (expected ~{held / args.ping:.0f} at one per {args.ping:g} s)")  # fmt: skip
-    print(f"worker VmRSS: before {before.rss_kb / 1024:.1f} MiB, holding {idle.rss_kb / 1024:.1f} MiB (3 s in), "
-          f"{end.rss_kb / 1024:.1f} MiB (end) -> {(max(idle.rss_kb, end.rss_kb) - before.rss_kb) / n:.0f} kB per stream")  # fmt: skip
-    print(f"Redis connected_clients: before {before.redis_clients}, holding {idle.redis_clients} (3 s in), "
-          f"{end.redis_clients} (end, after the moves); worker open file descriptors: before {before.fds}, holding "
-          f"{idle.fds} (3 s in), {end.fds} (end)")  # fmt: skip
+    print(
+        f"pings per open stream while holding: min {min(pings)}, median {statistics.median(pings):g}, "
+        f"max {max(pings)} (expected ~{held / args.ping:.0f} at one per {args.ping:g} s)"
+    )
+    print(
+        f"worker VmRSS: before {before.rss_kb / 1024:.1f} MiB, holding {idle.rss_kb / 1024:.1f} MiB (3 s in), "
+        f"{end.rss_kb / 1024:.1f} MiB (end) -> {(max(idle.rss_kb, end.rss_kb) - before.rss_kb) / n:.0f} kB per stream"
+    )
+    print(
+        f"Redis connected_clients: before {before.redis_clients}, holding {idle.redis_clients} (3 s in), "
+        f"{end.redis_clients} (end, after the moves); worker open file descriptors: before {before.fds}, holding "
+        f"{idle.fds} (3 s in), {end.fds} (end)"
+    )
     web, redis_used, busy = (b - a for a, b in zip(start.cpu, end.cpu))
     client_cpu = end.client_cpu - start.client_cpu
-    print(f"CPU: web worker {100 * (idle.cpu[0] - start.cpu[0]) / (idle.at - start.at):.0f} % of one core just "
-          f"holding them (first 3 s, no moves), {100 * web / held:.0f} % over the whole hold with the moves; Redis "
-          f"{100 * redis_used / held:.0f} %, this client {100 * client_cpu / held:.0f} %, everything else on the "
-          f"machine {100 * (busy - web - client_cpu - redis_used) / held:.0f} % (2 cores = 200 %)")  # fmt: skip
+    print(
+        f"CPU: web worker {100 * (idle.cpu[0] - start.cpu[0]) / (idle.at - start.at):.0f} % of one core just "
+        f"holding them (first 3 s, no moves), {100 * web / held:.0f} % over the whole hold with the moves; Redis "
+        f"{100 * redis_used / held:.0f} %, this client {100 * client_cpu / held:.0f} %, everything else on the "
+        f"machine {100 * (busy - web - client_cpu - redis_used) / held:.0f} % (2 cores = 200 %)"
+    )
     flat = sorted(x for m in run.moves for x in m)
     if flat:
-        print(f"queue moved ({head} cancels of the head job, DELETE answered in "
-              f"{statistics.median(run.cancel_ms):.1f} ms median): new position reached "
-              f"{len(flat)} of {len(flat) + run.missing} streams expected")  # fmt: skip
-        print(f"  per stream: p50 {pct(flat, 50) * 1000:.0f} ms, p99 {pct(flat, 99) * 1000:.0f} ms, "
-              f"max {flat[-1] * 1000:.0f} ms (from sending the DELETE)")  # fmt: skip
-        print("  all streams reached, per move: " + ", ".join(
-            f"{m[-1] * 1000:.0f} ms ({len(m)})" for m in run.moves if m))  # fmt: skip
+        print(
+            f"queue moved ({head} cancels of the head job, DELETE answered in "
+            f"{statistics.median(run.cancel_ms):.1f} ms median): new position reached "
+            f"{len(flat)} of {len(flat) + run.missing} streams expected"
+        )
+        print(
+            f"  per stream: p50 {pct(flat, 50) * 1000:.0f} ms, p99 {pct(flat, 99) * 1000:.0f} ms, "
+            f"max {flat[-1] * 1000:.0f} ms (from sending the DELETE)"
+        )
+        print(
+            "  all streams reached, per move: " + ", ".join(f"{m[-1] * 1000:.0f} ms ({len(m)})" for m in run.moves if m)
+        )
         print("  first stream reached, per move: " + ", ".join(f"{m[0] * 1000:.0f} ms" for m in run.moves if m))
     clients, settled_s, rss = run.hung_up
-    print(f"after the clients hung up: Redis connected_clients settled at {clients} {settled_s:.1f} s later, "
-          f"worker VmRSS {rss / 1024:.1f} MiB")  # fmt: skip
+    print(
+        f"after the clients hung up: Redis connected_clients settled at {clients} {settled_s:.1f} s later, "
+        f"worker VmRSS {rss / 1024:.1f} MiB"
+    )
 
 
 def phase(settings: Settings, args: argparse.Namespace, label: str, redis_url: str, hold: float, moves_n: int) -> None:
@@ -356,9 +403,11 @@ def phase(settings: Settings, args: argparse.Namespace, label: str, redis_url: s
     log = Path(settings.var_dir) / f"web-{label}.log"
     env = {"ONELANE_SSE_PING_S": f"{args.ping:g}", "REDIS_URL": redis_url, **queue_bounds(BOUND)}
     greenlets: list[gevent.Greenlet] = []
-    print(f"\n=== {label}: {args.streams} SSE streams on one `onelane web --workers 1` (gunicorn gevent), "
-          f"REDIS_URL query: {redis_url.partition('?')[2] or 'none (redis-py defaults)'}, "
-          f"ONELANE_SSE_PING_S={args.ping:g}, no GPU worker; client: gevent greenlets in this process ===")  # fmt: skip
+    print(
+        f"\n=== {label}: {args.streams} SSE streams on one `onelane web --workers 1` (gunicorn gevent), "
+        f"REDIS_URL query: {redis_url.partition('?')[2] or 'none (redis-py defaults)'}, "
+        f"ONELANE_SSE_PING_S={args.ping:g}, no GPU worker; client: gevent greenlets in this process ==="
+    )
     try:
         with onelane_web(settings, port, log, 1, quiet=True, **env) as web:
             run = measure(port, children(web.pid)[0], client, args, hold, moves_n, greenlets)
@@ -378,8 +427,12 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=20.0, help="seconds to hold the open streams")
     parser.add_argument("--ping", type=float, default=1.0, help="ONELANE_SSE_PING_S")
     parser.add_argument("--moves", type=int, default=5, help="cancels of the head job while holding")
-    parser.add_argument("--max-connections", type=int, default=2000,
-                        help="second run: REDIS_URL with ?max_connections=N (redis-py's pool bound; its default is 100)")
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=2000,
+        help="second run: REDIS_URL with ?max_connections=N (redis-py's pool bound; its default is 100)",
+    )
     parser.add_argument("--skip-default", action="store_true", help="skip the run with REDIS_URL as it is")
     args = parser.parse_args()
     wall = time.monotonic()

@@ -32,7 +32,8 @@ LOCK_S = 10  # a round holds its batch at most this long (it takes milliseconds;
 
 
 class BatchRecord(BaseModel):
-    """A batch as OpenAI's `batch` object shows it (request counts live while it runs)."""
+    """A batch, with its request counts (live while it runs; web/responses.py Batch.of: as OpenAI's `batch` object
+    shows it)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -62,12 +63,6 @@ class BatchRecord(BaseModel):
     @property
     def ended(self) -> bool:
         return self.status in ENDED
-
-    def public(self) -> dict[str, Any]:
-        body = self.model_dump(exclude={"owner", "total", "completed", "failed", "errors"})
-        errors = {"object": "list", "data": self.errors} if self.errors else None
-        counts = {"total": self.total, "completed": self.completed, "failed": self.failed}
-        return {"object": "batch", **body, "errors": errors, "request_counts": counts}
 
     def fields(self) -> dict[str, str]:
         """The record as its Redis hash holds it (None left out; metadata and errors as JSON)."""
@@ -230,7 +225,9 @@ class BatchStore:
 
     def running(self, batch_id: str) -> dict[str, PendingLine]:
         """The batch's lines admitted and not collected yet, by job id."""
-        return {job_id: PendingLine.decode(raw) for job_id, raw in self.redis.hgetall(keys.batch_running(batch_id)).items()}
+        return {
+            job_id: PendingLine.decode(raw) for job_id, raw in self.redis.hgetall(keys.batch_running(batch_id)).items()
+        }
 
     def in_flight(self) -> int:
         """Every batch's lines admitted and not collected yet (waiting, running, or just ended)."""
@@ -293,17 +290,30 @@ class BatchStore:
         pipe.publish(keys.batch_channel(batch_id), status)
         pipe.execute()
 
-    def finish(self, batch_id: str, status: str, output_file_id: str | None, error_file_id: str | None,
-               completed: int, failed: int) -> None:  # fmt: skip
+    def finish(
+        self,
+        batch_id: str,
+        status: str,
+        output_file_id: str | None,
+        error_file_id: str | None,
+        completed: int,
+        failed: int,
+    ) -> None:
         """The batch ended: its record final, its lines and results gone (they are in its files), off the runners'
         list. The record lives as long as its files."""
-        fields = {"status": status, f"{status}_at": str(int(time.time())), "completed": str(completed),
-                  "failed": str(failed)}  # fmt: skip
+        fields = {
+            "status": status,
+            f"{status}_at": str(int(time.time())),
+            "completed": str(completed),
+            "failed": str(failed),
+        }
         fields.update({k: v for k, v in (("output_file_id", output_file_id), ("error_file_id", error_file_id)) if v})
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(keys.batch(batch_id), mapping=fields)
         pipe.expire(keys.batch(batch_id), self.settings.file_retention_s)
-        pipe.delete(*(k(batch_id) for k in (keys.batch_lines, keys.batch_running, keys.batch_output, keys.batch_errors)))
+        pipe.delete(
+            *(k(batch_id) for k in (keys.batch_lines, keys.batch_running, keys.batch_output, keys.batch_errors))
+        )
         pipe.zrem(keys.BATCHES, batch_id)
         pipe.publish(keys.batch_channel(batch_id), status)
         pipe.execute()

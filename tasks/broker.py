@@ -79,8 +79,17 @@ class _BlockingConsumer(_RedisConsumer):  # type: ignore[misc]
         b = self.broker
         fetch = b.scripts["dispatch"]
         maintenance = int(random.randint(1, MAINTENANCE_SCALE) <= b.maintenance_chance)
-        args = ["fetch", current_millis(), self.queue_name, b.broker_id, b.heartbeat_timeout, b.dead_message_ttl,
-                maintenance, MAX_UNPACK, wanted]  # fmt: skip
+        args = [
+            "fetch",
+            current_millis(),
+            self.queue_name,
+            b.broker_id,
+            b.heartbeat_timeout,
+            b.dead_message_ttl,
+            maintenance,
+            MAX_UNPACK,
+            wanted,
+        ]
         with b.client.pipeline(transaction=False) as pipe:
             pipe.blmove(self.queue_key, self.queue_key, self.timeout / 1000, "RIGHT", "LEFT")
             pipe.evalsha(fetch.sha, 1, b.namespace, *args)
@@ -140,6 +149,8 @@ class Doorbell:
         message_id = str(uuid4())  # what RedisBroker.enqueue gives every message it enqueues
         message = run_next_message(job_id).copy(options={"redis_message_id": message_id})
         return cls(
-            keys.dramatiq_queue(broker.namespace, QUEUE_NAME), keys.dramatiq_messages(broker.namespace, QUEUE_NAME),
-            message_id, message.encode(),
-        )  # fmt: skip
+            keys.dramatiq_queue(broker.namespace, QUEUE_NAME),
+            keys.dramatiq_messages(broker.namespace, QUEUE_NAME),
+            message_id,
+            message.encode(),
+        )

@@ -26,15 +26,24 @@ logger = logging.getLogger("onelane")
 
 
 @click.group()
-@click.option("--log-level", type=click.Choice(get_args(LogLevel), case_sensitive=False),
-              help="Log at this level: overrides ONELANE_LOG_LEVEL (default INFO).")  # fmt: skip
+@click.option(
+    "--log-level",
+    type=click.Choice(get_args(LogLevel), case_sensitive=False),
+    help="Log at this level: overrides ONELANE_LOG_LEVEL (default INFO).",
+)
 def main(log_level: str | None) -> None:
     """onelane: a fair, observable job queue in front of one GPU running MLX."""
     # The commands that start onelane's processes read the settings and set up logging with them (_settings).
 
 
-for command in (client_cli.run, client_cli.submit, client_cli.tail, client_cli.jobs, client_cli.cancel,
-                client_cli.batch):  # fmt: skip
+for command in (
+    client_cli.run,
+    client_cli.submit,
+    client_cli.tail,
+    client_cli.jobs,
+    client_cli.cancel,
+    client_cli.batch,
+):
     main.add_command(command)
 
 
@@ -97,10 +106,20 @@ def up(host: str | None, port: int | None) -> None:
 @main.command()
 @click.option("--host", default=None, help="Address to bind (default ONELANE_HOST, 127.0.0.1).")
 @click.option("--port", default=None, type=int, help="Port (default ONELANE_PORT, 8000).")
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
-              help="gunicorn worker processes (gevent: each holds many open streams).")  # fmt: skip
-@click.option("--connections", default=1000, show_default=True, type=click.IntRange(1, 100_000),
-              help="Open connections per worker process.")  # fmt: skip
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="gunicorn worker processes (gevent: each holds many open streams).",
+)
+@click.option(
+    "--connections",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(1, 100_000),
+    help="Open connections per worker process.",
+)
 def web(host: str | None, port: int | None, workers: int, connections: int) -> None:
     """Serve the web front end with gunicorn (gevent workers)."""
     from gevent import monkey
@@ -125,8 +144,12 @@ def _check_mlx() -> None:
 
 
 @main.command()
-@click.option("--supervise/--no-supervise", default=True, show_default=True,
-              help="Restart the worker process when it dies or its job stalls.")  # fmt: skip
+@click.option(
+    "--supervise/--no-supervise",
+    default=True,
+    show_default=True,
+    help="Restart the worker process when it dies or its job stalls.",
+)
 def worker(supervise: bool) -> None:
     """Run the GPU worker: dramatiq with 1 process, 1 thread, prefetch 1."""
     settings = _settings()
@@ -166,9 +189,12 @@ def redis() -> None:
 @main.command("import-gguf")
 @click.argument("source", type=click.Path(path_type=Path))
 @click.argument("folder", type=click.Path(path_type=Path))
-@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
-              help="Write the weights dequantized, as this type (default: as the file holds them; onelane's worker "
-                   "can choose at load time: a model's `dtype` in the models file).")  # fmt: skip
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "float16", "bfloat16"]),
+    help="Write the weights dequantized, as this type (default: as the file holds them; onelane's worker "
+    "can choose at load time: a model's `dtype` in the models file).",
+)
 def import_gguf_cmd(source: Path, folder: Path, dtype: str | None) -> None:
     """Import a llama-family GGUF file (llama.cpp's, or an Ollama blob) as a model folder mlx_lm.load reads.
 
@@ -190,8 +216,11 @@ def import_gguf_cmd(source: Path, folder: Path, dtype: str | None) -> None:
 @main.command("make-demo-model")
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--size", type=click.Choice(["tiny", "mini", "small"]), default="tiny", show_default=True)
-@click.option("--train", is_flag=True,
-              help="Train the demo model that writes words (as shipped in worker/demo; minutes), not a random one.")
+@click.option(
+    "--train",
+    is_flag=True,
+    help="Train the demo model that writes words (as shipped in worker/demo; minutes), not a random one.",
+)
 def make_demo_model_cmd(path: Path, size: str, train: bool) -> None:
     """Write a llama model that mlx_lm.load can load: random weights of --size (its output is noise), or --train."""
     _settings()  # for the log level: training reports its progress

@@ -37,8 +37,9 @@ class Unreachable(ClientError):
 class ApiError(ClientError):
     """The server answered with one of onelane's errors: {"error": {"type", "message", "param"}}."""
 
-    def __init__(self, status: int, type_: str, message: str, param: str | None = None,
-                 retry_after_s: float | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, status: int, type_: str, message: str, param: str | None = None, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(f"{message} ({status} {type_})")
         self.status, self.type, self.message, self.param = status, type_, message, param
         self.retry_after_s = retry_after_s
@@ -100,8 +101,9 @@ class Client:
         local user, one with keys refuses it (said as the missing key it is)."""
         headers = None if self.api_key else {"Authorization": f"Bearer {NO_KEY}"}
         try:
-            return self._json("POST", "/v1/files", headers=headers, data={"purpose": purpose},
-                              files={"file": (name, data)})  # fmt: skip
+            return self._json(
+                "POST", "/v1/files", headers=headers, data={"purpose": purpose}, files={"file": (name, data)}
+            )
         except ApiError as exc:
             if self.api_key or exc.status != 401:
                 raise
@@ -109,8 +111,9 @@ class Client:
 
     def file_content(self, file_id: str) -> bytes:
         """GET /v1/files/<id>/content: the file's bytes (a batch's output or error file, JSONL)."""
-        with self._request("GET", f"/v1/files/{file_id}/content",
-                           timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S)) as response:  # fmt: skip
+        with self._request(
+            "GET", f"/v1/files/{file_id}/content", timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
+        ) as response:
             return response.content
 
     def create_batch(self, input_file_id: str, endpoint: str) -> dict[str, Any]:
@@ -145,8 +148,13 @@ class Client:
                     if event.type in TERMINAL:
                         return
                 error = "the stream ended before the job did"
-            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
-                    urllib3.exceptions.HTTPError, Unreachable) as exc:  # fmt: skip
+            except (
+                requests.ConnectionError,
+                requests.Timeout,
+                requests.exceptions.ChunkedEncodingError,
+                urllib3.exceptions.HTTPError,
+                Unreachable,
+            ) as exc:
                 error = _reason(exc)
             except ApiError as exc:
                 if not exc.overloaded and exc.status < 500:
@@ -162,16 +170,22 @@ class Client:
         headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
         if last >= 0:
             headers["Last-Event-ID"] = str(last)
-        with self._request("GET", f"/v1/jobs/{job_id}/events", headers=headers, stream=True,
-                           timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S)) as response:  # fmt: skip
+        with self._request(
+            "GET",
+            f"/v1/jobs/{job_id}/events",
+            headers=headers,
+            stream=True,
+            timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S),
+        ) as response:
             yield from parse_sse(lines(arriving(response)))
 
     def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         with self._request(method, path, timeout=(CONNECT_TIMEOUT_S, 30.0), **kwargs) as response:
             return response.json()  # type: ignore[no-any-return]
 
-    def _request(self, method: str, path: str, headers: dict[str, str] | None = None,
-                 **kwargs: Any) -> requests.Response:  # fmt: skip
+    def _request(
+        self, method: str, path: str, headers: dict[str, str] | None = None, **kwargs: Any
+    ) -> requests.Response:
         headers = dict(headers or {})
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"

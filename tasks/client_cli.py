@@ -76,8 +76,14 @@ class _Status:
             self.console.print(Text(text), soft_wrap=True)
         elif self.live is None:  # as console.status(), but leaving sys.stdout alone: the tokens go there
             self.spinner = Spinner("dots", Text(text), style="status.spinner")
-            self.live = Live(self.spinner, console=self.console, refresh_per_second=12.5, transient=True,
-                             redirect_stdout=False, redirect_stderr=False)  # fmt: skip
+            self.live = Live(
+                self.spinner,
+                console=self.console,
+                refresh_per_second=12.5,
+                transient=True,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
             self.live.start()
         else:
             self.spinner.update(text=Text(text))
@@ -107,15 +113,25 @@ def _job_options(command: Callable[..., None]) -> Callable[..., None]:
     options = [
         click.argument("prompt"),
         click.option("--model", help="A model the server serves (GET /v1/models); default: its default model."),
-        click.option("--priority", type=click.Choice(["interactive", "batch"]),
-                     help="Default: your key's class (interactive without keys)."),
-        click.option("--max-tokens", type=click.IntRange(min=1),
-                     help="Default: the server's ONELANE_DEFAULT_MAX_TOKENS (256 unless set); at most its "
-                          "ONELANE_MAX_TOKENS_LIMIT."),
+        click.option(
+            "--priority",
+            type=click.Choice(["interactive", "batch"]),
+            help="Default: your key's class (interactive without keys).",
+        ),
+        click.option(
+            "--max-tokens",
+            type=click.IntRange(min=1),
+            help="Default: the server's ONELANE_DEFAULT_MAX_TOKENS (256 unless set); at most its "
+            "ONELANE_MAX_TOKENS_LIMIT.",
+        ),
         click.option("--temperature", type=click.FloatRange(0, 2), help="Sampling temperature (default 0: greedy)."),
         click.option("--ignore-eos", is_flag=True, help="Generate all --max-tokens, past the end of text."),
-        click.option("--raw", is_flag=True, help="Send PROMPT as text to continue, without the model's chat template "
-                                                 "(default: PROMPT is your turn of a chat)."),
+        click.option(
+            "--raw",
+            is_flag=True,
+            help="Send PROMPT as text to continue, without the model's chat template "
+            "(default: PROMPT is your turn of a chat).",
+        ),
         click.option("--wait", is_flag=True, help="When the server is overloaded (429/503), retry after Retry-After."),
         click.option("--json", "as_json", is_flag=True, help="Print the job as JSON (for scripts)."),
     ]
@@ -184,8 +200,9 @@ def _report(console: Console, job: dict[str, Any], as_json: bool) -> None:
     if not as_json:
         t, tokens = job["timings"], job["usage"]["completion_tokens"]
         waited, ran = t["started_at"] - t["queued_at"], t["finished_at"] - t["started_at"]
-        console.print(f"completed: {tokens} tokens ({job['finish_reason']}), waited {waited:.1f} s, ran {ran:.1f} s",
-                      style="dim")  # fmt: skip
+        console.print(
+            f"completed: {tokens} tokens ({job['finish_reason']}), waited {waited:.1f} s, ran {ran:.1f} s", style="dim"
+        )
 
 
 def _stdout_closed() -> int:
@@ -221,8 +238,9 @@ def run(prompt: str, wait: bool, as_json: bool, ignore_eos: bool, **fields: Any)
     job_id = None
     with _reported():
         try:
-            job = _submit(client, status, prompt, wait, ignore_eos=ignore_eos or None, abandon_on_disconnect=True,
-                          **fields)  # fmt: skip
+            job = _submit(
+                client, status, prompt, wait, ignore_eos=ignore_eos or None, abandon_on_disconnect=True, **fields
+            )
             job_id = job["id"]
             status.stop()
             console.print(f"submitted {job_id}", style="dim")
@@ -251,8 +269,13 @@ def submit(prompt: str, wait: bool, as_json: bool, ignore_eos: bool, **fields: A
 
 @click.command()
 @click.argument("job_id")
-@click.option("--from", "start", default=0, type=click.IntRange(min=0),
-              help="Start at this event (the ids of the job's event stream); default: the first.")  # fmt: skip
+@click.option(
+    "--from",
+    "start",
+    default=0,
+    type=click.IntRange(min=0),
+    help="Start at this event (the ids of the job's event stream); default: the first.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the ended job as JSON instead of its tokens.")
 def tail(job_id: str, start: int, as_json: bool) -> None:
     """Follow a job: its place in the queue, then its tokens on stdout. Ctrl-C stops following; the job goes on."""
@@ -292,8 +315,15 @@ def jobs(limit: int, as_json: bool) -> None:
         click.echo(json.dumps(listed, indent=2))
         return
     fixed = {"no_wrap": True}  # the id and the figures stay whole; the model and the prompt give way, cut short
-    table = Table(Column("id", **fixed), Column("status", **fixed), Column("tokens", justify="right", **fixed),
-                  Column("queued", **fixed), "model", "prompt", box=None)  # fmt: skip
+    table = Table(
+        Column("id", **fixed),
+        Column("status", **fixed),
+        Column("tokens", justify="right", **fixed),
+        Column("queued", **fixed),
+        "model",
+        "prompt",
+        box=None,
+    )
     today = time.strftime("%Y-%m-%d")
     for job in listed:
         eta = "" if job["eta_s"] is None else f" ~{_duration(job['eta_s'])}"
@@ -301,9 +331,13 @@ def jobs(limit: int, as_json: bool) -> None:
         prompt = job["prompt"] if job["prompt"] is not None else job["messages"][-1]["content"]
         queued = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job["timings"]["queued_at"]))
         cells = (job["model"], " ".join(prompt.split()))
-        table.add_row(job["id"], Text(state, style=STATUS_STYLES.get(job["status"], "")),
-                      str(job["usage"]["completion_tokens"]), queued.removeprefix(f"{today} "),
-                      *(Text(cell, no_wrap=True, overflow="ellipsis") for cell in cells))  # fmt: skip
+        table.add_row(
+            job["id"],
+            Text(state, style=STATUS_STYLES.get(job["status"], "")),
+            str(job["usage"]["completion_tokens"]),
+            queued.removeprefix(f"{today} "),
+            *(Text(cell, no_wrap=True, overflow="ellipsis") for cell in cells),
+        )
     Console(highlight=False).print(table)
 
 
@@ -395,8 +429,9 @@ def _batch_summary(batch: dict[str, Any], written: list[Path], errors: Path) -> 
     return text + (f"; wrote {', '.join(map(str, written))}" if written else "; no file to write")
 
 
-def _report_batch(console: Console, batch: dict[str, Any], written: list[Path], errors: Path, as_json: bool,
-                  interrupted: bool) -> None:  # fmt: skip
+def _report_batch(
+    console: Console, batch: dict[str, Any], written: list[Path], errors: Path, as_json: bool, interrupted: bool
+) -> None:
     """Print the ended batch (JSON on stdout) and its summary on stderr; exit 130 after Ctrl-C, else 1 unless it
     completed."""
     if as_json:
@@ -411,12 +446,23 @@ def _report_batch(console: Console, batch: dict[str, Any], written: list[Path], 
 
 @click.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path))
-@click.option("--endpoint", type=click.Choice(BATCH_ENDPOINTS), default=BATCH_ENDPOINTS[0], show_default=True,
-              help="The endpoint of every line (each line's `url` names it).")  # fmt: skip
-@click.option("--output", type=click.Path(dir_okay=False, writable=True, path_type=Path),
-              help="Write the answered lines here (default: beside FILE, a.jsonl -> a.output.jsonl).")  # fmt: skip
-@click.option("--errors", type=click.Path(dir_okay=False, writable=True, path_type=Path),
-              help="Write the lines that failed here (default: beside FILE, a.jsonl -> a.errors.jsonl).")  # fmt: skip
+@click.option(
+    "--endpoint",
+    type=click.Choice(BATCH_ENDPOINTS),
+    default=BATCH_ENDPOINTS[0],
+    show_default=True,
+    help="The endpoint of every line (each line's `url` names it).",
+)
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    help="Write the answered lines here (default: beside FILE, a.jsonl -> a.output.jsonl).",
+)
+@click.option(
+    "--errors",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    help="Write the lines that failed here (default: beside FILE, a.jsonl -> a.errors.jsonl).",
+)
 @click.option("--no-wait", is_flag=True, help="Print the batch's id once it is created, and leave it running.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ended batch as JSON (for scripts).")
 def batch(file: Path, endpoint: str, output: Path | None, errors: Path | None, no_wait: bool, as_json: bool) -> None:

@@ -13,8 +13,13 @@ def connect(url: str, timeout_s: float | None = None) -> redis.Redis:
     """A client for onelane's Redis, decoding replies as text. A call that gets no answer within `timeout_s`
     (ONELANE_REDIS_TIMEOUT_S) fails rather than hang on a connection that went silent; TCP keepalive finds a dead
     idle one."""
-    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=10, max_connections=MAX_CONNECTIONS,
-                                **timeouts(url, timeout_s))  # fmt: skip
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        health_check_interval=10,
+        max_connections=MAX_CONNECTIONS,
+        **timeouts(url, timeout_s),
+    )
 
 
 def timeouts(url: str, timeout_s: float | None, blocking_s: float = 0) -> dict[str, Any]:

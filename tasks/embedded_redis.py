@@ -64,16 +64,26 @@ class EmbeddedRedis:
         args = [
             redis_binary(),
             *listen,
-            "--unixsocket", str(self.socket), "--unixsocketperm", "700",
-            "--dir", str(self.directory),
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "everysec",
-            "--save", "",
-            "--protected-mode", "yes",
+            "--unixsocket",
+            str(self.socket),
+            "--unixsocketperm",
+            "700",
+            "--dir",
+            str(self.directory),
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+            "--protected-mode",
+            "yes",
             # job records (with their spec of a few hundred bytes) stay in Redis's compact hash encoding
-            "--hash-max-listpack-value", "1024",
-            "--logfile", str(self.directory / "redis.log"),
-        ]  # fmt: skip
+            "--hash-max-listpack-value",
+            "1024",
+            "--logfile",
+            str(self.directory / "redis.log"),
+        ]
         # in a session of its own: a Ctrl-C in the terminal must not stop Redis under the processes that still
         # write to it while they stop (a worker draining its batch); whoever started it stops it, last
         self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)

@@ -20,7 +20,7 @@ from tasks.settings import Settings
 
 
 class FileRecord(BaseModel):
-    """An uploaded file, as OpenAI's `file` object shows it."""
+    """An uploaded file (web/responses.py FileObject.of: as OpenAI's `file` object shows it)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -31,11 +31,6 @@ class FileRecord(BaseModel):
     bytes: int
     created_at: int
     expires_at: int
-
-    def public(self) -> dict[str, object]:
-        return {"id": self.id, "object": "file", "bytes": self.bytes, "created_at": self.created_at,
-                "expires_at": self.expires_at, "filename": self.filename, "purpose": self.purpose,
-                "status": "processed", "status_details": None}  # fmt: skip
 
 
 def new_file_id() -> str:
@@ -49,8 +44,15 @@ class FileStore:
     def create(self, owner: str, filename: str, purpose: str, data: bytes, file_id: str | None = None) -> FileRecord:
         """Keep `data` as a new file (or as `file_id`, written again whole: a batch's result files)."""
         now, keep = int(time.time()), self.settings.file_retention_s
-        record = FileRecord(id=file_id or new_file_id(), owner=owner, purpose=purpose, filename=filename, bytes=len(data),
-                            created_at=now, expires_at=now + keep)  # fmt: skip
+        record = FileRecord(
+            id=file_id or new_file_id(),
+            owner=owner,
+            purpose=purpose,
+            filename=filename,
+            bytes=len(data),
+            created_at=now,
+            expires_at=now + keep,
+        )
         fields = record.model_dump(exclude={"id"})
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(keys.file(record.id), mapping={k: str(v) for k, v in fields.items()})
@@ -88,8 +90,11 @@ class FileStore:
         pipe = self.redis.pipeline(transaction=False)
         for file_id in ids:
             pipe.hgetall(keys.file(file_id))
-        return [FileRecord.model_validate({"id": file_id, **fields})
-                for file_id, fields in zip(ids, pipe.execute()) if fields.get("owner") == owner]  # fmt: skip
+        return [
+            FileRecord.model_validate({"id": file_id, **fields})
+            for file_id, fields in zip(ids, pipe.execute())
+            if fields.get("owner") == owner
+        ]
 
 
 def _record(file_id: str, owner: str, fields: dict[str, str]) -> FileRecord:

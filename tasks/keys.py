@@ -18,7 +18,9 @@ USER_JOBS_PREFIX = NS + "jobs:"  # sorted set: one user's recent job ids by admi
 
 MODEL_QUEUE_PREFIX = NS + "mq:"  # sorted set: one model's waiting job ids, by the same score as QUEUE
 MODEL_PREFIX = NS + "model:"  # hash: a model's load outcome (state, load_s, bytes, error, retry_at, worker)
-AFFINITY_PREFIX = NS + "affinity:"  # string, kept ONELANE_RESULT_TTL: the device whose prefix cache holds a conversation's
+AFFINITY_PREFIX = (
+    NS + "affinity:"
+)  # string, kept ONELANE_RESULT_TTL: the device whose prefix cache holds a conversation's
 #                                     history (the digest of it a follow-up's admission computes; tasks/job.py)
 ADDRESS_PREFIX = NS + "address:"  # set, in local mode: the browser visitors of one client address with jobs waiting
 #                                   (admit.lua), living as long as the jobs it counts

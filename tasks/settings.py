@@ -128,14 +128,20 @@ class ModelConfig(BaseModel):
     def cache_key(self) -> str:
         """The model as the prefix cache names it: its name and a digest of how it is loaded, so entries made under
         other load options (an adapter, a revision, another path) never match."""
-        options = json.dumps({"path": self.path, "dtype": self.dtype, **self.load_options()}, sort_keys=True, default=str)
+        options = json.dumps(
+            {"path": self.path, "dtype": self.dtype, **self.load_options()}, sort_keys=True, default=str
+        )
         return f"{self.name}#{hashlib.sha256(options.encode()).hexdigest()[:16]}"
 
     def load_options(self) -> dict[str, Any]:
         """The keyword arguments of mlx_lm.load beside the path."""
-        return {"adapter_path": self.adapter_path, "revision": self.revision,
-                "trust_remote_code": self.trust_remote_code, "tokenizer_config": dict(self.tokenizer_config),
-                "model_config": dict(self.overrides)}  # fmt: skip
+        return {
+            "adapter_path": self.adapter_path,
+            "revision": self.revision,
+            "trust_remote_code": self.trust_remote_code,
+            "tokenizer_config": dict(self.tokenizer_config),
+            "model_config": dict(self.overrides),
+        }
 
 
 def read_models_file(path: str) -> list[dict[str, object]]:
@@ -162,8 +168,22 @@ def read_models_file(path: str) -> list[dict[str, object]]:
     return entries
 
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
-          "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}  # fmt: skip
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
 
 
 def physical_memory() -> int:
@@ -278,8 +298,10 @@ class Settings(BaseModel):
         if self.model and self.models:
             raise ValueError("set ONELANE_MODEL (one model) or ONELANE_MODELS_FILE (several), not both")
         if self.model and not (re.match(MODEL_NAME, self.model) and len(self.model) <= MODEL_NAME_CHARS):
-            raise ValueError("ONELANE_MODEL is served under its own name: it may not hold a comma or a control "
-                             f"character, nor be longer than {MODEL_NAME_CHARS} characters")  # fmt: skip
+            raise ValueError(
+                "ONELANE_MODEL is served under its own name: it may not hold a comma or a control "
+                f"character, nor be longer than {MODEL_NAME_CHARS} characters"
+            )
         if self.models:
             names = [m.name for m in self.models]
             if len(set(names)) != len(names):
@@ -355,8 +377,9 @@ class Settings(BaseModel):
                     entry = raw[field][error["loc"][1]]  # type: ignore[index]
                     where = ".".join(str(part) for part in error["loc"][2:])
                     file = ENV_NAMES["models_file" if field == "models" else "api_keys_file"]
-                    problems.append(f"{file}: {field}.{entry.get('name')}{'.' + where if where else ''}: "
-                                    f"{error['msg']}")  # fmt: skip
+                    problems.append(
+                        f"{file}: {field}.{entry.get('name')}{'.' + where if where else ''}: {error['msg']}"
+                    )
                     continue
                 shown = "<secret>" if field in SECRETS else repr(raw.get(field))
                 problems.append(f"{name}={shown}: {error['msg']}")
@@ -396,8 +419,12 @@ class Settings(BaseModel):
             return self.models
         if self.model:
             return (ModelConfig(name=self.model, path=self.model),)
-        default = ModelConfig(name=DEFAULT_MODEL, path=str((self.var_dir / "models" / DEFAULT_MODEL).resolve()),
-                              gguf=DEFAULT_MODEL_GGUF, default=True)  # fmt: skip
+        default = ModelConfig(
+            name=DEFAULT_MODEL,
+            path=str((self.var_dir / "models" / DEFAULT_MODEL).resolve()),
+            gguf=DEFAULT_MODEL_GGUF,
+            default=True,
+        )
         return (default, ModelConfig(name=DEMO_MODEL, path=self.model_path))
 
     @property

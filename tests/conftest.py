@@ -61,8 +61,13 @@ def settings(redis_server: EmbeddedRedis, demo_model: Path, tmp_path: Path) -> S
     # short pings and a short watch grace keep the stories quick; one slot, so a long job keeps the worker busy
     # (the batch's own stories, in test_batch.py, ask for more)
     return Settings(
-        redis_url=redis_server.url, model=str(demo_model), var_dir=tmp_path, sse_ping_s=0.25, watch_grace_s=1.0,
-        max_batch=1, max_tokens_limit=BUSY,
+        redis_url=redis_server.url,
+        model=str(demo_model),
+        var_dir=tmp_path,
+        sse_ping_s=0.25,
+        watch_grace_s=1.0,
+        max_batch=1,
+        max_tokens_limit=BUSY,
     )
 
 
@@ -165,8 +170,13 @@ def worker_process(settings: Settings, tmp_path: Path, redis_client: redis.Redis
         }
         flag = "--supervise" if supervise else "--no-supervise"
         log = open(tmp_path / f"worker-{len(started)}.log", "wb")
-        process = subprocess.Popen([sys.executable, "-m", "tasks.cli", "worker", flag], env=environ, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tasks.cli", "worker", flag],
+            env=environ,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         started.append(process)
         return process
 

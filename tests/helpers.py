@@ -50,9 +50,7 @@ def wait_ended(store: Store, job_id: str, timeout_s: float = 30.0) -> dict[str, 
     return wait_event(store, job_id, lambda e: e.terminal, timeout_s)
 
 
-def wait_event(
-    store: Store, job_id: str, match: Callable[[Event], bool], timeout_s: float = 30.0
-) -> dict[str, Any]:
+def wait_event(store: Store, job_id: str, match: Callable[[Event], bool], timeout_s: float = 30.0) -> dict[str, Any]:
     """Wait until an event matching `match` is in the job's log (already there, or arriving live)."""
     with store.redis.pubsub(ignore_subscribe_messages=True) as sub:
         sub.subscribe(keys.channel(job_id))
@@ -119,8 +117,9 @@ def wait_answering(url: str, process: Any, timeout_s: float = 30.0) -> None:
         time.sleep(0.1)  # a poll: a process starting up announces nothing to wait on
 
 
-def wait_batch(store: Store, batch_id: str, match: Callable[[BatchRecord], bool] = lambda b: b.ended,
-               timeout_s: float = 60.0) -> BatchRecord:  # fmt: skip
+def wait_batch(
+    store: Store, batch_id: str, match: Callable[[BatchRecord], bool] = lambda b: b.ended, timeout_s: float = 60.0
+) -> BatchRecord:
     """Wait on the batch's channel (not a sleep loop) until its record matches `match` (default: it ended)."""
     batches = BatchStore(store.redis, store.settings)
     with store.redis.pubsub(ignore_subscribe_messages=True) as sub:

@@ -36,13 +36,26 @@ def test_take_the_screenshot(chromium, settings, make_app, store, start_worker):
     start_worker(**demo, max_batch=4, kv_budget_tokens=5 * BUSY)  # four endless jobs fit together
     users = ("alice", "bob", "carol")
     for round_ in range(int(os.environ.get("ONELANE_SCREENSHOT_ROUNDS", "8"))):
-        ids = [submit(c, users[(round_ + n) % 3], f"round {round_}: question {n}", max_tokens=300 * (1 + n % 4),
-                      ignore_eos=True) for n in range(4 + 4 * (round_ % 3))]  # fmt: skip
+        ids = [
+            submit(
+                c,
+                users[(round_ + n) % 3],
+                f"round {round_}: question {n}",
+                max_tokens=300 * (1 + n % 4),
+                ignore_eos=True,
+            )
+            for n in range(4 + 4 * (round_ % 3))
+        ]
         for job_id in ids:
             wait_ended(store, job_id, timeout_s=120)
         time.sleep(10 + 10 * (round_ % 3))  # traffic spread over minutes, so the plots have a shape
-    prompts = ["Summarise the meeting notes", "Translate this paragraph into French", "Write a haiku about queues",
-               "Explain continuous batching", "List three fair-queuing algorithms"]
+    prompts = [
+        "Summarise the meeting notes",
+        "Translate this paragraph into French",
+        "Write a haiku about queues",
+        "Explain continuous batching",
+        "List three fair-queuing algorithms",
+    ]
     for n, user in enumerate(["bob", "alice", "bob", "carol", "alice", "carol", "bob", "alice"]):
         submit(c, user, prompts[n % 5], max_tokens=BUSY, ignore_eos=True)
     for user in ("carol", "bob"):

@@ -13,8 +13,12 @@ BAD_BODIES = [
     ("not an object", b'["hi"]', 400, "invalid_json"),
     ("empty body", b"", 400, "invalid_json"),
     ("neither prompt nor messages", b'{"max_tokens": 4}', 422, "invalid_request"),
-    ("both prompt and messages", b'{"prompt": "a", "messages": [{"role": "user", "content": "b"}]}', 422,
-     "invalid_request"),
+    (
+        "both prompt and messages",
+        b'{"prompt": "a", "messages": [{"role": "user", "content": "b"}]}',
+        422,
+        "invalid_request",
+    ),
     ("prompt of the wrong type", b'{"prompt": 42}', 422, "invalid_request"),
     ("max_tokens as a string", b'{"prompt": "a", "max_tokens": "8"}', 422, "invalid_request"),
     ("max_tokens zero", b'{"prompt": "a", "max_tokens": 0}', 422, "invalid_request"),
@@ -36,15 +40,23 @@ BAD_BODIES = [
     ("lone surrogate in a key", b'{"prompt": "a", "\\ud800": 1}', 400, "invalid_json"),
     ("surrogate as raw bytes", b'{"prompt": "\xed\xa0\x80"}', 400, "invalid_json"),
     ("nested 100,000 deep", b"[" * 100_000, 400, "invalid_json"),
-    ("nested deep inside an object", b'{"prompt": "a", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400,
-     "invalid_json"),
+    (
+        "nested deep inside an object",
+        b'{"prompt": "a", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        400,
+        "invalid_json",
+    ),
     ("NaN is not JSON", b'{"prompt": "a", "temperature": NaN}', 400, "invalid_json"),
     ("an integer beyond any float", b'{"prompt": "a", "temperature": 1' + b"0" * 400 + b"}", 422, "invalid_request"),
     ("empty prompt", b'{"prompt": ""}', 422, "invalid_request"),
-    ("every message empty", b'{"messages": [{"role": "system", "content": ""}, {"role": "user", "content": ""}]}',
-     422, "invalid_request"),
+    (
+        "every message empty",
+        b'{"messages": [{"role": "system", "content": ""}, {"role": "user", "content": ""}]}',
+        422,
+        "invalid_request",
+    ),
     ("body too large", b'{"prompt": "' + b"x" * 500_000 + b'"}', 413, "payload_too_large"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("name,body,status,error_type", BAD_BODIES, ids=[b[0] for b in BAD_BODIES])
@@ -58,8 +70,9 @@ def test_bad_submission_gets_a_json_error_and_admits_nothing(jobs, store, name, 
     assert store.redis.keys(keys.NS + "*") == []
 
 
-@pytest.mark.parametrize("body,param", [({"prompt": ""}, "prompt"), ({"messages": [{"role": "user", "content": ""}]},
-                                                                    "messages")])
+@pytest.mark.parametrize(
+    "body,param", [({"prompt": ""}, "prompt"), ({"messages": [{"role": "user", "content": ""}]}, "messages")]
+)
 def test_an_empty_prompt_is_refused_at_the_door_by_name(jobs, store, body, param):
     response = jobs.client.post("/v1/jobs", json=body)
 
@@ -74,8 +87,8 @@ def test_a_message_may_be_empty_when_another_is_not(jobs):
 
 
 def test_a_prompt_of_the_most_characters_as_json_escapes_is_accepted(jobs, settings):
-    emoji = "\U0001F600"  # JSON writes it as a 12-byte escape, "\\ud83d\\ude00"
-    body = json.dumps({"prompt": emoji * settings.max_prompt_chars, "stop": ["\U0001F4A9" * 256] * 8})
+    emoji = "\U0001f600"  # JSON writes it as a 12-byte escape, "\\ud83d\\ude00"
+    body = json.dumps({"prompt": emoji * settings.max_prompt_chars, "stop": ["\U0001f4a9" * 256] * 8})
 
     response = jobs.client.post("/v1/jobs", data=body, content_type="application/json")
 
@@ -112,9 +125,23 @@ def test_list_returns_the_callers_jobs_newest_first(jobs):
     assert [j["id"] for j in listed] == ids[::-1]
 
 
-@pytest.mark.parametrize("query", ["limit=abc", "limit=1e3", "limit=-5", "limit=0", "limit=201", "limit=100000",
-                                   "limit=", "limit=+5", "limit=%205", "limit=2.0", "limit=" + "9" * 5000,
-                                   "limit=5&limit=6"])  # fmt: skip
+@pytest.mark.parametrize(
+    "query",
+    [
+        "limit=abc",
+        "limit=1e3",
+        "limit=-5",
+        "limit=0",
+        "limit=201",
+        "limit=100000",
+        "limit=",
+        "limit=+5",
+        "limit=%205",
+        "limit=2.0",
+        "limit=" + "9" * 5000,
+        "limit=5&limit=6",
+    ],
+)
 def test_a_malformed_or_out_of_range_limit_is_400_naming_the_range(jobs, query):
     jobs.submit("p", max_tokens=4)
     response = jobs.client.get(f"/v1/jobs?{query}")

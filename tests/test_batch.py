@@ -57,8 +57,10 @@ def test_a_seeded_job_gives_the_same_output_whatever_shares_its_batch(jobs, stor
     start_worker(max_batch=4)
     outputs = []
     for companions in (0, 3, 3):
-        others = [jobs.submit(p, max_tokens=60, temperature=1.0, ignore_eos=True, **({"seed": n} if n % 2 else {}))
-                  for n, p in enumerate(prompts(companions, seed=len(outputs)))]  # fmt: skip
+        others = [
+            jobs.submit(p, max_tokens=60, temperature=1.0, ignore_eos=True, **({"seed": n} if n % 2 else {}))
+            for n, p in enumerate(prompts(companions, seed=len(outputs)))
+        ]
         job = jobs.submit("once upon a time", **seeded)
         outputs.append(wait_ended(store, job["id"])["output"])
         for other in others:
@@ -107,9 +109,19 @@ def test_stop_strings_time_limits_and_ignore_eos_hold_per_job_inside_a_batch(job
 
 def test_claims_follow_the_fair_order_with_several_slots(jobs, store, start_worker):
     plan = ["alice"] * 6 + ["bob"] * 2 + ["carol"] * 2
-    ids = [store.admit(f"job_{n:02d}", JobSpec(owner=owner, model=store.settings.model_name, prompt=f"{owner} {n}",
-                                                params=SamplingParams(max_tokens=20, ignore_eos=True)), 60).id
-           for n, owner in enumerate(plan)]  # fmt: skip
+    ids = [
+        store.admit(
+            f"job_{n:02d}",
+            JobSpec(
+                owner=owner,
+                model=store.settings.model_name,
+                prompt=f"{owner} {n}",
+                params=SamplingParams(max_tokens=20, ignore_eos=True),
+            ),
+            60,
+        ).id
+        for n, owner in enumerate(plan)
+    ]
     owner = dict(zip(ids, plan))
 
     start_worker(max_batch=2)
@@ -168,8 +180,10 @@ def test_a_failing_batch_step_hands_its_jobs_back_and_only_the_guilty_job_fails(
 
     def sampler_for(params):  # type: ignore[no-untyped-def]
         if params.seed == 666:  # the poison job: its sampler breaks every step it takes part in
+
             def broken(logprobs):  # type: ignore[no-untyped-def]
                 raise RuntimeError("poison")
+
             return broken
         return make(params)
 
@@ -233,8 +247,10 @@ def test_position_and_eta_count_the_slots(jobs, store, start_worker):
     start_worker(max_batch=2)
     for n in range(2):  # time a few jobs so the ETA is known
         wait_ended(store, jobs.submit(f"warm {n}", max_tokens=20, ignore_eos=True)["id"])
-    running = [jobs.submit("short", max_tokens=1500, ignore_eos=True), jobs.submit("long", max_tokens=3000,
-                                                                                      ignore_eos=True)]  # fmt: skip
+    running = [
+        jobs.submit("short", max_tokens=1500, ignore_eos=True),
+        jobs.submit("long", max_tokens=3000, ignore_eos=True),
+    ]
     for r in running:
         wait_event(store, r["id"], lambda e: e.type == "token" and store.get(r["id"]).usage.completion_tokens >= 200)
     waiting = [jobs.submit(f"w{n}", max_tokens=4) for n in range(3)]
@@ -274,9 +290,7 @@ def test_readyz_and_metrics_show_the_batch(jobs, store, start_worker):
     assert metrics["onelane_prefill_tokens_total"] > 0 and metrics["onelane_batch_steps_total"] > 0
 
 
-def test_a_worker_stopping_in_good_order_hands_its_batch_back_without_costing_an_attempt(
-    jobs, store, start_worker
-):
+def test_a_worker_stopping_in_good_order_hands_its_batch_back_without_costing_an_attempt(jobs, store, start_worker):
     first = start_worker(max_batch=2, drain_s=0.2)  # it lets its batch run this long to end
     ids = [jobs.submit(text, max_tokens=3000, ignore_eos=True)["id"] for text in prompts(2, seed=5)]
     for job_id in ids:

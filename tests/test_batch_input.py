@@ -23,21 +23,30 @@ def served(settings):  # type: ignore[no-untyped-def]
 
 
 def test_good_lines_are_batch_jobs_nobody_watches_and_bad_ones_are_errors_with_their_custom_id(served):
-    data = "\n".join([
-        line("a"),
-        line("b", {"model": "onelane-demo", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5,
-                   "service_tier": "priority"}),
-        "not json",
-        line("a"),  # again
-        line("c", url="/v1/embeddings"),
-        line("d", url="/v1/completions"),  # another endpoint than the batch's
-        line("e", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}),
-        line("f", {"model": "onelane-demo", "messages": [], "tools": [{"type": "function"}]}),
-        line("g", method="GET"),
-        line("h", {"model": "onelane-demo", "messages": [{"role": "user", "content": "x"}], "stream": True}),
-        json.dumps({"method": "POST", "url": CHAT, "body": {}}),
-        "",
-    ]).encode()  # fmt: skip
+    data = "\n".join(
+        [
+            line("a"),
+            line(
+                "b",
+                {
+                    "model": "onelane-demo",
+                    "messages": [{"role": "user", "content": "x"}],
+                    "max_tokens": 5,
+                    "service_tier": "priority",
+                },
+            ),
+            "not json",
+            line("a"),  # again
+            line("c", url="/v1/embeddings"),
+            line("d", url="/v1/completions"),  # another endpoint than the batch's
+            line("e", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}),
+            line("f", {"model": "onelane-demo", "messages": [], "tools": [{"type": "function"}]}),
+            line("g", method="GET"),
+            line("h", {"model": "onelane-demo", "messages": [{"role": "user", "content": "x"}], "stream": True}),
+            json.dumps({"method": "POST", "url": CHAT, "body": {}}),
+            "",
+        ]
+    ).encode()
 
     lines, errors = read_lines(data, CHAT, "alice", served)
 
@@ -45,10 +54,16 @@ def test_good_lines_are_batch_jobs_nobody_watches_and_bad_ones_are_errors_with_t
     assert all(x.spec.priority == "batch" and not x.spec.watched and x.spec.owner == "alice" for x in lines)
     assert lines[1].spec.params.max_tokens == 5
     assert [(e.index, e.custom_id, e.code) for e in errors] == [
-        (2, None, "invalid_json"), (3, "a", "duplicate_custom_id"), (4, "c", "invalid_url"), (5, "d", "invalid_url"),
-        (6, "e", "model_not_found"), (7, "f", "invalid_request"), (8, "g", "invalid_method"), (9, "h", "invalid_body"),
+        (2, None, "invalid_json"),
+        (3, "a", "duplicate_custom_id"),
+        (4, "c", "invalid_url"),
+        (5, "d", "invalid_url"),
+        (6, "e", "model_not_found"),
+        (7, "f", "invalid_request"),
+        (8, "g", "invalid_method"),
+        (9, "h", "invalid_body"),
         (10, None, "missing_custom_id"),
-    ]  # fmt: skip
+    ]
     assert "tools" in errors[5].message
 
 
@@ -57,8 +72,12 @@ def test_responses_lines_are_responses_and_completions_lines_completions(served)
     (resp,), _ = read_lines(line("r", body, url="/v1/responses").encode(), "/v1/responses", "u", served)
     assert resp.spec.response is not None and resp.spec.response.background is False and not resp.spec.watched
     assert resp.spec.messages[0].content == "Be brief."
-    (text,), _ = read_lines(line("t", {"model": "onelane-demo", "prompt": "Once"}, url="/v1/completions").encode(),
-                            "/v1/completions", "u", served)  # fmt: skip
+    (text,), _ = read_lines(
+        line("t", {"model": "onelane-demo", "prompt": "Once"}, url="/v1/completions").encode(),
+        "/v1/completions",
+        "u",
+        served,
+    )
     assert text.spec.prompt == "Once" and text.spec.params.max_tokens == 16
 
 

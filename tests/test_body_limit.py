@@ -92,12 +92,21 @@ def test_a_chunked_body_is_held_to_the_limit_under_werkzeug(live_server, store):
 def gunicorn_web(settings, tmp_path: Path, redis_client) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """`onelane web` (gunicorn + gevent) on a free port, against the test Redis; yields its base URL."""
     port = free_port()
-    env = {**os.environ, "REDIS_URL": settings.effective_redis_url, "ONELANE_VAR_DIR": str(tmp_path),
-           "ONELANE_MAX_PROMPT_CHARS": str(PROMPT_CHARS)}  # fmt: skip
+    env = {
+        **os.environ,
+        "REDIS_URL": settings.effective_redis_url,
+        "ONELANE_VAR_DIR": str(tmp_path),
+        "ONELANE_MAX_PROMPT_CHARS": str(PROMPT_CHARS),
+    }
     env.pop("ONELANE_MODEL", None)
     log = open(tmp_path / "web.log", "wb")
-    process = subprocess.Popen([sys.executable, "-m", "tasks.cli", "web", "--port", str(port)], env=env,
-                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tasks.cli", "web", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     base_url = f"http://127.0.0.1:{port}"
     try:
         wait_answering(f"{base_url}/healthz", process)

@@ -160,10 +160,14 @@ def test_a_job_the_worker_dropped_starts_over_without_the_lost_text(page, store)
     expect(status).to_contain_text("the worker stopped, so it will start over")
     expect(output).to_have_text("")
     store.keep_watching(store.get(job_id))  # the page's lease is the stream's business, not this test's
-    assert store.for_worker("w").take_device() == "ok"  # renew the lease this test holds as the worker (no heartbeat here)
+    assert (
+        store.for_worker("w").take_device() == "ok"
+    )  # renew the lease this test holds as the worker (no heartbeat here)
     assert claim_now(store, "w").id == job_id
     store.for_worker("w").append(job_id, 1, "kept", 1)
-    store.for_worker("w").finish(job_id, JobStatus.COMPLETED, finish_reason="stop", prompt_tokens=1, completion_tokens=1)
+    store.for_worker("w").finish(
+        job_id, JobStatus.COMPLETED, finish_reason="stop", prompt_tokens=1, completion_tokens=1
+    )
     expect(status).to_have_text("Completed: the model finished.")
     assert output.text_content() == "kept" == store.get(job_id).output
 

@@ -60,8 +60,13 @@ def test_onelane_openblas_off_or_another_preload_leaves_the_worker_environment_a
 
 def imported_by(*args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
     """Run `python -X importtime ARGS`: the finished process, and every module it imported."""
-    done = subprocess.run([sys.executable, "-X", "importtime", *args], env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     trace = [line for line in done.stderr.splitlines() if line.startswith("import time:")]
     return done, {line.rsplit("|", 1)[-1].strip() for line in trace}
 
@@ -100,10 +105,14 @@ def test_redis_worker_and_web_started_apart_find_each_other(tmp_path, demo_model
     from tasks.store import Store
 
     # Given only ONELANE_VAR_DIR shared, and no REDIS_URL anywhere
-    env = {**{k: v for k, v in os.environ.items() if k != "REDIS_URL"},
-           "ONELANE_VAR_DIR": str(tmp_path / "var"), "ONELANE_MODEL": str(demo_model)}  # fmt: skip
-    redis_server = subprocess.Popen([sys.executable, "-m", "tasks.cli", "redis"], env=env, stdout=subprocess.PIPE,
-                                    text=True)  # fmt: skip
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "REDIS_URL"},
+        "ONELANE_VAR_DIR": str(tmp_path / "var"),
+        "ONELANE_MODEL": str(demo_model),
+    }
+    redis_server = subprocess.Popen(
+        [sys.executable, "-m", "tasks.cli", "redis"], env=env, stdout=subprocess.PIPE, text=True
+    )
     worker = None
     try:
         announced = redis_server.stdout.readline().strip()  # type: ignore[union-attr]

@@ -25,17 +25,22 @@ def onelane_env(url: str, **extra: str) -> dict[str, str]:
 
 def onelane(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """Run `onelane ARGS` to its end; stdout decoded as is (no newline translation: tokens may hold a \\r)."""
-    done = subprocess.run([sys.executable, "-m", "tasks.cli", *args], env=onelane_env(url, **env),
-                          capture_output=True, timeout=90)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "tasks.cli", *args], env=onelane_env(url, **env), capture_output=True, timeout=90
+    )
     return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
 
 
 def start(url: str, *args: str) -> subprocess.Popen[bytes]:
     """The client as a terminal starts it: with Ctrl-C's default action even when this suite runs in the background
     (where a shell starts everything with SIGINT ignored, and a child inherits that)."""
-    return subprocess.Popen([sys.executable, "-m", "tasks.cli", *args], env=onelane_env(url),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "tasks.cli", *args],
+        env=onelane_env(url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def read_until(pipe, text: str) -> str:  # type: ignore[no-untyped-def]
@@ -117,8 +122,9 @@ def test_run_shows_its_place_in_the_queue_and_ctrl_c_cancels_it(jobs, store, sta
         jobs.cancel(busy["id"])
 
 
-def test_ctrl_c_while_streaming_cancels_the_running_job_keeping_its_partial_output(jobs, store, start_worker,
-                                                                                   live_server):  # fmt: skip
+def test_ctrl_c_while_streaming_cancels_the_running_job_keeping_its_partial_output(
+    jobs, store, start_worker, live_server
+):
     start_worker()
     run = start(live_server, "run", "on and on", "--max-tokens", str(BUSY), "--ignore-eos")
     job_id = job_id_in(read_until(run.stderr, "submitted"))
@@ -255,7 +261,7 @@ class CuttingProxy:
             while chunk := upstream.recv(65536):
                 whole = sent + chunk
                 at = _nth(whole, b"event: token", 2) if cut else -1
-                client.sendall(whole[len(sent):] if at < 0 else whole[len(sent):at + 10])
+                client.sendall(whole[len(sent) :] if at < 0 else whole[len(sent) : at + 10])
                 if at >= 0:  # mid-event: hang up both ways (shutdown: the pump's recv holds the sockets open)
                     client.shutdown(socket.SHUT_RDWR)
                     upstream.shutdown(socket.SHUT_RDWR)
@@ -290,8 +296,7 @@ def cutting_proxy(live_server) -> Iterator[CuttingProxy]:  # type: ignore[no-unt
     proxy.close()
 
 
-def test_a_dropped_stream_resumes_with_last_event_id_without_gap_or_duplicate(jobs, store, start_worker,
-                                                                              cutting_proxy):  # fmt: skip
+def test_a_dropped_stream_resumes_with_last_event_id_without_gap_or_duplicate(jobs, store, start_worker, cutting_proxy):
     start_worker()
     job = jobs.submit("resume me", max_tokens=200, ignore_eos=True)
     done = wait_ended(store, job["id"])
@@ -312,10 +317,12 @@ def test_events_arrive_as_they_are_sent_from_a_server_that_does_not_chunk():
         connection, _ = server.accept()
         with connection:
             connection.recv(65536)
-            connection.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
-                               b"event: queued\ndata: {\"position\": 1, \"eta_s\": null}\n\n")  # fmt: skip
+            connection.sendall(
+                b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
+                b'event: queued\ndata: {"position": 1, "eta_s": null}\n\n'
+            )
             in_time.append(first_read.wait(timeout=5))  # the client has the first event before the rest is sent
-            connection.sendall(b"id: 0\nevent: cancelled\ndata: {\"status\": \"cancelled\"}\n\n")
+            connection.sendall(b'id: 0\nevent: cancelled\ndata: {"status": "cancelled"}\n\n')
 
     threading.Thread(target=answer, daemon=True).start()
     client = Client(f"http://127.0.0.1:{server.getsockname()[1]}")
@@ -326,11 +333,14 @@ def test_events_arrive_as_they_are_sent_from_a_server_that_does_not_chunk():
     server.close()
 
     assert in_time == [True]
-    assert seen == [ServerEvent("queued", {"position": 1, "eta_s": None}), ServerEvent("cancelled", {"status": "cancelled"}, 0)]
+    assert seen == [
+        ServerEvent("queued", {"position": 1, "eta_s": None}),
+        ServerEvent("cancelled", {"status": "cancelled"}, 0),
+    ]
 
 
 def test_server_sent_events_parse_across_chunks_with_crlf_comments_and_multiline_data():
-    chunks = [b"retry: 1000\r\n\r\n: ping\n\nid: 3\nevent: tok", b"en\ndata: {\"text\":\ndata: \"a\"}\n", b"\nevent: x"]
+    chunks = [b"retry: 1000\r\n\r\n: ping\n\nid: 3\nevent: tok", b'en\ndata: {"text":\ndata: "a"}\n', b"\nevent: x"]
 
     events = list(parse_sse(lines(chunks)))
 

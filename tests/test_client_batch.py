@@ -39,8 +39,13 @@ def folder(tmp_path: Path) -> Path:
 
 
 def chat_line(custom_id: str, tokens: int = 4) -> dict[str, Any]:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": custom_id}], "max_tokens": tokens,
-            "temperature": 0, "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": custom_id}],
+        "max_tokens": tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
 
 
@@ -65,12 +70,14 @@ def created_id(stderr: str) -> str:
     return re.search(r"(batch_[0-9a-f]+): in_progress", stderr).group(1)  # type: ignore[union-attr]
 
 
-def test_a_batch_writes_its_output_and_error_files_beside_its_input_and_exits_0(folder, live_server,
-                                                                                start_worker):  # fmt: skip
+def test_a_batch_writes_its_output_and_error_files_beside_its_input_and_exits_0(folder, live_server, start_worker):
     # Given a file of three good requests and one for an endpoint a batch does not run
     start_worker()
-    source = write_jsonl(folder / "requests.jsonl", *(chat_line(f"ok-{n}") for n in range(3)),
-                         {**chat_line("elsewhere"), "url": "/v1/embeddings"})  # fmt: skip
+    source = write_jsonl(
+        folder / "requests.jsonl",
+        *(chat_line(f"ok-{n}") for n in range(3)),
+        {**chat_line("elsewhere"), "url": "/v1/embeddings"},
+    )
 
     # When `onelane batch` runs it
     done = onelane(live_server, "batch", str(source))
@@ -91,18 +98,35 @@ def test_a_batch_writes_its_output_and_error_files_beside_its_input_and_exits_0(
 
 def test_json_prints_the_ended_batch_and_the_files_go_where_asked(folder, live_server, start_worker):
     start_worker()
-    line = {"custom_id": "c", "method": "POST", "url": "/v1/completions",
-            "body": {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 3, "temperature": 0}}  # fmt: skip
+    line = {
+        "custom_id": "c",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 3, "temperature": 0},
+    }
     source = write_jsonl(folder / "in.jsonl", line)
     output, errors = folder / "answers.jsonl", folder / "failures.jsonl"
 
-    done = onelane(live_server, "batch", str(source), "--endpoint", "/v1/completions", "--output", str(output),
-                   "--errors", str(errors), "--json")  # fmt: skip
+    done = onelane(
+        live_server,
+        "batch",
+        str(source),
+        "--endpoint",
+        "/v1/completions",
+        "--output",
+        str(output),
+        "--errors",
+        str(errors),
+        "--json",
+    )
 
     assert done.exit_code == 0, done.output
     batch = json.loads(done.stdout)
     assert (batch["status"], batch["endpoint"], batch["request_counts"]) == (
-        "completed", "/v1/completions", {"total": 1, "completed": 1, "failed": 0})  # fmt: skip
+        "completed",
+        "/v1/completions",
+        {"total": 1, "completed": 1, "failed": 0},
+    )
     assert batch["error_file_id"] is None and errors.read_bytes() == b""  # nothing failed: an empty errors file
     served = requests.get(f"{live_server}/v1/files/{batch['output_file_id']}/content", timeout=10)
     assert output.read_bytes() == served.content and read_jsonl(output)[0]["custom_id"] == "c"
@@ -121,10 +145,13 @@ def test_no_wait_prints_the_id_of_a_batch_the_server_knows(folder, live_server):
     assert list(folder.iterdir()) == [source]  # nothing written: the batch goes on
 
 
-@pytest.mark.parametrize("content, said", [
-    (b"\n", r"the file is empty \(400 invalid_request\w*\)"),  # refused at upload
-    (b"this is not\nJSON lines\n", r"batch_\w+ failed: 0/0 answered; .+ \(invalid_file\); no file to write"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "content, said",
+    [
+        (b"\n", r"the file is empty \(400 invalid_request\w*\)"),  # refused at upload
+        (b"this is not\nJSON lines\n", r"batch_\w+ failed: 0/0 answered; .+ \(invalid_file\); no file to write"),
+    ],
+)
 def test_what_the_server_refuses_is_one_line_and_exit_1(folder, live_server, content, said):
     source = folder / "bad.jsonl"
     source.write_bytes(content)
@@ -173,8 +200,7 @@ def test_a_server_with_keys_takes_a_batch_from_onelane_api_key_only(folder, sett
     assert taken.exit_code == 0 and taken.stdout.startswith("batch_"), taken.output
 
 
-def test_ctrl_c_cancels_the_batch_waits_for_its_end_and_writes_what_it_kept(folder, live_server, start_worker,
-                                                                            store):  # fmt: skip
+def test_ctrl_c_cancels_the_batch_waits_for_its_end_and_writes_what_it_kept(folder, live_server, start_worker, store):
     # Given `onelane batch` following a batch whose one line runs on and on
     start_worker()
     source = write_jsonl(folder / "long.jsonl", chat_line("long", tokens=BUSY))

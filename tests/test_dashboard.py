@@ -16,8 +16,12 @@ from tasks.store import Store
 from tests.helpers import BUSY, claim_now, wait_ended, wait_event
 from tests.test_browser import STREAM_TIMEOUT_MS
 
-USERS = (User(name="alice", key="ka"), User(name="bob", key="kb"), User(name="carol", key="kc"),
-         User(name="root", key="kr", admin=True))  # fmt: skip
+USERS = (
+    User(name="alice", key="ka"),
+    User(name="bob", key="kb"),
+    User(name="carol", key="kc"),
+    User(name="root", key="kr", admin=True),
+)
 SECRET = "alice's secret prompt"
 
 
@@ -78,7 +82,9 @@ def test_an_admin_sees_every_job_named_with_its_owner(jobs):
 
     assert seen["viewer"]["admin"] is True and seen["waiting"]["others"] == []
     assert [(j["id"], j["owner"], j["prompt"]) for j in seen["waiting"]["jobs"]] == [
-        (ids[0], "alice", SECRET), (ids[1], "bob", "bob's prompt")]  # fmt: skip
+        (ids[0], "alice", SECRET),
+        (ids[1], "bob", "bob's prompt"),
+    ]
     assert all(j["cancel_url"] for j in seen["waiting"]["jobs"])
 
 
@@ -88,12 +94,19 @@ def make_batch(client, user: str, model: str, lines: int, bad: int = 0) -> str: 
 
     def line(n: int) -> str:
         url = "/v1/nope" if n < bad else "/v1/chat/completions"
-        return json.dumps({"custom_id": f"r{n}", "method": "POST", "url": url,
-                           "body": {"model": model, "messages": [{"role": "user", "content": SECRET}],
-                                    "max_tokens": 2}})  # fmt: skip
+        return json.dumps(
+            {
+                "custom_id": f"r{n}",
+                "method": "POST",
+                "url": url,
+                "body": {"model": model, "messages": [{"role": "user", "content": SECRET}], "max_tokens": 2},
+            }
+        )
 
     data = "".join(line(n) + "\n" for n in range(lines)).encode()
-    sent = client.post("/v1/files", data={"purpose": "batch", "file": (io.BytesIO(data), "b.jsonl")}, headers=auth(user))
+    sent = client.post(
+        "/v1/files", data={"purpose": "batch", "file": (io.BytesIO(data), "b.jsonl")}, headers=auth(user)
+    )
     body = {"input_file_id": sent.get_json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
     return str(client.post("/v1/batches", json=body, headers=auth(user)).get_json()["id"])
 
@@ -102,8 +115,10 @@ def test_batches_show_with_their_counts_to_their_owner_and_only_counted_to_other
     c = jobs.client
     mine = make_batch(c, "alice", settings.model_name, 4, bad=1)
 
-    assert [(b["id"], b["status"], b["total"], b["completed"], b["failed"], b["owner"])
-            for b in board(c, "alice")["batches"]["batches"]] == [(mine, "in_progress", 4, 0, 1, None)]  # fmt: skip
+    assert [
+        (b["id"], b["status"], b["total"], b["completed"], b["failed"], b["owner"])
+        for b in board(c, "alice")["batches"]["batches"]
+    ] == [(mine, "in_progress", 4, 0, 1, None)]
     seen = board(c, "bob")
     assert seen["batches"] == {"batches": [], "others": {"batches": 1, "users": 1}} and mine not in json.dumps(seen)
     assert [b["owner"] for b in board(c, "root")["batches"]["batches"]] == ["alice"]
@@ -218,8 +233,13 @@ def test_recent_failures_keep_the_newest_50_and_hide_whose_they_are(jobs, store)
     failures = board(c, "bob")["failures"]
     assert len(failures) == keys.FAILURES_KEPT
     newest = failures[0]
-    assert newest == {"status": "expired", "error": "expired", "at": newest["at"], "model": newest["model"],
-                      "mine": False}  # fmt: skip
+    assert newest == {
+        "status": "expired",
+        "error": "expired",
+        "at": newest["at"],
+        "model": newest["model"],
+        "mine": False,
+    }
     assert SECRET not in json.dumps(failures)
     assert board(c, "alice")["failures"][0]["prompt"] == SECRET
 
@@ -266,8 +286,9 @@ def second_page(chromium, live_server):  # type: ignore[no-untyped-def]  # noqa:
     assert errors == []
 
 
-def test_in_the_browser_an_admin_cancels_another_users_job_and_a_user_sees_only_counts(strict_page, second_page,
-                                                                                          jobs, store):
+def test_in_the_browser_an_admin_cancels_another_users_job_and_a_user_sees_only_counts(
+    strict_page, second_page, jobs, store
+):
     from playwright.sync_api import expect
 
     page = strict_page

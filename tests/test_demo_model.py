@@ -39,11 +39,14 @@ def test_the_shipped_demo_model_is_at_most_10_mb() -> None:
     assert sum(f.stat().st_size for f in SHIPPED_DEMO_MODEL.iterdir() if f.is_file()) <= MAX_BYTES
 
 
-@pytest.mark.parametrize("prompt", [
-    {"prompt": "Hello!"},
-    {"prompt": "The for statement"},
-    {"messages": (Message(role="user", content="What is a dictionary?"),)},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        {"prompt": "Hello!"},
+        {"prompt": "The for statement"},
+        {"messages": (Message(role="user", content="What is a dictionary?"),)},
+    ],
+)
 def test_its_greedy_output_is_words_of_its_corpus(shipped, vocabulary, prompt) -> None:  # type: ignore[no-untyped-def]
     # Given the shipped model, when it answers a raw or a chat prompt greedily (as the web form asks by default)
     words = demo_corpus.words(greedy(shipped, **prompt))

@@ -59,22 +59,39 @@ json_values = st.recursive(
 )
 ROLES = ["user", "system", "assistant", "developer", "tool", "wizard"]
 parts = st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]), "text": prompts}), max_size=2)
-messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(ROLES), "content": prompts | parts | st.none()},
-                                          optional={"name": prompts}), min_size=1, max_size=3)  # fmt: skip
+messages = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(ROLES), "content": prompts | parts | st.none()}, optional={"name": prompts}
+    ),
+    min_size=1,
+    max_size=3,
+)
 SAMPLING = {  # valid values: `mutated` below puts a wrong one in (a field's value replaced, a field added)
-    "max_tokens": st.integers(1, 64), "temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1),
-    "seed": st.integers(0, 2**63 - 1), "ignore_eos": st.booleans(),
+    "max_tokens": st.integers(1, 64),
+    "temperature": st.floats(0, 2),
+    "top_p": st.floats(0.01, 1),
+    "seed": st.integers(0, 2**63 - 1),
+    "ignore_eos": st.booleans(),
     "stop": st.text(min_size=1, max_size=8) | st.lists(st.text(min_size=1, max_size=8), max_size=4),
-}  # fmt: skip
+}
 MODELS = st.sampled_from([MODEL, "gpt-4o"])
 PRIORITIES = st.sampled_from(["interactive", "batch", "urgent"])
-JOB_FIELDS = {**SAMPLING, "ttl_s": st.floats(1, 600), "abandon_on_disconnect": st.booleans(), "model": MODELS,
-              "priority": PRIORITIES}  # fmt: skip
+JOB_FIELDS = {
+    **SAMPLING,
+    "ttl_s": st.floats(1, 600),
+    "abandon_on_disconnect": st.booleans(),
+    "model": MODELS,
+    "priority": PRIORITIES,
+}
 OPENAI_FIELDS = {
-    **SAMPLING, "stream": st.booleans(), "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
-    "n": st.just(1), "user": prompts, "max_completion_tokens": st.integers(1, 64),
+    **SAMPLING,
+    "stream": st.booleans(),
+    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+    "n": st.just(1),
+    "user": prompts,
+    "max_completion_tokens": st.integers(1, 64),
     "service_tier": st.sampled_from(["auto", "default", "flex", "priority", "scale"]) | st.none(),
-}  # fmt: skip
+}
 
 
 @st.composite
@@ -86,8 +103,9 @@ def mutated(draw: st.DrawFn, body: st.SearchStrategy[dict[str, Any]]) -> dict[st
     return value
 
 
-job_messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(ROLES[:3]), "content": prompts}), min_size=1,
-                        max_size=3)  # fmt: skip
+job_messages = st.lists(
+    st.fixed_dictionaries({"role": st.sampled_from(ROLES[:3]), "content": prompts}), min_size=1, max_size=3
+)
 job_bodies = mutated(
     st.fixed_dictionaries({"prompt": prompts}, optional=JOB_FIELDS)
     | st.fixed_dictionaries({"messages": job_messages}, optional=JOB_FIELDS)
@@ -95,7 +113,7 @@ job_bodies = mutated(
 openai_bodies = mutated(
     st.fixed_dictionaries({"model": MODELS, "prompt": prompts | st.lists(prompts)}, optional=OPENAI_FIELDS)
     | st.fixed_dictionaries({"model": MODELS, "messages": messages}, optional=OPENAI_FIELDS)
-)  # fmt: skip
+)
 
 
 def as_json(value: Any, ascii_only: bool) -> bytes:
@@ -112,13 +130,18 @@ def json_text(values: st.SearchStrategy[Any]) -> st.SearchStrategy[bytes]:
 deep_json = st.integers(2, 100_000).map(lambda n: b'{"prompt": "a", "stop": ' + b"[" * n + b"]" * n + b"}")
 
 
-form_values = {"max_tokens": st.integers(-1, 5000).map(str) | header_text,
-               "temperature": st.floats(-1, 3).map(str) | header_text, "ignore_eos": st.just("true") | header_text,
-               "csrf_token": st.just("TOKEN") | header_text, "key": st.sampled_from(["ka", "kb"]) | header_text,
-               "model": MODELS | header_text, "priority": PRIORITIES | header_text}
+form_values = {
+    "max_tokens": st.integers(-1, 5000).map(str) | header_text,
+    "temperature": st.floats(-1, 3).map(str) | header_text,
+    "ignore_eos": st.just("true") | header_text,
+    "csrf_token": st.just("TOKEN") | header_text,
+    "key": st.sampled_from(["ka", "kb"]) | header_text,
+    "model": MODELS | header_text,
+    "priority": PRIORITIES | header_text,
+}
 form_bodies = st.fixed_dictionaries({"prompt": prompts}, optional=form_values).map(
     lambda form: "&".join(f"{k}={quote(v.encode('utf-8', 'surrogatepass'))}" for k, v in form.items()).encode()
-)  # fmt: skip
+)
 any_body = st.one_of(
     json_text(job_bodies | openai_bodies | json_values),
     st.binary(max_size=200),
@@ -127,20 +150,47 @@ any_body = st.one_of(
     form_bodies,
     st.none(),
 )
-content_types = st.sampled_from([
-    "application/json", "application/json; charset=utf-8", "application/json; charset=utf-16", "application/x+json",
-    "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "multipart/form-data", "text/plain",
-]) | header_text  # fmt: skip
+content_types = (
+    st.sampled_from(
+        [
+            "application/json",
+            "application/json; charset=utf-8",
+            "application/json; charset=utf-16",
+            "application/x+json",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "multipart/form-data",
+            "text/plain",
+        ]
+    )
+    | header_text
+)
 odd_headers = {
     "Content-Type": content_types,
-    "Authorization": st.sampled_from(["Bearer k", "Bearer ka", "Bearer ", "Basic a2E="]) | header_text.map(
-        "Bearer {}".format) | header_text,
+    "Authorization": st.sampled_from(["Bearer k", "Bearer ka", "Bearer ", "Basic a2E="])
+    | header_text.map("Bearer {}".format)
+    | header_text,
     "X-CSRF-Token": st.just("TOKEN") | header_text,
     "Last-Event-ID": st.integers(-3, 5).map(str) | st.just("9" * 30) | st.just("") | header_text,
     "Sec-Fetch-Site": st.sampled_from(["cross-site", "same-site", "same-origin", "none"]),
-}  # fmt: skip
-PATHS = ["/v1/jobs", "/v1/jobs/{id}", "/v1/jobs/{id}/events", "/v1/models", "/v1/chat/completions",
-         "/v1/completions", "/", "/jobs", "/jobs/{id}", "/login", "/healthz", "/readyz", "/metrics", "/{id}", "/v1/{id}"]
+}
+PATHS = [
+    "/v1/jobs",
+    "/v1/jobs/{id}",
+    "/v1/jobs/{id}/events",
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/",
+    "/jobs",
+    "/jobs/{id}",
+    "/login",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/{id}",
+    "/v1/{id}",
+]
 PLAUSIBLE = {  # each endpoint as its clients call it: method, body
     "/v1/jobs": [("POST", json_text(job_bodies))] * 3 + [("GET", st.none())],
     "/v1/jobs/{id}": [("GET", st.none()), ("DELETE", st.none())],
@@ -150,7 +200,7 @@ PLAUSIBLE = {  # each endpoint as its clients call it: method, body
     "/v1/completions": [("POST", json_text(openai_bodies))],
     "/jobs": [("POST", form_bodies), ("GET", st.none())],
     "/login": [("POST", form_bodies), ("GET", st.none())],
-}  # fmt: skip
+}
 
 
 @st.composite
@@ -173,9 +223,13 @@ def requests(draw: st.DrawFn, ids: list[str], paths: list[str] = PATHS, odd: flo
         headers[name] = draw(odd_headers[name])
     query = draw(st.dictionaries(st.sampled_from(["limit", "last_event_id", "x"]), header_text, max_size=2))
     return {
-        "method": method, "path": template.format(id=job_id), "query": query, "headers": headers, "data": data,
+        "method": method,
+        "path": template.format(id=job_id),
+        "query": query,
+        "headers": headers,
+        "data": data,
         "browser": draw(st.booleans()),
-    }  # fmt: skip
+    }
 
 
 # --- what the server must answer ------------------------------------------------------------------------
@@ -187,11 +241,20 @@ def send(world: dict[str, Any], request: dict[str, Any]) -> tuple[Any, bytes]:
     headers = dict(request["headers"])
     if headers.get("X-CSRF-Token") == "TOKEN":
         headers["X-CSRF-Token"] = world["token"]
-    data = request["data"].replace(b"csrf_token=TOKEN", b"csrf_token=" + world["token"].encode()) if isinstance(
-        request["data"], bytes) else request["data"]  # fmt: skip
+    data = (
+        request["data"].replace(b"csrf_token=TOKEN", b"csrf_token=" + world["token"].encode())
+        if isinstance(request["data"], bytes)
+        else request["data"]
+    )
     SENT["requests"] += 1
-    response = client.open(request["path"], method=request["method"], headers=headers, data=data,
-                           query_string=request["query"], buffered=False)  # fmt: skip
+    response = client.open(
+        request["path"],
+        method=request["method"],
+        headers=headers,
+        data=data,
+        query_string=request["query"],
+        buffered=False,
+    )
     deadline, chunks = time.monotonic() + STREAM_READ_S, []
     try:
         for chunk in response.response:
@@ -221,8 +284,11 @@ def fuzz(world: dict[str, Any], request: dict[str, Any]) -> None:
     check(request, response, body)
 
 
-FUZZ = hypothesis_settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[
-    HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+FUZZ = hypothesis_settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @FUZZ
@@ -248,8 +314,12 @@ def keyed_world(settings, make_app, canceller):  # type: ignore[no-untyped-def]
     assert browser.post("/login", data={"key": "ka", "csrf_token": token}).status_code == 303
     token = re.search(r'name="csrf_token" value="([^"]+)"', browser.get("/").get_data(as_text=True)).group(1)
     mine = browser.post("/v1/jobs", json={"prompt": "mine"}, headers={"Authorization": "Bearer ka"}).get_json()["id"]
-    return {"browser": browser, "stranger": app.test_client(use_cookies=False), "token": token,
-            "ids": [mine, "job_nope"]}  # fmt: skip
+    return {
+        "browser": browser,
+        "stranger": app.test_client(use_cookies=False),
+        "token": token,
+        "ids": [mine, "job_nope"],
+    }
 
 
 @FUZZ

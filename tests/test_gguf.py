@@ -21,9 +21,17 @@ from worker.engine import Engine
 from worker.gguf import GgufError, import_gguf, locate
 
 NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-PARTS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-         "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-         "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}  # fmt: skip
+PARTS = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
 
 
 def write_gguf(folder: Path, target: Path, file_type: int = 1, architecture: str = "llama") -> Path:
@@ -39,7 +47,11 @@ def write_gguf(folder: Path, target: Path, file_type: int = 1, architecture: str
             gguf = f"blk.{layer}.{PARTS[part]}"
             if part in ("self_attn.q_proj", "self_attn.k_proj"):  # llama.cpp's permute()
                 n = heads if part == "self_attn.q_proj" else kv_heads
-                weight = weight.reshape(n, 2, weight.shape[0] // n // 2, weight.shape[1]).swapaxes(1, 2).reshape(weight.shape)
+                weight = (
+                    weight.reshape(n, 2, weight.shape[0] // n // 2, weight.shape[1])
+                    .swapaxes(1, 2)
+                    .reshape(weight.shape)
+                )
         else:
             gguf = NAMES[stem]
         arrays[f"{gguf}.weight"] = weight.astype(mx.float16 if file_type == 1 and weight.ndim > 1 else mx.float32)
@@ -53,17 +65,24 @@ def write_gguf(folder: Path, target: Path, file_type: int = 1, architecture: str
     template = json.loads((folder / "tokenizer_config.json").read_text())["chat_template"]
     u32 = lambda n: mx.array(n, dtype=mx.uint32)  # noqa: E731
     metadata: dict[str, Any] = {
-        "general.architecture": architecture, "general.file_type": u32(file_type),
-        "llama.embedding_length": u32(config["hidden_size"]), "llama.block_count": u32(config["num_hidden_layers"]),
-        "llama.feed_forward_length": u32(config["intermediate_size"]), "llama.attention.head_count": u32(heads),
-        "llama.attention.head_count_kv": u32(kv_heads), "llama.context_length": u32(config["max_position_embeddings"]),
+        "general.architecture": architecture,
+        "general.file_type": u32(file_type),
+        "llama.embedding_length": u32(config["hidden_size"]),
+        "llama.block_count": u32(config["num_hidden_layers"]),
+        "llama.feed_forward_length": u32(config["intermediate_size"]),
+        "llama.attention.head_count": u32(heads),
+        "llama.attention.head_count_kv": u32(kv_heads),
+        "llama.context_length": u32(config["max_position_embeddings"]),
         "llama.attention.layer_norm_rms_epsilon": mx.array(config["rms_norm_eps"], dtype=mx.float32),
         "llama.rope.freq_base": mx.array(config.get("rope_theta", 10000.0), dtype=mx.float32),
-        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.merges": merges, "tokenizer.ggml.token_type": mx.array([3 if t in special else 1 for t in tokens],
-                                                                                dtype=mx.int32),
-        "tokenizer.ggml.eos_token_id": u32(config["eos_token_id"]), "tokenizer.chat_template": template,
-    }  # fmt: skip
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.token_type": mx.array([3 if t in special else 1 for t in tokens], dtype=mx.int32),
+        "tokenizer.ggml.eos_token_id": u32(config["eos_token_id"]),
+        "tokenizer.chat_template": template,
+    }
     mx.save_gguf(str(target), arrays, metadata)
     return target
 
@@ -71,8 +90,15 @@ def write_gguf(folder: Path, target: Path, file_type: int = 1, architecture: str
 def answers(engine: Engine, questions: list[str], max_tokens: int = 24) -> list[str]:
     """Greedy answers to chat questions."""
     params = SamplingParams(max_tokens=max_tokens)
-    return ["".join(chunk.text for chunk in generate(engine, JobSpec(owner="o", model="m", params=params,
-            messages=(Message(role="user", content=q),)))) for q in questions]  # fmt: skip
+    return [
+        "".join(
+            chunk.text
+            for chunk in generate(
+                engine, JobSpec(owner="o", model="m", params=params, messages=(Message(role="user", content=q),))
+            )
+        )
+        for q in questions
+    ]
 
 
 @pytest.mark.parametrize("file_type", [1, 0], ids=["F16", "F32"])
@@ -103,12 +129,20 @@ def test_what_cannot_be_imported_is_refused_in_words(demo_model, tmp_path):
 
 def test_the_cli_imports_and_says_how_to_serve_the_folder(demo_model, tmp_path):
     source = write_gguf(demo_model, tmp_path / "demo.gguf")
-    done = subprocess.run([sys.executable, "-m", "tasks.cli", "import-gguf", str(source), str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "tasks.cli", "import-gguf", str(source), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert f"ONELANE_MODEL={tmp_path / 'out'}" in done.stdout and (tmp_path / "out" / "config.json").exists()
-    refused = subprocess.run([sys.executable, "-m", "tasks.cli", "import-gguf", str(tmp_path / "nope.gguf"),
-                              str(tmp_path / "x")], capture_output=True, text=True, timeout=120)  # fmt: skip
+    refused = subprocess.run(
+        [sys.executable, "-m", "tasks.cli", "import-gguf", str(tmp_path / "nope.gguf"), str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert refused.returncode == 1 and "no such file" in refused.stderr and "Traceback" not in refused.stderr
 
 
@@ -129,8 +163,11 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_default_model_answers_in_sense(smollm2):
     engine = Engine.load(ModelConfig(name=DEFAULT_MODEL, path=str(smollm2)))  # dtype "auto": float32 on this CPU
-    paris, four, blue = answers(engine, ["What is the capital of France?", "What is 2 + 2?",
-                                         "What color is the sky on a clear day?"], max_tokens=24)  # fmt: skip
+    paris, four, blue = answers(
+        engine,
+        ["What is the capital of France?", "What is 2 + 2?", "What color is the sky on a clear day?"],
+        max_tokens=24,
+    )
     assert "Paris" in paris and "4" in four and "blue" in blue, (paris, four, blue)
 
 
@@ -142,8 +179,21 @@ def test_quantized_and_dequantized_weights_answer_alike(smollm2):
 
 def test_an_import_cast_to_float32_is_plain_weights_any_mlx_lm_server_loads(tmp_path):
     # Given the default model's file, When imported with --dtype float32 (for a server that cannot cast at load time)
-    done = subprocess.run([sys.executable, "-m", "tasks.cli", "import-gguf", str(locate(DEFAULT_MODEL_GGUF)),
-                           str(tmp_path / "f32"), "--dtype", "float32"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tasks.cli",
+            "import-gguf",
+            str(locate(DEFAULT_MODEL_GGUF)),
+            str(tmp_path / "f32"),
+            "--dtype",
+            "float32",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     # Then the folder holds no quantization, its weights are float32, and its answer is the dequantized one
     assert "quantization" not in json.loads((tmp_path / "f32" / "config.json").read_text())
@@ -152,12 +202,14 @@ def test_an_import_cast_to_float32_is_plain_weights_any_mlx_lm_server_loads(tmp_
     assert answers(plain, ["What is the capital of France?"], 8) == ["The capital of France is Paris."]
 
 
-def test_a_model_whose_package_is_missing_fails_its_jobs_naming_the_install_command(settings, store, start_worker,
-                                                                                     make_app, demo_model, tmp_path):  # fmt: skip
+def test_a_model_whose_package_is_missing_fails_its_jobs_naming_the_install_command(
+    settings, store, start_worker, make_app, demo_model, tmp_path
+):
     # Given a catalog whose "absent" model comes from a package this machine lacks
     absent = ModelConfig(name="absent", path=str(tmp_path / "absent"), gguf="package:nothing_such_pkg/m.gguf")
-    served = settings.model_copy(update={"model": None, "models": (
-        ModelConfig(name="demo", path=str(demo_model), default=True), absent)})  # fmt: skip
+    served = settings.model_copy(
+        update={"model": None, "models": (ModelConfig(name="demo", path=str(demo_model), default=True), absent)}
+    )
     start_worker(served)
     client = make_app(served).test_client()
     # When a job asks for it, Then the job fails with the install command, and /readyz says the same

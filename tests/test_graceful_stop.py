@@ -92,15 +92,22 @@ def test_stopping_the_active_worker_process_alone_hands_over_to_the_standby(jobs
 
 def up_env(settings: Settings, var: Path, port: int) -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # `up` runs its own Redis
-    return {**environ, "ONELANE_VAR_DIR": str(var), "ONELANE_MODEL": settings.model_path, "ONELANE_LEASE_S": "1",
-            "ONELANE_PORT": str(port), **DRAIN}  # fmt: skip
+    return {
+        **environ,
+        "ONELANE_VAR_DIR": str(var),
+        "ONELANE_MODEL": settings.model_path,
+        "ONELANE_LEASE_S": "1",
+        "ONELANE_PORT": str(port),
+        **DRAIN,
+    }
 
 
 def start_up(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     """`onelane up` as a terminal starts it: the leader of its own foreground process group."""
     out = open(log, "ab")
-    return subprocess.Popen([sys.executable, "-m", "tasks.cli", "up"], env=env, stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "tasks.cli", "up"], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def follow(stream: EventStream) -> None:

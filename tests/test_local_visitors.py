@@ -26,8 +26,12 @@ class Visitor:
         self.token = re.search(r'name="csrf_token" value="([^"]+)"', html).group(1)  # type: ignore[union-attr]
 
     def submit(self):  # type: ignore[no-untyped-def]
-        return self.client.post("/v1/jobs", json={"prompt": "x", "max_tokens": 3}, headers={"X-CSRF-Token": self.token},
-                                environ_base=self.environ)  # fmt: skip
+        return self.client.post(
+            "/v1/jobs",
+            json={"prompt": "x", "max_tokens": 3},
+            headers={"X-CSRF-Token": self.token},
+            environ_base=self.environ,
+        )
 
     def jobs(self) -> list[str]:
         return [j["id"] for j in self.client.get("/v1/jobs", environ_base=self.environ).get_json()["data"]]
@@ -66,8 +70,14 @@ def test_at_most_a_few_visitors_of_one_address_have_jobs_waiting(app, store, set
     # And a visitor already in may submit more; once one visitor's jobs leave the queue, a new one gets in
     assert visitors[0].submit().status_code == 202
     first = answers[1].get_json()["id"]
-    assert visitors[1].client.delete(f"/v1/jobs/{first}", headers={"X-CSRF-Token": visitors[1].token},
-                                     environ_base=visitors[1].environ).status_code == 200  # fmt: skip
+    assert (
+        visitors[1]
+        .client.delete(
+            f"/v1/jobs/{first}", headers={"X-CSRF-Token": visitors[1].token}, environ_base=visitors[1].environ
+        )
+        .status_code
+        == 200
+    )
     assert visitors[-1].submit().status_code == 202
     # And the record of who is in lives no longer than the jobs it counts
     assert 0 < store.redis.ttl(keys.address_visitors("10.0.0.1")) <= settings.job_ttl_s + settings.result_ttl_s

@@ -36,8 +36,11 @@ def broken_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def served(settings: Settings, demo_model: Path, mini_model: Path, broken_model: Path) -> Settings:
     """tiny (the default), mini (about six times its size) and broken."""
-    catalog = (ModelConfig(name="tiny", path=str(demo_model), default=True), ModelConfig(name="mini", path=str(mini_model)),
-               ModelConfig(name="broken", path=str(broken_model)))  # fmt: skip
+    catalog = (
+        ModelConfig(name="tiny", path=str(demo_model), default=True),
+        ModelConfig(name="mini", path=str(mini_model)),
+        ModelConfig(name="broken", path=str(broken_model)),
+    )
     return settings.model_copy(update={"model": None, "models": catalog, "max_batch": 4})
 
 
@@ -49,8 +52,12 @@ def admit(store: Store, owner: str, model: str, n: int = 0, tokens: int = 12, ri
     job_id = f"job_{owner}_{model}_{n}_{time.monotonic_ns()}"
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)
     doorbell = Doorbell.ring(ring.broker, job_id) if ring else None
-    store.admit(job_id, JobSpec(owner=owner, model=model, prompt=f"{owner} {n}", params=params, **spec), 120,  # type: ignore[arg-type]
-                doorbell=doorbell)  # fmt: skip
+    store.admit(
+        job_id,
+        JobSpec(owner=owner, model=model, prompt=f"{owner} {n}", params=params, **spec),
+        120,  # type: ignore[arg-type]
+        doorbell=doorbell,
+    )
     return job_id
 
 
@@ -200,8 +207,10 @@ def test_a_newcomer_waits_behind_at_most_one_job_of_each_user_whether_or_not_hea
     bob = [admit(s, "bob", "tiny", n) for n in range(6)]
     # four jobs start: with the switch wait, bob's go ahead of alice's head (the batch runs tiny); without, the
     # worker switches at every change of model and they start in fair order
-    started = [s.for_worker("w").claim_next(want="*", active="tiny" if switch_wait else "", loaded=("tiny", "mini")).job.id  # type: ignore[union-attr]
-               for _ in range(4)]  # fmt: skip
+    started = [
+        s.for_worker("w").claim_next(want="*", active="tiny" if switch_wait else "", loaded=("tiny", "mini")).job.id  # type: ignore[union-attr]
+        for _ in range(4)
+    ]
     assert started == (bob[:4] if switch_wait else [alice[0], bob[0], alice[1], bob[1]])
 
     carol = admit(s, "carol", "mini")
@@ -244,7 +253,9 @@ def test_a_user_of_weight_two_gets_two_turns_to_one(settings, store, start_worke
 
 def test_position_and_eta_count_a_pending_model_load(served, store):
     fair = Store(store.redis, served)
-    fair.for_worker("w").model_loaded("mini", load_s=5.0, size=1)  # its last load took 5 s; no live worker has it loaded now
+    fair.for_worker("w").model_loaded(
+        "mini", load_s=5.0, size=1
+    )  # its last load took 5 s; no live worker has it loaded now
     fair.redis.lpush(keys.SERVICE_TIMES, "1.0")  # one job has been timed: ETAs are given
 
     tiny, mini = (fair.admit(f"job_{m}", JobSpec(owner=m, model=m, prompt="x"), 60) for m in ("tiny", "mini"))

@@ -16,8 +16,10 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
 @pytest.fixture
 def settings(settings, demo_model):  # type: ignore[no-untyped-def]
-    tiny, other = (ModelConfig(name="tiny", path=str(demo_model), default=True),
-                   ModelConfig(name="other", path=str(demo_model)))  # fmt: skip
+    tiny, other = (
+        ModelConfig(name="tiny", path=str(demo_model), default=True),
+        ModelConfig(name="other", path=str(demo_model)),
+    )
     return settings.model_copy(update={"model": None, "models": (tiny, other)})
 
 
@@ -49,11 +51,14 @@ def test_a_job_runs_on_the_model_it_names_or_on_the_default(client):
     assert client.get(f"/v1/jobs/{named.get_json()['id']}").get_json()["model"] == "other"
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/jobs", {"prompt": "x"}),
-    ("/v1/chat/completions", CHAT),
-    ("/v1/completions", {"prompt": "x"}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/jobs", {"prompt": "x"}),
+        ("/v1/chat/completions", CHAT),
+        ("/v1/completions", {"prompt": "x"}),
+    ],
+)
 def test_an_unknown_model_is_404_naming_the_served_ones_and_admits_nothing(client, store, path, body):
     response = client.post(path, json={**body, "model": "gpt-4o"})
 
@@ -88,10 +93,16 @@ def test_a_priority_that_is_not_a_class_is_refused_by_name(client, store, priori
     assert store.redis.keys(keys.NS + "*") == []
 
 
-@pytest.mark.parametrize("tier,priority,echoed", [
-    ("flex", "batch", "flex"), ("priority", "interactive", "priority"), ("auto", "interactive", "default"),
-    ("default", "interactive", "default"), (None, "interactive", "default"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "tier,priority,echoed",
+    [
+        ("flex", "batch", "flex"),
+        ("priority", "interactive", "priority"),
+        ("auto", "interactive", "default"),
+        ("default", "interactive", "default"),
+        (None, "interactive", "default"),
+    ],
+)
 def test_openai_service_tiers_are_priority_classes(client, store, tier, priority, echoed):
     body = {**CHAT, "model": "tiny"} | ({"service_tier": tier} if tier else {})
 
@@ -123,7 +134,9 @@ def test_a_model_that_is_not_a_served_name_is_a_client_error(client, store, mode
 
 
 def test_a_model_that_failed_to_load_is_503_with_retry_after_until_it_is_tried_again(client, store):
-    store.for_worker("w").model_failed("other", "the model failed to load (its files were not found)")  # as a worker records it
+    store.for_worker("w").model_failed(
+        "other", "the model failed to load (its files were not found)"
+    )  # as a worker records it
 
     for path, body in (("/v1/jobs", {"prompt": "x"}), ("/v1/chat/completions", CHAT)):
         response = client.post(path, json={**body, "model": "other"})
@@ -197,7 +210,9 @@ def test_a_batch_key_submits_batch_jobs_only_and_others_may_choose(keyed, store)
     asked = keyed.post("/v1/jobs", json={"prompt": "x", "priority": "interactive"}, headers=night)
     assert asked.status_code == 403 and asked.get_json()["error"]["param"] == "priority"
     assert keyed.post("/v1/jobs", json={"prompt": "x"}, headers=day).get_json()["priority"] == "interactive"
-    assert keyed.post("/v1/jobs", json={"prompt": "x", "priority": "batch"}, headers=day).get_json()["priority"] == "batch"
+    assert (
+        keyed.post("/v1/jobs", json={"prompt": "x", "priority": "batch"}, headers=day).get_json()["priority"] == "batch"
+    )
     assert len(store.list("night")) == 1
 
 
@@ -209,8 +224,9 @@ def test_a_batch_keys_openai_requests_are_batch_and_it_cannot_ask_for_priority(k
         assert response.status_code == 200
         assert store.get(response.headers["x-onelane-job-id"]).spec.priority == "batch"
         response.close()
-    refused = keyed.post("/v1/completions", json={"model": "tiny", "prompt": "x", "service_tier": "priority"},
-                         headers=night)  # fmt: skip
+    refused = keyed.post(
+        "/v1/completions", json={"model": "tiny", "prompt": "x", "service_tier": "priority"}, headers=night
+    )
     assert refused.status_code == 403
 
 

@@ -59,9 +59,13 @@ def test_completion(client, worker):
 
 def test_stream_has_content_deltas_then_done_and_usage(client, worker, store):
     raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=12, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
-    )  # fmt: skip
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     job_id = raw.headers["x-onelane-job-id"]
     chunks = list(raw.parse())
 
@@ -98,7 +102,12 @@ def test_a_stop_string_ends_the_answer_before_it(client, worker):
 
 @pytest.mark.parametrize(
     "extra",
-    [{"tools": [{"type": "function", "function": {"name": "f"}}]}, {"n": 2}, {"logprobs": True}, {"presence_penalty": 1}],
+    [
+        {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        {"n": 2},
+        {"logprobs": True},
+        {"presence_penalty": 1},
+    ],
 )
 def test_unsupported_parameter_is_a_bad_request(client, extra, store):
     with pytest.raises(openai.BadRequestError) as err:
@@ -137,9 +146,12 @@ def test_a_waiting_stream_gets_its_position_as_comments(live_server, jobs, store
 
 def test_closing_a_stream_cancels_its_job(client, worker, store):
     stream = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=3000, stream=True,
+        model=MODEL,
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=3000,
+        stream=True,
         extra_body={"ignore_eos": True},
-    )  # fmt: skip
+    )
     job_id = stream.headers["x-onelane-job-id"]
     chunks = stream.parse()
     for _, _ in zip(range(5), chunks):
@@ -196,7 +208,9 @@ def stream_across_a_restart(live_server, store, rerun: list[str]) -> tuple[str, 
             for text in rerun:
                 store.for_worker("w").append(job_id, 1, text, 1)
             if "".join(rerun).startswith("half an answer"):
-                store.for_worker("w").finish(job_id, JobStatus.COMPLETED, finish_reason="stop", completion_tokens=len(rerun))
+                store.for_worker("w").finish(
+                    job_id, JobStatus.COMPLETED, finish_reason="stop", completion_tokens=len(rerun)
+                )
             else:  # the stream cannot go on: it cancels the job, and the worker ends it
                 while (message := cancels.get_message(timeout=10)) and message["data"] != job_id:
                     pass
@@ -247,8 +261,11 @@ LOOSE = [  # each is refused by OpenAI: a value of the wrong JSON type is not co
     ("logprobs 0", {"logprobs": 0}, "logprobs"),
     ("presence_penalty false", {"presence_penalty": False}, "presence_penalty"),
     ("content a number", {"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
-    ("a text part a number", {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
-     "messages.0.content"),
+    (
+        "a text part a number",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+        "messages.0.content",
+    ),
     ("name a number", {"messages": [{"role": "user", "content": "x", "name": 5}]}, "messages.0.name"),
     ("an integer beyond any float", {"temperature": 10**400}, "temperature"),
     ("empty content", {"messages": [{"role": "user", "content": ""}]}, "messages"),
@@ -267,7 +284,15 @@ def test_a_value_of_the_wrong_type_is_a_bad_request_naming_it(jobs, store, name,
 
 
 def test_numbers_of_either_kind_are_taken_where_openai_takes_them(jobs, store):
-    body = {**CHAT, "temperature": 1, "top_p": 1, "n": 1, "presence_penalty": 0.0, "frequency_penalty": 0, "stream": True}
+    body = {
+        **CHAT,
+        "temperature": 1,
+        "top_p": 1,
+        "n": 1,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0,
+        "stream": True,
+    }
 
     response = jobs.client.post("/v1/chat/completions", json=body)  # streams: nothing is read, nothing waits
 
@@ -277,13 +302,24 @@ def test_numbers_of_either_kind_are_taken_where_openai_takes_them(jobs, store):
     response.close()  # the client left: its job is cancelled
 
 
-@pytest.mark.parametrize("path,body,param", [
-    ("/v1/completions", {"model": MODEL, "prompt": ""}, "prompt"),
-    ("/v1/completions", {"model": MODEL, "prompt": [""]}, "prompt"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "system", "content": ""},
-                                                          {"role": "user", "content": [{"type": "text", "text": ""}]}]},
-     "messages"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/v1/completions", {"model": MODEL, "prompt": ""}, "prompt"),
+        ("/v1/completions", {"model": MODEL, "prompt": [""]}, "prompt"),
+        (
+            "/v1/chat/completions",
+            {
+                "model": MODEL,
+                "messages": [
+                    {"role": "system", "content": ""},
+                    {"role": "user", "content": [{"type": "text", "text": ""}]},
+                ],
+            },
+            "messages",
+        ),
+    ],
+)
 def test_an_empty_prompt_is_a_bad_request(jobs, store, path, body, param):
     response = jobs.client.post(path, json=body)
 
@@ -292,14 +328,19 @@ def test_an_empty_prompt_is_a_bad_request(jobs, store, path, body, param):
     assert store.list("local") == []
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/completions", b'{"model": "onelane-demo", "prompt": "\\ud800"}'),
-    ("/v1/completions", b'{"model": "onelane-demo", "prompt": "a", "stop": "\\udfff"}'),
-    ("/v1/chat/completions", b'{"model": "onelane-demo", "messages": [{"role": "user", "content": "\\ud800"}]}'),
-    ("/v1/chat/completions", b'{"model": "onelane-demo", "messages": [{"role": "user", "content": "a"}], '
-                             b'"user": "\\ud800"}'),
-    ("/v1/chat/completions", b"[" * 100_000),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/v1/completions", b'{"model": "onelane-demo", "prompt": "\\ud800"}'),
+        ("/v1/completions", b'{"model": "onelane-demo", "prompt": "a", "stop": "\\udfff"}'),
+        ("/v1/chat/completions", b'{"model": "onelane-demo", "messages": [{"role": "user", "content": "\\ud800"}]}'),
+        (
+            "/v1/chat/completions",
+            b'{"model": "onelane-demo", "messages": [{"role": "user", "content": "a"}], "user": "\\ud800"}',
+        ),
+        ("/v1/chat/completions", b"[" * 100_000),
+    ],
+)
 def test_text_that_is_not_unicode_or_json_nested_too_deep_is_a_bad_request(jobs, store, path, body):
     response = jobs.client.post(path, data=body, content_type="application/json")
 

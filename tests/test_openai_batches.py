@@ -40,8 +40,9 @@ def client_with(settings, make_app):  # type: ignore[no-untyped-def]
         server = make_server("127.0.0.1", 0, make_app(settings.model_copy(update=changes)), threaded=True)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
-        return openai.OpenAI(base_url=f"http://127.0.0.1:{server.server_port}/v1", api_key="x", max_retries=0,
-                             timeout=30)  # fmt: skip
+        return openai.OpenAI(
+            base_url=f"http://127.0.0.1:{server.server_port}/v1", api_key="x", max_retries=0, timeout=30
+        )
 
     yield serve
     for server in servers:
@@ -49,8 +50,14 @@ def client_with(settings, make_app):  # type: ignore[no-untyped-def]
 
 
 def chat_line(custom_id: str, text: str = "hi", tokens: int = 4, **body: Any) -> dict[str, Any]:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": tokens, "temperature": 0,
-            "ignore_eos": True, **body}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        **body,
+    }
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
 
 
@@ -74,13 +81,17 @@ def test_a_batch_answers_every_good_line_and_names_every_bad_one_by_custom_id(cl
     # Given a file of four good requests and six that cannot be run
     good = [chat_line(f"ok-{n}", f"line {n}") for n in range(4)]
     data = jsonl(
-        good[0], b"{not json", good[1],
+        good[0],
+        b"{not json",
+        good[1],
         {**chat_line("elsewhere"), "url": "/v1/embeddings"},
         {**chat_line("x"), "custom_id": None},
-        good[2], chat_line("ok-0"),  # the same custom_id again
+        good[2],
+        chat_line("ok-0"),  # the same custom_id again
         {**chat_line("no-model"), "body": {**chat_line("")["body"], "model": "nope"}},
-        chat_line("streamed", stream=True), good[3],
-    )  # fmt: skip
+        chat_line("streamed", stream=True),
+        good[3],
+    )
     start_worker()
 
     # When it runs as a batch
@@ -108,21 +119,27 @@ def test_a_batch_answers_every_good_line_and_names_every_bad_one_by_custom_id(cl
     assert errors["no-model"]["error"]["code"] == "model_not_found"
     assert errors["streamed"]["error"]["code"] == "invalid_body"
     assert errors["ok-0"]["error"]["code"] == "duplicate_custom_id"  # (the first ok-0 is in the output)
-    nameless = [line for line in client.files.content(final.error_file_id).text.splitlines() if '"custom_id": null' in line]
+    nameless = [
+        line for line in client.files.content(final.error_file_id).text.splitlines() if '"custom_id": null' in line
+    ]
     assert sorted(json.loads(x)["error"]["code"] for x in nameless) == ["invalid_json", "missing_custom_id"]
 
     # And what the batch kept in Redis while it ran is gone; its record lives as long as its files
-    assert not store.redis.exists(*(k(batch.id) for k in (keys.batch_lines, keys.batch_running, keys.batch_output,
-                                                          keys.batch_errors)))  # fmt: skip
+    assert not store.redis.exists(
+        *(k(batch.id) for k in (keys.batch_lines, keys.batch_running, keys.batch_output, keys.batch_errors))
+    )
     assert 0 < store.redis.ttl(keys.batch(batch.id)) <= store.settings.file_retention_s
     assert not store.redis.zscore(keys.BATCHES, batch.id)
     assert store.list(store.get(job_id_of(batch.id, 0)).owner) == []  # its jobs are not listed one by one
 
 
-@pytest.mark.parametrize("endpoint, body, obj", [
-    ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 3}, "text_completion"),
-    ("/v1/responses", {"input": "hi", "max_output_tokens": 3, "instructions": "Be brief."}, "response"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "endpoint, body, obj",
+    [
+        ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 3}, "text_completion"),
+        ("/v1/responses", {"input": "hi", "max_output_tokens": 3, "instructions": "Be brief."}, "response"),
+    ],
+)
 def test_each_endpoint_answers_in_its_own_shape(client, start_worker, store, endpoint, body, obj):
     start_worker()
     line = {"custom_id": "a", "method": "POST", "url": endpoint, "body": {"model": MODEL, "temperature": 0, **body}}
@@ -236,13 +253,16 @@ def test_batches_are_listed_newest_first_and_seen_by_their_owner_only(client, li
     assert batches.list(other, 10) == ([], False) and record.owner != other
 
 
-@pytest.mark.parametrize("change, param", [
-    ({"endpoint": "/v1/embeddings"}, "endpoint"),
-    ({"completion_window": "48h"}, "completion_window"),
-    ({"input_file_id": "file-nope"}, "input_file_id"),
-    ({"metadata": {str(n): "v" for n in range(17)}}, "metadata"),
-    ({"tools": []}, "tools"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "change, param",
+    [
+        ({"endpoint": "/v1/embeddings"}, "endpoint"),
+        ({"completion_window": "48h"}, "completion_window"),
+        ({"input_file_id": "file-nope"}, "input_file_id"),
+        ({"metadata": {str(n): "v" for n in range(17)}}, "metadata"),
+        ({"tools": []}, "tools"),
+    ],
+)
 def test_a_batch_that_cannot_be_is_refused_naming_the_field(client, change, param):
     source = client.files.create(file=("r.jsonl", io.BytesIO(jsonl(chat_line("a")))), purpose="batch")
     body = {"input_file_id": source.id, "endpoint": "/v1/chat/completions", "completion_window": "24h", **change}

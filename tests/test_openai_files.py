@@ -13,9 +13,18 @@ from tasks import keys
 from tasks.errors import FileNotFound
 from tasks.files import FileStore
 
-LINES = b"".join(json.dumps({"custom_id": f"r{n}", "method": "POST", "url": "/v1/chat/completions",
-                             "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}}).encode() + b"\n"
-                 for n in range(3))  # fmt: skip
+LINES = b"".join(
+    json.dumps(
+        {
+            "custom_id": f"r{n}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        }
+    ).encode()
+    + b"\n"
+    for n in range(3)
+)
 
 
 @pytest.fixture
@@ -33,7 +42,10 @@ def test_an_uploaded_file_reads_back_byte_for_byte_until_deleted(client, store):
     assert client.files.content(made.id).content == LINES
     assert made.id in [f.id for f in client.files.list()]
     retention = store.settings.file_retention_s
-    assert 0 < store.redis.ttl(keys.file(made.id)) <= retention and 0 < store.redis.ttl(keys.file_data(made.id)) <= retention
+    assert (
+        0 < store.redis.ttl(keys.file(made.id)) <= retention
+        and 0 < store.redis.ttl(keys.file_data(made.id)) <= retention
+    )
     assert made.expires_at - made.created_at == retention
 
     # When it is deleted, Then it is gone, with its keys
@@ -55,11 +67,14 @@ def test_another_owners_file_is_not_found(store):
     assert files.list("bob", 10) == [] and files.content(mine.id, "alice") == LINES
 
 
-@pytest.mark.parametrize("purpose, data, param", [
-    ("assistants", LINES, "purpose"),
-    ("batch", b"", "file"),
-    ("batch", b"\xff\xfe not text", "file"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "purpose, data, param",
+    [
+        ("assistants", LINES, "purpose"),
+        ("batch", b"", "file"),
+        ("batch", b"\xff\xfe not text", "file"),
+    ],
+)
 def test_what_cannot_be_a_batch_file_is_refused_naming_the_field(client, purpose, data, param):
     with pytest.raises(openai.BadRequestError) as refused:
         client.files.create(file=("x.jsonl", io.BytesIO(data)), purpose=purpose)

@@ -33,8 +33,15 @@ def job_of(response_id: str) -> str:
 
 
 def background(client, text="hi", tokens=8, **kw):  # type: ignore[no-untyped-def]
-    return client.responses.create(model=MODEL, input=text, background=True, max_output_tokens=tokens,
-                                   temperature=0, extra_body={"ignore_eos": True}, **kw)  # fmt: skip
+    return client.responses.create(
+        model=MODEL,
+        input=text,
+        background=True,
+        max_output_tokens=tokens,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+        **kw,
+    )
 
 
 def test_a_background_response_is_queued_at_once_then_polled_until_completed(client, worker, store):
@@ -88,8 +95,15 @@ def test_cancel_while_running_keeps_the_partial_output(client, worker, store):
 
 def test_a_stream_cut_mid_way_resumes_after_its_last_sequence_number_with_every_delta_once(client, worker, store):
     # Given a background response streamed from its creation
-    stream = client.responses.create(model=MODEL, input="Tell me more", background=True, stream=True,
-                                     max_output_tokens=40, temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+    stream = client.responses.create(
+        model=MODEL,
+        input="Tell me more",
+        background=True,
+        stream=True,
+        max_output_tokens=40,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     seen, deltas = [], []
     for event in stream:
         seen.append(event)
@@ -99,8 +113,12 @@ def test_a_stream_cut_mid_way_resumes_after_its_last_sequence_number_with_every_
                 break  # When the connection drops after three deltas
     stream.close()
     response_id = seen[0].response.id
-    assert [e.type for e in seen[:4]] == ["response.created", "response.queued", "response.in_progress",
-                                          "response.output_item.added"]  # fmt: skip
+    assert [e.type for e in seen[:4]] == [
+        "response.created",
+        "response.queued",
+        "response.in_progress",
+        "response.output_item.added",
+    ]
 
     # Then a stream resumed after the last sequence number gets the rest, each delta once, and ends the response
     rest = list(client.responses.retrieve(response_id, stream=True, starting_after=seen[-1].sequence_number))
@@ -124,13 +142,21 @@ def test_the_whole_stream_again_is_numbered_the_same(client, worker, store):
 
 
 def test_a_foreground_response_whole_and_streamed(client, worker):
-    whole = client.responses.create(model=MODEL, input=[{"role": "user", "content": "hi"}], max_output_tokens=5,
-                                    temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+    whole = client.responses.create(
+        model=MODEL,
+        input=[{"role": "user", "content": "hi"}],
+        max_output_tokens=5,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     assert whole.status == "incomplete" and whole.background is False and whole.output_text
     assert whole.usage.output_tokens == 5
 
-    events = list(client.responses.create(model=MODEL, input="hi", max_output_tokens=5, temperature=0, stream=True,
-                                          extra_body={"ignore_eos": True}))  # fmt: skip
+    events = list(
+        client.responses.create(
+            model=MODEL, input="hi", max_output_tokens=5, temperature=0, stream=True, extra_body={"ignore_eos": True}
+        )
+    )
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert events[-1].type == "response.incomplete" and events[-1].response.output_text == text == whole.output_text
 
@@ -146,15 +172,18 @@ def test_a_foreground_response_cannot_be_cancelled_by_id_and_other_jobs_are_not_
         client.responses.retrieve("resp_nothing")
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"store": False, "background": True}, "store"),
-    ({"tools": [{"type": "web_search"}]}, "tools"),
-    ({"previous_response_id": "resp_x"}, "previous_response_id"),
-    ({"input": []}, "input"),
-    ({"max_output_tokens": 0}, "max_output_tokens"),
-    ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
-    ({"reasoning": {"effort": "high"}}, "reasoning"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"store": False, "background": True}, "store"),
+        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"previous_response_id": "resp_x"}, "previous_response_id"),
+        ({"input": []}, "input"),
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+        ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
+        ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ],
+)
 def test_what_onelane_cannot_honour_is_refused_naming_the_field(client, extra, param):
     body = {"model": MODEL, "input": "hi", **extra}
     with pytest.raises(openai.BadRequestError) as refused:
@@ -176,8 +205,14 @@ def test_a_foreground_stream_whose_client_hangs_up_has_its_response_cancelled(li
 
 
 def test_a_background_stream_whose_client_hangs_up_runs_on(live_server, worker, store):
-    body = {"model": MODEL, "input": "on", "stream": True, "background": True, "max_output_tokens": 30,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "input": "on",
+        "stream": True,
+        "background": True,
+        "max_output_tokens": 30,
+        "ignore_eos": True,
+    }
     with requests.post(f"{live_server}/v1/responses", json=body, stream=True, timeout=30) as answer:
         job_id = answer.headers["x-onelane-job-id"]
         next(answer.iter_lines())

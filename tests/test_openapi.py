@@ -46,8 +46,13 @@ TAKE_INPUT = {("/v1/jobs", "post"), ("/v1/jobs", "get"), ("/v1/chat/completions"
               ("/jobs", "post"), ("/login", "post"), ("/v1/responses", "post"), ("/v1/batches", "post")}  # fmt: skip
 MODEL = "onelane-demo"
 EXAMPLES = 40  # per operation (and per mode, or scenarios): the whole file runs in well under a minute
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
-          response_schema_conformance]  # fmt: skip
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
 SENT: Counter[str] = Counter()  # requests schemathesis sent, by operation
 
 
@@ -65,8 +70,11 @@ def test_openapi_json_is_valid_openapi_3_1_with_every_operation(app) -> None:  #
     assert re.fullmatch(r"3\.1\.\d+", spec["openapi"])
     OpenAPIV31SpecValidator(spec).validate()
     assert {(path, method) for path, item in spec["paths"].items() for method in item} == OPERATIONS
-    assert spec["components"]["securitySchemes"]["bearerAuth"] == {**spec["components"]["securitySchemes"][
-        "bearerAuth"], "type": "http", "scheme": "bearer"}  # fmt: skip
+    assert spec["components"]["securitySchemes"]["bearerAuth"] == {
+        **spec["components"]["securitySchemes"]["bearerAuth"],
+        "type": "http",
+        "scheme": "bearer",
+    }
     submit = spec["paths"]["/v1/jobs"]["post"]["responses"]
     assert {"202", "400", "401", "403", "404", "413", "422", "429", "503"} <= set(submit)
     assert submit["429"]["headers"]["Retry-After"]["required"] is True
@@ -77,9 +85,12 @@ def test_the_document_describes_every_route_the_app_serves_and_no_other(app) -> 
     # method is an operation, and every operation a route: a new route cannot be left out
     spec = app.test_client().get("/openapi.json").get_json()
     documented = {(path, method) for path, item in spec["paths"].items() for method in item}
-    routed = {(re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule.rule), method.lower())
-              for rule in app.url_map.iter_rules() if rule.endpoint != "static"
-              for method in rule.methods - {"HEAD", "OPTIONS"}}  # fmt: skip
+    routed = {
+        (re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule.rule), method.lower())
+        for rule in app.url_map.iter_rules()
+        if rule.endpoint != "static"
+        for method in rule.methods - {"HEAD", "OPTIONS"}
+    }
     assert routed - documented == set(), "routes missing from /openapi.json"
     assert documented - routed == set(), "operations no route serves"
 
@@ -105,7 +116,9 @@ def test_request_schemas_are_the_handlers_own_models_with_this_servers_limits(ap
                 assert documented["properties"][field] == schema, field
         model_field = documented["properties"]["model"]
         assert [DEFAULT_MODEL, MODEL] in [branch.get("enum") for branch in model_field.get("anyOf", [model_field])]
-    assert {"type": "number", "maximum": 600.0}.items() <= schemas["SubmitJob"]["properties"]["ttl_s"]["anyOf"][0].items()
+    assert {"type": "number", "maximum": 600.0}.items() <= schemas["SubmitJob"]["properties"]["ttl_s"]["anyOf"][
+        0
+    ].items()
 
 
 def test_docs_page_lists_every_operation_and_schema(app) -> None:  # type: ignore[no-untyped-def]
@@ -146,13 +159,22 @@ def test_with_api_keys_the_document_is_for_users(settings, make_app) -> None:  #
 
 # The event stream follows a job until it ends (its own tests cover it); every other operation is fuzzed, and those
 # that take a body or a typed parameter also with requests that break the document (negative).
-FUZZED = [(path, method, mode) for path, method in sorted(OPERATIONS - {("/v1/jobs/{job_id}/events", "get")})
-          for mode in GenerationMode if mode == GenerationMode.POSITIVE or (path, method) in TAKE_INPUT]  # fmt: skip
+FUZZED = [
+    (path, method, mode)
+    for path, method in sorted(OPERATIONS - {("/v1/jobs/{job_id}/events", "get")})
+    for mode in GenerationMode
+    if mode == GenerationMode.POSITIVE or (path, method) in TAKE_INPUT
+]
 
 
 @pytest.mark.parametrize(("path", "method", "mode"), FUZZED)
-def test_every_answer_keeps_the_documents_promises(app, canceller, path: str, method: str,  # type: ignore[no-untyped-def]
-                                                   mode: GenerationMode) -> None:  # fmt: skip
+def test_every_answer_keeps_the_documents_promises(
+    app,
+    canceller,
+    path: str,
+    method: str,  # type: ignore[no-untyped-def]
+    mode: GenerationMode,
+) -> None:
     # Given requests that fit the document (positive) or break it (negative), When each is sent to the app, Then no
     # 5xx (but /readyz's 503: no worker runs here), and every status, content type, header and body is documented
     operation = schemathesis.openapi.from_wsgi("/openapi.json", app)[path][method.upper()]
@@ -179,9 +201,16 @@ def test_scenarios_along_the_documents_links_keep_its_promises(app, canceller) -
             SENT[str(response.status_code)] += 1
             case.validate_response(response, checks=CHECKS)
 
-    run_state_machine_as_test(Scenarios, settings=hypothesis_settings(
-        max_examples=EXAMPLES, stateful_step_count=5, deadline=None, database=None,
-        suppress_health_check=list(HealthCheck)))  # fmt: skip
+    run_state_machine_as_test(
+        Scenarios,
+        settings=hypothesis_settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=5,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
 
 
 def test_a_real_workers_answers_keep_the_documents_promises(app, start_worker) -> None:  # type: ignore[no-untyped-def]
@@ -192,9 +221,13 @@ def test_a_real_workers_answers_keep_the_documents_promises(app, start_worker) -
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     text = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
     usage = {"stream": True, "stream_options": {"include_usage": True}}
-    for path, body in [("/v1/chat/completions", chat), ("/v1/chat/completions", {**chat, **usage}),
-                       ("/v1/completions", text), ("/v1/completions", {**text, **usage}),
-                       ("/v1/jobs", {"prompt": "hi", "max_tokens": 4})]:  # fmt: skip
+    for path, body in [
+        ("/v1/chat/completions", chat),
+        ("/v1/chat/completions", {**chat, **usage}),
+        ("/v1/completions", text),
+        ("/v1/completions", {**text, **usage}),
+        ("/v1/jobs", {"prompt": "hi", "max_tokens": 4}),
+    ]:
         response = schema[path]["POST"].Case(body=body).call_and_validate(checks=CHECKS)
         assert response.status_code in (200, 202), response.text
     job_id = response.json()["id"]

@@ -23,8 +23,12 @@ def ask(jobs: JobsClient, store, messages: list[dict[str, str]], **params: Any) 
 
 def turns(first: dict[str, Any]) -> list[dict[str, str]]:
     """A second turn: the history, the answer to the first, a new question."""
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is a queue?"},
-            {"role": "assistant", "content": first["output"]}, {"role": "user", "content": "And who waits in it?"}]
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "What is a queue?"},
+        {"role": "assistant", "content": first["output"]},
+        {"role": "user", "content": "And who waits in it?"},
+    ]
 
 
 FIRST = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is a queue?"}]
@@ -101,7 +105,9 @@ def test_an_entry_serves_its_owner_only_unless_sharing_is_on(shared, settings, m
     client = make_app(keyed).test_client()
 
     def ask_as(key: str) -> dict[str, Any]:
-        response = client.post("/v1/jobs", json={"messages": FIRST, **GREEDY}, headers={"Authorization": f"Bearer {key}"})
+        response = client.post(
+            "/v1/jobs", json={"messages": FIRST, **GREEDY}, headers={"Authorization": f"Bearer {key}"}
+        )
         assert response.status_code == 202, response.get_json()
         return wait_ended(store, response.get_json()["id"])
 
@@ -180,13 +186,21 @@ def test_cached_tokens_are_reported_as_openai_does_and_counted_in_metrics(live_s
     model = store.settings.model_name
     first = client.chat.completions.create(model=model, messages=FIRST, max_tokens=8)  # type: ignore[arg-type]
     assert first.usage.prompt_tokens_details.cached_tokens == 0
-    history = [*FIRST, {"role": "assistant", "content": first.choices[0].message.content},
-               {"role": "user", "content": "And who waits in it?"}]
+    history = [
+        *FIRST,
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And who waits in it?"},
+    ]
     second = client.chat.completions.create(model=model, messages=history, max_tokens=8)  # type: ignore[arg-type]
     assert second.usage.prompt_tokens_details.cached_tokens > 0.8 * second.usage.prompt_tokens
 
-    stream = client.chat.completions.create(model=model, messages=history, max_tokens=8, stream=True,  # type: ignore[arg-type]
-                                            stream_options={"include_usage": True})  # fmt: skip
+    stream = client.chat.completions.create(
+        model=model,
+        messages=history,
+        max_tokens=8,
+        stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True},
+    )
     usage = [chunk.usage for chunk in stream if chunk.usage][-1]
     assert usage.prompt_tokens_details.cached_tokens > 0.8 * usage.prompt_tokens
 
@@ -223,15 +237,20 @@ def test_with_two_devices_a_follow_up_goes_to_the_one_that_holds_its_history(aff
     from tasks.job import Message, history_digest, history_prefix
 
     for device in ("gpu-a", "gpu-b"):
-        worker_process(supervise=False, ONELANE_DEVICE=device, ONELANE_MAX_BATCH="4", ONELANE_CACHE_AFFINITY_S=affinity_s)
+        worker_process(
+            supervise=False, ONELANE_DEVICE=device, ONELANE_MAX_BATCH="4", ONELANE_CACHE_AFFINITY_S=affinity_s
+        )
     chats = [conversation_on_two_devices(jobs, store, 3, q) for q in ("Où est la file d’attente ?", "Why a queue?")]
 
     devices = [[store.redis.hget(keys.job(turn["id"]), "device") for turn in chat] for chat in chats]
     assert {d for chat in devices for d in chat} <= {"gpu-a", "gpu-b"}
     # a follow-up hit its history when it read more than the turn before it sent (not only the system message,
     # which every conversation of this owner shares)
-    hits = [n["usage"]["cached_tokens"] > before["usage"]["prompt_tokens"]
-            for chat in chats for before, n in zip(chat, chat[1:])]  # fmt: skip
+    hits = [
+        n["usage"]["cached_tokens"] > before["usage"]["prompt_tokens"]
+        for chat in chats
+        for before, n in zip(chat, chat[1:])
+    ]
     print(f"affinity {affinity_s} s: {sum(hits)} of {len(hits)} follow-ups hit their history; devices {devices}")
     if affinity_s != "0":
         assert all(len(set(chat)) == 1 for chat in devices)  # each conversation stayed where its history is
@@ -250,13 +269,22 @@ def test_a_running_jobs_estimate_counts_only_the_prefill_still_to_do(cached, sto
     from tasks import keys
     from tasks.job import JobSpec, SamplingParams
 
-    store.redis.hset(keys.STATS, mapping={"prefill_tokens": 1000, "prefill_seconds": 1.0,  # 1,000 tokens/s
-                                          "batch_steps": 100, "decode_seconds": 1.0})  # 10 ms a step  # fmt: skip
+    store.redis.hset(
+        keys.STATS,
+        mapping={
+            "prefill_tokens": 1000,
+            "prefill_seconds": 1.0,  # 1,000 tokens/s
+            "batch_steps": 100,
+            "decode_seconds": 1.0,
+        },
+    )  # 10 ms a step
     store.redis.lpush(keys.SERVICE_TIMES, 5.0)  # a job was timed: estimates are given
     spec = JobSpec(owner="a", model=store.settings.model_name, prompt="p", params=SamplingParams(max_tokens=10))
     store.admit("job_long", spec, 60)
     assert store.for_worker("w").take_device() == "ok" and claim_now(store, "w").id == "job_long"
-    store.for_worker("w").append("job_long", 0, "", 4000, cached_tokens=cached)  # as the worker does when it joins the batch
+    store.for_worker("w").append(
+        "job_long", 0, "", 4000, cached_tokens=cached
+    )  # as the worker does when it joins the batch
 
     behind = store.admit("job_next", spec.model_copy(update={"owner": "b"}), 60)
     expected = (4000 - cached) / 1000 + 10 * 0.01

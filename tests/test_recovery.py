@@ -97,7 +97,12 @@ def test_a_job_that_stops_producing_tokens_fails_stalled_and_its_worker_is_kille
     from worker.supervisor import Supervisor
 
     stuck = jobs.submit("stuck", max_tokens=8)
-    env = {**os.environ, "REDIS_URL": settings.effective_redis_url, "ONELANE_LEASE_S": "1", "ONELANE_MODEL": settings.model_path}
+    env = {
+        **os.environ,
+        "REDIS_URL": settings.effective_redis_url,
+        "ONELANE_LEASE_S": "1",
+        "ONELANE_MODEL": settings.model_path,
+    }
     supervisor = Supervisor(
         settings.model_copy(update={"stall_s": 1.0, "lease_s": 1.0}),
         command=[sys.executable, "-m", "tests.stuck_worker"],
@@ -173,8 +178,14 @@ def test_an_openai_stream_goes_on_where_it_was_when_its_worker_dies(store, worke
     import requests
 
     worker_process()
-    body = {"model": store.settings.model_name, "messages": [{"role": "user", "content": "tell me"}], "stream": True,
-            "max_tokens": 3000, "temperature": 0.9, "ignore_eos": True}  # sampled, unseeded: its run is still its own
+    body = {
+        "model": store.settings.model_name,
+        "messages": [{"role": "user", "content": "tell me"}],
+        "stream": True,
+        "max_tokens": 3000,
+        "temperature": 0.9,
+        "ignore_eos": True,
+    }  # sampled, unseeded: its run is still its own
     content, finish, killed = "", None, False
     with requests.post(f"{live_server}/v1/chat/completions", json=body, stream=True, timeout=60) as response:
         job_id = response.headers["x-onelane-job-id"]
@@ -200,8 +211,15 @@ def test_a_background_response_stream_goes_on_numbered_alike_when_its_worker_die
     import requests
 
     worker_process()
-    body = {"model": store.settings.model_name, "input": "tell me", "stream": True, "background": True,
-            "max_output_tokens": 3000, "temperature": 0.9, "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": store.settings.model_name,
+        "input": "tell me",
+        "stream": True,
+        "background": True,
+        "max_output_tokens": 3000,
+        "temperature": 0.9,
+        "ignore_eos": True,
+    }
     events, killed = [], False
     with requests.post(f"{live_server}/v1/responses", json=body, stream=True, timeout=60) as response:
         job_id = response.headers["x-onelane-job-id"]
@@ -219,10 +237,14 @@ def test_a_background_response_stream_goes_on_numbered_alike_when_its_worker_die
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     # a stream opened now, after the requeue, numbers the response's events as the one that lived through it
     rid = events[0]["response"]["id"]
-    with requests.get(f"{live_server}/v1/responses/{rid}", params={"stream": "true", "starting_after": 40},
-                      stream=True, timeout=60) as again:  # fmt: skip
-        later = [json.loads(line.removeprefix("data: ")) for line in again.iter_lines(decode_unicode=True)
-                 if line.startswith("data: ")]  # fmt: skip
+    with requests.get(
+        f"{live_server}/v1/responses/{rid}", params={"stream": "true", "starting_after": 40}, stream=True, timeout=60
+    ) as again:
+        later = [
+            json.loads(line.removeprefix("data: "))
+            for line in again.iter_lines(decode_unicode=True)
+            if line.startswith("data: ")
+        ]
     assert later == events[41:]
 
 
@@ -235,16 +257,26 @@ def start_web(settings, log_path):  # type: ignore[no-untyped-def]
     from tests.helpers import wait_answering
 
     port = free_port()
-    env = {**os.environ, "REDIS_URL": settings.effective_redis_url, "ONELANE_MODEL": settings.model_path,
-           "ONELANE_VAR_DIR": str(settings.var_dir)}  # fmt: skip
-    process = subprocess.Popen([sys.executable, "-m", "tasks.cli", "web", "--port", str(port)], env=env,
-                               stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    env = {
+        **os.environ,
+        "REDIS_URL": settings.effective_redis_url,
+        "ONELANE_MODEL": settings.model_path,
+        "ONELANE_VAR_DIR": str(settings.var_dir),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tasks.cli", "web", "--port", str(port)],
+        env=env,
+        stdout=open(log_path, "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     wait_answering(f"http://127.0.0.1:{port}/healthz", process)
     return process, f"http://127.0.0.1:{port}"
 
 
-def test_a_batch_through_a_worker_kill_and_a_web_restart_ends_every_line_exactly_once(store, settings,
-                                                                                       worker_process, tmp_path):  # fmt: skip
+def test_a_batch_through_a_worker_kill_and_a_web_restart_ends_every_line_exactly_once(
+    store, settings, worker_process, tmp_path
+):
     import io
     import json
 
@@ -257,9 +289,20 @@ def test_a_batch_through_a_worker_kill_and_a_web_restart_ends_every_line_exactly
     worker_process()
     web, url = start_web(settings, tmp_path / "web-1.log")
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
-    lines = [{"custom_id": f"r{n}", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"model": settings.model_name, "messages": [{"role": "user", "content": f"line {n}"}],
-                       "max_tokens": 400 if n == 3 else 20, "ignore_eos": True}} for n in range(10)]  # fmt: skip
+    lines = [
+        {
+            "custom_id": f"r{n}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": settings.model_name,
+                "messages": [{"role": "user", "content": f"line {n}"}],
+                "max_tokens": 400 if n == 3 else 20,
+                "ignore_eos": True,
+            },
+        }
+        for n in range(10)
+    ]
     data = "".join(json.dumps(line) + "\n" for line in lines).encode()
     source = client.files.create(file=("b.jsonl", io.BytesIO(data)), purpose="batch")
     batch = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")

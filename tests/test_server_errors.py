@@ -13,11 +13,15 @@ from tests.test_body_limit import gunicorn_web  # noqa: F401  (`onelane web` on 
 
 MALFORMED = [
     ("a 10 kB URL", b"GET /v1/jobs?" + b"a" * 10_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "uri_too_long"),
-    ("a 100 kB Last-Event-ID", b"GET /v1/jobs/j/events HTTP/1.1\r\nHost: x\r\nLast-Event-ID: " + b"1" * 100_000
-     + b"\r\n\r\n", 431, "request_header_fields_too_large"),
+    (
+        "a 100 kB Last-Event-ID",
+        b"GET /v1/jobs/j/events HTTP/1.1\r\nHost: x\r\nLast-Event-ID: " + b"1" * 100_000 + b"\r\n\r\n",
+        431,
+        "request_header_fields_too_large",
+    ),
     ("a DEL byte in a header", b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Note: a\x7fb\r\n\r\n", 400, "bad_request"),
     ("a malformed request line", b"GET\r\n\r\n", 400, "bad_request"),
-]  # fmt: skip
+]
 
 
 def send_raw(base_url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -35,8 +39,13 @@ def send_raw(base_url: str, request: bytes) -> tuple[int, dict[str, str], bytes]
 
 
 @pytest.mark.parametrize(("name", "request_bytes", "status", "error_type"), MALFORMED, ids=[m[0] for m in MALFORMED])
-def test_a_request_gunicorn_cannot_read_gets_a_json_error(gunicorn_web, name, request_bytes, status,  # noqa: F811
-                                                          error_type):  # fmt: skip
+def test_a_request_gunicorn_cannot_read_gets_a_json_error(
+    gunicorn_web,  # noqa: F811  (the fixture imported above)
+    name,
+    request_bytes,
+    status,
+    error_type,
+):
     got, headers, body = send_raw(gunicorn_web, request_bytes)
 
     assert got == status, body

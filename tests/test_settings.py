@@ -71,7 +71,7 @@ def test_a_models_file_names_each_model_with_its_pinned_load_options(tmp_path):
     (tmp_path / "models.toml").write_text(
         '[models.chat]\npath = "mlx-community/Qwen3-4B-4bit"\n'
         '[models.sql]\npath = "./local/sql"\nadapter_path = "/adapters/sql"\nmax_batch = 4\nmax_kv_size = 4096\n'
-        'default = true\nmodel_config = {rope_theta = 1000}\n'
+        "default = true\nmodel_config = {rope_theta = 1000}\n"
     )
     s = Settings.from_env({"ONELANE_MODELS_FILE": str(tmp_path / "models.toml"), "ONELANE_MODELS_MEMORY": "1.5GiB"})
 
@@ -128,7 +128,9 @@ def test_setting_one_model_and_a_models_file_is_refused(tmp_path):
 
 
 def test_a_keys_file_gives_users_weights_and_a_class(tmp_path):
-    (tmp_path / "keys.toml").write_text('[users.a]\nkey = "ka"\nweight = 3\n[users.b]\nkey = "kb"\npriority = "batch"\n')
+    (tmp_path / "keys.toml").write_text(
+        '[users.a]\nkey = "ka"\nweight = 3\n[users.b]\nkey = "kb"\npriority = "batch"\n'
+    )
     s = Settings.from_env({"ONELANE_API_KEYS_FILE": str(tmp_path / "keys.toml")})
     assert (s.cost_of("a", "interactive"), s.cost_of("b", "interactive"), s.cost_of("b", "batch")) == (333, 1000, 10000)
     assert s.user_named("b").priority == "batch"  # type: ignore[union-attr]
@@ -173,8 +175,15 @@ def test_the_largest_settings_in_range_still_run_a_job_through_redis(store):
     # Given every time bound at the top of its range (a week to run, a week to wait, 30 days kept)
     from tasks.job import JobSpec, JobStatus
 
-    longest = store.settings.model_copy(update={"job_time_limit_s": 7 * 86400.0, "job_ttl_s": 7 * 86400.0,
-                                                "result_ttl_s": 30 * 86400, "stall_s": 86400.0, "lease_s": 60.0})
+    longest = store.settings.model_copy(
+        update={
+            "job_time_limit_s": 7 * 86400.0,
+            "job_ttl_s": 7 * 86400.0,
+            "result_ttl_s": 30 * 86400,
+            "stall_s": 86400.0,
+            "lease_s": 60.0,
+        }
+    )
     big = type(store)(store.redis, longest)
     # When a job is admitted, claimed, handed back, claimed again and finished
     big.admit("job_1", JobSpec(owner="u", model=longest.model_name, prompt="hi"), longest.job_ttl_s)

@@ -111,8 +111,11 @@ def test_eta_comes_from_the_running_jobs_rate_and_recent_service_times(jobs, sto
         wait_ended(store, jobs.submit(f"warm {n}", max_tokens=20, ignore_eos=True)["id"])
     running = jobs.submit("a", max_tokens=3000, ignore_eos=True)
     # its token rate is measured well once it has run a while
-    wait_event(store, running["id"], lambda e: e.type == "token" and jobs.get(running["id"])["usage"][
-        "completion_tokens"] >= 300)  # fmt: skip
+    wait_event(
+        store,
+        running["id"],
+        lambda e: e.type == "token" and jobs.get(running["id"])["usage"]["completion_tokens"] >= 300,
+    )
     second = jobs.submit("b", max_tokens=4)
     third = jobs.submit("c", max_tokens=4)
 

@@ -27,8 +27,9 @@ def settings(settings):  # type: ignore[no-untyped-def]
 
 
 def submit(client, user: str, prompt: str = "x", **fields):  # type: ignore[no-untyped-def]
-    return client.post("/v1/jobs", json={"prompt": prompt, "max_tokens": 3, "ignore_eos": True, **fields},
-                       headers=auth(user))  # fmt: skip
+    return client.post(
+        "/v1/jobs", json={"prompt": prompt, "max_tokens": 3, "ignore_eos": True, **fields}, headers=auth(user)
+    )
 
 
 def test_no_key_or_a_wrong_key_gets_401(jobs):
@@ -62,7 +63,9 @@ def test_200_concurrent_submits_never_exceed_the_bounds(live_server, store):
     plan = ["alice"] * 80 + ["bob", "carol", "dave"] * 40
 
     def post(user: str) -> tuple[str, requests.Response]:
-        r = requests.post(f"{live_server}/v1/jobs", json={"prompt": "x", "max_tokens": 3}, headers=auth(user), timeout=30)
+        r = requests.post(
+            f"{live_server}/v1/jobs", json={"prompt": "x", "max_tokens": 3}, headers=auth(user), timeout=30
+        )
         return user, r
 
     with ThreadPoolExecutor(32) as pool:
@@ -130,7 +133,9 @@ def test_a_flood_from_one_user_delays_another_by_at_most_one_job(jobs, store, st
 
 def test_three_users_interleave(jobs, store, start_worker):
     c = jobs.client
-    ids = {user: [submit(c, user, f"{user}{n}").get_json()["id"] for n in range(5)] for user in ("alice", "bob", "carol")}
+    ids = {
+        user: [submit(c, user, f"{user}{n}").get_json()["id"] for n in range(5)] for user in ("alice", "bob", "carol")
+    }
     owner = {job_id: user for user, job_ids in ids.items() for job_id in job_ids}
 
     start_worker()
@@ -144,8 +149,10 @@ def test_positions_reported_match_the_order_jobs_run(jobs, store, start_worker):
     c = jobs.client
     plan = ["alice"] * 4 + ["bob"] * 2 + ["carol"] + ["alice"] + ["dave"] * 2
     ids = [submit(c, user).get_json()["id"] for user in plan]
-    reported = {job_id: c.get(f"/v1/jobs/{job_id}", headers=auth(user)).get_json()["position"]
-                for job_id, user in zip(ids, plan)}  # fmt: skip
+    reported = {
+        job_id: c.get(f"/v1/jobs/{job_id}", headers=auth(user)).get_json()["position"]
+        for job_id, user in zip(ids, plan)
+    }
 
     start_worker()
     done = {job_id: wait_ended(store, job_id) for job_id in ids}
@@ -170,4 +177,3 @@ def test_jobs_skipped_because_their_client_left_cost_their_owner_no_future_turns
 
     assert back["position"] <= 2  # at most one of bob's jobs ahead, as for any user
     c.delete(f"/v1/jobs/{busy}", headers=auth("carol"))
-

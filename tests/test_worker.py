@@ -269,7 +269,12 @@ def test_a_stopping_worker_claims_no_more_jobs(jobs, store, engine):
     stopping = threading.Event()
     stopping.set()
 
-    assert Runner(store.for_worker("w"), ModelPool(store.for_worker("w"), engine), on_fatal=pytest.fail).run_waiting(stopping) == 0
+    assert (
+        Runner(store.for_worker("w"), ModelPool(store.for_worker("w"), engine), on_fatal=pytest.fail).run_waiting(
+            stopping
+        )
+        == 0
+    )
     assert store.get(job_id).status.value == "queued"
 
 
@@ -360,7 +365,11 @@ def test_a_prompt_that_is_empty_once_tokenized_fails_its_job_in_words_of_ours(st
 
     start_worker()
     # the web refuses an empty prompt at the door; this job got past it (an older web, a direct admission)
-    empty = store.admit("job_empty", JobSpec(owner="local", model=store.settings.model_name, prompt="", params=SamplingParams(max_tokens=4)), 60)
+    empty = store.admit(
+        "job_empty",
+        JobSpec(owner="local", model=store.settings.model_name, prompt="", params=SamplingParams(max_tokens=4)),
+        60,
+    )
     done = wait_ended(store, empty.id)
 
     assert done["status"] == "failed" and done["error"]["type"] == "invalid_prompt"

@@ -55,7 +55,17 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions[EXTENSION] = Services.start(settings)
     app.jinja_env.globals["ended_statuses"] = [s.value for s in JobStatus if s.ended]  # for the pages' script
     errors.register(app)
-    for module in (api, health, stream, openai_compat, openai_responses, openai_files, openai_batches, pages, docs,
-                   dashboard):  # fmt: skip
+    for module in (
+        api,
+        health,
+        stream,
+        openai_compat,
+        openai_responses,
+        openai_files,
+        openai_batches,
+        pages,
+        docs,
+        dashboard,
+    ):
         app.register_blueprint(module.bp)
     return app

@@ -14,5 +14,11 @@ def admit(spec: JobSpec, ttl_s: float, job_id: str | None = None) -> Job:
     svc = services()
     user = current_user()
     job_id = job_id or new_job_id()
-    return svc.store.admit(job_id, spec, ttl_s, quota=user.max_queued if user else None,
-                           doorbell=Doorbell.ring(svc.broker, job_id), address=visitor_address())  # fmt: skip
+    return svc.store.admit(
+        job_id,
+        spec,
+        ttl_s,
+        quota=user.max_queued if user else None,
+        doorbell=Doorbell.ring(svc.broker, job_id),
+        address=visitor_address(),
+    )

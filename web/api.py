@@ -52,7 +52,7 @@ def cancel_job(job_id: str) -> Response:
 @bp.get("/v1/jobs")
 def list_jobs() -> Response:
     jobs = services().store.list(current_owner(), list_limit())
-    return jsonify({"object": "list", "data": [job.public() for job in jobs]})
+    return jsonify({"object": "list", "data": [responses.Job.of(job) for job in jobs]})
 
 
 def list_limit() -> int:
@@ -70,4 +70,3 @@ def list_limit() -> int:
     if len(given) == 1 and short and 1 <= int(digits) <= LIST_LIMIT_MAX:
         return int(digits)
     raise InvalidParameter(f"limit must be given once, as a whole number from 1 to {LIST_LIMIT_MAX}", param="limit")
-

@@ -86,11 +86,14 @@ def read_lines(data: bytes, endpoint: str, owner: str, settings: Settings) -> tu
     return lines, errors
 
 
-def _line(index: int, item: dict[str, Any], endpoint: str, owner: str, settings: Settings,
-          seen: set[str]) -> Line | LineError:  # fmt: skip
+def _line(
+    index: int, item: dict[str, Any], endpoint: str, owner: str, settings: Settings, seen: set[str]
+) -> Line | LineError:
     custom_id = item.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id or len(custom_id) > 512:
-        return LineError(index, None, "missing_custom_id", "each line needs a custom_id: a string of 1 to 512 characters")
+        return LineError(
+            index, None, "missing_custom_id", "each line needs a custom_id: a string of 1 to 512 characters"
+        )
     if custom_id in seen:
         return LineError(index, custom_id, "duplicate_custom_id", "this custom_id is on an earlier line")
     seen.add(custom_id)

@@ -141,8 +141,13 @@ class BatchRunner:
             job_id = job_id_of(record.id, line.index)
             ttl_s = record.expires_at - time.time()  # a line waits no longer than its batch
             try:
-                self.store.admit(job_id, JobSpec.model_validate_json(line.spec), ttl_s,
-                                 doorbell=Doorbell.ring(self.broker, job_id), line=True)  # fmt: skip
+                self.store.admit(
+                    job_id,
+                    JobSpec.model_validate_json(line.spec),
+                    ttl_s,
+                    doorbell=Doorbell.ring(self.broker, job_id),
+                    line=True,
+                )
             except (QueueFull, ModelUnavailable):  # wait for room, or for the model: the batch's window bounds it
                 break
             self.batches.admitted(record.id, line)
@@ -163,8 +168,14 @@ class BatchRunner:
             left = [error_result(bid, line, code, STOPPED[stop]) for line in self.batches.remaining(bid)]
             self.batches.drop_remaining(bid, left)
         output, errors = self.batches.results(bid)
-        self.batches.finish(bid, stop or "completed", self._file(record, "output", output),
-                            self._file(record, "error", errors), len(output), len(errors))  # fmt: skip
+        self.batches.finish(
+            bid,
+            stop or "completed",
+            self._file(record, "output", output),
+            self._file(record, "error", errors),
+            len(output),
+            len(errors),
+        )
         logger.info("batch %s %s: %d completed, %d failed", bid, stop or "completed", len(output), len(errors))
 
     def _file(self, record: BatchRecord, kind: str, lines: list[str]) -> str | None:
@@ -218,7 +229,14 @@ def _response(bid: str, line: PendingLine, job: Job, status: int, body: dict[str
     return _line(bid, line.index, line.custom_id, response, None, ok, job.id)
 
 
-def _line(batch_id: str, index: int, custom_id: str | None, response: dict[str, Any] | None,
-          error: dict[str, Any] | None, ok: bool, job_id: str | None) -> Result:  # fmt: skip
+def _line(
+    batch_id: str,
+    index: int,
+    custom_id: str | None,
+    response: dict[str, Any] | None,
+    error: dict[str, Any] | None,
+    ok: bool,
+    job_id: str | None,
+) -> Result:
     body = {"id": request_id_of(batch_id, index), "custom_id": custom_id, "response": response, "error": error}
     return Result(index, json.dumps(body, ensure_ascii=False), ok, job_id)

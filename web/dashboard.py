@@ -77,7 +77,6 @@ def cancel(job_id: str) -> Response:
     return jsonify({"id": job.id, "status": job.status.value})
 
 
-
 def board_view(who: Viewer) -> dict[str, Any]:
     """The dashboard as JSON, with what `who` may not see left out."""
     board = services().store.readings.board(who.sees)
@@ -87,9 +86,12 @@ def board_view(who: Viewer) -> dict[str, Any]:
         "viewer": {"name": who.name, "admin": who.admin},
         "running": _running(board, who),
         "waiting": _waiting(board, who),
-        "workers": [_worker(w) for w in snap.workers] + [
-            {"device": d, "health": "down", "state": "bad"} for d in snap.devices
-            if d not in {w.device for w in snap.workers}],  # fmt: skip
+        "workers": [_worker(w) for w in snap.workers]
+        + [
+            {"device": d, "health": "down", "state": "bad"}
+            for d in snap.devices
+            if d not in {w.device for w in snap.workers}
+        ],
         "models": [{"name": m.name, "state": m.state, "waiting": m.queue_depth} for m in snap.models],
         "failures": [_failure(job, who) for job in board.failures],
         "batches": _batches(who),
@@ -101,19 +103,27 @@ def board_view(who: Viewer) -> dict[str, Any]:
 def _prefix_cache(stats: dict[str, str]) -> dict[str, Any]:
     """The prefix cache since the counters began: lookups, the share that hit, prompt tokens it saved."""
     lookups, hits = int(stats.get("cache_lookups", 0)), int(stats.get("cache_hits", 0))
-    return {"lookups": lookups, "hits": hits, "hit_rate": round(hits / lookups, 3) if lookups else None,
-            "cached_tokens": int(stats.get("cache_tokens", 0))}  # fmt: skip
+    return {
+        "lookups": lookups,
+        "hits": hits,
+        "hit_rate": round(hits / lookups, 3) if lookups else None,
+        "cached_tokens": int(stats.get("cache_tokens", 0)),
+    }
 
 
 def _named(job: Job, who: Viewer) -> dict[str, Any]:
     """A job the viewer may see: what it is, where it leads, and how to cancel it."""
     mine = job.owner == who.name
     return {
-        "id": job.id, "owner": job.owner if who.admin else None, "mine": mine, "prompt": excerpt(job),
-        "model": job.spec.model, "priority": job.spec.priority,
+        "id": job.id,
+        "owner": job.owner if who.admin else None,
+        "mine": mine,
+        "prompt": excerpt(job),
+        "model": job.spec.model,
+        "priority": job.spec.priority,
         "url": url_for("pages.job_page", job_id=job.id) if mine else None,
         "cancel_url": url_for("dashboard.cancel", job_id=job.id) if not job.status.ended else None,
-    }  # fmt: skip
+    }
 
 
 def _running(board: Board, who: Viewer) -> dict[str, Any]:
@@ -125,12 +135,23 @@ def _running(board: Board, who: Viewer) -> dict[str, Any]:
             continue
         t, tokens = job.timings, job.usage.completion_tokens
         generating_s = snap.now - t.first_token_at if t.first_token_at else 0
-        rows.append({**_named(job, who), "tokens": tokens, "max_tokens": job.spec.params.max_tokens,
-                     "running_s": round(snap.now - (t.started_at or snap.now), 1), "device": device_of.get(job.id),
-                     "tok_s": round(tokens / generating_s, 1) if generating_s > 0 else None})  # fmt: skip
+        rows.append(
+            {
+                **_named(job, who),
+                "tokens": tokens,
+                "max_tokens": job.spec.params.max_tokens,
+                "running_s": round(snap.now - (t.started_at or snap.now), 1),
+                "device": device_of.get(job.id),
+                "tok_s": round(tokens / generating_s, 1) if generating_s > 0 else None,
+            }
+        )
     slots = sum(w.slots for w in snap.workers)
-    return {"jobs": rows, "count": len(board.running), "slots": slots,
-            "others": {"jobs": len(others), "users": len(set(others))}}  # fmt: skip
+    return {
+        "jobs": rows,
+        "count": len(board.running),
+        "slots": slots,
+        "others": {"jobs": len(others), "users": len(set(others))},
+    }
 
 
 def _waiting(board: Board, who: Viewer) -> dict[str, Any]:
@@ -140,10 +161,19 @@ def _waiting(board: Board, who: Viewer) -> dict[str, Any]:
         if not who.sees(entry.owner):
             others[entry.owner] = others.get(entry.owner, 0) + 1
         elif entry.job is not None:  # (else its record is gone since the queue was read)
-            rows.append({**_named(entry.job, who), "position": entry.position,
-                         "waited_s": round(now - entry.job.timings.queued_at, 1)})  # fmt: skip
-    return {"jobs": rows, "total": board.snapshot.queue_depth, "listed": len(board.waiting),
-            "others": list(others.values())}  # fmt: skip
+            rows.append(
+                {
+                    **_named(entry.job, who),
+                    "position": entry.position,
+                    "waited_s": round(now - entry.job.timings.queued_at, 1),
+                }
+            )
+    return {
+        "jobs": rows,
+        "total": board.snapshot.queue_depth,
+        "listed": len(board.waiting),
+        "others": list(others.values()),
+    }
 
 
 def _batches(who: Viewer) -> dict[str, Any]:
@@ -153,16 +183,30 @@ def _batches(who: Viewer) -> dict[str, Any]:
         if not who.sees(b.owner):
             others.append(b.owner)
             continue
-        rows.append({"id": b.id, "owner": b.owner if who.admin else None, "mine": b.owner == who.name,
-                     "status": b.status, "endpoint": b.endpoint, "created_at": b.created_at, "total": b.total,
-                     "completed": b.completed, "failed": b.failed})  # fmt: skip
+        rows.append(
+            {
+                "id": b.id,
+                "owner": b.owner if who.admin else None,
+                "mine": b.owner == who.name,
+                "status": b.status,
+                "endpoint": b.endpoint,
+                "created_at": b.created_at,
+                "total": b.total,
+                "completed": b.completed,
+                "failed": b.failed,
+            }
+        )
     return {"batches": rows, "others": {"batches": len(others), "users": len(set(others))}}
 
 
 def _failure(job: Job, who: Viewer) -> dict[str, Any]:
     """A recent failure: the viewer's own (or, for an admin, any) in full; another user's without who or what."""
-    fields = {"status": job.status.value, "error": job.error.type if job.error else None,
-              "at": job.timings.finished_at, "model": job.spec.model}  # fmt: skip
+    fields = {
+        "status": job.status.value,
+        "error": job.error.type if job.error else None,
+        "at": job.timings.finished_at,
+        "model": job.spec.model,
+    }
     if not who.sees(job.owner):
         return {**fields, "mine": False}
     return {**_named(job, who), **fields, "message": job.error.message if job.error else None}
@@ -178,17 +222,36 @@ def _worker(w: DeviceLease) -> dict[str, Any]:
         health, state = "late", "warn"
     else:
         health, state = ("loading" if w.loading else "generating" if w.jobs else "idle"), "ok"
-    return {"device": w.device, "worker": w.worker, "pid": w.pid, "health": health, "state": state,
-            "heartbeat_age_s": round(w.heartbeat_age_s, 2), "batch": w.batch, "slots": w.slots,
-            "tok_s": w.tokens_per_s, "models": list(w.models), "active": w.active, "loading": w.loading,
-            "cache_bytes": w.cache_bytes, "cache_entries": w.cache_entries}  # fmt: skip
+    return {
+        "device": w.device,
+        "worker": w.worker,
+        "pid": w.pid,
+        "health": health,
+        "state": state,
+        "heartbeat_age_s": round(w.heartbeat_age_s, 2),
+        "batch": w.batch,
+        "slots": w.slots,
+        "tok_s": w.tokens_per_s,
+        "models": list(w.models),
+        "active": w.active,
+        "loading": w.loading,
+        "cache_bytes": w.cache_bytes,
+        "cache_entries": w.cache_entries,
+    }
 
 
 def _minute(m: Minute, now: float) -> dict[str, Any]:
     """One minute of the plots; the current one's rate counts only the seconds it has had."""
     seconds = min(60.0, max(1.0, now - m.start))
-    return {"t": m.start, "admitted": m.admitted, "completed": m.ended.get("completed", 0),
-            "failed": sum(m.ended.get(s, 0) for s in FAILED), "cancelled": m.ended.get("cancelled", 0),
-            "tokens": m.tokens, "tok_s": round(m.tokens / seconds, 2), "started": m.started,
-            "wait_mean_s": round(m.wait_sum_s / m.started, 3) if m.started else None,
-            "wait_max_s": round(m.wait_max_s, 3) if m.started else None}  # fmt: skip
+    return {
+        "t": m.start,
+        "admitted": m.admitted,
+        "completed": m.ended.get("completed", 0),
+        "failed": sum(m.ended.get(s, 0) for s in FAILED),
+        "cancelled": m.ended.get("cancelled", 0),
+        "tokens": m.tokens,
+        "tok_s": round(m.tokens / seconds, 2),
+        "started": m.started,
+        "wait_mean_s": round(m.wait_sum_s / m.started, 3) if m.started else None,
+        "wait_max_s": round(m.wait_max_s, 3) if m.started else None,
+    }

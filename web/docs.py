@@ -17,9 +17,16 @@ from web.services import services
 bp = pages_blueprint("docs", __name__)
 
 METHODS = ("get", "post", "put", "patch", "delete")
-BOUNDS = {"minimum": "≥ {}", "exclusiveMinimum": "> {}", "maximum": "≤ {}", "exclusiveMaximum": "< {}",
-          "minItems": "≥ {} items", "maxItems": "≤ {} items", "minLength": "length ≥ {}",
-          "maxLength": "length ≤ {}"}  # fmt: skip
+BOUNDS = {
+    "minimum": "≥ {}",
+    "exclusiveMinimum": "> {}",
+    "maximum": "≤ {}",
+    "exclusiveMaximum": "< {}",
+    "minItems": "≥ {} items",
+    "maxItems": "≤ {} items",
+    "minLength": "length ≥ {}",
+    "maxLength": "length ≤ {}",
+}
 
 
 def document() -> dict[str, Any]:
@@ -47,10 +54,13 @@ def openapi_json() -> Response:
 @bp.get("/docs")
 def docs() -> str:
     spec = document()
-    operations = [(method.upper(), path, op) for path, item in spec["paths"].items()
-                  for method, op in item.items() if method in METHODS]  # fmt: skip
+    operations = [
+        (method.upper(), path, op)
+        for path, item in spec["paths"].items()
+        for method, op in item.items()
+        if method in METHODS
+    ]
     return render_template("docs.html", spec=spec, operations=operations, schema_type=schema_type, prose=prose)
-
 
 
 def ref_name(ref: str) -> str:

@@ -86,8 +86,9 @@ def register(app: Flask) -> None:
     @app.errorhandler(redis.exceptions.TimeoutError)
     def redis_down(exc: Exception) -> Response:
         logger.warning("redis unreachable: %s", exc)
-        return onelane_error(errors.Unavailable("the job store is unreachable; try again shortly",
-                                                retry_after_s=REDIS_RETRY_AFTER_S))
+        return onelane_error(
+            errors.Unavailable("the job store is unreachable; try again shortly", retry_after_s=REDIS_RETRY_AFTER_S)
+        )
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Response:

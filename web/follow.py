@@ -107,8 +107,9 @@ def rest_of_log(store: Store, job: Job, after: int) -> list[Event]:
 class _Follower:
     """What following one live job keeps between two items of its feed."""
 
-    def __init__(self, store: Store, feed: Feed, job: Job, admitted: bool, ping_s: float,
-                 environ: dict[str, Any] | None) -> None:  # fmt: skip
+    def __init__(
+        self, store: Store, feed: Feed, job: Job, admitted: bool, ping_s: float, environ: dict[str, Any] | None
+    ) -> None:
         self.store, self.feed, self.job, self.environ = store, feed, job, environ
         self.waiting = job.status is JobStatus.QUEUED  # in the queue, where its standing is shown
         self.watched = job.spec.watched

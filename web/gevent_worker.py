@@ -34,8 +34,10 @@ class JsonErrorsWorker(GeventWorker):  # type: ignore[misc]
         else:
             self.log.warning("Invalid request from ip=%s: %s", (addr or ("",))[0], exc)  # as gunicorn's own
         body = json.dumps(error_body(type_, message)).encode()
-        head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+        head = (
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
         try:
             util.write_nonblock(client, head.encode("latin-1") + body)
             _linger(client)
@@ -45,23 +47,46 @@ class JsonErrorsWorker(GeventWorker):  # type: ignore[misc]
     def refusal(self, exc: BaseException) -> tuple[int, str, str]:
         """(status, type, message): the status as gunicorn 27's Worker.handle_error chooses it, the first match."""
         cfg = self.cfg
-        headers = (f"a header is longer than {cfg.limit_request_field_size} bytes, or there are more than "
-                   f"{cfg.limit_request_fields}")  # fmt: skip
+        headers = (
+            f"a header is longer than {cfg.limit_request_field_size} bytes, or there are more than "
+            f"{cfg.limit_request_fields}"
+        )
         for kinds, status, type_, message in (
-            ((http.InvalidResponseHeader, http.InvalidResponseHeaderName), 500, "internal_error",
-             "internal error; it has been logged"),  # a header the app sent: not the client's doing
-            (http.LimitRequestLine, 414, "uri_too_long", f"the request line is longer than {cfg.limit_request_line} "
-                                                         "bytes"),
+            (
+                (http.InvalidResponseHeader, http.InvalidResponseHeaderName),
+                500,
+                "internal_error",
+                "internal error; it has been logged",
+            ),  # a header the app sent: not the client's doing
+            (
+                http.LimitRequestLine,
+                414,
+                "uri_too_long",
+                f"the request line is longer than {cfg.limit_request_line} bytes",
+            ),
             (http.LimitRequestHeaders, 431, "request_header_fields_too_large", headers),
-            (http.ExpectationFailed, 417, "expectation_failed", "the Expect header asks for what this server does "
-                                                                "not do"),
-            (http.UnsupportedTransferCoding, 501, "not_implemented", "this server does not support that "
-                                                                     "Transfer-Encoding"),
+            (
+                http.ExpectationFailed,
+                417,
+                "expectation_failed",
+                "the Expect header asks for what this server does not do",
+            ),
+            (
+                http.UnsupportedTransferCoding,
+                501,
+                "not_implemented",
+                "this server does not support that Transfer-Encoding",
+            ),
             ((http.ForbiddenProxyRequest, ssl.SSLError), 403, "forbidden", "the request is forbidden"),
             (http.ConfigurationProblem, 500, "internal_error", "internal error; it has been logged"),
-            (http.ParseException, 400, "bad_request", "the request could not be read: its request line or a header "
-                                                      "is malformed, or holds a character it may not"),
-        ):  # fmt: skip
+            (
+                http.ParseException,
+                400,
+                "bad_request",
+                "the request could not be read: its request line or a header "
+                "is malformed, or holds a character it may not",
+            ),
+        ):
             if isinstance(exc, kinds):
                 return status, type_, message
         return 500, "internal_error", "internal error; it has been logged"

@@ -49,16 +49,28 @@ def readyz() -> Response:
     stalled = [w for w in snap.workers if w.progress_age_s is not None and w.progress_age_s > svc.settings.stall_s]
     if stalled:
         w = stalled[0]
-        return _not_ready(f"worker {w.worker} made no progress on its {len(w.jobs)} job(s) for {w.progress_age_s:.0f} s",
-                          state)  # fmt: skip
+        return _not_ready(
+            f"worker {w.worker} made no progress on its {len(w.jobs)} job(s) for {w.progress_age_s:.0f} s", state
+        )
     return jsonify({"status": "ready", "queue_depth": snap.queue_depth, **state})
 
 
 def _worker(w: DeviceLease) -> dict[str, object]:
     """A live worker as anyone may see it: its state and how many jobs it runs, never their ids (they are users')."""
-    return {"device": w.device, "worker": w.worker, "pid": w.pid, "heartbeat_age_s": w.heartbeat_age_s,
-            "running": len(w.jobs), "progress_age_s": w.progress_age_s, "batch": w.batch, "slots": w.slots,
-            "tokens_per_s": w.tokens_per_s, "models": w.models, "active": w.active, "loading": w.loading}  # fmt: skip
+    return {
+        "device": w.device,
+        "worker": w.worker,
+        "pid": w.pid,
+        "heartbeat_age_s": w.heartbeat_age_s,
+        "running": len(w.jobs),
+        "progress_age_s": w.progress_age_s,
+        "batch": w.batch,
+        "slots": w.slots,
+        "tokens_per_s": w.tokens_per_s,
+        "models": w.models,
+        "active": w.active,
+        "loading": w.loading,
+    }
 
 
 def _not_ready(reason: str, state: dict[str, object]) -> Response:
@@ -102,8 +114,10 @@ def _gauges(snap: Snapshot) -> Iterator[Metric]:
         "batch_slots": ("The most jobs the device's batch holds (ONELANE_MAX_BATCH).", lambda w: w.slots),
         "batch_occupancy": ("Share of the batch's slots in use.", lambda w: w.batch / w.slots if w.slots else 0.0),
         "generation_tokens_per_second": ("Tokens the device generated per second lately.", lambda w: w.tokens_per_s),
-        "prefix_cache_bytes": ("Bytes of KV state the device's prefix cache holds (at most ONELANE_PREFIX_CACHE).",
-                               lambda w: w.cache_bytes),
+        "prefix_cache_bytes": (
+            "Bytes of KV state the device's prefix cache holds (at most ONELANE_PREFIX_CACHE).",
+            lambda w: w.cache_bytes,
+        ),
         "prefix_cache_entries": ("Entries (token sequences) in the device's prefix cache.", lambda w: w.cache_entries),
     }
     for name, (help_text, value) in batch.items():
@@ -111,8 +125,11 @@ def _gauges(snap: Snapshot) -> Iterator[Metric]:
         for w in snap.workers:
             gauge.add_metric([w.device], value(w))
         yield gauge
-    state = GaugeMetricFamily("onelane_model_state", "1 for each served model's state (loaded, loading, failed, "
-                              "unloaded).", labels=["model", "state"])  # fmt: skip
+    state = GaugeMetricFamily(
+        "onelane_model_state",
+        "1 for each served model's state (loaded, loading, failed, unloaded).",
+        labels=["model", "state"],
+    )
     depth = GaugeMetricFamily("onelane_model_queue_depth", "Jobs waiting for each model.", labels=["model"])
     for m in snap.models:
         for name in MODEL_STATES:
@@ -136,30 +153,51 @@ def _counters(stats: dict[str, str]) -> Iterator[Metric]:
         finished.add_metric([status], total(f"finished:{status}"))
     yield finished
     yield CounterMetricFamily("onelane_tokens_generated", "Tokens generated.", value=total("tokens"))
-    yield CounterMetricFamily("onelane_jobs_requeued", "Jobs put back after their worker died.", value=total("requeued"))
+    yield CounterMetricFamily(
+        "onelane_jobs_requeued", "Jobs put back after their worker died.", value=total("requeued")
+    )
     yield CounterMetricFamily("onelane_worker_restarts", "Worker processes restarted.", value=total("worker_restarts"))
-    yield CounterMetricFamily("onelane_batch_steps", "Steps of the batch (one token for every generating job).",
-                              value=total("batch_steps"))  # fmt: skip
+    yield CounterMetricFamily(
+        "onelane_batch_steps", "Steps of the batch (one token for every generating job).", value=total("batch_steps")
+    )
     yield CounterMetricFamily("onelane_decode_seconds", "Seconds spent in decode steps.", value=total("decode_seconds"))
-    yield CounterMetricFamily("onelane_prefill_seconds", "Seconds spent prefilling prompts.",
-                              value=total("prefill_seconds"))  # fmt: skip
+    yield CounterMetricFamily(
+        "onelane_prefill_seconds", "Seconds spent prefilling prompts.", value=total("prefill_seconds")
+    )
     yield CounterMetricFamily("onelane_prefill_tokens", "Prompt tokens prefilled.", value=total("prefill_tokens"))
-    yield CounterMetricFamily("onelane_prefix_cache_lookups", "Prompts looked up in the prefix cache as their job "
-                              "joined the batch.", value=total("cache_lookups"))  # fmt: skip
-    yield CounterMetricFamily("onelane_prefix_cache_hits", "Lookups that found a cached prefix of the prompt.",
-                              value=total("cache_hits"))  # fmt: skip
-    yield CounterMetricFamily("onelane_prefix_cache_tokens", "Prompt tokens read from the prefix cache instead of "
-                              "prefilled.", value=total("cache_tokens"))  # fmt: skip
-    yield CounterMetricFamily("onelane_cache_affinity_passes", "Times a worker left a follow-up turn to the device "
-                              "whose prefix cache holds its history.", value=total("affinity_passes"))  # fmt: skip
+    yield CounterMetricFamily(
+        "onelane_prefix_cache_lookups",
+        "Prompts looked up in the prefix cache as their job joined the batch.",
+        value=total("cache_lookups"),
+    )
+    yield CounterMetricFamily(
+        "onelane_prefix_cache_hits", "Lookups that found a cached prefix of the prompt.", value=total("cache_hits")
+    )
+    yield CounterMetricFamily(
+        "onelane_prefix_cache_tokens",
+        "Prompt tokens read from the prefix cache instead of prefilled.",
+        value=total("cache_tokens"),
+    )
+    yield CounterMetricFamily(
+        "onelane_cache_affinity_passes",
+        "Times a worker left a follow-up turn to the device whose prefix cache holds its history.",
+        value=total("affinity_passes"),
+    )
     yield CounterMetricFamily("onelane_model_switches", "Times the batch changed model.", value=total("model_switches"))
-    yield CounterMetricFamily("onelane_model_load_failures", "Model loads that failed.",
-                              value=total("model_load_failures"))  # fmt: skip
-    yield CounterMetricFamily("onelane_jobs_passed_head", "Jobs started ahead of the fair order's head, because "
-                              "their model was ready and the head's was not.", value=total("passed_head"))  # fmt: skip
+    yield CounterMetricFamily(
+        "onelane_model_load_failures", "Model loads that failed.", value=total("model_load_failures")
+    )
+    yield CounterMetricFamily(
+        "onelane_jobs_passed_head",
+        "Jobs started ahead of the fair order's head, because their model was ready and the head's was not.",
+        value=total("passed_head"),
+    )
     tokens = CounterMetricFamily("onelane_model_tokens_generated", "Tokens generated, by model.", labels=["model"])
-    ended = CounterMetricFamily("onelane_model_jobs_finished", "Jobs that ended after starting, by model and status.",
-                                labels=["model", "status"])  # fmt: skip
+    ended = CounterMetricFamily(
+        "onelane_model_jobs_finished",
+        "Jobs that ended after starting, by model and status.",
+        labels=["model", "status"],
+    )
     for field, value in stats.items():
         if field.startswith("model_tokens:"):
             tokens.add_metric([field.removeprefix("model_tokens:")], float(value))

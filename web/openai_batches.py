@@ -21,6 +21,7 @@ from flask import Blueprint, Response, jsonify, request
 
 from tasks.batches import BatchRecord, PendingLine, new_batch_id
 from tasks.errors import FileNotFound, InvalidRequest
+from web import responses
 from web.api import list_limit
 from web.auth import current_owner
 from web.batch_input import NotJsonl, read_lines
@@ -46,38 +47,61 @@ def create() -> Response:
         raise InvalidRequest("the input file's purpose must be `batch`", param="input_file_id")
     now = int(time.time())
     bid = new_batch_id()
-    record = BatchRecord(id=bid, owner=owner, endpoint=req.endpoint, input_file_id=source.id, status="in_progress",
-                         created_at=now, in_progress_at=now, expires_at=now + int(settings.batch_window_s),
-                         metadata=req.metadata)  # fmt: skip
+    record = BatchRecord(
+        id=bid,
+        owner=owner,
+        endpoint=req.endpoint,
+        input_file_id=source.id,
+        status="in_progress",
+        created_at=now,
+        in_progress_at=now,
+        expires_at=now + int(settings.batch_window_s),
+        metadata=req.metadata,
+    )
     try:
         lines, refused = read_lines(svc.files.content(source.id, owner), req.endpoint, owner, settings)
     except NotJsonl as exc:
-        failed = record.model_copy(update={"status": "failed", "in_progress_at": None, "failed_at": now,
-                                           "errors": [{"code": exc.type, "message": exc.message, "param": None,
-                                                       "line": None}]})  # fmt: skip
-        return jsonify(svc.batches.create(failed, [], []).public())
+        failed = record.model_copy(
+            update={
+                "status": "failed",
+                "in_progress_at": None,
+                "failed_at": now,
+                "errors": [{"code": exc.type, "message": exc.message, "param": None, "line": None}],
+            }
+        )
+        return jsonify(responses.Batch.of(svc.batches.create(failed, [], [])))
     total = len(lines) + len(refused)
     if total > settings.max_batch_lines:
-        raise InvalidRequest(f"the file holds {total} requests; a batch takes at most {settings.max_batch_lines} "
-                             "(ONELANE_MAX_BATCH_LINES)", param="input_file_id")  # fmt: skip
+        raise InvalidRequest(
+            f"the file holds {total} requests; a batch takes at most {settings.max_batch_lines} "
+            "(ONELANE_MAX_BATCH_LINES)",
+            param="input_file_id",
+        )
     pending = [PendingLine(line.index, line.custom_id, line.spec.model_dump_json()) for line in lines]
     errors = [refused_line(bid, e.index, e.custom_id, e.code, e.message) for e in refused]
     svc.batches.create(record.model_copy(update={"total": total}), pending, errors)
     svc.batch_runner.run(bid)  # its first lines in the queue now
-    return jsonify(svc.batches.get(bid, owner).public())
+    return jsonify(responses.Batch.of(svc.batches.get(bid, owner)))
 
 
 @bp.get("/v1/batches")
 def list_batches() -> Response:
     records, more = services().batches.list(current_owner(), list_limit(), request.args.get("after"))
-    data = [r.public() for r in records]
-    return jsonify({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-                    "last_id": data[-1]["id"] if data else None, "has_more": more})  # fmt: skip
+    data = [responses.Batch.of(r) for r in records]
+    return jsonify(
+        {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": more,
+        }
+    )
 
 
 @bp.get("/v1/batches/<batch_id>")
 def retrieve(batch_id: str) -> Response:
-    return jsonify(services().batches.get(batch_id, current_owner()).public())
+    return jsonify(responses.Batch.of(services().batches.get(batch_id, current_owner())))
 
 
 @bp.post("/v1/batches/<batch_id>/cancel")
@@ -85,4 +109,4 @@ def cancel(batch_id: str) -> Response:
     svc = services()
     cancelled = svc.batches.cancel(batch_id, current_owner())
     svc.batch_runner.run(batch_id)  # what waits is cancelled now
-    return jsonify(svc.batches.get(batch_id, cancelled.owner).public())
+    return jsonify(responses.Batch.of(svc.batches.get(batch_id, cancelled.owner)))

@@ -74,8 +74,12 @@ class Text(Chat):
 def usage_object(u: Usage) -> dict[str, Any]:
     """OpenAI's usage object: the prompt's tokens read from the prefix cache are its
     `prompt_tokens_details.cached_tokens`, as OpenAI reports its own prompt caching."""
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total_tokens,
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    }
 
 
 # --- the response object ----------------------------------------------------------------------------------------------
@@ -104,23 +108,41 @@ def snapshot(job: Job, status: str | None = None, text: str | None = None) -> di
     if status == "queued" or (ended and status != "completed" and not text):
         output = []  # nothing written (yet, or ever)
     else:
-        output = [message(job, text, "in_progress" if not ended else "completed" if status == "completed" else
-                          "incomplete")]  # fmt: skip
+        output = [
+            message(job, text, "in_progress" if not ended else "completed" if status == "completed" else "incomplete")
+        ]
     error = None
     if status == "failed":
-        error = {"code": job.error.type if job.error else job.status.value,
-                 "message": job.error.message if job.error else f"the job {job.status.value}"}  # fmt: skip
+        error = {
+            "code": job.error.type if job.error else job.status.value,
+            "message": job.error.message if job.error else f"the job {job.status.value}",
+        }
     return {
-        "id": response_id(job.id), "object": "response", "created_at": int(job.timings.queued_at), "status": status,
-        "background": extra.background, "error": error,
+        "id": response_id(job.id),
+        "object": "response",
+        "created_at": int(job.timings.queued_at),
+        "status": status,
+        "background": extra.background,
+        "error": error,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-        "instructions": extra.instructions, "max_output_tokens": params.max_tokens, "metadata": extra.metadata,
-        "model": job.spec.model, "output": output, "parallel_tool_calls": True, "previous_response_id": None,
+        "instructions": extra.instructions,
+        "max_output_tokens": params.max_tokens,
+        "metadata": extra.metadata,
+        "model": job.spec.model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "previous_response_id": None,
         "service_tier": TIER_NAMES[job.spec.priority] if extra.service_tier != "priority" else "priority",
-        "store": True, "temperature": params.temperature, "text": {"format": {"type": "text"}}, "tool_choice": "auto",
-        "tools": [], "top_p": params.top_p, "truncation": "disabled", "usage": usage(job) if ended else None,
+        "store": True,
+        "temperature": params.temperature,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": params.top_p,
+        "truncation": "disabled",
+        "usage": usage(job) if ended else None,
         "user": None,
-    }  # fmt: skip
+    }
 
 
 def message(job: Job, text: str, status: str) -> dict[str, Any]:
@@ -138,6 +160,10 @@ def part(text: str) -> dict[str, Any]:
 
 def usage(job: Job) -> dict[str, Any]:
     u = job.usage
-    return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
-            "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": u.total_tokens}  # fmt: skip
+    return {
+        "input_tokens": u.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": u.cached_tokens},
+        "output_tokens": u.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": u.total_tokens,
+    }

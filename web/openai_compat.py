@@ -36,8 +36,12 @@ DONE = "data: [DONE]\n\n"  # the last line of an OpenAI stream
 def models() -> Response:
     current_owner()
     catalog = services().settings.catalog  # in the order the models file names them
-    return jsonify({"object": "list", "data": [{"id": m.name, "object": "model", "created": 0, "owned_by": "onelane"}
-                                               for m in catalog]})  # fmt: skip
+    return jsonify(
+        {
+            "object": "list",
+            "data": [{"id": m.name, "object": "model", "created": 0, "owned_by": "onelane"} for m in catalog],
+        }
+    )
 
 
 @bp.post("/v1/chat/completions")
@@ -58,8 +62,9 @@ def completions() -> Response:
 
 def _usage(end: Event) -> dict[str, Any]:
     """OpenAI's usage object, from a job's terminal event."""
-    return usage_object(Usage(prompt_tokens=end.prompt_tokens, completion_tokens=end.completion_tokens,
-                              cached_tokens=end.cached_tokens))  # fmt: skip
+    return usage_object(
+        Usage(prompt_tokens=end.prompt_tokens, completion_tokens=end.completion_tokens, cached_tokens=end.cached_tokens)
+    )
 
 
 def _headers(job: Job, queued_s: float | None = None) -> dict[str, str]:

@@ -10,6 +10,7 @@ from flask import Blueprint, Response, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from tasks.errors import InvalidRequest
+from web import responses
 from web.api import list_limit
 from web.auth import current_owner
 from web.services import services
@@ -41,18 +42,18 @@ def upload() -> Response:
     except UnicodeDecodeError:
         raise InvalidRequest("the file is not UTF-8 text (a JSONL file is)", param="file") from None
     filename = (sent.filename or "upload.jsonl")[:256]
-    return jsonify(services().files.create(owner, filename, purpose, data).public())
+    return jsonify(responses.FileObject.of(services().files.create(owner, filename, purpose, data)))
 
 
 @bp.get("/v1/files")
 def list_files() -> Response:
     files = services().files.list(current_owner(), list_limit())
-    return jsonify({"object": "list", "data": [f.public() for f in files], "has_more": False})
+    return jsonify({"object": "list", "data": [responses.FileObject.of(f) for f in files], "has_more": False})
 
 
 @bp.get("/v1/files/<file_id>")
 def retrieve(file_id: str) -> Response:
-    return jsonify(services().files.get(file_id, current_owner()).public())
+    return jsonify(responses.FileObject.of(services().files.get(file_id, current_owner())))
 
 
 @bp.get("/v1/files/<file_id>/content")

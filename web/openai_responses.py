@@ -36,6 +36,7 @@ from web.services import services
 
 bp = Blueprint("responses", __name__)
 
+
 def _own(rid: str) -> Job:
     """The caller's response `rid` (another user's, or a job made otherwise, is not found)."""
     if not rid.startswith(PREFIX):
@@ -183,8 +184,11 @@ class ResponseStream:
         if event.type is EventType.STARTED and not self.started:
             self.started = True
             yield from self._event("response.in_progress", response=snapshot(self.job, "in_progress", ""))
-            yield from self._event("response.output_item.added", output_index=0,
-                                   item={**message(self.job, "", "in_progress"), "content": []})  # fmt: skip
+            yield from self._event(
+                "response.output_item.added",
+                output_index=0,
+                item={**message(self.job, "", "in_progress"), "content": []},
+            )
             yield from self._event("response.content_part.added", **self._where(), part=part(""))
         elif event.type is EventType.REQUEUED:
             self.text.requeued()

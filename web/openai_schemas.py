@@ -77,7 +77,8 @@ class Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
-        None, description="`auto`/`default`: the key's class; `flex`: batch; `priority`: interactive")
+        None, description="`auto`/`default`: the key's class; `flex`: batch; `priority`: interactive"
+    )
     ignore_eos: bool = Field(False, description="an extension, as in vLLM: generate to max_tokens past EOS")
 
     _int_is_a_float = field_validator("temperature", "top_p", mode="before")(int_is_a_float)
@@ -108,22 +109,43 @@ class ChatRequest(Sampling):
         """The job this request asks for (a batch's line: batch class, nobody watching), and its TTL."""
         params = self.params(settings.default_max_tokens, self.max_completion_tokens)
         messages = tuple(m.to_message() for m in self.messages)
-        return make_spec(owner, settings, params, None, messages, model=self.model,
-                         priority="batch" if batch else self.priority(), watched=not batch)  # fmt: skip
+        return make_spec(
+            owner,
+            settings,
+            params,
+            None,
+            messages,
+            model=self.model,
+            priority="batch" if batch else self.priority(),
+            watched=not batch,
+        )
 
 
 class CompletionRequest(Sampling):
-    prompt: str | list[str] = Field(json_schema_extra={"anyOf": [  # one prompt, as a string or a list of one
-        {"type": "string", "minLength": 1}, {"type": "array", "items": {"type": "string", "minLength": 1},
-                                             "minItems": 1, "maxItems": 1}]})  # fmt: skip
+    prompt: str | list[str] = Field(
+        json_schema_extra={
+            "anyOf": [  # one prompt, as a string or a list of one
+                {"type": "string", "minLength": 1},
+                {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
+            ]
+        }
+    )
 
     def admission(self, owner: str, settings: Settings, batch: bool = False) -> tuple[JobSpec, float]:
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
             raise InvalidRequest("onelane takes one prompt per request", param="prompt")
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
         params = self.params(min(16, settings.max_tokens_limit))  # the legacy endpoint's default is 16 tokens
-        return make_spec(owner, settings, params, prompt, None, model=self.model,
-                         priority="batch" if batch else self.priority(), watched=not batch)  # fmt: skip
+        return make_spec(
+            owner,
+            settings,
+            params,
+            prompt,
+            None,
+            model=self.model,
+            priority="batch" if batch else self.priority(),
+            watched=not batch,
+        )
 
 
 def parse_openai(model: type[BaseModel], body: dict[str, Any], neutral: dict[str, tuple[Any, ...]] = NEUTRAL) -> Any:
@@ -207,9 +229,11 @@ class ResponseRequest(BaseModel):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(
-        None, description="`auto`/`default`: the key's class; `flex`: batch; `priority`: interactive")
-    metadata: dict[str, str] | None = Field(None, description="up to 16 pairs, echoed back",
-                                            json_schema_extra={"maxProperties": 16})  # fmt: skip
+        None, description="`auto`/`default`: the key's class; `flex`: batch; `priority`: interactive"
+    )
+    metadata: dict[str, str] | None = Field(
+        None, description="up to 16 pairs, echoed back", json_schema_extra={"maxProperties": 16}
+    )
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = Field(None, description="accepted; onelane's prefix cache needs no key")
@@ -230,16 +254,22 @@ class ResponseRequest(BaseModel):
 
     def messages(self) -> tuple[Message, ...]:
         """The conversation the model answers: `instructions` as the system message, then `input`."""
-        turns = [Message(role="user", content=self.input)] if isinstance(self.input, str) else [
-            m.to_message() for m in self.input]  # fmt: skip
+        turns = (
+            [Message(role="user", content=self.input)]
+            if isinstance(self.input, str)
+            else [m.to_message() for m in self.input]
+        )
         if self.instructions:
             turns.insert(0, Message(role="system", content=self.instructions))
         return tuple(turns)
 
     def params(self, default_max_tokens: int) -> SamplingParams:
-        return SamplingParams(max_tokens=self.max_output_tokens or default_max_tokens,
-                              temperature=1.0 if self.temperature is None else self.temperature,
-                              top_p=1.0 if self.top_p is None else self.top_p, ignore_eos=self.ignore_eos)  # fmt: skip
+        return SamplingParams(
+            max_tokens=self.max_output_tokens or default_max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            ignore_eos=self.ignore_eos,
+        )
 
     def priority(self) -> Priority | None:
         return TIERS[self.service_tier] if self.service_tier else None
@@ -250,13 +280,26 @@ class ResponseRequest(BaseModel):
             raise InvalidRequest("background responses are stored: `store` must not be false", param="store")
         params = self.params(settings.default_max_tokens)
         if params.max_tokens > settings.max_tokens_limit:
-            raise InvalidRequest(f"max_output_tokens may be at most {settings.max_tokens_limit}",
-                                 param="max_output_tokens")  # fmt: skip
-        extra = ResponseFields(background=self.background and not batch, instructions=self.instructions,
-                               metadata=self.metadata or {}, service_tier=self.service_tier or "default")  # fmt: skip
-        return make_spec(owner, settings, params, None, self.messages(), model=self.model,
-                         priority="batch" if batch else self.priority(), watched=not (self.background or batch),
-                         response=extra)  # fmt: skip
+            raise InvalidRequest(
+                f"max_output_tokens may be at most {settings.max_tokens_limit}", param="max_output_tokens"
+            )
+        extra = ResponseFields(
+            background=self.background and not batch,
+            instructions=self.instructions,
+            metadata=self.metadata or {},
+            service_tier=self.service_tier or "default",
+        )
+        return make_spec(
+            owner,
+            settings,
+            params,
+            None,
+            self.messages(),
+            model=self.model,
+            priority="batch" if batch else self.priority(),
+            watched=not (self.background or batch),
+            response=extra,
+        )
 
 
 #: Responses fields onelane takes only with their neutral value (anything else: 400 naming the field).
@@ -286,9 +329,11 @@ class BatchRequest(BaseModel):
     input_file_id: str = Field(max_length=256)
     endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
     completion_window: Literal["24h"] = Field(description="the only window: ONELANE_BATCH_WINDOW seconds (24 h)")
-    metadata: dict[str, str] | None = Field(None, description="up to 16 pairs, echoed back",
-                                            json_schema_extra={"maxProperties": 16})  # fmt: skip
-    output_expires_after: dict[str, Any] | None = Field(None, description="accepted; the result files are kept "
-                                                        "ONELANE_FILE_RETENTION")  # fmt: skip
+    metadata: dict[str, str] | None = Field(
+        None, description="up to 16 pairs, echoed back", json_schema_extra={"maxProperties": 16}
+    )
+    output_expires_after: dict[str, Any] | None = Field(
+        None, description="accepted; the result files are kept ONELANE_FILE_RETENTION"
+    )
 
     _bounded_metadata = field_validator("metadata")(bounded_metadata)

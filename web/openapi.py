@@ -26,12 +26,31 @@ from web.schemas import SubmitJob
 
 REQUESTS: tuple[type[BaseModel], ...] = (SubmitJob, ChatRequest, CompletionRequest, ResponseRequest, BatchRequest)
 ANSWERS: tuple[type[BaseModel], ...] = (
-    responses.Job, responses.JobList, responses.Error, responses.OpenAIError, responses.ModelList,
-    responses.ChatCompletion, responses.Completion, responses.ChatCompletionChunk, responses.CompletionChunk,
-    responses.QueuedEvent, responses.StartedEvent, responses.TokenEvent, responses.RequeuedEvent,
-    responses.Health, responses.Ready, responses.NotReady, responses.OpenAIResponse, responses.ResponseStreamEvent,
-    responses.FileObject, responses.FileList, responses.FileDeleted, responses.Batch, responses.BatchList,
-)  # fmt: skip
+    responses.Job,
+    responses.JobList,
+    responses.Error,
+    responses.OpenAIError,
+    responses.ModelList,
+    responses.ChatCompletion,
+    responses.Completion,
+    responses.ChatCompletionChunk,
+    responses.CompletionChunk,
+    responses.QueuedEvent,
+    responses.StartedEvent,
+    responses.TokenEvent,
+    responses.RequeuedEvent,
+    responses.Health,
+    responses.Ready,
+    responses.NotReady,
+    responses.OpenAIResponse,
+    responses.ResponseStreamEvent,
+    responses.FileObject,
+    responses.FileList,
+    responses.FileDeleted,
+    responses.Batch,
+    responses.BatchList,
+)
+
 
 def build(app: Flask, settings: Settings) -> dict[str, Any]:
     """The whole document for this app."""
@@ -43,11 +62,15 @@ def build(app: Flask, settings: Settings) -> dict[str, Any]:
         security=[{"bearerAuth": []}, {}],  # {}: none needed in local mode
         tags=[{"name": "jobs"}, {"name": "openai", "description": "OpenAI-compatible"}, {"name": "health"}, *TAGS],
     )
-    spec.components.security_scheme("bearerAuth", {
-        "type": "http", "scheme": "bearer",
-        "description": "With API keys configured, every API request needs `Authorization: Bearer <key>` (else 401); "
-                       "in local mode (no keys) none is needed.",
-    })  # fmt: skip
+    spec.components.security_scheme(
+        "bearerAuth",
+        {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "With API keys configured, every API request needs `Authorization: Bearer <key>` (else 401); "
+            "in local mode (no keys) none is needed.",
+        },
+    )
     refs, schemas = models_json_schema(
         [(m, "validation") for m in REQUESTS] + [(m, "serialization") for m in ANSWERS],
         ref_template="#/components/schemas/{model}",
@@ -70,11 +93,13 @@ def build(app: Flask, settings: Settings) -> dict[str, Any]:
 
 def _server_rules(schema: dict[str, Any], s: Settings) -> None:
     """Add to a request's schema what this server's settings decide: the models it serves, and its limits."""
-    rules = {"model": ("string", {"enum": [m.name for m in s.catalog]}),
-             "prompt": ("string", {"maxLength": s.max_prompt_chars}),
-             "max_tokens": ("integer", {"maximum": s.max_tokens_limit}),
-             "max_completion_tokens": ("integer", {"maximum": s.max_tokens_limit}),
-             "ttl_s": ("number", {"maximum": s.job_ttl_s})}  # fmt: skip
+    rules = {
+        "model": ("string", {"enum": [m.name for m in s.catalog]}),
+        "prompt": ("string", {"maxLength": s.max_prompt_chars}),
+        "max_tokens": ("integer", {"maximum": s.max_tokens_limit}),
+        "max_completion_tokens": ("integer", {"maximum": s.max_tokens_limit}),
+        "ttl_s": ("number", {"maximum": s.job_ttl_s}),
+    }
     for field, prop in schema["properties"].items():
         kind, rule = rules.get(field, ("", {}))
         for branch in prop.get("anyOf", [prop]):
@@ -102,7 +127,7 @@ def _overview(s: Settings) -> str:
         f"This server's limits: prompts up to {s.max_prompt_chars} characters; `max_tokens` up to "
         f"{s.max_tokens_limit} (default {s.default_max_tokens}); a job waits at most {s.job_ttl_s:g} s "
         f"(`ttl_s`); {s.max_queue} waiting jobs in all and {s.max_queued_per_user} per user.\n\n"
-        "Errors are JSON, `{\"error\": {\"type\", \"message\", \"param\"}}` (on the OpenAI endpoints, OpenAI's "
-        "`{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`), never a stack trace. Any request may also be "
+        'Errors are JSON, `{"error": {"type", "message", "param"}}` (on the OpenAI endpoints, OpenAI\'s '
+        '`{"error": {"message", "type", "param", "code"}}`), never a stack trace. Any request may also be '
         "answered `503 unavailable` with `Retry-After` while Redis is unreachable."
     )

@@ -25,6 +25,7 @@ NUMBER_FIELDS = ("max_tokens", "temperature")
 CHOICE_FIELDS = ("model", "priority")  # <select>s: sent as chosen, or left to the API's defaults when absent
 PRIORITIES = {"interactive": "Interactive", "batch": "Batch (runs when no interactive job waits)"}
 
+
 @bp.before_request
 def _visit() -> Response | None:
     # A browser gets its own identity before anything is looked up; a POST must already have one (and its CSRF token).
@@ -38,7 +39,6 @@ def _visit() -> Response | None:
 @bp.context_processor
 def _template_globals() -> dict[str, Any]:
     return {"csrf_token": csrf_token}
-
 
 
 @bp.app_template_filter("iso_time")
@@ -89,8 +89,9 @@ def form_defaults() -> dict[str, str]:
 
 def render_form(values: dict[str, str], error: OnelaneError | None = None) -> Response:
     """The submit form, filled with `values`, with the error that refused them (and its API status), if any."""
-    page = render_template("index.html", values=values, error=error, settings=services().settings,
-                           priorities=PRIORITIES)  # fmt: skip
+    page = render_template(
+        "index.html", values=values, error=error, settings=services().settings, priorities=PRIORITIES
+    )
     response = Response(page)
     if error is not None:
         response.status_code = status_for(error)

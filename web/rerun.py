@@ -13,8 +13,10 @@ from tasks.job import Job
 from web.follow import cancel_quietly
 from web.services import services
 
-RESTARTED = ("worker_restarted", "the worker restarted mid-answer and the answer, generated again, differs from "
-             "what was streamed; please retry")  # fmt: skip
+RESTARTED = (
+    "worker_restarted",
+    "the worker restarted mid-answer and the answer, generated again, differs from what was streamed; please retry",
+)
 
 
 class Diverged(Exception):

@@ -11,6 +11,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks import job as record
+from tasks.batches import BatchRecord
+from tasks.files import FileRecord
 from tasks.job import JobError, JobStatus, Message, SamplingParams, Timings
 from tasks.settings import Priority
 from tasks.store import ModelState
@@ -56,13 +58,29 @@ class Job(Answer):
         """The JSON body of `job`: the one place its shape is written."""
         spec, usage = job.spec, job.usage
         return cls(
-            id=job.id, object="job", status=job.status, model=spec.model, priority=spec.priority, prompt=spec.prompt,
-            messages=list(spec.messages) if spec.messages is not None else None, params=spec.params,
-            abandon_on_disconnect=spec.watched, position=job.position, eta_s=job.eta_s, deadline=job.deadline,
-            output=job.output, finish_reason=job.finish_reason, error=job.error,
-            usage=TokenUsage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                             cached_tokens=usage.cached_tokens, total_tokens=usage.total_tokens),
-            timings=job.timings, attempts=job.attempts,
+            id=job.id,
+            object="job",
+            status=job.status,
+            model=spec.model,
+            priority=spec.priority,
+            prompt=spec.prompt,
+            messages=list(spec.messages) if spec.messages is not None else None,
+            params=spec.params,
+            abandon_on_disconnect=spec.watched,
+            position=job.position,
+            eta_s=job.eta_s,
+            deadline=job.deadline,
+            output=job.output,
+            finish_reason=job.finish_reason,
+            error=job.error,
+            usage=TokenUsage(
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                cached_tokens=usage.cached_tokens,
+                total_tokens=usage.total_tokens,
+            ),
+            timings=job.timings,
+            attempts=job.attempts,
         ).model_dump(mode="json")
 
 
@@ -282,7 +300,6 @@ class NotReady(Answer):
     models: list[ModelState]
 
 
-
 # --- the Responses API --------------------------------------------------------------------------------------------
 
 
@@ -372,10 +389,21 @@ class ResponseStreamEvent(Answer):
 
     model_config = ConfigDict(extra="allow")
 
-    type: Literal["response.created", "response.queued", "response.in_progress", "response.output_item.added",
-                  "response.content_part.added", "response.output_text.delta", "response.output_text.done",
-                  "response.content_part.done", "response.output_item.done", "response.completed",
-                  "response.incomplete", "response.failed", "error"]  # fmt: skip
+    type: Literal[
+        "response.created",
+        "response.queued",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+        "response.incomplete",
+        "response.failed",
+        "error",
+    ]
     sequence_number: int = Field(description="from 0, the same on every stream of one response")
 
 
@@ -391,9 +419,17 @@ class FileObject(Answer):
     created_at: int
     expires_at: int
     filename: str
-    purpose: Literal["batch", "batch_output"] = Field(description="`batch`: uploaded; `batch_output`: a batch's results")
+    purpose: Literal["batch", "batch_output"] = Field(
+        description="`batch`: uploaded; `batch_output`: a batch's results"
+    )
     status: Literal["processed"]
     status_details: None
+
+    @classmethod
+    def of(cls, file: FileRecord) -> dict[str, Any]:
+        """The JSON body of `file`."""
+        fields = file.model_dump(exclude={"owner"})
+        return cls(**fields, object="file", status="processed", status_details=None).model_dump(mode="json")
 
 
 class FileList(Answer):
@@ -437,8 +473,9 @@ class Batch(Answer):
     errors: BatchErrors | None = Field(description="why a `failed` batch ran nothing")
     input_file_id: str
     completion_window: Literal["24h"]
-    status: Literal["validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling",
-                    "cancelled"]  # fmt: skip
+    status: Literal[
+        "validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"
+    ]
     output_file_id: str | None = Field(description="its answered lines, once it ended (none: null)")
     error_file_id: str | None = Field(description="its lines without an answer, once it ended (none: null)")
     created_at: int
@@ -452,6 +489,14 @@ class Batch(Answer):
     cancelled_at: int | None
     request_counts: BatchCounts
     metadata: dict[str, str] | None
+
+    @classmethod
+    def of(cls, batch: BatchRecord) -> dict[str, Any]:
+        """The JSON body of `batch`."""
+        fields = batch.model_dump(exclude={"owner", "total", "completed", "failed", "errors"})
+        errors = {"object": "list", "data": batch.errors} if batch.errors else None
+        counts = BatchCounts(total=batch.total, completed=batch.completed, failed=batch.failed)
+        return cls(**fields, object="batch", errors=errors, request_counts=counts).model_dump(mode="json")
 
 
 class BatchList(Answer):

@@ -35,14 +35,23 @@ class SubmitJob(BaseModel):
     default to the server's default model and the caller's own class."""
 
     # the schema also says what _one_input checks, so that /openapi.json tells it
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"oneOf": [
-        {"required": ["prompt"], "properties": {"prompt": {"type": "string", "minLength": 1}}},
-        {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
-    ]})  # fmt: skip
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["prompt"], "properties": {"prompt": {"type": "string", "minLength": 1}}},
+                {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
+            ]
+        },
+    )
 
     model: str | None = Field(None, description="one of /v1/models; default: the server's default model")
-    priority: Priority | None = Field(None, description="`batch` runs when no interactive job waits, or at a "
-                                      "guaranteed share; default: the caller's own class")  # fmt: skip
+    priority: Priority | None = Field(
+        None,
+        description="`batch` runs when no interactive job waits, or at a "
+        "guaranteed share; default: the caller's own class",
+    )
     prompt: str | None = None
     messages: list[Message] | None = Field(None, min_length=1)
     max_tokens: int | None = Field(None, ge=1, description="default: the server's ONELANE_DEFAULT_MAX_TOKENS")
@@ -52,8 +61,9 @@ class SubmitJob(BaseModel):
     stop: str | list[str] | None = Field(None, json_schema_extra=stops_schema(8, 256))
     ignore_eos: bool = Field(False, description="generate to max_tokens past EOS (as vLLM)")
     ttl_s: float | None = Field(None, gt=0, description="how long it may wait; default and most: ONELANE_JOB_TTL")
-    abandon_on_disconnect: bool = Field(False, description="skip it once its client stops watching (polling or "
-                                        "following its events)")  # fmt: skip
+    abandon_on_disconnect: bool = Field(
+        False, description="skip it once its client stops watching (polling or following its events)"
+    )
 
     _int_is_a_float = field_validator("temperature", "top_p", "ttl_s", mode="before")(int_is_a_float)
 
@@ -144,8 +154,17 @@ def to_spec(req: SubmitJob, owner: str, settings: Settings, watched: bool = Fals
         ignore_eos=req.ignore_eos,
     )
     messages = tuple(req.messages) if req.messages is not None else None
-    return make_spec(owner, settings, params, req.prompt, messages, model=req.model, priority=req.priority,
-                     ttl_s=req.ttl_s, watched=watched or req.abandon_on_disconnect)  # fmt: skip
+    return make_spec(
+        owner,
+        settings,
+        params,
+        req.prompt,
+        messages,
+        model=req.model,
+        priority=req.priority,
+        ttl_s=req.ttl_s,
+        watched=watched or req.abandon_on_disconnect,
+    )
 
 
 def served_model(settings: Settings, name: str | None) -> str:
@@ -197,6 +216,14 @@ def make_spec(
     ttl_s = ttl_s or settings.job_ttl_s
     if ttl_s > settings.job_ttl_s:
         raise InvalidRequest(f"ttl_s may be at most {settings.job_ttl_s:g}", param="ttl_s")
-    spec = JobSpec(owner=owner, model=model, prompt=prompt, messages=messages, params=params, priority=priority,
-                   watched=watched, response=response)  # fmt: skip
+    spec = JobSpec(
+        owner=owner,
+        model=model,
+        prompt=prompt,
+        messages=messages,
+        params=params,
+        priority=priority,
+        watched=watched,
+        response=response,
+    )
     return spec, ttl_s

@@ -39,8 +39,9 @@ def serve(settings: Settings, host: str, port: int, workers: int = 1, connection
     """gunicorn with `workers` gevent processes of up to `connections` open connections each."""
     _raise_open_files_limit()
     if not settings.keys_required and not _loopback(host):
-        logger.warning("listening on %s without API keys (ONELANE_API_KEYS): anyone who can reach it can "
-                       "submit jobs", host)  # fmt: skip
+        logger.warning(
+            "listening on %s without API keys (ONELANE_API_KEYS): anyone who can reach it can submit jobs", host
+        )
     options = {
         "bind": f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
         "workers": workers,

@@ -41,9 +41,16 @@ class Services:
         store = Store.connect(settings)
         broker = make_broker(settings, worker=False)
         files, batches = FileStore(store.redis, settings), BatchStore(store.redis, settings)
-        return cls(settings=settings, store=store, broker=broker, hub=Hub(store, settings.effective_redis_url),
-                   housekeeper=Housekeeper(store, broker).start(), files=files, batches=batches,
-                   batch_runner=BatchRunner(store, batches, files, broker).start())  # fmt: skip
+        return cls(
+            settings=settings,
+            store=store,
+            broker=broker,
+            hub=Hub(store, settings.effective_redis_url),
+            housekeeper=Housekeeper(store, broker).start(),
+            files=files,
+            batches=batches,
+            batch_runner=BatchRunner(store, batches, files, broker).start(),
+        )
 
     def stop(self) -> None:
         """Stop the app's threads (tests and benches that build apps in one process)."""

@@ -26,8 +26,9 @@ def comment(text: str) -> str:
     return f": {text}\n\n"
 
 
-def response(stream: Iterator[str], headers: dict[str, str] | None = None,
-             on_close: Callable[[], None] | None = None) -> Response:  # fmt: skip
+def response(
+    stream: Iterator[str], headers: dict[str, str] | None = None, on_close: Callable[[], None] | None = None
+) -> Response:
     """A streamed `text/event-stream` answer that no proxy buffers or caches; `on_close` runs when it ends, also
     when the client left before it started."""
     answer = Response(

@@ -66,9 +66,13 @@ class Counters:
     prefill_s: float = 0.0
 
     def __add__(self, other: Counters) -> Counters:
-        return Counters(self.steps + other.steps, self.generated_tokens + other.generated_tokens,
-                        self.prompt_tokens + other.prompt_tokens, self.decode_s + other.decode_s,
-                        self.prefill_s + other.prefill_s)  # fmt: skip
+        return Counters(
+            self.steps + other.steps,
+            self.generated_tokens + other.generated_tokens,
+            self.prompt_tokens + other.prompt_tokens,
+            self.decode_s + other.decode_s,
+            self.prefill_s + other.prefill_s,
+        )
 
 
 def make_sampler(params: SamplingParams) -> Sampler:
@@ -95,8 +99,16 @@ class Engine:
     """Owns the model and its one batch. Only the thread holding `lock` may drive it: MLX on Metal aborts the
     process when two threads evaluate at once."""
 
-    def __init__(self, model, tokenizer, name: str, max_batch: int = 1, prefill_step: int = 512,  # type: ignore[no-untyped-def]
-                 lock: threading.Lock | None = None, max_kv_size: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        name: str,
+        max_batch: int = 1,
+        prefill_step: int = 512,  # type: ignore[no-untyped-def]
+        lock: threading.Lock | None = None,
+        max_kv_size: int | None = None,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -108,8 +120,10 @@ class Engine:
         self._steps = 0
         caches = make_prompt_cache(model)
         if not all(hasattr(c, "merge") for c in caches):
-            raise SettingsError(f"the model {name} uses a KV cache that mlx-lm cannot batch "
-                                f"({', '.join(sorted({type(c).__name__ for c in caches}))})")  # fmt: skip
+            raise SettingsError(
+                f"the model {name} uses a KV cache that mlx-lm cannot batch "
+                f"({', '.join(sorted({type(c).__name__ for c in caches}))})"
+            )
         self.kv_bytes_per_token = _kv_bytes_per_token(model)
         self._eos = StopSequences([(t,) for t in sorted(tokenizer.eos_token_ids)])
         self._no_stop = StopSequences()
@@ -117,15 +131,17 @@ class Engine:
         self.size = 0  # sequences in the batch
 
     @classmethod
-    def load(cls, model: str | ModelConfig, max_batch: int = 1, prefill_step: int = 512,
-             lock: threading.Lock | None = None) -> Engine:  # fmt: skip
+    def load(
+        cls, model: str | ModelConfig, max_batch: int = 1, prefill_step: int = 512, lock: threading.Lock | None = None
+    ) -> Engine:
         """Load a local folder or a Hugging Face id with mlx_lm.load, with a served model's load options."""
         config = model if isinstance(model, ModelConfig) else ModelConfig(name=DEMO_MODEL, path=model)
         started = time.perf_counter()
         loaded, tokenizer = load(config.path, **config.load_options())[:2]
         dtype = with_dtype(loaded, config.dtype)
-        logger.info("model %s loaded from %s in %.2f s (%s)", config.name, config.path, time.perf_counter() - started,
-                    dtype)  # fmt: skip
+        logger.info(
+            "model %s loaded from %s in %.2f s (%s)", config.name, config.path, time.perf_counter() - started, dtype
+        )
         return cls(loaded, tokenizer, config.name, max_batch, prefill_step, lock, config.max_kv_size)
 
     def configure(self, max_batch: int, prefill_step: int) -> None:
@@ -135,9 +151,12 @@ class Engine:
 
     def _new_batch(self) -> BatchGenerator:
         return BatchGenerator(
-            self.model, completion_batch_size=self.max_batch, prefill_batch_size=min(self.max_batch, PREFILL_BATCH),
-            prefill_step_size=self.prefill_step, max_kv_size=self.max_kv_size,
-        )  # fmt: skip
+            self.model,
+            completion_batch_size=self.max_batch,
+            prefill_batch_size=min(self.max_batch, PREFILL_BATCH),
+            prefill_step_size=self.prefill_step,
+            max_kv_size=self.max_kv_size,
+        )
 
     def prompt_tokens(self, spec: JobSpec) -> list[int]:
         """The prompt as the model reads it; InvalidPrompt if that is no token at all."""
@@ -158,10 +177,13 @@ class Engine:
         """Add a sequence to the batch; it prefills over the next steps, then generates. Returns its uid. With
         `cache`, a KV cache holding the prompt's first `cached` tokens, only the rest is prefilled."""
         (uid,) = self._batch.insert(
-            [prompt[cached:]], max_tokens=[params.max_tokens], samplers=[make_sampler(params)],
+            [prompt[cached:]],
+            max_tokens=[params.max_tokens],
+            samplers=[make_sampler(params)],
             stop_sequences=[self._no_stop if params.ignore_eos else self._eos],
-            caches=[cache] if cache is not None else None, all_tokens=[prompt[:cached]] if cache is not None else None,
-        )  # fmt: skip
+            caches=[cache] if cache is not None else None,
+            all_tokens=[prompt[:cached]] if cache is not None else None,
+        )
         self.size += 1
         return int(uid)
 
@@ -188,9 +210,15 @@ class Engine:
         """One step: a token for every generating sequence, and a chunk of prefill for joining ones."""
         _, generated = self._batch.next()
         self._steps += 1
-        tokens = [Token(int(r.uid), int(r.token), r.finish_reason,
-                        KV(r.prompt_cache, list(r.all_tokens)) if r.prompt_cache is not None else None)
-                  for r in generated]  # fmt: skip
+        tokens = [
+            Token(
+                int(r.uid),
+                int(r.token),
+                r.finish_reason,
+                KV(r.prompt_cache, list(r.all_tokens)) if r.prompt_cache is not None else None,
+            )
+            for r in generated
+        ]
         self.size -= sum(1 for t in tokens if t.finish_reason is not None)  # the generator dropped them
         return tokens
 

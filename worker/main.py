@@ -50,8 +50,9 @@ def ensure_model(settings: Settings) -> str:
     if settings.model is None and not settings.models and not (Path(settings.model_path) / "config.json").exists():
         from worker.demo_model import make_demo_model
 
-        logger.info("ONELANE_MODEL is unset and worker/demo is missing: building a random demo model (its output "
-                    "is noise)")  # fmt: skip
+        logger.info(
+            "ONELANE_MODEL is unset and worker/demo is missing: building a random demo model (its output is noise)"
+        )
         make_demo_model(Path(settings.model_path))
     return settings.model_path
 
@@ -140,15 +141,26 @@ class GpuWorker:
         """The worker's memory, in its three bounded parts: weights, the batch's KV cache, the prefix cache."""
         s = self.settings
         batch_kv = s.kv_budget_tokens * engine.kv_bytes_per_token
-        logger.info("batch of up to %d jobs; prefill %d tokens a step; memory: weights at most %.0f MiB, the batch's "
-                    "KV cache at most %d tokens = %.0f MiB (%s: %.1f KiB a token), the prefix cache at most %.0f MiB",
-                    engine.max_batch, s.prefill_step, s.models_memory / 2**20, s.kv_budget_tokens, batch_kv / 2**20,
-                    s.model_name, engine.kv_bytes_per_token / 1024, s.prefix_cache_bytes / 2**20)  # fmt: skip
+        logger.info(
+            "batch of up to %d jobs; prefill %d tokens a step; memory: weights at most %.0f MiB, the batch's "
+            "KV cache at most %d tokens = %.0f MiB (%s: %.1f KiB a token), the prefix cache at most %.0f MiB",
+            engine.max_batch,
+            s.prefill_step,
+            s.models_memory / 2**20,
+            s.kv_budget_tokens,
+            batch_kv / 2**20,
+            s.model_name,
+            engine.kv_bytes_per_token / 1024,
+            s.prefix_cache_bytes / 2**20,
+        )
         total = s.models_memory + batch_kv + s.prefix_cache_bytes
         if total > physical_memory():
-            logger.warning("weights, batch KV cache and prefix cache may come to %.0f MiB, more than this machine's "
-                           "%.0f MiB: lower ONELANE_MODELS_MEMORY, ONELANE_KV_BUDGET or ONELANE_PREFIX_CACHE",
-                           total / 2**20, physical_memory() / 2**20)  # fmt: skip
+            logger.warning(
+                "weights, batch KV cache and prefix cache may come to %.0f MiB, more than this machine's "
+                "%.0f MiB: lower ONELANE_MODELS_MEMORY, ONELANE_KV_BUDGET or ONELANE_PREFIX_CACHE",
+                total / 2**20,
+                physical_memory() / 2**20,
+            )
 
     @property
     def _prefix_folder(self) -> Path:
@@ -165,8 +177,12 @@ class GpuWorker:
         except OSError as exc:  # a full disk costs the next worker a cold start, nothing more
             logger.warning("prefix cache: could not save to %s: %s", self._prefix_folder, exc)
             return
-        logger.info("prefix cache: %d entries (%.1f MiB) saved in %.2f s", saved, prefix.nbytes / 2**20,
-                    time.perf_counter() - started)  # fmt: skip
+        logger.info(
+            "prefix cache: %d entries (%.1f MiB) saved in %.2f s",
+            saved,
+            prefix.nbytes / 2**20,
+            time.perf_counter() - started,
+        )
 
     def _load_prefix_cache(self) -> None:
         """Take back what the worker before this one on this device saved as it stopped."""
@@ -176,8 +192,12 @@ class GpuWorker:
         started = time.perf_counter()
         loaded = prefix.load(self._prefix_folder, self.models.served_keys())
         if loaded:
-            logger.info("prefix cache: %d entries (%.1f MiB) loaded in %.2f s", loaded, prefix.nbytes / 2**20,
-                        time.perf_counter() - started)  # fmt: skip
+            logger.info(
+                "prefix cache: %d entries (%.1f MiB) loaded in %.2f s",
+                loaded,
+                prefix.nbytes / 2**20,
+                time.perf_counter() - started,
+            )
 
     def _take_device(self) -> bool:
         """Block until this worker holds the device: a second worker on the same device waits here."""
@@ -187,8 +207,12 @@ class GpuWorker:
             try:
                 holder = self.jobs.take_device()
             except redis.RedisError as exc:
-                logger.warning("cannot reach Redis at %s to take device %s: %s", self.settings.effective_redis_url,
-                               self.settings.device, exc)  # fmt: skip
+                logger.warning(
+                    "cannot reach Redis at %s to take device %s: %s",
+                    self.settings.effective_redis_url,
+                    self.settings.device,
+                    exc,
+                )
                 holder = None
             if holder == "ok":
                 if time.monotonic() - waiting_since > 1:
@@ -219,8 +243,10 @@ class GpuWorker:
         holder = self.jobs.renew_device(report)
         if holder == "ok":
             return True
-        self.on_fatal(f"lost device {self.settings.device}: " + ("the lease lapsed" if holder == "lapsed"
-                                                                  else f"worker {holder} holds it"))  # fmt: skip
+        self.on_fatal(
+            f"lost device {self.settings.device}: "
+            + ("the lease lapsed" if holder == "lapsed" else f"worker {holder} holds it")
+        )
         return False
 
     def _report_now(self) -> None:
@@ -240,15 +266,22 @@ class GpuWorker:
         prefix, before = self.models.prefix, self._cache_reported
         now_cache = self._cache_reported = replace(prefix.counters)
         return BatchReport(
-            batch=len(runner.batch), slots=engine.max_batch if engine else self.settings.max_batch,
-            tokens_per_s=(c.generated_tokens - generated) / max(now - then, 1e-3), steps=c.steps - steps,
-            decode_s=c.decode_s - decode_s, prefill_s=c.prefill_s - prefill_s,
-            prefill_tokens=c.prompt_tokens - prefill_tokens, models=self.models.names(),
-            active=runner.active if runner.batch else "", loading=self.models.loading,
-            cache_lookups=now_cache.lookups - before.lookups, cache_hits=now_cache.hits - before.hits,
-            cache_tokens=now_cache.cached_tokens - before.cached_tokens, cache_bytes=prefix.nbytes,
+            batch=len(runner.batch),
+            slots=engine.max_batch if engine else self.settings.max_batch,
+            tokens_per_s=(c.generated_tokens - generated) / max(now - then, 1e-3),
+            steps=c.steps - steps,
+            decode_s=c.decode_s - decode_s,
+            prefill_s=c.prefill_s - prefill_s,
+            prefill_tokens=c.prompt_tokens - prefill_tokens,
+            models=self.models.names(),
+            active=runner.active if runner.batch else "",
+            loading=self.models.loading,
+            cache_lookups=now_cache.lookups - before.lookups,
+            cache_hits=now_cache.hits - before.hits,
+            cache_tokens=now_cache.cached_tokens - before.cached_tokens,
+            cache_bytes=prefix.nbytes,
             cache_entries=len(prefix),
-        )  # fmt: skip
+        )
 
     def _listen(self) -> None:
         """Hear cancels of running jobs the moment they happen, so a job stops before the next step, and queue

@@ -43,8 +43,9 @@ class ModelPool:
     steps one; `names()`, `loading` and the counters may be read from any thread (the heartbeat reports them): they
     read a snapshot the owner replaces whole at every change."""
 
-    def __init__(self, store: WorkerStore, engine: Engine | None = None,
-                 on_change: Callable[[], None] = lambda: None) -> None:  # fmt: skip
+    def __init__(
+        self, store: WorkerStore, engine: Engine | None = None, on_change: Callable[[], None] = lambda: None
+    ) -> None:
         self.store = store
         s = store.settings
         self.prefix = PrefixCache(s.prefix_cache_bytes)  # of every model's KV states
@@ -132,9 +133,15 @@ class ModelPool:
         self._loaded = tuple(self._engines.items())
         self._bytes[name] = size_in_memory(engine)
         self.store.model_loaded(name, load_s, self._bytes[name])
-        logger.info("model %s loaded in %.2f s (%.1f MiB; %d model(s), %.1f of %.1f MiB held)", name, load_s,
-                    self._bytes[name] / 2**20, len(self._engines), self.held_bytes / 2**20,
-                    self.settings.models_memory / 2**20)  # fmt: skip
+        logger.info(
+            "model %s loaded in %.2f s (%.1f MiB; %d model(s), %.1f of %.1f MiB held)",
+            name,
+            load_s,
+            self._bytes[name] / 2**20,
+            len(self._engines),
+            self.held_bytes / 2**20,
+            self.settings.models_memory / 2**20,
+        )
 
     def _make_room(self, size: int, keep: str = "") -> None:
         """Evict the least recently used models (never `keep`) until `size` more bytes fit the budget."""

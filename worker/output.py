@@ -62,8 +62,13 @@ class Text:
 
     def __add__(self, later: Text) -> Text:
         """This text, then `later`'s (the writer sends a window's texts of one job as one)."""
-        return Text(self.job_id, self.text + later.text, later.prompt_tokens, self.n_tokens + later.n_tokens,
-                    later.cached_tokens)  # fmt: skip
+        return Text(
+            self.job_id,
+            self.text + later.text,
+            later.prompt_tokens,
+            self.n_tokens + later.n_tokens,
+            later.cached_tokens,
+        )
 
 
 @dataclass(frozen=True)
@@ -101,9 +106,7 @@ class OutputWriter:
     thread hand-off per step either.
     """
 
-    def __init__(
-        self, store: WorkerStore, on_stop: Callable[[str], None], on_fatal: Callable[[str], None]
-    ) -> None:
+    def __init__(self, store: WorkerStore, on_stop: Callable[[str], None], on_fatal: Callable[[str], None]) -> None:
         self.store = store
         self.on_stop = on_stop
         self.on_fatal = on_fatal
@@ -251,14 +254,22 @@ class OutputWriter:
     def _queue_op(self, op: Op, pipe: Any) -> None:
         if isinstance(op, _Append):
             t = op.text
-            self.store.append(t.job_id, t.n_tokens, t.text, t.prompt_tokens, start=op.start,
-                              cached_tokens=t.cached_tokens, pipe=pipe)  # fmt: skip
+            self.store.append(
+                t.job_id, t.n_tokens, t.text, t.prompt_tokens, start=op.start, cached_tokens=t.cached_tokens, pipe=pipe
+            )
         elif isinstance(op, Ending):
             self.store.finish(
-                op.job_id, op.status, finish_reason=op.finish_reason, error=op.error,
-                prompt_tokens=op.prompt_tokens, completion_tokens=op.completion_tokens, stop_seen_at=op.stop_seen_at,
-                cached_tokens=op.cached_tokens, kept_as=op.kept_as, pipe=pipe,
-            )  # fmt: skip
+                op.job_id,
+                op.status,
+                finish_reason=op.finish_reason,
+                error=op.error,
+                prompt_tokens=op.prompt_tokens,
+                completion_tokens=op.completion_tokens,
+                stop_seen_at=op.stop_seen_at,
+                cached_tokens=op.cached_tokens,
+                kept_as=op.kept_as,
+                pipe=pipe,
+            )
         elif isinstance(op, _HandBack):
             self.store.hand_back(op.job_id, op.why, op.shared, pipe=pipe)
 

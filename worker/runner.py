@@ -142,8 +142,9 @@ class Runner:
         else:
             want = self._head.id if self._head and self._fits(self._head) else None
         try:
-            claim = self.store.claim_next(want=want, active=self.active if self.batch else "",
-                                          loaded=self.models.names())  # fmt: skip
+            claim = self.store.claim_next(
+                want=want, active=self.active if self.batch else "", loaded=self.models.names()
+            )
         except redis.RedisError as exc:
             logger.warning("cannot claim: %s", exc)
             return None
@@ -203,8 +204,14 @@ class Runner:
             head = self._measure(claim)
         if not self.batch and head.invalid is None:
             self._activate(job.spec.model)
-        logger.info("job %s: started (owner %s, model %s, attempt %d, batch %d)", job.id, job.owner, job.spec.model,
-                    job.attempts, len(self.batch) + 1)  # fmt: skip
+        logger.info(
+            "job %s: started (owner %s, model %s, attempt %d, batch %d)",
+            job.id,
+            job.owner,
+            job.spec.model,
+            job.attempts,
+            len(self.batch) + 1,
+        )
         if head.invalid is not None:
             self.writer.end(Ending(job.id, JobStatus.FAILED, error=head.invalid))
             return
@@ -213,11 +220,24 @@ class Runner:
         key = (self.models.key(job.spec.model), self.store.settings.cache_scope(job.owner))
         hit = self.models.prefix.fetch(key, head.tokens)
         uid = self.engine.insert(head.tokens, _sampling(job), hit.cache, hit.tokens)
-        self.batch.add(Running(job, uid, len(head.tokens), head.cost, time.monotonic() + limit_s,
-                               self.engine.detokenizer(), StopMatcher(job.spec.params.stop), solo=head.solo,
-                               cached=hit.tokens, cache_key=key))  # fmt: skip
+        self.batch.add(
+            Running(
+                job,
+                uid,
+                len(head.tokens),
+                head.cost,
+                time.monotonic() + limit_s,
+                self.engine.detokenizer(),
+                StopMatcher(job.spec.params.stop),
+                solo=head.solo,
+                cached=hit.tokens,
+                cache_key=key,
+            )
+        )
         if hit.tokens:
-            logger.info("job %s: %d of its %d prompt tokens from the prefix cache", job.id, hit.tokens, len(head.tokens))
+            logger.info(
+                "job %s: %d of its %d prompt tokens from the prefix cache", job.id, hit.tokens, len(head.tokens)
+            )
         self.writer.begin(job.id)
         # its prompt and what of it is cached, recorded at once: estimates count only the prefill still to do
         self.writer.put_many([self.batch.by_uid[uid].text("", n_tokens=0)])
@@ -304,20 +324,40 @@ class Runner:
 
     # --- leaving -------------------------------------------------------------------------------------------
 
-    def _end(self, r: Running, reason: str | None, error: tuple[str, str] | None = None, in_engine: bool = True,
-             kv: KV | None = None) -> None:  # fmt: skip
+    def _end(
+        self,
+        r: Running,
+        reason: str | None,
+        error: tuple[str, str] | None = None,
+        in_engine: bool = True,
+        kv: KV | None = None,
+    ) -> None:
         """Take a job out of the batch (and out of the engine, if it is still there) and record its outcome. A job
         that ended as its generation meant to leaves its KV state to the prefix cache; one cut short, none."""
         assert self.engine is not None
         status = JobStatus.FAILED if error else JobStatus.CANCELLED if reason == "cancelled" else JobStatus.COMPLETED
         if in_engine:
             kv = self.engine.remove([r.uid], keep=status is JobStatus.COMPLETED).get(r.uid)
-        kept = kv is not None and status is JobStatus.COMPLETED and self.models.prefix.insert(r.cache_key, kv.tokens,
-                                                                                               kv.cache)  # fmt: skip
+        kept = (
+            kv is not None
+            and status is JobStatus.COMPLETED
+            and self.models.prefix.insert(r.cache_key, kv.tokens, kv.cache)
+        )
         self.batch.drop(r)
         self._look = True
-        self.writer.end(Ending(r.job.id, status, reason, error, r.prompt_tokens, r.tokens, r.stop_seen_at, r.cached,
-                               kept_as=r.cache_key if kept else None))  # fmt: skip
+        self.writer.end(
+            Ending(
+                r.job.id,
+                status,
+                reason,
+                error,
+                r.prompt_tokens,
+                r.tokens,
+                r.stop_seen_at,
+                r.cached,
+                kept_as=r.cache_key if kept else None,
+            )
+        )
         logger.info("job %s: %s (%s, %d tokens)", r.job.id, status.value, reason or error and error[0], r.tokens)
 
     def _hand_back_all(self, why: str) -> None:
@@ -335,8 +375,17 @@ class Runner:
             return
         (r,) = self.batch.by_uid.values()
         self._start_afresh()
-        self.writer.end(Ending(r.job.id, JobStatus.FAILED, None, _generation_error(r.job.id), r.prompt_tokens, r.tokens,
-                               cached_tokens=r.cached))  # fmt: skip
+        self.writer.end(
+            Ending(
+                r.job.id,
+                JobStatus.FAILED,
+                None,
+                _generation_error(r.job.id),
+                r.prompt_tokens,
+                r.tokens,
+                cached_tokens=r.cached,
+            )
+        )
 
     def _start_afresh(self) -> None:
         """An empty batch, and an engine with nothing in it."""

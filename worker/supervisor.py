@@ -32,9 +32,7 @@ STOP_MARGIN_S = 30.0  # a stopping worker's time beyond its drain: handing back,
 
 
 class Supervisor:
-    def __init__(
-        self, settings: Settings, command: list[str] | None = None, env: dict[str, str] | None = None
-    ) -> None:
+    def __init__(self, settings: Settings, command: list[str] | None = None, env: dict[str, str] | None = None) -> None:
         self.settings = settings
         self.command = command or [sys.executable, "-m", "worker.main", "--supervisor", str(os.getpid())]
         # The workers inherit our environment (the settings were read from it), with OpenBLAS preloaded, and log
@@ -75,8 +73,11 @@ class Supervisor:
             try:
                 child.wait(timeout=self.settings.drain_s + STOP_MARGIN_S)
             except subprocess.TimeoutExpired:
-                logger.error("worker process %d did not stop within %.0f s: killing it", pid,
-                             self.settings.drain_s + STOP_MARGIN_S)  # fmt: skip
+                logger.error(
+                    "worker process %d did not stop within %.0f s: killing it",
+                    pid,
+                    self.settings.drain_s + STOP_MARGIN_S,
+                )
                 child.kill()
                 child.wait()
             self._redis(lambda dead=pid: self.store.upkeep.drop_device(dead))
@@ -127,12 +128,19 @@ class Supervisor:
             self.holder, self.lost_since = pid, None
             self.held.add(pid)
             if self.died_at is not None:
-                logger.info("worker process %d took the device %.2f s after the previous one was lost",
-                            pid, time.monotonic() - self.died_at)  # fmt: skip
+                logger.info(
+                    "worker process %d took the device %.2f s after the previous one was lost",
+                    pid,
+                    time.monotonic() - self.died_at,
+                )
                 self.died_at = None
         if self.holder is not None and pid == self.holder and stalled:
-            logger.error("jobs %s made no progress for %.0f s: ended failed (stalled); killing worker %d",
-                         ", ".join(stalled), self.settings.stall_s, self.holder)  # fmt: skip
+            logger.error(
+                "jobs %s made no progress for %.0f s: ended failed (stalled); killing worker %d",
+                ", ".join(stalled),
+                self.settings.stall_s,
+                self.holder,
+            )
             self.children[self.holder].kill()
 
     def _redis(self, call):  # type: ignore[no-untyped-def]

@@ -91,8 +91,13 @@ def _optimizer(steps: int, learning_rate: float):  # type: ignore[no-untyped-def
     return optim.AdamW(learning_rate=schedule, weight_decay=0.1)
 
 
-def train_demo_model(path: Path, steps: int = 800, batch: int = BATCH, seed: int = 0, learning_rate: float = 3e-3,
-                     ) -> TrainReport:  # fmt: skip
+def train_demo_model(
+    path: Path,
+    steps: int = 800,
+    batch: int = BATCH,
+    seed: int = 0,
+    learning_rate: float = 3e-3,
+) -> TrainReport:
     """Train the demo model for `steps` batches of `batch` sequences and write it to `path` in bfloat16."""
     import mlx.core as mx
     import mlx.nn as nn
@@ -134,13 +139,19 @@ def train_demo_model(path: Path, steps: int = 800, batch: int = BATCH, seed: int
         mx.eval(state, loss)
         losses.append(loss.item())
         if n % 100 == 0 or n == steps:
-            logger.info("step %d/%d: loss %.3f (%.0f s)", n, steps, sum(losses[-50:]) / len(losses[-50:]),
-                        time.perf_counter() - started)  # fmt: skip
+            logger.info(
+                "step %d/%d: loss %.3f (%.0f s)",
+                n,
+                steps,
+                sum(losses[-50:]) / len(losses[-50:]),
+                time.perf_counter() - started,
+            )
 
     model.set_dtype(mx.bfloat16)
     save(path, model, tokenizer, {**config, "torch_dtype": "bfloat16"})
     size = sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
-    report = TrainReport(parameters, len(data), steps, sum(losses[-50:]) / len(losses[-50:]),
-                         time.perf_counter() - started, size)  # fmt: skip
+    report = TrainReport(
+        parameters, len(data), steps, sum(losses[-50:]) / len(losses[-50:]), time.perf_counter() - started, size
+    )
     logger.info("demo model written to %s: %s", path, report)
     return report

@@ -14,6 +14,19 @@ from tasks.store.upkeep import Upkeep
 from tasks.store.worker import BatchReport, Claim, Switch, WorkerStore
 
 __all__ = [
-    "BatchReport", "Board", "Claim", "DeviceLease", "Estimate", "Minute", "ModelState", "Readings", "Snapshot",
-    "Standing", "Store", "Switch", "Upkeep", "Waiting", "WorkerStore",
-]  # fmt: skip
+    "BatchReport",
+    "Board",
+    "Claim",
+    "DeviceLease",
+    "Estimate",
+    "Minute",
+    "ModelState",
+    "Readings",
+    "Snapshot",
+    "Standing",
+    "Store",
+    "Switch",
+    "Upkeep",
+    "Waiting",
+    "WorkerStore",
+]

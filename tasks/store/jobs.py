@@ -97,8 +97,14 @@ class Store:
         return Upkeep(self)
 
     def admit(
-        self, job_id: str, spec: JobSpec, ttl_s: float, quota: int | None = None, doorbell: Doorbell | None = None,
-        address: str | None = None, line: bool = False,
+        self,
+        job_id: str,
+        spec: JobSpec,
+        ttl_s: float,
+        quota: int | None = None,
+        doorbell: Doorbell | None = None,
+        address: str | None = None,
+        line: bool = False,
     ) -> Job:
         """Admit a job in fair order, or raise QueueFull / QuotaExceeded leaving nothing behind.
 
@@ -117,11 +123,25 @@ class Store:
         if spec.messages and len(spec.messages) > 1 and config is not None:
             history = history_digest(history_prefix(config.cache_key(), s.cache_scope(spec.owner)), spec.messages[:-1])
         verdict, *rest = self.scripts.run(
-            "admit", id=job_id, owner=spec.owner, spec=spec.model_dump_json(), ttl_s=ttl_s, result_ttl_s=s.result_ttl_s,
-            watch_grace_s=grace, max_queue=s.max_queue, max_per_user=quota, max_tokens=spec.params.max_tokens,
-            slots=s.max_batch, **bell(doorbell), model=spec.model, **{"class": spec.priority},
-            cost=s.cost_of(spec.owner, spec.priority), visitors=keys.address_visitors(address) if address else "",
-            max_visitors=VISITORS_PER_ADDRESS, history=history, line="1" if line else "",
+            "admit",
+            id=job_id,
+            owner=spec.owner,
+            spec=spec.model_dump_json(),
+            ttl_s=ttl_s,
+            result_ttl_s=s.result_ttl_s,
+            watch_grace_s=grace,
+            max_queue=s.max_queue,
+            max_per_user=quota,
+            max_tokens=spec.params.max_tokens,
+            slots=s.max_batch,
+            **bell(doorbell),
+            model=spec.model,
+            **{"class": spec.priority},
+            cost=s.cost_of(spec.owner, spec.priority),
+            visitors=keys.address_visitors(address) if address else "",
+            max_visitors=VISITORS_PER_ADDRESS,
+            history=history,
+            line="1" if line else "",
         )
         if verdict == "exists":
             return self.get(job_id)
@@ -130,20 +150,28 @@ class Store:
         if verdict == "quota_exceeded":
             raise QuotaExceeded(f"you already have {quota} jobs waiting; try again later", retry_after_s=rest[0])
         if verdict == "address_quota":
-            raise QuotaExceeded(f"the browsers at your address already have {quota} jobs waiting; try again later",
-                                retry_after_s=rest[0])  # fmt: skip
+            raise QuotaExceeded(
+                f"the browsers at your address already have {quota} jobs waiting; try again later",
+                retry_after_s=rest[0],
+            )
         if verdict == "address_visitors":
-            raise QuotaExceeded(f"{VISITORS_PER_ADDRESS} other browsers at your address already have jobs waiting; "
-                                "try again later", retry_after_s=rest[0])  # fmt: skip
+            raise QuotaExceeded(
+                f"{VISITORS_PER_ADDRESS} other browsers at your address already have jobs waiting; try again later",
+                retry_after_s=rest[0],
+            )
         if verdict == "model_unavailable":
             raise ModelUnavailable(f"the model {spec.model!r} is unavailable: {rest[1]}", retry_after_s=rest[0])
         queued_at, deadline, position, load_s, *rest = rest
         estimate, _ = Estimate.parse(rest)
         return Job(
-            id=job_id, spec=spec, status=JobStatus.QUEUED, deadline=float(deadline),
-            timings=Timings(queued_at=float(queued_at)), position=int(position),
+            id=job_id,
+            spec=spec,
+            status=JobStatus.QUEUED,
+            deadline=float(deadline),
+            timings=Timings(queued_at=float(queued_at)),
+            position=int(position),
             eta_s=estimate.eta(int(position), float(load_s)),
-        )  # fmt: skip
+        )
 
     def keep_watching(self, job: Job) -> None:
         """Renew a watched, waiting job's lease: its client (a stream, or polling) is still there."""
@@ -179,8 +207,11 @@ class Store:
             pipe.hgetall(keys.job(job_id))
             pipe.get(keys.output(job_id))
         replies = pipe.execute()
-        return {job_id: Job.from_redis(job_id, fields, output or "")
-                for job_id, fields, output in zip(job_ids, replies[::2], replies[1::2]) if fields}  # fmt: skip
+        return {
+            job_id: Job.from_redis(job_id, fields, output or "")
+            for job_id, fields, output in zip(job_ids, replies[::2], replies[1::2])
+            if fields
+        }
 
     def list(self, owner: str, limit: int = 50) -> list[Job]:
         """The owner's most recent jobs, newest first."""
@@ -202,7 +233,9 @@ class Store:
         with self.redis.pubsub(ignore_subscribe_messages=True) as sub:
             sub.subscribe(keys.channel(job_id))  # before the cancel, so the worker's answer cannot be missed
             err = error_json(*error) if error else ""
-            found = self.scripts.run("cancel", id=job_id, owner=owner, result_ttl_s=self.settings.result_ttl_s, error=err)
+            found = self.scripts.run(
+                "cancel", id=job_id, owner=owner, result_ttl_s=self.settings.result_ttl_s, error=err
+            )
             if found == "not_found":
                 raise JobNotFound(f"no job {job_id!r}", param="id")
             if found not in ("queued", "cancelling", JobStatus.CANCELLED.value):
@@ -221,8 +254,10 @@ class Store:
     def standings(self, job_ids: list[str]) -> list[Standing]:
         """The standing of each job, in one call (Standing(None, None) for a job that does not wait)."""
         estimate, flat = Estimate.parse(self.scripts.run("position", slots=self.settings.max_batch, ids=job_ids))
-        return [Standing(int(p), estimate.eta(int(p), float(load_s))) if p else Standing(None, None)
-                for p, load_s in zip(flat[::2], flat[1::2])]  # fmt: skip
+        return [
+            Standing(int(p), estimate.eta(int(p), float(load_s))) if p else Standing(None, None)
+            for p, load_s in zip(flat[::2], flat[1::2])
+        ]
 
     def events(self, job_id: str, start: int = 0) -> list[Event]:
         """The job's durable events from index `start` on."""

@@ -80,8 +80,15 @@ class Minute:
         """The minute `index` (seconds since the epoch // 60) from its hash."""
         n = {name: float(value) for name, value in fields.items()}
         ended = {name.removeprefix("ended:"): int(x) for name, x in n.items() if name.startswith("ended:")}
-        return cls(index * 60.0, int(n.get("admitted", 0)), ended, int(n.get("tokens", 0)), int(n.get("started", 0)),
-                   n.get("wait_sum", 0.0), n.get("wait_max", 0.0))  # fmt: skip
+        return cls(
+            index * 60.0,
+            int(n.get("admitted", 0)),
+            ended,
+            int(n.get("tokens", 0)),
+            int(n.get("started", 0)),
+            n.get("wait_sum", 0.0),
+            n.get("wait_max", 0.0),
+        )
 
 
 @dataclass(frozen=True)
@@ -139,14 +146,27 @@ class Readings:
             jobs = tuple(job_id for job_id, worker in runs_on.items() if worker == lease["worker"])
             progress = float(lease.get("progress") or lease["since"])
             workers.append(
-                DeviceLease(name, lease["worker"], int(lease.get("pid", 0)), now - float(lease["beat"]), jobs,
-                            now - progress if jobs else None, int(lease.get("batch", 0)), int(lease.get("slots", 0)),
-                            float(lease.get("tok_s", 0)), tuple(filter(None, lease.get("models", "").split(","))),
-                            lease.get("active", ""), lease.get("loading", ""), int(lease.get("cache_bytes", 0)),
-                            int(lease.get("cache_entries", 0)))  # fmt: skip
+                DeviceLease(
+                    name,
+                    lease["worker"],
+                    int(lease.get("pid", 0)),
+                    now - float(lease["beat"]),
+                    jobs,
+                    now - progress if jobs else None,
+                    int(lease.get("batch", 0)),
+                    int(lease.get("slots", 0)),
+                    float(lease.get("tok_s", 0)),
+                    tuple(filter(None, lease.get("models", "").split(","))),
+                    lease.get("active", ""),
+                    lease.get("loading", ""),
+                    int(lease.get("cache_bytes", 0)),
+                    int(lease.get("cache_entries", 0)),
+                )
             )
-        models = [_model_state(name, int(n), record, workers, now)
-                  for name, n, record in zip(catalog, per_model[::2], per_model[1::2])]  # fmt: skip
+        models = [
+            _model_state(name, int(n), record, workers, now)
+            for name, n, record in zip(catalog, per_model[::2], per_model[1::2])
+        ]
         return Snapshot(now, int(depth), len(running), stats, workers, models, tuple(devices))
 
     def board(self, reveal: Callable[[str], bool]) -> Board:
@@ -167,18 +187,29 @@ class Readings:
         owners = pipe.execute()
         shown = {job_id for job_id, owner in zip(waiting, owners) if owner and reveal(owner)}
         jobs = self._records([*running, *shown, *failed])
-        queue = [Waiting(job_id, owner, n, jobs.get(job_id))
-                 for n, (job_id, owner) in enumerate(zip(waiting, owners), 1) if owner]  # fmt: skip
-        return Board(snap, [jobs[i] for i in running if i in jobs], queue, [jobs[i] for i in failed if i in jobs],
-                     [Minute.parse(first + n, fields) for n, fields in enumerate(minutes)])  # fmt: skip
+        queue = [
+            Waiting(job_id, owner, n, jobs.get(job_id))
+            for n, (job_id, owner) in enumerate(zip(waiting, owners), 1)
+            if owner
+        ]
+        return Board(
+            snap,
+            [jobs[i] for i in running if i in jobs],
+            queue,
+            [jobs[i] for i in failed if i in jobs],
+            [Minute.parse(first + n, fields) for n, fields in enumerate(minutes)],
+        )
 
     def _records(self, job_ids: list[str]) -> dict[str, Job]:
         """The jobs still on record among `job_ids`, without their output."""
         pipe = self.redis.pipeline(transaction=False)
         for job_id in job_ids:
             pipe.hgetall(keys.job(job_id))
-        return {job_id: Job.from_redis(job_id, fields, "") for job_id, fields in zip(job_ids, pipe.execute())
-                if fields.get("spec")}  # fmt: skip
+        return {
+            job_id: Job.from_redis(job_id, fields, "")
+            for job_id, fields in zip(job_ids, pipe.execute())
+            if fields.get("spec")
+        }
 
     def live_slots(self) -> int:
         """The slots of every live worker's batch (its ONELANE_MAX_BATCH, as its lease reports it)."""
@@ -205,7 +236,11 @@ def _model_state(name: str, depth: int, record: dict[str, str], workers: list[De
     else:
         state = "unloaded"
     return ModelState(
-        name, state, depth, float(record["load_s"]) if record.get("load_s") else None,
-        int(record["bytes"]) if record.get("bytes") else None, record.get("error") or None if state == "failed" else None,
+        name,
+        state,
+        depth,
+        float(record["load_s"]) if record.get("load_s") else None,
+        int(record["bytes"]) if record.get("bytes") else None,
+        record.get("error") or None if state == "failed" else None,
         round(retry_at - now, 3) if state == "failed" else None,
-    )  # fmt: skip
+    )

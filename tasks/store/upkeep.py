@@ -24,8 +24,14 @@ class Upkeep:
         release running jobs whose worker lost its device (requeued at the front, or failed after max_attempts),
         and ring `doorbell` if jobs wait and no message is pending. Returns (jobs waiting, [(job id, verdict)])."""
         s = self.settings
-        waiting, *flat = self.scripts.run("housekeep", max_attempts=s.max_attempts, ttl_s=s.job_ttl_s,
-                                          result_ttl_s=s.result_ttl_s, limit=500, **bell(doorbell))
+        waiting, *flat = self.scripts.run(
+            "housekeep",
+            max_attempts=s.max_attempts,
+            ttl_s=s.job_ttl_s,
+            result_ttl_s=s.result_ttl_s,
+            limit=500,
+            **bell(doorbell),
+        )
         return int(waiting), list(zip(flat[::2], flat[1::2]))
 
     def ring(self, doorbell: Doorbell) -> bool:

@@ -8,7 +8,7 @@ write or end: a worker presumed dead (its jobs requeued) finds its writes refuse
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tasks import keys
@@ -46,12 +46,14 @@ class BatchReport:
 
     def fields(self) -> dict[str, object]:
         """The report as lease.lua takes it, by name."""
-        return {"batch": self.batch, "slots": self.slots, "tok_s": f"{self.tokens_per_s:.1f}", "steps": self.steps,
-                "decode_s": f"{self.decode_s:.6f}", "prefill_s": f"{self.prefill_s:.6f}",
-                "prefill_tokens": self.prefill_tokens, "models": ",".join(self.models), "active": self.active,
-                "loading": self.loading, "cache_lookups": self.cache_lookups, "cache_hits": self.cache_hits,
-                "cache_tokens": self.cache_tokens, "cache_bytes": self.cache_bytes,
-                "cache_entries": self.cache_entries}  # fmt: skip
+        told: dict[str, object] = {**asdict(self), "models": ",".join(self.models)}
+        rate = told.pop("tokens_per_s")
+        return {
+            **told,
+            "tok_s": f"{rate:.1f}",
+            "decode_s": f"{self.decode_s:.6f}",
+            "prefill_s": f"{self.prefill_s:.6f}",
+        }
 
 
 @dataclass(frozen=True)
@@ -94,8 +96,17 @@ class WorkerStore:
     def _lease(self, mode: str, report: BatchReport | None) -> str:
         lease_ms = int(self.settings.lease_s * 1000)
         told = report.fields() if report else dict.fromkeys(BatchReport.NAMES, "")
-        return str(self.scripts.run("lease", device=self.settings.device, worker=self.worker, pid=os.getpid(),
-                                    lease_ms=lease_ms, mode=mode, **told))
+        return str(
+            self.scripts.run(
+                "lease",
+                device=self.settings.device,
+                worker=self.worker,
+                pid=os.getpid(),
+                lease_ms=lease_ms,
+                mode=mode,
+                **told,
+            )
+        )
 
     def claim_next(
         self, want: str | None = None, active: str = "", loaded: tuple[str, ...] | None = None
@@ -111,9 +122,18 @@ class WorkerStore:
         s = self.settings
         run_life = int(s.job_time_limit_s + s.result_ttl_s)
         loaded = tuple(m.name for m in s.catalog) if loaded is None else loaded
-        claimed = self.scripts.run("claim", result_ttl_s=s.result_ttl_s, run_life_s=run_life, device=s.device,
-                                   worker=self.worker, want=want or "", active=active,
-                                   switch_wait_s=s.model_switch_wait_s, affinity_s=s.cache_affinity_s, loaded=loaded)
+        claimed = self.scripts.run(
+            "claim",
+            result_ttl_s=s.result_ttl_s,
+            run_life_s=run_life,
+            device=s.device,
+            worker=self.worker,
+            want=want or "",
+            active=active,
+            switch_wait_s=s.model_switch_wait_s,
+            affinity_s=s.cache_affinity_s,
+            loaded=loaded,
+        )
         if claimed == "lost":
             raise LeaseLost(f"worker {self.worker} lost the lease of device {self.settings.device}")
         if not claimed:
@@ -137,8 +157,16 @@ class WorkerStore:
     def model_failed(self, name: str, message: str) -> int:
         """Record that `name` failed to load and fail its waiting jobs (model_unavailable); returns how many."""
         s = self.settings
-        return int(self.scripts.run("model_failed", model=name, message=message, retry_s=s.model_retry_s,
-                                    result_ttl_s=s.result_ttl_s, worker=self.worker))
+        return int(
+            self.scripts.run(
+                "model_failed",
+                model=name,
+                message=message,
+                retry_s=s.model_retry_s,
+                result_ttl_s=s.result_ttl_s,
+                worker=self.worker,
+            )
+        )
 
     def _model(self, name: str, **fields: object) -> None:
         pipe = self.redis.pipeline(transaction=True)
@@ -146,15 +174,33 @@ class WorkerStore:
         pipe.expire(keys.model(name), MODEL_RECORD_TTL_S)
         pipe.execute()
 
-    def append(self, job_id: str, n_tokens: int, text: str, prompt_tokens: int,
-               start: tuple[int, int] | None = None, cached_tokens: int = 0, pipe: Any = None) -> Any:  # fmt: skip
+    def append(
+        self,
+        job_id: str,
+        n_tokens: int,
+        text: str,
+        prompt_tokens: int,
+        start: tuple[int, int] | None = None,
+        cached_tokens: int = 0,
+        pipe: Any = None,
+    ) -> Any:
         """Record generated text as one token event (n_tokens 0 and no text: progress without a token, as in a long
         prefill); true when the job must stop (cancelled, or taken away). `start`: the run's tokens and output bytes
         before this text, so that a retried write appends only what did not get there (None: at the end).
         `cached_tokens`: of the prompt's, those read from the prefix cache."""
         where = start if start is not None else ("", "")
-        return self.scripts.run("append", pipe, id=job_id, n_tokens=n_tokens, text=text, prompt_tokens=prompt_tokens,
-                                worker=self.worker, from_n=where[0], from_b=where[1], cached_tokens=cached_tokens)
+        return self.scripts.run(
+            "append",
+            pipe,
+            id=job_id,
+            n_tokens=n_tokens,
+            text=text,
+            prompt_tokens=prompt_tokens,
+            worker=self.worker,
+            from_n=where[0],
+            from_b=where[1],
+            cached_tokens=cached_tokens,
+        )
 
     def finish(
         self,
@@ -177,22 +223,40 @@ class WorkerStore:
         s = self.settings
         seen = "" if stop_seen_at is None else stop_seen_at
         kept = history_prefix(*kept_as) if kept_as else ""
-        return self.scripts.run("finish", pipe, id=job_id, status=status.value, finish_reason=finish_reason or "",
-                                error=err, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                result_ttl_s=s.result_ttl_s, worker=self.worker, stop_seen_at=seen,
-                                cached_tokens=cached_tokens, kept=kept)
+        return self.scripts.run(
+            "finish",
+            pipe,
+            id=job_id,
+            status=status.value,
+            finish_reason=finish_reason or "",
+            error=err,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            result_ttl_s=s.result_ttl_s,
+            worker=self.worker,
+            stop_seen_at=seen,
+            cached_tokens=cached_tokens,
+            kept=kept,
+        )
 
-    def hand_back(self, job_id: str, why: str = "worker_crashed", shared: bool = False,
-                  pipe: Any = None) -> Any:  # fmt: skip
+    def hand_back(self, job_id: str, why: str = "worker_crashed", shared: bool = False, pipe: Any = None) -> Any:
         """Release a job this worker runs but cannot finish: requeued at the front, or failed after max_attempts.
         `why`: worker_crashed (it could not record the outcome), generation_error (its batch's step failed), or
         stopping (the worker shuts down in good order: the run does not count as an attempt). `shared`: the job
         ran with others, so the failure is not blamed on it (see release() in tasks/lua/common.lua). Returns
         [id, verdict], or [] if it does not run there."""
         s = self.settings
-        return self.scripts.run("recover", pipe, max_attempts=s.max_attempts, ttl_s=s.job_ttl_s,
-                                result_ttl_s=s.result_ttl_s, id=job_id, worker=self.worker, why=why,
-                                shared="1" if shared else "")
+        return self.scripts.run(
+            "recover",
+            pipe,
+            max_attempts=s.max_attempts,
+            ttl_s=s.job_ttl_s,
+            result_ttl_s=s.result_ttl_s,
+            id=job_id,
+            worker=self.worker,
+            why=why,
+            shared="1" if shared else "",
+        )
 
     def release_device(self) -> bool:
         """Free this device if this worker (stopped in good order: nothing of it runs on the device) holds it."""
