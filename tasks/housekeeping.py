@@ -10,11 +10,11 @@ each round is atomic.
 from __future__ import annotations
 
 import logging
-import threading
 
 import redis
 from dramatiq.brokers.redis import RedisBroker
 
+from tasks.background import Background
 from tasks.broker import Doorbell
 from tasks.store import Store
 
@@ -23,15 +23,16 @@ logger = logging.getLogger(__name__)
 INTERVAL_S = 1.0
 
 
-class Housekeeper:
+class Housekeeper(Background):
     """Runs housekeeping rounds on a thread of its own until stopped."""
 
+    name = "housekeeping"
+
     def __init__(self, store: Store, broker: RedisBroker, interval_s: float = INTERVAL_S) -> None:
+        super().__init__()
         self.store = store
         self.broker = broker
         self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="housekeeping", daemon=True)
 
     def round(self) -> int:
         """One round now; returns how many jobs wait."""
@@ -39,15 +40,6 @@ class Housekeeper:
         for job_id, verdict in released:
             logger.warning("job %s: its worker died; %s", job_id, verdict)
         return waiting
-
-    def start(self) -> Housekeeper:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):

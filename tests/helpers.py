@@ -130,3 +130,28 @@ def wait_batch(
                 raise AssertionError(f"batch {batch_id}: not there within {timeout_s} s: {record}")
             sub.get_message(timeout=left)
     return record
+
+
+DEMO = "onelane-demo"  # the demo model's name in the default catalog (settings without ONELANE_MODEL)
+
+
+def sdk(base_url: str, api_key: str = "anything", timeout: float = 30) -> Any:
+    """The official openai client of a live server (no retries: a story sees every answer)."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=0, timeout=timeout)
+
+
+def chat_line(
+    custom_id: str, text: str | None = None, tokens: int = 4, model: str = DEMO, **body: Any
+) -> dict[str, Any]:
+    """A Batch API input line: a greedy chat request of `tokens` tokens (the text: the custom_id unless given)."""
+    request = {
+        "model": model,
+        "messages": [{"role": "user", "content": text or custom_id}],
+        "max_tokens": tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        **body,
+    }
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": request}

@@ -20,7 +20,7 @@ from tasks import keys
 from tasks.batches import BatchStore, job_id_of
 from tasks.cli import main
 from tasks.client import ApiError, Client
-from tests.helpers import BUSY, wait_event
+from tests.helpers import BUSY, chat_line, wait_event
 from tests.test_client import read_until, start
 
 MODEL = "onelane-demo"
@@ -36,17 +36,6 @@ def folder(tmp_path: Path) -> Path:
     """A folder of the story's own (tmp_path holds the server's var dir)."""
     (tmp_path / "files").mkdir()
     return tmp_path / "files"
-
-
-def chat_line(custom_id: str, tokens: int = 4) -> dict[str, Any]:
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": custom_id}],
-        "max_tokens": tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-    }
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
 
 
 def write_jsonl(path: Path, *lines: Any) -> Path:

@@ -11,7 +11,7 @@ import requests
 
 from tasks.job import JobStatus
 from tasks.settings import DEFAULT_MODEL
-from tests.helpers import BUSY, claim_now, wait_ended, wait_event
+from tests.helpers import BUSY, claim_now, sdk, wait_ended, wait_event
 
 MODEL = "onelane-demo"
 
@@ -23,7 +23,7 @@ def settings(settings):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def client(live_server):  # type: ignore[no-untyped-def]
-    return openai.OpenAI(base_url=f"{live_server}/v1", api_key="anything", max_retries=0, timeout=30)
+    return sdk(live_server)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from werkzeug.serving import make_server
 from tasks import keys
 from tasks.batches import BatchStore, job_id_of
 from tasks.job import JobStatus
-from tests.helpers import BUSY, wait_batch, wait_ended, wait_event
+from tests.helpers import BUSY, chat_line, sdk, wait_batch, wait_ended, wait_event
 
 MODEL = "onelane-demo"
 
@@ -28,7 +28,7 @@ def settings(settings):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def client(live_server):  # type: ignore[no-untyped-def]
-    return openai.OpenAI(base_url=f"{live_server}/v1", api_key="anything", max_retries=0, timeout=30)
+    return sdk(live_server)
 
 
 @pytest.fixture
@@ -40,25 +40,11 @@ def client_with(settings, make_app):  # type: ignore[no-untyped-def]
         server = make_server("127.0.0.1", 0, make_app(settings.model_copy(update=changes)), threaded=True)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
-        return openai.OpenAI(
-            base_url=f"http://127.0.0.1:{server.server_port}/v1", api_key="x", max_retries=0, timeout=30
-        )
+        return sdk(f"http://127.0.0.1:{server.server_port}")
 
     yield serve
     for server in servers:
         server.shutdown()
-
-
-def chat_line(custom_id: str, text: str = "hi", tokens: int = 4, **body: Any) -> dict[str, Any]:
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": text}],
-        "max_tokens": tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        **body,
-    }
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
 
 
 def jsonl(*lines: Any) -> bytes:

@@ -12,6 +12,7 @@ import pytest
 from tasks import keys
 from tasks.errors import FileNotFound
 from tasks.files import FileStore
+from tests.helpers import sdk
 
 LINES = b"".join(
     json.dumps(
@@ -29,7 +30,7 @@ LINES = b"".join(
 
 @pytest.fixture
 def client(live_server):  # type: ignore[no-untyped-def]
-    return openai.OpenAI(base_url=f"{live_server}/v1", api_key="anything", max_retries=0, timeout=30)
+    return sdk(live_server)
 
 
 def test_an_uploaded_file_reads_back_byte_for_byte_until_deleted(client, store):

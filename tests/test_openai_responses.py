@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from tasks.job import JobStatus
-from tests.helpers import BUSY, wait_ended, wait_event
+from tests.helpers import BUSY, sdk, wait_ended, wait_event
 
 MODEL = "onelane-demo"
 
@@ -20,7 +20,7 @@ def settings(settings):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def client(live_server):  # type: ignore[no-untyped-def]
-    return openai.OpenAI(base_url=f"{live_server}/v1", api_key="anything", max_retries=0, timeout=30)
+    return sdk(live_server)
 
 
 @pytest.fixture

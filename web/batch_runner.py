@@ -19,7 +19,6 @@ import contextlib
 import json
 import logging
 import math
-import threading
 import time
 from typing import Any
 
@@ -27,6 +26,7 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 
 from tasks import keys
+from tasks.background import Background
 from tasks.batches import (
     STOPPING,
     BatchRecord,
@@ -50,23 +50,15 @@ INTERVAL_S = 0.25  # a round at least this often: a line that ended is collected
 STOPPED = {"cancelled": "the batch was cancelled", "expired": "the batch's completion window ended"}
 
 
-class BatchRunner:
+class BatchRunner(Background):
     """Runs rounds of every batch not ended, on a thread of its own, until stopped."""
 
+    name = "batches"
+
     def __init__(self, store: Store, batches: BatchStore, files: FileStore, broker: RedisBroker) -> None:
+        super().__init__()
         self.store, self.batches, self.files, self.broker = store, batches, files, broker
         self.settings = store.settings
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="batches", daemon=True)
-
-    def start(self) -> BatchRunner:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
 
     def round(self) -> None:
         """A round of every batch not ended."""

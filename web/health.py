@@ -139,11 +139,38 @@ def _gauges(snap: Snapshot) -> Iterator[Metric]:
     yield depth
 
 
+#: The plain counters /metrics exposes: name -> (help, the keys.STATS field the scripts or Upkeep.count add to).
+COUNTERS = {
+    "jobs_admitted": ("Jobs admitted into the queue.", "admitted"),
+    "tokens_generated": ("Tokens generated.", "tokens"),
+    "jobs_requeued": ("Jobs put back after their worker died.", "requeued"),
+    "worker_restarts": ("Worker processes restarted.", "worker_restarts"),
+    "batch_steps": ("Steps of the batch (one token for every generating job).", "batch_steps"),
+    "decode_seconds": ("Seconds spent in decode steps.", "decode_seconds"),
+    "prefill_seconds": ("Seconds spent prefilling prompts.", "prefill_seconds"),
+    "prefill_tokens": ("Prompt tokens prefilled.", "prefill_tokens"),
+    "prefix_cache_lookups": ("Prompts looked up in the prefix cache as their job joined the batch.", "cache_lookups"),
+    "prefix_cache_hits": ("Lookups that found a cached prefix of the prompt.", "cache_hits"),
+    "prefix_cache_tokens": ("Prompt tokens read from the prefix cache instead of prefilled.", "cache_tokens"),
+    "cache_affinity_passes": (
+        "Times a worker left a follow-up turn to the device whose prefix cache holds its history.",
+        "affinity_passes",
+    ),
+    "model_switches": ("Times the batch changed model.", "model_switches"),
+    "model_load_failures": ("Model loads that failed.", "model_load_failures"),
+    "jobs_passed_head": (
+        "Jobs started ahead of the fair order's head, because their model was ready and the head's was not.",
+        "passed_head",
+    ),
+}
+
+
 def _counters(stats: dict[str, str]) -> Iterator[Metric]:
     def total(field: str) -> float:
         return float(stats.get(field, 0))
 
-    yield CounterMetricFamily("onelane_jobs_admitted", "Jobs admitted into the queue.", value=total("admitted"))
+    for name, (help_text, field) in COUNTERS.items():
+        yield CounterMetricFamily(f"onelane_{name}", help_text, value=total(field))
     rejected = CounterMetricFamily("onelane_jobs_rejected", "Submissions refused, by reason.", labels=["reason"])
     for reason in REJECTED:
         rejected.add_metric([reason], total(f"rejected:{reason}"))
@@ -152,46 +179,6 @@ def _counters(stats: dict[str, str]) -> Iterator[Metric]:
     for status in (s.value for s in JobStatus if s.ended):
         finished.add_metric([status], total(f"finished:{status}"))
     yield finished
-    yield CounterMetricFamily("onelane_tokens_generated", "Tokens generated.", value=total("tokens"))
-    yield CounterMetricFamily(
-        "onelane_jobs_requeued", "Jobs put back after their worker died.", value=total("requeued")
-    )
-    yield CounterMetricFamily("onelane_worker_restarts", "Worker processes restarted.", value=total("worker_restarts"))
-    yield CounterMetricFamily(
-        "onelane_batch_steps", "Steps of the batch (one token for every generating job).", value=total("batch_steps")
-    )
-    yield CounterMetricFamily("onelane_decode_seconds", "Seconds spent in decode steps.", value=total("decode_seconds"))
-    yield CounterMetricFamily(
-        "onelane_prefill_seconds", "Seconds spent prefilling prompts.", value=total("prefill_seconds")
-    )
-    yield CounterMetricFamily("onelane_prefill_tokens", "Prompt tokens prefilled.", value=total("prefill_tokens"))
-    yield CounterMetricFamily(
-        "onelane_prefix_cache_lookups",
-        "Prompts looked up in the prefix cache as their job joined the batch.",
-        value=total("cache_lookups"),
-    )
-    yield CounterMetricFamily(
-        "onelane_prefix_cache_hits", "Lookups that found a cached prefix of the prompt.", value=total("cache_hits")
-    )
-    yield CounterMetricFamily(
-        "onelane_prefix_cache_tokens",
-        "Prompt tokens read from the prefix cache instead of prefilled.",
-        value=total("cache_tokens"),
-    )
-    yield CounterMetricFamily(
-        "onelane_cache_affinity_passes",
-        "Times a worker left a follow-up turn to the device whose prefix cache holds its history.",
-        value=total("affinity_passes"),
-    )
-    yield CounterMetricFamily("onelane_model_switches", "Times the batch changed model.", value=total("model_switches"))
-    yield CounterMetricFamily(
-        "onelane_model_load_failures", "Model loads that failed.", value=total("model_load_failures")
-    )
-    yield CounterMetricFamily(
-        "onelane_jobs_passed_head",
-        "Jobs started ahead of the fair order's head, because their model was ready and the head's was not.",
-        value=total("passed_head"),
-    )
     tokens = CounterMetricFamily("onelane_model_tokens_generated", "Tokens generated, by model.", labels=["model"])
     ended = CounterMetricFamily(
         "onelane_model_jobs_finished",

@@ -31,6 +31,9 @@ class TokenUsage(Answer):
     total_tokens: int
 
 
+JOB_SPEC_FIELDS = {"model", "priority", "prompt", "messages", "params"}  # what a job's body shows of its spec
+
+
 class Job(Answer):
     """A job: what it asked for, where it stands, and what it produced so far."""
 
@@ -57,31 +60,9 @@ class Job(Answer):
     def of(cls, job: record.Job) -> dict[str, Any]:
         """The JSON body of `job`: the one place its shape is written."""
         spec, usage = job.spec, job.usage
-        return cls(
-            id=job.id,
-            object="job",
-            status=job.status,
-            model=spec.model,
-            priority=spec.priority,
-            prompt=spec.prompt,
-            messages=list(spec.messages) if spec.messages is not None else None,
-            params=spec.params,
-            abandon_on_disconnect=spec.watched,
-            position=job.position,
-            eta_s=job.eta_s,
-            deadline=job.deadline,
-            output=job.output,
-            finish_reason=job.finish_reason,
-            error=job.error,
-            usage=TokenUsage(
-                prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens,
-                cached_tokens=usage.cached_tokens,
-                total_tokens=usage.total_tokens,
-            ),
-            timings=job.timings,
-            attempts=job.attempts,
-        ).model_dump(mode="json")
+        body = job.model_dump(exclude={"spec", "usage"}) | spec.model_dump(include=JOB_SPEC_FIELDS)
+        tokens = TokenUsage(**usage.model_dump(), total_tokens=usage.total_tokens)
+        return cls(**body, object="job", abandon_on_disconnect=spec.watched, usage=tokens).model_dump(mode="json")
 
 
 class JobList(Answer):

@@ -258,18 +258,7 @@ class OutputWriter:
                 t.job_id, t.n_tokens, t.text, t.prompt_tokens, start=op.start, cached_tokens=t.cached_tokens, pipe=pipe
             )
         elif isinstance(op, Ending):
-            self.store.finish(
-                op.job_id,
-                op.status,
-                finish_reason=op.finish_reason,
-                error=op.error,
-                prompt_tokens=op.prompt_tokens,
-                completion_tokens=op.completion_tokens,
-                stop_seen_at=op.stop_seen_at,
-                cached_tokens=op.cached_tokens,
-                kept_as=op.kept_as,
-                pipe=pipe,
-            )
+            self.store.finish(**vars(op), pipe=pipe)  # (an Ending has finish()'s arguments, by name)
         elif isinstance(op, _HandBack):
             self.store.hand_back(op.job_id, op.why, op.shared, pipe=pipe)
 
