@@ -17,7 +17,7 @@ from tasks.connection import connect
 from tasks.embedded_redis import EmbeddedRedis, RedisUnavailable, redis_binary
 from tasks.settings import Settings
 from tasks.store import Store
-from tests.helpers import BUSY, JobsClient
+from tests.helpers import BUSY, JobsClient, sdk
 
 IN_CI = bool(os.environ.get("CI"))
 
@@ -57,12 +57,13 @@ def engine(demo_model: Path):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def settings(redis_server: EmbeddedRedis, demo_model: Path, tmp_path: Path) -> Settings:
+def settings(redis_server: EmbeddedRedis, demo_model: Path, tmp_path: Path, request: pytest.FixtureRequest) -> Settings:
     # short pings and a short watch grace keep the stories quick; one slot, so a long job keeps the worker busy
-    # (the batch's own stories, in test_batch.py, ask for more)
+    # (the batch's own stories, in test_batch.py, ask for more). A module marked `default_catalog` serves the catalog
+    # of a fresh install instead of the demo model alone: the demo model is `onelane-demo` there, as clients name it
     return Settings(
         redis_url=redis_server.url,
-        model=str(demo_model),
+        model=None if request.node.get_closest_marker("default_catalog") else str(demo_model),
         var_dir=tmp_path,
         sse_ping_s=0.25,
         watch_grace_s=1.0,
@@ -120,6 +121,12 @@ def live_server(app):  # type: ignore[no-untyped-def]
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
     thread.join()
+
+
+@pytest.fixture
+def client(live_server):  # type: ignore[no-untyped-def]
+    """The official openai client of the live server."""
+    return sdk(live_server)
 
 
 @pytest.fixture

@@ -17,12 +17,10 @@ def line(custom_id, body=None, url=CHAT, method="POST"):  # type: ignore[no-unty
     return json.dumps({"custom_id": custom_id, "method": method, "url": url, "body": body})
 
 
-@pytest.fixture
-def served(settings):  # type: ignore[no-untyped-def]
-    return settings.model_copy(update={"model": None})  # the default catalog: onelane-demo is one of its models
+pytestmark = pytest.mark.default_catalog  # onelane-demo is one of its models
 
 
-def test_good_lines_are_batch_jobs_nobody_watches_and_bad_ones_are_errors_with_their_custom_id(served):
+def test_good_lines_are_batch_jobs_nobody_watches_and_bad_ones_are_errors_with_their_custom_id(settings):
     data = "\n".join(
         [
             line("a"),
@@ -48,7 +46,7 @@ def test_good_lines_are_batch_jobs_nobody_watches_and_bad_ones_are_errors_with_t
         ]
     ).encode()
 
-    lines, errors = read_lines(data, CHAT, "alice", served)
+    lines, errors = read_lines(data, CHAT, "alice", settings)
 
     assert [(line.index, line.custom_id) for line in lines] == [(0, "a"), (1, "b")]
     assert all(x.spec.priority == "batch" and not x.spec.watched and x.spec.owner == "alice" for x in lines)
@@ -67,21 +65,21 @@ def test_good_lines_are_batch_jobs_nobody_watches_and_bad_ones_are_errors_with_t
     assert "tools" in errors[5].message
 
 
-def test_responses_lines_are_responses_and_completions_lines_completions(served):
+def test_responses_lines_are_responses_and_completions_lines_completions(settings):
     body = {"model": "onelane-demo", "input": "hi", "instructions": "Be brief.", "background": True}
-    (resp,), _ = read_lines(line("r", body, url="/v1/responses").encode(), "/v1/responses", "u", served)
+    (resp,), _ = read_lines(line("r", body, url="/v1/responses").encode(), "/v1/responses", "u", settings)
     assert resp.spec.response is not None and resp.spec.response.background is False and not resp.spec.watched
     assert resp.spec.messages[0].content == "Be brief."
     (text,), _ = read_lines(
         line("t", {"model": "onelane-demo", "prompt": "Once"}, url="/v1/completions").encode(),
         "/v1/completions",
         "u",
-        served,
+        settings,
     )
     assert text.spec.prompt == "Once" and text.spec.params.max_tokens == 16
 
 
 @pytest.mark.parametrize("data", [b"not json\nat all\n", b"[1, 2]\n\n", b"\n\n"])
-def test_a_file_with_no_json_object_is_refused_whole(served, data):
+def test_a_file_with_no_json_object_is_refused_whole(settings, data):
     with pytest.raises(NotJsonl):
-        read_lines(data, CHAT, "u", served)
+        read_lines(data, CHAT, "u", settings)

@@ -20,15 +20,11 @@ from tasks import keys
 from tasks.batches import BatchStore, job_id_of
 from tasks.cli import main
 from tasks.client import ApiError, Client
-from tests.helpers import BUSY, chat_line, wait_event
+from tests.helpers import BUSY, DEMO, chat_line, wait_event
 from tests.test_client import read_until, start
 
-MODEL = "onelane-demo"
-
-
-@pytest.fixture
-def settings(settings):  # type: ignore[no-untyped-def]
-    return settings.model_copy(update={"model": None})  # the default catalog, where the demo model is onelane-demo
+MODEL = DEMO
+pytestmark = pytest.mark.default_catalog
 
 
 @pytest.fixture

@@ -11,19 +11,10 @@ import requests
 
 from tasks.job import JobStatus
 from tasks.settings import DEFAULT_MODEL
-from tests.helpers import BUSY, claim_now, sdk, wait_ended, wait_event
+from tests.helpers import BUSY, DEMO, claim_now, wait_ended, wait_event
 
-MODEL = "onelane-demo"
-
-
-@pytest.fixture
-def settings(settings):  # type: ignore[no-untyped-def]
-    return settings.model_copy(update={"model": None})  # serve under the demo name clients use
-
-
-@pytest.fixture
-def client(live_server):  # type: ignore[no-untyped-def]
-    return sdk(live_server)
+MODEL = DEMO
+pytestmark = pytest.mark.default_catalog
 
 
 @pytest.fixture

@@ -16,19 +16,10 @@ from werkzeug.serving import make_server
 from tasks import keys
 from tasks.batches import BatchStore, job_id_of
 from tasks.job import JobStatus
-from tests.helpers import BUSY, chat_line, sdk, wait_batch, wait_ended, wait_event
+from tests.helpers import BUSY, DEMO, chat_line, sdk, wait_batch, wait_ended, wait_event
 
-MODEL = "onelane-demo"
-
-
-@pytest.fixture
-def settings(settings):  # type: ignore[no-untyped-def]
-    return settings.model_copy(update={"model": None})  # the default catalog, where the demo model is onelane-demo
-
-
-@pytest.fixture
-def client(live_server):  # type: ignore[no-untyped-def]
-    return sdk(live_server)
+MODEL = DEMO
+pytestmark = pytest.mark.default_catalog
 
 
 @pytest.fixture

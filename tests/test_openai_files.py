@@ -12,7 +12,6 @@ import pytest
 from tasks import keys
 from tasks.errors import FileNotFound
 from tasks.files import FileStore
-from tests.helpers import sdk
 
 LINES = b"".join(
     json.dumps(
@@ -26,11 +25,6 @@ LINES = b"".join(
     + b"\n"
     for n in range(3)
 )
-
-
-@pytest.fixture
-def client(live_server):  # type: ignore[no-untyped-def]
-    return sdk(live_server)
 
 
 def test_an_uploaded_file_reads_back_byte_for_byte_until_deleted(client, store):

@@ -27,39 +27,22 @@ HEADERS = {
     "x-onelane-job-id": {"description": "the job behind this answer", "schema": {"type": "string"}},
     "x-queue-time": {"description": "seconds the job waited (non-streaming answers)", "schema": {"type": "string"}},
 }
-JOB_ID = {
-    "name": "job_id",
-    "in": "path",
-    "required": True,
-    "schema": {"type": "string"},
-    "description": "the job's id (`job_…`); another user's job is 404, as one that does not exist",
-}
+
+
+def _in_path(name: str, description: str) -> dict[str, Any]:
+    """A path parameter: a string."""
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}, "description": description}
+
+
+JOB_ID = _in_path("job_id", "the job's id (`job_…`); another user's job is 404, as one that does not exist")
+FILE_ID = _in_path("file_id", "the file's id (`file-…`)")
+BATCH_ID = _in_path("batch_id", "the batch's id (`batch_…`); another user's batch is 404, as one that does not exist")
+RESPONSE_ID = _in_path("rid", "the response's id (`resp_…`)")
 LIMIT = {
     "name": "limit",
     "in": "query",
     "description": "how many, newest first",
     "schema": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX, "default": LIST_LIMIT_DEFAULT},
-}
-FILE_ID = {
-    "name": "file_id",
-    "in": "path",
-    "required": True,
-    "schema": {"type": "string"},
-    "description": "the file's id (`file-…`)",
-}
-BATCH_ID = {
-    "name": "batch_id",
-    "in": "path",
-    "required": True,
-    "schema": {"type": "string"},
-    "description": "the batch's id (`batch_…`); another user's batch is 404, as one that does not exist",
-}
-RESPONSE_ID = {
-    "name": "rid",
-    "in": "path",
-    "required": True,
-    "schema": {"type": "string"},
-    "description": "the response's id (`resp_…`)",
 }
 
 
