@@ -46,6 +46,7 @@ from bench.harness import (
 )
 from tasks import keys
 from tasks.job import JobSpec, SamplingParams, new_job_id
+from tasks.scripts import ordered, source
 from tasks.store import Store
 
 BODY = '{"prompt":"hi","max_tokens":8}'
@@ -362,8 +363,7 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
     # The admit script exactly as Store.admit runs it (same script, same arguments), sent as EVALSHA in
     # pipelines written straight to the socket: building commands with redis-py would cap the fill at the
     # client's speed. While Redis runs one batch, the next is encoded and sent.
-    script = store._scripts["admit"]
-    sha = client.script_load(script.script)
+    sha = client.script_load(source("admit"))
 
     def bulk(value: object) -> bytes:
         raw = value if isinstance(value, bytes) else str(value).encode()
@@ -373,12 +373,13 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
     # stand-in script stops it there, so nothing depends on the shape of the script's answer)
     captured: list[list[object]] = []
 
-    def record(keys: object = None, args: list[object] | None = None, client: object = None) -> None:
-        captured.append(list(args or []))
-        raise Captured
+    class Recorder:
+        def run(self, name: str, pipe: object = None, **named: object) -> None:
+            captured.append(ordered(name, named))
+            raise Captured
 
     capture = Store(client, s)
-    capture._scripts = {**capture._scripts, "admit": record}
+    capture.scripts = Recorder()  # type: ignore[assignment]
     owner_bytes = []
     for u in range(args.owners):
         with contextlib.suppress(Captured):
@@ -487,7 +488,7 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
         t0 = time.perf_counter()
         st = store.standing(job)
         t1 = time.perf_counter()
-        store._run("position", s.max_batch, job.id)
+        store.scripts.run("position", slots=s.max_batch, ids=[job.id])
         t2 = time.perf_counter()
         client.zrank(keys.QUEUE, job.id)
         t3 = time.perf_counter()
