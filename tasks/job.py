@@ -151,7 +151,7 @@ class Job(BaseModel):
 
     @classmethod
     def from_redis(cls, job_id: str, fields: dict[str, str], output: str) -> Job:
-        """Assemble a job from its Redis hash (see store.py for the layout) and its output text."""
+        """Assemble a job from its Redis hash (see tasks/store/jobs.py for the layout) and its output text."""
 
         def num(name: str) -> float | None:
             value = fields.get(name)

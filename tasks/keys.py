@@ -9,7 +9,7 @@ from __future__ import annotations
 
 NS = "onelane:"
 
-JOB_PREFIX = NS + "job:"  # hash: the job record (layout in store.py)
+JOB_PREFIX = NS + "job:"  # hash: the job record (layout in tasks/store/jobs.py)
 OUTPUT_PREFIX = NS + "out:"  # string: the output text so far
 EVENTS_PREFIX = NS + "ev:"  # list: the job's durable event log (started, token..., terminal)
 CHANNEL_PREFIX = NS + "ch:"  # pub/sub: live copy of each event, with its index in the log
