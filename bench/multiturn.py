@@ -110,6 +110,18 @@ def stack_env(keys: list[str], **more: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
+def serving(name: str, settings: Settings, port: int, keys: list[str]) -> Iterator[Server]:
+    """The running stack at `port` as a Server, with a store of its own on its Redis."""
+    store = Store.connect(settings)
+    try:
+        yield Server(
+            name, f"http://127.0.0.1:{port}", keys=keys, store=store, folder=settings.var_dir, model=settings.model_name
+        )
+    finally:
+        store.redis.close()
+
+
+@contextlib.contextmanager
 def onelane(model: str, users: int, cache: bool, log: Path) -> Iterator[Server]:
     """A fresh Redis, `onelane worker` and `onelane web`, with a key per user; the prefix cache on or off."""
     with private_redis() as (folder, url):
@@ -120,19 +132,9 @@ def onelane(model: str, users: int, cache: bool, log: Path) -> Iterator[Server]:
         with (
             onelane_worker(settings, log.with_suffix(".worker.log"), **extra),
             onelane_web(settings, port, log.with_suffix(".web.log"), ready="/readyz", **extra),
+            serving("onelane" if cache else "onelane, no cache", settings, port, keys) as server,
         ):
-            store = Store.connect(settings)
-            try:
-                yield Server(
-                    "onelane" if cache else "onelane, no cache",
-                    f"http://127.0.0.1:{port}",
-                    keys=keys,
-                    store=store,
-                    folder=folder,
-                    model=settings.model_name,
-                )
-            finally:
-                store.redis.close()
+            yield server
 
 
 @contextlib.contextmanager
@@ -147,23 +149,12 @@ def two_devices(model: str, users: int, affinity_s: float, log: Path) -> Iterato
             onelane_worker(settings, log.with_suffix(".a.log"), ONELANE_DEVICE="gpu-a", **extra),
             onelane_worker(settings, log.with_suffix(".b.log"), ONELANE_DEVICE="gpu-b", **extra),
             onelane_web(settings, port, log.with_suffix(".web.log"), ready="/readyz", **extra),
+            serving(f"onelane, 2 devices, steering {'on' if affinity_s else 'off'}", settings, port, keys) as server,
         ):
-            store = Store.connect(settings)
-            try:
-                if not poll_until(
-                    lambda: len([w for w in store.readings.snapshot().workers if w.models]) == 2, START_S
-                ):
-                    raise RuntimeError("the two workers did not both come up")
-                yield Server(
-                    f"onelane, 2 devices, steering {'on' if affinity_s else 'off'}",
-                    f"http://127.0.0.1:{port}",
-                    keys=keys,
-                    store=store,
-                    folder=folder,
-                    model=settings.model_name,
-                )
-            finally:
-                store.redis.close()
+            readings = server.store.readings  # type: ignore[union-attr]
+            if not poll_until(lambda: len([w for w in readings.snapshot().workers if w.models]) == 2, START_S):
+                raise RuntimeError("the two workers did not both come up")
+            yield server
 
 
 def history_hits(run: Run) -> tuple[int, int]:

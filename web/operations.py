@@ -80,6 +80,13 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
     file_not_found = err(404, "not_found: no such file, or another user's", True)
     response_not_found = err(404, "not_found: no such response, or another user's", True)
     batch_not_found = err(404, "not_found: no such batch, or another user's", True)
+    openai_list_errors = dict(
+        [
+            err(400, f"invalid_request_error: `limit` is not a whole number from 1 to {LIST_LIMIT_MAX}", True),
+            oai_unauthorized,
+            oai_unavailable,
+        ]
+    )
     forbidden = err(403, "forbidden: a request another site made, or a missing CSRF token", True)
     submit_errors = dict(
         [
@@ -422,17 +429,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 "parameters": [LIMIT],
                 "responses": {
                     "200": _answer("the files", ref(responses.FileList)),
-                    **dict(
-                        [
-                            err(
-                                400,
-                                f"invalid_request_error: `limit` is not a whole number from 1 to {LIST_LIMIT_MAX}",
-                                True,
-                            ),
-                            oai_unauthorized,
-                            oai_unavailable,
-                        ]
-                    ),
+                    **openai_list_errors,
                 },
             },
         ),
@@ -535,17 +532,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 ],
                 "responses": {
                     "200": _answer("the batches", ref(responses.BatchList)),
-                    **dict(
-                        [
-                            err(
-                                400,
-                                f"invalid_request_error: `limit` is not a whole number from 1 to {LIST_LIMIT_MAX}",
-                                True,
-                            ),
-                            oai_unauthorized,
-                            oai_unavailable,
-                        ]
-                    ),
+                    **openai_list_errors,
                 },
             },
         ),
