@@ -84,17 +84,17 @@ class Store:
 
     def for_worker(self, worker: str) -> WorkerStore:
         """The worker process `worker`'s verbs (its device lease, its jobs' claims, writes and ends)."""
-        return WorkerStore(self, worker)
+        return WorkerStore(self.redis, self.settings, self.scripts, worker)
 
     @cached_property
     def readings(self) -> Readings:
         """What health checks, /metrics and the dashboard read."""
-        return Readings(self)
+        return Readings(self.redis, self.settings)
 
     @cached_property
     def upkeep(self) -> Upkeep:
         """Housekeeping rounds, the doorbell, the supervisor's look at the device, the counters."""
-        return Upkeep(self)
+        return Upkeep(self.redis, self.settings, self.scripts)
 
     def admit(
         self,

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+import redis
 
 from tasks import keys
 from tasks.job import Job
-
-if TYPE_CHECKING:
-    from tasks.store.jobs import Store
+from tasks.settings import Settings
 
 BOARD_WAITING = 500  # waiting jobs the dashboard reads one by one, in queue order; it only counts the rest
 
@@ -115,8 +114,8 @@ class Board:
 class Readings:
     """Reads on `store`'s connection."""
 
-    def __init__(self, store: Store) -> None:
-        self.redis, self.settings = store.redis, store.settings
+    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+        self.redis, self.settings = client, settings
 
     def snapshot(self) -> Snapshot:
         """Everything /readyz and /metrics report, read in two pipelines."""

@@ -3,21 +3,19 @@ doorbell, the supervisor's look at its device, and the counters behind /metrics.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import redis
 
 from tasks import keys
 from tasks.broker import Doorbell
-from tasks.scripts import bell
-
-if TYPE_CHECKING:
-    from tasks.store.jobs import Store
+from tasks.scripts import Scripts, bell
+from tasks.settings import Settings
 
 
 class Upkeep:
     """Upkeep verbs on `store`'s connection."""
 
-    def __init__(self, store: Store) -> None:
-        self.redis, self.settings, self.scripts = store.redis, store.settings, store.scripts
+    def __init__(self, client: redis.Redis, settings: Settings, scripts: Scripts) -> None:
+        self.redis, self.settings, self.scripts = client, settings, scripts
 
     def housekeep(self, doorbell: Doorbell | None = None) -> tuple[int, list[tuple[str, str]]]:
         """One periodic round: end waiting jobs past their deadline (expired) or whose watcher left (client_gone),

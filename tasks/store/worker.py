@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
+
+import redis
 
 from tasks import keys
 from tasks.errors import LeaseLost
 from tasks.job import Job, JobStatus, error_json, history_prefix
-from tasks.scripts import ARGS
-
-if TYPE_CHECKING:
-    from tasks.store.jobs import Store
+from tasks.scripts import ARGS, Scripts
+from tasks.settings import Settings
+from tasks.store.upkeep import Upkeep
 
 MODEL_RECORD_TTL_S = 7 * 86400  # a model's load record (keys.model) outlives no week without news
 
@@ -79,9 +80,9 @@ class Switch:
 class WorkerStore:
     """The verbs of the worker process `worker` (its id), on `store`'s connection."""
 
-    def __init__(self, store: Store, worker: str) -> None:
-        self.redis, self.settings, self.scripts = store.redis, store.settings, store.scripts
-        self.upkeep = store.upkeep  # (its counters)
+    def __init__(self, client: redis.Redis, settings: Settings, scripts: Scripts, worker: str) -> None:
+        self.redis, self.settings, self.scripts = client, settings, scripts
+        self.upkeep = Upkeep(client, settings, scripts)  # (its counters)
         self.worker = worker
 
     def take_device(self, report: BatchReport | None = None) -> str:
