@@ -354,3 +354,25 @@ def test_in_the_browser_the_running_batch_workers_and_plots_show_live(strict_pag
     expect(page.locator("#running")).to_contain_text("Nothing runs.", timeout=STREAM_TIMEOUT_MS)
     assert wait_ended(store, long)["status"] == "cancelled"
     expect(page.locator("#workers tbody tr")).to_contain_text("idle", timeout=STREAM_TIMEOUT_MS)
+
+
+def test_in_the_browser_a_user_sees_their_batch_with_its_counts_and_others_only_counted(
+    strict_page, second_page, jobs, settings
+):
+    from playwright.sync_api import expect
+
+    mine = make_batch(jobs.client, "bob", settings.model_name, 5, bad=2)
+    make_batch(jobs.client, "carol", settings.model_name, 3)
+    sign_in(strict_page, "kb")
+    sign_in(second_page, "kr")
+
+    strict_page.goto("/queue")
+    rows = strict_page.locator("#batches tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows).to_contain_text(mine)
+    expect(rows).to_contain_text("2 / 5")  # 2 lines ended (refused at once), of 5
+    expect(strict_page.locator("#batches-others")).to_have_text("+ 1 batch of 1 other user")
+    second_page.goto("/queue")
+    expect(second_page.locator("#batches tbody tr")).to_have_count(2)  # an admin sees both, with their owners
+    expect(second_page.locator("#batches")).to_contain_text("carol")
+    assert strict_page.dialogs == []
