@@ -254,3 +254,14 @@ def test_too_many_lines_are_refused_before_anything_runs(client_with, store):
         submit(own, jsonl(*(chat_line(str(n)) for n in range(3))))
     assert "ONELANE_MAX_BATCH_LINES" in caught.value.message and caught.value.body["param"] == "input_file_id"
     assert store.redis.zcard(keys.BATCHES) == 0 and store.redis.zcard(keys.QUEUE) == 0
+
+
+def test_lines_of_a_model_that_failed_to_load_end_with_its_error(client, store):
+    # Given the demo model failed to load (as a worker records it), not tried again for a while
+    store.for_worker("w").model_failed(MODEL, "the model failed to load (its files were not found)")
+
+    # When a batch of its lines is created, Then each line ends at once with the model's error, as its jobs would
+    done = wait_batch(store, submit(client, jsonl(chat_line("a"), chat_line("b"))).id)
+    errors = by_custom_id(client, done.error_file_id)
+    assert (done.status, done.completed, done.failed) == ("completed", 0, 2)
+    assert {e["error"]["code"] for e in errors.values()} == {"model_unavailable"} and sorted(errors) == ["a", "b"]

@@ -8,9 +8,10 @@ A batch keeps at most ONELANE_BATCH_WAITING of its lines waiting in the queue, a
 ONELANE_BATCH_SHARE of the live workers' slots in flight (waiting or running), so that an interactive job finds a free
 slot rather than wait for a line to end. The lines are batch-class jobs (fair queuing puts one of them behind
 ONELANE_BATCH_COST turns of each interactive user at most, and none ahead of an interactive job's turn), admitted
-once only under ids made from the batch and the line, outside their owner's quota and listing. A full queue makes the batch wait, never fail. When every line has its result, the batch writes
-its output and error files and ends; cancelled or past its window, it cancels what still runs, keeps what
-completed, and ends each line not run with `batch_cancelled` or `batch_expired`.
+once only under ids made from the batch and the line, outside their owner's quota and listing. A full queue makes
+the batch wait, never fail; a line whose model failed to load ends with that error. When every line has its result,
+the batch writes its output and error files and ends; cancelled or past its window, it cancels what still runs,
+keeps what completed, and ends each line not run with `batch_cancelled` or `batch_expired`.
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ class BatchRunner(Background):
         return max(1, math.floor(slots * self.settings.batch_share)) - self.batches.in_flight()
 
     def _feed(self, record: BatchRecord, room: int) -> int:
-        """Admit up to `room` more lines; how many were."""
+        """Admit up to `room` more lines; how many were (or ended at once: a line whose model failed to load gets
+        that error, as the model's waiting jobs do; a full queue makes the batch wait, within its window)."""
         fed = 0
         while fed < room and (line := self.batches.next_line(record.id)) is not None:
             job_id = job_id_of(record.id, line.index)
@@ -140,9 +142,12 @@ class BatchRunner(Background):
                     doorbell=Doorbell.ring(self.broker, job_id),
                     line=True,
                 )
-            except (QueueFull, ModelUnavailable):  # wait for room, or for the model: the batch's window bounds it
+            except QueueFull:
                 break
-            self.batches.admitted(record.id, line)
+            except ModelUnavailable as exc:
+                self.batches.skipped(record.id, error_result(record.id, line, exc.type, exc.message))
+            else:
+                self.batches.admitted(record.id, line)
             fed += 1
         return fed
 
