@@ -265,3 +265,10 @@ def test_lines_of_a_model_that_failed_to_load_end_with_its_error(client, store):
     errors = by_custom_id(client, done.error_file_id)
     assert (done.status, done.completed, done.failed) == ("completed", 0, 2)
     assert {e["error"]["code"] for e in errors.values()} == {"model_unavailable"} and sorted(errors) == ["a", "b"]
+
+
+def test_a_full_queue_makes_a_batch_wait_not_fail(client_with, store):
+    own = client_with(max_queue=2, max_batch=8, batch_share=1.0)
+    batch = submit(own, jsonl(*(chat_line(f"r{n}") for n in range(5))))
+    assert store.redis.zcard(keys.QUEUE) == 2 and store.redis.llen(keys.batch_lines(batch.id)) == 3
+    assert own.batches.retrieve(batch.id).request_counts.failed == 0
