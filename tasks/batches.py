@@ -16,7 +16,7 @@ import json
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import redis
 from pydantic import BaseModel, ConfigDict
@@ -25,9 +25,11 @@ from tasks import keys
 from tasks.errors import BatchNotFound
 from tasks.settings import Settings
 
+Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]  # what a batch's lines may address
+ENDPOINTS: tuple[str, ...] = get_args(Endpoint)
+Status = Literal["validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"]
 ENDED = ("completed", "failed", "expired", "cancelled")
 STOPPING = {"cancelling": "cancelled"}  # a status on its way to an end, and that end
-TIMES = ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")  # each has `_at`
 LOCK_S = 10  # a round holds its batch at most this long (it takes milliseconds; a dead holder delays it so long)
 
 
@@ -39,10 +41,10 @@ class BatchRecord(BaseModel):
 
     id: str
     owner: str
-    endpoint: str
+    endpoint: Endpoint
     input_file_id: str
     completion_window: str = "24h"
-    status: str
+    status: Status
     created_at: int
     expires_at: int
     in_progress_at: int | None = None
@@ -135,7 +137,7 @@ class BatchStore:
 
     # --- the web's verbs ------------------------------------------------------------------------------------------
 
-    def create(self, record: BatchRecord, lines: list[PendingLine], errors: list[Result]) -> BatchRecord:
+    def create(self, record: BatchRecord, lines: list[PendingLine], errors: list[Result]) -> None:
         """Keep a new batch with its lines to run and the lines already failed (it runs unless it ended)."""
         life = max(1, record.expires_at - int(time.time())) + self.settings.file_retention_s
         bid = record.id
@@ -154,7 +156,6 @@ class BatchStore:
             pipe.expire(key, life)
         self._extend(pipe, keys.BATCHES, life)
         pipe.execute()
-        return self.get(bid, record.owner)
 
     def get(self, batch_id: str, owner: str | None = None) -> BatchRecord:
         """The batch as it stands, with live counts while it runs. Another owner's is not found."""

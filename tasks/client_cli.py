@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports after a Ctrl-C
 EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader left (`| head`)
-BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")  # tasks/batches.py's (it imports redis)
 BATCH_POLL_S = 1.0  # how often a followed batch is asked for
 STATUS_STYLES = {"completed": "green", "failed": "red", "expired": "red", "cancelled": "yellow", "in_progress": "cyan"}
 

@@ -84,16 +84,24 @@ def source(name: str) -> str:
     return prelude(name) + (folder / "common.lua").read_text() + (folder / f"{name}.lua").read_text()
 
 
-def ordered(name: str, args: dict[str, Any]) -> list[Any]:
-    """The arguments of a call to `name`, in the order ARGS gives (a name missing or unknown: TypeError)."""
-    names = ARGS[name]
+def _layout(names: tuple[str, ...]) -> tuple[tuple[str, ...], str | None, frozenset[str]]:
+    """A script's fixed arguments, its rest (None), and every name it takes."""
     rest = names[-1][1:] if names[-1].startswith("*") else None
     fixed = names[:-1] if rest else names
-    wanted = set(fixed) | ({rest} if rest else set())
-    if set(args) != wanted:
-        missing, unknown = sorted(wanted - set(args)), sorted(set(args) - wanted)
+    return fixed, rest, frozenset(fixed) | ({rest} if rest else frozenset())
+
+
+LAYOUTS = {name: _layout(names) for name, names in ARGS.items()}
+
+
+def ordered(name: str, args: dict[str, Any]) -> list[Any]:
+    """The arguments of a call to `name`, in the order ARGS gives (a name missing or unknown: TypeError)."""
+    fixed, rest, wanted = LAYOUTS[name]
+    if args.keys() != wanted:
+        missing, unknown = sorted(wanted - args.keys()), sorted(args.keys() - wanted)
         raise TypeError(f"script {name}: missing {missing}, unknown {unknown}")
-    return [args[n] for n in fixed] + (list(args[rest]) if rest else [])
+    values = [args[n] for n in fixed]
+    return values + list(args[rest]) if rest else values
 
 
 class Scripts:

@@ -83,3 +83,11 @@ def test_responses_lines_are_responses_and_completions_lines_completions(setting
 def test_a_file_with_no_json_object_is_refused_whole(settings, data):
     with pytest.raises(NotJsonl):
         read_lines(data, CHAT, "u", settings)
+
+
+def test_every_endpoint_a_batch_may_address_has_its_request_model_and_the_client_offers_each() -> None:
+    from tasks.batches import ENDPOINTS
+    from tasks.client_cli import BATCH_ENDPOINTS
+    from web.batch_input import REQUESTS
+
+    assert set(REQUESTS) == set(ENDPOINTS) == set(BATCH_ENDPOINTS)

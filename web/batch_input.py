@@ -22,8 +22,9 @@ from tasks.job import JobSpec
 from tasks.settings import Settings
 from web.openai_schemas import NEUTRAL, RESPONSE_NEUTRAL, ChatRequest, CompletionRequest, ResponseRequest, parse_openai
 
-#: The endpoints a batch may address, with the request model (and its neutral fields) each one's body is.
-ENDPOINTS: dict[str, tuple[type[BaseModel], dict[str, tuple[Any, ...]]]] = {
+#: For each endpoint a batch may address (tasks/batches.py ENDPOINTS), the request model its lines' bodies are, and
+#: its neutral fields.
+REQUESTS: dict[str, tuple[type[BaseModel], dict[str, tuple[Any, ...]]]] = {
     "/v1/chat/completions": (ChatRequest, NEUTRAL),
     "/v1/completions": (CompletionRequest, NEUTRAL),
     "/v1/responses": (ResponseRequest, RESPONSE_NEUTRAL),
@@ -101,15 +102,15 @@ def _line(
         return LineError(index, custom_id, "invalid_method", "method must be POST")
     url = item.get("url")
     if url != endpoint:
-        known = url in ENDPOINTS
-        why = f"this batch's endpoint is {endpoint}" if known else f"unknown url; one of {', '.join(ENDPOINTS)}"
+        known = url in REQUESTS
+        why = f"this batch's endpoint is {endpoint}" if known else f"unknown url; one of {', '.join(REQUESTS)}"
         return LineError(index, custom_id, "invalid_url", why)
     body = item.get("body")
     if not isinstance(body, dict):
         return LineError(index, custom_id, "invalid_body", "body must be a JSON object: the request to the endpoint")
     if body.get("stream"):
         return LineError(index, custom_id, "invalid_body", "a batch's requests are not streamed: leave out stream")
-    model, neutral = ENDPOINTS[endpoint]
+    model, neutral = REQUESTS[endpoint]
     try:
         req = parse_openai(model, dict(body), neutral)
         spec, ttl_s = req.admission(owner, settings, batch=True)

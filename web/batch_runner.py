@@ -106,19 +106,16 @@ class BatchRunner(Background):
             return
         stop = STOPPING.get(record.status) or ("expired" if time.time() >= record.expires_at else None)
         running = self.batches.running(batch_id)
-        jobs = self.store.read(list(running))
-        ended, waiting = [], 0
-        for job_id, line in running.items():
-            job = jobs.get(job_id)
-            if job is None or job.status.ended:
-                ended.append(job_result(record, line, job, stop))
-                continue
-            waiting += job.status is JobStatus.QUEUED
-            if stop:
-                self._cancel(job, stop)
-        self.batches.collect(batch_id, ended)
-        fed = 0 if stop else self._feed(record, min(self.settings.batch_waiting - waiting, self._share_left()))
-        if len(ended) == len(running) and not fed and (stop or self.batches.next_line(batch_id) is None):
+        statuses = self.store.statuses(list(running))
+        done = [job_id for job_id, status in statuses.items() if status is None or status.ended]
+        jobs = self.store.read(done)  # (only those: a running line's output is not read every round)
+        self.batches.collect(batch_id, [job_result(record, running[j], jobs.get(j), stop) for j in done])
+        if stop:
+            for job_id in statuses.keys() - set(done):
+                self._cancel(job_id, record.owner, stop)
+        room = self.settings.batch_waiting - sum(status is JobStatus.QUEUED for status in statuses.values())
+        fed = 0 if stop or room <= 0 else self._feed(record, min(room, self._share_left()))
+        if len(done) == len(running) and not fed and (stop or self.batches.next_line(batch_id) is None):
             self._end(record, stop)
 
     def _share_left(self) -> int:
@@ -151,9 +148,9 @@ class BatchRunner(Background):
             fed += 1
         return fed
 
-    def _cancel(self, job: Job, stop: str) -> None:
+    def _cancel(self, job_id: str, owner: str, stop: str) -> None:
         with contextlib.suppress(JobAlreadyEnded, JobNotFound):  # it ended meanwhile: the next round collects it
-            self.store.cancel(job.id, job.owner, error=(f"batch_{stop}", STOPPED[stop]))
+            self.store.cancel(job_id, owner, error=(f"batch_{stop}", STOPPED[stop]))
 
     def _end(self, record: BatchRecord, stop: str | None) -> None:
         """Every line has its result (or the batch stopped): write the files, end the batch."""

@@ -45,8 +45,8 @@ def create() -> Response:
         raise FileNotFound(f"no file {req.input_file_id!r}", param="input_file_id") from None
     if source.purpose != "batch":
         raise InvalidRequest("the input file's purpose must be `batch`", param="input_file_id")
-    now = int(time.time())
-    bid = new_batch_id()
+    data = svc.files.content(source.id, owner)
+    now, bid = int(time.time()), new_batch_id()
     record = BatchRecord(
         id=bid,
         owner=owner,
@@ -59,17 +59,14 @@ def create() -> Response:
         metadata=req.metadata,
     )
     try:
-        lines, refused = read_lines(svc.files.content(source.id, owner), req.endpoint, owner, settings)
+        lines, refused = read_lines(data, req.endpoint, owner, settings)
     except NotJsonl as exc:
-        failed = record.model_copy(
-            update={
-                "status": "failed",
-                "in_progress_at": None,
-                "failed_at": now,
-                "errors": [{"code": exc.type, "message": exc.message, "param": None, "line": None}],
-            }
+        error = {"code": exc.type, "message": exc.message, "param": None, "line": None}
+        record = record.model_copy(
+            update={"status": "failed", "in_progress_at": None, "failed_at": now, "errors": [error]}
         )
-        return jsonify(responses.Batch.of(svc.batches.create(failed, [], [])))
+        svc.batches.create(record, [], [])
+        return jsonify(responses.Batch.of(svc.batches.get(bid, owner)))
     total = len(lines) + len(refused)
     if total > settings.max_batch_lines:
         raise InvalidRequest(

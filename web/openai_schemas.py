@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tasks.batches import Endpoint
 from tasks.errors import InvalidRequest
 from tasks.job import JobSpec, Message, ResponseFields, SamplingParams
 from tasks.settings import Priority, Settings
@@ -100,6 +101,21 @@ class Sampling(BaseModel):
         """The priority class the service tier asks for (None: the caller's default)."""
         return TIERS[self.service_tier] if self.service_tier else None
 
+    def job(
+        self,
+        owner: str,
+        settings: Settings,
+        params: SamplingParams,
+        prompt: str | None,
+        messages: tuple[Message, ...] | None,
+        batch: bool,
+    ) -> tuple[JobSpec, float]:
+        """The job and its TTL: watched by the request, or a batch's line (batch class, nobody watching)."""
+        priority = "batch" if batch else self.priority()
+        return make_spec(
+            owner, settings, params, prompt, messages, model=self.model, priority=priority, watched=not batch
+        )
+
 
 class ChatRequest(Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -108,17 +124,7 @@ class ChatRequest(Sampling):
     def admission(self, owner: str, settings: Settings, batch: bool = False) -> tuple[JobSpec, float]:
         """The job this request asks for (a batch's line: batch class, nobody watching), and its TTL."""
         params = self.params(settings.default_max_tokens, self.max_completion_tokens)
-        messages = tuple(m.to_message() for m in self.messages)
-        return make_spec(
-            owner,
-            settings,
-            params,
-            None,
-            messages,
-            model=self.model,
-            priority="batch" if batch else self.priority(),
-            watched=not batch,
-        )
+        return self.job(owner, settings, params, None, tuple(m.to_message() for m in self.messages), batch)
 
 
 class CompletionRequest(Sampling):
@@ -136,16 +142,7 @@ class CompletionRequest(Sampling):
             raise InvalidRequest("onelane takes one prompt per request", param="prompt")
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
         params = self.params(min(16, settings.max_tokens_limit))  # the legacy endpoint's default is 16 tokens
-        return make_spec(
-            owner,
-            settings,
-            params,
-            prompt,
-            None,
-            model=self.model,
-            priority="batch" if batch else self.priority(),
-            watched=not batch,
-        )
+        return self.job(owner, settings, params, prompt, None, batch)
 
 
 def parse_openai(model: type[BaseModel], body: dict[str, Any], neutral: dict[str, tuple[Any, ...]] = NEUTRAL) -> Any:
@@ -327,7 +324,7 @@ class BatchRequest(BaseModel):
     model_config = STRICT
 
     input_file_id: str = Field(max_length=256)
-    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
+    endpoint: Endpoint
     completion_window: Literal["24h"] = Field(description="the only window: ONELANE_BATCH_WINDOW seconds (24 h)")
     metadata: dict[str, str] | None = Field(
         None, description="up to 16 pairs, echoed back", json_schema_extra={"maxProperties": 16}

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks import job as record
-from tasks.batches import BatchRecord
+from tasks.batches import BatchRecord, Endpoint, Status
 from tasks.files import FileRecord
 from tasks.job import JobError, JobStatus, Message, SamplingParams, Timings
 from tasks.settings import Priority
@@ -450,13 +450,11 @@ class Batch(Answer):
 
     id: str = Field(description="`batch_…`")
     object: Literal["batch"]
-    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
+    endpoint: Endpoint
     errors: BatchErrors | None = Field(description="why a `failed` batch ran nothing")
     input_file_id: str
     completion_window: Literal["24h"]
-    status: Literal[
-        "validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"
-    ]
+    status: Status
     output_file_id: str | None = Field(description="its answered lines, once it ended (none: null)")
     error_file_id: str | None = Field(description="its lines without an answer, once it ended (none: null)")
     created_at: int

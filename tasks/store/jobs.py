@@ -200,6 +200,13 @@ class Store:
             # it left the queue between the two reads (it started, or ended): read it again
         return job
 
+    def statuses(self, job_ids: list[str]) -> dict[str, JobStatus | None]:
+        """Each job's status, in one round trip (None: no longer on record)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hget(keys.job(job_id), "status")
+        return {job_id: JobStatus(s) if s else None for job_id, s in zip(job_ids, pipe.execute())}
+
     def read(self, job_ids: list[str]) -> dict[str, Job]:
         """The jobs of those ids still on record, as they stand, in one round trip (no position read)."""
         pipe = self.redis.pipeline(transaction=False)
