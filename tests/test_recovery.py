@@ -7,7 +7,7 @@ import signal
 import time
 
 from tasks import keys
-from tests.helpers import wait_ended, wait_event
+from tests.helpers import BUSY, wait_ended, wait_event
 
 
 def wait_for_worker(store, other_than: int | None = None, timeout_s: float = 60):  # type: ignore[no-untyped-def]
@@ -248,7 +248,7 @@ def test_a_background_response_stream_goes_on_numbered_alike_when_its_worker_die
     assert later == events[41:]
 
 
-def start_web(settings, log_path):  # type: ignore[no-untyped-def]
+def start_web(settings, log_path, **more: str):  # type: ignore[no-untyped-def]
     """`onelane web` (gunicorn) on a free port, serving the workers' model; (process, base URL)."""
     import subprocess
     import sys
@@ -262,6 +262,7 @@ def start_web(settings, log_path):  # type: ignore[no-untyped-def]
         "REDIS_URL": settings.effective_redis_url,
         "ONELANE_MODEL": settings.model_path,
         "ONELANE_VAR_DIR": str(settings.var_dir),
+        **more,
     }
     process = subprocess.Popen(
         [sys.executable, "-m", "tasks.cli", "web", "--port", str(port)],
@@ -329,6 +330,41 @@ def test_a_batch_through_a_worker_kill_and_a_web_restart_ends_every_line_exactly
             job = jobs[o["response"]["request_id"]]
             assert o["response"]["body"]["choices"][0]["message"]["content"] == job.output
             assert events(store, job.id).count("started") == job.attempts
+    finally:
+        os.killpg(web.pid, signal.SIGTERM)
+        web.wait(timeout=30)
+
+
+def test_a_batch_cancelled_while_its_killed_worker_is_replaced_ends_every_line_once(store, settings, worker_process):
+    import io
+    import json
+
+    import openai
+
+    from tasks.batches import job_id_of
+    from tests.helpers import chat_line, wait_batch
+
+    # Given a batch whose first line generates on a worker, When the worker is killed and the batch cancelled at once
+    worker_process()
+    web, url = start_web(settings, settings.var_dir / "web.log", ONELANE_MAX_TOKENS_LIMIT=str(BUSY))
+    try:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
+        lines = [chat_line(f"r{n}", tokens=BUSY, model=settings.model_name) for n in range(4)]
+        data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+        source = client.files.create(file=("b.jsonl", io.BytesIO(data)), purpose="batch")
+        batch = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
+        wait_event(store, job_id_of(batch.id, 0), lambda e: e.type == "started")  # (it runs until it is stopped)
+        os.kill(wait_for_worker(store).pid, signal.SIGKILL)
+        client.batches.cancel(batch.id)
+        done = wait_batch(store, batch.id, timeout_s=120)
+
+        # Then it ends cancelled, every line in the error file once, and none of its jobs is left waiting or running
+        assert (done.status, done.completed + done.failed) == ("cancelled", 4)
+        errors = [json.loads(x) for x in client.files.content(done.error_file_id).text.splitlines()]
+        assert sorted(e["custom_id"] for e in errors) == ["r0", "r1", "r2", "r3"]
+        assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+        assert all(s.ended for s in store.statuses([job_id_of(batch.id, n) for n in range(4)]).values() if s)
+        assert store.redis.zcard(keys.QUEUE) == 0
     finally:
         os.killpg(web.pid, signal.SIGTERM)
         web.wait(timeout=30)
