@@ -17,24 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import openai_load as load
 from bench.harness import START_S, answers, free_port, poll_until, proc_cpu, spawn, summary, wait_idle
-from bench.openai_load import (
-    MIN_REQUESTS,
-    OVERLOAD_CAP_S,
-    OVERLOAD_HEAD,
-    OVERLOAD_TIMEOUT_S,
-    OVERLOAD_TOKENS,
-    PROMPTS,
-    REQUEST_TIMEOUT_S,
-    SETTLE_S,
-    Level,
-    Outcome,
-    aftermath,
-    burst,
-    closed_loop,
-    level_lines,
-    post_chat,
-)
 from worker.blas import worker_env
 
 
@@ -84,17 +68,19 @@ def mlx_server(model_path: str, log_path: Path, allow_eos: bool = False) -> Iter
 
         if not poll_until(up, START_S):
             raise TimeoutError(f"mlx_lm.server did not answer /health within {START_S:.0f} s")
-        for prompt in PROMPTS[:2]:
-            outcome = post_chat(server.url, body(prompt, 8, eos_id(model_path)), START_S)
+        for prompt in load.PROMPTS[:2]:
+            outcome = load.post_chat(server.url, body(prompt, 8, eos_id(model_path)), START_S)
             if not outcome.ok:
                 raise RuntimeError(f"warm-up request failed: {outcome.error}")
         yield server
 
 
-def load_level(server: Server, clients: int, max_tokens: int, requests: int = MIN_REQUESTS) -> Level:
-    """`clients` closed-loop clients at once (see closed_loop)."""
-    return closed_loop(
-        clients, lambda prompt: post_chat(server.url, body(prompt, max_tokens, server.eos), REQUEST_TIMEOUT_S), requests
+def load_level(server: Server, clients: int, max_tokens: int, requests: int = load.MIN_REQUESTS) -> load.Level:
+    """`clients` closed-loop clients at once (see openai_load.closed_loop)."""
+    return load.closed_loop(
+        clients,
+        lambda prompt: load.post_chat(server.url, body(prompt, max_tokens, server.eos), load.REQUEST_TIMEOUT_S),
+        requests,
     )
 
 
@@ -102,7 +88,7 @@ def settle(server: Server) -> bool:
     """Wait (bounded) until the server has finished leftovers, e.g. requests whose clients timed out."""
     if proc_cpu(server.process.pid) is None:
         return True  # no /proc: nothing to wait on
-    return wait_idle(server.process.pid, time.monotonic() + SETTLE_S) is not None
+    return wait_idle(server.process.pid, time.monotonic() + load.SETTLE_S) is not None
 
 
 def listen_overflows() -> int | None:
@@ -131,11 +117,13 @@ def overload_probe(server: Server) -> dict[str, Any]:
     log_mark = server.log_path.stat().st_size
     cpu_before = proc_cpu(pid)
     overflows_before = listen_overflows()
-    request = body(PROMPTS[0], OVERLOAD_TOKENS, server.eos)
-    outcomes, started, gave_up = burst(lambda _: post_chat(server.url, request, OVERLOAD_TIMEOUT_S))
+    request = body(load.PROMPTS[0], load.OVERLOAD_TOKENS, server.eos)
+    outcomes, started, gave_up = load.burst(lambda _: load.post_chat(server.url, request, load.OVERLOAD_TIMEOUT_S))
     overflows_after = listen_overflows()
-    idle_at, fresh = aftermath(
-        pid, started + OVERLOAD_CAP_S, lambda timeout_s: post_chat(server.url, body(PROMPTS[1], 1, None), timeout_s)
+    idle_at, fresh = load.aftermath(
+        pid,
+        started + load.OVERLOAD_CAP_S,
+        lambda timeout_s: load.post_chat(server.url, body(load.PROMPTS[1], 1, None), timeout_s),
     )
     cpu_after = proc_cpu(pid)
     time.sleep(0.2)  # let the server flush its log lines about the abandoned answers
@@ -146,7 +134,7 @@ def overload_probe(server: Server) -> dict[str, Any]:
         "gave_up_after_s": gave_up - started,
         "busy_after_give_up_s": None if idle_at is None else max(0.0, idle_at - gave_up),
         "still_busy_at_cap": idle_at is None and cpu_before is not None,
-        "cap_s": OVERLOAD_CAP_S,
+        "cap_s": load.OVERLOAD_CAP_S,
         "cpu_s": None if cpu_before is None or cpu_after is None else cpu_after - cpu_before,
         "settled_before": settled,
         "fresh_request": fresh,
@@ -159,10 +147,10 @@ def overload_probe(server: Server) -> dict[str, Any]:
     }
 
 
-def mlx_level_lines(level: Level) -> list[str]:
+def mlx_level_lines(level: load.Level) -> list[str]:
     """The printed lines for one concurrency level."""
 
-    def details(ok: list[Outcome]) -> tuple[str, str]:
+    def details(ok: list[load.Outcome]) -> tuple[str, str]:
         tokens = [o.completion_tokens for o in ok]
         prompt, cached = sum(o.prompt_tokens for o in ok), sum(o.cached_tokens for o in ok)
         return (
@@ -171,17 +159,17 @@ def mlx_level_lines(level: Level) -> list[str]:
             f"{max(tokens)}; prompt tokens served from its prompt cache {cached} of {prompt}",
         )
 
-    return level_lines("mlx_lm.server", level, details)
+    return load.level_lines("mlx_lm.server", level, details)
 
 
 def overload_lines(probe: dict[str, Any]) -> list[str]:
     """The printed lines for the overload probe."""
-    outcomes: list[Outcome] = probe["outcomes"]
+    outcomes: list[load.Outcome] = probe["outcomes"]
     ok = [o for o in outcomes if o.ok]
     failed = Counter(o.error for o in outcomes if not o.ok)
     statuses = sorted({o.status for o in outcomes if o.status in (429, 503)})
     retry_after = sorted({o.retry_after for o in outcomes if o.retry_after})
-    head = OVERLOAD_HEAD
+    head = load.OVERLOAD_HEAD
     lines = [] if probe["settled_before"] else [f"{head} WARNING: server still busy with earlier requests at start"]
     lines += [
         f"{head} answered {len(ok)}, failed {sum(failed.values())} ("
@@ -206,10 +194,10 @@ def overload_lines(probe: dict[str, Any]) -> list[str]:
         lines.append(f"{head} server idle time unknown (no /proc)")
     lines.append(
         f"{head} {probe['write_errors']} answers were finished for clients already gone (broken pipe/reset "
-        f"in its log): {'' if probe['eos_suppressed'] else 'up to '}{probe['write_errors'] * OVERLOAD_TOKENS} "
+        f"in its log): {'' if probe['eos_suppressed'] else 'up to '}{probe['write_errors'] * load.OVERLOAD_TOKENS} "
         "tokens generated for nobody"
     )
-    fresh: Outcome | None = probe["fresh_request"]
+    fresh: load.Outcome | None = probe["fresh_request"]
     if fresh is not None:
         state = "answered" if fresh.ok else f"failed ({fresh.error})"
         lines.append(f"{head} a 1-token request sent right after they gave up {state} in {fresh.latency:.2f} s")

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import get_args
 
@@ -25,7 +26,7 @@ from tasks.settings import ENV_NAMES, LOG_FORMAT, LogLevel, Settings
 logger = logging.getLogger("onelane")
 
 
-@click.group()
+@click.group(context_settings={"show_default": True})  # every command shows its defaults
 @click.option(
     "--log-level",
     type=click.Choice(get_args(LogLevel), case_sensitive=False),
@@ -60,9 +61,14 @@ def _settings() -> Settings:
     return settings
 
 
+def _bind(command: Callable[..., None]) -> Callable[..., None]:
+    """The options that say where the web listens (`up` and `web` share them)."""
+    command = click.option("--port", default=None, type=int, help="Port (default ONELANE_PORT, 8000).")(command)
+    return click.option("--host", default=None, help="Address to bind (default ONELANE_HOST, 127.0.0.1).")(command)
+
+
 @main.command()
-@click.option("--host", default=None, help="Address to bind (default ONELANE_HOST, 127.0.0.1).")
-@click.option("--port", default=None, type=int, help="Port (default ONELANE_PORT, 8000).")
+@_bind
 def up(host: str | None, port: int | None) -> None:
     """Run everything: Redis (unless REDIS_URL is set), the worker and the web. Ctrl-C stops all."""
     from tasks.embedded_redis import EmbeddedRedis
@@ -104,24 +110,12 @@ def up(host: str | None, port: int | None) -> None:
 
 
 @main.command()
-@click.option("--host", default=None, help="Address to bind (default ONELANE_HOST, 127.0.0.1).")
-@click.option("--port", default=None, type=int, help="Port (default ONELANE_PORT, 8000).")
-@click.option(
-    "--workers",
-    default=1,
-    show_default=True,
-    type=click.IntRange(1, 64),
-    help="gunicorn worker processes (gevent: each holds many open streams).",
-)
-@click.option(
-    "--connections",
-    default=1000,
-    show_default=True,
-    type=click.IntRange(1, 100_000),
-    help="Open connections per worker process.",
-)
+@_bind
+@click.option("--workers", default=1, type=click.IntRange(1, 64), help="gevent processes serving the web.")
+@click.option("--connections", default=1000, type=click.IntRange(1, 100_000), help="Open connections per process.")
 def web(host: str | None, port: int | None, workers: int, connections: int) -> None:
-    """Serve the web front end with gunicorn (gevent workers)."""
+    """Serve the web front end with gunicorn: --workers gevent processes, each holding up to --connections open
+    connections (a stream holds one for as long as it runs)."""
     from gevent import monkey
 
     monkey.patch_all()  # before redis, ssl and friends are imported, as gevent asks
@@ -144,12 +138,7 @@ def _check_mlx() -> None:
 
 
 @main.command()
-@click.option(
-    "--supervise/--no-supervise",
-    default=True,
-    show_default=True,
-    help="Restart the worker process when it dies or its job stalls.",
-)
+@click.option("--supervise/--no-supervise", default=True, help="Restart the worker when it dies or its job stalls.")
 def worker(supervise: bool) -> None:
     """Run the GPU worker: dramatiq with 1 process, 1 thread, prefetch 1."""
     settings = _settings()
@@ -215,7 +204,7 @@ def import_gguf_cmd(source: Path, folder: Path, dtype: str | None) -> None:
 
 @main.command("make-demo-model")
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--size", type=click.Choice(["tiny", "mini", "small"]), default="tiny", show_default=True)
+@click.option("--size", type=click.Choice(["tiny", "mini", "small"]), default="tiny")
 @click.option(
     "--train",
     is_flag=True,

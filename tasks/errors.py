@@ -20,9 +20,7 @@ class OnelaneError(Exception):
 
 
 class SettingsError(OnelaneError):
-    """A setting is missing or invalid; raised at start-up."""
-
-    type = "invalid_settings"
+    """A setting is missing or invalid; raised at start-up, before any client is served."""
 
 
 class InvalidRequest(OnelaneError):
@@ -33,8 +31,6 @@ class InvalidRequest(OnelaneError):
 
 class InvalidParameter(InvalidRequest):
     """A header or query parameter is malformed (the body's own fields are InvalidRequest)."""
-
-    type = "invalid_request"
 
 
 class InvalidJSON(InvalidRequest):
@@ -49,22 +45,22 @@ class PromptTooLarge(InvalidRequest):
     type = "prompt_too_large"
 
 
-class JobNotFound(OnelaneError):
+class NotFound(OnelaneError):
+    """No such thing, or not one of the caller's: the two are told apart to nobody."""
+
+    type = "not_found"
+
+
+class JobNotFound(NotFound):
     """No such job, or not one of the caller's."""
 
-    type = "not_found"
 
-
-class FileNotFound(OnelaneError):
+class FileNotFound(NotFound):
     """No such file, or not one of the caller's (or past its retention)."""
 
-    type = "not_found"
 
-
-class BatchNotFound(OnelaneError):
+class BatchNotFound(NotFound):
     """No such batch, or not the caller's."""
-
-    type = "not_found"
 
 
 class ModelNotFound(OnelaneError):

@@ -1,10 +1,28 @@
-"""A TCP proxy in front of Redis that the test can cut: the network between a worker and Redis, failing."""
+"""TCP proxies the tests can cut: the network between a worker and Redis, or between a client and the web, failing."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
 import threading
+from collections.abc import Callable
+
+
+def listen(on_client: Callable[[socket.socket], None]) -> socket.socket:
+    """A socket listening on 127.0.0.1 (a free port) that hands each connection to `on_client`, in the order they
+    came, until it is closed."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def accept() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            on_client(client)
+
+    threading.Thread(target=accept, daemon=True).start()
+    return listener
 
 
 class Proxy:
@@ -26,9 +44,8 @@ class Proxy:
         self._links: list[threading.Event] = []  # each connection's own flow, oldest first
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener = listen(self._connect)
         self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
 
     @property
     def url(self) -> str:
@@ -62,28 +79,23 @@ class Proxy:
         self.reset()
         self._listener.close()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            if self.refusing:
-                client.close()
-                continue
-            try:
-                server = socket.create_connection(self.upstream)
-            except OSError:
-                client.close()
-                continue
-            link = threading.Event()
-            if self.flowing.is_set():
-                link.set()
-            with self._lock:
-                self._open |= {client, server}
-                self._links.append(link)
-            for src, dst in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(src, dst, link), daemon=True).start()
+    def _connect(self, client: socket.socket) -> None:
+        if self.refusing:
+            client.close()
+            return
+        try:
+            server = socket.create_connection(self.upstream)
+        except OSError:
+            client.close()
+            return
+        link = threading.Event()
+        if self.flowing.is_set():
+            link.set()
+        with self._lock:
+            self._open |= {client, server}
+            self._links.append(link)
+        for src, dst in ((client, server), (server, client)):
+            threading.Thread(target=self._pump, args=(src, dst, link), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, link: threading.Event) -> None:
         try:

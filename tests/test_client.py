@@ -16,6 +16,7 @@ import pytest
 
 from tasks.client import Client, ServerEvent, lines, parse_sse
 from tests.helpers import BUSY, wait_ended, wait_event
+from tests.netproxy import listen
 
 
 def onelane_env(url: str, **extra: str) -> dict[str, str]:
@@ -238,17 +239,8 @@ class CuttingProxy:
 
     def __init__(self, target_port: int) -> None:
         self.target_port, self.cut = target_port, False
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener = listen(lambda client: threading.Thread(target=self._serve, args=(client,), daemon=True).start())
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
         with client, socket.create_connection(("127.0.0.1", self.target_port)) as upstream:

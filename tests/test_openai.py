@@ -26,6 +26,15 @@ def chat(client, content="hi", **kw):  # type: ignore[no-untyped-def]
     return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], **kw)
 
 
+def raw_stream(client, content: str, max_tokens: int, **kw):  # type: ignore[no-untyped-def]
+    """A chat stream of exactly `max_tokens` tokens, with its raw response (its headers name the job)."""
+    messages = [{"role": "user", "content": content}]
+    create = client.chat.completions.with_raw_response.create
+    return create(
+        model=MODEL, messages=messages, max_tokens=max_tokens, stream=True, extra_body={"ignore_eos": True}, **kw
+    )
+
+
 def test_models_lists_the_served_models(client):
     # the default catalog: the default real model first, then the demo model
     assert [m.id for m in client.models.list()] == [DEFAULT_MODEL, MODEL]
@@ -49,14 +58,7 @@ def test_completion(client, worker):
 
 
 def test_stream_has_content_deltas_then_done_and_usage(client, worker, store):
-    raw = client.chat.completions.with_raw_response.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": "hi"}],
-        max_tokens=12,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True},
-    )
+    raw = raw_stream(client, "hi", 12, stream_options={"include_usage": True})
     job_id = raw.headers["x-onelane-job-id"]
     chunks = list(raw.parse())
 
@@ -136,13 +138,7 @@ def test_a_waiting_stream_gets_its_position_as_comments(live_server, jobs, store
 
 
 def test_closing_a_stream_cancels_its_job(client, worker, store):
-    stream = client.chat.completions.with_raw_response.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": "x"}],
-        max_tokens=3000,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
+    stream = raw_stream(client, "x", 3000)
     job_id = stream.headers["x-onelane-job-id"]
     chunks = stream.parse()
     for _, _ in zip(range(5), chunks):

@@ -61,6 +61,15 @@ def aside(item: Queued | Ping) -> str:
     return sse.comment("ping")
 
 
+def with_asides(story: Iterator[Story]) -> Iterator[Event | str]:
+    """An OpenAI stream's view of a story: the job's events, and its standing and pings as SSE comments (`aside`)
+    between them. It ends where the client left; the stream's own `finally` sees to the job."""
+    for item in story:
+        if isinstance(item, Gone):
+            return
+        yield item if isinstance(item, Event) else aside(item)
+
+
 def follow(
     store: Store,
     hub: Hub,

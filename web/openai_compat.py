@@ -20,7 +20,7 @@ from web.admission import admit
 from web.auth import current_owner
 from web.errors import openai_error
 from web.feed import Feed
-from web.follow import CLIENT_GONE, Gone, Ping, Queued, Story, aside, cancel_quietly, follow
+from web.follow import CLIENT_GONE, Gone, Story, cancel_quietly, follow, with_asides
 from web.openai_bodies import Chat, Text, usage_object
 from web.openai_schemas import ChatRequest, CompletionRequest, Sampling, parse_openai
 from web.rerun import RESTARTED, Diverged, SentText, cancel_restarted
@@ -123,12 +123,10 @@ def _stream(job: Job, view: Chat, story: Iterator[Story]) -> Iterator[str]:
         first = view.first_chunk()
         if first is not None:
             yield sse.data_line(first)
-        for item in story:
+        for item in with_asides(story):
             match item:
-                case Queued() | Ping():
-                    yield aside(item)
-                case Gone():
-                    return
+                case str():
+                    yield item
                 case Event(type=EventType.REQUEUED):
                     text.requeued()
                 case Event(type=EventType.TOKEN):

@@ -27,7 +27,7 @@ from web.admission import admit
 from web.api import CANCEL_WAIT_S
 from web.auth import current_owner
 from web.feed import Feed
-from web.follow import CLIENT_GONE, Gone, Ping, Queued, Story, aside, cancel_quietly, follow
+from web.follow import CLIENT_GONE, Gone, Story, cancel_quietly, follow, with_asides
 from web.openai_bodies import PREFIX, item_id, message, part, snapshot, status_of
 from web.openai_schemas import RESPONSE_NEUTRAL, ResponseRequest, parse_openai
 from web.rerun import RESTARTED, Diverged, SentText, cancel_restarted
@@ -160,12 +160,10 @@ class ResponseStream:
         try:
             yield from self._event("response.created", response=snapshot(self.job, "queued", ""))
             yield from self._event("response.queued", response=snapshot(self.job, "queued", ""))
-            for item in story:
+            for item in with_asides(story):
                 match item:
-                    case Queued() | Ping():
-                        yield aside(item)
-                    case Gone():
-                        return
+                    case str():
+                        yield item
                     case Event() if item.terminal:
                         ended = True
                         yield from self._end(item)

@@ -177,12 +177,7 @@ class GpuWorker:
         except OSError as exc:  # a full disk costs the next worker a cold start, nothing more
             logger.warning("prefix cache: could not save to %s: %s", self._prefix_folder, exc)
             return
-        logger.info(
-            "prefix cache: %d entries (%.1f MiB) saved in %.2f s",
-            saved,
-            prefix.nbytes / 2**20,
-            time.perf_counter() - started,
-        )
+        self._log_prefix_cache("saved", saved, started)
 
     def _load_prefix_cache(self) -> None:
         """Take back what the worker before this one on this device saved as it stopped."""
@@ -192,12 +187,13 @@ class GpuWorker:
         started = time.perf_counter()
         loaded = prefix.load(self._prefix_folder, self.models.served_keys())
         if loaded:
-            logger.info(
-                "prefix cache: %d entries (%.1f MiB) loaded in %.2f s",
-                loaded,
-                prefix.nbytes / 2**20,
-                time.perf_counter() - started,
-            )
+            self._log_prefix_cache("loaded", loaded, started)
+
+    def _log_prefix_cache(self, done: str, entries: int, started: float) -> None:
+        mib = self.models.prefix.nbytes / 2**20
+        logger.info(
+            "prefix cache: %d entries (%.1f MiB) %s in %.2f s", entries, mib, done, time.perf_counter() - started
+        )
 
     def _take_device(self) -> bool:
         """Block until this worker holds the device: a second worker on the same device waits here."""
