@@ -39,6 +39,12 @@ class InvalidJSON(InvalidRequest):
     type = "invalid_json"
 
 
+class PreviousResponseNotFound(InvalidRequest):
+    """`previous_response_id` names no response of the caller's (OpenAI's code, which clients act on: resend)."""
+
+    type = "previous_response_not_found"
+
+
 class PromptTooLarge(InvalidRequest):
     """The prompt (or the whole body) is larger than the server accepts."""
 

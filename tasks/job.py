@@ -77,6 +77,7 @@ class ResponseFields(BaseModel):
     instructions: str | None = None
     metadata: dict[str, str] = {}
     service_tier: str = "default"
+    previous_response_id: str | None = None  # the response it continues (its messages begin with that conversation)
 
 
 class JobSpec(BaseModel):

@@ -79,6 +79,13 @@ def test_responses_lines_are_responses_and_completions_lines_completions(setting
     assert text.spec.prompt == "Once" and text.spec.params.max_tokens == 16
 
 
+def test_a_responses_line_cannot_continue_another_response(settings):
+    body = {"model": "onelane-demo", "input": "and then?", "previous_response_id": "resp_x"}
+    lines, (error,) = read_lines(line("r", body, url="/v1/responses").encode(), "/v1/responses", "u", settings)
+    assert lines == [] and (error.code, error.custom_id) == ("invalid_request", "r")
+    assert "previous_response_id" in error.message
+
+
 @pytest.mark.parametrize("data", [b"not json\nat all\n", b"[1, 2]\n\n", b"\n\n"])
 def test_a_file_with_no_json_object_is_refused_whole(settings, data):
     with pytest.raises(NotJsonl):

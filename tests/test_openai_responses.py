@@ -168,7 +168,6 @@ def test_a_foreground_response_cannot_be_cancelled_by_id_and_other_jobs_are_not_
     [
         ({"store": False, "background": True}, "store"),
         ({"tools": [{"type": "web_search"}]}, "tools"),
-        ({"previous_response_id": "resp_x"}, "previous_response_id"),
         ({"input": []}, "input"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),

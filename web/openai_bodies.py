@@ -131,7 +131,7 @@ def snapshot(job: Job, status: str | None = None, text: str | None = None) -> di
         "model": job.spec.model,
         "output": output,
         "parallel_tool_calls": True,
-        "previous_response_id": None,
+        "previous_response_id": extra.previous_response_id,
         "service_tier": TIER_NAMES[job.spec.priority] if extra.service_tier != "priority" else "priority",
         "store": True,
         "temperature": params.temperature,

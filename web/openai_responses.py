@@ -19,9 +19,16 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from tasks.errors import InvalidParameter, InvalidRequest, JobAlreadyEnded, JobDidNotComplete, JobNotFound
+from tasks.errors import (
+    InvalidParameter,
+    InvalidRequest,
+    JobAlreadyEnded,
+    JobDidNotComplete,
+    JobNotFound,
+    PreviousResponseNotFound,
+)
 from tasks.events import Event, EventType
-from tasks.job import Job, JobStatus, new_job_id
+from tasks.job import Job, JobStatus, Message, new_job_id
 from web import sse
 from web.admission import admit
 from web.api import CANCEL_WAIT_S
@@ -29,7 +36,7 @@ from web.auth import current_owner
 from web.feed import Feed
 from web.follow import CLIENT_GONE, Gone, Story, cancel_quietly, follow, with_asides
 from web.openai_bodies import PREFIX, item_id, message, part, snapshot, status_of
-from web.openai_schemas import RESPONSE_NEUTRAL, ResponseRequest, parse_openai
+from web.openai_schemas import RESPONSE_NEUTRAL, ResponseRequest, conversation_of, parse_openai
 from web.rerun import RESTARTED, Diverged, SentText, cancel_restarted
 from web.schemas import json_body
 from web.services import services
@@ -51,7 +58,8 @@ def _own(rid: str) -> Job:
 def create() -> Response:
     owner = current_owner()
     req: ResponseRequest = parse_openai(ResponseRequest, json_body(request), RESPONSE_NEUTRAL)
-    spec, ttl_s = req.admission(owner, services().settings)
+    before = _continued(req.previous_response_id) if req.previous_response_id is not None else ()
+    spec, ttl_s = req.admission(owner, services().settings, before=before)
     if req.background and not req.stream:
         return jsonify(snapshot(admit(spec, ttl_s)))
     svc = services()
@@ -68,6 +76,23 @@ def create() -> Response:
         stream = ResponseStream(job, watcher=not req.background).events(story)
         return sse.response(stream, {"x-onelane-job-id": job.id}, on_close=feed.close)
     return _answer(job, story)
+
+
+def _continued(rid: str) -> tuple[Message, ...]:
+    """The conversation the caller's response `rid` ended with, for a response that continues it."""
+    try:
+        job = _own(rid)
+    except JobNotFound:
+        raise PreviousResponseNotFound(
+            f"Previous response with id {rid!r} not found (a response is kept ONELANE_RESULT_TTL after its end).",
+            param="previous_response_id",
+        ) from None
+    if job.status is not JobStatus.COMPLETED:
+        raise InvalidRequest(
+            f"response {rid!r} is {status_of(job)}: only a completed or incomplete response can be continued",
+            param="previous_response_id",
+        )
+    return conversation_of(job)
 
 
 @bp.get("/v1/responses/<rid>")

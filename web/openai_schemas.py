@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.batches import Endpoint
 from tasks.errors import InvalidRequest
-from tasks.job import JobSpec, Message, ResponseFields, SamplingParams
+from tasks.job import Job, JobSpec, Message, ResponseFields, SamplingParams
 from tasks.settings import Priority, Settings
 from web.schemas import int_is_a_float, make_spec, parse, stops_schema
 
@@ -212,13 +212,18 @@ class TextOptions(BaseModel):
 
 class ResponseRequest(BaseModel):
     """POST /v1/responses: a job in the same queue. Fields of the API that would change the answer's meaning (tools,
-    reasoning, structured output, previous_response_id) are refused by name."""
+    reasoning, structured output, conversations) are refused by name."""
 
     model_config = STRICT
 
     model: str
     input: str | list[InputMessage] = Field(description="the user's text, or the conversation's messages")
     instructions: str | None = Field(None, description="the system message, put before `input`")
+    previous_response_id: str | None = Field(
+        None,
+        description="continue that response's conversation: its input (not its instructions) and its answer come "
+        "before `input`; it must have ended completed or incomplete, and is kept ONELANE_RESULT_TTL after its end",
+    )
     background: bool = Field(False, description="answer at once with the queued response; poll or stream it later")
     stream: bool = False
     store: bool = Field(True, description="always stored, as a job: `false` is refused with `background`")
@@ -249,13 +254,13 @@ class ResponseRequest(BaseModel):
 
     _bounded_metadata = field_validator("metadata")(bounded_metadata)
 
-    def messages(self) -> tuple[Message, ...]:
-        """The conversation the model answers: `instructions` as the system message, then `input`."""
-        turns = (
-            [Message(role="user", content=self.input)]
-            if isinstance(self.input, str)
-            else [m.to_message() for m in self.input]
-        )
+    def messages(self, before: tuple[Message, ...] = ()) -> tuple[Message, ...]:
+        """The conversation the model answers: `instructions` as the system message, then what came `before` (the
+        conversation the previous response ended), then `input`."""
+        if isinstance(self.input, str):
+            turns = [*before, Message(role="user", content=self.input)]
+        else:
+            turns = [*before, *(m.to_message() for m in self.input)]
         if self.instructions:
             turns.insert(0, Message(role="system", content=self.instructions))
         return tuple(turns)
@@ -271,10 +276,15 @@ class ResponseRequest(BaseModel):
     def priority(self) -> Priority | None:
         return TIERS[self.service_tier] if self.service_tier else None
 
-    def admission(self, owner: str, settings: Settings, batch: bool = False) -> tuple[JobSpec, float]:
-        """A foreground response is watched by its request; a background one (or a batch's line) by nobody."""
+    def admission(
+        self, owner: str, settings: Settings, batch: bool = False, before: tuple[Message, ...] = ()
+    ) -> tuple[JobSpec, float]:
+        """A foreground response is watched by its request; a background one (or a batch's line) by nobody.
+        `before`: the conversation `previous_response_id` names (`conversation_of` that response)."""
         if self.background and not self.store:
             raise InvalidRequest("background responses are stored: `store` must not be false", param="store")
+        if batch and self.previous_response_id is not None:
+            raise InvalidRequest("a batch's responses cannot continue another response", param="previous_response_id")
         params = self.params(settings.default_max_tokens)
         if params.max_tokens > settings.max_tokens_limit:
             raise InvalidRequest(
@@ -285,18 +295,28 @@ class ResponseRequest(BaseModel):
             instructions=self.instructions,
             metadata=self.metadata or {},
             service_tier=self.service_tier or "default",
+            previous_response_id=self.previous_response_id,
         )
         return make_spec(
             owner,
             settings,
             params,
             None,
-            self.messages(),
+            self.messages(before),
             model=self.model,
             priority="batch" if batch else self.priority(),
             watched=not (self.background or batch),
             response=extra,
         )
+
+
+def conversation_of(job: Job) -> tuple[Message, ...]:
+    """What a response that continues `job`'s begins with: its messages without its instructions (OpenAI carries
+    them no further), then its answer."""
+    messages = job.spec.messages or ()
+    if job.spec.response is not None and job.spec.response.instructions:
+        messages = messages[1:]
+    return (*messages, Message(role="assistant", content=job.output))
 
 
 #: Responses fields onelane takes only with their neutral value (anything else: 400 naming the field).
@@ -306,7 +326,6 @@ RESPONSE_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "parallel_tool_calls": (True, False, None),
     "reasoning": (None,),
     "include": ([], None),
-    "previous_response_id": (None,),
     "conversation": (None,),
     "prompt": (None,),
     "max_tool_calls": (None,),

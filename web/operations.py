@@ -314,7 +314,8 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 "summary": "Create a response (Responses API)",
                 "description": "A job in the same queue. `background: true`: answered at once with the response, "
                 "`queued`; it runs whoever follows it. Otherwise the request waits for it (and a client "
-                "that hangs up has it cancelled). " + _response_stream_note(),
+                "that hangs up has it cancelled). `previous_response_id` continues a response that ended "
+                "completed or incomplete: its input and answer come before this `input`. " + _response_stream_note(),
                 "requestBody": body(ResponseRequest),
                 "responses": {"200": _response_answer(ref), **openai_errors},
             },

@@ -351,7 +351,7 @@ class OpenAIResponse(Answer):
     model: str
     output: list[OutputMessage]
     parallel_tool_calls: bool
-    previous_response_id: None
+    previous_response_id: str | None = Field(description="the response this one continues")
     service_tier: Literal["default", "flex", "priority"]
     store: bool
     temperature: float

@@ -1,0 +1,91 @@
+"""A response that continues another (`previous_response_id`): the conversation so far comes from the job store,
+not from the client, and only from the caller's own responses that ended with an answer."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.helpers import DEMO, sdk
+
+MODEL = DEMO
+pytestmark = pytest.mark.default_catalog
+
+
+@pytest.fixture
+def settings(settings):  # type: ignore[no-untyped-def]
+    return settings.model_copy(update={"users": settings.model_validate({"users": "alice:ka,bob:kb"}).users})
+
+
+def ask(client, text, **kw):  # type: ignore[no-untyped-def]
+    return client.responses.create(
+        model=MODEL, input=text, max_output_tokens=6, temperature=0, extra_body={"ignore_eos": True}, **kw
+    )
+
+
+def job_of(response_id: str) -> str:
+    return "job_" + response_id.removeprefix("resp_")
+
+
+def turns(store, response) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    return [(m.role, m.content) for m in store.get(job_of(response.id)).spec.messages]
+
+
+def test_each_response_continues_the_conversation_of_the_one_it_names(live_server, start_worker, store):
+    start_worker()
+    alice = sdk(live_server, "ka")
+
+    # Given a response with instructions, When two more each continue the one before
+    first = ask(alice, "My name is Ada.", instructions="Be brief.")
+    second = ask(alice, "What is my name?", previous_response_id=first.id)
+    third = ask(alice, "Say it again.", previous_response_id=second.id, instructions="Answer in French.")
+
+    # Then each one's model reads the whole conversation: the input and answer of every response before it, and
+    # only its own instructions (OpenAI carries a response's instructions no further)
+    assert second.previous_response_id == first.id and second.instructions is None
+    assert turns(store, second) == [
+        ("user", "My name is Ada."),
+        ("assistant", first.output_text),
+        ("user", "What is my name?"),
+    ]
+    assert turns(store, third) == [
+        ("system", "Answer in French."),
+        *turns(store, second),
+        ("assistant", second.output_text),
+        ("user", "Say it again."),
+    ]
+    assert alice.responses.retrieve(third.id).previous_response_id == second.id
+
+
+def test_a_continued_conversation_is_read_from_the_prefix_cache(live_server, start_worker, store):
+    start_worker()
+    alice = sdk(live_server, "ka")
+    first = ask(alice, "My name is Ada, and I keep the queue in front of the GPU. " * 4)  # past MIN_HIT_TOKENS
+
+    second = ask(alice, "What is my name?", previous_response_id=first.id)
+
+    # the first response's prompt was cached as it ended: the second reads at least that much of its own from it
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+
+
+def test_only_ones_own_response_that_ended_with_an_answer_can_be_continued(live_server, store):
+    alice, bob = sdk(live_server, "ka"), sdk(live_server, "kb")
+    # Given no worker: alice's background response waits
+    waiting = alice.responses.create(model=MODEL, input="hi", background=True, max_output_tokens=4)
+
+    with pytest.raises(openai.BadRequestError) as queued:
+        ask(alice, "and then?", previous_response_id=waiting.id)
+    with pytest.raises(openai.BadRequestError) as not_bobs:
+        ask(bob, "and then?", previous_response_id=waiting.id)
+    with pytest.raises(openai.BadRequestError) as unknown:
+        ask(alice, "and then?", previous_response_id="resp_nothing")
+    alice.responses.cancel(waiting.id)
+    with pytest.raises(openai.BadRequestError) as cancelled:
+        ask(alice, "and then?", previous_response_id=waiting.id)
+
+    for refused in (queued, not_bobs, unknown, cancelled):
+        assert refused.value.body["param"] == "previous_response_id", refused.value.body  # type: ignore[index]
+    assert "is queued" in queued.value.body["message"] and "is cancelled" in cancelled.value.body["message"]  # type: ignore[index]
+    assert not_bobs.value.body["code"] == unknown.value.body["code"] == "previous_response_not_found"  # type: ignore[index]
+    assert queued.value.body["code"] == cancelled.value.body["code"] == "invalid_request"  # type: ignore[index]
+    assert [j.id for j in store.list("alice")] == [job_of(waiting.id)] and store.list("bob") == []  # nothing admitted
