@@ -37,6 +37,7 @@ OPERATIONS = {
     ("/", "get"), ("/jobs", "post"), ("/jobs/{job_id}", "get"), ("/jobs", "get"), ("/login", "get"), ("/login", "post"),
     ("/queue", "get"), ("/queue.json", "get"), ("/queue/jobs/{job_id}/cancel", "post"), ("/openapi.json", "get"),
     ("/docs", "get"), ("/v1/responses", "post"), ("/v1/responses/{rid}", "get"), ("/v1/responses/{rid}/cancel", "post"),
+    ("/v1/responses/{rid}/input_items", "get"),
     ("/v1/files", "post"), ("/v1/files", "get"), ("/v1/files/{file_id}", "get"), ("/v1/files/{file_id}/content", "get"),
     ("/v1/files/{file_id}", "delete"),
     ("/v1/batches", "post"), ("/v1/batches", "get"), ("/v1/batches/{batch_id}", "get"),

@@ -57,6 +57,34 @@ def test_each_response_continues_the_conversation_of_the_one_it_names(live_serve
     assert alice.responses.retrieve(third.id).previous_response_id == second.id
 
 
+def items(page) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    return [(item.role, item.content[0].text) for item in page]
+
+
+def test_a_response_lists_the_conversation_it_answered_as_its_input_items_a_page_at_a_time(
+    live_server, start_worker, store
+):
+    start_worker()
+    alice, bob = sdk(live_server, "ka"), sdk(live_server, "kb")
+    first = ask(alice, "My name is Ada.", instructions="Be brief.")
+    second = ask(alice, "What is my name?", previous_response_id=first.id)
+    conversation = [("user", "My name is Ada."), ("assistant", first.output_text), ("user", "What is my name?")]
+
+    # newest first by default; the SDK follows the pages (`after` the last id) to the end, 2 items at a time
+    assert items(alice.responses.input_items.list(second.id)) == conversation[::-1]
+    assert items(alice.responses.input_items.list(second.id, order="asc", limit=2)) == conversation
+    page = alice.responses.input_items.list(second.id, order="asc", limit=2)
+    assert page.has_more and not page.get_next_page().has_more
+    assert items(alice.responses.input_items.list(first.id)) == [("user", "My name is Ada.")]  # instructions apart
+
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.input_items.list(second.id)
+    for bad, param in (({"order": "newest"}, "order"), ({"after": "msg_nothing"}, "after"), ({"limit": 0}, "limit")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            alice.responses.input_items.list(second.id, **bad)
+        assert refused.value.body["param"] == param, refused.value.body  # type: ignore[index]
+
+
 def test_a_continued_conversation_is_read_from_the_prefix_cache(live_server, start_worker, store):
     start_worker()
     alice = sdk(live_server, "ka")

@@ -26,6 +26,7 @@ from web.api import list_limit
 from web.auth import current_owner
 from web.batch_input import NotJsonl, read_lines
 from web.batch_runner import refused_line
+from web.openai_bodies import list_page
 from web.openai_schemas import BatchRequest, parse_openai
 from web.schemas import json_body
 from web.services import services
@@ -84,16 +85,7 @@ def create() -> Response:
 @bp.get("/v1/batches")
 def list_batches() -> Response:
     records, more = services().batches.list(current_owner(), list_limit(), request.args.get("after"))
-    data = [responses.Batch.of(r) for r in records]
-    return jsonify(
-        {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": more,
-        }
-    )
+    return jsonify(list_page([responses.Batch.of(r) for r in records], more))
 
 
 @bp.get("/v1/batches/<batch_id>")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.job import Job, JobStatus, ResponseFields, Usage
+from tasks.job import Job, JobStatus, Message, ResponseFields, Usage
 from web.openai_schemas import Sampling
 
 
@@ -156,6 +156,23 @@ def item_id(job: Job) -> str:
 
 def part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def input_item(job: Job, n: int, turn: Message) -> dict[str, Any]:
+    """The `n`th item of a response's input: a message, the assistant's as output text (as OpenAI lists them)."""
+    text = part(turn.content) if turn.role == "assistant" else {"type": "input_text", "text": turn.content}
+    return {"id": f"{item_id(job)}_{n}", "type": "message", "role": turn.role, "status": "completed", "content": [text]}
+
+
+def list_page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """One page of an OpenAI list, with its cursors."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
 
 
 def usage(job: Job) -> dict[str, Any]:

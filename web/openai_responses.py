@@ -31,12 +31,12 @@ from tasks.events import Event, EventType
 from tasks.job import Job, JobStatus, Message, new_job_id
 from web import sse
 from web.admission import admit
-from web.api import CANCEL_WAIT_S
+from web.api import CANCEL_WAIT_S, list_limit
 from web.auth import current_owner
 from web.feed import Feed
 from web.follow import CLIENT_GONE, Gone, Story, cancel_quietly, follow, with_asides
-from web.openai_bodies import PREFIX, item_id, message, part, snapshot, status_of
-from web.openai_schemas import RESPONSE_NEUTRAL, ResponseRequest, conversation_of, parse_openai
+from web.openai_bodies import PREFIX, input_item, item_id, list_page, message, part, snapshot, status_of
+from web.openai_schemas import RESPONSE_NEUTRAL, ResponseRequest, conversation_of, input_of, parse_openai
 from web.rerun import RESTARTED, Diverged, SentText, cancel_restarted
 from web.schemas import json_body
 from web.services import services
@@ -105,6 +105,27 @@ def retrieve(rid: str) -> Response:
     svc = services()
     story = follow(svc.store, svc.hub, job, ping_s=svc.settings.sse_ping_s)  # (it watches, but cancels nothing)
     return sse.response(ResponseStream(job, after).events(story), {"x-onelane-job-id": job.id})
+
+
+@bp.get("/v1/responses/<rid>/input_items")
+def input_items(rid: str) -> Response:
+    """The conversation a response answered (its instructions apart), newest first unless `order=asc`."""
+    job = _own(rid)
+    items = [input_item(job, n, turn) for n, turn in enumerate(input_of(job))]
+    order = request.args.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidParameter("order must be asc or desc", param="order")
+    if order == "desc":
+        items.reverse()
+    start = 0
+    after = request.args.get("after")
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise InvalidParameter("after must be the id of one of this response's input items", param="after")
+        start = ids.index(after) + 1
+    limit = list_limit()
+    return jsonify(list_page(items[start : start + limit], start + limit < len(items)))
 
 
 @bp.post("/v1/responses/<rid>/cancel")

@@ -310,13 +310,18 @@ class ResponseRequest(BaseModel):
         )
 
 
-def conversation_of(job: Job) -> tuple[Message, ...]:
-    """What a response that continues `job`'s begins with: its messages without its instructions (OpenAI carries
-    them no further), then its answer."""
+def input_of(job: Job) -> tuple[Message, ...]:
+    """A response's input, as the conversation it answers: its messages without its instructions (the system
+    message they became; OpenAI keeps them apart, and carries them no further)."""
     messages = job.spec.messages or ()
     if job.spec.response is not None and job.spec.response.instructions:
-        messages = messages[1:]
-    return (*messages, Message(role="assistant", content=job.output))
+        return messages[1:]
+    return messages
+
+
+def conversation_of(job: Job) -> tuple[Message, ...]:
+    """What a response that continues `job`'s begins with: its input, then its answer."""
+    return (*input_of(job), Message(role="assistant", content=job.output))
 
 
 #: Responses fields onelane takes only with their neutral value (anything else: 400 naming the field).

@@ -43,6 +43,7 @@ ANSWERS: tuple[type[BaseModel], ...] = (
     responses.Ready,
     responses.NotReady,
     responses.OpenAIResponse,
+    responses.InputItemList,
     responses.ResponseStreamEvent,
     responses.FileObject,
     responses.FileList,

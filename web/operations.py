@@ -46,6 +46,11 @@ LIMIT = {
 }
 
 
+def _after(description: str) -> dict[str, Any]:
+    """A list's cursor: the id of the last item the client has."""
+    return {"name": "after", "in": "query", "schema": {"type": "string"}, "description": description}
+
+
 def _answer(
     description: str, schema: Any = None, media: str = JSON, headers: dict[str, bool] | None = None
 ) -> dict[str, Any]:
@@ -353,6 +358,34 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
             },
         ),
         (
+            "responses.input_items",
+            "get",
+            {
+                "operationId": "listResponseInputItems",
+                "tags": ["openai"],
+                "summary": "List a response's input items",
+                "description": "The conversation the response answered: its input and, for one that continues another "
+                "(`previous_response_id`), every earlier input and answer; its `instructions` apart.",
+                "parameters": [
+                    RESPONSE_ID,
+                    LIMIT,
+                    {"name": "order", "in": "query", "schema": {"type": "string", "enum": ["asc", "desc"]}},
+                    _after("list those after this item, in the order asked"),
+                ],
+                "responses": {
+                    "200": _answer("the items", ref(responses.InputItemList)),
+                    **dict(
+                        [
+                            err(400, "invalid_request_error: `limit`, `order` or `after` malformed", True),
+                            oai_unauthorized,
+                            response_not_found,
+                            oai_unavailable,
+                        ]
+                    ),
+                },
+            },
+        ),
+        (
             "responses.cancel",
             "post",
             {
@@ -524,12 +557,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 "summary": "List the caller's batches",
                 "parameters": [
                     LIMIT,
-                    {
-                        "name": "after",
-                        "in": "query",
-                        "schema": {"type": "string"},
-                        "description": "list those older than this batch",
-                    },
+                    _after("list those older than this batch"),
                 ],
                 "responses": {
                     "200": _answer("the batches", ref(responses.BatchList)),

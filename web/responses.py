@@ -301,6 +301,31 @@ class OutputMessage(Answer):
     content: list[OutputText]
 
 
+class InputText(Answer):
+    type: Literal["input_text"]
+    text: str
+
+
+class InputItem(Answer):
+    """One message of the conversation a response answered: the assistant's as output text."""
+
+    id: str = Field(description="`msg_…_N`: the response's item id and the message's place in its input")
+    type: Literal["message"]
+    role: Literal["system", "user", "assistant"]
+    status: Literal["completed"]
+    content: list[InputText | OutputText] = Field(min_length=1, max_length=1)
+
+
+class InputItemList(Answer):
+    """A page of a response's input items, newest first unless `order=asc`."""
+
+    object: Literal["list"]
+    data: list[InputItem]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
 class ResponseError(Answer):
     code: str = Field(description="why it failed: expired, worker_crashed, model_unavailable, …")
     message: str
