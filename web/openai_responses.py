@@ -14,6 +14,8 @@ request, as the chat endpoint's: a client that hangs up has it cancelled.
 
 from __future__ import annotations
 
+import contextlib
+import reprlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,12 +48,12 @@ bp = Blueprint("responses", __name__)
 
 def _own(rid: str) -> Job:
     """The caller's response `rid` (another user's, or a job made otherwise, is not found)."""
-    if not rid.startswith(PREFIX):
-        raise JobNotFound("no such response")
-    job = services().store.get("job_" + rid.removeprefix(PREFIX), current_owner())
-    if job.spec.response is None:
-        raise JobNotFound("no such response")
-    return job
+    with contextlib.suppress(JobNotFound):
+        if rid.startswith(PREFIX):
+            job = services().store.get("job_" + rid.removeprefix(PREFIX), current_owner())
+            if job.spec.response is not None:
+                return job
+    raise JobNotFound(f"no response {reprlib.repr(rid)}")  # (a bounded excerpt of what was sent)
 
 
 @bp.post("/v1/responses")
@@ -84,12 +86,14 @@ def _continued(rid: str) -> tuple[Message, ...]:
         job = _own(rid)
     except JobNotFound:
         raise PreviousResponseNotFound(
-            f"Previous response with id {rid!r} not found (a response is kept ONELANE_RESULT_TTL after its end).",
+            f"Previous response with id {reprlib.repr(rid)} not found (a response is kept ONELANE_RESULT_TTL after "
+            "its end).",
             param="previous_response_id",
         ) from None
     if job.status is not JobStatus.COMPLETED:
         raise InvalidRequest(
-            f"response {rid!r} is {status_of(job)}: only a completed or incomplete response can be continued",
+            f"response {reprlib.repr(rid)} is {status_of(job)}: only a completed or incomplete response can be "
+            "continued",
             param="previous_response_id",
         )
     return conversation_of(job)
