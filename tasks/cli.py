@@ -1,5 +1,5 @@
 """The `onelane` command (`onelane = tasks.cli:main`): up, web, worker, redis, make-demo-model, and the terminal
-client's run, submit, tail, jobs, cancel, batch (tasks/client_cli.py).
+client's run, chat, submit, tail, jobs, cancel, batch (tasks/client_cli.py).
 
 The one entry point of the house, and the only module of tasks/ that reaches web/ or worker/: only lazily, inside
 the commands that start them (web, worker, make-demo-model), so the contract never imports the processes built on it.
@@ -39,6 +39,7 @@ def main(log_level: str | None) -> None:
 
 for command in (
     client_cli.run,
+    client_cli.chat,
     client_cli.submit,
     client_cli.tail,
     client_cli.jobs,

@@ -75,10 +75,13 @@ class Client:
         """ONELANE_URL (default http://127.0.0.1:8000) and ONELANE_API_KEY."""
         return cls(environ.get("ONELANE_URL") or DEFAULT_URL, environ.get("ONELANE_API_KEY") or None)
 
-    def submit(self, prompt: str, raw: bool = False, **fields: Any) -> dict[str, Any]:
-        """POST /v1/jobs: `prompt` as the user's turn of a chat, or with `raw` as text to continue; options left None
-        are not sent (the server's defaults apply)."""
-        text: dict[str, Any] = {"prompt": prompt} if raw else {"messages": [{"role": "user", "content": prompt}]}
+    def submit(self, prompt: str | list[dict[str, str]], raw: bool = False, **fields: Any) -> dict[str, Any]:
+        """POST /v1/jobs: `prompt` as the user's turn of a chat, a whole conversation (its messages), or with `raw`
+        as text to continue; options left None are not sent (the server's defaults apply)."""
+        if isinstance(prompt, list):
+            text: dict[str, Any] = {"messages": prompt}
+        else:
+            text = {"prompt": prompt} if raw else {"messages": [{"role": "user", "content": prompt}]}
         body = {**text, **{k: v for k, v in fields.items() if v is not None}}
         return self._json("POST", "/v1/jobs", json=body)
 

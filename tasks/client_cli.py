@@ -1,4 +1,4 @@
-"""The terminal client's commands: run, submit, tail, jobs, cancel and batch talk to a running web over HTTP
+"""The terminal client's commands: run, chat, submit, tail, jobs, cancel and batch talk to a running web over HTTP
 (tasks/client.py), at ONELANE_URL with ONELANE_API_KEY. A job's tokens go to stdout, so it pipes; its standing and
 errors go to stderr. tasks/cli.py adds them to the `onelane` command.
 
@@ -8,6 +8,7 @@ must let gevent patch ssl before they are imported.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -140,8 +141,11 @@ def _job_options(command: Callable[..., None]) -> Callable[..., None]:
     return command
 
 
-def _submit(client: Client, status: _Status, prompt: str, wait: bool, **fields: Any) -> dict[str, Any]:
-    """Submit PROMPT ("-": stdin); with `wait`, an overloaded server is asked again after its Retry-After."""
+def _submit(
+    client: Client, status: _Status, prompt: str | list[dict[str, str]], wait: bool, **fields: Any
+) -> dict[str, Any]:
+    """Submit PROMPT ("-": stdin; a list: a conversation); with `wait`, an overloaded server is asked again after its
+    Retry-After."""
     from tasks.client import ApiError
 
     text = sys.stdin.read() if prompt == "-" else prompt
@@ -255,6 +259,87 @@ def run(prompt: str, wait: bool, as_json: bool, ignore_eos: bool, **fields: Any)
                 sys.exit(code)
             _cancel_and_exit(client, console, job_id, code)
     _report(console, ended, as_json)
+
+
+class _Leaving(BaseException):
+    """SIGTERM or SIGHUP (a kill, a closed terminal) during a chat: stop the answer, and leave."""
+
+
+def _leave(*_: Any) -> NoReturn:
+    raise _Leaving
+
+
+@click.command()
+@click.option("--model", help="A model the server serves (GET /v1/models); default: its default model.")
+@click.option("--system", help="The system message every turn starts with.")
+@click.option("--max-tokens", type=click.IntRange(min=1), help="Each answer's limit (default: the server's).")
+@click.option("--temperature", type=click.FloatRange(0, 2), help="Sampling temperature (default 0: greedy).")
+@click.option("--wait", is_flag=True, help="When the server is overloaded (429/503), retry after Retry-After.")
+def chat(model: str | None, system: str | None, max_tokens: int | None, temperature: float | None, wait: bool) -> None:
+    """Chat: each line you type is your turn, answered with the whole conversation so far (the server's prefix cache
+    reads the history rather than computing it again). Each turn waits in the queue like any job, showing its place.
+
+    Ctrl-C stops an answer (that turn is dropped) and the chat goes on; Ctrl-D or /bye leaves. A turn the server
+    refuses or that fails is dropped too, said on stderr. Exit status: 0, or 130 after Ctrl-C at the prompt.
+    """
+    from tasks.client import ApiError
+
+    client, console = _client()
+    status = _Status(console)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _leave)
+    if sys.stdin.isatty():
+        import readline  # noqa: F401  (line editing and history for input())
+    history = [{"role": "system", "content": system}] if system else []
+    fields = {"model": model, "max_tokens": max_tokens, "temperature": temperature}
+    while True:
+        try:
+            if sys.stdin.isatty():
+                console.print(">>> ", end="", style="bold")
+            line = input().strip()
+        except EOFError:
+            return
+        except KeyboardInterrupt:
+            console.print()
+            sys.exit(EXIT_INTERRUPTED)
+        if line == "/bye":
+            return
+        if not line:
+            continue
+        turn = [*history, {"role": "user", "content": line}]
+        job_id = None
+        try:
+            with _reported():
+                try:
+                    job = _submit(client, status, turn, wait, abandon_on_disconnect=True, **fields)
+                except ApiError as exc:  # refused (overloaded, too long, …): this turn only
+                    status.stop()
+                    console.print(f"not sent: {exc}", style="red")
+                    continue
+                job_id = job["id"]
+                if job["status"] == "queued":
+                    status.show(_standing(job))
+                ended = _follow(client, status, job_id)
+        except (KeyboardInterrupt, _Leaving) as stop:
+            status.stop()
+            if job_id is not None:
+                _cancel_quietly(client, job_id)
+            if isinstance(stop, _Leaving):
+                sys.exit(EXIT_INTERRUPTED)
+            console.print("stopped: that turn is dropped", style="yellow")
+            continue
+        if ended["status"] == "completed":
+            history = [*turn, {"role": "assistant", "content": ended["output"]}]
+        else:
+            error = ended.get("error") or {}
+            console.print(f"{ended['status']}: {error.get('message', 'no answer')}; that turn is dropped", style="red")
+
+
+def _cancel_quietly(client: Client, job_id: str) -> None:
+    from tasks.client import ClientError
+
+    with contextlib.suppress(ClientError):  # it ended meanwhile, or the server is gone
+        client.cancel(job_id)
 
 
 @click.command()

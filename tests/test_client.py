@@ -24,10 +24,15 @@ def onelane_env(url: str, **extra: str) -> dict[str, str]:
     return {**environ, "ONELANE_URL": url, "COLUMNS": "200", **extra}
 
 
-def onelane(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run `onelane ARGS` to its end; stdout decoded as is (no newline translation: tokens may hold a \\r)."""
+def onelane(url: str, *args: str, stdin: str = "", **env: str) -> subprocess.CompletedProcess[str]:
+    """Run `onelane ARGS` to its end, `stdin` as its input; stdout decoded as is (no newline translation: tokens may
+    hold a \\r)."""
     done = subprocess.run(
-        [sys.executable, "-m", "tasks.cli", *args], env=onelane_env(url, **env), capture_output=True, timeout=90
+        [sys.executable, "-m", "tasks.cli", *args],
+        env=onelane_env(url, **env),
+        input=stdin.encode(),
+        capture_output=True,
+        timeout=90,
     )
     return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
 
@@ -38,6 +43,7 @@ def start(url: str, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "tasks.cli", *args],
         env=onelane_env(url),
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
