@@ -280,7 +280,8 @@ def chat(model: str | None, system: str | None, max_tokens: int | None, temperat
     reads the history rather than computing it again). Each turn waits in the queue like any job, showing its place.
 
     Ctrl-C stops an answer (that turn is dropped) and the chat goes on; Ctrl-D or /bye leaves. A turn the server
-    refuses or that fails is dropped too, said on stderr. Exit status: 0, or 130 after Ctrl-C at the prompt.
+    refuses or that fails is dropped too, said on stderr. Exit status: 0; 130 after Ctrl-C at the prompt, SIGTERM or
+    a closed terminal; 141 when stdout was closed.
     """
     from tasks.client import ApiError
 
@@ -320,10 +321,12 @@ def chat(model: str | None, system: str | None, max_tokens: int | None, temperat
                 if job["status"] == "queued":
                     status.show(_standing(job))
                 ended = _follow(client, status, job_id)
-        except (KeyboardInterrupt, _Leaving) as stop:
+        except (KeyboardInterrupt, _Leaving, BrokenPipeError) as stop:
             status.stop()
             if job_id is not None:
                 _cancel_quietly(client, job_id)
+            if isinstance(stop, BrokenPipeError):  # stdout's reader left: nobody reads the answers
+                sys.exit(_stdout_closed())
             if isinstance(stop, _Leaving):
                 sys.exit(EXIT_INTERRUPTED)
             console.print("stopped: that turn is dropped", style="yellow")

@@ -77,3 +77,19 @@ def test_ctrl_c_stops_one_answer_and_the_chat_goes_on_until_a_kill_ends_it(jobs,
     finally:
         chat.kill()
         jobs.cancel(busy["id"])
+
+
+def test_a_reader_that_leaves_ends_the_chat_quietly(store, start_worker, live_server):
+    # Given a chat whose stdout's reader is gone (as after `| head -c 0`), When a turn's answer comes
+    start_worker()
+    chat = start(live_server, "chat", "--max-tokens", "8")
+    chat.stdout.close()  # type: ignore[union-attr]
+    chat.stdin.write(b"hi\n")  # type: ignore[union-attr]
+    chat.stdin.flush()  # type: ignore[union-attr]
+
+    # Then it leaves with 141 (128 + SIGPIPE, as a shell reports), its job ended, and no traceback
+    assert chat.wait(timeout=30) == 141
+    (job,) = store.list("local")
+    assert wait_ended(store, job.id)["status"] in ("completed", "cancelled")
+    said = chat.stderr.read().decode()  # type: ignore[union-attr]
+    assert "Traceback" not in said and "Exception ignored" not in said
