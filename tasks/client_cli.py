@@ -283,8 +283,6 @@ def chat(model: str | None, system: str | None, max_tokens: int | None, temperat
     refuses or that fails is dropped too, said on stderr. Exit status: 0; 130 after Ctrl-C at the prompt, SIGTERM or
     a closed terminal; 141 when stdout was closed.
     """
-    from tasks.client import ApiError
-
     client, console = _client()
     status = _Status(console)
     for signum in (signal.SIGTERM, signal.SIGHUP):
@@ -293,49 +291,64 @@ def chat(model: str | None, system: str | None, max_tokens: int | None, temperat
         import readline  # noqa: F401  (line editing and history for input())
     history = [{"role": "system", "content": system}] if system else []
     fields = {"model": model, "max_tokens": max_tokens, "temperature": temperature}
-    while True:
-        try:
-            if sys.stdin.isatty():
-                console.print(">>> ", end="", style="bold")
-            line = input().strip()
-        except EOFError:
-            return
-        except KeyboardInterrupt:
-            console.print()
-            sys.exit(EXIT_INTERRUPTED)
-        if line == "/bye":
-            return
+    while (line := _next_line(console)) is not None:
         if not line:
             continue
         turn = [*history, {"role": "user", "content": line}]
-        job_id = None
-        try:
-            with _reported():
-                try:
-                    job = _submit(client, status, turn, wait, abandon_on_disconnect=True, **fields)
-                except ApiError as exc:  # refused (overloaded, too long, …): this turn only
-                    status.stop()
-                    console.print(f"not sent: {exc}", style="red")
-                    continue
-                job_id = job["id"]
-                if job["status"] == "queued":
-                    status.show(_standing(job))
-                ended = _follow(client, status, job_id)
-        except (KeyboardInterrupt, _Leaving, BrokenPipeError) as stop:
-            status.stop()
-            if job_id is not None:
-                _cancel_quietly(client, job_id)
-            if isinstance(stop, BrokenPipeError):  # stdout's reader left: nobody reads the answers
-                sys.exit(_stdout_closed())
-            if isinstance(stop, _Leaving):
-                sys.exit(EXIT_INTERRUPTED)
-            console.print("stopped: that turn is dropped", style="yellow")
+        ended = _answer(client, status, turn, wait, **fields)
+        if ended is None:  # refused, or stopped: said already
             continue
         if ended["status"] == "completed":
             history = [*turn, {"role": "assistant", "content": ended["output"]}]
         else:
             error = ended.get("error") or {}
             console.print(f"{ended['status']}: {error.get('message', 'no answer')}; that turn is dropped", style="red")
+
+
+def _next_line(console: Console) -> str | None:
+    """The next line the user types (a prompt on a terminal); None at the end of input or at /bye."""
+    try:
+        if sys.stdin.isatty():
+            console.print(">>> ", end="", style="bold")
+        line = input().strip()
+    except EOFError:
+        return None
+    except KeyboardInterrupt:
+        console.print()
+        sys.exit(EXIT_INTERRUPTED)
+    return None if line == "/bye" else line
+
+
+def _answer(
+    client: Client, status: _Status, turn: list[dict[str, str]], wait: bool, **fields: Any
+) -> dict[str, Any] | None:
+    """One turn: submitted, followed, its tokens streamed; the ended job, or None if it was refused or stopped (Ctrl-C:
+    its job cancelled). A kill, or stdout's reader leaving, cancels it and exits."""
+    from tasks.client import ApiError
+
+    job_id = None
+    try:
+        with _reported():
+            try:
+                job = _submit(client, status, turn, wait, abandon_on_disconnect=True, **fields)
+            except ApiError as exc:  # refused (overloaded, too long, …): this turn only
+                status.stop()
+                status.console.print(f"not sent: {exc}", style="red")
+                return None
+            job_id = job["id"]
+            if job["status"] == "queued":
+                status.show(_standing(job))
+            return _follow(client, status, job_id)
+    except (KeyboardInterrupt, _Leaving, BrokenPipeError) as stop:
+        status.stop()
+        if job_id is not None:
+            _cancel_quietly(client, job_id)
+        if isinstance(stop, BrokenPipeError):  # stdout's reader left: nobody reads the answers
+            sys.exit(_stdout_closed())
+        if isinstance(stop, _Leaving):
+            sys.exit(EXIT_INTERRUPTED)
+        status.console.print("stopped: that turn is dropped", style="yellow")
+        return None
 
 
 def _cancel_quietly(client: Client, job_id: str) -> None:
