@@ -148,7 +148,8 @@ def _submit(
     Retry-After."""
     from tasks.client import ApiError
 
-    text = sys.stdin.read() if prompt == "-" else prompt
+    # a file's (or echo's) last line break is no part of the prompt, and changes the answer; the rest is kept as is
+    text = sys.stdin.read().rstrip("\r\n") if prompt == "-" else prompt
     while True:
         try:
             return client.submit(text, **fields)
