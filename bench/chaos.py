@@ -222,19 +222,17 @@ def audit_job(store: Store, job_id: str, max_tokens: int) -> dict[str, Any]:
         problems.append(f"{len(starts)} starts but {requeues} requeues")
     if job.attempts != len(starts):
         problems.append(f"attempts={job.attempts} but {len(starts)} started events")
-    # each attempt generates at most max_tokens; the last attempt's token events are the output. A batch whose
-    # text is empty (held back, partial UTF-8) is counted in the record without an event, so n may fall short.
-    for a, start in enumerate(starts):
-        end = starts[a + 1] if a + 1 < len(starts) else len(events)
-        n = sum(e.n for e in events[start:end] if e.type is EventType.TOKEN)
-        if n > max_tokens:
-            problems.append(f"attempt {a + 1} produced {n} tokens, more than max_tokens {max_tokens}")
+    # an attempt after a requeue goes on from the tokens before it: all attempts together generate at most
+    # max_tokens, and their token events, in order, are the output (none repeated). A batch whose text is empty
+    # (held back, partial UTF-8) is counted in the record without an event, so n may fall short.
+    n = sum(e.n for e in events if e.type is EventType.TOKEN)
+    if n > max_tokens:
+        problems.append(f"its attempts produced {n} tokens, more than max_tokens {max_tokens}")
     if job.status.value == "completed":
-        last = [e for e in events[starts[-1] :] if e.type is EventType.TOKEN] if starts else []
         if job.usage.completion_tokens != max_tokens:
             problems.append(f"completed with {job.usage.completion_tokens} tokens, asked {max_tokens}")
-        if "".join(e.text for e in last) != job.output:
-            problems.append("output differs from the last attempt's token events")
+        if "".join(e.text for e in events if e.type is EventType.TOKEN) != job.output:
+            problems.append("output differs from its token events")
     return {
         "status": job.status.value,
         "error": job.error.type if job.error else None,
@@ -401,9 +399,9 @@ def report_kill(args: argparse.Namespace, run: KillRun, wall: float) -> dict[str
     print(f"GENERATED TWICE:                {len(twice)}")
     print("  = jobs with any of: in the durable event log (store.events), more than one terminal event, or one that")
     print("  is not last; a `started` after the first without a `requeued` since the previous one; starts !=")
-    print("  requeues + 1; attempts != starts; an attempt whose token events count (n) more than max_tokens;")
-    print("  completed with completion_tokens != max_tokens or output != the text of its last attempt's token")
-    print("  events. In the worker log: a job id logged 'completed' twice, or logged 'completed' while Redis says")
+    print("  requeues + 1; attempts != starts; attempts whose token events count (n) more than max_tokens;")
+    print("  completed with completion_tokens != max_tokens or output != the text of its token events.")
+    print("  In the worker log: a job id logged 'completed' twice, or logged 'completed' while Redis says")
     print("  otherwise.")
     print(
         f"  event-log violations {len(event_problems)}; logged 'completed' twice {len(logged_twice)}; logged "

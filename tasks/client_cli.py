@@ -165,24 +165,26 @@ def _follow(client: Client, status: _Status, job_id: str, after: int = -1, token
     out, last, streaming = sys.stdout, "\n", False
     try:
         for event in client.events(job_id, after=after):
-            if event.type == "queued":
-                status.show(_standing(event.data))
-            elif event.type == "started":
-                status.show("running")
-            elif event.type == "token" and tokens:
+            # once tokens share the terminal with the status line, it keeps quiet: the answer goes on in its line
+            quiet = streaming and status.console.is_terminal
+            if event.type == "token" and tokens:
                 status.stop()  # before the first token: the spinner may share the terminal with stdout
                 streaming = True
                 out.write(event.data["text"])
                 out.flush()
                 last = event.data["text"][-1:] or last
-            elif event.type == "requeued":
-                out.write("" if last == "\n" else "\n")
-                last = "\n"
-                status.console.print("its worker died: the job is back at the front, and its output starts over")
-            elif event.type == "reconnecting" and not (streaming and status.console.is_terminal):
-                status.show(f"connection lost ({event.data['error']}); resuming")
             elif event.type in TERMINAL:
                 return event.data
+            elif quiet:
+                continue
+            elif event.type == "queued":
+                status.show(_standing(event.data))
+            elif event.type == "started":
+                status.show("running")
+            elif event.type == "requeued":  # its next run goes on from what was written: nothing to take back
+                status.show("its worker stopped: back at the front of the queue, to go on where it was")
+            elif event.type == "reconnecting":
+                status.show(f"connection lost ({event.data['error']}); resuming")
         raise AssertionError("unreachable: events() ends with a terminal event")
     except BrokenPipeError:
         last = "\n"  # nobody reads stdout any more: nothing to end with a newline

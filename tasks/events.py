@@ -20,7 +20,8 @@ class EventType(str, Enum):
 
     STARTED = "started"  # queued_s: how long it waited
     TOKEN = "token"  # text, n: what it wrote and how many tokens that is
-    REQUEUED = "requeued"  # attempt: the run it is waiting for now
+    REQUEUED = "requeued"  # attempt: the run it is waiting for now; completion_tokens: what it keeps (its next run
+    #                        goes on from there)
     # the terminal events are the job's terminal statuses, and carry finish_reason, prompt_tokens, completion_tokens
     # and cached_tokens
     COMPLETED = JobStatus.COMPLETED.value
@@ -75,4 +76,8 @@ class Event:
 
 
 _FIELDS = frozenset(Event.__dataclass_fields__) - {"index", "type"}
-_OWN_FIELDS = {EventType.STARTED: ("queued_s",), EventType.TOKEN: ("text", "n"), EventType.REQUEUED: ("attempt",)}
+_OWN_FIELDS = {
+    EventType.STARTED: ("queued_s",),
+    EventType.TOKEN: ("text", "n"),
+    EventType.REQUEUED: ("attempt", "completion_tokens"),
+}

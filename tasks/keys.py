@@ -11,6 +11,8 @@ NS = "onelane:"
 
 JOB_PREFIX = NS + "job:"  # hash: the job record (layout in tasks/store/jobs.py)
 OUTPUT_PREFIX = NS + "out:"  # string: the output text so far
+TOKENS_PREFIX = NS + "tokens:"  # string: the ids of the tokens its runs generated so far, each followed by a comma
+#                                 (a requeued job goes on from them); removed when the job ends
 EVENTS_PREFIX = NS + "ev:"  # list: the job's durable event log (started, token..., terminal)
 CHANNEL_PREFIX = NS + "ch:"  # pub/sub: live copy of each event, with its index in the log
 USER_QUEUE_PREFIX = NS + "q:"  # sorted set: one user's waiting job ids, by the same score as QUEUE
@@ -73,6 +75,10 @@ def output(job_id: str) -> str:
     return OUTPUT_PREFIX + job_id
 
 
+def tokens(job_id: str) -> str:
+    return TOKENS_PREFIX + job_id
+
+
 def events(job_id: str) -> str:
     return EVENTS_PREFIX + job_id
 
@@ -123,8 +129,8 @@ def minute(index: int) -> str:
 #: The key names and prefixes the Lua scripts use, under the constant names they use them by (tasks/scripts.py writes
 #: them into every script), and the bounds of the dashboard's records.
 LUA_NAMES: dict[str, str | int] = {
-    "JOB": JOB_PREFIX, "OUT": OUTPUT_PREFIX, "EV": EVENTS_PREFIX, "CH": CHANNEL_PREFIX, "UQ": USER_QUEUE_PREFIX,
-    "UJ": USER_JOBS_PREFIX, "QUEUE": QUEUE, "WAITING": WAITING, "WATCHED": WATCHED, "MOVED": QUEUE_MOVED,
+    "JOB": JOB_PREFIX, "OUT": OUTPUT_PREFIX, "TOK": TOKENS_PREFIX, "EV": EVENTS_PREFIX, "CH": CHANNEL_PREFIX,
+    "UQ": USER_QUEUE_PREFIX, "UJ": USER_JOBS_PREFIX, "QUEUE": QUEUE, "WAITING": WAITING, "WATCHED": WATCHED, "MOVED": QUEUE_MOVED,
     "IN_PROGRESS": IN_PROGRESS, "SERVICE_TIMES": SERVICE_TIMES, "VTIME": VIRTUAL_TIME, "TAGS": NEXT_TAGS,
     "SEQ": SEQUENCE, "DEVICE": DEVICE_PREFIX, "DEVICES": DEVICES, "STATS": STATS, "CANCELS": CANCELS,
     "MQ": MODEL_QUEUE_PREFIX, "MODEL": MODEL_PREFIX, "BLOCKED": BLOCKED, "MINUTE": MINUTE_PREFIX,

@@ -26,7 +26,7 @@ BELL = ("bell_queue", "bell_messages", "bell_id", "bell")  # a job's dramatiq me
 ARGS: dict[str, tuple[str, ...]] = {
     "admit": ("id", "owner", "spec", "ttl_s", "result_ttl_s", "watch_grace_s", "max_queue", "max_per_user",
               "max_tokens", "slots", *BELL, "model", "class", "cost", "visitors", "max_visitors", "history", "line"),
-    "append": ("id", "n_tokens", "text", "prompt_tokens", "worker", "from_n", "from_b", "cached_tokens"),
+    "append": ("id", "n_tokens", "text", "prompt_tokens", "worker", "from_n", "from_b", "cached_tokens", "ids"),
     "cancel": ("id", "owner", "result_ttl_s", "error"),
     "claim": ("result_ttl_s", "run_life_s", "device", "worker", "want", "active", "switch_wait_s", "affinity_s",
               "*loaded"),

@@ -141,7 +141,7 @@ def test_the_cancel_button_stops_a_running_job_and_keeps_its_output(page, store,
     assert 0 < job["usage"]["completion_tokens"] < 4000
 
 
-def test_a_job_the_worker_dropped_starts_over_without_the_lost_text(page, store):
+def test_a_job_the_worker_dropped_goes_on_where_it_was(page, store):
     from playwright.sync_api import expect
 
     from tasks.job import JobStatus
@@ -151,25 +151,25 @@ def test_a_job_the_worker_dropped_starts_over_without_the_lost_text(page, store)
     expect(status).to_have_text("#1 in queue, ETA unknown")
     assert store.for_worker("w").take_device() == "ok"
     assert claim_now(store, "w").id == job_id
-    store.for_worker("w").append(job_id, 2, "lost text", 1)
-    expect(output).to_have_text("lost text")
+    store.for_worker("w").append(job_id, (7, 7), "kept text", 1)
+    expect(output).to_have_text("kept text")
 
-    store.for_worker("w").hand_back(job_id)  # as after the worker died mid-run: back to the front, output cleared
+    store.for_worker("w").hand_back(job_id)  # as after the worker died mid-run: back to the front, output kept
 
     # (its place may be told again before it starts; the reason stays with it)
-    expect(status).to_contain_text("the worker stopped, so it will start over")
-    expect(output).to_have_text("")
+    expect(status).to_contain_text("the worker stopped; it will go on where it was")
+    expect(output).to_have_text("kept text")
     store.keep_watching(store.get(job_id))  # the page's lease is the stream's business, not this test's
     assert (
         store.for_worker("w").take_device() == "ok"
     )  # renew the lease this test holds as the worker (no heartbeat here)
     assert claim_now(store, "w").id == job_id
-    store.for_worker("w").append(job_id, 1, "kept", 1)
+    store.for_worker("w").append(job_id, (7,), ", and more", 1)
     store.for_worker("w").finish(
-        job_id, JobStatus.COMPLETED, finish_reason="stop", prompt_tokens=1, completion_tokens=1
+        job_id, JobStatus.COMPLETED, finish_reason="stop", prompt_tokens=1, completion_tokens=3
     )
     expect(status).to_have_text("Completed: the model finished.")
-    assert output.text_content() == "kept" == store.get(job_id).output
+    assert output.text_content() == "kept text, and more" == store.get(job_id).output
 
 
 def test_markup_in_a_prompt_renders_as_text_and_runs_nothing(page):

@@ -50,7 +50,7 @@ def run_by_hand(store: Store, job_id: str, tokens: int, status: JobStatus = JobS
     """Play the worker for one job (no model needed): claim it, generate `tokens`, end it."""
     assert store.for_worker("w").take_device() == "ok"
     assert claim_now(store, "w").id == job_id
-    store.for_worker("w").append(job_id, tokens, "x" * tokens, 1)
+    store.for_worker("w").append(job_id, (7,) * tokens, "x" * tokens, 1)
     store.for_worker("w").finish(job_id, status, finish_reason="length", prompt_tokens=1, completion_tokens=tokens)
 
 
@@ -217,7 +217,7 @@ def test_a_token_written_after_the_lease_lapsed_leaves_no_lease_record_and_the_d
     assert claim_now(store, "w").id == job_id
     store.redis.delete(keys.device(store.settings.device))  # the worker froze past its lease, then writes
 
-    store.for_worker("w").append(job_id, 1, "x", 1)
+    store.for_worker("w").append(job_id, (7,), "x", 1)
 
     assert not store.redis.exists(keys.device(store.settings.device))  # not recreated without its TTL
     assert board(c, "root")["workers"] == [{"device": store.settings.device, "health": "down", "state": "bad"}]

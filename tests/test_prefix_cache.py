@@ -283,7 +283,7 @@ def test_a_running_jobs_estimate_counts_only_the_prefill_still_to_do(cached, sto
     store.admit("job_long", spec, 60)
     assert store.for_worker("w").take_device() == "ok" and claim_now(store, "w").id == "job_long"
     store.for_worker("w").append(
-        "job_long", 0, "", 4000, cached_tokens=cached
+        "job_long", (), "", 4000, cached_tokens=cached
     )  # as the worker does when it joins the batch
 
     behind = store.admit("job_next", spec.model_copy(update={"owner": "b"}), 60)

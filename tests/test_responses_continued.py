@@ -120,19 +120,19 @@ def test_only_ones_own_response_that_ended_with_an_answer_can_be_continued(live_
     assert [j.id for j in store.list("alice")] == [job_of(waiting.id)] and store.list("bob") == []  # nothing admitted
 
 
-def test_a_response_run_twice_is_continued_with_the_answer_of_its_last_run_only(live_server, store):
-    # Given a response whose worker (played here) wrote half an answer, died, and whose next run answered whole
+def test_a_response_whose_worker_died_mid_answer_is_continued_with_its_whole_answer(live_server, store):
+    # Given a response whose worker (played here) wrote half an answer and died, and whose next run wrote the rest
     alice = sdk(live_server, "ka")
     first = alice.responses.create(model=MODEL, input="hi", background=True, max_output_tokens=8)
     worker = store.for_worker("w")
     assert worker.take_device() == "ok"
     assert claim_now(store, "w").id == job_of(first.id)
-    worker.append(job_of(first.id), 1, "half an answer", 1)
+    worker.append(job_of(first.id), (7,), "half an answer", 1)
     worker.hand_back(job_of(first.id))
     assert claim_now(store, "w").id == job_of(first.id)
-    worker.append(job_of(first.id), 1, "the whole answer", 1)
-    worker.finish(job_of(first.id), JobStatus.COMPLETED, finish_reason="stop", completion_tokens=1)
+    worker.append(job_of(first.id), (7,), ", and the rest", 1)
+    worker.finish(job_of(first.id), JobStatus.COMPLETED, finish_reason="stop", completion_tokens=2)
 
-    # When a response continues it, Then its history holds the last run's answer, not the lost half
+    # When a response continues it, Then its history holds the one answer both runs wrote
     second = alice.responses.create(model=MODEL, input="and?", previous_response_id=first.id, background=True)
-    assert turns(store, second) == [("user", "hi"), ("assistant", "the whole answer"), ("user", "and?")]
+    assert turns(store, second) == [("user", "hi"), ("assistant", "half an answer, and the rest"), ("user", "and?")]

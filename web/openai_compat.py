@@ -23,7 +23,6 @@ from web.feed import Feed
 from web.follow import CLIENT_GONE, Gone, Story, cancel_quietly, follow, with_asides
 from web.openai_bodies import Chat, Text, usage_object
 from web.openai_schemas import ChatRequest, CompletionRequest, Sampling, parse_openai
-from web.rerun import RESTARTED, Diverged, SentText, cancel_restarted
 from web.schemas import json_body
 from web.services import services
 
@@ -101,8 +100,8 @@ def _respond(job: Job, view: Chat, story: Iterator[Story]) -> Response:
             case Gone():
                 cancel_quietly(services().store, job, CLIENT_GONE)
                 return Response(status=499)  # nobody reads it; the job was cancelled
-            case Event(type=EventType.STARTED):  # (again, after a requeue: its output starts over)
-                output, queued_s = [], item.queued_s
+            case Event(type=EventType.STARTED) if queued_s is None:  # (again after a requeue: it goes on)
+                queued_s = item.queued_s
             case Event(type=EventType.TOKEN):
                 output.append(item.text)
             case Event(type=EventType.COMPLETED):  # the terminal event has the finish reason and the counts
@@ -115,10 +114,9 @@ def _respond(job: Job, view: Chat, story: Iterator[Story]) -> Response:
 
 def _stream(job: Job, view: Chat, story: Iterator[Story]) -> Iterator[str]:
     """OpenAI's SSE: `data: {chunk}` lines, queue position as comments, `data: [DONE]` at the end. A client that
-    leaves before the end has its job cancelled. If the job's worker dies mid-answer, the stream goes on where it
-    was, or ends with `worker_restarted` (web/rerun.py)."""
+    leaves before the end has its job cancelled. If the job's worker dies mid-answer, its next run goes on from the
+    tokens written (worker/resume.py), and so does the stream."""
     ended = False
-    text = SentText()
     try:
         first = view.first_chunk()
         if first is not None:
@@ -127,21 +125,8 @@ def _stream(job: Job, view: Chat, story: Iterator[Story]) -> Iterator[str]:
             match item:
                 case str():
                     yield item
-                case Event(type=EventType.REQUEUED):
-                    text.requeued()
-                case Event(type=EventType.TOKEN):
-                    try:
-                        new = text.token(item.text)
-                    except Diverged:
-                        ended = True
-                        yield from _restarted_differently(job)
-                        return
-                    if new:
-                        yield sse.data_line(view.envelope(view.chunk_object(), [view.choice(new, None, True)], None))
-                case Event(type=EventType.COMPLETED) if text.ended_short():
-                    ended = True  # the new run ended short of what the client has
-                    yield from _restarted_differently(job)
-                    return
+                case Event(type=EventType.TOKEN) if item.text:
+                    yield sse.data_line(view.envelope(view.chunk_object(), [view.choice(item.text, None, True)], None))
                 case Event(type=EventType.COMPLETED):  # the terminal event has what the last chunks need
                     ended = True
                     last = view.choice("", item.finish_reason, True)
@@ -158,11 +143,3 @@ def _stream(job: Job, view: Chat, story: Iterator[Story]) -> Iterator[str]:
     finally:
         if not ended:
             cancel_quietly(services().store, job, CLIENT_GONE)
-
-
-def _restarted_differently(job: Job) -> Iterator[str]:
-    """End a stream whose job, run again after its worker died, wrote other text than the client has."""
-    cancel_restarted(job)
-    error = {"message": RESTARTED[1], "type": "server_error", "param": None, "code": RESTARTED[0]}
-    yield sse.data_line({"error": error})
-    yield DONE

@@ -39,7 +39,6 @@ from web.feed import Feed
 from web.follow import CLIENT_GONE, Gone, Story, cancel_quietly, follow, with_asides
 from web.openai_bodies import PREFIX, input_item, item_id, list_page, message, part, snapshot, status_of
 from web.openai_schemas import RESPONSE_NEUTRAL, ResponseRequest, conversation_of, input_of, parse_openai
-from web.rerun import RESTARTED, Diverged, SentText, cancel_restarted
 from web.schemas import json_body
 from web.services import services
 
@@ -184,16 +183,16 @@ class ResponseStream:
     Every event is a function of the job's log (its place there, and the text before it), never of when the stream
     was opened, so the numbering is the same on every stream of one job: position updates go as SSE comments,
     unnumbered. created, queued; at the first start: in_progress, output_item.added, content_part.added; a delta per
-    token event (after a requeue, once the new run has caught up: web/rerun.py); at the end output_text.done,
-    content_part.done, output_item.done and completed or incomplete, or else failed (failed, expired, cancelled:
-    the response's own status says which), or `error` if a new run wrote other text than was streamed.
+    token event with text (a run after a requeue goes on from what was written: worker/resume.py); at the end
+    output_text.done, content_part.done, output_item.done and completed or incomplete, or else failed (failed,
+    expired, cancelled: the response's own status says which).
     """
 
     def __init__(self, job: Job, after: int = -1, watcher: bool = False) -> None:
         """`watcher`: this stream is the request a foreground response ends with (its end cancels the job)."""
         self.job, self.after, self.watcher = job, after, watcher
         self.seq = -1
-        self.text = SentText()
+        self.text = ""  # sent so far
         self.started = False
         self.item_id = item_id(job)
 
@@ -220,10 +219,6 @@ class ResponseStream:
                         return
                     case Event():
                         yield from self._on(item)
-        except Diverged:
-            ended = True
-            cancel_restarted(self.job)
-            yield from self._event("error", code=RESTARTED[0], message=RESTARTED[1], param=None)
         finally:
             if not ended and self.watcher:
                 cancel_quietly(services().store, self.job, CLIENT_GONE)
@@ -238,21 +233,16 @@ class ResponseStream:
                 item={**message(self.job, "", "in_progress"), "content": []},
             )
             yield from self._event("response.content_part.added", **self._where(), part=part(""))
-        elif event.type is EventType.REQUEUED:
-            self.text.requeued()
-        elif event.type is EventType.TOKEN:
-            new = self.text.token(event.text)  # (Diverged: the caller ends the stream)
-            if new:
-                yield from self._event("response.output_text.delta", **self._where(), delta=new, logprobs=[])
+        elif event.type is EventType.TOKEN and event.text:
+            self.text += event.text
+            yield from self._event("response.output_text.delta", **self._where(), delta=event.text, logprobs=[])
 
     def _end(self, event: Event) -> Iterator[str]:
-        if event.type is EventType.COMPLETED and self.text.ended_short():
-            raise Diverged
         job = services().store.get(self.job.id)
         if event.type is not EventType.COMPLETED:
             yield from self._event("response.failed", response=snapshot(job))
             return
-        text = self.text.sent
+        text = self.text
         status = status_of(job)
         yield from self._event("response.output_text.done", **self._where(), text=text, logprobs=[])
         yield from self._event("response.content_part.done", **self._where(), part=part(text))

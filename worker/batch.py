@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.job import Job
+from tasks.store import Delivered
 from worker.engine import KV
 from worker.output import Text
 from worker.stops import StopMatcher
@@ -30,9 +31,9 @@ class Running:
     cached: int = 0  # prompt tokens read from the prefix cache
     cache_key: tuple[str, str] = ("", "")  # where its KV state goes in the prefix cache once it ends as meant
 
-    def text(self, text: str, n_tokens: int = 1) -> Text:
-        """New text of this job, made of `n_tokens` tokens."""
-        return Text(self.job.id, text, self.prompt_tokens, n_tokens, self.cached)
+    def text(self, text: str, ids: tuple[int, ...] = (), resume_at: tuple[int, int] | None = None) -> Text:
+        """New text of this job, made of the tokens `ids` (none: text held back before, or progress)."""
+        return Text(self.job.id, text, self.prompt_tokens, ids, self.cached, resume_at)
 
 
 @dataclass
@@ -40,10 +41,11 @@ class Head:
     """The job at the head of the queue, measured but not claimed yet (it may not fit)."""
 
     id: str
-    tokens: list[int]
+    tokens: list[int]  # its prompt's
     cost: int
     solo: bool
     invalid: tuple[str, str] | None = None  # why it cannot be generated from (it is claimed only to fail)
+    delivered: Delivered | None = None  # what its earlier runs generated (it was requeued), to go on from
 
 
 @dataclass

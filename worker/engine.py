@@ -75,13 +75,18 @@ class Counters:
         )
 
 
-def make_sampler(params: SamplingParams) -> Sampler:
+def make_sampler(params: SamplingParams, drawn: int = 0) -> Sampler:
     """The sampler of one sequence. A seeded one draws from its own key, split at every token, so its output
-    depends on its seed and prompt only."""
+    depends on its seed and prompt only; `drawn`: the tokens it already sampled (a run that goes on from an earlier
+    run's tokens), so its key is where that run's was."""
     if params.temperature == 0:
         return greedy_sampler
     temp, top_p = params.temperature, params.top_p
     key = mx.random.key(params.seed) if params.seed is not None else None
+    if key is not None and drawn:
+        for _ in range(drawn):
+            key, _ = mx.random.split(key)
+        mx.eval(key)
 
     def sample(logprobs: mx.array) -> mx.array:
         nonlocal key
@@ -125,7 +130,8 @@ class Engine:
                 f"({', '.join(sorted({type(c).__name__ for c in caches}))})"
             )
         self.kv_bytes_per_token = _kv_bytes_per_token(model)
-        self._eos = StopSequences([(t,) for t in sorted(tokenizer.eos_token_ids)])
+        self.eos = frozenset(tokenizer.eos_token_ids)
+        self._eos = StopSequences([(t,) for t in sorted(self.eos)])
         self._no_stop = StopSequences()
         self._batch = self._new_batch()
         self.size = 0  # sequences in the batch
@@ -173,13 +179,23 @@ class Engine:
         """A streaming detokenizer of its own for one sequence."""
         return self.tokenizer.detokenizer
 
-    def insert(self, prompt: list[int], params: SamplingParams, cache: list[Any] | None = None, cached: int = 0) -> int:
+    def insert(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        cache: list[Any] | None = None,
+        cached: int = 0,
+        generated: tuple[int, ...] = (),
+    ) -> int:
         """Add a sequence to the batch; it prefills over the next steps, then generates. Returns its uid. With
-        `cache`, a KV cache holding the prompt's first `cached` tokens, only the rest is prefilled."""
+        `cache`, a KV cache holding the first `cached` tokens, only the rest is prefilled. `generated`: tokens an
+        earlier run of the job sampled, read as prompt after `prompt`; it goes on from there, with the rest of its
+        max_tokens and its sampler where that run's was."""
+        prompt = [*prompt, *generated]
         (uid,) = self._batch.insert(
             [prompt[cached:]],
-            max_tokens=[params.max_tokens],
-            samplers=[make_sampler(params)],
+            max_tokens=[params.max_tokens - len(generated)],
+            samplers=[make_sampler(params, len(generated))],
             stop_sequences=[self._no_stop if params.ignore_eos else self._eos],
             caches=[cache] if cache is not None else None,
             all_tokens=[prompt[:cached]] if cache is not None else None,

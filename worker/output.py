@@ -52,13 +52,20 @@ class Ending:
 
 @dataclass(frozen=True)
 class Text:
-    """A job's new text: from one step, as the loop hands it over, or from a window's steps, as the writer sends it."""
+    """A job's new text and the tokens it is made of: from one step, as the loop hands it over, or from a window's
+    steps, as the writer sends it. A run's first Text says where its output starts (`resume_at`: tokens and UTF-8
+    bytes its earlier runs wrote; none for a first run)."""
 
     job_id: str
     text: str
     prompt_tokens: int
-    n_tokens: int = 1
+    ids: tuple[int, ...] = ()
     cached_tokens: int = 0
+    resume_at: tuple[int, int] | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.ids)
 
     def __add__(self, later: Text) -> Text:
         """This text, then `later`'s (the writer sends a window's texts of one job as one)."""
@@ -66,8 +73,9 @@ class Text:
             self.job_id,
             self.text + later.text,
             later.prompt_tokens,
-            self.n_tokens + later.n_tokens,
+            self.ids + later.ids,
             later.cached_tokens,
+            self.resume_at,
         )
 
 
@@ -80,7 +88,7 @@ class _HandBack:
 
 @dataclass(frozen=True)
 class _Append:
-    """A job's text as written: where in its run's output it starts (tokens, UTF-8 bytes), so a retry is exact."""
+    """A job's text as written: where in its output it starts (tokens, UTF-8 bytes), so a retry is exact."""
 
     text: Text
     start: tuple[int, int]
@@ -228,7 +236,7 @@ class OutputWriter:
         return ops + [self._append(text) for text in texts.values()]
 
     def _append(self, text: Text) -> _Append:
-        op = _Append(text, self._written.get(text.job_id, (0, 0)))
+        op = _Append(text, text.resume_at or self._written.get(text.job_id, (0, 0)))
         self._written[text.job_id] = op.end
         return op
 
@@ -255,7 +263,7 @@ class OutputWriter:
         if isinstance(op, _Append):
             t = op.text
             self.store.append(
-                t.job_id, t.n_tokens, t.text, t.prompt_tokens, start=op.start, cached_tokens=t.cached_tokens, pipe=pipe
+                t.job_id, t.ids, t.text, t.prompt_tokens, start=op.start, cached_tokens=t.cached_tokens, pipe=pipe
             )
         elif isinstance(op, Ending):
             self.store.finish(**vars(op), pipe=pipe)  # (an Ending has finish()'s arguments, by name)

@@ -28,8 +28,8 @@ from tasks.store import Claim, Switch, WorkerStore
 from worker.batch import Batch, Finished, Head, Running, StepResult
 from worker.engine import KV, Engine, Token
 from worker.models import ModelPool
-from worker.output import Ending, OutputWriter
-from worker.stops import StopMatcher
+from worker.output import Ending, OutputWriter, Text
+from worker.resume import fresh, resume
 
 logger = logging.getLogger(__name__)
 
@@ -216,31 +216,42 @@ class Runner:
             self.writer.end(Ending(job.id, JobStatus.FAILED, error=head.invalid))
             return
         assert self.engine is not None
+        params, done = _sampling(job), claim.delivered.ids if claim.delivered else ()
+        start = (
+            resume(self.engine.detokenizer(), params, claim.delivered, self.engine.eos)
+            if claim.delivered
+            else fresh(self.engine.detokenizer(), params)
+        )
+        if done:
+            logger.info("job %s: goes on from the %d tokens its earlier runs generated", job.id, len(done))
+        self.writer.begin(job.id)
+        if start.ended:  # its earlier run generated it whole: only its ending was lost
+            self.writer.put_many([Text(job.id, start.rest, len(head.tokens), resume_at=start.at)])
+            self.writer.end(Ending(job.id, JobStatus.COMPLETED, start.ended, None, len(head.tokens), len(done)))
+            return
         limit_s = self.store.settings.job_time_limit_s
         key = (self.models.key(job.spec.model), self.store.settings.cache_scope(job.owner))
-        hit = self.models.prefix.fetch(key, head.tokens)
-        uid = self.engine.insert(head.tokens, _sampling(job), hit.cache, hit.tokens)
-        self.batch.add(
-            Running(
-                job,
-                uid,
-                len(head.tokens),
-                head.cost,
-                time.monotonic() + limit_s,
-                self.engine.detokenizer(),
-                StopMatcher(job.spec.params.stop),
-                solo=head.solo,
-                cached=hit.tokens,
-                cache_key=key,
-            )
+        hit = self.models.prefix.fetch(key, [*head.tokens, *done])
+        uid = self.engine.insert(head.tokens, params, hit.cache, hit.tokens, generated=done)
+        cached = min(hit.tokens, len(head.tokens))  # (of the prompt's)
+        run = Running(
+            job,
+            uid,
+            len(head.tokens),
+            head.cost,
+            time.monotonic() + limit_s,
+            start.detokenizer,
+            start.stops,
+            solo=head.solo,
+            tokens=len(done),
+            cached=cached,
+            cache_key=key,
         )
+        self.batch.add(run)
         if hit.tokens:
-            logger.info(
-                "job %s: %d of its %d prompt tokens from the prefix cache", job.id, hit.tokens, len(head.tokens)
-            )
-        self.writer.begin(job.id)
+            logger.info("job %s: %d of its %d prompt tokens from the prefix cache", job.id, cached, len(head.tokens))
         # its prompt and what of it is cached, recorded at once: estimates count only the prefill still to do
-        self.writer.put_many([self.batch.by_uid[uid].text("", n_tokens=0)])
+        self.writer.put_many([run.text(start.rest, resume_at=start.at)])
 
     def _activate(self, model: str) -> None:
         """The batch's model is its first job's."""
@@ -283,7 +294,7 @@ class Runner:
         text, hit = r.stops.feed(r.detokenizer.last_segment)
         if token.finish_reason and not hit:
             text += r.stops.flush()
-        result.texts.append(r.text(text))
+        result.texts.append(r.text(text, (token.token,)))
         if hit:  # a stop string: the engine may not have ended the sequence
             result.finished.append(Finished(r, "stop", in_engine=token.finish_reason is None, kv=token.kv))
         elif token.finish_reason:
@@ -298,7 +309,7 @@ class Runner:
                 r.progressed_at = now
             elif now - r.progressed_at >= every_s:
                 r.progressed_at = now
-                result.texts.append(r.text("", n_tokens=0))
+                result.texts.append(r.text(""))
 
     def _end_overdue(self) -> None:
         """End the jobs past their time limit."""
@@ -320,7 +331,7 @@ class Runner:
         text, hit = r.stops.feed(r.detokenizer.last_segment)
         text += "" if hit else r.stops.flush()
         if text:
-            self.writer.put_many([r.text(text, n_tokens=0)])
+            self.writer.put_many([r.text(text)])
 
     # --- leaving -------------------------------------------------------------------------------------------
 

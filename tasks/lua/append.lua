@@ -6,8 +6,10 @@
 -- there (its predecessor has not arrived yet) appends nothing and says so (2): the writer's own retry, sent in
 -- order, brings both. So no text is doubled, lost or reordered.
 -- With no token (n = 0, during a long prefill), it records that the job is making progress.
+-- The ids of the tokens counted go on the job's token record (TOK), in step with its completion tokens: a run after
+-- a requeue reads them and goes on from there.
 -- ARG: id, n_tokens, text, prompt_tokens, worker_id, from_n, from_b ('' for both: at the end, unchecked),
---       cached_tokens (of the prompt's, read from the prefix cache)
+--       cached_tokens (of the prompt's, read from the prefix cache), ids (the n tokens' ids, each followed by ',')
 --   ->  1 to stop, 0 to go on, 2 if it did not line up (nothing appended)
 local id, n, text, prompt_tokens = ARG.id, tonumber(ARG.n_tokens), ARG.text, ARG.prompt_tokens
 local from_n, from_b = tonumber(ARG.from_n), tonumber(ARG.from_b)
@@ -25,6 +27,13 @@ if redis.call('EXISTS', DEVICE .. f[6]) == 1 then -- a lapsed lease is not recre
 end
 redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens, 'cached_tokens', ARG.cached_tokens or 0)
 if n > 0 then
+  local ids = ARG.ids
+  if skip_n > 0 then -- the first skip_n are there already
+    local at = 0
+    for _ = 1, skip_n do at = string.find(ids, ',', at + 1, true) or #ids end
+    ids = string.sub(ids, at + 1)
+  end
+  if redis.call('APPEND', TOK .. id, ids) == #ids then same_life(TOK .. id, id) end
   redis.call('HINCRBY', jkey, 'completion_tokens', n)
   stat('tokens', n)
   redis.call('HSET', jkey, 'last_token_at', fmt(t))

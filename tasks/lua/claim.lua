@@ -14,7 +14,8 @@
 -- run instead (a job of another owner, as when a head is passed over for its model), or none.
 -- ARG: result_ttl_s, run_life_s, device, worker_id, want ('' for none), active (the model the batch runs; '' when
 --       the batch is empty), switch_wait_s, affinity_s, the models the worker has loaded...
--- -> {'started' | 'next', id, the job's fields as HGETALL gives them, jobs still waiting after it},
+-- -> {'started' | 'next', id, the job's fields as HGETALL gives them, jobs still waiting after it, the ids of the
+--    tokens its earlier runs generated (TOK), their text (OUT)},
 --    {'switch' | 'load', head id, its model}, false when nothing waits, or 'lost' without the lease
 local result_ttl, run_life, device, worker = tonumber(ARG.result_ttl_s), tonumber(ARG.run_life_s), ARG.device, ARG.worker
 local want, active, switch_wait, affinity_s = ARG.want, ARG.active, tonumber(ARG.switch_wait_s), tonumber(ARG.affinity_s)
@@ -108,9 +109,15 @@ if elsewhere(pick) then
   pick = next_for_me(pick)
   if not pick then return false end
 end
+-- what its earlier runs generated, if it was requeued: the next run goes on from there
+local function delivered(id)
+  return redis.call('GET', TOK .. id) or '', redis.call('GET', OUT .. id) or ''
+end
 if pick == want or want == '*' then
   if pick ~= head then stat('passed_head') end
   local fields = start(pick, worker, device, run_life, t)
-  return {'started', pick, fields, redis.call('ZCARD', QUEUE)}
+  local ids, text = delivered(pick)
+  return {'started', pick, fields, redis.call('ZCARD', QUEUE), ids, text}
 end
-return {'next', pick, redis.call('HGETALL', JOB .. pick), redis.call('ZCARD', QUEUE) - 1}
+local ids, text = delivered(pick)
+return {'next', pick, redis.call('HGETALL', JOB .. pick), redis.call('ZCARD', QUEUE) - 1, ids, text}

@@ -94,6 +94,7 @@ local function finish(id, status, finish_reason, error_json_, result_ttl, t)
   emit(id, cjson.encode({type = status, finish_reason = finish_reason ~= '' and finish_reason or nil,
     prompt_tokens = tonumber(n[1]) or 0, completion_tokens = tonumber(n[2]) or 0, cached_tokens = tonumber(n[3]) or 0}))
   for _, k in ipairs({jkey, OUT .. id, EV .. id}) do redis.call('EXPIRE', k, result_ttl) end
+  redis.call('DEL', TOK .. id) -- no run follows
   settle_if_idle()
 end
 
@@ -290,7 +291,8 @@ local function start(id, worker, device, run_life, t)
 end
 
 -- A running job whose worker is gone (or could not record its outcome) goes back to the front of the queue
--- with its original score, output cleared and a `requeued` event; a watched job gets a fresh watch lease, as
+-- with its original score and a `requeued` event; it keeps its output and the ids of the tokens it generated (TOK),
+-- and its next run goes on from them rather than sampling them again; a watched job gets a fresh watch lease, as
 -- at admission, for its client to renew. After max_attempts it ends failed instead, so a prompt that kills
 -- the worker every time is quarantined; but only for a failure it had alone: a job that shared the failed
 -- batch with others (`shared`) is not blamed for it, it runs alone from then on (`solo`), where a failure is
@@ -323,13 +325,13 @@ local function release(id, max_attempts, ttl, result_ttl, why, shared)
   end
   local deadline = math.max(tonumber(f[6]), t + ttl)
   local life = math.ceil(deadline - t + result_ttl)
-  redis.call('HSET', jkey, 'status', 'queued', 'deadline', fmt(deadline), 'completion_tokens', 0)
-  redis.call('HDEL', jkey, 'started_at', 'first_token_at', 'last_token_at', 'progress_at', 'worker', 'device')
+  redis.call('HSET', jkey, 'status', 'queued', 'deadline', fmt(deadline))
+  redis.call('HDEL', jkey, 'started_at', 'last_token_at', 'progress_at', 'worker', 'device')
   if solo then redis.call('HSET', jkey, 'solo', '1') end
-  redis.call('DEL', OUT .. id)
-  redis.call('EXPIRE', jkey, life)
+  for _, k in ipairs({jkey, OUT .. id, TOK .. id, EV .. id}) do redis.call('EXPIRE', k, life) end
   enqueue(id, f[4], f[8], f[5], deadline, tonumber(f[7] or '0') or 0, t, life)
-  emit(id, '{"type":"requeued","attempt":' .. attempts .. '}')
+  local kept = tonumber(redis.call('HGET', jkey, 'completion_tokens') or '0') or 0
+  emit(id, '{"type":"requeued","attempt":' .. attempts .. ',"completion_tokens":' .. kept .. '}')
   stat('requeued')
   return 'requeued'
 end

@@ -11,12 +11,13 @@ Every change that must not interleave with another is one Lua script, run by nam
 from tasks.store.jobs import Estimate, Standing, Store
 from tasks.store.readings import Board, DeviceLease, Minute, ModelState, Readings, Snapshot, Waiting
 from tasks.store.upkeep import Upkeep
-from tasks.store.worker import BatchReport, Claim, Switch, WorkerStore
+from tasks.store.worker import BatchReport, Claim, Delivered, Switch, WorkerStore
 
 __all__ = [
     "BatchReport",
     "Board",
     "Claim",
+    "Delivered",
     "DeviceLease",
     "Estimate",
     "Minute",

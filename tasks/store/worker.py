@@ -58,6 +58,16 @@ class BatchReport:
 
 
 @dataclass(frozen=True)
+class Delivered:
+    """What a job's earlier runs generated (it was requeued): its next run goes on from there, never sampling them
+    again. `text` is what was written of `ids`: a stop string's possible start, or a character's first bytes, are
+    held back until the tokens after them tell."""
+
+    ids: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
 class Claim:
     """What a claim found: the job it started for the worker, or the job at the head of the queue, unclaimed."""
 
@@ -65,6 +75,7 @@ class Claim:
     started: bool
     solo: bool  # the job must run alone (it was in a batch that failed: see release() in tasks/lua/common.lua)
     behind: int  # jobs waiting behind it (the worker need not look again for more while there are none)
+    delivered: Delivered | None = None  # what its earlier runs generated, if it was requeued
 
 
 @dataclass(frozen=True)
@@ -141,10 +152,16 @@ class WorkerStore:
             return None
         if claimed[0] in ("switch", "load"):
             return Switch(claimed[1], claimed[2], load=claimed[0] == "load")
-        verdict, job_id, flat, behind = claimed
+        verdict, job_id, flat, behind, ids, text = claimed
         fields = dict(zip(flat[::2], flat[1::2]))
-        # no output yet: it starts now, or has not started
-        return Claim(Job.from_redis(job_id, fields, ""), verdict == "started", fields.get("solo") == "1", int(behind))
+        delivered = Delivered(tuple(int(i) for i in ids.split(",") if i), text) if ids else None
+        return Claim(
+            Job.from_redis(job_id, fields, text),
+            verdict == "started",
+            fields.get("solo") == "1",
+            int(behind),
+            delivered,
+        )
 
     def model_loading(self, name: str) -> None:
         self._model(name, state="loading", worker=self.worker)
@@ -178,15 +195,16 @@ class WorkerStore:
     def append(
         self,
         job_id: str,
-        n_tokens: int,
+        ids: tuple[int, ...],
         text: str,
         prompt_tokens: int,
         start: tuple[int, int] | None = None,
         cached_tokens: int = 0,
         pipe: Any = None,
     ) -> Any:
-        """Record generated text as one token event (n_tokens 0 and no text: progress without a token, as in a long
-        prefill); true when the job must stop (cancelled, or taken away). `start`: the run's tokens and output bytes
+        """Record generated text, made of the tokens `ids`, as one token event (no ids and no text: progress without
+        a token, as in a long prefill); true when the job must stop (cancelled, or taken away). The ids are kept
+        for a run after a requeue to go on from (see Claim.delivered). `start`: the job's tokens and output bytes
         before this text, so that a retried write appends only what did not get there (None: at the end).
         `cached_tokens`: of the prompt's, those read from the prefix cache."""
         where = start if start is not None else ("", "")
@@ -194,13 +212,14 @@ class WorkerStore:
             "append",
             pipe,
             id=job_id,
-            n_tokens=n_tokens,
+            n_tokens=len(ids),
             text=text,
             prompt_tokens=prompt_tokens,
             worker=self.worker,
             from_n=where[0],
             from_b=where[1],
             cached_tokens=cached_tokens,
+            ids="".join(f"{i}," for i in ids),
         )
 
     def finish(

@@ -3,7 +3,7 @@
 "use strict";
 
 const ENDED = new Set(JSON.parse(document.body.dataset.ended)); // the ended statuses, from tasks/job.py
-const RESTARTING = "the worker stopped, so it will start over";
+const RESTARTING = "the worker stopped; it will go on where it was";
 
 /** A duration in seconds, readable: "0.42 s", "12.3 s", "2 min 5 s". */
 function duration(s) {
@@ -139,9 +139,7 @@ class JobPage {
 
   /** The worker stopped mid-run: the job waits again at the front and will start over from scratch. */
   onRequeued(data) {
-    if (!this.fresh(data.index)) return;
-    this.output.textContent = "";
-    this.tokens = 0;
+    if (!this.fresh(data.index)) return;  // its output so far stays: the next run writes only what follows
     this.restarting = true;  // until it starts again, its place in the queue says why it waits again
     this.setStatus("queued", `Back at the front of the queue: ${RESTARTING}.`);
   }
