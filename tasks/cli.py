@@ -7,9 +7,11 @@ the commands that start them (web, worker, make-demo-model), so the contract nev
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -71,10 +73,14 @@ def _bind(command: Callable[..., None]) -> Callable[..., None]:
 @main.command()
 @_bind
 def up(host: str | None, port: int | None) -> None:
-    """Run everything: Redis (unless REDIS_URL is set), the worker and the web. Ctrl-C stops all."""
+    """Run everything: Redis (unless REDIS_URL is set), the worker and the web. Ctrl-C stops all.
+
+    Refused, with nothing started, where another onelane runs: on the same port, or with its Redis in the same folder
+    (ONELANE_VAR_DIR)."""
     from tasks.embedded_redis import EmbeddedRedis
 
     settings = _settings()
+    _check_port(host or settings.host, port or settings.port)  # before anything starts: a refusal leaves all as it was
     env = {**os.environ, ENV_NAMES["log_level"]: settings.log_level}
     embedded = None
     if settings.redis_url is None:
@@ -108,6 +114,23 @@ def up(host: str | None, port: int | None) -> None:
         if embedded:
             embedded.stop()
         logger.info("onelane stopped")
+
+
+def _check_port(host: str, port: int) -> None:
+    """Refuse (ClickException) when the web could not listen on host:port, as gunicorn binds (SO_REUSEADDR: a port
+    that only holds closed connections is free)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise click.ClickException(f"cannot listen on {host}: {exc.strerror}") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise click.ClickException(f"port {port} is in use (another onelane up?); use --port N") from None
+            raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
 @main.command()
@@ -163,7 +186,10 @@ def redis() -> None:
     from tasks.embedded_redis import EmbeddedRedis
 
     settings = _settings()
-    server = EmbeddedRedis(settings.embedded_redis_dir).start()
+    try:
+        server = EmbeddedRedis(settings.embedded_redis_dir).start()
+    except OnelaneError as exc:
+        raise click.ClickException(exc.message) from None
     click.echo(f"REDIS_URL={server.url}")
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())

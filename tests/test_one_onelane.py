@@ -1,0 +1,203 @@
+"""One onelane per folder and per port: a second `onelane up` (or `onelane redis`) where one runs is refused at once,
+saying why and what to use instead, and takes nothing from the first (a second redis-server on the folder's socket
+would unlink the first one's, cutting its web and worker off from their Redis for good). An `up` that was killed
+outright leaves nothing that stops the next: neither its lock, nor its socket, nor its redis-server still running.
+
+Real `onelane up` processes on the demo model, driven as a terminal drives them (tests/test_graceful_stop.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+from tasks.job import JobStatus
+from tests.conftest import free_port
+from tests.helpers import EventStream, wait_answering
+from tests.test_graceful_stop import ctrl_c, start_up
+
+pytestmark = pytest.mark.timeout(300)  # a story here starts up to three whole onelanes
+ENDED = {status.value for status in JobStatus if status.ended}
+
+
+def up_env(var: Path, model: Path, port: int) -> dict[str, str]:
+    environ = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # `up` runs its own Redis
+    return {
+        **environ,
+        "ONELANE_VAR_DIR": str(var),
+        "ONELANE_MODEL": str(model),
+        "ONELANE_PORT": str(port),
+        "ONELANE_LEASE_S": "1",
+        "ONELANE_DRAIN_S": "0",
+    }
+
+
+@dataclass
+class Onelane:
+    """An `onelane up` running: its process, where it answers, its folder."""
+
+    up: subprocess.Popen[bytes]
+    base: str
+    var: Path
+    log: Path
+
+    @property
+    def socket(self) -> Path:
+        return self.var / "redis" / "redis.sock"
+
+
+def start(var: Path, model: Path, port: int, log: Path) -> Onelane:
+    running = Onelane(start_up(up_env(var, model, port), log), f"http://127.0.0.1:{port}", var, log)
+    try:
+        wait_answering(f"{running.base}/readyz", running.up, timeout_s=90)
+    except BaseException:
+        stop(running)
+        raise
+    return running
+
+
+def stop(running: Onelane) -> None:
+    """Ctrl-C, and whatever happened, no redis-server of its folder left behind."""
+    try:
+        if running.up.poll() is None:
+            ctrl_c(running.up, running.log)
+    finally:
+        for pid in redis_servers(running.var):
+            os.kill(pid, signal.SIGKILL)
+
+
+def redis_servers(var: Path) -> list[int]:
+    """The redis-server processes serving the folder's socket."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            command = cmdline.read_bytes()  # (redis-server rewrites its own: "redis-server unixsocket:PATH")
+        except OSError:
+            continue
+        if command.split()[:1] and command.split()[0].endswith(b"redis-server") and str(var).encode() in command:
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+def ask(running: Onelane, prompt: str) -> dict[str, object]:
+    """Submit a job and follow its events to its end; the ended job."""
+    response = requests.post(f"{running.base}/v1/jobs", json={"prompt": prompt, "max_tokens": 4}, timeout=10)
+    assert response.status_code == 202, response.text
+    job_id = response.json()["id"]
+    stream = EventStream(running.base, job_id)
+    try:
+        next(e for e in stream if e.get("event") in ENDED)
+    finally:
+        stream.close()
+    return requests.get(f"{running.base}/v1/jobs/{job_id}", timeout=10).json()  # type: ignore[no-any-return]
+
+
+def assert_serves(running: Onelane) -> None:
+    """Its Redis still answers on its socket: ready, and a job submitted now runs to its end."""
+    assert running.up.poll() is None and running.socket.is_socket()
+    assert requests.get(f"{running.base}/readyz", timeout=10).status_code == 200
+    assert ask(running, "still there?")["status"] == "completed"
+
+
+def attempt(env: dict[str, str], *args: str) -> tuple[int, str]:
+    """Run `onelane ARGS` as a terminal would; its exit code and what it said. One that does not exit at once is
+    stopped (Ctrl-C) and fails the story."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tasks.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        out, _ = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGINT)
+        process.communicate(timeout=90)
+        pytest.fail(f"`onelane {' '.join(args)}` was not refused: it ran")
+    return process.returncode, out.decode()
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[Onelane]:
+    """A onelane that runs for the whole module; each story tries to start another beside it."""
+    var = tmp_path_factory.mktemp("first")
+    running = start(var, demo_model, free_port(), var / "up.log")
+    yield running
+    stop(running)
+
+
+def test_a_second_up_in_the_same_folder_is_refused_naming_the_first_which_runs_on(first, demo_model):
+    redis_before = redis_servers(first.var)
+
+    code, said = attempt(up_env(first.var, demo_model, free_port()), "up")
+
+    assert code == 1, said
+    assert f"another onelane (pid {first.up.pid}) runs its Redis in {first.var / 'redis'}" in said, said
+    assert "ONELANE_VAR_DIR=" in said and f"REDIS_URL=unix://{first.socket}" in said
+    assert redis_servers(first.var) == redis_before
+    assert_serves(first)
+
+
+def test_onelane_redis_in_a_folder_in_use_is_refused_likewise(first, demo_model):
+    code, said = attempt(up_env(first.var, demo_model, free_port()), "redis")
+
+    assert code == 1 and f"another onelane (pid {first.up.pid}) runs its Redis" in said, said
+    assert_serves(first)
+
+
+@pytest.mark.parametrize("folder", ["the same folder", "another folder"])
+def test_a_second_up_on_the_same_port_is_refused_before_it_starts_anything(first, demo_model, tmp_path, folder):
+    var = first.var if folder == "the same folder" else tmp_path / "var"
+    redis_before = redis_servers(first.var)
+
+    code, said = attempt(up_env(var, demo_model, int(first.base.rsplit(":", 1)[1])), "up")
+
+    port = first.base.rsplit(":", 1)[1]
+    assert code == 1 and f"port {port} is in use (another onelane up?); use --port N" in said, said
+    assert not (tmp_path / "var").exists()  # (another folder: nothing made in it)
+    assert redis_servers(first.var) == redis_before
+    assert_serves(first)
+
+
+def test_an_up_killed_outright_leaves_nothing_that_stops_the_next(tmp_path, demo_model):
+    var, port, log = tmp_path / "var", free_port(), tmp_path / "up.log"
+
+    # Given a onelane that answered a job, then was killed with its terminal's whole process group: its
+    # redis-server, in a session of its own, lives on with the folder's lock file and socket
+    running = start(var, demo_model, port, log)
+    try:
+        answered = ask(running, "remember me")
+        os.killpg(running.up.pid, signal.SIGKILL)
+        running.up.wait()
+        (left_running,) = redis_servers(var)
+
+        # When onelane up starts again there, Then it runs: the redis-server left behind was stopped (its data
+        # kept), and no two serve the folder
+        running = start(var, demo_model, port, log)
+        (serving,) = redis_servers(var)
+        assert serving != left_running
+        job = requests.get(f"{running.base}/v1/jobs/{answered['id']}", timeout=10).json()
+        assert job["status"] == "completed" and job["output"] == answered["output"]
+        assert_serves(running)
+
+        # And when everything is killed, its redis-server too (a power cut), the lock and the socket file it left
+        # stop nothing either
+        os.killpg(running.up.pid, signal.SIGKILL)
+        os.kill(serving, signal.SIGKILL)
+        running.up.wait()
+        while redis_servers(var):
+            time.sleep(0.05)  # a poll: another process's end announces nothing here
+        assert (var / "redis" / "onelane.lock").exists() and running.socket.exists()
+        running = start(var, demo_model, port, log)
+        assert_serves(running)
+    finally:
+        stop(running)
