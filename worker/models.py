@@ -97,13 +97,23 @@ class ModelPool:
     def load(self, name: str) -> Engine | None:
         """Load a served model (call it with `lock` held and no batch running), evicting the least recently used
         models until the budget holds it. A model bigger than the whole budget loads alone. On failure the model
-        is marked failed for ONELANE_MODEL_RETRY_S and its waiting jobs fail (model_unavailable); returns None."""
+        is marked failed for ONELANE_MODEL_RETRY_S and its waiting jobs fail (model_unavailable); returns None.
+        A model that failed (or whose load killed the worker before this one) is not tried again until then."""
         engine = self.get(name)
         if engine is not None:
             return engine
         config = self.settings.model_named(name)
         if config is None:  # admission checks the name; a job admitted under an older models file
             self.store.model_failed(name, f"this server no longer serves a model named {name!r}")
+            return None
+        if failed := self.store.upkeep.failed_models([name]):
+            if failed[0].died:
+                logger.warning(
+                    "model %s: a worker died while loading it; failed, with %d waiting job(s) (model_unavailable)",
+                    name,
+                    failed[0].jobs_failed,
+                )
+            logger.warning("model %s failed to load: not tried again before ONELANE_MODEL_RETRY_S", name)
             return None
         self._make_room(size_on_disk(config))
         self.loading = name

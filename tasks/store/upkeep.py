@@ -3,12 +3,24 @@ doorbell, the supervisor's look at its device, and the counters behind /metrics.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+
 import redis
 
 from tasks import keys
 from tasks.broker import Doorbell
 from tasks.scripts import Scripts, bell
 from tasks.settings import Settings
+
+
+@dataclass(frozen=True)
+class FailedModel:
+    """A model that may not be loaded now: it failed to load, and its retry time has not come."""
+
+    name: str
+    died: bool  # found just now: its worker died while loading it (and the model's waiting jobs failed with it)
+    jobs_failed: int  # its waiting jobs failed just now
 
 
 class Upkeep:
@@ -31,6 +43,14 @@ class Upkeep:
             **bell(doorbell),
         )
         return int(waiting), list(zip(flat[::2], flat[1::2]))
+
+    def failed_models(self, names: Iterable[str] | None = None) -> list[FailedModel]:
+        """Those of `names` (default: every model served) that failed to load and may not be tried yet; first, each
+        one whose worker died while loading it is recorded failed, and its waiting jobs fail (model_unavailable)."""
+        s = self.settings
+        names = [m.name for m in s.catalog] if names is None else list(names)
+        flat = self.scripts.run("failed_models", retry_s=s.model_retry_s, result_ttl_s=s.result_ttl_s, models=names)
+        return [FailedModel(flat[i], flat[i + 1] == "died", int(flat[i + 2])) for i in range(0, len(flat), 3)]
 
     def ring(self, doorbell: Doorbell) -> bool:
         """Push the worker's doorbell unless one is pending; True if pushed."""

@@ -1,0 +1,138 @@
+"""A model that would kill the worker (issue 29) fails like any model that cannot load: its own waiting jobs fail
+`model_unavailable` at once, not at their deadline, and the worker serves the other models. A hostile GGUF never
+reaches MLX's reader; a load that kills the worker all the same (a native crash, a hang the supervisor ends) is
+found by housekeeping from the model's record, still `loading` on a worker that holds no device."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tasks import keys
+from tasks.settings import ModelConfig, Settings
+from tests.gguf_files import header
+from tests.helpers import JobsClient, wait_ended
+from tests.test_recovery import wait_for_worker
+
+
+def serve(settings: Settings, folder: Path, **models: dict[str, Any]) -> tuple[Settings, dict[str, str]]:
+    """A models file of `models` (the first the default), as the web's settings and as a worker's environment."""
+    lines = []
+    for name, table in models.items():
+        lines.append(f"[models.{name}]")
+        lines += [f"{key} = {value!r}" if isinstance(value, str) else f"{key} = {str(value).lower()}" for key, value in table.items()]  # fmt: skip
+    path = folder / "models.toml"
+    path.write_text("\n".join(lines) + "\n")
+    catalog = tuple(ModelConfig(name=name, **table) for name, table in models.items())
+    served = settings.model_copy(update={"model": None, "models": catalog})
+    return served, {"ONELANE_MODEL": "", "ONELANE_MODELS_FILE": str(path)}
+
+
+def restarts(store) -> int:  # type: ignore[no-untyped-def]
+    return int(store.redis.hget(keys.STATS, "worker_restarts") or 0)
+
+
+def test_a_model_whose_gguf_crashes_mlx_fails_its_own_jobs_and_the_other_model_serves(
+    settings, store, make_app, worker_process, demo_model, tmp_path
+):
+    # Given a models file: "healthy" (the demo model, the default) and "bad", whose GGUF claims 2^62 tensors (MLX's
+    # reader dies of it: SIGSEGV, so that every worker that loaded it died, and the supervisor restarted it hundreds
+    # of times while the bad model's job stayed queued and held up the healthy model's)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(header(2**62, 0))
+    served, env = serve(
+        settings,
+        tmp_path,
+        healthy={"path": str(demo_model), "default": True},
+        bad={"gguf": str(bad), "path": str(tmp_path / "bad")},
+    )
+    worker_process(**env)
+    jobs = JobsClient(make_app(served).test_client())
+    wait_for_worker(store)
+    # When a job asks for the bad model, and then three for the healthy one
+    asked = time.monotonic()
+    doomed = jobs.submit("x", model="bad", max_tokens=4)["id"]
+    healthy = [jobs.submit(f"h{n}", model="healthy", max_tokens=8, ignore_eos=True)["id"] for n in range(3)]
+    # Then the bad model's job fails model_unavailable in seconds, in words naming what the file claims, and no path
+    failed = wait_ended(store, doomed, timeout_s=60)
+    took = time.monotonic() - asked
+    assert (failed["status"], failed["error"]["type"]) == ("failed", "model_unavailable")
+    message = failed["error"]["message"]
+    assert "bad.gguf: its tensor count (4611686018427387904) exceeds what a file of 24 bytes" in message, message
+    assert str(tmp_path) not in message
+    assert took < 20, took
+    # And the healthy model's jobs complete, no worker died, and nothing of the import is left
+    assert [wait_ended(store, job_id, timeout_s=60)["status"] for job_id in healthy] == ["completed"] * 3
+    assert restarts(store) == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("bad")) == ["bad.gguf"]
+    print(f"\nthe bad model's job failed {took:.2f} s after it was asked for; worker restarts: {restarts(store)}")
+
+
+@pytest.fixture
+def stuck_folder(demo_model: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A model folder whose weights are a FIFO nobody writes: mlx_lm.load blocks reading it, holding the GIL, so its
+    worker freezes there as in a native hang, until killed. Yields (folder, an event set once a reader opened it)."""
+    folder = tmp_path / "stuck"
+    shutil.copytree(demo_model, folder)
+    weights = folder / "model.safetensors"
+    weights.unlink()
+    os.mkfifo(weights)
+    opened, writer = threading.Event(), []
+
+    def wait_for_reader() -> None:
+        writer.append(os.open(weights, os.O_WRONLY))  # returns once a reader has opened the FIFO
+        opened.set()
+
+    threading.Thread(target=wait_for_reader, daemon=True).start()
+    yield folder, opened
+    if not writer:  # (release the thread still waiting)
+        os.close(os.open(weights, os.O_RDONLY | os.O_NONBLOCK))
+    for fd in writer:
+        os.close(fd)
+
+
+def test_a_model_whose_load_kills_the_worker_fails_with_its_jobs_and_the_other_model_serves(
+    settings, store, make_app, worker_process, demo_model, stuck_folder
+):
+    # Given a models file: "healthy" (the default) and "stuck", whose weights the load blocks on forever
+    folder, opened = stuck_folder
+    served, env = serve(
+        settings, folder.parent, healthy={"path": str(demo_model), "default": True}, stuck={"path": str(folder)}
+    )
+    worker_process(**env)
+    jobs = JobsClient(make_app(served).test_client())
+    holder = wait_for_worker(store)
+    # When a job asks for the stuck model (the worker loads it, and is stuck there), then three for the healthy one
+    doomed = jobs.submit("x", model="stuck", max_tokens=4)["id"]
+    assert opened.wait(60), "the worker never read the stuck model's weights"
+    healthy = [jobs.submit(f"h{n}", model="healthy", max_tokens=8, ignore_eos=True)["id"] for n in range(3)]
+    assert store.redis.hget(keys.model("stuck"), "state") == "loading"
+    # and the worker dies there (killed: as a native crash, or the supervisor ending a frozen worker, would)
+    killed = time.monotonic()
+    with contextlib.suppress(ProcessLookupError):  # (the supervisor may have ended it first: it froze)
+        os.kill(holder.pid, signal.SIGKILL)
+    # Then the stuck model fails, and its job with it, within seconds of the death, saying so
+    failed = wait_ended(store, doomed, timeout_s=60)
+    took = time.monotonic() - killed
+    assert (failed["status"], failed["error"]["type"]) == ("failed", "model_unavailable")
+    assert failed["error"]["message"] == "the model failed to load: the worker died while loading it"
+    assert failed["attempts"] == 0 and took < 10, (failed, took)
+    record = store.redis.hgetall(keys.model("stuck"))
+    assert record["state"] == "failed" and float(record["retry_at"]) - float(record["at"]) == pytest.approx(
+        served.model_retry_s
+    )
+    refused = make_app(served).test_client().post("/v1/jobs", json={"prompt": "x", "model": "stuck"})
+    assert refused.status_code == 503 and refused.get_json()["error"]["type"] == "model_unavailable"
+    # And the healthy model's jobs complete on the next worker, which did not load the stuck model again
+    assert [wait_ended(store, job_id, timeout_s=60)["status"] for job_id in healthy] == ["completed"] * 3
+    assert restarts(store) == 1
+    assert int(store.redis.hget(keys.STATS, "model_load_failures")) == 1
+    print(f"\nthe stuck model's job failed {took:.2f} s after its worker died; worker restarts: {restarts(store)}")
