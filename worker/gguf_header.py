@@ -28,7 +28,8 @@ STRING, ARRAY = 8, 9
 SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}  # struct's
 VALUE_TYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "bool", "string", "array",
                "uint64", "int64", "float64")  # fmt: skip
-SMALLEST = {**{kind: struct.calcsize("<" + f) for kind, f in SCALARS.items()}, STRING: 8, ARRAY: 12}  # a value's bytes
+NUMBERS = {f: struct.Struct("<" + f) for f in SCALARS.values()}
+SMALLEST = {**{kind: NUMBERS[f].size for kind, f in SCALARS.items()}, STRING: 8, ARRAY: 12}  # a value's bytes
 SMALLEST_ENTRY = 8 + 1 + 4 + 1  # a metadata entry: key length, a 1-byte key, its type, a 1-byte value
 SMALLEST_TENSOR = 8 + 1 + 4 + 8 + 4 + 8  # a tensor's record: name length, a 1-byte name, 1 dimension, type, offset
 
@@ -113,7 +114,7 @@ class _Reader:
         return self.size - self.pos
 
     def take(self, n: int, what: str) -> bytes:
-        if n > self.left:
+        if n > self.size - self.pos:
             raise self.refuse(f"{what} runs past the end of the file (byte {self.pos} of {self.size})")
         data = self.file.read(n)
         if len(data) != n:  # (the file shrank while being read)
@@ -122,7 +123,8 @@ class _Reader:
         return data
 
     def number(self, fmt: str, what: str) -> Any:
-        return struct.unpack("<" + fmt, self.take(struct.calcsize("<" + fmt), what))[0]
+        unpack = NUMBERS[fmt]
+        return unpack.unpack(self.take(unpack.size, what))[0]
 
     def count(self, what: str, each: int, most: int | None = None) -> int:
         """A uint64 count (`what`: "its tensor count") of things of at least `each` bytes: no more than the rest of
