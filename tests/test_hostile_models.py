@@ -136,3 +136,32 @@ def test_a_model_whose_load_kills_the_worker_fails_with_its_jobs_and_the_other_m
     assert restarts(store) == 1
     assert int(store.redis.hget(keys.STATS, "model_load_failures")) == 1
     print(f"\nthe stuck model's job failed {took:.2f} s after its worker died; worker restarts: {restarts(store)}")
+
+
+def test_a_default_model_whose_load_froze_the_worker_is_not_loaded_again_and_the_other_model_serves(
+    settings, store, make_app, worker_process, demo_model, stuck_folder
+):
+    # Given a models file whose default model, "stuck", freezes the worker that loads it, beside "healthy"; a job of
+    # each waits before any worker runs
+    folder, opened = stuck_folder
+    served, env = serve(
+        settings, folder.parent, stuck={"path": str(folder), "default": True}, healthy={"path": str(demo_model)}
+    )
+    jobs = JobsClient(make_app(served).test_client())
+    doomed = jobs.submit("x", model="stuck", max_tokens=4)["id"]
+    healthy = jobs.submit("h", model="healthy", max_tokens=8, ignore_eos=True)["id"]
+    # When the worker starts, loading its default model first, and freezes there (its lease lapses: the standby
+    # takes the device, and the supervisor kills the frozen one)
+    worker_process(**env)
+    assert opened.wait(60), "the worker never read the stuck model's weights"
+    frozen = time.monotonic()
+    # Then the next worker does not load the stuck model again: it failed, its job with it; the healthy one runs
+    failed = wait_ended(store, doomed, timeout_s=60)
+    took = time.monotonic() - frozen
+    assert (failed["status"], failed["error"]["message"]) == (
+        "failed",
+        "the model failed to load: the worker died while loading it",
+    )
+    assert wait_ended(store, healthy, timeout_s=60)["status"] == "completed"
+    assert restarts(store) <= 1 and took < 10, (restarts(store), took)
+    print(f"\nthe stuck model's job failed {took:.2f} s after its worker froze; worker restarts: {restarts(store)}")
