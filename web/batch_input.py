@@ -5,19 +5,23 @@ endpoint `url` checks a request (the same request models and server limits, web/
 job of the batch class that nobody watches. A line that cannot be one (not JSON, no custom_id, a custom_id seen
 before, another method, a url that is not the batch's endpoint, a body the endpoint refuses, `stream`) is an error
 line with its custom_id, never the whole batch's failure; only a file in which no line is a JSON object is refused
-whole (NotJsonl).
+whole (NotJsonl), and one of more lines than a batch takes (TooManyLines) before any line is read.
+
+The file is split a piece at a time, never decoded or split whole: a 32 MiB file of tiny lines would take 80 times its
+size split, and more parsed.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
-from tasks.errors import OnelaneError
+from tasks.errors import InvalidRequest, OnelaneError
 from tasks.job import JobSpec
 from tasks.settings import Settings
 from web.openai_schemas import NEUTRAL, RESPONSE_NEUTRAL, ChatRequest, CompletionRequest, ResponseRequest, parse_openai
@@ -32,6 +36,7 @@ REQUESTS: dict[str, tuple[type[BaseModel], dict[str, tuple[Any, ...]]]] = {
 
 
 YIELD_EVERY = 500  # lines read between two yields (50,000 lines take ~2 s to check on one core)
+PIECE = 256 * 1024  # bytes of the file split at a time (a line longer than that is one piece)
 
 
 class NotJsonl(OnelaneError):
@@ -40,14 +45,23 @@ class NotJsonl(OnelaneError):
     type = "invalid_file"
 
 
+class TooManyLines(InvalidRequest):
+    """The file holds more lines than ONELANE_MAX_BATCH_LINES: no batch is made of it."""
+
+
 @dataclass(frozen=True)
 class Line:
-    """A line that is a job: its place in the file (from 0), its custom_id, and the job with its TTL."""
+    """A line that is a job: its place in the file (from 0), its custom_id, and the job (as JSON: a tenth of the
+    JobSpec's size, for 50,000 of them) with its TTL."""
 
     index: int
     custom_id: str
-    spec: JobSpec
+    spec_json: str
     ttl_s: float
+
+    @property
+    def spec(self) -> JobSpec:
+        return JobSpec.model_validate_json(self.spec_json)
 
 
 @dataclass(frozen=True)
@@ -61,12 +75,14 @@ class LineError:
 
 
 def read_lines(data: bytes, endpoint: str, owner: str, settings: Settings) -> tuple[list[Line], list[LineError]]:
-    """Every non-blank line of `data` as a Line or a LineError, in file order (NotJsonl: none is a JSON object)."""
+    """Every non-blank line of `data` as a Line or a LineError, in file order (NotJsonl: none is a JSON object;
+    TooManyLines: more than ONELANE_MAX_BATCH_LINES, found before any is parsed)."""
+    _count(data, settings.max_batch_lines)
     lines: list[Line] = []
     errors: list[LineError] = []
     seen: set[str] = set()
     objects = 0
-    for index, raw in enumerate(data.decode("utf-8", errors="replace").splitlines()):
+    for index, raw in enumerate(_texts(data)):
         if index % YIELD_EVERY == YIELD_EVERY - 1:
             time.sleep(0)  # under gevent (onelane web), let the process's other requests and streams run meanwhile
         if not raw.strip():
@@ -85,6 +101,34 @@ def read_lines(data: bytes, endpoint: str, owner: str, settings: Settings) -> tu
     if not objects:
         raise NotJsonl("no line of the file is a JSON object: a batch's input is JSONL, one request a line")
     return lines, errors
+
+
+def _count(data: bytes, limit: int) -> None:
+    """Refuse a file of more than `limit` non-blank lines as soon as the next one is met (TooManyLines)."""
+    count = 0
+    for index, raw in enumerate(_texts(data)):
+        if index % YIELD_EVERY == YIELD_EVERY - 1:
+            time.sleep(0)  # (a file may hold millions of blank lines)
+        if raw.strip():
+            count += 1
+            if count > limit:
+                raise TooManyLines(
+                    f"the file holds more than {limit} requests; a batch takes at most {limit} "
+                    "(ONELANE_MAX_BATCH_LINES)",
+                    param="input_file_id",
+                )
+
+
+def _texts(data: bytes) -> Iterator[str]:
+    """The lines of UTF-8 `data` as `data.decode(errors="replace").splitlines()` has them, decoded and split a piece
+    of PIECE bytes (to the end of its last line) at a time. A piece ends just after a b"\n": neither a character nor
+    a \r\n is cut in two."""
+    view, start = memoryview(data), 0
+    while start < len(data):
+        end = data.find(b"\n", start + PIECE)
+        end = len(data) if end < 0 else end + 1
+        yield from str(view[start:end], "utf-8", "replace").splitlines()
+        start = end
 
 
 def _line(
@@ -117,4 +161,4 @@ def _line(
     except OnelaneError as exc:
         where = f" ({exc.param})" if exc.param else ""
         return LineError(index, custom_id, exc.type, exc.message + where)
-    return Line(index, custom_id, spec, ttl_s)
+    return Line(index, custom_id, spec.model_dump_json(), ttl_s)

@@ -68,14 +68,8 @@ def create() -> Response:
         )
         svc.batches.create(record, [], [])
         return jsonify(responses.Batch.of(svc.batches.get(bid, owner)))
-    total = len(lines) + len(refused)
-    if total > settings.max_batch_lines:
-        raise InvalidRequest(
-            f"the file holds {total} requests; a batch takes at most {settings.max_batch_lines} "
-            "(ONELANE_MAX_BATCH_LINES)",
-            param="input_file_id",
-        )
-    pending = [PendingLine(line.index, line.custom_id, line.spec.model_dump_json()) for line in lines]
+    total = len(lines) + len(refused)  # (at most ONELANE_MAX_BATCH_LINES: read_lines refuses more)
+    pending = [PendingLine(line.index, line.custom_id, line.spec_json) for line in lines]
     errors = [refused_line(bid, e.index, e.custom_id, e.code, e.message) for e in refused]
     svc.batches.create(record.model_copy(update={"total": total}), pending, errors)
     svc.batch_runner.run(bid)  # its first lines in the queue now
