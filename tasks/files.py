@@ -2,8 +2,10 @@
 
 A file is the hash keys.file(id) (owner, purpose, filename, bytes, created_at, expires_at) and the string
 keys.file_data(id), both written in one transaction with the TTL ONELANE_FILE_RETENTION, and listed in the owner's
-sorted set keys.user_files(owner), whose ids past their retention are trimmed at each upload (and which itself
-expires with the newest file). A file is read only by its owner; another's is not found.
+sorted set keys.user_files(owner) (scored by the time it was made), whose ids older than any file lives are trimmed
+at each upload (and which itself expires with the longest-lived file). A file that is deleted or expired leaves its
+id there, its record gone: the listing skips it, and a client listing page by page while it deletes goes on from it.
+A file is read only by its owner; another's is not found.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import redis
 from pydantic import BaseModel, ConfigDict
 
 from tasks import keys
-from tasks.errors import FileNotFound
+from tasks.errors import FileNotFound, InvalidParameter
 from tasks.settings import Settings
 
 
@@ -31,6 +33,10 @@ class FileRecord(BaseModel):
     bytes: int
     created_at: int
     expires_at: int
+
+
+LONGEST_KEEP_S = 2_592_000  # the longest any file lives (ONELANE_FILE_RETENTION's most)
+READ_AT_ONCE = 100  # records read in one round trip while listing
 
 
 def new_file_id() -> str:
@@ -58,9 +64,11 @@ class FileStore:
         pipe.hset(keys.file(record.id), mapping={k: str(v) for k, v in fields.items()})
         pipe.expire(keys.file(record.id), keep)
         pipe.set(keys.file_data(record.id), data, ex=keep)
-        pipe.zadd(keys.user_files(owner), {record.id: now})
-        pipe.zremrangebyscore(keys.user_files(owner), "-inf", now - keep)
-        pipe.expire(keys.user_files(owner), keep)
+        made = time.time()  # (finer than created_at: files made in one second list in the order made)
+        pipe.zadd(keys.user_files(owner), {record.id: made})
+        pipe.zremrangebyscore(keys.user_files(owner), "-inf", made - LONGEST_KEEP_S)
+        pipe.expire(keys.user_files(owner), keep, gt=True)
+        pipe.expire(keys.user_files(owner), keep, nx=True)
         pipe.execute()
         return record
 
@@ -79,22 +87,35 @@ class FileStore:
 
     def delete(self, file_id: str, owner: str) -> None:
         self.get(file_id, owner)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.delete(keys.file(file_id), keys.file_data(file_id))
-        pipe.zrem(keys.user_files(owner), file_id)
-        pipe.execute()
+        self.redis.delete(keys.file(file_id), keys.file_data(file_id))  # (its id stays listed: see above)
 
-    def list(self, owner: str, limit: int) -> list[FileRecord]:
-        """The owner's files, newest first (those past their retention are gone)."""
-        ids = self.redis.zrevrange(keys.user_files(owner), 0, limit - 1)
-        pipe = self.redis.pipeline(transaction=False)
-        for file_id in ids:
-            pipe.hgetall(keys.file(file_id))
-        return [
-            FileRecord.model_validate({"id": file_id, **fields})
-            for file_id, fields in zip(ids, pipe.execute())
-            if fields.get("owner") == owner
-        ]
+    def list(
+        self,
+        owner: str,
+        limit: int,
+        after: str | None = None,
+        ascending: bool = False,
+        purpose: str | None = None,
+    ) -> tuple[list[FileRecord], bool]:
+        """Up to `limit` of the owner's files, newest first (or oldest), from the one after `after`, of `purpose`
+        only if given; and whether more follow. `after` must be one of the owner's files (InvalidParameter)."""
+        key = keys.user_files(owner)
+        ids = self.redis.zrange(key, 0, -1) if ascending else self.redis.zrevrange(key, 0, -1)
+        if after is not None:
+            if after not in ids:
+                raise InvalidParameter("after must be the id of one of your files", param="after")
+            ids = ids[ids.index(after) + 1 :]
+        found: list[FileRecord] = []
+        for start in range(0, len(ids), READ_AT_ONCE):
+            pipe = self.redis.pipeline(transaction=False)
+            for file_id in ids[start : start + READ_AT_ONCE]:
+                pipe.hgetall(keys.file(file_id))
+            for file_id, fields in zip(ids[start : start + READ_AT_ONCE], pipe.execute()):
+                if fields.get("owner") == owner and purpose in (None, fields.get("purpose")):
+                    found.append(FileRecord.model_validate({"id": file_id, **fields}))
+                if len(found) > limit:
+                    return found[:limit], True
+        return found, False
 
 
 def _record(file_id: str, owner: str, fields: dict[str, str]) -> FileRecord:

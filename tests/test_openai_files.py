@@ -59,7 +59,31 @@ def test_another_owners_file_is_not_found(store):
         files.content(mine.id, "bob")
     with pytest.raises(FileNotFound):
         files.delete(mine.id, "bob")
-    assert files.list("bob", 10) == [] and files.content(mine.id, "alice") == LINES
+    assert files.list("bob", 10) == ([], False) and files.content(mine.id, "alice") == LINES
+
+
+def test_the_sdk_walks_every_file_once_a_page_at_a_time_in_either_order(client):
+    # Given five files uploaded one after the other
+    made = [client.files.create(file=(f"{n}.jsonl", io.BytesIO(LINES)), purpose="batch").id for n in range(5)]
+
+    # Then the SDK's auto-pagination, two a page, walks each once: newest first, or oldest with order=asc
+    assert [f.id for f in client.files.list(limit=2)] == made[::-1]
+    assert [f.id for f in client.files.list(limit=2, order="asc")] == made
+    page = client.files.list(limit=2, after=made[3])
+    assert ([f.id for f in page.data], page.has_more) == (made[2:0:-1], True)
+    assert [f.id for f in client.files.list(purpose="batch_output")] == []
+
+    # And a client that deletes each file as it lists them deletes them all
+    for listed in client.files.list(limit=2):
+        client.files.delete(listed.id)
+    assert list(client.files.list()) == []
+
+
+@pytest.mark.parametrize("query, param", [({"order": "sideways"}, "order"), ({"after": "file-nope"}, "after")])
+def test_a_listing_that_cannot_be_is_refused_naming_the_parameter(client, query, param):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.get("/files", cast_to=object, options={"params": query})
+    assert refused.value.body["param"] == param  # type: ignore[index]
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """OpenAI's Files API, for the Batch API's input: upload a JSONL file (`purpose=batch`), read it back, list, delete.
 
 Files live in Redis (tasks/files.py), kept ONELANE_FILE_RETENTION, at most ONELANE_MAX_FILE_BYTES each (a larger
-upload is 413 before it is read whole). Each owner sees only their own.
+upload is 413 before it is read whole). Each owner sees only their own, listed a page at a time as OpenAI lists them
+(`limit`, `after`, `order`, `purpose`).
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from tasks.errors import InvalidRequest
+from tasks.errors import InvalidParameter, InvalidRequest
 from web import responses
 from web.api import list_limit
 from web.auth import current_owner
+from web.openai_bodies import list_page
 from web.services import services
 
 bp = Blueprint("files", __name__)
@@ -47,8 +49,12 @@ def upload() -> Response:
 
 @bp.get("/v1/files")
 def list_files() -> Response:
-    files = services().files.list(current_owner(), list_limit())
-    return jsonify({"object": "list", "data": [responses.FileObject.of(f) for f in files], "has_more": False})
+    order = request.args.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidParameter("order must be asc or desc", param="order")
+    args, owner = request.args, current_owner()
+    files, more = services().files.list(owner, list_limit(), args.get("after"), order == "asc", args.get("purpose"))
+    return jsonify(list_page([responses.FileObject.of(f) for f in files], more))
 
 
 @bp.get("/v1/files/<file_id>")

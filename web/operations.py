@@ -460,10 +460,33 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 "operationId": "listFiles",
                 "tags": ["openai"],
                 "summary": "List the caller's files",
-                "parameters": [LIMIT],
+                "description": "A page at a time: `has_more` says whether another follows, from `after` = this "
+                "page's `last_id`.",
+                "parameters": [
+                    LIMIT,
+                    {"name": "order", "in": "query", "schema": {"type": "string", "enum": ["asc", "desc"]}},
+                    _after("list those after this file, in the order asked"),
+                    {
+                        "name": "purpose",
+                        "in": "query",
+                        "schema": {"type": "string"},
+                        "description": "only files of this purpose (`batch`, `batch_output`)",
+                    },
+                ],
                 "responses": {
-                    "200": _answer("the files", ref(responses.FileList)),
-                    **openai_list_errors,
+                    "200": _answer("a page of the files", ref(responses.FileList)),
+                    **dict(
+                        [
+                            err(
+                                400,
+                                "invalid_request_error: `limit`, `order` or `after` (not one of your files) "
+                                "malformed, named in `param`",
+                                True,
+                            ),
+                            oai_unauthorized,
+                            oai_unavailable,
+                        ]
+                    ),
                 },
             },
         ),

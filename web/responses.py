@@ -439,10 +439,12 @@ class FileObject(Answer):
 
 
 class FileList(Answer):
-    """The caller's files, newest first."""
+    """A page of the caller's files, newest first unless `order=asc`."""
 
     object: Literal["list"]
     data: list[FileObject]
+    first_id: str | None
+    last_id: str | None
     has_more: bool
 
 
