@@ -61,6 +61,7 @@ class BatchRecord(BaseModel):
     error_file_id: str | None = None
     metadata: dict[str, str] | None = None
     errors: list[dict[str, Any]] | None = None
+    output_keep_s: int | None = None  # its result files' life (output_expires_after); None: ONELANE_FILE_RETENTION
 
     @property
     def ended(self) -> bool:
@@ -299,9 +300,10 @@ class BatchStore:
         error_file_id: str | None,
         completed: int,
         failed: int,
+        keep_s: int | None = None,
     ) -> None:
         """The batch ended: its record final, its lines and results gone (they are in its files), off the runners'
-        list. The record lives as long as its files."""
+        list. The record lives as long as its files, and at least ONELANE_FILE_RETENTION."""
         fields = {
             "status": status,
             f"{status}_at": str(int(time.time())),
@@ -311,7 +313,7 @@ class BatchStore:
         fields.update({k: v for k, v in (("output_file_id", output_file_id), ("error_file_id", error_file_id)) if v})
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(keys.batch(batch_id), mapping=fields)
-        pipe.expire(keys.batch(batch_id), self.settings.file_retention_s)
+        pipe.expire(keys.batch(batch_id), max(self.settings.file_retention_s, keep_s or 0))
         pipe.delete(
             *(k(batch_id) for k in (keys.batch_lines, keys.batch_running, keys.batch_output, keys.batch_errors))
         )

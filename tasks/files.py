@@ -35,7 +35,7 @@ class FileRecord(BaseModel):
     expires_at: int
 
 
-LONGEST_KEEP_S = 2_592_000  # the longest any file lives (ONELANE_FILE_RETENTION's most)
+LONGEST_KEEP_S = 2_592_000  # the longest any file lives (ONELANE_FILE_RETENTION's most, output_expires_after's)
 READ_AT_ONCE = 100  # records read in one round trip while listing
 
 
@@ -47,9 +47,18 @@ class FileStore:
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
         self.redis, self.settings = client, settings
 
-    def create(self, owner: str, filename: str, purpose: str, data: bytes, file_id: str | None = None) -> FileRecord:
-        """Keep `data` as a new file (or as `file_id`, written again whole: a batch's result files)."""
-        now, keep = int(time.time()), self.settings.file_retention_s
+    def create(
+        self,
+        owner: str,
+        filename: str,
+        purpose: str,
+        data: bytes,
+        file_id: str | None = None,
+        keep_s: int | None = None,
+    ) -> FileRecord:
+        """Keep `data` as a new file (or as `file_id`, written again whole: a batch's result files), for `keep_s`
+        seconds (a batch's output_expires_after) or ONELANE_FILE_RETENTION."""
+        now, keep = int(time.time()), keep_s or self.settings.file_retention_s
         record = FileRecord(
             id=file_id or new_file_id(),
             owner=owner,

@@ -238,6 +238,8 @@ def test_batches_are_listed_newest_first_and_seen_by_their_owner_only(client, li
         ({"input_file_id": "file-nope"}, "input_file_id"),
         ({"metadata": {str(n): "v" for n in range(17)}}, "metadata"),
         ({"tools": []}, "tools"),
+        ({"output_expires_after": {"anchor": "created_at", "seconds": 60}}, "output_expires_after.seconds"),
+        ({"output_expires_after": {"anchor": "completed_at", "seconds": 3600}}, "output_expires_after.anchor"),
     ],
 )
 def test_a_batch_that_cannot_be_is_refused_naming_the_field(client, change, param):
@@ -254,6 +256,22 @@ def test_too_many_lines_are_refused_before_anything_runs(client_with, store):
         submit(own, jsonl(*(chat_line(str(n)) for n in range(3))))
     assert "ONELANE_MAX_BATCH_LINES" in caught.value.message and caught.value.body["param"] == "input_file_id"
     assert store.redis.zcard(keys.BATCHES) == 0 and store.redis.zcard(keys.QUEUE) == 0
+
+
+def test_output_expires_after_keeps_the_result_files_that_long_after_they_are_written(client, start_worker, store):
+    # Given a batch of a good line and a bad one, whose results are to be kept an hour
+    start_worker()
+    bad = {**chat_line("no-model"), "body": {**chat_line("")["body"], "model": "nope"}}
+    batch = submit(client, jsonl(chat_line("ok"), bad), output_expires_after={"anchor": "created_at", "seconds": 3600})
+
+    # When it ended, Then its output and error files expire an hour after they were written
+    done = wait_batch(store, batch.id)
+    for file_id in (done.output_file_id, done.error_file_id):
+        made = client.files.retrieve(file_id)  # type: ignore[arg-type]
+        assert made.expires_at - made.created_at == 3600
+        assert 0 < min(store.redis.ttl(keys.file(file_id)), store.redis.ttl(keys.file_data(file_id))) <= 3600
+    # And the batch itself is kept as long as any file is
+    assert store.redis.ttl(keys.batch(batch.id)) > store.settings.file_retention_s - 60
 
 
 def test_lines_of_a_model_that_failed_to_load_end_with_its_error(client, store):

@@ -169,6 +169,7 @@ class BatchRunner(Background):
             self._file(record, "error", errors),
             len(output),
             len(errors),
+            record.output_keep_s,
         )
         logger.info("batch %s %s: %d completed, %d failed", bid, stop or "completed", len(output), len(errors))
 
@@ -177,7 +178,8 @@ class BatchRunner(Background):
             return None
         data = "".join(line + "\n" for line in lines).encode()
         name = f"{record.id}_{kind}.jsonl"
-        return self.files.create(record.owner, name, "batch_output", data, result_file_id(record.id, kind)).id
+        file_id = result_file_id(record.id, kind)
+        return self.files.create(record.owner, name, "batch_output", data, file_id, record.output_keep_s).id
 
 
 # --- result lines -------------------------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ def create() -> Response:
         in_progress_at=now,
         expires_at=now + int(settings.batch_window_s),
         metadata=req.metadata,
+        output_keep_s=req.output_expires_after.seconds if req.output_expires_after else None,
     )
     try:
         lines, refused = read_lines(data, req.endpoint, owner, settings)

@@ -342,6 +342,15 @@ RESPONSE_NEUTRAL: dict[str, tuple[Any, ...]] = {
 # --- the Batch API (/v1/batches) ------------------------------------------------------------------------------
 
 
+class ExpiresAfter(BaseModel):
+    """How long a batch's output and error files are kept: `seconds` after each is written (its `created_at`)."""
+
+    model_config = STRICT
+
+    anchor: Literal["created_at"] = Field(description="the file's creation, as OpenAI's (not the batch's)")
+    seconds: int = Field(ge=3600, le=2_592_000, description="1 hour to 30 days")
+
+
 class BatchRequest(BaseModel):
     """POST /v1/batches: run every request of an uploaded JSONL file (purpose `batch`) against one endpoint."""
 
@@ -353,8 +362,8 @@ class BatchRequest(BaseModel):
     metadata: dict[str, str] | None = Field(
         None, description="up to 16 pairs, echoed back", json_schema_extra={"maxProperties": 16}
     )
-    output_expires_after: dict[str, Any] | None = Field(
-        None, description="accepted; the result files are kept ONELANE_FILE_RETENTION"
+    output_expires_after: ExpiresAfter | None = Field(
+        None, description="how long the output and error files are kept (default: ONELANE_FILE_RETENTION)"
     )
 
     _bounded_metadata = field_validator("metadata")(bounded_metadata)

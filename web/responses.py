@@ -499,7 +499,7 @@ class Batch(Answer):
     @classmethod
     def of(cls, batch: BatchRecord) -> dict[str, Any]:
         """The JSON body of `batch`."""
-        fields = batch.model_dump(exclude={"owner", "total", "completed", "failed", "errors"})
+        fields = batch.model_dump(exclude={"owner", "total", "completed", "failed", "errors", "output_keep_s"})
         errors = {"object": "list", "data": batch.errors} if batch.errors else None
         counts = BatchCounts(total=batch.total, completed=batch.completed, failed=batch.failed)
         return cls(**fields, object="batch", errors=errors, request_counts=counts).model_dump(mode="json")
