@@ -59,13 +59,30 @@ def _reported() -> Iterator[None]:
 
 
 class _Status:
-    """One transient status line on stderr: a spinner on a terminal; elsewhere each new text once, as a line."""
+    """One transient status line on stderr: a spinner on a terminal, whose ETA counts down between two the server
+    tells; elsewhere each new text once, as a line."""
 
     def __init__(self, console: Console) -> None:
         self.console, self.shown = console, ""
         self.live: Live | None = None
+        self.waiting: tuple[int, float | None, float] | None = None  # position, ETA, when told
 
     def show(self, text: str) -> None:
+        self.waiting = None
+        self._show(text)
+
+    def show_standing(self, job: dict[str, Any]) -> None:
+        """Where a waiting job stands: "#3 in queue, ~12 s" (no ETA while no worker holds the device)."""
+        self.waiting = (job["position"], job.get("eta_s"), time.monotonic())
+        self._show(self._standing())
+
+    def _standing(self) -> str:
+        assert self.waiting is not None
+        position, eta, told = self.waiting
+        left = None if eta is None else max(eta - (time.monotonic() - told), 0.0)
+        return f"#{position} in queue" + ("" if left is None else f", ~{_duration(left)}")
+
+    def _show(self, text: str) -> None:
         from rich.live import Live
         from rich.spinner import Spinner
         from rich.text import Text
@@ -78,7 +95,7 @@ class _Status:
         elif self.live is None:  # as console.status(), but leaving sys.stdout alone: the tokens go there
             self.spinner = Spinner("dots", Text(text), style="status.spinner")
             self.live = Live(
-                self.spinner,
+                get_renderable=self._render,
                 console=self.console,
                 refresh_per_second=12.5,
                 transient=True,
@@ -89,16 +106,17 @@ class _Status:
         else:
             self.spinner.update(text=Text(text))
 
+    def _render(self) -> Any:
+        from rich.text import Text
+
+        if self.waiting is not None:  # the countdown
+            self.spinner.update(text=Text(self._standing()))
+        return self.spinner
+
     def stop(self) -> None:
         if self.live is not None:
             self.live.stop()
-        self.live, self.shown = None, ""
-
-
-def _standing(job: dict[str, Any]) -> str:
-    """Where a waiting job stands: "#3 in queue, ~12 s" (no estimate until the server has timed a job)."""
-    eta = job.get("eta_s")
-    return f"#{job['position']} in queue" + ("" if eta is None else f", ~{_duration(eta)}")
+        self.live, self.shown, self.waiting = None, "", None
 
 
 def _duration(seconds: float) -> str:
@@ -178,7 +196,7 @@ def _follow(client: Client, status: _Status, job_id: str, after: int = -1, token
             elif quiet:
                 continue
             elif event.type == "queued":
-                status.show(_standing(event.data))
+                status.show_standing(event.data)
             elif event.type == "started":
                 status.show("running")
             elif event.type == "requeued":  # its next run goes on from what was written: nothing to take back
@@ -252,7 +270,7 @@ def run(prompt: str, wait: bool, as_json: bool, ignore_eos: bool, **fields: Any)
             status.stop()
             console.print(f"submitted {job_id}", style="dim")
             if job["status"] == "queued":
-                status.show(_standing(job))
+                status.show_standing(job)
             ended = _follow(client, status, job_id, tokens=not as_json)
         except (KeyboardInterrupt, BrokenPipeError) as stop:  # Ctrl-C, or stdout's reader left: nobody wants it
             status.stop()
@@ -340,7 +358,7 @@ def _answer(
                 return None
             job_id = job["id"]
             if job["status"] == "queued":
-                status.show(_standing(job))
+                status.show_standing(job)
             return _follow(client, status, job_id)
     except (KeyboardInterrupt, _Leaving, BrokenPipeError) as stop:
         status.stop()

@@ -19,7 +19,11 @@ USER_QUEUE_PREFIX = NS + "q:"  # sorted set: one user's waiting job ids, by the 
 USER_JOBS_PREFIX = NS + "jobs:"  # sorted set: one user's recent job ids by admission time
 
 MODEL_QUEUE_PREFIX = NS + "mq:"  # sorted set: one model's waiting job ids, by the same score as QUEUE
-MODEL_PREFIX = NS + "model:"  # hash: a model's load outcome (state, load_s, bytes, error, retry_at, worker)
+MODEL_PREFIX = NS + "model:"  # hash: a model's load outcome (state, load_s, bytes, error, retry_at, worker) and its
+#                               measured pace (worker/pace.py), kept MODEL_RECORD_TTL_S
+LENGTHS_PREFIX = NS + "lengths:"  # list: the newest LENGTHS_KEPT completed answers of one model, each
+#                                   "completion,max_tokens,how,prompt_chars,prompt_tokens" (how: s ended by itself,
+#                                   l at max_tokens, i ignore_eos), for ETAs; kept MODEL_RECORD_TTL_S
 AFFINITY_PREFIX = (
     NS + "affinity:"
 )  # string, kept ONELANE_RESULT_TTL: the device whose prefix cache holds a conversation's
@@ -57,14 +61,15 @@ DEVICE_PREFIX = NS + "device:"  # hash with a short TTL: the lease of the worker
 DEVICES = NS + "devices"  # set: device names seen, for health checks
 STATS = NS + "stats"  # hash: counters and histogram buckets behind /metrics
 CANCELS = NS + "cancels"  # pub/sub: ids of running jobs asked to stop, for the worker's listener
-SERVICE_TIMES = NS + "service-times"  # list: the last 20 job service times in seconds, for the ETA
 MINUTE_PREFIX = NS + "minute:"  # hash, kept MINUTE_TTL_S: what happened in one minute (jobs ended by status, tokens,
 #                                 queue waits), for the dashboard's plots of the last hour
 FAILURES = NS + "failures"  # list: the newest FAILURES_KEPT failed or expired job ids, living as long as the newest
 #                             one's record
 
 MINUTE_TTL_S = 7200  # a minute's record outlives the hour the dashboard plots
+MODEL_RECORD_TTL_S = 7 * 86400  # a model's record (keys.model) outlives no week without news
 FAILURES_KEPT = 50
+LENGTHS_KEPT = 100
 
 
 def job(job_id: str) -> str:
@@ -131,10 +136,11 @@ def minute(index: int) -> str:
 LUA_NAMES: dict[str, str | int] = {
     "JOB": JOB_PREFIX, "OUT": OUTPUT_PREFIX, "TOK": TOKENS_PREFIX, "EV": EVENTS_PREFIX, "CH": CHANNEL_PREFIX,
     "UQ": USER_QUEUE_PREFIX, "UJ": USER_JOBS_PREFIX, "QUEUE": QUEUE, "WAITING": WAITING, "WATCHED": WATCHED, "MOVED": QUEUE_MOVED,
-    "IN_PROGRESS": IN_PROGRESS, "SERVICE_TIMES": SERVICE_TIMES, "VTIME": VIRTUAL_TIME, "TAGS": NEXT_TAGS,
+    "IN_PROGRESS": IN_PROGRESS, "LENGTHS": LENGTHS_PREFIX, "VTIME": VIRTUAL_TIME, "TAGS": NEXT_TAGS,
     "SEQ": SEQUENCE, "DEVICE": DEVICE_PREFIX, "DEVICES": DEVICES, "STATS": STATS, "CANCELS": CANCELS,
     "MQ": MODEL_QUEUE_PREFIX, "MODEL": MODEL_PREFIX, "BLOCKED": BLOCKED, "MINUTE": MINUTE_PREFIX,
     "FAILURES": FAILURES, "AFFINITY": AFFINITY_PREFIX, "MINUTE_TTL": MINUTE_TTL_S, "FAILURES_KEPT": FAILURES_KEPT,
+    "MODEL_RECORD_TTL": MODEL_RECORD_TTL_S, "LENGTHS_KEPT": LENGTHS_KEPT,
 }  # fmt: skip
 
 

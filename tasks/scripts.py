@@ -25,7 +25,8 @@ BELL = ("bell_queue", "bell_messages", "bell_id", "bell")  # a job's dramatiq me
 #: Each script's arguments, by name, in the order they are sent.
 ARGS: dict[str, tuple[str, ...]] = {
     "admit": ("id", "owner", "spec", "ttl_s", "result_ttl_s", "watch_grace_s", "max_queue", "max_per_user",
-              "max_tokens", "slots", *BELL, "model", "class", "cost", "visitors", "max_visitors", "history", "line"),
+              "max_tokens", *BELL, "model", "class", "cost", "visitors", "max_visitors", "history", "line",
+              "ignore_eos", "prompt_chars", "history_chars"),
     "append": ("id", "n_tokens", "text", "prompt_tokens", "worker", "from_n", "from_b", "cached_tokens", "ids"),
     "cancel": ("id", "owner", "result_ttl_s", "error"),
     "claim": ("result_ttl_s", "run_life_s", "device", "worker", "want", "active", "switch_wait_s", "affinity_s",
@@ -37,9 +38,9 @@ ARGS: dict[str, tuple[str, ...]] = {
     "housekeep": ("max_attempts", "ttl_s", "result_ttl_s", "limit", *BELL),
     "lease": ("device", "worker", "pid", "lease_ms", "mode", "batch", "slots", "tok_s", "steps", "decode_s",
               "prefill_s", "prefill_tokens", "models", "active", "loading", "cache_lookups", "cache_hits",
-              "cache_tokens", "cache_bytes", "cache_entries"),
+              "cache_tokens", "cache_bytes", "cache_entries", "pace"),
     "model_failed": ("model", "message", "retry_s", "result_ttl_s", "worker"),
-    "position": ("slots", "*ids"),
+    "position": ("limit", "*ids"),
     "recover": ("max_attempts", "ttl_s", "result_ttl_s", "id", "worker", "why", "shared"),
     "ring": BELL,
     "stall": ("device", "stall_s", "result_ttl_s"),

@@ -13,7 +13,7 @@ from bench.harness import generate
 from tasks import keys
 from tasks.job import JobSpec, JobStatus, SamplingParams
 from tasks.settings import ModelConfig, Settings, User
-from tasks.store import Store, Switch
+from tasks.store import BatchReport, Store, Switch
 from tests.helpers import wait_ended
 
 
@@ -253,16 +253,19 @@ def test_a_user_of_weight_two_gets_two_turns_to_one(settings, store, start_worke
 
 def test_position_and_eta_count_a_pending_model_load(served, store):
     fair = Store(store.redis, served)
-    fair.for_worker("w").model_loaded(
-        "mini", load_s=5.0, size=1
-    )  # its last load took 5 s; no live worker has it loaded now
-    fair.redis.lpush(keys.SERVICE_TIMES, "1.0")  # one job has been timed: ETAs are given
+    worker = fair.for_worker("w")
+    worker.model_loaded("mini", load_s=5.0, size=1)  # its last load took 5 s
+    worker.take_device(BatchReport(batch=0, slots=4, tokens_per_s=0, steps=0, decode_s=0, prefill_s=0,
+                                   prefill_tokens=0, models=("tiny",)))  # fmt: skip
 
     tiny, mini = (fair.admit(f"job_{m}", JobSpec(owner=m, model=m, prompt="x"), 60) for m in ("tiny", "mini"))
+    waits_for_load = fair.standing(mini).eta_s
+    worker.renew_device(BatchReport(batch=0, slots=4, tokens_per_s=0, steps=0, decode_s=0, prefill_s=0,
+                                    prefill_tokens=0, models=("tiny", "mini")))  # fmt: skip
 
-    assert (tiny.position, mini.position) == (1, 2)
-    assert mini.eta_s == pytest.approx(tiny.eta_s + 5.0)  # four free slots: only the load sets it apart
-    assert fair.standing(mini).eta_s == pytest.approx(mini.eta_s)
+    assert (tiny.position, mini.position, tiny.eta_s) == (1, 2, 0.0)
+    assert mini.eta_s == pytest.approx(waits_for_load)
+    assert waits_for_load - fair.standing(mini).eta_s == pytest.approx(5.0)  # only the load sets them apart
 
 
 def test_a_models_max_kv_size_bounds_what_each_job_holds_of_the_kv_budget(served, start_worker, demo_model):

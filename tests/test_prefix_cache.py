@@ -269,16 +269,8 @@ def test_a_running_jobs_estimate_counts_only_the_prefill_still_to_do(cached, sto
     from tasks import keys
     from tasks.job import JobSpec, SamplingParams
 
-    store.redis.hset(
-        keys.STATS,
-        mapping={
-            "prefill_tokens": 1000,
-            "prefill_seconds": 1.0,  # 1,000 tokens/s
-            "batch_steps": 100,
-            "decode_seconds": 1.0,
-        },
-    )  # 10 ms a step
-    store.redis.lpush(keys.SERVICE_TIMES, 5.0)  # a job was timed: estimates are given
+    # the model's measured pace: 10 ms a step, 1 ms a prompt token (1,000 tokens/s)
+    store.redis.hset(keys.model(store.settings.model_name), "pace", "[0.01, 0, 0.001]")
     spec = JobSpec(owner="a", model=store.settings.model_name, prompt="p", params=SamplingParams(max_tokens=10))
     store.admit("job_long", spec, 60)
     assert store.for_worker("w").take_device() == "ok" and claim_now(store, "w").id == "job_long"

@@ -48,7 +48,7 @@ def test_a_call_that_names_an_argument_the_entry_does_not_list_is_refused() -> N
         ordered("cancel", {"id": "j", "ownr": "me", "result_ttl_s": 1, "error": ""})
     with pytest.raises(TypeError, match="missing \\['error'\\]"):
         ordered("cancel", {"id": "j", "owner": "me", "result_ttl_s": 1})
-    assert ordered("position", {"slots": 4, "ids": ["a", "b"]}) == [4, "a", "b"]
+    assert ordered("position", {"limit": 4, "ids": ["a", "b"]}) == [4, "a", "b"]
 
 
 def test_every_constant_reads_in_lua_as_python_has_it(redis_client) -> None:  # type: ignore[no-untyped-def]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -105,32 +106,40 @@ def running_job_left_s(store, job_id: str) -> float:  # type: ignore[no-untyped-
     return (job.spec.params.max_tokens - job.usage.completion_tokens) / rate
 
 
-def test_eta_comes_from_the_running_jobs_rate_and_recent_service_times(jobs, store, start_worker):
+def measured_pace(store, timeout_s: float = 10.0) -> list[float]:  # type: ignore[no-untyped-def]
+    """The default model's pace, once its worker reported it (with a lease renewal: there is no event to wait on)."""
+    deadline = time.monotonic() + timeout_s
+    while not (pace := store.redis.hget(keys.model(store.settings.model_name), "pace")):
+        assert time.monotonic() < deadline, "the worker never reported its pace"
+        time.sleep(0.05)
+    return list(json.loads(pace))
+
+
+def test_eta_counts_the_running_jobs_tokens_left_at_the_measured_pace(jobs, store, start_worker):
     start_worker()
-    for n in range(2):
-        wait_ended(store, jobs.submit(f"warm {n}", max_tokens=20, ignore_eos=True)["id"])
     running = jobs.submit("a", max_tokens=3000, ignore_eos=True)
-    # its token rate is measured well once it has run a while
+    # its pace is measured (and reported) once it has run a while
     wait_event(
         store,
         running["id"],
         lambda e: e.type == "token" and jobs.get(running["id"])["usage"]["completion_tokens"] >= 300,
     )
-    second = jobs.submit("b", max_tokens=4)
-    third = jobs.submit("c", max_tokens=4)
+    pace = measured_pace(store)
+    second = jobs.submit("b", max_tokens=4, ignore_eos=True)
+    third = jobs.submit("c", max_tokens=4, ignore_eos=True)
 
-    mean = sum(float(t) for t in store.redis.lrange(keys.SERVICE_TIMES, 0, -1)) / 2
     etas = [jobs.get(j["id"])["eta_s"] for j in (second, third)]
     left = running_job_left_s(store, running["id"])
+    step_s, per_sequence_s, _ = pace
     jobs.cancel(running["id"])
 
     # the long job ended: second runs next, then third (the worker claims the next job the moment one ends,
     # so reading third's position here would race with second's start)
     started = [wait_ended(store, j["id"])["timings"]["started_at"] for j in (second, third)]
     assert started[0] < started[1]
-    assert etas[0] == pytest.approx(left, rel=0.3)  # second runs when the long job ends
-    # third one mean service time later (give or take the drift of the running job's measured rate between reads)
-    assert etas[1] - etas[0] == pytest.approx(mean, abs=0.05 * etas[0])
+    assert etas[0] == pytest.approx(left, rel=0.3)  # second runs when the long job's 3000 tokens are done
+    # third once second's 4 tokens are (and its prompt read: a token or so)
+    assert etas[1] - etas[0] == pytest.approx(4 * (step_s + per_sequence_s), abs=0.05 * etas[0])
 
 
 def test_watched_job_whose_stream_closed_is_skipped_before_generation(jobs, store, start_worker, live_server):

@@ -4,8 +4,9 @@ A connection per stream would cost each stream a Redis connection (and its hands
 event), and every "queue moved" message would cross the socket once per waiting stream, each stream then
 asking Redis for its own position. The hub subscribes once, for the process's life, to every job's channel
 (a pattern) and to the queue's moves: one GPU produces few events, so each web process takes them all and
-hands each to the feeds of its job; opening or closing a stream costs Redis nothing. When the queue moves,
-the hub looks up the positions of all the process's waiting feeds in one call.
+hands each to the feeds of its job; opening or closing a stream costs Redis nothing. When the queue moves, and
+every REFRESH_S meanwhile (an ETA moves with the batch, not only with the queue), the hub looks up the standings
+of all the process's waiting feeds in one call.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tasks.store import Standing, Store
 logger = logging.getLogger(__name__)
 
 RECONNECT_WAIT_S = 0.5
+REFRESH_S = 2.0  # how often waiting jobs' standings are looked up again, the queue moving or not
 JOB_CHANNELS = keys.CHANNEL_PREFIX + "*"
 
 
@@ -57,6 +59,7 @@ class Hub:
         self._inboxes: dict[str, set[Inbox]] = {}  # job id -> the inboxes of its feeds
         self._ready = threading.Event()  # Redis confirmed the subscriptions (again, after an outage)
         self._reader: threading.Thread | None = None
+        self._looked_at = 0.0  # when the standings were last looked up
 
     def join(self, job_id: str, inbox: Inbox) -> threading.Event:
         """Deliver `job_id`'s events into `inbox`, and its Standing whenever the queue moves (position None once
@@ -94,7 +97,7 @@ class Hub:
                 down = outage = True
                 continue
             if message is None:
-                if moved:
+                if moved or time.monotonic() - self._looked_at >= REFRESH_S:  # ETAs move with time too
                     moved = False
                     self._tell_standings()
             elif message["type"] == "pmessage":
@@ -125,6 +128,7 @@ class Hub:
 
     def _tell_standings(self) -> None:
         """Look up the standing of every followed job in one call and tell each of its feeds."""
+        self._looked_at = time.monotonic()
         with self._lock:
             followed = {job_id: list(inboxes) for job_id, inboxes in self._inboxes.items()}
         if not followed:

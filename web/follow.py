@@ -22,11 +22,13 @@ from web.connection import client_connected
 from web.feed import Feed, Hub, Moved
 
 SOCKET_CHECK_S = 0.1  # how often a waiting request looks whether its client hung up
+ETA_MOVED_S, ETA_MOVED_SHARE = 1.0, 0.1  # an ETA that moved by more than both is told at once ...
+RETELL_S = 5.0  # ... and any, at least this often
 
 
 @dataclass(frozen=True)
 class Queued:
-    """The job waits at `position` (1: next to start), starting in about `eta_s` (None until a job was timed)."""
+    """The job waits at `position` (1: next to start), starting in about `eta_s` seconds (tasks/eta.py)."""
 
     position: int
     eta_s: float | None
@@ -82,7 +84,7 @@ def follow(
 ) -> Iterator[Story]:
     """Yield the job's story, ending after exactly one terminal event:
 
-    - Queued while it waits, whenever its standing changes;
+    - Queued while it waits, when its place changes, its ETA moves, and at least every RETELL_S;
     - Ping every `ping_s` seconds (a watched, waiting job's lease is renewed right after);
     - the job's own events from the durable log after index `after`;
     - Gone (and nothing more) if `environ`'s client closed its connection.
@@ -128,6 +130,7 @@ class _Follower:
                 store.renew_watch(job.id)
         self.ping_s = ping_s
         self.shown: Standing | None = None  # the standing the client was last told
+        self.shown_at = time.monotonic()  # ... and when
         self.moved = True  # look the standing up once no more queue moves are pending
         if admitted and job.position is not None:  # as admitted: no need to ask again
             self.shown, self.moved = Standing(job.position, job.eta_s), False
@@ -168,9 +171,19 @@ class _Follower:
         self.moved = False
 
     def _show(self, standing: Standing) -> Iterator[Queued]:
-        if self.waiting and standing.position is not None and standing != self.shown:
-            self.shown = standing
+        if self.waiting and standing.position is not None and self._news(standing):
+            self.shown, self.shown_at = standing, time.monotonic()
             yield Queued(standing.position, standing.eta_s)
+
+    def _news(self, standing: Standing) -> bool:
+        """Whether the client should be told: its place changed, its ETA moved by more than a little from what it
+        was told (counted down since), or it was told nothing for RETELL_S."""
+        shown = self.shown
+        if shown is None or shown.position != standing.position or shown.eta_s is None or standing.eta_s is None:
+            return shown != standing
+        since = time.monotonic() - self.shown_at
+        drift = abs(standing.eta_s - max(shown.eta_s - since, 0.0))
+        return drift > max(ETA_MOVED_S, ETA_MOVED_SHARE * standing.eta_s) or since >= RETELL_S
 
     def _on_event(self, event: Event) -> Iterator[Event]:
         self.waiting = event.type is EventType.REQUEUED  # its worker died: it waits again, at the front

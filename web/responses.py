@@ -47,7 +47,10 @@ class Job(Answer):
     params: SamplingParams
     abandon_on_disconnect: bool = Field(description="skipped before generation once its client stops watching")
     position: int | None = Field(description="while queued: 1 + the number of jobs that start before it")
-    eta_s: float | None = Field(description="while queued: seconds until it should start; null until a job is timed")
+    eta_s: float | None = Field(
+        description="while queued: seconds until it should start, forecast from what the device is doing; null "
+        "while no worker holds a device"
+    )
     deadline: float = Field(description="when it expires if it has not started (seconds since the epoch)")
     output: str = Field(description="the text generated so far")
     finish_reason: Literal["stop", "length", "cancelled"] | None
@@ -215,7 +218,8 @@ class CompletionChunk(Chunk):
 
 
 class QueuedEvent(Answer):
-    """`queued`: where the job stands, sent again whenever the queue ahead moves (no SSE id)."""
+    """`queued`: where the job stands, sent again when its place changes, when its ETA moves by more than a second and
+    a tenth, and at least every 5 s while it waits (no SSE id)."""
 
     position: int | None
     eta_s: float | None
@@ -237,10 +241,12 @@ class TokenEvent(Answer):
 
 
 class RequeuedEvent(Answer):
-    """`requeued`: its worker died; the job is back at the front of the queue and its output starts over."""
+    """`requeued`: its worker stopped; the job is back at the front of the queue, keeping its output and the
+    `completion_tokens` written so far: its next run goes on from there."""
 
     index: int
     attempt: int
+    completion_tokens: int
 
 
 class Health(Answer):

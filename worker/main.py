@@ -9,6 +9,7 @@ recovers jobs of dead workers and re-rings a lost doorbell.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -277,6 +278,7 @@ class GpuWorker:
             cache_tokens=now_cache.cached_tokens - before.cached_tokens,
             cache_bytes=prefix.nbytes,
             cache_entries=len(prefix),
+            pace=json.dumps({model: speed.as_list() for model, speed in runner.pace.speeds().items()}),
         )
 
     def _listen(self) -> None:

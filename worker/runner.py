@@ -29,6 +29,7 @@ from worker.batch import Batch, Finished, Head, Running, StepResult
 from worker.engine import KV, Engine, Token
 from worker.models import ModelPool
 from worker.output import Ending, OutputWriter, Text
+from worker.pace import Pace
 from worker.resume import fresh, resume
 
 logger = logging.getLogger(__name__)
@@ -36,13 +37,15 @@ logger = logging.getLogger(__name__)
 SETTLE_S = 0.05  # how long a step waits for the endings before it to be recorded, before it claims
 SETTLE_IDLE_S = 1.0  # ... with nothing in the batch
 PROGRESS_S = 1.0  # how often a job that makes no token (its prompt is read) tells it progresses (at most)
+PAUSE_S = 5.0  # a gap this long between two steps is a pause (the batch was empty), not a slow step
+NO_STEP = ("", 0, 0, 0.0)
 
 
 class Runner:
     """Runs jobs for one worker process, through its verbs of the store (bound to its id: the device's lease holder).
 
     One thread runs the loop (`run_waiting`) and owns everything here; other threads only call `request_stop`, set
-    `queue_moved`, and read `batch`, `engine` and `active` for the heartbeat's report.
+    `queue_moved`, and read `batch`, `engine`, `active` and `pace` for the heartbeat's report.
     """
 
     def __init__(self, store: WorkerStore, models: ModelPool, on_fatal: Callable[[str], None]) -> None:
@@ -58,6 +61,8 @@ class Runner:
         self._look = True  # it may hold a job that can join now: set when it moves or a job leaves, cleared by `_fill`
         self._head: Head | None = None  # its head, measured, waiting for room in the batch
         self.writer = OutputWriter(store, on_stop=self.request_stop, on_fatal=on_fatal)
+        self.pace = Pace()  # how fast each model's steps go here (the heartbeat reports it, for ETAs)
+        self._last_step = NO_STEP  # the step before: its model, sequences, prompt tokens, when it started
 
     @property
     def budget(self) -> int:
@@ -100,7 +105,9 @@ class Runner:
                 self._drop_stopped()
                 if self.batch:
                     self._step()
-                elif not self._look or stopping.is_set():  # nothing runs, and none may join (else: look again)
+                    continue
+                self._last_step = NO_STEP  # (the next step's clock starts with it)
+                if not self._look or stopping.is_set():  # nothing runs, and none may join (else: look again)
                     return started
 
     # --- joining: one claim after another, each outcome to its handler -------------------------------------
@@ -266,12 +273,17 @@ class Runner:
         """One step of the batch: every job's new text in one hand-over, then the endings of the jobs that ended
         (after their last text), then those over their time limit."""
         assert self.engine is not None
+        before = self.engine.counters
+        self._timed_step(time.perf_counter())
         try:
             tokens = self.engine.step()
         except Exception:  # the batch's state cannot be trusted: start it afresh, its jobs go back
             logger.exception("a batch step failed with %d job(s) in the batch", len(self.batch))
             self._step_failed()
             return
+        after = self.engine.counters
+        n, prefill = after.generated_tokens - before.generated_tokens, after.prompt_tokens - before.prompt_tokens
+        self._last_step = (self.active, n, prefill, self._last_step[3])
         result = StepResult()
         for token in tokens:
             self._advance(token, result)
@@ -280,6 +292,14 @@ class Runner:
         for f in result.finished:
             self._end(f.run, f.reason, in_engine=f.in_engine, kv=f.kv)
         self._end_overdue()
+
+    def _timed_step(self, now: float) -> None:
+        """The step before this one, timed as the loop lives it: from its start to this one's (its output, the
+        jobs that joined or left between the two). A step after a pause (nothing ran) starts the clock afresh."""
+        model, n, prefill, started = self._last_step
+        if model == self.active and 0 < now - started < PAUSE_S:
+            self.pace.observe(model, n, prefill, now - started)
+        self._last_step = (self.active, 0, 0, now)
 
     def _advance(self, token: Token, result: StepResult) -> None:
         """One job's token: its text (up to a stop string, if one is hit), and whether it ended."""

@@ -14,18 +14,19 @@
 -- is pending already: an admitted job always has a message to wake the worker, and a consumer blocked on the
 -- queue wakes as this script ends.
 -- ARG: id, owner, spec_json, ttl_s, result_ttl_s, watch_grace_s, max_queue, max_per_user (0: no bound),
---       max_tokens, slots, message queue key, message hash key, message id, message ('' for no message),
+--       max_tokens, message queue key, message hash key, message id, message ('' for no message),
 --       model, class ('interactive' | 'batch'), cost, visitors key ('' for none), max_visitors, history (the
 --       digest of a chat's messages but the last, '' for none: a device whose prefix cache holds it is preferred),
---       line ('1': a batch's line, admitted once only, and neither counted in its owner's quota nor listed)
+--       line ('1': a batch's line, admitted once only, and neither counted in its owner's quota nor listed),
+--       ignore_eos ('1' or ''), prompt_chars, history_chars (of the messages but the last), for its ETA
 -- -> {'exists'} for a batch's line admitted before (nothing is written)
---    or {'ok', queued_at, deadline, position, seconds its model takes to load, the estimate (see position.lua)}
---    or {'queue_full' | 'quota_exceeded' | 'address_quota' | 'address_visitors', retry_after_s}
+--    or {'ok', queued_at, deadline, position, what ETAs are forecast from (eta_snapshot in common.lua)}
+--    or {'queue_full' | 'quota_exceeded' | 'address_quota' | 'address_visitors', the position whose start frees a
+--    place, what ETAs are forecast from}
 --    or {'model_unavailable', retry_after_s, why}
 local id, owner, spec = ARG.id, ARG.owner, ARG.spec
 local ttl, result_ttl, grace = tonumber(ARG.ttl_s), tonumber(ARG.result_ttl_s), tonumber(ARG.watch_grace_s)
 local max_queue, max_per_user, max_tokens = tonumber(ARG.max_queue), tonumber(ARG.max_per_user), ARG.max_tokens
-local slots = tonumber(ARG.slots)
 local bell_queue, bell_messages, bell_id, bell = ARG.bell_queue, ARG.bell_messages, ARG.bell_id, ARG.bell
 local model, class, cost = ARG.model, ARG.class, tonumber(ARG.cost)
 local visitors, max_visitors, history = ARG.visitors, tonumber(ARG.max_visitors), ARG.history
@@ -42,10 +43,9 @@ if why then
   return {'model_unavailable', math.max(1, math.ceil(retry)), why}
 end
 if max_queue > 0 and redis.call('ZCARD', WAITING) >= max_queue then
-  -- a place frees when the first slot frees and the next job starts
-  local _, free = service_estimate(t, slots)
+  -- a place frees when the next job starts
   stat('rejected:queue_full')
-  return {'queue_full', math.max(1, math.ceil(free[1]))}
+  return {'queue_full', 1, eta_snapshot(t, 1)}
 end
 -- the owner's waiting jobs that count against their quota: a batch's lines do not (the batch bounds them itself)
 local function counted(queue)
@@ -58,11 +58,10 @@ end
 
 if max_per_user > 0 and redis.call('ZCARD', q) >= max_per_user and counted(q) >= max_per_user then
   -- a place frees when this user's first waiting job starts
-  local mean, free = service_estimate(t, slots)
   local first = redis.call('ZRANGE', q, 0, 0)[1]
   local ahead = redis.call('ZRANK', QUEUE, first) or 0
   stat('rejected:quota_exceeded')
-  return {'quota_exceeded', math.max(1, math.ceil(eta_of(ahead + 1, mean, free)))}
+  return {'quota_exceeded', ahead + 1, eta_snapshot(t, ahead + 1)}
 end
 if visitors ~= '' then
   -- the address's visitors with jobs waiting (the others leave the set); a place frees when their first waiting
@@ -85,9 +84,8 @@ if visitors ~= '' then
     verdict, ahead = 'address_visitors', last
   end
   if verdict then
-    local mean, free = service_estimate(t, slots)
     stat('rejected:quota_exceeded')
-    return {verdict, math.max(1, math.ceil(eta_of(ahead + 1, mean, free)))}
+    return {verdict, ahead + 1, eta_snapshot(t, ahead + 1)}
   end
 end
 
@@ -99,8 +97,10 @@ local score = tag * TIE + redis.call('INCR', SEQ) % TIE
 redis.call('HSET', jkey, 'spec', spec, 'owner', owner, 'status', 'queued', 'queued_at', fmt(t),
   'deadline', fmt(deadline), 'attempts', 0, 'prompt_tokens', 0, 'completion_tokens', 0, 'tag', tag, 'score', score,
   'max_tokens', max_tokens, 'model', model, 'class', class, 'cost', cost)
+redis.call('HSET', jkey, 'prompt_chars', ARG.prompt_chars)
+if ARG.ignore_eos == '1' then redis.call('HSET', jkey, 'ignore_eos', '1') end
 if grace > 0 then redis.call('HSET', jkey, 'watched', grace) end
-if history ~= '' then redis.call('HSET', jkey, 'history', history) end
+if history ~= '' then redis.call('HSET', jkey, 'history', history, 'history_chars', ARG.history_chars) end
 if line then redis.call('HSET', jkey, 'line', '1') end
 redis.call('EXPIRE', jkey, life)
 redis.call('ZADD', TAGS, tag, flow)
@@ -117,6 +117,5 @@ end
 ring(bell_queue, bell_messages, bell_id, bell)
 stat('admitted')
 per_minute(t, 'admitted')
-local mean, free, timed = service_estimate(t, slots)
-return estimate_reply({'ok', fmt(t), fmt(deadline), redis.call('ZRANK', QUEUE, id) + 1, tostring(load_wait(model))},
-  mean, free, timed)
+local position = redis.call('ZRANK', QUEUE, id) + 1
+return {'ok', fmt(t), fmt(deadline), position, eta_snapshot(t, position)}

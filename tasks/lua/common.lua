@@ -102,70 +102,46 @@ local function tag_of(score)
   return math.floor(tonumber(score) / TIE)
 end
 
--- The batch's slots as a waiting job sees them: the mean service time of recent jobs (start to end), and when each
--- slot frees, in seconds from now, soonest first (0: free now). The slots are those the live workers report in
--- their leases; with no worker alive, the caller's `slots` (its ONELANE_MAX_BATCH). A running job frees its slot
--- once its remaining max_tokens are generated at its own rate (an upper bound: EOS may come first); before its
--- first token, once the part of its prompt not read from the prefix cache is prefilled and its max_tokens
--- generated, at the device's measured prefill and step rates (failing those, when the mean service time is up).
--- Until a job has been timed, the oldest running job's age stands in for the mean (it took this long; assume as long
--- again). Returns mean, {free in s...}, jobs timed.
-local function service_estimate(t, slots)
-  local reported = 0 -- the slots live workers report (each lease holds its worker's batch size)
-  for _, device in ipairs(redis.call('SMEMBERS', DEVICES)) do
-    reported = reported + (tonumber(redis.call('HGET', DEVICE .. device, 'slots') or '0') or 0)
-  end
-  if reported > 0 then slots = reported end
-  local times = redis.call('LRANGE', SERVICE_TIMES, 0, -1)
-  local running = redis.call('ZRANGE', IN_PROGRESS, 0, -1, 'WITHSCORES')
-  local mean = 1.0
-  if #times > 0 then
-    local sum = 0
-    for _, x in ipairs(times) do sum = sum + tonumber(x) end
-    mean = sum / #times
-  elseif #running > 0 then
-    mean = math.max(1.0, t - tonumber(running[2]))
-  end
-  local s = redis.call('HMGET', STATS, 'prefill_tokens', 'prefill_seconds', 'batch_steps', 'decode_seconds')
-  local prefill_rate = (tonumber(s[2]) or 0) > 0 and (tonumber(s[1]) or 0) / tonumber(s[2]) or 0
-  local step_s = (tonumber(s[3]) or 0) > 0 and (tonumber(s[4]) or 0) / tonumber(s[3]) or 0
-  local free = {}
-  for i = 1, #running, 2 do
-    local f = redis.call('HMGET', JOB .. running[i], 'max_tokens', 'completion_tokens', 'first_token_at',
-      'prompt_tokens', 'cached_tokens')
-    local max, done, first = tonumber(f[1] or ''), tonumber(f[2] or '0'), tonumber(f[3] or '')
-    local prompt, cached = tonumber(f[4] or '0') or 0, tonumber(f[5] or '0') or 0
-    local left = mean
-    if first and done > 0 and max then
-      left = math.max(0, max - done) * (t - first) / done
-    elseif prompt > 0 and max and prefill_rate > 0 and step_s > 0 then
-      local since = t - tonumber(running[i + 1])
-      left = math.max(0, (prompt - cached) / prefill_rate - since) + max * step_s
-    elseif #times > 0 then
-      left = math.max(0, mean - (t - tonumber(running[i + 1])))
+-- What ETAs are forecast from (tasks/eta.py), as JSON, read in one go: the live devices (their slots, the model
+-- their batch runs, the models they hold, their measured pace), the running jobs, the first `upto` waiting jobs in
+-- fair order, what is known of each of their models (measured pace, last load time, the lengths of recent answers),
+-- and the head that jobs of a ready model are passing over (claim.lua), since when.
+local function eta_snapshot(t, upto)
+  local devices, running, waiting, models = {}, {}, {}, {}
+  local function know(model)
+    if model and not models[model] then
+      local m = redis.call('HMGET', MODEL .. model, 'pace', 'load_s')
+      models[model] = {pace = m[1] or '', load_s = tonumber(m[2] or '') or 0,
+        lengths = redis.call('LRANGE', LENGTHS .. model, 0, -1)}
     end
-    free[#free + 1] = left
   end
-  while #free < slots do free[#free + 1] = 0 end
-  table.sort(free)
-  while #free > slots do table.remove(free) end -- more running than slots: the setting changed
-  return mean, free, #times
-end
-
--- When the job at `position` (1: the next to start) should start: the slots free in turn, each taking the next
--- waiting job, and a job takes the mean service time.
-local function eta_of(position, mean, free)
-  local k = position - 1
-  return free[(k % #free) + 1] + math.floor(k / #free) * mean
-end
-
--- The estimate as scripts return it: mean, jobs timed, then the slots' free times.
-local function estimate_reply(out, mean, free, timed)
-  out[#out + 1] = tostring(mean)
-  out[#out + 1] = timed
-  out[#out + 1] = #free
-  for _, x in ipairs(free) do out[#out + 1] = tostring(x) end
-  return out
+  local function num(x) return tonumber(x or '') or 0 end
+  for _, device in ipairs(redis.call('SMEMBERS', DEVICES)) do
+    local d = redis.call('HMGET', DEVICE .. device, 'worker', 'slots', 'active', 'models', 'pace')
+    if d[1] then
+      devices[#devices + 1] = {name = device, slots = num(d[2]), active = d[3] or '', models = d[4] or '',
+        pace = d[5] or ''}
+    end
+  end
+  for _, id in ipairs(redis.call('ZRANGE', IN_PROGRESS, 0, -1)) do
+    local f = redis.call('HMGET', JOB .. id, 'model', 'device', 'max_tokens', 'completion_tokens', 'prompt_tokens',
+      'cached_tokens', 'started_at', 'ignore_eos', 'prompt_chars', 'first_token_at')
+    know(f[1])
+    running[#running + 1] = {model = f[1] or '', device = f[2] or '', max_tokens = num(f[3]), done = num(f[4]),
+      prompt_tokens = num(f[5]), cached_tokens = num(f[6]), age = t - (tonumber(f[7] or '') or t),
+      ignore_eos = f[8] == '1', prompt_chars = num(f[9]), generating_s = t - (tonumber(f[10] or '') or t)}
+  end
+  for _, id in ipairs(upto > 0 and redis.call('ZRANGE', QUEUE, 0, upto - 1) or {}) do
+    local f = redis.call('HMGET', JOB .. id, 'model', 'max_tokens', 'completion_tokens', 'ignore_eos', 'prompt_chars',
+      'history_chars', 'history')
+    know(f[1])
+    local hit = f[7] and redis.call('EXISTS', AFFINITY .. f[7]) == 1 -- a device's prefix cache holds its history
+    waiting[#waiting + 1] = {id = id, model = f[1] or '', max_tokens = num(f[2]), done = num(f[3]),
+      ignore_eos = f[4] == '1', prompt_chars = num(f[5]), cached_chars = hit and num(f[6]) or 0}
+  end
+  local b = redis.call('HMGET', BLOCKED, 'id', 'since')
+  return cjson.encode({devices = devices, running = running, waiting = waiting, models = models,
+    blocked = b[1] or '', blocked_s = b[2] and t - tonumber(b[2]) or 0})
 end
 
 -- Put a job in the waiting indexes: the run order (and its owner's and its model's share of it), deadlines, and,
@@ -239,16 +215,6 @@ local function model_failure(model, t)
   local m = redis.call('HMGET', MODEL .. model, 'state', 'retry_at', 'error')
   if m[1] == 'failed' and tonumber(m[2]) and tonumber(m[2]) > t then return m[3], tonumber(m[2]) - t end
   return nil
-end
-
--- Seconds a job of `model` waits for its model to load: none if a live worker holds it loaded; else as long as it
--- took last time (0 if it never loaded).
-local function load_wait(model)
-  for _, device in ipairs(redis.call('SMEMBERS', DEVICES)) do
-    local loaded = redis.call('HGET', DEVICE .. device, 'models')
-    if loaded and (',' .. loaded .. ','):find(',' .. model .. ',', 1, true) then return 0 end
-  end
-  return tonumber(redis.call('HGET', MODEL .. model, 'load_s') or '0') or 0
 end
 
 local EXPIRED = 'the job waited past its deadline and was never started'

@@ -22,16 +22,19 @@ redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens, 'completion_tokens', co
   'cached_tokens', ARG.cached_tokens or 0)
 if ARG.stop_seen_at ~= '' then redis.call('HSET', jkey, 'stop_seen_at', ARG.stop_seen_at) end
 local started = tonumber(redis.call('HGET', jkey, 'started_at'))
-if started then
-  redis.call('LPUSH', SERVICE_TIMES, fmt(t - started))
-  redis.call('LTRIM', SERVICE_TIMES, 0, 19)
-  redis.call('EXPIRE', SERVICE_TIMES, 86400)
-  observe('job_duration', t - started)
-end
-local model = redis.call('HGET', jkey, 'model')
+if started then observe('job_duration', t - started) end
+local j = redis.call('HMGET', jkey, 'model', 'max_tokens', 'ignore_eos', 'prompt_chars')
+local model = j[1]
 if model then -- per model, for /metrics
   stat('model_tokens:' .. model, tonumber(completion_tokens))
   stat('model_finished:' .. model .. ':' .. status)
+end
+if model and status == 'completed' then -- how long answers of this model are, for ETAs
+  local how = j[3] == '1' and 'i' or reason == 'length' and 'l' or 's'
+  local lengths = LENGTHS .. model
+  redis.call('LPUSH', lengths, table.concat({completion_tokens, j[2] or '0', how, j[4] or '0', prompt_tokens}, ','))
+  redis.call('LTRIM', lengths, 0, LENGTHS_KEPT - 1)
+  redis.call('EXPIRE', lengths, MODEL_RECORD_TTL)
 end
 if ARG.kept ~= '' then
   local spec = cjson.decode(redis.call('HGET', jkey, 'spec'))

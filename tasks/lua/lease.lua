@@ -9,7 +9,8 @@
 -- ARG: device, worker_id, pid, lease_ms, mode ('take' or 'renew'), and the worker's report (all '' when it
 -- reports nothing): batch, slots, tok_s, steps, decode_s, prefill_s, prefill_tokens, models, active, loading,
 -- cache_lookups, cache_hits, cache_tokens (the prefix cache's lookups, hits and prompt tokens read from it since
--- the last report), cache_bytes, cache_entries (what it holds now)
+-- the last report), cache_bytes, cache_entries (what it holds now), pace (JSON: each model's measured speed,
+-- worker/pace.py)
 --   ->  'ok', 'lapsed', or the id of the worker that holds it
 local device, worker, pid, lease_ms = ARG.device, ARG.worker, ARG.pid, tonumber(ARG.lease_ms)
 local key = DEVICE .. device
@@ -30,6 +31,12 @@ if ARG.batch ~= '' then
   stat('cache_hits', tonumber(ARG.cache_hits))
   stat('cache_tokens', tonumber(ARG.cache_tokens))
   redis.call('HSET', key, 'cache_bytes', ARG.cache_bytes, 'cache_entries', ARG.cache_entries)
+  -- each model's pace as measured here, on the device and on the model (where it outlives the lease, for ETAs)
+  redis.call('HSET', key, 'pace', ARG.pace)
+  for model, speed in pairs(cjson.decode(ARG.pace)) do
+    redis.call('HSET', MODEL .. model, 'pace', cjson.encode(speed))
+    redis.call('EXPIRE', MODEL .. model, MODEL_RECORD_TTL)
+  end
 end
 redis.call('PEXPIRE', key, lease_ms)
 redis.call('SADD', DEVICES, device)

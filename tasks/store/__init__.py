@@ -8,7 +8,7 @@
 Every change that must not interleave with another is one Lua script, run by name (tasks/scripts.py).
 """
 
-from tasks.store.jobs import Estimate, Standing, Store
+from tasks.store.jobs import Standing, Store
 from tasks.store.readings import Board, DeviceLease, Minute, ModelState, Readings, Snapshot, Waiting
 from tasks.store.upkeep import Upkeep
 from tasks.store.worker import BatchReport, Claim, Delivered, Switch, WorkerStore
@@ -19,7 +19,6 @@ __all__ = [
     "Claim",
     "Delivered",
     "DeviceLease",
-    "Estimate",
     "Minute",
     "ModelState",
     "Readings",

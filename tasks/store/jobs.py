@@ -9,14 +9,14 @@ list at keys.events(id). Every change that must not interleave with another is o
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
 
 import redis
 
-from tasks import keys
+from tasks import eta, keys
 from tasks.broker import Doorbell
 from tasks.connection import connect
 from tasks.errors import JobAlreadyEnded, JobNotFound, ModelUnavailable, QueueFull, QuotaExceeded
@@ -33,35 +33,11 @@ VISITORS_PER_ADDRESS = 4  # local mode: browser visitors of one client address t
 
 @dataclass(frozen=True)
 class Standing:
-    """Where a waiting job stands: position 1 starts at the next free slot; eta_s is None until a job has been
-    timed."""
+    """Where a waiting job stands: position 1 starts at the next free slot; eta_s is when it should start, in seconds
+    from now (tasks/eta.py)."""
 
     position: int | None
     eta_s: float | None
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """The batch's slots as a waiting job sees them (see service_estimate in tasks/lua/common.lua)."""
-
-    mean_s: float  # recent jobs' mean service time, start to end
-    timed: bool  # whether any job has been timed yet
-    free_s: tuple[float, ...]  # when each slot frees, in seconds from now, soonest first
-
-    @classmethod
-    def parse(cls, reply: list[Any]) -> tuple[Estimate, list[Any]]:
-        """An estimate from the front of a script's reply, and what follows it."""
-        mean, timed, n, *rest = reply
-        n = int(n)
-        return cls(float(mean), int(timed) > 0, tuple(float(x) for x in rest[:n])), rest[n:]
-
-    def eta(self, position: int, load_s: float = 0.0) -> float | None:
-        """When the job at `position` should start: the slots free in turn, each taking the next waiting job; and
-        its model loads first (`load_s`) if no worker has it loaded."""
-        if not self.timed:
-            return None
-        k = position - 1
-        return round(self.free_s[k % len(self.free_s)] + (k // len(self.free_s)) * self.mean_s + load_s, 3)
 
 
 class Store:
@@ -122,6 +98,7 @@ class Store:
         history = ""  # a chat's history so far: a worker whose prefix cache holds it may be preferred
         if spec.messages and len(spec.messages) > 1 and config is not None:
             history = history_digest(history_prefix(config.cache_key(), s.cache_scope(spec.owner)), spec.messages[:-1])
+        texts = [spec.prompt] if spec.prompt is not None else [m.content for m in spec.messages or ()]
         verdict, *rest = self.scripts.run(
             "admit",
             id=job_id,
@@ -133,7 +110,6 @@ class Store:
             max_queue=s.max_queue,
             max_per_user=quota,
             max_tokens=spec.params.max_tokens,
-            slots=s.max_batch,
             **bell(doorbell),
             model=spec.model,
             **{"class": spec.priority},
@@ -142,27 +118,28 @@ class Store:
             max_visitors=VISITORS_PER_ADDRESS,
             history=history,
             line="1" if line else "",
+            ignore_eos="1" if spec.params.ignore_eos else "",
+            prompt_chars=sum(len(t) for t in texts),
+            history_chars=sum(len(t) for t in texts[:-1]),
         )
         if verdict == "exists":
             return self.get(job_id)
-        if verdict == "queue_full":
-            raise QueueFull(f"the queue is full ({s.max_queue} jobs waiting); try again later", retry_after_s=rest[0])
-        if verdict == "quota_exceeded":
-            raise QuotaExceeded(f"you already have {quota} jobs waiting; try again later", retry_after_s=rest[0])
-        if verdict == "address_quota":
-            raise QuotaExceeded(
-                f"the browsers at your address already have {quota} jobs waiting; try again later",
-                retry_after_s=rest[0],
-            )
-        if verdict == "address_visitors":
-            raise QuotaExceeded(
-                f"{VISITORS_PER_ADDRESS} other browsers at your address already have jobs waiting; try again later",
-                retry_after_s=rest[0],
-            )
         if verdict == "model_unavailable":
             raise ModelUnavailable(f"the model {spec.model!r} is unavailable: {rest[1]}", retry_after_s=rest[0])
-        queued_at, deadline, position, load_s, *rest = rest
-        estimate, _ = Estimate.parse(rest)
+        if verdict != "ok":  # full: a place frees when the job at the position given starts
+            position, snapshot = rest
+            retry_after_s = max(1, math.ceil(self._etas(snapshot, [int(position)], guess=True)[0] or 0))
+            kind, why = {
+                "queue_full": (QueueFull, f"the queue is full ({s.max_queue} jobs waiting)"),
+                "quota_exceeded": (QuotaExceeded, f"you already have {quota} jobs waiting"),
+                "address_quota": (QuotaExceeded, f"the browsers at your address already have {quota} jobs waiting"),
+                "address_visitors": (
+                    QuotaExceeded,
+                    f"{VISITORS_PER_ADDRESS} other browsers at your address already have jobs waiting",
+                ),
+            }[verdict]
+            raise kind(f"{why}; try again later", retry_after_s=retry_after_s)
+        queued_at, deadline, position, snapshot = rest
         return Job(
             id=job_id,
             spec=spec,
@@ -170,7 +147,7 @@ class Store:
             deadline=float(deadline),
             timings=Timings(queued_at=float(queued_at)),
             position=int(position),
-            eta_s=estimate.eta(int(position), float(load_s)),
+            eta_s=self._etas(snapshot, [int(position)])[0],
         )
 
     def keep_watching(self, job: Job) -> None:
@@ -255,16 +232,24 @@ class Store:
         return self.get(job_id, owner)
 
     def standing(self, job: Job) -> Standing:
-        """Position and ETA of a waiting job: its rank in the fair order, times the recent mean service time."""
+        """Position and ETA of a waiting job: its rank in the fair order, and when it should start."""
         return self.standings([job.id])[0]
 
     def standings(self, job_ids: list[str]) -> list[Standing]:
         """The standing of each job, in one call (Standing(None, None) for a job that does not wait)."""
-        estimate, flat = Estimate.parse(self.scripts.run("position", slots=self.settings.max_batch, ids=job_ids))
-        return [
-            Standing(int(p), estimate.eta(int(p), float(load_s))) if p else Standing(None, None)
-            for p, load_s in zip(flat[::2], flat[1::2])
-        ]
+        snapshot, *positions = self.scripts.run("position", limit=eta.LIMIT, ids=job_ids)
+        waiting = [int(p) for p in positions if p]
+        etas = iter(self._etas(snapshot, waiting))
+        return [Standing(int(p), next(etas)) if p else Standing(None, None) for p in positions]
+
+    def _etas(self, snapshot: str, positions: list[int], guess: bool = False) -> list[float | None]:
+        """When the jobs at `positions` should start, forecast from a snapshot a script took (tasks/eta.py); None
+        while no worker holds a device (unless a `guess` will do: as if one took it now)."""
+        s, taken = self.settings, eta.Snapshot.parse(snapshot)
+        if not positions or not (taken.devices or guess):
+            return [None] * len(positions)
+        starts = eta.forecast(taken, eta.Rules(s.max_batch, s.kv_budget_tokens, s.model_switch_wait_s))
+        return [eta.eta_at(starts, p) for p in positions]
 
     def events(self, job_id: str, start: int = 0) -> list[Event]:
         """The job's durable events from index `start` on."""

@@ -20,8 +20,6 @@ from tasks.scripts import ARGS, Scripts
 from tasks.settings import Settings
 from tasks.store.upkeep import Upkeep
 
-MODEL_RECORD_TTL_S = 7 * 86400  # a model's load record (keys.model) outlives no week without news
-
 
 @dataclass(frozen=True)
 class BatchReport:
@@ -42,6 +40,7 @@ class BatchReport:
     cache_tokens: int = 0
     cache_bytes: int = 0  # ... and what it holds now
     cache_entries: int = 0
+    pace: str = "{}"  # JSON: each model's measured speed here, [step s, s per sequence, s per prompt token]
 
     NAMES: ClassVar[tuple[str, ...]] = ARGS["lease"][5:]  # what lease.lua takes of a report, by name
 
@@ -189,7 +188,7 @@ class WorkerStore:
     def _model(self, name: str, **fields: object) -> None:
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(keys.model(name), mapping=fields)  # type: ignore[arg-type]
-        pipe.expire(keys.model(name), MODEL_RECORD_TTL_S)
+        pipe.expire(keys.model(name), keys.MODEL_RECORD_TTL_S)
         pipe.execute()
 
     def append(

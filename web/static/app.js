@@ -13,11 +13,18 @@ function duration(s) {
   return `${Math.floor(whole / 60)} min ${whole % 60} s`;
 }
 
-/** Where a waiting job stands. */
+/** When a waiting job should start, in words: "12 s", "2 min 5 s". */
+function startsIn(s) {
+  if (s < 1) return "less than a second";
+  const whole = Math.round(s);
+  return whole < 60 ? `${whole} s` : `${Math.floor(whole / 60)} min ${whole % 60} s`;
+}
+
+/** Where a waiting job stands (no ETA while no worker holds the device). */
 function queuedText(position, eta) {
   if (position == null) return "Waiting in the queue";
   const where = `#${position} in queue`;
-  return eta == null ? `${where}, ETA unknown` : `${where}, about ${duration(eta)}`;
+  return eta == null ? `${where}, ETA unknown` : `${where}, about ${startsIn(eta)}`;
 }
 
 /** What happened to an ended job, in words. */
@@ -81,7 +88,9 @@ class JobPage {
       this.end(job);
       return;
     }
-    this.setStatus(job.status, job.status === "queued" ? queuedText(job.position, job.eta_s) : "Running…");
+    this.queued = null; // the last standing told, and when: its ETA counts down between two
+    if (job.status === "queued") this.showQueued(job.position, job.eta_s);
+    else this.setStatus(job.status, "Running…");
     this.output.textContent = ""; // the stream replays every token from the start
     this.cancelButton.addEventListener("click", () => this.cancel());
     this.follow();
@@ -104,8 +113,7 @@ class JobPage {
     source.addEventListener("open", () => this.setNote(""));
     source.addEventListener("queued", (e) => {
       const data = JSON.parse(e.data);
-      const where = queuedText(data.position, data.eta_s);
-      this.setStatus("queued", this.restarting ? `${where} (${RESTARTING})` : where);
+      this.showQueued(data.position, data.eta_s);
     });
     source.addEventListener("started", (e) => this.onStarted(JSON.parse(e.data)));
     source.addEventListener("token", (e) => this.onToken(JSON.parse(e.data)));
@@ -115,6 +123,21 @@ class JobPage {
       if (source.readyState === EventSource.CLOSED) this.setNote("Lost the live feed. Reload the page to see the job.");
       else this.setNote("Reconnecting…");
     });
+  }
+
+  /** The job waits: its place, and its ETA counting down each second until the server tells a new one. */
+  showQueued(position, eta) {
+    this.queued = { position, eta, at: performance.now() };
+    this.tickQueued();
+    if (!this.ticker) this.ticker = setInterval(() => this.tickQueued(), 1000);
+  }
+
+  tickQueued() {
+    if (!this.queued) return;
+    const { position, eta, at } = this.queued;
+    const left = eta == null ? null : Math.max(eta - (performance.now() - at) / 1000, 0);
+    const where = queuedText(position, left);
+    this.setStatus("queued", this.restarting ? `${where} (${RESTARTING})` : where);
   }
 
   /** True for an event not shown yet; the browser resumes after the last id, this guards against replays. */
@@ -127,6 +150,7 @@ class JobPage {
   onStarted(data) {
     if (!this.fresh(data.index)) return;
     this.restarting = false;
+    this.queued = null;
     this.setStatus("in_progress", "Running…");
   }
 
@@ -137,16 +161,19 @@ class JobPage {
     this.setStatus("in_progress", `Running: ${this.tokens} token${this.tokens === 1 ? "" : "s"} so far`);
   }
 
-  /** The worker stopped mid-run: the job waits again at the front and will start over from scratch. */
+  /** The worker stopped mid-run: the job waits again at the front, and its next run goes on where it was. */
   onRequeued(data) {
-    if (!this.fresh(data.index)) return;  // its output so far stays: the next run writes only what follows
-    this.restarting = true;  // until it starts again, its place in the queue says why it waits again
+    if (!this.fresh(data.index)) return; // its output so far stays: the next run writes only what follows
+    this.restarting = true;
+    this.queued = null;  // until it starts again, its place in the queue says why it waits again
     this.setStatus("queued", `Back at the front of the queue: ${RESTARTING}.`);
   }
 
   /** Show the ended job as the server has it, and stop listening. */
   end(job) {
     if (this.source) this.source.close();
+    clearInterval(this.ticker);
+    this.queued = null;
     this.setNote("");
     this.setStatus(job.status, endedText(job));
     this.output.textContent = job.output;

@@ -1,0 +1,326 @@
+"""When each waiting job should start: a forecast from what the device is really doing.
+
+The device's batch is played forward from now, as the worker will run it: every running job has its expected
+tokens left, generated one a step at the step time its batch size gives (measured on the device: worker/pace.py);
+a job ends, its slot frees, and the next waiting job in fair order joins, if the KV budget holds it, paying its
+prefill (the part of its prompt a prefix cache does not hold); a job of another model waits for the batch to drain
+(jobs of the running model may go ahead of it for ONELANE_MODEL_SWITCH_WAIT_S, as claim.lua lets them) and for its
+model to load. A job's expected length is what recent answers of its model suggest: answers stop by themselves
+before max_tokens more often than not.
+
+The snapshot it reads is taken in one Lua call (eta_snapshot in tasks/lua/common.lua); everything here is plain
+arithmetic on it, so a forecast costs Redis one round trip whatever the queue's length.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+LIMIT = 1000  # waiting jobs played forward; the start of one further back is extrapolated from theirs
+FALLBACK = (0.05, 0.005, 0.0005)  # a pace before any step of the model was measured: step s, per sequence, per token
+CHARS_PER_TOKEN = 4.0  # before any prompt of the model was measured
+
+
+@dataclass(frozen=True)
+class Speed:
+    """A model's pace on a device, in seconds: a step's fixed cost, per generating sequence, per prompt token."""
+
+    step_s: float
+    per_sequence_s: float
+    per_prompt_token_s: float
+
+    @classmethod
+    def parse(cls, raw: Any) -> Speed | None:
+        try:
+            a, b, p = (float(x) for x in (json.loads(raw) if isinstance(raw, str) else raw))
+        except (TypeError, ValueError):
+            return None
+        return cls(a, b, p)
+
+    def step(self, sequences: int) -> float:
+        return self.step_s + self.per_sequence_s * sequences
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """What recent completed answers of one model tell: (completion tokens, max_tokens, how it ended), and how many
+    characters a prompt token takes."""
+
+    answers: tuple[tuple[int, int, str], ...] = ()
+    chars_per_token: float = CHARS_PER_TOKEN
+
+    @classmethod
+    def parse(cls, rows: list[str]) -> Lengths:
+        answers, chars, tokens = [], 0, 0
+        for row in rows:
+            try:
+                c, m, how, pc, pt = row.split(",")
+                answers.append((int(c), int(m), how))
+                chars, tokens = chars + int(pc), tokens + int(pt)
+            except ValueError:
+                continue
+        return cls(tuple(answers), chars / tokens if chars > 0 and tokens > 0 else CHARS_PER_TOKEN)
+
+    def left(self, max_tokens: int, done: int = 0, ignore_eos: bool = False) -> float:
+        """The tokens a job with `done` tokens so far should still generate, from the answers that got further than
+        `done`: one that ended by itself counts its length (up to max_tokens); one cut at its own limit says only
+        that it would have gone on, and counts as max_tokens; and max_tokens itself, as a prior of one answer."""
+        if ignore_eos or done >= max_tokens:
+            return max(max_tokens - done, 0)
+        further = [
+            min(c, max_tokens) if how == "s" else max_tokens for c, _, how in self.answers if how != "i" and c > done
+        ]
+        return max((sum(further) + max_tokens) / (len(further) + 1) - done, 1.0)
+
+
+@dataclass(frozen=True)
+class Model:
+    pace: Speed | None
+    load_s: float
+    lengths: Lengths
+
+
+@dataclass(frozen=True)
+class Waiting:
+    id: str
+    model: str
+    max_tokens: int
+    done: int  # tokens an earlier run generated (it was requeued): its next run goes on from them
+    ignore_eos: bool
+    prompt_chars: int
+    cached_chars: int  # of its prompt, what a device's prefix cache probably holds (its history)
+
+
+@dataclass
+class _Run:
+    left: float  # tokens
+    model: str
+    kv: int  # the KV tokens it may come to hold: prompt + max_tokens
+
+
+@dataclass
+class _Device:
+    slots: int
+    loaded: set[str]
+    pace: dict[str, Speed]
+    runs: list[_Run] = field(default_factory=list)
+    busy_s: float = 0.0  # device time owed before its batch steps on: prefills, a model's load
+    seen: dict[str, Speed] = field(default_factory=dict)  # a pace as its running jobs show it, per model
+
+    @property
+    def model(self) -> str:
+        return self.runs[0].model if self.runs else ""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a forecast starts from (see the module's docstring)."""
+
+    devices: list[dict[str, Any]]
+    running: list[dict[str, Any]]
+    waiting: list[Waiting]
+    models: dict[str, Model]
+    blocked: str = ""  # the waiting job that jobs of a ready model pass over
+    blocked_s: float = 0.0  # ... since how long
+
+    @classmethod
+    def parse(cls, raw: str) -> Snapshot:
+        data = json.loads(raw)
+        models = {
+            name: Model(
+                Speed.parse(m.get("pace") or ""), float(m.get("load_s") or 0), Lengths.parse(_list(m, "lengths"))
+            )
+            for name, m in (data.get("models") or {}).items()
+        }
+        waiting = [
+            Waiting(
+                w["id"],
+                w["model"],
+                int(w["max_tokens"]),
+                int(w["done"]),
+                bool(w["ignore_eos"]),
+                int(w["prompt_chars"]),
+                int(w["cached_chars"]),
+            )
+            for w in _list(data, "waiting")
+        ]
+        devices, running = _list(data, "devices"), _list(data, "running")
+        return cls(devices, running, waiting, models, data.get("blocked") or "", float(data.get("blocked_s") or 0))
+
+
+def _list(data: dict[str, Any], name: str) -> list[Any]:
+    """A list of the snapshot's (Lua's cjson writes an empty one as {})."""
+    value = data.get(name)
+    return value if isinstance(value, list) else []
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The settings a forecast plays by: the worker's slots when none reports them, its KV budget, the switch wait."""
+
+    slots: int
+    kv_budget: int
+    switch_wait_s: float
+
+
+def forecast(snapshot: Snapshot, rules: Rules) -> list[float]:
+    """When each of the snapshot's waiting jobs should start, in seconds from now, in fair order."""
+    return _Forecast(snapshot, rules).run()
+
+
+def eta_at(starts: list[float], position: int) -> float:
+    """The forecast start of the job at `position` (1: next), extrapolated past the jobs played forward."""
+    if not starts:
+        return 0.0
+    if position <= len(starts):
+        return round(starts[position - 1], 3)
+    tail = sorted(starts[len(starts) // 2 :])
+    gap = (tail[-1] - tail[0]) / (len(tail) - 1) if len(tail) > 1 else 0.0
+    return round(max(starts) + gap * (position - len(starts)), 3)
+
+
+class _Forecast:
+    """One play of the batch forward in time (events: a job joins, a job ends)."""
+
+    def __init__(self, snapshot: Snapshot, rules: Rules) -> None:
+        self.models, self.rules = snapshot.models, rules
+        self.devices = {d["name"]: self._device(d) for d in snapshot.devices}
+        if not self.devices:  # no worker is alive: one will come, with nothing loaded
+            self.devices[""] = _Device(rules.slots, set(), {})
+        for r in snapshot.running:
+            self._place(r)
+        self.waiting = deque(enumerate(snapshot.waiting))
+        self.starts = [0.0] * len(snapshot.waiting)
+        self.blocked = snapshot.blocked
+        self.blocked_since = -snapshot.blocked_s  # (sim time: 0 is now)
+        self.t = 0.0
+
+    def _device(self, d: dict[str, Any]) -> _Device:
+        pace: dict[str, Speed] = {}
+        try:
+            told = json.loads(d.get("pace") or "{}")
+        except ValueError:
+            told = {}
+        for model, raw in told.items() if isinstance(told, dict) else ():
+            if (speed := Speed.parse(raw)) is not None:
+                pace[model] = speed
+        loaded = {m for m in str(d.get("models") or "").split(",") if m}
+        return _Device(int(d.get("slots") or 0) or self.rules.slots, loaded, pace)
+
+    def speed(self, device: _Device, model: str) -> Speed:
+        """The model's pace on the device as measured there; else as measured last (on any device); else as its
+        running jobs show it (their tokens so far over the time since their first); else FALLBACK."""
+        known = self.models.get(model)
+        return (
+            device.pace.get(model)
+            or (known.pace if known and known.pace else None)
+            or device.seen.get(model)
+            or Speed(*FALLBACK)
+        )
+
+    def lengths(self, model: str) -> Lengths:
+        known = self.models.get(model)
+        return known.lengths if known else Lengths()
+
+    def _place(self, r: dict[str, Any]) -> None:
+        """A running job, on its device: its expected tokens left, and the prefill it may still owe."""
+        device = self.devices.get(r.get("device") or "") or next(iter(self.devices.values()))
+        model, done, max_tokens = r["model"], int(r["done"]), int(r["max_tokens"])
+        left = self.lengths(model).left(max_tokens, done, bool(r["ignore_eos"]))
+        prompt = int(r["prompt_tokens"]) or int(int(r["prompt_chars"]) / self.lengths(model).chars_per_token)
+        if done == 0:  # still reading its prompt, maybe
+            owed = (prompt - int(r["cached_tokens"])) * self.speed(device, model).per_prompt_token_s
+            device.busy_s += max(owed - float(r["age"]), 0.0)
+        elif done > 1 and float(r["generating_s"]) > 0 and model not in device.seen:
+            step_s = float(r["generating_s"]) / (done - 1)  # (its first token came with its prompt)
+            device.seen[model] = Speed(step_s, 0.0, step_s * FALLBACK[2] / FALLBACK[0])
+        device.runs.append(_Run(left, model, prompt + max_tokens))
+
+    def run(self) -> list[float]:
+        while self.waiting:
+            self._join()
+            if not self.waiting:
+                break
+            if not self._advance():  # nothing runs and nothing could join: it cannot be played on
+                break
+        for index, _ in self.waiting:  # (only when nothing moves: start them now)
+            self.starts[index] = self.t
+        return self.starts
+
+    def _join(self) -> None:
+        """Every waiting job that can join a batch now joins it, in fair order."""
+        progress = True
+        while progress and self.waiting:
+            progress = False
+            for device in self.devices.values():
+                picked = self._pick(device)
+                if picked is not None:
+                    self._start(device, picked)
+                    progress = True
+                    if not self.waiting:
+                        return
+
+    def _pick(self, device: _Device) -> int | None:
+        """Where in the waiting line the next job this device takes now stands, if any."""
+        if len(device.runs) >= device.slots:
+            return None
+        _, head = self.waiting[0]
+        if not device.runs or device.model == head.model:
+            return 0 if self._fits(device, head) else None
+        # the head needs another model: jobs of the batch's model go ahead of it for the switch wait, then it drains
+        if self.blocked != head.id:
+            self.blocked, self.blocked_since = head.id, self.t
+        if self.t - self.blocked_since >= self.rules.switch_wait_s:
+            return None
+        for place, (_, job) in enumerate(list(self.waiting)[1:64], start=1):
+            if job.model == device.model:
+                return place if self._fits(device, job) else None
+        return None
+
+    def _fits(self, device: _Device, job: Waiting) -> bool:
+        if not device.runs:
+            return True
+        cost = self._prompt_tokens(job) + job.max_tokens
+        return (len(device.runs) + 1) * max(cost, *(r.kv for r in device.runs)) <= self.rules.kv_budget
+
+    def _prompt_tokens(self, job: Waiting) -> int:
+        return max(int(job.prompt_chars / self.lengths(job.model).chars_per_token), 1) + job.done
+
+    def _start(self, device: _Device, place: int) -> None:
+        index, job = self.waiting[place]
+        del self.waiting[place]
+        if not device.runs and job.model not in device.loaded:  # it loads first
+            known = self.models.get(job.model)
+            device.busy_s += known.load_s if known else 0.0
+            device.loaded.add(job.model)
+        self.starts[index] = self.t + (device.busy_s if not device.runs else 0.0)
+        speed, lengths = self.speed(device, job.model), self.lengths(job.model)
+        uncached = max(self._prompt_tokens(job) - int(job.cached_chars / lengths.chars_per_token), 1)
+        device.busy_s += uncached * speed.per_prompt_token_s
+        left = lengths.left(job.max_tokens, job.done, job.ignore_eos)
+        device.runs.append(_Run(left, job.model, self._prompt_tokens(job) + job.max_tokens))
+
+    def _advance(self) -> bool:
+        """Play time on to the next job's end (on any device); False if nothing runs."""
+        ends = [
+            device.busy_s + min(r.left for r in device.runs) * self.speed(device, device.model).step(len(device.runs))
+            for device in self.devices.values()
+            if device.runs
+        ]
+        if not ends:
+            return False
+        dt = min(ends)
+        for device in self.devices.values():
+            if not device.runs:
+                continue
+            owed = min(device.busy_s, dt)
+            device.busy_s -= owed
+            steps = (dt - owed) / self.speed(device, device.model).step(len(device.runs))
+            for r in device.runs:
+                r.left -= steps
+            device.runs = [r for r in device.runs if r.left > 1e-6]
+        self.t += dt
+        return True

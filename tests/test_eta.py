@@ -1,0 +1,140 @@
+"""The ETA: played forward from what the device is doing (its batch's tokens left at its measured pace, the
+prefill still to do, its slots, the fair order, a model to load), and told again as it moves."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from tasks.eta import Lengths, Rules, Snapshot, eta_at, forecast
+from tests.helpers import BUSY, EventStream, wait_event
+from tests.test_stream import measured_pace
+from web.feed import REFRESH_S
+from web.follow import RETELL_S
+
+RULES = Rules(slots=1, kv_budget=65536, switch_wait_s=10.0)
+PACE = [0.1, 0.0, 0.001]  # 100 ms a step whatever the batch, 1 ms a prompt token
+
+
+def snapshot(
+    running: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    waiting: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    slots: int = 1,
+    loaded: str = "m",
+    lengths: list[str] = (),  # type: ignore[assignment]
+    **more: Any,
+) -> Snapshot:
+    models = {m: {"pace": json.dumps(PACE), "load_s": 5.0 if m == "other" else 0, "lengths": list(lengths)}
+              for m in ("m", "other")}  # fmt: skip
+    device = {"name": "d", "slots": slots, "active": "", "models": loaded, "pace": ""}
+    run = {"model": "m", "device": "d", "done": 0, "prompt_tokens": 0, "cached_tokens": 0, "age": 0.0,
+           "ignore_eos": True, "prompt_chars": 0, "generating_s": 0.0}  # fmt: skip
+    wait = {"model": "m", "max_tokens": 10, "done": 0, "ignore_eos": True, "prompt_chars": 0, "cached_chars": 0}
+    raw = {
+        "devices": [device],
+        "running": [{**run, **r} for r in running],
+        "waiting": [{**wait, "id": f"w{n}", **w} for n, w in enumerate(waiting)],
+        "models": models,
+        **more,
+    }
+    return Snapshot.parse(json.dumps(raw))
+
+
+def test_a_job_starts_when_the_tokens_left_ahead_of_it_are_generated():
+    # one slot: a job with 20 tokens left, then two of 10 tokens each ahead of the last
+    taken = snapshot(running=[{"max_tokens": 30, "done": 10}], waiting=[{"max_tokens": 10}] * 3)
+    assert forecast(taken, RULES) == pytest.approx([2.0, 3.0, 4.0], abs=0.01)  # (and a token's prefill each)
+
+
+def test_slots_free_in_turn_and_the_next_job_takes_the_first_one_that_does():
+    running = [{"max_tokens": 10}, {"max_tokens": 40}]
+    taken = snapshot(running=running, waiting=[{"max_tokens": 10}] * 3, slots=2)
+    # the short job's slot frees at 1 s: the waiting jobs take it one after another, the long one runs on to 4 s
+    assert forecast(taken, Rules(2, 65536, 10.0)) == pytest.approx([1.0, 2.0, 3.0], abs=0.01)
+
+
+def test_answers_that_end_by_themselves_shorten_the_estimate():
+    # recent answers of the model stopped after 10 tokens (how 's'), though 100 were allowed
+    ended = ["10,100,s,40,10"] * 9
+    taken = snapshot(running=[{"max_tokens": 100, "ignore_eos": False}], waiting=[{"max_tokens": 100}], lengths=ended)
+    assert forecast(taken, RULES)[0] == pytest.approx(0.1 * (9 * 10 + 100) / 10)  # nine answers and the prior
+    # with ignore_eos a job goes to its max_tokens, whatever answers do
+    assert forecast(snapshot(running=[{"max_tokens": 100}], waiting=[{}], lengths=ended), RULES)[0] == 10.0
+
+
+def test_a_job_that_got_further_than_recent_answers_is_expected_to_go_on():
+    lengths = Lengths(((10, 100, "s"), (50, 100, "s"), (100, 100, "l")))
+    assert lengths.left(100) == pytest.approx((10 + 50 + 100 + 100) / 4)
+    assert lengths.left(100, done=20) == pytest.approx((50 + 100 + 100) / 3 - 20)  # the answer of 10 tells nothing
+    assert lengths.left(100, done=100) == 0
+
+
+def test_prefill_counts_the_part_of_the_prompt_a_cache_does_not_hold():
+    prompt = {"max_tokens": 10, "prompt_chars": 4000}  # 1000 tokens at 4 characters a token: 1 s
+    cold = forecast(snapshot(running=[{"max_tokens": 10}], waiting=[prompt, {"max_tokens": 10}]), RULES)
+    warm = forecast(
+        snapshot(running=[{"max_tokens": 10}], waiting=[{**prompt, "cached_chars": 3600}, {"max_tokens": 10}]), RULES
+    )
+    assert cold[1] - cold[0] == pytest.approx(1.0 + 1.0)
+    assert warm[1] - warm[0] == pytest.approx(0.1 + 1.0)
+    # a running job still reading its prompt owes what it has not read
+    reading = {"max_tokens": 10, "prompt_tokens": 3000, "cached_tokens": 1000, "age": 0.5}
+    assert forecast(snapshot(running=[reading], waiting=[{}]), RULES)[0] == pytest.approx(1.5 + 1.0)
+
+
+def test_a_job_of_another_model_waits_for_the_batch_to_drain_and_its_model_to_load():
+    running = [{"max_tokens": 20}]
+    taken = snapshot(running=running, waiting=[{"model": "other", "max_tokens": 10}], slots=4)
+    assert forecast(taken, Rules(4, 65536, 10.0)) == pytest.approx([2.0 + 5.0], abs=0.01)
+    # meanwhile jobs of the batch's model go ahead of it, for the switch wait
+    taken = snapshot(running=running, waiting=[{"model": "other", "max_tokens": 10}, {"max_tokens": 10}], slots=4)
+    assert forecast(taken, Rules(4, 65536, 10.0)) == pytest.approx([2.0 + 5.0, 0.0], abs=0.01)
+    assert forecast(taken, Rules(4, 65536, 0.0)) == pytest.approx([2.0 + 5.0, 2.0 + 5.0 + 1.0], abs=0.01)
+
+
+def test_a_position_beyond_those_played_forward_is_extrapolated():
+    assert eta_at([1.0, 2.0, 3.0, 4.0], 2) == 2.0
+    assert eta_at([1.0, 2.0, 3.0, 4.0], 10) == pytest.approx(10.0)
+
+
+# --- against a real worker ----------------------------------------------------------------------------------------
+
+
+def test_without_a_worker_no_eta_is_made_up(jobs):
+    assert jobs.submit("nobody runs me", max_tokens=4)["eta_s"] is None  # no worker holds the device
+
+
+def test_the_first_job_on_a_fresh_server_starts_now(jobs, start_worker):
+    start_worker()  # nothing measured yet, nothing running
+    assert jobs.submit("first", max_tokens=4)["eta_s"] == 0.0
+
+
+def test_a_waiting_stream_is_told_its_eta_again_as_the_batch_runs(jobs, store, start_worker, live_server):
+    # Given a worker busy with a job of about 20 s (at its measured pace), and a job waiting behind it, followed
+    start_worker()
+    warm = jobs.submit("warm", max_tokens=BUSY, ignore_eos=True)
+    wait_event(store, warm["id"], lambda e: e.type == "token")
+    step_s, per_sequence_s, _ = measured_pace(store)
+    jobs.cancel(warm["id"])
+    busy = jobs.submit("busy", max_tokens=int(20 / (step_s + per_sequence_s)), ignore_eos=True)
+    wait_event(store, busy["id"], lambda e: e.type == "token")
+    waiting = jobs.submit("next", max_tokens=4)
+    stream = EventStream(live_server, waiting["id"])
+
+    # When the queue does not move until the busy job ends
+    told = []  # (when, eta_s) of each `queued` event
+    for item in stream:
+        if item.get("event") == "queued":
+            told.append((time.monotonic(), item["data"]["eta_s"]))
+        if item.get("event") == "started" or len(told) == 4:
+            break
+    jobs.cancel(busy["id"])
+    stream.close()
+
+    # Then the stream was told its ETA again, at least every RETELL_S (and the hub's refresh), as it moved
+    assert len(told) == 4, told
+    assert all(later - earlier <= RETELL_S + REFRESH_S + 1 for (earlier, _), (later, _) in zip(told, told[1:]))
+    assert len({eta for _, eta in told}) > 1  # not the one figure over and over
