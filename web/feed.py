@@ -96,11 +96,13 @@ class Hub:
                 self._ready.clear()
                 down = outage = True
                 continue
+            # ETAs move with time too: every REFRESH_S, however busy the channels are
+            if (message is None and moved) or time.monotonic() - self._looked_at >= REFRESH_S:
+                moved = False
+                self._tell_standings()
             if message is None:
-                if moved or time.monotonic() - self._looked_at >= REFRESH_S:  # ETAs move with time too
-                    moved = False
-                    self._tell_standings()
-            elif message["type"] == "pmessage":
+                continue
+            if message["type"] == "pmessage":
                 with self._lock:
                     inboxes = list(self._inboxes.get(message["channel"].removeprefix(keys.CHANNEL_PREFIX), ()))
                 if inboxes:

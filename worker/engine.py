@@ -29,12 +29,11 @@ from mlx_lm.utils import dequantize_model
 
 from tasks.errors import InvalidPrompt, SettingsError
 from tasks.job import JobSpec, SamplingParams
-from tasks.settings import DEMO_MODEL, ModelConfig
+from tasks.settings import DEMO_MODEL, PREFILL_BATCH, ModelConfig
 
 logger = logging.getLogger(__name__)
 
 Sampler = Callable[[mx.array], mx.array]
-PREFILL_BATCH = 8  # prompts prefilled together in one step (each by at most prefill_step tokens)
 
 
 @dataclass(frozen=True)
@@ -135,6 +134,8 @@ class Engine:
         self._no_stop = StopSequences()
         self._batch = self._new_batch()
         self.size = 0  # sequences in the batch
+        self._read: dict[int, int] = {}  # prompt tokens read so far, per sequence still reading its prompt
+        self.padded_prefill = 0  # prompt tokens the last step read, padded to its longest chunk
 
     @classmethod
     def load(
@@ -210,6 +211,8 @@ class Engine:
             return {}
         kept = self._batch.remove(uids, return_prompt_caches=keep)
         self.size -= len(uids)
+        for uid in uids:
+            self._read.pop(uid, None)
         return {int(uid): KV(cache, list(tokens)) for uid, (cache, tokens) in kept.items()}
 
     @property
@@ -224,8 +227,9 @@ class Engine:
 
     def step(self) -> list[Token]:
         """One step: a token for every generating sequence, and a chunk of prefill for joining ones."""
-        _, generated = self._batch.next()
+        reading, generated = self._batch.next()
         self._steps += 1
+        self._count_read(reading)
         tokens = [
             Token(
                 int(r.uid),
@@ -237,6 +241,20 @@ class Engine:
         ]
         self.size -= sum(1 for t in tokens if t.finish_reason is not None)  # the generator dropped them
         return tokens
+
+    def _count_read(self, reading: list[Any]) -> None:
+        """The prompt tokens the step read, as the device paid for them: the prompts read side by side are padded
+        to the longest chunk (`padded_prefill`, for the worker's pace)."""
+        read = []
+        for r in reading:
+            uid = int(r.uid)
+            if r.end_of_prompt:  # read whole before this step: it generates from now on
+                self._read.pop(uid, None)
+                continue
+            done = int(r.progress[0])
+            read.append(done - self._read.get(uid, 0))
+            self._read[uid] = done
+        self.padded_prefill = len(read) * max(read, default=0)
 
     def close(self) -> None:
         """Let go of the batch (the model is about to be evicted)."""
@@ -250,6 +268,7 @@ class Engine:
             self._batch.close()
         self._batch = self._new_batch()
         self.size = 0
+        self._read.clear()
 
 
 def with_dtype(model: nn.Module, dtype: str) -> str:

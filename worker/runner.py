@@ -281,9 +281,8 @@ class Runner:
             logger.exception("a batch step failed with %d job(s) in the batch", len(self.batch))
             self._step_failed()
             return
-        after = self.engine.counters
-        n, prefill = after.generated_tokens - before.generated_tokens, after.prompt_tokens - before.prompt_tokens
-        self._last_step = (self.active, n, prefill, self._last_step[3])
+        n = self.engine.counters.generated_tokens - before.generated_tokens
+        self._last_step = (self.active, n, self.engine.padded_prefill, self._last_step[3])
         result = StepResult()
         for token in tokens:
             self._advance(token, result)

@@ -23,7 +23,7 @@ from tasks.errors import JobAlreadyEnded, JobNotFound, ModelUnavailable, QueueFu
 from tasks.events import Event
 from tasks.job import Job, JobSpec, JobStatus, Timings, error_json, history_digest, history_prefix
 from tasks.scripts import Scripts, bell
-from tasks.settings import Settings
+from tasks.settings import PREFILL_BATCH, Settings
 from tasks.store.readings import Readings
 from tasks.store.upkeep import Upkeep
 from tasks.store.worker import WorkerStore
@@ -248,7 +248,8 @@ class Store:
         s, taken = self.settings, eta.Snapshot.parse(snapshot)
         if not positions or not (taken.devices or guess):
             return [None] * len(positions)
-        starts = eta.forecast(taken, eta.Rules(s.max_batch, s.kv_budget_tokens, s.model_switch_wait_s))
+        rules = eta.Rules(s.max_batch, s.kv_budget_tokens, s.model_switch_wait_s, s.prefill_step * PREFILL_BATCH)
+        starts = eta.forecast(taken, rules)
         return [eta.eta_at(starts, p) for p in positions]
 
     def events(self, job_id: str, start: int = 0) -> list[Event]:
