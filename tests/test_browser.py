@@ -65,7 +65,7 @@ def test_a_job_waits_its_turn_then_streams_and_ends_with_timings(page, jobs, sto
 
     job_id = submit_form(page, "tell me a story", max_tokens="200", ignore_eos=True, raw=True)
     status = page.locator("#status")
-    expect(status).to_have_text("#1 in queue, ETA unknown")
+    expect(status).to_have_text(re.compile(r"^#1 in queue, about \d+ min \d+ s$"))  # the long job's tokens left
     expect(page.locator("#cancel")).to_be_visible()
     page.evaluate(RECORD_CHANGES)
     jobs.cancel(long["id"])

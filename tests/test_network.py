@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tasks import keys
 from tests.helpers import claim_now, wait_ended, wait_event
 from tests.netproxy import Proxy
 
@@ -53,8 +54,9 @@ def test_a_write_sent_again_or_arriving_late_appends_each_piece_once(store):
     store.admit("job_w", spec, 60)
     assert store.for_worker("w").take_device() == "ok" and claim_now(store, "w").id == "job_w"
 
-    def write(text: str, n: int, start: tuple[int, int]) -> int:
-        return int(store.for_worker("w").append("job_w", n, text, 1, start=start))
+    def write(text: str, n: int, start: tuple[int, int]) -> int:  # (token i's id is i)
+        ids = tuple(range(start[0], start[0] + n))
+        return int(store.for_worker("w").append("job_w", ids, text, 1, start=start))
 
     assert write("ab", 2, (0, 0)) == 0
     assert write("ab", 2, (0, 0)) == 0  # the same write again (its reply was lost): nothing more
@@ -67,3 +69,4 @@ def test_a_write_sent_again_or_arriving_late_appends_each_piece_once(store):
     job = store.get("job_w")
     assert (job.output, job.usage.completion_tokens) == ("abcdée", 6)
     assert [e.text for e in store.events("job_w") if e.type == "token"] == ["ab", "cd", "é", "e"]
+    assert store.redis.get(keys.tokens("job_w")) == "0,1,2,3,4,5,"  # each token's id once, in order
