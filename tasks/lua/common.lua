@@ -209,6 +209,25 @@ local function drop(id, status, finish_reason, error_json_, result_ttl, t)
   finish(id, status, finish_reason, error_json_, result_ttl, t)
 end
 
+-- A model failed to load: record why, and end every job of it that waits `failed` (model_unavailable), at once;
+-- admission refuses its new jobs until `retry` s have passed, when the next job of it makes a worker try again.
+-- Returns how many jobs it failed.
+local function fail_model(model, message, retry, result_ttl, t)
+  redis.call('HSET', MODEL .. model, 'state', 'failed', 'error', message, 'retry_at', fmt(t + retry), 'at', fmt(t))
+  redis.call('EXPIRE', MODEL .. model, MODEL_RECORD_TTL)
+  stat('model_load_failures')
+  local err, n = error_json('model_unavailable', message), 0
+  for _, id in ipairs(redis.call('ZRANGE', MQ .. model, 0, -1)) do
+    if redis.call('HGET', JOB .. id, 'status') == 'queued' then
+      drop(id, 'failed', '', err, result_ttl, t)
+      n = n + 1
+    else
+      redis.call('ZREM', MQ .. model, id)
+    end
+  end
+  return n
+end
+
 -- Why the model's jobs cannot run now: it failed to load, and is not tried again until its retry time. Returns
 -- the message and the seconds until the retry, or nil.
 local function model_failure(model, t)

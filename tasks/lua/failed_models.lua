@@ -2,7 +2,7 @@
 -- model whose worker died while loading it (a load that kills its process: a native crash in mlx_lm.load, say) is
 -- found failed like any model that cannot load: its record still says `loading`, and the worker it names holds no
 -- device any more (its lease lapsed, or its supervisor freed it). Why is recorded, and every job of it that waits
--- fails (model_unavailable) at once, as model_failed.lua does; it is tried again after `retry_s`. (A worker stopped
+-- fails (model_unavailable) at once (fail_model in common.lua); it is tried again after `retry_s`. (A worker stopped
 -- in good order finishes its load before it stops: only a death leaves a load unfinished.) Housekeeping asks about
 -- every served model each round; a worker asks about a model before it loads it, so that a model that killed the
 -- worker before it is not loaded again at once.
@@ -18,28 +18,12 @@ local function holds_a_device(worker)
   return false
 end
 
-local function fail_waiting(model, err)
-  local n = 0
-  for _, id in ipairs(redis.call('ZRANGE', MQ .. model, 0, -1)) do
-    if redis.call('HGET', JOB .. id, 'status') == 'queued' then
-      drop(id, 'failed', '', err, result_ttl, t)
-      n = n + 1
-    else
-      redis.call('ZREM', MQ .. model, id)
-    end
-  end
-  return n
-end
-
 local out = {}
 for _, model in ipairs(ARG.models) do
   local m = redis.call('HMGET', MODEL .. model, 'state', 'worker')
   local verdict, n = 'failed', 0
   if m[1] == 'loading' and m[2] and not holds_a_device(m[2]) then
-    redis.call('HSET', MODEL .. model, 'state', 'failed', 'error', DIED, 'retry_at', fmt(t + retry), 'at', fmt(t))
-    redis.call('EXPIRE', MODEL .. model, 7 * 86400)
-    stat('model_load_failures')
-    verdict, n = 'died', fail_waiting(model, error_json('model_unavailable', DIED))
+    verdict, n = 'died', fail_model(model, DIED, retry, result_ttl, t)
   end
   if model_failure(model, t) then
     table.insert(out, model)
