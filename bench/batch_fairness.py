@@ -27,12 +27,11 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import requests
 
-from bench.harness import free_port, onelane_web, onelane_worker, pct, private_redis, spread
-from tasks.settings import DEFAULT_MODEL, DEFAULT_MODEL_GGUF, SHIPPED_DEMO_MODEL, Settings
+from bench.harness import free_port, model_folder, onelane_web, onelane_worker, pct, private_redis, spread
+from tasks.settings import Settings
 
 BATCH_USER = "batcher"
 QUESTIONS = [
@@ -141,16 +140,6 @@ def run_batch(url: str, model: str, lines: int, tokens: int, tag: str, phase: Ph
         phase.batch_counts = (counts["completed"], counts["failed"])
     finally:
         done.set()
-
-
-def model_folder(choice: str, folder: Path) -> Path:
-    if choice == "demo":
-        return SHIPPED_DEMO_MODEL
-    if choice == "smollm2":
-        from worker.gguf import import_gguf, locate
-
-        return import_gguf(locate(DEFAULT_MODEL_GGUF), folder / DEFAULT_MODEL, dtype="float32")
-    return Path(choice)
 
 
 def summary(phase: Phase) -> str:

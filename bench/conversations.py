@@ -27,8 +27,7 @@ from typing import Any
 
 import requests
 
-from bench.batch_fairness import model_folder
-from bench.harness import spread
+from bench.harness import model_folder, spread
 from bench.multiturn import QUESTIONS, Server, onelane, system_message
 
 WAYS = ("resent", "chained")

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import requests
 
-from bench.harness import free_port, onelane_web, onelane_worker, pct, private_redis
-from tasks.settings import DEFAULT_MODEL, DEFAULT_MODEL_GGUF, SHIPPED_DEMO_MODEL, Settings
+from bench.harness import free_port, model_folder, onelane_web, onelane_worker, pct, private_redis
+from tasks.settings import DEFAULT_MODEL, SHIPPED_DEMO_MODEL, Settings
 
 DEMO = "onelane-demo"
 TOPICS = ["queues", "GPUs", "the sea", "bread", "trains", "bees", "winter", "maps", "clocks", "tea"]
@@ -179,16 +179,6 @@ def one_round(run: Run, seed: int) -> None:
         t.join()
     for t in run.threads:
         t.join()
-
-
-def model_folder(choice: str, folder: Path) -> Path:
-    if choice == "demo":
-        return SHIPPED_DEMO_MODEL
-    if choice == "smollm2":
-        from worker.gguf import import_gguf, locate
-
-        return import_gguf(locate(DEFAULT_MODEL_GGUF), folder / DEFAULT_MODEL, dtype="float32")
-    return Path(choice)
 
 
 def models_file(folder: Path, model: Path) -> Path:

@@ -82,6 +82,20 @@ def queue_bounds(n: int) -> dict[str, str]:
     return {"ONELANE_MAX_QUEUE": str(n), "ONELANE_MAX_QUEUED_PER_USER": str(n)}
 
 
+def model_folder(choice: str, folder: Path) -> Path:
+    """A benchmark's `--model`: `smollm2` (the default model, SmolLM2-135M-Instruct, imported from its GGUF into
+    `folder` as float32, what the worker loads on a CPU), `demo` (worker/demo), or a model folder."""
+    from tasks.settings import DEFAULT_MODEL, DEFAULT_MODEL_GGUF, SHIPPED_DEMO_MODEL
+
+    if choice == "demo":
+        return SHIPPED_DEMO_MODEL
+    if choice == "smollm2":
+        from worker.gguf import import_gguf, locate
+
+        return import_gguf(locate(DEFAULT_MODEL_GGUF), folder / DEFAULT_MODEL, dtype="float32")
+    return Path(choice)
+
+
 # --- processes ------------------------------------------------------------------------------------------------
 
 
