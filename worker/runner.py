@@ -273,7 +273,6 @@ class Runner:
         """One step of the batch: every job's new text in one hand-over, then the endings of the jobs that ended
         (after their last text), then those over their time limit."""
         assert self.engine is not None
-        before = self.engine.counters
         self._timed_step(time.perf_counter())
         try:
             tokens = self.engine.step()
@@ -281,8 +280,7 @@ class Runner:
             logger.exception("a batch step failed with %d job(s) in the batch", len(self.batch))
             self._step_failed()
             return
-        n = self.engine.counters.generated_tokens - before.generated_tokens
-        self._last_step = (self.active, n, self.engine.padded_prefill, self._last_step[3])
+        self._last_step = (self.active, len(tokens), self.engine.padded_prefill, self._last_step[3])
         result = StepResult()
         for token in tokens:
             self._advance(token, result)

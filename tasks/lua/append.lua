@@ -8,10 +8,12 @@
 -- With no token (n = 0, during a long prefill), it records that the job is making progress.
 -- The ids of the tokens counted go on the job's token record (TOK), in step with its completion tokens: a run after
 -- a requeue reads them and goes on from there.
--- ARG: id, n_tokens, text, prompt_tokens, worker_id, from_n, from_b ('' for both: at the end, unchecked),
---       cached_tokens (of the prompt's, read from the prefix cache), ids (the n tokens' ids, each followed by ',')
+-- ARG: id, text, prompt_tokens, worker_id, from_n, from_b ('' for both: at the end, unchecked), cached_tokens (of
+--       the prompt's, read from the prefix cache), ids (the ids of the tokens the text is made of, each followed by
+--       ','; their number is the tokens counted)
 --   ->  1 to stop, 0 to go on, 2 if it did not line up (nothing appended)
-local id, n, text, prompt_tokens = ARG.id, tonumber(ARG.n_tokens), ARG.text, ARG.prompt_tokens
+local id, text, prompt_tokens = ARG.id, ARG.text, ARG.prompt_tokens
+local _, n = string.gsub(ARG.ids, ',', ',')
 local from_n, from_b = tonumber(ARG.from_n), tonumber(ARG.from_b)
 local jkey = JOB .. id
 local f = redis.call('HMGET', jkey, 'status', 'cancel_requested', 'first_token_at', 'worker', 'queued_at', 'device',

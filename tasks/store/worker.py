@@ -211,7 +211,6 @@ class WorkerStore:
             "append",
             pipe,
             id=job_id,
-            n_tokens=len(ids),
             text=text,
             prompt_tokens=prompt_tokens,
             worker=self.worker,
