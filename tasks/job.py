@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.structured import Constraint, Tool, ToolCall
+
 
 class JobStatus(str, Enum):
     """OpenAI's background-response vocabulary, plus `expired`."""
@@ -28,12 +30,14 @@ class JobStatus(str, Enum):
 
 
 class Message(BaseModel):
-    """One chat message."""
+    """One chat message: an assistant's may hold the tool calls it made; a tool's answers one of them."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
 
 def history_prefix(model_key: str, scope: str) -> str:
@@ -96,6 +100,10 @@ class JobSpec(BaseModel):
     watched: bool = False
     # set for a job made through /v1/responses (it is then also readable as a response)
     response: ResponseFields | None = None
+    # what the answer must be (a JSON schema, any JSON object, tool calls): enforced while it is generated
+    constraint: Constraint | None = None
+    # the functions the model is told it may call (rendered into its prompt)
+    tools: tuple[Tool, ...] = ()
 
 
 class JobError(BaseModel):

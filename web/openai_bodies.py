@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.job import Job, JobStatus, Message, ResponseFields, Usage
+from tasks.structured import CallReader, Delta, call_id, read_calls
 from web.openai_schemas import Sampling
 
 
@@ -21,6 +22,9 @@ class Chat:
 
     def __init__(self, job: Job, req: Sampling | None = None) -> None:
         self.id = self.prefix + job.id.removeprefix("job_")
+        self.job_id = job.id
+        self.constraint = job.spec.constraint
+        self.calls = CallReader() if self.constraint is not None and self.constraint.kind == "tools" else None
         self.model = job.spec.model
         self.created = int(job.timings.queued_at)
         self.include_usage = bool(req and req.stream_options and req.stream_options.include_usage)
@@ -42,9 +46,44 @@ class Chat:
         return body
 
     def choice(self, text: str, finish_reason: str | None, delta: bool) -> dict[str, Any]:
-        key = "delta" if delta else "message"
-        content: dict[str, Any] = {"content": text} if delta else {"role": "assistant", "content": text}
-        return {"index": 0, key: content, "logprobs": None, "finish_reason": finish_reason}
+        """The whole answer (`delta` False) or a piece of a stream; an answer with tool calls as OpenAI's."""
+        if not delta:
+            words, calls = read_calls(text, self.constraint)
+            message: dict[str, Any] = {"role": "assistant", "content": words}
+            if calls:
+                message["content"] = words or None
+                message["tool_calls"] = [self._call(i, name, arguments) for i, (name, arguments) in enumerate(calls)]
+            return {"index": 0, "message": message, "logprobs": None, "finish_reason": _reason(finish_reason, calls)}
+        return {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish_reason}
+
+    def deltas(self, text: str) -> list[dict[str, Any]]:
+        """The chunks' choices for a piece of a stream: its words, or the calls it begins and their arguments."""
+        if self.calls is None:
+            return [self.choice(text, None, True)] if text else []
+        return [self._delta(d) for d in self.calls.feed(text)]
+
+    def last(self, finish_reason: str | None) -> list[dict[str, Any]]:
+        """The stream's last choices: what the call reader still held, then the finish reason."""
+        held = [self._delta(d) for d in self.calls.feed("", final=True)] if self.calls is not None else []
+        reason = _reason(finish_reason, self.calls.calls if self.calls is not None else [])
+        return [*held, {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}]
+
+    def _call(self, index: int, name: str, arguments: str) -> dict[str, Any]:
+        return {
+            "id": call_id(self.job_id, index),
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }
+
+    def _delta(self, d: Delta) -> dict[str, Any]:
+        if d.name is not None:
+            call = {"index": d.index, **self._call(d.index, d.name, "")}
+            delta: dict[str, Any] = {"tool_calls": [call]}
+        elif d.arguments:
+            delta = {"tool_calls": [{"index": d.index, "function": {"arguments": d.arguments}}]}
+        else:
+            delta = {"content": d.text}
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
 
     def chunk_object(self) -> str:
         return self.object + ".chunk"
@@ -64,11 +103,19 @@ class Text(Chat):
     def choice(self, text: str, finish_reason: str | None, delta: bool) -> dict[str, Any]:
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
+    def last(self, finish_reason: str | None) -> list[dict[str, Any]]:
+        return [self.choice("", finish_reason, True)]
+
     def chunk_object(self) -> str:
         return self.object
 
     def first_chunk(self) -> dict[str, Any] | None:
         return None
+
+
+def _reason(finish_reason: str | None, calls: list[tuple[str, str]]) -> str | None:
+    """An answer that ended by making calls finishes with `tool_calls`, as OpenAI's."""
+    return "tool_calls" if calls and finish_reason == "stop" else finish_reason
 
 
 def usage_object(u: Usage) -> dict[str, Any]:

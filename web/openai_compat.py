@@ -126,11 +126,12 @@ def _stream(job: Job, view: Chat, story: Iterator[Story]) -> Iterator[str]:
                 case str():
                     yield item
                 case Event(type=EventType.TOKEN) if item.text:
-                    yield sse.data_line(view.envelope(view.chunk_object(), [view.choice(item.text, None, True)], None))
+                    for choice in view.deltas(item.text):
+                        yield sse.data_line(view.envelope(view.chunk_object(), [choice], None))
                 case Event(type=EventType.COMPLETED):  # the terminal event has what the last chunks need
                     ended = True
-                    last = view.choice("", item.finish_reason, True)
-                    yield sse.data_line(view.envelope(view.chunk_object(), [last], None))
+                    for choice in view.last(item.finish_reason):
+                        yield sse.data_line(view.envelope(view.chunk_object(), [choice], None))
                     if view.include_usage:
                         yield sse.data_line(view.envelope(view.chunk_object(), [], _usage(item)))
                     yield DONE

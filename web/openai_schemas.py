@@ -14,6 +14,7 @@ from tasks.batches import Endpoint
 from tasks.errors import InvalidRequest
 from tasks.job import Job, JobSpec, Message, ResponseFields, SamplingParams
 from tasks.settings import Priority, Settings
+from tasks.structured import Constraint, Tool, ToolCall, json_constraint, tools_constraint
 from web.schemas import int_is_a_float, make_spec, parse, stops_schema
 
 #: Fields onelane accepts only with their neutral value: anything else would change the answer's meaning.
@@ -24,8 +25,6 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "logprobs": (False, None),
     "echo": (False, None),
     "best_of": (1, None),
-    "parallel_tool_calls": (None,),
-    "response_format": ({"type": "text"}, None),
     "store": (False, None),
     "suffix": (None, ""),
 }
@@ -44,16 +43,128 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = STRICT
+
+    name: str
+    arguments: str
+
+
+class ChatToolCall(BaseModel):
+    """A call an assistant's message made, sent back in the conversation."""
+
+    model_config = STRICT
+
+    id: str = Field(max_length=256)
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = STRICT
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ChatToolCall] | None = Field(None, description="an assistant's: the calls it made")
+    tool_call_id: str | None = Field(None, max_length=256, description="a tool's: the call it answers")
+    refusal: str | None = None  # an assistant's message sent back as it came
 
     def to_message(self) -> Message:
         content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
-        return Message(role="system" if self.role == "developer" else self.role, content=content)
+        calls = tuple(
+            ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments) for c in self.tool_calls or ()
+        )
+        if self.role == "tool" and self.tool_call_id is None:
+            raise InvalidRequest("a tool message needs the tool_call_id it answers", param="messages")
+        return Message(
+            role="system" if self.role == "developer" else self.role,
+            content=content,
+            tool_calls=calls,
+            tool_call_id=self.tool_call_id,
+        )
+
+
+class JsonSchema(BaseModel):
+    """`response_format.json_schema`: the schema the answer follows (enforced, `strict` or not)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    name: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """`text` (free), `json_object` (any JSON object) or `json_schema`: enforced while the answer is generated."""
+
+    model_config = STRICT
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+    def constraint(self) -> Constraint | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return json_constraint(None, "response_format")
+        if self.json_schema is None:
+            raise InvalidRequest("a json_schema response_format needs its json_schema", param="response_format")
+        return json_constraint(self.json_schema.schema_, "response_format.json_schema.schema")
+
+
+class FunctionDefinition(BaseModel):
+    model_config = STRICT
+
+    name: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    def tool(self) -> Tool:
+        if self.parameters is None:
+            return Tool(name=self.name, description=self.description or "")
+        return Tool(name=self.name, description=self.description or "", parameters=self.parameters)
+
+
+class ChatTool(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = STRICT
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+def structure(
+    tools: list[Tool],
+    choice: str | None,
+    parallel: bool | None,
+    response_format: ResponseFormat | None,
+) -> tuple[Constraint | None, tuple[Tool, ...]]:
+    """What a request asks its answer to be (its grammar) and the tools its model is told of."""
+    choice = choice or "auto"
+    if tools and choice != "none":
+        if response_format is not None and response_format.type != "text":
+            raise InvalidRequest(
+                "onelane does not constrain an answer to both tools and a response format", param="response_format"
+            )
+        return tools_constraint(tuple(tools), choice, parallel is not False), tuple(tools)
+    if choice not in ("auto", "none"):
+        raise InvalidRequest("tool_choice asks for a tool, but tools is empty", param="tool_choice")
+    return (response_format.constraint() if response_format else None), ()
 
 
 class StreamOptions(BaseModel):
@@ -81,8 +192,14 @@ class Sampling(BaseModel):
         None, description="`auto`/`default`: the key's class; `flex`: batch; `priority`: interactive"
     )
     ignore_eos: bool = Field(False, description="an extension, as in vLLM: generate to max_tokens past EOS")
+    response_format: ResponseFormat | None = Field(
+        None, description="`json_object` or `json_schema`: the answer follows it, token by token (on completions too)"
+    )
 
     _int_is_a_float = field_validator("temperature", "top_p", mode="before")(int_is_a_float)
+
+    def structure(self) -> tuple[Constraint | None, tuple[Tool, ...]]:
+        return structure([], None, None, self.response_format)
 
     def params(self, default_max_tokens: int, max_tokens: int | None = None) -> SamplingParams:
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
@@ -112,14 +229,34 @@ class Sampling(BaseModel):
     ) -> tuple[JobSpec, float]:
         """The job and its TTL: watched by the request, or a batch's line (batch class, nobody watching)."""
         priority = "batch" if batch else self.priority()
+        constraint, tools = self.structure()
         return make_spec(
-            owner, settings, params, prompt, messages, model=self.model, priority=priority, watched=not batch
+            owner,
+            settings,
+            params,
+            prompt,
+            messages,
+            model=self.model,
+            priority=priority,
+            watched=not batch,
+            constraint=constraint,
+            tools=tools,
         )
 
 
 class ChatRequest(Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list[ChatTool] | None = Field(None, max_length=128, description="functions the model may call")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="`auto` (default with tools): text or calls; `required`: calls; a function: that one"
+    )
+    parallel_tool_calls: bool | None = Field(None, description="several calls in one answer (default true)")
+
+    def structure(self) -> tuple[Constraint | None, tuple[Tool, ...]]:
+        choice = self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else self.tool_choice
+        tools = [t.function.tool() for t in self.tools or []]
+        return structure(tools, choice, self.parallel_tool_calls, self.response_format)
 
     def admission(self, owner: str, settings: Settings, batch: bool = False) -> tuple[JobSpec, float]:
         """The job this request asks for (a batch's line: batch class, nobody watching), and its TTL."""

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tasks.errors import Forbidden, InvalidJSON, InvalidRequest, ModelNotFound, PromptTooLarge
 from tasks.job import JobSpec, Message, ResponseFields, SamplingParams
 from tasks.settings import Priority, Settings, User
+from tasks.structured import Constraint, Tool
 from web.body import raw as body_bytes
 
 
@@ -183,6 +184,10 @@ def default_priority(user: User | None) -> Priority:
     return user.priority if user else "interactive"
 
 
+def _chars(m: Message) -> int:
+    return len(m.content) + sum(len(c.name) + len(c.arguments) for c in m.tool_calls)
+
+
 def make_spec(
     owner: str,
     settings: Settings,
@@ -195,6 +200,8 @@ def make_spec(
     ttl_s: float | None = None,
     watched: bool = False,
     response: ResponseFields | None = None,
+    constraint: Constraint | None = None,
+    tools: tuple[Tool, ...] = (),
 ) -> tuple[JobSpec, float]:
     """Apply the server's catalog and limits (model, prompt size, max_tokens, TTL) and the owner's default
     priority; every way in goes through here."""
@@ -203,10 +210,11 @@ def make_spec(
     if priority == "interactive" and own == "batch":  # a key's class is its ceiling, not a suggestion
         raise Forbidden("this API key submits batch work only (its priority in the keys file)", param="priority")
     priority = priority or own
-    size = len(prompt) if prompt is not None else sum(len(m.content) for m in messages or ())
+    size = len(prompt) if prompt is not None else sum(_chars(m) for m in messages or ())
     param = "prompt" if prompt is not None else "messages"
     if size == 0:  # nothing to generate from: refused here rather than failed by the worker
         raise InvalidRequest("the prompt is empty" if prompt is not None else "every message is empty", param=param)
+    size += sum(len(t.description) + len(json.dumps(t.parameters)) for t in tools)  # told to the model too
     if size > settings.max_prompt_chars:
         raise PromptTooLarge(
             f"the prompt has {size} characters; this server accepts at most {settings.max_prompt_chars}", param=param
@@ -225,5 +233,7 @@ def make_spec(
         priority=priority,
         watched=watched,
         response=response,
+        constraint=constraint,
+        tools=tools,
     )
     return spec, ttl_s

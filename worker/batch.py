@@ -9,6 +9,7 @@ from typing import Any
 from tasks.job import Job
 from tasks.store import Delivered
 from worker.engine import KV
+from worker.grammar import Constraint
 from worker.output import Text
 from worker.stops import StopMatcher
 
@@ -30,6 +31,7 @@ class Running:
     progressed_at: float = field(default_factory=time.monotonic)  # when it last made a token, or told it progressed
     cached: int = 0  # prompt tokens read from the prefix cache
     cache_key: tuple[str, str] = ("", "")  # where its KV state goes in the prefix cache once it ends as meant
+    constraint: Constraint | None = None  # its grammar's matcher, when its answer must follow one
 
     def text(self, text: str, ids: tuple[int, ...] = (), resume_at: tuple[int, int] | None = None) -> Text:
         """New text of this job, made of the tokens `ids` (none: text held back before, or progress)."""

@@ -30,6 +30,8 @@ from mlx_lm.utils import dequantize_model
 from tasks.errors import InvalidPrompt, SettingsError
 from tasks.job import JobSpec, SamplingParams
 from tasks.settings import DEMO_MODEL, PREFILL_BATCH, ModelConfig
+from worker.chat_prompt import chat_input, knows_tools
+from worker.grammar import Constraint, Grammars
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +133,7 @@ class Engine:
         self.kv_bytes_per_token = _kv_bytes_per_token(model)
         self.eos = frozenset(tokenizer.eos_token_ids)
         self._eos = StopSequences([(t,) for t in sorted(self.eos)])
+        self.grammars = Grammars(tokenizer, self.eos)
         self._no_stop = StopSequences()
         self._batch = self._new_batch()
         self.size = 0  # sequences in the batch
@@ -168,8 +171,9 @@ class Engine:
     def prompt_tokens(self, spec: JobSpec) -> list[int]:
         """The prompt as the model reads it; InvalidPrompt if that is no token at all."""
         if spec.messages is not None:
-            messages = [m.model_dump() for m in spec.messages]
-            tokens = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+            messages, tools = chat_input(spec.messages, spec.tools, knows_tools(self.tokenizer.chat_template))
+            extra = {"tools": tools} if tools else {}
+            tokens = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra))
         else:
             tokens = list(self.tokenizer.encode(spec.prompt or ""))
         if not tokens:
@@ -187,16 +191,18 @@ class Engine:
         cache: list[Any] | None = None,
         cached: int = 0,
         generated: tuple[int, ...] = (),
+        constraint: Constraint | None = None,
     ) -> int:
         """Add a sequence to the batch; it prefills over the next steps, then generates. Returns its uid. With
         `cache`, a KV cache holding the first `cached` tokens, only the rest is prefilled. `generated`: tokens an
         earlier run of the job sampled, read as prompt after `prompt`; it goes on from there, with the rest of its
-        max_tokens and its sampler where that run's was."""
+        max_tokens and its sampler where that run's was. `constraint`: its grammar's matcher, which masks its logits."""
         prompt = [*prompt, *generated]
         (uid,) = self._batch.insert(
             [prompt[cached:]],
             max_tokens=[params.max_tokens - len(generated)],
             samplers=[make_sampler(params, len(generated))],
+            logits_processors=[[constraint] if constraint is not None else []],
             stop_sequences=[self._no_stop if params.ignore_eos else self._eos],
             caches=[cache] if cache is not None else None,
             all_tokens=[prompt[:cached]] if cache is not None else None,

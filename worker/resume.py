@@ -38,11 +38,14 @@ def fresh(detokenizer: Any, params: SamplingParams) -> Resumption:
     return Resumption(detokenizer, StopMatcher(params.stop))
 
 
-def resume(detokenizer: Any, params: SamplingParams, delivered: Delivered, eos: frozenset[int]) -> Resumption:
-    """A run that goes on from `delivered`, with a fresh `detokenizer` of the job's model and its `eos` ids."""
+def resume(
+    detokenizer: Any, params: SamplingParams, delivered: Delivered, eos: frozenset[int], complete: bool = False
+) -> Resumption:
+    """A run that goes on from `delivered`, with a fresh `detokenizer` of the job's model and its `eos` ids;
+    `complete`: those tokens complete the job's grammar (nothing may follow them)."""
     stops, ids = StopMatcher(params.stop), delivered.ids
     at_eos = bool(ids) and not params.ignore_eos and ids[-1] in eos  # it ended; only its ending was lost
-    ended = "stop" if at_eos else "length" if len(ids) >= params.max_tokens else None
+    ended = "stop" if at_eos or complete else "length" if len(ids) >= params.max_tokens else None
     for token in ids[:-1] if at_eos else ids:  # (the EOS token itself is not text)
         detokenizer.add_token(token)
     if ended:

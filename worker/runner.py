@@ -27,6 +27,7 @@ from tasks.job import Job, JobStatus, SamplingParams
 from tasks.store import Claim, Switch, WorkerStore
 from worker.batch import Batch, Finished, Head, Running, StepResult
 from worker.engine import KV, Engine, Token
+from worker.grammar import Constraint, GrammarError
 from worker.models import ModelPool
 from worker.output import Ending, OutputWriter, Text
 from worker.pace import Pace
@@ -224,14 +225,20 @@ class Runner:
             return
         assert self.engine is not None
         params, done = _sampling(job), claim.delivered.ids if claim.delivered else ()
+        self.writer.begin(job.id)
+        try:
+            constraint = self._constraint(job, done)
+        except GrammarError as exc:  # admission checked it without the tokenizer; this tokenizer cannot
+            self.writer.end(Ending(job.id, JobStatus.FAILED, error=("invalid_schema", str(exc)[:500])))
+            return
+        complete = constraint is not None and constraint.done  # its earlier run completed the grammar
         start = (
-            resume(self.engine.detokenizer(), params, claim.delivered, self.engine.eos)
+            resume(self.engine.detokenizer(), params, claim.delivered, self.engine.eos, complete)
             if claim.delivered
             else fresh(self.engine.detokenizer(), params)
         )
         if done:
             logger.info("job %s: goes on from the %d tokens its earlier runs generated", job.id, len(done))
-        self.writer.begin(job.id)
         if start.ended:  # its earlier run generated it whole: only its ending was lost
             self.writer.put_many([Text(job.id, start.rest, len(head.tokens), resume_at=start.at)])
             self.writer.end(Ending(job.id, JobStatus.COMPLETED, start.ended, None, len(head.tokens), len(done)))
@@ -239,7 +246,7 @@ class Runner:
         limit_s = self.store.settings.job_time_limit_s
         key = (self.models.key(job.spec.model), self.store.settings.cache_scope(job.owner))
         hit = self.models.prefix.fetch(key, [*head.tokens, *done])
-        uid = self.engine.insert(head.tokens, params, hit.cache, hit.tokens, generated=done)
+        uid = self.engine.insert(head.tokens, params, hit.cache, hit.tokens, generated=done, constraint=constraint)
         cached = min(hit.tokens, len(head.tokens))  # (of the prompt's)
         run = Running(
             job,
@@ -253,12 +260,20 @@ class Runner:
             tokens=len(done),
             cached=cached,
             cache_key=key,
+            constraint=constraint,
         )
         self.batch.add(run)
         if hit.tokens:
             logger.info("job %s: %d of its %d prompt tokens from the prefix cache", job.id, cached, len(head.tokens))
         # its prompt and what of it is cached, recorded at once: estimates count only the prefill still to do
         self.writer.put_many([run.text(start.rest, resume_at=start.at)])
+
+    def _constraint(self, job: Job, done: tuple[int, ...]) -> Constraint | None:
+        """The job's grammar's matcher (None: its answer is free), past the tokens its earlier runs generated."""
+        if job.spec.constraint is None:
+            return None
+        assert self.engine is not None
+        return self.engine.grammars.constrain(job.spec.constraint.grammar, done)
 
     def _activate(self, model: str) -> None:
         """The batch's model is its first job's."""
@@ -304,18 +319,23 @@ class Runner:
         if r is None:  # dropped meanwhile
             return
         r.tokens += 1
+        if r.constraint is not None and r.constraint.error:  # (never, unless its mask was not applied)
+            logger.error("job %s: its answer left its grammar: %s", r.job.id, r.constraint.error)
+            self._end(r, None, error=_generation_error(r.job.id))
+            return
+        # its grammar complete: nothing may follow (the engine already drew the end; it is not waited for)
+        ends = "stop" if r.constraint is not None and r.constraint.done else token.finish_reason
         if token.finish_reason != "stop":  # the EOS token itself is not text
             r.detokenizer.add_token(token.token)
-        if token.finish_reason:
+        if ends:
             r.detokenizer.finalize()
         text, hit = r.stops.feed(r.detokenizer.last_segment)
-        if token.finish_reason and not hit:
+        if ends and not hit:
             text += r.stops.flush()
         result.texts.append(r.text(text, (token.token,)))
-        if hit:  # a stop string: the engine may not have ended the sequence
-            result.finished.append(Finished(r, "stop", in_engine=token.finish_reason is None, kv=token.kv))
-        elif token.finish_reason:
-            result.finished.append(Finished(r, token.finish_reason, in_engine=False, kv=token.kv))
+        if hit or ends:  # a stop string or a complete grammar: the engine may not have ended the sequence
+            in_engine = token.finish_reason is None
+            result.finished.append(Finished(r, "stop" if hit else ends, in_engine=in_engine, kv=token.kv))
 
     def _progress(self, result: StepResult, advanced: set[int]) -> None:
         """The jobs that made no token in this step (their prompts are being read, a chunk a step) tell that they
@@ -425,8 +445,11 @@ class Runner:
 
 def _sampling(job: Job) -> SamplingParams:
     """How every run of a job samples: a sampled job without a seed draws from a seed of its own, taken from its id,
-    so that a run after a requeue writes what the run before it wrote (an OpenAI stream goes on where it was)."""
+    so that a run after a requeue writes what the run before it wrote (an OpenAI stream goes on where it was). A job
+whose answer follows a grammar ends where the grammar does, ignore_eos or not."""
     params = job.spec.params
+    if job.spec.constraint is not None and params.ignore_eos:  # a complete grammar ends the answer, as EOS does
+        params = params.model_copy(update={"ignore_eos": False})
     if params.seed is not None or params.temperature == 0:
         return params
     seed = int.from_bytes(hashlib.blake2b(job.id.encode(), digest_size=4).digest(), "big")

@@ -1,0 +1,215 @@
+"""What an answer must be, and the grammar that makes it so: JSON of a schema, any JSON object, or tool calls.
+
+The web builds the grammar at admission from what the request asks (`response_format`, `text.format`, `tools` and
+`tool_choice`) and checks it there, so a schema llguidance cannot compile, or one using a feature it does not
+support, is a 400 naming it before anything is queued. The job carries the grammar; its worker compiles it against
+the model's tokenizer and masks every token that would break it (worker/grammar.py).
+
+Tool calls have one format on every model, the one Hermes and Qwen templates use, enforced by the grammar:
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city":"Paris"}}
+    </tool_call>
+
+several calls one after another, a newline between them. The web reads calls back out of the answer (`CallReader`),
+whole or as a stream goes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import llguidance
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.errors import InvalidRequest
+
+CALL_OPEN = '<tool_call>\n{"name": "'
+CALL_ARGS = '", "arguments": '
+CALL_CLOSE = "}\n</tool_call>"
+CALL_SEP = "\n"
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
+#: how JSON is written under a grammar: compact, one way (a small model given free whitespace may write nothing else)
+JSON_OPTIONS = {"whitespace_flexible": False}
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+class Tool(BaseModel):
+    """A function the model may call, as the request defined it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=NAME.pattern)
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class ToolCall(BaseModel):
+    """A call the model made: `arguments` is JSON text, as OpenAI's wire format has it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    name: str
+    arguments: str
+
+
+class Constraint(BaseModel):
+    """The grammar a job's answer follows, and what the web makes of the answer: JSON text, or tool calls (with
+    text instead, under `tool_choice` auto)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["json", "tools"]
+    grammar: str
+
+
+ToolChoice = Literal["auto", "required"] | str  # or a function's name
+
+
+def json_constraint(schema: dict[str, Any] | None, param: str) -> Constraint:
+    """JSON of `schema` (None: any JSON object, as `json_object` asks); a 400 naming `param` if it cannot be."""
+    if schema is not None and not isinstance(schema, dict):
+        raise InvalidRequest("a JSON schema must be an object", param=param)
+    grammar = _from_schema(schema or ANY_OBJECT, param)
+    return Constraint(kind="json", grammar=checked(grammar, param))
+
+
+def tools_constraint(tools: tuple[Tool, ...], choice: ToolChoice, parallel: bool) -> Constraint:
+    """Calls of `tools` (`required`: one or more; a function's name: that one; `auto`: text or calls), each call's
+    arguments valid for its function's parameters."""
+    if choice not in ("auto", "required"):
+        tools = tuple(t for t in tools if t.name == choice)
+        if not tools:
+            raise InvalidRequest(f"tool_choice names a function that is not in tools: {choice!r}", param="tool_choice")
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names):
+        raise InvalidRequest("two tools have the same name", param="tools")
+    rules = []
+    for i, tool in enumerate(tools):
+        _from_schema(tool.parameters, f"tools[{i}].parameters")  # each checked alone, to name the one at fault
+        schema = json.dumps({**tool.parameters, "x-guidance": JSON_OPTIONS})
+        rules.append(f"call_{i}: {_lark_string(CALL_OPEN + tool.name + CALL_ARGS)} args_{i} {_lark_string(CALL_CLOSE)}")
+        rules.append(f"args_{i}: %json {schema}")
+    calls = "call (" + _lark_string(CALL_SEP) + " call)*" if parallel else "call"
+    start = "start: TEXT | calls" if choice == "auto" else "start: calls"
+    lark = "\n".join(
+        [
+            start,
+            f"calls: {calls}",
+            "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),
+            *rules,
+            r"TEXT: /[^<](.|\n)*/",  # an answer in words: anything that does not open a call
+        ]
+    )
+    return Constraint(kind="tools", grammar=checked(llguidance.LLMatcher.grammar_from_lark(lark), "tools"))
+
+
+def _from_schema(schema: dict[str, Any], param: str) -> str:
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(f"the JSON schema cannot be read: {exc}", param=param) from None
+    return checked(grammar, param)
+
+
+def checked(grammar: str, param: str) -> str:
+    """The grammar, if llguidance can compile it; else a 400 with its reason (it names what is not supported)."""
+    error = llguidance.LLMatcher.validate_grammar(grammar)
+    if error:
+        raise InvalidRequest(f"the schema is not supported: {error}", param=param)
+    return grammar
+
+
+def _lark_string(text: str) -> str:
+    return json.dumps(text)  # a JSON string is a Lark string literal
+
+
+def render_call(call: ToolCall) -> str:
+    """A call as the model writes it (a conversation's earlier call, rendered for a model without tool support)."""
+    return f"{CALL_OPEN}{call.name}{CALL_ARGS}{call.arguments}{CALL_CLOSE}"
+
+
+# --- reading calls out of an answer ------------------------------------------------------------------------------
+
+
+@dataclass
+class Delta:
+    """What a piece of an answer adds: text, or a call begun (its `name`), or more of a call's `arguments`."""
+
+    index: int = 0  # the call's, among the answer's calls
+    text: str = ""
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass
+class CallReader:
+    """Reads an answer that may hold tool calls, as it is written: words go out as text, calls as their name and
+    then their arguments, piece by piece. The grammar guarantees the layout; what does not follow it is text."""
+
+    _seen: str = ""  # everything fed so far
+    _at: int = 0  # how much of it is told
+    _calls: int = 0
+    _in_call: bool = False
+    _text: bool | None = None  # the answer is words (True), calls (False), or not known yet (None)
+    calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments) of each call begun
+
+    def feed(self, text: str, final: bool = False) -> list[Delta]:
+        self._seen += text
+        return list(self._read(final))
+
+    def _read(self, final: bool) -> Iterator[Delta]:
+        if self._text is None:
+            head = self._seen[: len(CALL_OPEN)]
+            if CALL_OPEN.startswith(head) and not final and len(head) < len(CALL_OPEN):
+                return  # it may still open a call
+            self._text = not self._seen.startswith(CALL_OPEN)
+        if self._text:
+            if self._at < len(self._seen):
+                yield Delta(text=self._seen[self._at :])
+                self._at = len(self._seen)
+            return
+        while True:
+            if not self._in_call:
+                rest = self._seen[self._at :]
+                if rest.startswith(CALL_SEP):
+                    rest, self._at = rest[len(CALL_SEP) :], self._at + len(CALL_SEP)
+                name_end = rest.find(CALL_ARGS)
+                if not rest.startswith(CALL_OPEN) or name_end < 0:
+                    return
+                name = rest[len(CALL_OPEN) : name_end]
+                self._at += name_end + len(CALL_ARGS)
+                self._in_call = True
+                self.calls.append((name, ""))
+                yield Delta(index=len(self.calls) - 1, name=name)
+            rest = self._seen[self._at :]
+            end = rest.find(CALL_CLOSE)
+            told = rest[:end] if end >= 0 else rest if final else rest[: max(0, len(rest) - len(CALL_CLOSE))]
+            if told:
+                name, arguments = self.calls[-1]
+                self.calls[-1] = (name, arguments + told)
+                self._at += len(told)
+                yield Delta(index=len(self.calls) - 1, arguments=told)
+            if end < 0:
+                return
+            self._at += len(CALL_CLOSE)
+            self._in_call = False
+
+
+def read_calls(text: str, constraint: Constraint | None) -> tuple[str, list[tuple[str, str]]]:
+    """A whole answer's text and calls (name, arguments) under `constraint` (no calls unless it is `tools`)."""
+    if constraint is None or constraint.kind != "tools":
+        return text, []
+    reader = CallReader()
+    words = "".join(d.text for d in reader.feed(text, final=True))
+    return words, reader.calls
+
+
+def call_id(job_id: str, index: int) -> str:
+    """A call's id: the same whenever the job is read, streamed or not."""
+    return f"call_{job_id.removeprefix('job_')[:16]}_{index}"

@@ -1,0 +1,137 @@
+"""Grammar-constrained decoding: a job whose answer must follow a grammar (a JSON schema, JSON, tool calls) has a
+matcher of its own, which masks the tokens that would break the grammar before its sampler draws.
+
+The grammar is llguidance's (built and checked at admission: tasks/structured.py); llguidance compiles it against
+the model's tokenizer. Per model, a `Grammars` keeps the tokenizer llguidance reads and the matchers compiled so far,
+by the grammar's digest: a batch of 10,000 lines with one schema compiles it once, and each job gets a copy.
+
+The mask is applied by MLX ops (`mx.where`), not llguidance's Metal kernel, so it runs on MLX's CPU, CUDA and Metal
+builds alike. It is a logits processor of its sequence only (mlx-lm's BatchGenerator takes them per sequence): an
+unconstrained sequence in the same batch is never masked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import llguidance
+import llguidance.hf
+import mlx.core as mx
+import numpy as np
+from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+logger = logging.getLogger(__name__)
+
+COMPILED_KEPT = 64  # compiled grammars kept per model
+
+
+class GrammarError(Exception):
+    """A grammar the model's tokenizer cannot compile (admission checked it without a tokenizer)."""
+
+
+@dataclass
+class MaskTimes:
+    """What constraining cost this worker: masks computed and applied, their seconds, and compiles."""
+
+    masks: int = 0
+    mask_s: float = 0.0
+    compiles: int = 0
+    compile_s: float = 0.0
+    cached: int = 0  # grammars served from the compiled cache
+
+
+class Grammars:
+    """One model's grammars: the tokenizer llguidance reads, built once, and its compiled matchers by digest."""
+
+    def __init__(self, tokenizer, eos: frozenset[int]) -> None:  # type: ignore[no-untyped-def]
+        self._hf = tokenizer._tokenizer  # mlx-lm's TokenizerWrapper wraps a Hugging Face fast tokenizer
+        self._eos = sorted(eos)
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
+        self.times = MaskTimes()
+
+    @property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = llguidance.hf.from_tokenizer(self._hf, eos_token=self._eos)
+        return self._tokenizer
+
+    def matcher(self, grammar: str) -> llguidance.LLMatcher:
+        """A fresh matcher of `grammar`, compiled once per model; GrammarError if it cannot be."""
+        digest = hashlib.sha256(grammar.encode()).hexdigest()
+        with self._lock:
+            compiled = self._compiled.get(digest)
+            if compiled is not None:
+                self._compiled.move_to_end(digest)
+                self.times.cached += 1
+                return compiled.deep_copy()
+        tokenizer = self.tokenizer  # (built once per model, ~0.5 s for 49k tokens: not a compile's time)
+        started = time.perf_counter()
+        compiled = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        if compiled.is_error():
+            raise GrammarError(compiled.get_error())
+        with self._lock:
+            self.times.compiles += 1
+            self.times.compile_s += time.perf_counter() - started
+            self._compiled[digest] = compiled
+            while len(self._compiled) > COMPILED_KEPT:
+                self._compiled.popitem(last=False)
+        return compiled.deep_copy()
+
+    def constrain(self, grammar: str, generated: tuple[int, ...] = ()) -> Constraint:
+        """The logits processor of one sequence, its matcher past the tokens an earlier run `generated`."""
+        matcher = self.matcher(grammar)
+        if generated and not matcher.consume_tokens(list(generated)):
+            raise GrammarError(f"an earlier run's tokens do not follow the grammar: {matcher.get_error()}")
+        return Constraint(matcher, self.tokenizer.vocab_size, self.times)
+
+
+class Constraint:
+    """One sequence's matcher, as the logits processor mlx-lm calls before each of the sequence's samples.
+
+    mlx-lm calls it with the tokens so far: at its first call the sequence has sampled nothing yet (its context ends
+    with its prompt); at every later call, the token sampled last is the context's last one, and the matcher takes it
+    before it masks the next. So when the runner reads a token, the matcher has taken it: `done` tells at once that
+    the grammar is complete, and the sequence ends there.
+    """
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab: int, times: MaskTimes) -> None:
+        self.matcher = matcher
+        self.vocab = vocab
+        self.times = times
+        self._started = False
+        self._bits = allocate_token_bitmask(1, vocab)
+
+    def __call__(self, context: mx.array, logits: mx.array) -> mx.array:
+        if self._started:  # (reading the token waits for the step that drew it: not the mask's time)
+            token = int(context[-1].item())
+            started = time.perf_counter()
+            self.matcher.consume_token(token)
+        else:
+            started = time.perf_counter()
+        self._started = True
+        fill_next_token_bitmask(self.matcher, self._bits)
+        width = logits.shape[-1]
+        allowed = np.zeros(width, dtype=np.bool_)  # the model's rows past the tokenizer's vocabulary: never allowed
+        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: min(self.vocab, width)]
+        allowed[: bits.shape[0]] = bits
+        masked = mx.where(mx.array(allowed), logits, -mx.inf)
+        self.times.masks += 1
+        self.times.mask_s += time.perf_counter() - started
+        return masked
+
+    @property
+    def done(self) -> bool:
+        """The grammar is complete: nothing may follow but the end."""
+        return self.matcher.is_stopped() and not self.matcher.is_error()
+
+    @property
+    def error(self) -> str | None:
+        """Why the matcher could not go on (never, unless the mask was not applied)."""
+        return self.matcher.get_error() if self.matcher.is_error() else None
