@@ -369,20 +369,23 @@ class Chunk:
 
 def generate(engine: Any, spec: JobSpec) -> Iterator[Chunk]:
     """One job alone on `engine` (worker/engine.py), start to end, a chunk per token, holding the device's lock as the
-    worker's runner does: the baseline of the benchmarks (and the tests' way to run a model without a worker)."""
+    worker's runner does: the baseline of the benchmarks (and the tests' way to run a model without a worker). An answer
+under a grammar draws every token under its mask (no fast-forward) and ends where the grammar does."""
     with engine.lock:
-        uid = engine.insert(engine.prompt_tokens(spec), spec.params)
+        constraint = engine.grammars.constrain(spec.constraint.grammar) if spec.constraint else None
+        uid = engine.insert(engine.prompt_tokens(spec), spec.params, constraint=constraint)
         detokenizer, n = engine.detokenizer(), 0
         try:
             while True:
                 for t in engine.step():
                     n += 1
+                    reason = "stop" if constraint is not None and constraint.done else t.finish_reason
                     if t.finish_reason != "stop":
                         detokenizer.add_token(t.token)
-                    if t.finish_reason:
+                    if reason:
                         detokenizer.finalize()
-                    yield Chunk(detokenizer.last_segment, n, t.finish_reason)
-                    if t.finish_reason:
+                    yield Chunk(detokenizer.last_segment, n, reason)
+                    if reason:
                         return
         finally:
             if engine.size:

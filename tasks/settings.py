@@ -61,6 +61,7 @@ ENV_NAMES: dict[str, str] = {
     "batch_waiting": "ONELANE_BATCH_WAITING",
     "batch_share": "ONELANE_BATCH_SHARE",
     "batch_window_s": "ONELANE_BATCH_WINDOW",
+    "fast_forward": "ONELANE_FAST_FORWARD",
 }
 
 
@@ -284,6 +285,9 @@ class Settings(BaseModel):
     prefix_cache_shared: bool = False  # reuse an entry across owners (else only its owner's later jobs hit it)
     # a follow-up turn waits at most this long for the device whose prefix cache holds its history (with room)
     cache_affinity_s: float = Field(2.0, ge=0, le=60)
+    # an answer under a grammar reads this many tokens or more that the grammar forces (a schema's fixed keys) in one
+    # prefill, rather than drawing them one step each; 0: never
+    fast_forward: int = Field(4, ge=0, le=4096)
 
     @model_validator(mode="after")
     def _default_within_limit(self) -> Settings:

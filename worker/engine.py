@@ -136,7 +136,7 @@ class Engine:
         self.grammars = Grammars(tokenizer, self.eos)
         self._no_stop = StopSequences()
         self._batch = self._new_batch()
-        self.size = 0  # sequences in the batch
+        self._uids: set[int] = set()  # the uids of the sequences in the batch
         self._read: dict[int, int] = {}  # prompt tokens read so far, per sequence still reading its prompt
         self.padded_prefill = 0  # prompt tokens the last step read, padded to its longest chunk
 
@@ -207,17 +207,18 @@ class Engine:
             caches=[cache] if cache is not None else None,
             all_tokens=[prompt[:cached]] if cache is not None else None,
         )
-        self.size += 1
+        self._uids.add(int(uid))
         return int(uid)
 
     def remove(self, uids: list[int], keep: bool = False) -> dict[int, KV]:
         """Take sequences out of the batch before the next step (cancelled, stopped, over time); with `keep`, their
-        KV states."""
+        KV states. A uid no longer in the batch is passed over."""
+        uids = [uid for uid in uids if uid in self._uids]
         if not uids:
             return {}
         kept = self._batch.remove(uids, return_prompt_caches=keep)
-        self.size -= len(uids)
         for uid in uids:
+            self._uids.discard(uid)
             self._read.pop(uid, None)
         return {int(uid): KV(cache, list(tokens)) for uid, (cache, tokens) in kept.items()}
 
@@ -245,8 +246,13 @@ class Engine:
             )
             for r in generated
         ]
-        self.size -= sum(1 for t in tokens if t.finish_reason is not None)  # the generator dropped them
+        self._uids.difference_update(t.uid for t in tokens if t.finish_reason is not None)  # the generator dropped them
         return tokens
+
+    @property
+    def size(self) -> int:
+        """Sequences in the batch."""
+        return len(self._uids)
 
     def _count_read(self, reading: list[Any]) -> None:
         """The prompt tokens the step read, as the device paid for them: the prompts read side by side are padded
@@ -273,7 +279,7 @@ class Engine:
         with contextlib.suppress(Exception):
             self._batch.close()
         self._batch = self._new_batch()
-        self.size = 0
+        self._uids.clear()
         self._read.clear()
 
 

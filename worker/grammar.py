@@ -126,6 +126,16 @@ class Constraint:
         self.times.mask_s += time.perf_counter() - started
         return masked
 
+    def forced(self, limit: int) -> list[int]:
+        """The tokens the grammar forces next (a schema's fixed keys and punctuation), up to `limit`."""
+        return self.matcher.compute_ff_tokens()[:limit] if limit > 0 else []
+
+    def take(self, tokens: list[int]) -> None:
+        """The sequence goes on past `tokens` (fast-forwarded: read as prompt, never sampled): the matcher takes them,
+        and its next call masks the token after them."""
+        self.matcher.consume_tokens(tokens)
+        self._started = False
+
     @property
     def done(self) -> bool:
         """The grammar is complete: nothing may follow but the end."""

@@ -299,6 +299,7 @@ class Runner:
         result = StepResult()
         for token in tokens:
             self._advance(token, result)
+        self._fast_forward(tokens, result)
         self._progress(result, {token.uid for token in tokens})
         self.writer.put_many(result.texts)
         for f in result.finished:
@@ -336,6 +337,41 @@ class Runner:
         if hit or ends:  # a stop string or a complete grammar: the engine may not have ended the sequence
             in_engine = token.finish_reason is None
             result.finished.append(Finished(r, "stop" if hit else ends, in_engine=in_engine, kv=token.kv))
+
+    def _fast_forward(self, tokens: list[Token], result: StepResult) -> None:
+        """An answer whose grammar now forces several tokens (a schema's fixed keys and punctuation) takes them at
+        once: they are its output as if drawn, and it goes on with them read as prompt, in one prefill chunk
+        rather than a step each. (Its sampler's key moves past them, as past any token: a resumed run agrees.)"""
+        least = self.store.settings.fast_forward
+        if not least:
+            return
+        ending = {f.run.uid for f in result.finished}
+        for token in tokens:
+            r = self.batch.by_uid.get(token.uid)
+            if r is None or r.constraint is None or token.uid in ending:
+                continue
+            forced = r.constraint.forced(r.job.spec.params.max_tokens - r.tokens)
+            if len(forced) < least:
+                continue
+            kv = self.engine.remove([r.uid], keep=True)[r.uid]  # type: ignore[union-attr]
+            r.constraint.take(forced)
+            before, limit = len(result.finished), r.job.spec.params.max_tokens
+            for t in forced:
+                self._advance(Token(r.uid, t, "length" if r.tokens + 1 == limit else None), result)
+                if len(result.finished) > before:  # it ended on them (its grammar, a stop string, max_tokens)
+                    break
+            else:
+                self._rejoin(r, kv, tuple(forced))
+
+    def _rejoin(self, r: Running, kv: KV, forced: tuple[int, ...]) -> None:
+        """A fast-forwarded run joins the batch again under a new uid, its KV state and forced tokens as prompt."""
+        assert self.engine is not None
+        prompt, generated = kv.tokens[: r.prompt_tokens], tuple(kv.tokens[r.prompt_tokens :])
+        self.batch.drop(r)
+        r.uid = self.engine.insert(
+            prompt, _sampling(r.job), kv.cache, len(kv.tokens), generated=generated + forced, constraint=r.constraint
+        )
+        self.batch.add(r)
 
     def _progress(self, result: StepResult, advanced: set[int]) -> None:
         """The jobs that made no token in this step (their prompts are being read, a chunk a step) tell that they
@@ -445,8 +481,8 @@ class Runner:
 
 def _sampling(job: Job) -> SamplingParams:
     """How every run of a job samples: a sampled job without a seed draws from a seed of its own, taken from its id,
-    so that a run after a requeue writes what the run before it wrote (an OpenAI stream goes on where it was). A job
-whose answer follows a grammar ends where the grammar does, ignore_eos or not."""
+        so that a run after a requeue writes what the run before it wrote (an OpenAI stream goes on where it was). A job
+    whose answer follows a grammar ends where the grammar does, ignore_eos or not."""
     params = job.spec.params
     if job.spec.constraint is not None and params.ignore_eos:  # a complete grammar ends the answer, as EOS does
         params = params.model_copy(update={"ignore_eos": False})
