@@ -97,7 +97,7 @@ def test_a_stop_string_ends_the_answer_before_it(client, worker):
 @pytest.mark.parametrize(
     "extra",
     [
-        {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        {"functions": [{"name": "f"}]},  # (the legacy form of tools)
         {"n": 2},
         {"logprobs": True},
         {"presence_penalty": 1},
