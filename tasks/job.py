@@ -7,7 +7,7 @@ import json
 import secrets
 from collections.abc import Iterable
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -82,6 +82,9 @@ class ResponseFields(BaseModel):
     metadata: dict[str, str] = {}
     service_tier: str = "default"
     previous_response_id: str | None = None  # the response it continues (its messages begin with that conversation)
+    # `text`, `tools`, `tool_choice`, `parallel_tool_calls` as the request gave them (those it left out: not kept),
+    # echoed back; the job's `constraint` and `tools` are what enforce them
+    echo: dict[str, Any] = {}
 
 
 class JobSpec(BaseModel):

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.job import Job, JobStatus, Message, ResponseFields, Usage
-from tasks.structured import CallReader, Delta, call_id, read_calls
-from web.openai_schemas import Sampling
+from tasks.structured import CallReader, Delta, ToolCall, call_id, read_calls, render_call
+from web.openai_schemas import RESPONSE_ECHO, Sampling
 
 
 class Chat:
@@ -151,13 +151,8 @@ def snapshot(job: Job, status: str | None = None, text: str | None = None) -> di
     status = status or status_of(job)
     text = job.output if text is None else text
     extra, params = job.spec.response or ResponseFields(), job.spec.params
+    echo = {**RESPONSE_ECHO, **extra.echo}
     ended = status not in ("queued", "in_progress")
-    if status == "queued" or (ended and status != "completed" and not text):
-        output = []  # nothing written (yet, or ever)
-    else:
-        output = [
-            message(job, text, "in_progress" if not ended else "completed" if status == "completed" else "incomplete")
-        ]
     error = None
     if status == "failed":
         error = {
@@ -176,15 +171,15 @@ def snapshot(job: Job, status: str | None = None, text: str | None = None) -> di
         "max_output_tokens": params.max_tokens,
         "metadata": extra.metadata,
         "model": job.spec.model,
-        "output": output,
-        "parallel_tool_calls": True,
+        "output": output_of(job, status, text),
+        "parallel_tool_calls": echo["parallel_tool_calls"],
         "previous_response_id": extra.previous_response_id,
         "service_tier": TIER_NAMES[job.spec.priority] if extra.service_tier != "priority" else "priority",
         "store": True,
         "temperature": params.temperature,
-        "text": {"format": {"type": "text"}},
-        "tool_choice": "auto",
-        "tools": [],
+        "text": echo["text"],
+        "tool_choice": echo["tool_choice"],
+        "tools": echo["tools"],
         "top_p": params.top_p,
         "truncation": "disabled",
         "usage": usage(job) if ended else None,
@@ -192,8 +187,35 @@ def snapshot(job: Job, status: str | None = None, text: str | None = None) -> di
     }
 
 
+def output_of(job: Job, status: str, text: str) -> list[dict[str, Any]]:
+    """A response's output items for `text` (its answer so far): the assistant's message, or (under `tools`) the
+    calls it made, each an item of its own."""
+    ended = status not in ("queued", "in_progress")
+    if status == "queued" or (ended and status != "completed" and not text):
+        return []  # nothing written (yet, or ever)
+    state = "in_progress" if not ended else "completed" if status == "completed" else "incomplete"
+    if not makes_calls(job):
+        return [message(job, text, state)]
+    reader = CallReader()
+    words = "".join(d.text for d in reader.feed(text, final=ended))
+    items = [message(job, words, state)] if words or (ended and not reader.calls) else []
+    for i, (name, arguments) in enumerate(reader.calls):
+        items.append(function_call(job, i, name, arguments, call_state(text, name, arguments, state)))
+    return items
+
+
+def call_state(text: str, name: str, arguments: str, state: str) -> str:
+    """A call's status: `completed` once the answer `text` holds it whole, else its response's (`state`)."""
+    return "completed" if render_call(ToolCall(id="", name=name, arguments=arguments)) in text else state
+
+
+def makes_calls(job: Job) -> bool:
+    """The job's answer may hold tool calls (its request gave tools the model may call)."""
+    return job.spec.constraint is not None and job.spec.constraint.kind == "tools"
+
+
 def message(job: Job, text: str, status: str) -> dict[str, Any]:
-    """The response's one output item: the assistant's message."""
+    """The assistant's message: the response's output item, unless it made calls."""
     return {"id": item_id(job), "type": "message", "status": status, "role": "assistant", "content": [part(text)]}
 
 
@@ -205,10 +227,35 @@ def part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def input_item(job: Job, n: int, turn: Message) -> dict[str, Any]:
-    """The `n`th item of a response's input: a message, the assistant's as output text (as OpenAI lists them)."""
-    text = part(turn.content) if turn.role == "assistant" else {"type": "input_text", "text": turn.content}
-    return {"id": f"{item_id(job)}_{n}", "type": "message", "role": turn.role, "status": "completed", "content": [text]}
+def function_call(job: Job, index: int, name: str, arguments: str, status: str) -> dict[str, Any]:
+    """The `index`th call the answer made, an output item (its `call_id` is the one a function_call_output names)."""
+    return {
+        "id": f"fc_{job.id.removeprefix('job_')}_{index}",
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id(job.id, index),
+        "name": name,
+        "arguments": arguments,
+    }
+
+
+def items_of(job: Job, n: int, turn: Message) -> list[dict[str, Any]]:
+    """The items the `n`th message of a response's input was (as OpenAI lists them): a message (the assistant's as
+    output text), each call an assistant's made, or a tool's answer as a function_call_output."""
+    place = f"{job.id.removeprefix('job_')}_{n}"
+    if turn.role == "tool":
+        output = {"type": "function_call_output", "call_id": turn.tool_call_id or "", "output": turn.content}
+        return [{"id": f"fco_{place}", **output, "status": "completed"}]
+    items = []
+    if turn.content or not turn.tool_calls:  # (calls alone: no message said anything)
+        text = part(turn.content) if turn.role == "assistant" else {"type": "input_text", "text": turn.content}
+        items.append(
+            {"id": f"msg_{place}", "type": "message", "role": turn.role, "status": "completed", "content": [text]}
+        )
+    for k, call in enumerate(turn.tool_calls):
+        fields = {"call_id": call.id, "name": call.name, "arguments": call.arguments}
+        items.append({"id": f"fc_{place}_{k}", "type": "function_call", "status": "completed", **fields})
+    return items
 
 
 def list_page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:

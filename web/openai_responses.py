@@ -1,7 +1,9 @@
 """OpenAI's Responses API on the queue: /v1/responses, in background mode or not, streamed or not.
 
 A response is a job (its id is the job's, `resp_` for `job_`), readable and cancellable as the job is; what only a
-response has (background, instructions, metadata) is kept with the job's spec. Its status is the job's:
+response has (background, instructions, metadata, the `text` and `tools` it echoes) is kept with the job's spec.
+`text.format` and function `tools` are the job's grammar, as chat completions' (tasks/structured.py): an answer
+that made calls has a `function_call` output item per call. Its status is the job's:
 
     job            queued   in_progress   completed (stop)   completed (length)   failed   expired   cancelled
     response       queued   in_progress   completed          incomplete           failed   failed    cancelled
@@ -31,13 +33,26 @@ from tasks.errors import (
 )
 from tasks.events import Event, EventType
 from tasks.job import Job, JobStatus, Message, new_job_id
+from tasks.structured import CallReader, Delta
 from web import sse
 from web.admission import admit
 from web.api import CANCEL_WAIT_S, list_limit
 from web.auth import current_owner
 from web.feed import Feed
 from web.follow import CLIENT_GONE, Gone, Story, cancel_quietly, follow, with_asides
-from web.openai_bodies import PREFIX, input_item, item_id, list_page, message, part, snapshot, status_of
+from web.openai_bodies import (
+    PREFIX,
+    call_state,
+    function_call,
+    item_id,
+    items_of,
+    list_page,
+    makes_calls,
+    message,
+    part,
+    snapshot,
+    status_of,
+)
 from web.openai_schemas import RESPONSE_NEUTRAL, ResponseRequest, conversation_of, input_of, parse_openai
 from web.schemas import json_body
 from web.services import services
@@ -112,9 +127,10 @@ def retrieve(rid: str) -> Response:
 
 @bp.get("/v1/responses/<rid>/input_items")
 def input_items(rid: str) -> Response:
-    """The conversation a response answered (its instructions apart), newest first unless `order=asc`."""
+    """The conversation a response answered (its instructions apart), newest first unless `order=asc`: messages,
+    the calls an assistant made, and their outputs."""
     job = _own(rid)
-    items = [input_item(job, n, turn) for n, turn in enumerate(input_of(job))]
+    items = [item for n, turn in enumerate(input_of(job)) for item in items_of(job, n, turn)]
     order = request.args.get("order", "desc")
     if order not in ("asc", "desc"):
         raise InvalidParameter("order must be asc or desc", param="order")
@@ -182,19 +198,28 @@ class ResponseStream:
 
     Every event is a function of the job's log (its place there, and the text before it), never of when the stream
     was opened, so the numbering is the same on every stream of one job: position updates go as SSE comments,
-    unnumbered. created, queued; at the first start: in_progress, output_item.added, content_part.added; a delta per
-    token event with text (a run after a requeue goes on from what was written: worker/resume.py); at the end
-    output_text.done, content_part.done, output_item.done and completed or incomplete, or else failed (failed,
-    expired, cancelled: the response's own status says which).
+    unnumbered. created, queued; at the first start: in_progress, and (unless the answer may hold calls)
+    output_item.added and content_part.added of the message; a delta per token event with text (a run after a
+    requeue goes on from what was written: worker/resume.py); at the end output_text.done, content_part.done,
+    output_item.done and completed or incomplete, or else failed (failed, expired, cancelled: the response's own
+    status says which).
+
+    Under `tools`, a CallReader fed each token event's text tells words from calls: words open the message as they
+    come; each call is an item of its own (output_item.added with its name, function_call_arguments.delta with each
+    piece of its arguments, function_call_arguments.done and output_item.done once the next call begins or the
+    answer ends). The reader reads the log alone, so these events are numbered as the others.
     """
 
     def __init__(self, job: Job, after: int = -1, watcher: bool = False) -> None:
         """`watcher`: this stream is the request a foreground response ends with (its end cancels the job)."""
         self.job, self.after, self.watcher = job, after, watcher
         self.seq = -1
-        self.text = ""  # sent so far
+        self.text = ""  # the answer so far, as written
+        self.words = ""  # the message's text so far
         self.started = False
-        self.item_id = item_id(job)
+        self.reader = CallReader() if makes_calls(job) else None
+        self.items: list[dict[str, Any]] = []  # the output items begun, in order; the last one may be open
+        self.open = False
 
     def _event(self, kind: str, **fields: Any) -> Iterator[str]:
         self.seq += 1
@@ -202,7 +227,10 @@ class ResponseStream:
             yield sse.event(kind, {"type": kind, "sequence_number": self.seq, **fields})
 
     def _where(self) -> dict[str, Any]:
-        return {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        return {"item_id": item_id(self.job), "output_index": self._message_index(), "content_index": 0}
+
+    def _message_index(self) -> int:
+        return next(i for i, item in enumerate(self.items) if item["type"] == "message")
 
     def events(self, story: Iterator[Story]) -> Iterator[str]:
         ended = False
@@ -227,25 +255,71 @@ class ResponseStream:
         if event.type is EventType.STARTED and not self.started:
             self.started = True
             yield from self._event("response.in_progress", response=snapshot(self.job, "in_progress", ""))
-            yield from self._event(
-                "response.output_item.added",
-                output_index=0,
-                item={**message(self.job, "", "in_progress"), "content": []},
-            )
-            yield from self._event("response.content_part.added", **self._where(), part=part(""))
+            if self.reader is None:
+                yield from self._begin_message()
         elif event.type is EventType.TOKEN and event.text:
             self.text += event.text
-            yield from self._event("response.output_text.delta", **self._where(), delta=event.text, logprobs=[])
+            if self.reader is None:
+                yield from self._words(event.text)
+            else:
+                for delta in self.reader.feed(event.text):
+                    yield from self._told(delta)
+
+    def _told(self, delta: Delta) -> Iterator[str]:
+        """What a piece of an answer that may hold calls tells: words, a call begun, or more of its arguments."""
+        if delta.name is not None:
+            yield from self._close("completed")
+            self.items.append(function_call(self.job, delta.index, delta.name, "", "in_progress"))
+            self.open = True
+            yield from self._event("response.output_item.added", output_index=len(self.items) - 1, item=self.items[-1])
+        elif delta.arguments:
+            call = self.items[-1]
+            call["arguments"] += delta.arguments
+            where = {"item_id": call["id"], "output_index": len(self.items) - 1}
+            yield from self._event("response.function_call_arguments.delta", **where, delta=delta.arguments)
+        elif delta.text:
+            if not any(item["type"] == "message" for item in self.items):
+                yield from self._begin_message()
+            yield from self._words(delta.text)
+
+    def _begin_message(self) -> Iterator[str]:
+        self.items.append(message(self.job, "", "in_progress"))
+        self.open = True
+        yield from self._event(
+            "response.output_item.added", output_index=len(self.items) - 1, item={**self.items[-1], "content": []}
+        )
+        yield from self._event("response.content_part.added", **self._where(), part=part(""))
+
+    def _words(self, text: str) -> Iterator[str]:
+        self.words += text
+        yield from self._event("response.output_text.delta", **self._where(), delta=text, logprobs=[])
+
+    def _close(self, status: str) -> Iterator[str]:
+        """The open item's last events: its text or its arguments whole, then the item as it ended."""
+        if not self.open:
+            return
+        self.open = False
+        index, item = len(self.items) - 1, self.items[-1]
+        if item["type"] == "message":
+            yield from self._event("response.output_text.done", **self._where(), text=self.words, logprobs=[])
+            yield from self._event("response.content_part.done", **self._where(), part=part(self.words))
+            done = message(self.job, self.words, status)
+        else:
+            name, arguments = item["name"], item["arguments"]
+            where = {"item_id": item["id"], "output_index": index}
+            yield from self._event("response.function_call_arguments.done", **where, name=name, arguments=arguments)
+            done = {**item, "status": call_state(self.text, name, arguments, status)}
+        yield from self._event("response.output_item.done", output_index=index, item=done)
 
     def _end(self, event: Event) -> Iterator[str]:
         job = services().store.get(self.job.id)
         if event.type is not EventType.COMPLETED:
             yield from self._event("response.failed", response=snapshot(job))
             return
-        text = self.text
         status = status_of(job)
-        yield from self._event("response.output_text.done", **self._where(), text=text, logprobs=[])
-        yield from self._event("response.content_part.done", **self._where(), part=part(text))
-        item_status = "completed" if status == "completed" else "incomplete"
-        yield from self._event("response.output_item.done", output_index=0, item=message(job, text, item_status))
-        yield from self._event(f"response.{status}", response=snapshot(job, status, text))
+        for delta in self.reader.feed("", final=True) if self.reader is not None else []:  # what it held back
+            yield from self._told(delta)
+        if not self.items:
+            yield from self._begin_message()  # an answer of nothing: an empty message, as the response shows it
+        yield from self._close("completed" if status == "completed" else "incomplete")
+        yield from self._event(f"response.{status}", response=snapshot(job, status, self.text))

@@ -6,15 +6,15 @@ Unsupported fields get a 400 rather than being silently ignored; a few are let t
 from __future__ import annotations
 
 import reprlib
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from tasks.batches import Endpoint
 from tasks.errors import InvalidRequest
 from tasks.job import Job, JobSpec, Message, ResponseFields, SamplingParams
 from tasks.settings import Priority, Settings
-from tasks.structured import Constraint, Tool, ToolCall, json_constraint, tools_constraint
+from tasks.structured import Constraint, Tool, ToolCall, call_id, json_constraint, read_calls, tools_constraint
 from web.schemas import int_is_a_float, make_spec, parse, stops_schema
 
 #: Fields onelane accepts only with their neutral value: anything else would change the answer's meaning.
@@ -316,6 +316,7 @@ class InputText(BaseModel):
     type: Literal["input_text", "output_text"]
     text: str
     annotations: list[Any] | None = None  # an earlier answer's output_text, sent back as it came
+    logprobs: list[Any] | None = None
 
 
 class InputMessage(BaseModel):
@@ -334,32 +335,149 @@ class InputMessage(BaseModel):
         return Message(role="system" if self.role == "developer" else self.role, content=content)
 
 
-class TextFormat(BaseModel):
+class FunctionCallInput(BaseModel):
+    """A call an earlier answer made (an output item of type `function_call`), sent back in `input`."""
+
+    model_config = STRICT
+
+    type: Literal["function_call"]
+    call_id: str = Field(max_length=256)
+    name: str
+    arguments: str
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+    def call(self) -> ToolCall:
+        return ToolCall(id=self.call_id, name=self.name, arguments=self.arguments)
+
+
+class FunctionCallOutput(BaseModel):
+    """What the caller's function returned for the call `call_id`: the model reads it as the tool's answer."""
+
+    model_config = STRICT
+
+    type: Literal["function_call_output"]
+    call_id: str = Field(max_length=256)
+    output: str | list[InputText]
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+    def to_message(self) -> Message:
+        content = self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
+        return Message(role="tool", content=content, tool_call_id=self.call_id)
+
+
+def _item_type(value: Any) -> str:
+    """An input item's type; an "easy input message" has none."""
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind if isinstance(kind, str) else "message"
+
+
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("message")]
+    | Annotated[FunctionCallInput, Tag("function_call")]
+    | Annotated[FunctionCallOutput, Tag("function_call_output")],
+    Discriminator(_item_type),
+]
+
+
+def turns_of(items: list[InputItem]) -> list[Message]:
+    """Input items as the conversation's messages: calls in a row are one assistant message's tool_calls."""
+    turns: list[Message] = []
+    for item in items:
+        if not isinstance(item, FunctionCallInput):
+            turns.append(item.to_message())
+        elif turns and turns[-1].role == "assistant":
+            turns[-1] = turns[-1].model_copy(update={"tool_calls": (*turns[-1].tool_calls, item.call())})
+        else:
+            turns.append(Message(role="assistant", content="", tool_calls=(item.call(),)))
+    return turns
+
+
+class PlainText(BaseModel):
     model_config = STRICT
 
     type: Literal["text"]
+
+    def constraint(self) -> Constraint | None:
+        return None
+
+
+class JsonObjectFormat(BaseModel):
+    """Any JSON object, as chat completions' `json_object`."""
+
+    model_config = STRICT
+
+    type: Literal["json_object"]
+
+    def constraint(self) -> Constraint | None:
+        return json_constraint(None, "text.format")
+
+
+class JsonSchemaFormat(BaseModel):
+    """JSON of `schema` (the Responses API's flat `json_schema` format): enforced, `strict` or not."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    type: Literal["json_schema"]
+    name: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    schema_: dict[str, Any] = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+    def constraint(self) -> Constraint | None:
+        return json_constraint(self.schema_, "text.format.schema")
+
+
+TextFormat = Annotated[PlainText | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
 
 
 class TextOptions(BaseModel):
     model_config = STRICT
 
-    format: TextFormat | None = None
+    format: TextFormat | None = Field(
+        None, description="`json_object` or `json_schema`: the answer follows it, token by token"
+    )
     verbosity: Literal["medium"] | None = None
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _named_schema(cls, value: Any) -> Any:
+        missing = [k for k in ("name", "schema") if isinstance(value, dict) and k not in value]
+        if isinstance(value, dict) and value.get("type") == "json_schema" and missing:
+            raise ValueError(f"a json_schema format needs its {' and '.join(missing)}")
+        return value
+
+
+class FunctionTool(FunctionDefinition):
+    """A function the model may call (the Responses API's flat shape of chat completions' tool)."""
+
+    type: Literal["function"]
+
+
+class FunctionChoice(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    name: str
 
 
 class ResponseRequest(BaseModel):
-    """POST /v1/responses: a job in the same queue. Fields of the API that would change the answer's meaning (tools,
-    reasoning, structured output, conversations) are refused by name."""
+    """POST /v1/responses: a job in the same queue. Fields of the API that would change the answer's meaning
+    (reasoning, built-in tools, conversations) are refused by name."""
 
     model_config = STRICT
 
     model: str
-    input: str | list[InputMessage] = Field(description="the user's text, or the conversation's messages")
+    input: str | list[InputItem] = Field(
+        description="the user's text, or the conversation's items: messages, function calls and their outputs"
+    )
     instructions: str | None = Field(None, description="the system message, put before `input`")
     previous_response_id: str | None = Field(
         None,
-        description="continue that response's conversation: its input (not its instructions) and its answer come "
-        "before `input`; it must have ended completed or incomplete, and is kept ONELANE_RESULT_TTL after its end",
+        description="continue that response's conversation: its input (not its instructions) and its answer (its "
+        "words or its calls) come before `input`; it must have ended completed or incomplete, and is kept "
+        "ONELANE_RESULT_TTL after its end",
     )
     background: bool = Field(False, description="answer at once with the queued response; poll or stream it later")
     stream: bool = False
@@ -377,6 +495,13 @@ class ResponseRequest(BaseModel):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = Field(None, description="accepted; onelane's prefix cache needs no key")
     text: TextOptions | None = None
+    tools: list[FunctionTool] | None = Field(
+        None, max_length=128, description="functions the model may call (no built-in tools: they are refused)"
+    )
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = Field(
+        None, description="`auto` (default with tools): words or calls; `required`: calls; a function: that one"
+    )
+    parallel_tool_calls: bool | None = Field(None, description="several calls in one answer (default true)")
     truncation: Literal["disabled"] | None = None
     ignore_eos: bool = Field(False, description="an extension, as on the chat endpoint: generate to the limit")
 
@@ -384,9 +509,18 @@ class ResponseRequest(BaseModel):
 
     @field_validator("input")
     @classmethod
-    def _some_input(cls, value: str | list[InputMessage]) -> str | list[InputMessage]:
+    def _some_input(cls, value: str | list[InputItem]) -> str | list[InputItem]:
         if not value:
             raise ValueError("input is empty")
+        return value
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _functions_only(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            kinds = sorted({str(t.get("type")) for t in value if isinstance(t, dict) and t.get("type") != "function"})
+            if kinds:
+                raise ValueError(f"onelane's models call functions only; not supported: {', '.join(kinds)}")
         return value
 
     _bounded_metadata = field_validator("metadata")(bounded_metadata)
@@ -397,7 +531,7 @@ class ResponseRequest(BaseModel):
         if isinstance(self.input, str):
             turns = [*before, Message(role="user", content=self.input)]
         else:
-            turns = [*before, *(m.to_message() for m in self.input)]
+            turns = [*before, *turns_of(self.input)]
         if self.instructions:
             turns.insert(0, Message(role="system", content=self.instructions))
         return tuple(turns)
@@ -413,6 +547,35 @@ class ResponseRequest(BaseModel):
     def priority(self) -> Priority | None:
         return TIERS[self.service_tier] if self.service_tier else None
 
+    def structure(self) -> tuple[Constraint | None, tuple[Tool, ...]]:
+        """The answer's grammar and the tools its model is told of, by chat's rules; `text.format` as chat's
+        `response_format` (refused beside tools the model may call)."""
+        choice = self.tool_choice.name if isinstance(self.tool_choice, FunctionChoice) else self.tool_choice
+        tools = [t.tool() for t in self.tools or []]
+        constraint, told = structure(tools, choice, self.parallel_tool_calls, None)
+        form = self.text.format if self.text is not None else None
+        if form is None or form.type == "text":
+            return constraint, told
+        if told:
+            raise InvalidRequest(
+                "onelane does not constrain an answer to both tools and a text format", param="text.format"
+            )
+        return form.constraint(), told
+
+    def echo(self) -> dict[str, Any]:
+        """What the response echoes of the request beyond the job: the fields it gave of RESPONSE_ECHO."""
+        echo: dict[str, Any] = {}
+        if self.text is not None and self.text.format is not None:
+            echo["text"] = {"format": self.text.format.model_dump(by_alias=True, exclude_none=True)}
+        if self.tools is not None:
+            echo["tools"] = [{"type": "function", **t.model_dump(exclude={"type"})} for t in self.tools]
+        if self.tool_choice is not None:
+            choice = self.tool_choice
+            echo["tool_choice"] = choice.model_dump() if isinstance(choice, FunctionChoice) else choice
+        if self.parallel_tool_calls is not None:
+            echo["parallel_tool_calls"] = self.parallel_tool_calls
+        return echo
+
     def admission(
         self, owner: str, settings: Settings, batch: bool = False, before: tuple[Message, ...] = ()
     ) -> tuple[JobSpec, float]:
@@ -427,12 +590,14 @@ class ResponseRequest(BaseModel):
             raise InvalidRequest(
                 f"max_output_tokens may be at most {settings.max_tokens_limit}", param="max_output_tokens"
             )
+        constraint, tools = self.structure()
         extra = ResponseFields(
             background=self.background and not batch,
             instructions=self.instructions,
             metadata=self.metadata or {},
             service_tier=self.service_tier or "default",
             previous_response_id=self.previous_response_id,
+            echo=self.echo(),
         )
         return make_spec(
             owner,
@@ -444,7 +609,18 @@ class ResponseRequest(BaseModel):
             priority="batch" if batch else self.priority(),
             watched=not (self.background or batch),
             response=extra,
+            constraint=constraint,
+            tools=tools,
         )
+
+
+#: What a response echoes of its request when the request left it out (OpenAI's defaults).
+RESPONSE_ECHO: dict[str, Any] = {
+    "text": {"format": {"type": "text"}},
+    "tools": [],
+    "tool_choice": "auto",
+    "parallel_tool_calls": True,
+}
 
 
 def input_of(job: Job) -> tuple[Message, ...]:
@@ -456,16 +632,20 @@ def input_of(job: Job) -> tuple[Message, ...]:
     return messages
 
 
+def answer_of(job: Job) -> Message:
+    """A response's answer as the assistant's message: its words, and the calls it made (under `tools`)."""
+    words, calls = read_calls(job.output, job.spec.constraint)
+    made = tuple(ToolCall(id=call_id(job.id, i), name=name, arguments=args) for i, (name, args) in enumerate(calls))
+    return Message(role="assistant", content=words, tool_calls=made)
+
+
 def conversation_of(job: Job) -> tuple[Message, ...]:
     """What a response that continues `job`'s begins with: its input, then its answer."""
-    return (*input_of(job), Message(role="assistant", content=job.output))
+    return (*input_of(job), answer_of(job))
 
 
 #: Responses fields onelane takes only with their neutral value (anything else: 400 naming the field).
 RESPONSE_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "tools": ([], None),
-    "tool_choice": ("auto", "none", None),
-    "parallel_tool_calls": (True, False, None),
     "reasoning": (None,),
     "include": ([], None),
     "conversation": (None,),
