@@ -369,8 +369,8 @@ class Chunk:
 
 def generate(engine: Any, spec: JobSpec) -> Iterator[Chunk]:
     """One job alone on `engine` (worker/engine.py), start to end, a chunk per token, holding the device's lock as the
-    worker's runner does: the baseline of the benchmarks (and the tests' way to run a model without a worker). An answer
-under a grammar draws every token under its mask (no fast-forward) and ends where the grammar does."""
+        worker's runner does: the baseline of the benchmarks (and the tests' way to run a model without a worker). An answer
+    under a grammar draws every token under its mask (no fast-forward) and ends where the grammar does."""
     with engine.lock:
         constraint = engine.grammars.constrain(spec.constraint.grammar) if spec.constraint else None
         uid = engine.insert(engine.prompt_tokens(spec), spec.params, constraint=constraint)

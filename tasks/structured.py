@@ -92,7 +92,7 @@ def tools_constraint(tools: tuple[Tool, ...], choice: ToolChoice, parallel: bool
     rules = []
     for i, tool in enumerate(tools):
         _from_schema(tool.parameters, f"tools[{i}].parameters")  # each checked alone, to name the one at fault
-        schema = json.dumps({**tool.parameters, "x-guidance": JSON_OPTIONS})
+        schema = json.dumps({**_annotated(tool.parameters), "x-guidance": JSON_OPTIONS})
         rules.append(f"call_{i}: {_lark_string(CALL_OPEN + tool.name + CALL_ARGS)} args_{i} {_lark_string(CALL_CLOSE)}")
         rules.append(f"args_{i}: %json {schema}")
     calls = "call (" + _lark_string(CALL_SEP) + " call)*" if parallel else "call"
@@ -109,9 +109,37 @@ def tools_constraint(tools: tuple[Tool, ...], choice: ToolChoice, parallel: bool
     return Constraint(kind="tools", grammar=checked(llguidance.LLMatcher.grammar_from_lark(lark), "tools"))
 
 
+#: the `format`s llguidance enforces; any other is an annotation only (as JSON Schema 2020-12 has it by default)
+FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri"})
+COUNTS = frozenset({"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"})
+#: keywords whose value maps names to schemas (a property called "format" is not the keyword)
+SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
+
+def _annotated(schema: Any) -> Any:
+    """The schema as llguidance reads it, meaning the same: a `format` it does not know is dropped (an annotation,
+    which a validator does not assert by default), and a count written as a whole float (`2.0`) is an integer."""
+    if isinstance(schema, list):
+        return [_annotated(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "format" and isinstance(value, str) and value not in FORMATS:
+            continue
+        if key in COUNTS and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        elif key in SCHEMA_MAPS and isinstance(value, dict):
+            value = {name: _annotated(s) for name, s in value.items()}
+        elif key not in ("const", "enum", "default", "examples"):  # (values, not schemas)
+            value = _annotated(value)
+        out[key] = value
+    return out
+
+
 def _from_schema(schema: dict[str, Any], param: str) -> str:
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(_annotated(schema), overrides=JSON_OPTIONS)
     except (ValueError, TypeError) as exc:
         raise InvalidRequest(f"the JSON schema cannot be read: {exc}", param=param) from None
     return checked(grammar, param)

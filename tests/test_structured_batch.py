@@ -126,6 +126,27 @@ def test_forced_tokens_are_fast_forwarded_and_change_no_token(engine, start_work
     jsonschema.validate(json.loads(fast["choices"][0]["message"]["content"]), ORDER)
 
 
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"const": {"foo": "bar", "baz": "bax"}},  # forced whole, from the first token
+        {
+            "type": "object",
+            "properties": {"n": {"type": "integer"}, "kind": {"const": "an_order_confirmation"}},
+            "required": ["n", "kind"],
+            "additionalProperties": False,
+        },  # forced from the number on, to the end
+    ],
+    ids=["const", "ends with a const"],
+)
+def test_an_answer_whose_rest_is_all_forced_is_written_whole(schema, live_server, settings, start_worker):
+    start_worker()
+    answer = chat(live_server, settings.model_name, "Answer in JSON.", schema, max_tokens=60, temperature=0)
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+
+
 def test_a_worker_killed_mid_answer_leaves_a_valid_answer_and_a_stream_without_gap_or_repeat(
     live_server, store, settings, worker_process
 ):

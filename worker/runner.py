@@ -354,9 +354,9 @@ class Runner:
             if len(forced) < least:
                 continue
             kv = self.engine.remove([r.uid], keep=True)[r.uid]  # type: ignore[union-attr]
-            r.constraint.take(forced)
             before, limit = len(result.finished), r.job.spec.params.max_tokens
-            for t in forced:
+            for t in forced:  # one by one: the grammar is complete (done) at the last of them, not before
+                r.constraint.take([t])
                 self._advance(Token(r.uid, t, "length" if r.tokens + 1 == limit else None), result)
                 if len(result.finished) > before:  # it ended on them (its grammar, a stop string, max_tokens)
                     break
