@@ -77,7 +77,8 @@ class Client:
 
     def submit(self, prompt: str | list[dict[str, str]], raw: bool = False, **fields: Any) -> dict[str, Any]:
         """POST /v1/jobs: `prompt` as the user's turn of a chat, a whole conversation (its messages), or with `raw`
-        as text to continue; options left None are not sent (the server's defaults apply)."""
+        as text to continue; options left None are not sent (the server's defaults apply). An answer that must be
+        JSON: `response_format=json_format(schema)`."""
         if isinstance(prompt, list):
             text: dict[str, Any] = {"messages": prompt}
         else:
@@ -201,6 +202,13 @@ class Client:
             with response:
                 raise api_error(response)
         return response
+
+
+def json_format(schema: dict[str, Any] | None = None, name: str = "answer") -> dict[str, Any]:
+    """The `response_format` of an answer that must be JSON of `schema` (None: any JSON object)."""
+    if schema is None:
+        return {"type": "json_object"}
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
 
 
 def api_error(response: requests.Response) -> ApiError:

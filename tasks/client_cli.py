@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -151,12 +152,53 @@ def _job_options(command: Callable[..., None]) -> Callable[..., None]:
             help="Send PROMPT as text to continue, without the model's chat template "
             "(default: PROMPT is your turn of a chat).",
         ),
+        click.option(
+            "--schema",
+            "response_format",
+            type=click.Path(path_type=Path),  # (its own errors: one line, where click's show the usage)
+            callback=_read_schema,
+            help="Answer with JSON of the JSON schema in this file (response_format json_schema): each token is "
+            "drawn under its grammar.",
+        ),
+        click.option("--json-object", is_flag=True, help="Answer with a JSON object (response_format json_object)."),
         click.option("--wait", is_flag=True, help="When the server is overloaded (429/503), retry after Retry-After."),
         click.option("--json", "as_json", is_flag=True, help="Print the job as JSON (for scripts)."),
     ]
     for option in reversed(options):
         command = option(command)
     return command
+
+
+class _UsageError(click.ClickException):
+    """A mistake in the command line, said in one line: exit status 2, as click's own usage errors."""
+
+    exit_code = 2
+
+
+def _read_schema(ctx: click.Context, param: click.Parameter, path: Path | None) -> dict[str, Any] | None:
+    """--schema FILE: the response_format of an answer that must be JSON of the schema the file holds."""
+    from tasks.client import json_format
+
+    if path is None:
+        return None
+    try:
+        schema = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise _UsageError(f"--schema {path}: {exc.strerror or exc}") from None
+    except (ValueError, RecursionError) as exc:  # (UnicodeDecodeError is a ValueError)
+        raise _UsageError(f"--schema {path}: not a JSON file ({exc})") from None
+    if not isinstance(schema, dict):
+        raise _UsageError(f"--schema {path}: a JSON schema is a JSON object")
+    return json_format(schema, re.sub(r"[^A-Za-z0-9_-]", "_", path.stem)[:64] or "schema")
+
+
+def _answer_format(response_format: dict[str, Any] | None, json_object: bool) -> dict[str, Any] | None:
+    """What --schema or --json-object asks the answer to be (None: text)."""
+    from tasks.client import json_format
+
+    if json_object and response_format is not None:
+        raise _UsageError("--schema and --json-object: give one of them")
+    return json_format() if json_object else response_format
 
 
 def _submit(
@@ -250,12 +292,15 @@ def _cancel_and_exit(client: Client, console: Console, job_id: str, code: int = 
 
 @click.command()
 @_job_options
-def run(prompt: str, wait: bool, as_json: bool, ignore_eos: bool, **fields: Any) -> None:
+def run(prompt: str, wait: bool, as_json: bool, ignore_eos: bool, json_object: bool, **fields: Any) -> None:
     """Submit PROMPT ("-": read stdin), show its place in the queue, then stream its tokens to stdout.
 
-    Ctrl-C (or a closed terminal, or stdout's reader leaving, as `| head` does) cancels the job. Exit status: 0 if
-    it completed, 1 if not, 130 after Ctrl-C, 141 when stdout was closed.
+    With --schema FILE the answer is JSON of that JSON schema (--json-object: any JSON object), enforced as it is
+    generated. Ctrl-C (or a closed terminal, or stdout's reader leaving, as `| head` does) cancels the job. Exit
+    status: 0 if it completed, 1 if not, 2 for a command line in error (a --schema file that is not JSON), 130 after
+    Ctrl-C, 141 when stdout was closed.
     """
+    fields["response_format"] = _answer_format(fields["response_format"], json_object)
     client, console = _client()
     status = _Status(console)
     for signum in (signal.SIGTERM, signal.SIGHUP):  # a kill or a closed terminal cancels it as Ctrl-C does
@@ -381,8 +426,9 @@ def _cancel_quietly(client: Client, job_id: str) -> None:
 
 @click.command()
 @_job_options
-def submit(prompt: str, wait: bool, as_json: bool, ignore_eos: bool, **fields: Any) -> None:
+def submit(prompt: str, wait: bool, as_json: bool, ignore_eos: bool, json_object: bool, **fields: Any) -> None:
     """Submit PROMPT ("-": read stdin) and print its job id at once (follow it with `onelane tail ID`)."""
+    fields["response_format"] = _answer_format(fields["response_format"], json_object)
     client, console = _client()
     with _reported():
         job = _submit(client, _Status(console), prompt, wait, ignore_eos=ignore_eos or None, **fields)

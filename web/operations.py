@@ -107,7 +107,8 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
             err(
                 422,
                 "invalid_request: wrong types, values out of range, unknown fields, neither or both of "
-                "prompt/messages, an empty prompt, `max_tokens` or `ttl_s` over this server's limit",
+                "prompt/messages, an empty prompt, `max_tokens` or `ttl_s` over this server's limit, a "
+                "`response_format` schema that cannot be enforced (why, and `param` names it)",
             ),
             err(429, "quota_exceeded: the caller already has as many waiting jobs as its quota allows"),
             err(
@@ -121,8 +122,9 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
         [
             err(
                 400,
-                "invalid_request_error: invalid JSON, wrong types or values, or a field onelane does not support "
-                "(`tools`, `logprobs`, `n` > 1, penalties …), named in `param`",
+                "invalid_request_error: invalid JSON, wrong types or values, a JSON schema that cannot be enforced "
+                "(`response_format`'s, a tool's `parameters`), or a field onelane does not support (`logprobs`, "
+                "`n` > 1, penalties …), named in `param`",
                 True,
             ),
             oai_unauthorized,
@@ -153,7 +155,9 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 "tags": ["jobs"],
                 "summary": "Submit a job",
                 "description": "Admit a job into the fair queue. It then runs when its turn comes; poll it, follow its "
-                "events, or cancel it.",
+                "events, or cancel it. With `response_format` (`json_object`, or `json_schema` and its schema, "
+                "as chat completions take it), each token is drawn under the schema's grammar: the output is "
+                "JSON of it, as text.",
                 "requestBody": body(SubmitJob),
                 "responses": {
                     "202": {**_answer("admitted: the job, queued", job, headers={"Location": True}), "links": links},
@@ -287,7 +291,12 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 "tags": ["openai"],
                 "summary": "Create a chat completion",
                 "description": "A job in the same queue, watched by the connection: a client that hangs up gets its job "
-                "cancelled. " + _stream_note("chat.completion.chunk"),
+                "cancelled. `response_format` (`json_object`, `json_schema`) and `tools` are enforced as the "
+                "answer is generated, each token drawn under their grammar: JSON of the schema, or calls "
+                "(`message.tool_calls`, `finish_reason` `tool_calls`, `content` null; streamed as "
+                "`delta.tool_calls`, each call's name, then its arguments in pieces) whose arguments fit their "
+                "function's parameters; `tool_choice` `auto` lets the model answer in words instead. "
+                + _stream_note("chat.completion.chunk"),
                 "requestBody": body(ChatRequest),
                 "responses": {
                     "200": _openai_answer(ref(responses.ChatCompletion), ref(responses.ChatCompletionChunk), oai),
@@ -302,7 +311,8 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 "operationId": "createCompletion",
                 "tags": ["openai"],
                 "summary": "Create a text completion",
-                "description": "As chat completions, for one prompt. " + _stream_note("text_completion"),
+                "description": "As chat completions, for one prompt (`response_format` too, as in vLLM; no tools). "
+                + _stream_note("text_completion"),
                 "requestBody": body(CompletionRequest),
                 "responses": {
                     "200": _openai_answer(ref(responses.Completion), ref(responses.CompletionChunk), oai),

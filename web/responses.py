@@ -13,9 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from tasks import job as record
 from tasks.batches import BatchRecord, Endpoint, Status
 from tasks.files import FileRecord
-from tasks.job import JobError, JobStatus, Message, SamplingParams, Timings
+from tasks.job import JobError, JobStatus, SamplingParams, Timings
 from tasks.settings import Priority
 from tasks.store import ModelState
+from tasks.structured import ToolCall
 
 
 class Answer(BaseModel):
@@ -34,6 +35,21 @@ class TokenUsage(Answer):
 JOB_SPEC_FIELDS = {"model", "priority", "prompt", "messages", "params"}  # what a job's body shows of its spec
 
 
+class JobMessage(Answer):
+    """A message of a job's conversation as it was sent: `tool_calls` and `tool_call_id` only where it has them."""
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=False)
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    tool_calls: list[ToolCall] = Field(
+        default_factory=list, exclude_if=lambda calls: not calls, description="an assistant's: the calls it made"
+    )
+    tool_call_id: str | None = Field(
+        None, exclude_if=lambda value: value is None, description="a tool's: the call it answers"
+    )
+
+
 class Job(Answer):
     """A job: what it asked for, where it stands, and what it produced so far."""
 
@@ -43,7 +59,7 @@ class Job(Answer):
     model: str
     priority: Priority
     prompt: str | None = Field(description="the prompt, or null when the job was sent messages")
-    messages: list[Message] | None
+    messages: list[JobMessage] | None
     params: SamplingParams
     abandon_on_disconnect: bool = Field(description="skipped before generation once its client stops watching")
     position: int | None = Field(description="while queued: 1 + the number of jobs that start before it")
@@ -116,16 +132,36 @@ class ModelList(Answer):
     data: list[Model]
 
 
+class CalledFunction(Answer):
+    name: str
+    arguments: str = Field(description="the arguments as JSON text, valid for the function's parameters")
+
+
+class MessageToolCall(Answer):
+    """A call the answer made (`tools`): its grammar made the arguments valid for its function's parameters."""
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class AssistantMessage(Answer):
+    model_config = ConfigDict(json_schema_serialization_defaults_required=False)  # tool_calls: only with calls
+
     role: Literal["assistant"]
-    content: str
+    content: str | None = Field(description="the answer's words; null when it made calls and said nothing else")
+    tool_calls: list[MessageToolCall] | None = Field(
+        None, min_length=1, description="the calls the answer made, sent only when it made some"
+    )
 
 
 class ChatChoice(Answer):
     index: int
     message: AssistantMessage
     logprobs: None
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"] = Field(
+        description="`tool_calls`: it ended having made calls"
+    )
 
 
 class PromptTokensDetails(Answer):
@@ -175,16 +211,34 @@ class Chunk(Answer):
     model_config = ConfigDict(json_schema_serialization_defaults_required=False)
 
 
+class DeltaFunction(Chunk):
+    name: str | None = Field(None, description="in the call's first chunk only")
+    arguments: str = Field(description="the next piece of the call's arguments (JSON text); '' in its first chunk")
+
+
+class DeltaToolCall(Chunk):
+    """A piece of a call: its first chunk has its `id`, `type` and function's `name`; the next ones, its arguments."""
+
+    index: int = Field(description="the call's place among the answer's calls")
+    id: str | None = Field(None, description="in the call's first chunk only")
+    type: Literal["function"] | None = Field(None, description="in the call's first chunk only")
+    function: DeltaFunction
+
+
 class Delta(Chunk):
+    """What a chunk adds: words (`content`) or calls (`tool_calls`); the last chunk's is empty, beside its
+    finish_reason."""
+
     role: Literal["assistant"] | None = Field(None, description="in the first chunk only")
-    content: str
+    content: str | None = Field(None, description="the next piece of the answer's words")
+    tool_calls: list[DeltaToolCall] | None = Field(None, min_length=1, description="the next piece of its calls")
 
 
 class ChatChunkChoice(Answer):
     index: int
     delta: Delta
     logprobs: None
-    finish_reason: Literal["stop", "length"] | None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None
 
 
 class ChatCompletionChunk(Chunk):

@@ -65,6 +65,11 @@ class SubmitJob(BaseModel):
     abandon_on_disconnect: bool = Field(
         False, description="skip it once its client stops watching (polling or following its events)"
     )
+    response_format: openai_schemas.ResponseFormat | None = Field(
+        None,
+        description="as chat completions': `json_object` or `json_schema`, enforced token by token; the output "
+        "is the JSON, as text",
+    )
 
     _int_is_a_float = field_validator("temperature", "top_p", "ttl_s", mode="before")(int_is_a_float)
 
@@ -165,6 +170,7 @@ def to_spec(req: SubmitJob, owner: str, settings: Settings, watched: bool = Fals
         priority=req.priority,
         ttl_s=req.ttl_s,
         watched=watched or req.abandon_on_disconnect,
+        constraint=req.response_format.constraint() if req.response_format else None,
     )
 
 
@@ -237,3 +243,8 @@ def make_spec(
         tools=tools,
     )
     return spec, ttl_s
+
+
+# Last: web/openai_schemas.py imports this module's helpers. SubmitJob's `response_format` is resolved when it is
+# first used, from this module's names, by which time both modules are whole, whichever was imported first.
+from web import openai_schemas  # noqa: E402
