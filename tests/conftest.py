@@ -23,7 +23,6 @@ from worker.blas import preload_openblas
 IN_CI = bool(os.environ.get("CI"))
 
 
-
 def pytest_configure(config: pytest.Config) -> None:
     """The stories' in-process workers multiply matrices on OpenBLAS, as every real worker does (worker/blas.py):
     the same results, several times faster. The test run starts itself again with it preloaded, its output given
@@ -73,24 +72,51 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def engine(demo_model: Path):  # type: ignore[no-untyped-def]
+def demo_engine(demo_model: Path):  # type: ignore[no-untyped-def]
     from worker.engine import Engine
 
     return Engine.load(str(demo_model))
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(smollm2: Path):  # type: ignore[no-untyped-def]
+    from worker.engine import Engine
+
+    return Engine.load(str(smollm2))  # (dtype "auto": float32 on a CPU, as the worker loads it)
+
+
+@pytest.fixture
+def engine(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """The story's model, loaded once a session: the default model (SmolLM2) in a module marked `default_model`,
+    else the demo model."""
+    default = request.node.get_closest_marker("default_model")
+    return request.getfixturevalue("smollm2_engine" if default else "demo_engine")
+
+
+@pytest.fixture
+def model(settings: Settings) -> str:
+    """The name the story's model is served under."""
+    return settings.model_name
 
 
 @pytest.fixture
 def settings(redis_server: EmbeddedRedis, demo_model: Path, tmp_path: Path, request: pytest.FixtureRequest) -> Settings:
     # short pings and a short watch grace keep the stories quick; one slot, so a long job keeps the worker busy
     # (the batch's own stories, in test_batch.py, ask for more). A module marked `default_catalog` serves the catalog
-    # of a fresh install instead of the demo model alone: the demo model is `onelane-demo` there, as clients name it
+    # of a fresh install instead of the demo model alone: the demo model is `onelane-demo` there, as clients name it.
+    # One marked `default_model` serves the default model (SmolLM2) alone, in a batch of 8
+    model: str | None = str(demo_model)
+    if request.node.get_closest_marker("default_catalog"):
+        model = None
+    elif request.node.get_closest_marker("default_model"):
+        model = str(request.getfixturevalue("smollm2"))
     return Settings(
         redis_url=redis_server.url,
-        model=None if request.node.get_closest_marker("default_catalog") else str(demo_model),
+        model=model,
         var_dir=tmp_path,
         sse_ping_s=0.25,
         watch_grace_s=1.0,
-        max_batch=1,
+        max_batch=8 if request.node.get_closest_marker("default_model") else 1,
         max_tokens_limit=BUSY,
     )
 

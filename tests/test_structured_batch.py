@@ -15,13 +15,11 @@ import requests
 
 from bench.harness import generate
 from tasks.job import JobSpec, Message, SamplingParams
-from tasks.settings import Settings
 from tasks.structured import json_constraint
 from tests.helpers import wait_ended, wait_event
 from tests.test_recovery import wait_for_worker
-from worker.engine import Engine
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.default_model]  # the stories run on SmolLM2 (conftest.py)
 
 ORDER = {
     "type": "object",
@@ -44,16 +42,6 @@ LIST = {
     "additionalProperties": False,
 }
 ASK = "Write the order of Ann Lee, who bought three books, as JSON."
-
-
-@pytest.fixture(scope="module")
-def engine(smollm2):  # type: ignore[no-untyped-def]
-    return Engine.load(str(smollm2))
-
-
-@pytest.fixture
-def settings(settings: Settings, smollm2) -> Settings:  # type: ignore[no-untyped-def]
-    return settings.model_copy(update={"model": str(smollm2), "max_batch": 8})
 
 
 def spec(text: str, schema: dict, **params) -> JobSpec:  # type: ignore[type-arg, no-untyped-def]

@@ -15,15 +15,13 @@ import schemathesis
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks import keys
-from tasks.settings import Settings
 from tasks.store import Store
 from tasks.structured import json_constraint
 from tests.helpers import chat_line, wait_batch, wait_ended
 from tests.test_client import job_id_in, onelane
 from tests.test_openapi import CHECKS
-from worker.engine import Engine
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.default_model]  # the stories run on SmolLM2 (conftest.py)
 
 RESIDENT = {
     "type": "object",
@@ -51,21 +49,6 @@ class GetWeather(BaseModel):
 
     city: Literal["Paris", "London", "Tokyo"]
     unit: Literal["celsius", "fahrenheit"]
-
-
-@pytest.fixture(scope="module")
-def engine(smollm2):  # type: ignore[no-untyped-def]
-    return Engine.load(str(smollm2))
-
-
-@pytest.fixture
-def settings(settings: Settings, smollm2) -> Settings:  # type: ignore[no-untyped-def]
-    return settings.model_copy(update={"model": str(smollm2), "max_batch": 8})
-
-
-@pytest.fixture
-def model(settings: Settings) -> str:
-    return settings.model_name
 
 
 def json_schema(schema: Any, name: str = "resident") -> dict[str, Any]:

@@ -15,10 +15,8 @@ import pytest
 from pydantic import BaseModel
 
 from tasks import keys
-from tasks.settings import Settings
-from worker.engine import Engine
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.default_model]  # the stories run on SmolLM2 (conftest.py)
 
 
 class Person(BaseModel):
@@ -51,21 +49,6 @@ TIME = {
 }
 ASK = "What is the weather in Paris?"
 SUNNY = '{"temperature": 21, "sky": "sunny"}'
-
-
-@pytest.fixture(scope="module")
-def engine(smollm2):  # type: ignore[no-untyped-def]
-    return Engine.load(str(smollm2))
-
-
-@pytest.fixture
-def settings(settings: Settings, smollm2) -> Settings:  # type: ignore[no-untyped-def]
-    return settings.model_copy(update={"model": str(smollm2), "max_batch": 8})
-
-
-@pytest.fixture
-def model(settings: Settings) -> str:
-    return settings.model_name
 
 
 def job_of(response_id: str) -> str:

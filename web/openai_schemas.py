@@ -15,7 +15,7 @@ from tasks.errors import InvalidRequest
 from tasks.job import Job, JobSpec, Message, ResponseFields, SamplingParams
 from tasks.settings import Priority, Settings
 from tasks.structured import Constraint, Tool, ToolCall, call_id, json_constraint, read_calls, tools_constraint
-from web.schemas import int_is_a_float, make_spec, parse, stops_schema
+from web.schemas import ResponseFormat, int_is_a_float, make_spec, parse, stops_schema
 
 #: Fields onelane accepts only with their neutral value: anything else would change the answer's meaning.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -83,35 +83,6 @@ class ChatMessage(BaseModel):
             tool_calls=calls,
             tool_call_id=self.tool_call_id,
         )
-
-
-class JsonSchema(BaseModel):
-    """`response_format.json_schema`: the schema the answer follows (enforced, `strict` or not)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
-
-    name: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
-    description: str | None = None
-    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(BaseModel):
-    """`text` (free), `json_object` (any JSON object) or `json_schema`: enforced while the answer is generated."""
-
-    model_config = STRICT
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchema | None = None
-
-    def constraint(self) -> Constraint | None:
-        if self.type == "text":
-            return None
-        if self.type == "json_object":
-            return json_constraint(None, "response_format")
-        if self.json_schema is None:
-            raise InvalidRequest("a json_schema response_format needs its json_schema", param="response_format")
-        return json_constraint(self.json_schema.schema_, "response_format.json_schema.schema")
 
 
 class FunctionDefinition(BaseModel):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from flask import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tasks.errors import Forbidden, InvalidJSON, InvalidRequest, ModelNotFound, PromptTooLarge
 from tasks.job import JobSpec, Message, ResponseFields, SamplingParams
 from tasks.settings import Priority, Settings, User
-from tasks.structured import Constraint, Tool
+from tasks.structured import Constraint, Tool, json_constraint
 from web.body import raw as body_bytes
 
 
@@ -29,6 +29,35 @@ def stops_schema(most: int, longest: int | None = None) -> dict[str, Any]:
     """The JSON schema of `stop` (a string or a list of them, none empty), for the rule its validator applies."""
     one: dict[str, Any] = {"type": "string", "minLength": 1, **({"maxLength": longest} if longest else {})}
     return {"anyOf": [one, {"type": "array", "items": one, "maxItems": most}, {"type": "null"}]}
+
+
+class JsonSchema(BaseModel):
+    """`response_format.json_schema`: the schema the answer follows (enforced, `strict` or not)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    name: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """`text` (free), `json_object` (any JSON object) or `json_schema`: enforced while the answer is generated."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+    def constraint(self) -> Constraint | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return json_constraint(None, "response_format")
+        if self.json_schema is None:
+            raise InvalidRequest("a json_schema response_format needs its json_schema", param="response_format")
+        return json_constraint(self.json_schema.schema_, "response_format.json_schema.schema")
 
 
 class SubmitJob(BaseModel):
@@ -65,7 +94,7 @@ class SubmitJob(BaseModel):
     abandon_on_disconnect: bool = Field(
         False, description="skip it once its client stops watching (polling or following its events)"
     )
-    response_format: openai_schemas.ResponseFormat | None = Field(
+    response_format: ResponseFormat | None = Field(
         None,
         description="as chat completions': `json_object` or `json_schema`, enforced token by token; the output "
         "is the JSON, as text",
@@ -243,8 +272,3 @@ def make_spec(
         tools=tools,
     )
     return spec, ttl_s
-
-
-# Last: web/openai_schemas.py imports this module's helpers. SubmitJob's `response_format` is resolved when it is
-# first used, from this module's names, by which time both modules are whole, whichever was imported first.
-from web import openai_schemas  # noqa: E402
