@@ -304,7 +304,9 @@ def chromium() -> Iterator[Any]:
     if not os.access(CHROMIUM, os.X_OK):
         _missing(f"{CHROMIUM}: apt-get install chromium")
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        # (not the OpenBLAS the test run preloads for its workers: Chromium does not start with it)
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, env=env)
         yield browser
         browser.close()
 

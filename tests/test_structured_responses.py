@@ -7,46 +7,22 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Literal
 
 import jsonschema
 import openai
 import pytest
-from pydantic import BaseModel
 
 from tasks import keys
+from tests.test_structured import TIME as CHAT_TIME
+from tests.test_structured import WEATHER as CHAT_WEATHER
+from tests.test_structured import Person
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.default_model]  # the stories run on SmolLM2 (conftest.py)
 
 
-class Person(BaseModel):
-    name: str
-    age: int
-    city: Literal["Paris", "London", "Tokyo"]
-
-
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather in a city now",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-        "required": ["city", "unit"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
-TIME = {
-    "type": "function",
-    "name": "get_time",
-    "parameters": {
-        "type": "object",
-        "properties": {"zone": {"type": "string", "maxLength": 30}},
-        "required": ["zone"],
-        "additionalProperties": False,
-    },
-}
+# the chat stories' tools, in the Responses API's flat shape
+WEATHER = {"type": "function", **CHAT_WEATHER["function"], "strict": True}
+TIME = {"type": "function", **CHAT_TIME["function"]}
 ASK = "What is the weather in Paris?"
 SUNNY = '{"temperature": 21, "sky": "sunny"}'
 
