@@ -109,6 +109,9 @@ class Constraint:
         self._bits = allocate_token_bitmask(1, vocab)
 
     def __call__(self, context: mx.array, logits: mx.array) -> mx.array:
+        # the step's forward pass starts now, on the device, while the mask is computed here: it needs the token
+        # drawn last, and so does the mask (else the device would wait for the mask, every step)
+        mx.async_eval(logits)
         if self._started:  # (reading the token waits for the step that drew it: not the mask's time)
             token = int(context[-1].item())
             started = time.perf_counter()
