@@ -11,8 +11,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.structured import Constraint, Tool, ToolCall
-
 
 class JobStatus(str, Enum):
     """OpenAI's background-response vocabulary, plus `expired`."""
@@ -27,6 +25,36 @@ class JobStatus(str, Enum):
     @property
     def ended(self) -> bool:
         return self not in (JobStatus.QUEUED, JobStatus.IN_PROGRESS)
+
+
+class Tool(BaseModel):
+    """A function the model may call, as the request defined it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class ToolCall(BaseModel):
+    """A call the model made: `arguments` is JSON text, as OpenAI's wire format has it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    name: str
+    arguments: str
+
+
+class Constraint(BaseModel):
+    """The grammar a job's answer follows, and what the web makes of the answer: JSON text, or tool calls (with
+    text instead, under `tool_choice` auto)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["json", "tools"]
+    grammar: str
 
 
 class Message(BaseModel):

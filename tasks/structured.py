@@ -18,54 +18,22 @@ whole or as a stream goes.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import llguidance
-from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.errors import InvalidRequest
+from tasks.job import Constraint, Tool, ToolCall
 
 CALL_OPEN = '<tool_call>\n{"name": "'
 CALL_ARGS = '", "arguments": '
 CALL_CLOSE = "}\n</tool_call>"
 CALL_SEP = "\n"
-NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
 #: how JSON is written under a grammar: compact, one way (a small model given free whitespace may write nothing else)
 JSON_OPTIONS = {"whitespace_flexible": False}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
-
-
-class Tool(BaseModel):
-    """A function the model may call, as the request defined it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str = Field(pattern=NAME.pattern)
-    description: str = ""
-    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
-
-
-class ToolCall(BaseModel):
-    """A call the model made: `arguments` is JSON text, as OpenAI's wire format has it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    id: str
-    name: str
-    arguments: str
-
-
-class Constraint(BaseModel):
-    """The grammar a job's answer follows, and what the web makes of the answer: JSON text, or tool calls (with
-    text instead, under `tool_choice` auto)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    kind: Literal["json", "tools"]
-    grammar: str
 
 
 ToolChoice = Literal["auto", "required"] | str  # or a function's name
