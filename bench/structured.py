@@ -118,7 +118,9 @@ def throughput(b: Bench, rounds: int, n: int, tokens: int) -> None:
     kinds = ("constrained", "free", "mixed")
     masks = mask_s = steps = 0.0
     with running_worker(b.settings, b.engine):
-        b.run([(texts[0], constraint, {"max_tokens": 8}), (texts[1], None, {"max_tokens": 8})])  # warm up
+        # warm up: a full batch of each kind first (the first batch of a size pays for its memory)
+        for kind in (constraint, None):
+            b.run([(t, kind, {"max_tokens": 8, "ignore_eos": True}) for t in texts])
         for r in range(rounds):
             for kind in kinds if r % 2 == 0 else kinds[::-1]:
                 times, counters = b.engine.grammars.times, b.engine.counters
