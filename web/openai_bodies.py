@@ -24,7 +24,7 @@ class Chat:
         self.id = self.prefix + job.id.removeprefix("job_")
         self.job_id = job.id
         self.constraint = job.spec.constraint
-        self.calls = CallReader() if self.constraint is not None and self.constraint.kind == "tools" else None
+        self.calls = CallReader() if makes_calls(job) else None
         self.model = job.spec.model
         self.created = int(job.timings.queued_at)
         self.include_usage = bool(req and req.stream_options and req.stream_options.include_usage)
