@@ -19,7 +19,8 @@ class EventType(str, Enum):
     """What happened to a job: it started, wrote text, went back to the queue (its worker died), or ended."""
 
     STARTED = "started"  # queued_s: how long it waited
-    TOKEN = "token"  # text, n: what it wrote and how many tokens that is
+    TOKEN = "token"  # text, n: what it wrote and how many tokens that is; logprobs (their entries, if the job asked
+    #                  for them) and prompt_logprobs (its prompt's, in its first, if it asked: tasks/logprobs.py)
     REQUEUED = "requeued"  # attempt: the run it is waiting for now; completion_tokens: what it keeps (its next run
     #                        goes on from there)
     # the terminal events are the job's terminal statuses, and carry finish_reason, prompt_tokens, completion_tokens
@@ -51,6 +52,8 @@ class Event:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    logprobs: str = ""
+    prompt_logprobs: str = ""
 
     @classmethod
     def decode(cls, index: int, raw: str | dict[str, Any]) -> Event:

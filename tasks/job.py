@@ -9,7 +9,10 @@ from collections.abc import Iterable
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+LOGIT_BIAS_MOST = 300  # tokens a request may bias (OpenAI's bound)
+TOP_LOGPROBS_MOST = 20  # alternatives a token's log probability may list (OpenAI's bound)
 
 
 class JobStatus(str, Enum):
@@ -87,16 +90,51 @@ HISTORY_SEP = "\x1e"  # between the parts a history digest is made of
 
 
 class SamplingParams(BaseModel):
-    """What a request may choose about generation; load options belong to the server."""
+    """What a request may choose about generation; load options belong to the server.
+
+    Penalties and biases as OpenAI defines them, over the tokens generated (not the prompt's): `presence_penalty` is
+    subtracted from a token's logit once it has appeared, `frequency_penalty` times the number of times it has;
+    `logit_bias` is added to its token's logit. Log probabilities are of the distribution the sampler draws from:
+    the model's, after the biases, penalties and a grammar's mask, before temperature and top_p (as mlx-lm's)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_tokens: int = Field(256, ge=1)
+    max_tokens: int = Field(256, ge=0)  # 0: only with prompt_logprobs (a text scored, nothing generated)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[int, float] = Field(default_factory=dict, max_length=LOGIT_BIAS_MOST)
+    logprobs: bool = False  # each generated token's log probability is recorded
+    top_logprobs: int = Field(0, ge=0, le=TOP_LOGPROBS_MOST)  # ... and that many of the likeliest tokens' at its place
+    prompt_logprobs: bool = False  # each prompt token's log probability is recorded (echo), before any generation
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SamplingParams:
+        if self.max_tokens == 0 and not self.prompt_logprobs:
+            raise ValueError("max_tokens may be 0 only to score the prompt (its log probabilities)")
+        if any(not -100 <= v <= 100 or t < 0 for t, v in self.logit_bias.items()):
+            raise ValueError("logit_bias maps token ids to values from -100 to 100")
+        return self
+
+    @property
+    def penalized(self) -> bool:
+        """Its logits are changed before sampling, by penalties or biases."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
+
+
+class Choice(BaseModel):
+    """One of `of` answers a request asked for (OpenAI's `n`, or `best_of`): each is a job, and the worker reads
+    their common prompt once for all of them (the group's)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    group: str  # the first job's id: the same for every job of the request
+    index: int = Field(ge=0)
+    of: int = Field(ge=2)
 
 
 class ResponseFields(BaseModel):
@@ -135,6 +173,8 @@ class JobSpec(BaseModel):
     constraint: Constraint | None = None
     # the functions the model is told it may call (rendered into its prompt)
     tools: tuple[Tool, ...] = ()
+    # one of several answers to one request (OpenAI's `n`): None for a request of one
+    choice: Choice | None = None
 
 
 class JobError(BaseModel):
@@ -184,13 +224,15 @@ class Job(BaseModel):
     usage: Usage = Usage()
     position: int | None = None
     eta_s: float | None = None
+    logprobs: str = ""  # each generated token's entry, if it asked for them (tasks/logprobs.py reads them)
+    prompt_logprobs: str = ""  # its prompt tokens' entries, if it asked for them (echo)
 
     @property
     def owner(self) -> str:
         return self.spec.owner
 
     @classmethod
-    def from_redis(cls, job_id: str, fields: dict[str, str], output: str) -> Job:
+    def from_redis(cls, job_id: str, fields: dict[str, str], output: str, logprobs: str = "") -> Job:
         """Assemble a job from its Redis hash (see tasks/store/jobs.py for the layout) and its output text."""
 
         def num(name: str) -> float | None:
@@ -211,6 +253,8 @@ class Job(BaseModel):
             ),
             attempts=int(fields.get("attempts", 0)),
             output=output,
+            logprobs=logprobs,
+            prompt_logprobs=fields.get("prompt_logprobs", ""),
             finish_reason=fields.get("finish_reason") or None,
             error=JobError.model_validate_json(error) if error else None,
             usage=Usage(

@@ -13,6 +13,8 @@ JOB_PREFIX = NS + "job:"  # hash: the job record (layout in tasks/store/jobs.py)
 OUTPUT_PREFIX = NS + "out:"  # string: the output text so far
 TOKENS_PREFIX = NS + "tokens:"  # string: the ids of the tokens its runs generated so far, each followed by a comma
 #                                 (a requeued job goes on from them); removed when the job ends
+LOGPROBS_PREFIX = NS + "lp:"  # string: a job's generated tokens' log probabilities (tasks/logprobs.py), if it asked
+#                                for them: one entry per token, each followed by a newline; lives as its output
 EVENTS_PREFIX = NS + "ev:"  # list: the job's durable event log (started, token..., terminal)
 CHANNEL_PREFIX = NS + "ch:"  # pub/sub: live copy of each event, with its index in the log
 USER_QUEUE_PREFIX = NS + "q:"  # sorted set: one user's waiting job ids, by the same score as QUEUE
@@ -80,6 +82,10 @@ def output(job_id: str) -> str:
     return OUTPUT_PREFIX + job_id
 
 
+def logprobs(job_id: str) -> str:
+    return LOGPROBS_PREFIX + job_id
+
+
 def tokens(job_id: str) -> str:
     return TOKENS_PREFIX + job_id
 
@@ -134,7 +140,7 @@ def minute(index: int) -> str:
 #: The key names and prefixes the Lua scripts use, under the constant names they use them by (tasks/scripts.py writes
 #: them into every script), and the bounds of the dashboard's records.
 LUA_NAMES: dict[str, str | int] = {
-    "JOB": JOB_PREFIX, "OUT": OUTPUT_PREFIX, "TOK": TOKENS_PREFIX, "EV": EVENTS_PREFIX, "CH": CHANNEL_PREFIX,
+    "JOB": JOB_PREFIX, "OUT": OUTPUT_PREFIX, "LP": LOGPROBS_PREFIX, "TOK": TOKENS_PREFIX, "EV": EVENTS_PREFIX, "CH": CHANNEL_PREFIX,
     "UQ": USER_QUEUE_PREFIX, "UJ": USER_JOBS_PREFIX, "QUEUE": QUEUE, "WAITING": WAITING, "WATCHED": WATCHED,
     "MOVED": QUEUE_MOVED, "IN_PROGRESS": IN_PROGRESS, "LENGTHS": LENGTHS_PREFIX, "VTIME": VIRTUAL_TIME, "TAGS": NEXT_TAGS,
     "SEQ": SEQUENCE, "DEVICE": DEVICE_PREFIX, "DEVICES": DEVICES, "STATS": STATS, "CANCELS": CANCELS,

@@ -27,7 +27,7 @@ ARGS: dict[str, tuple[str, ...]] = {
     "admit": ("id", "owner", "spec", "ttl_s", "result_ttl_s", "watch_grace_s", "max_queue", "max_per_user",
               "max_tokens", *BELL, "model", "class", "cost", "visitors", "max_visitors", "history", "line",
               "ignore_eos", "prompt_chars", "history_chars"),
-    "append": ("id", "text", "prompt_tokens", "worker", "from_n", "from_b", "cached_tokens", "ids"),
+    "append": ("id", "text", "prompt_tokens", "worker", "from_n", "from_b", "cached_tokens", "ids", "lp", "prompt_lp"),
     "cancel": ("id", "owner", "result_ttl_s", "error"),
     "claim": ("result_ttl_s", "run_life_s", "device", "worker", "want", "active", "switch_wait_s", "affinity_s",
               "*loaded"),

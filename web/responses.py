@@ -79,7 +79,9 @@ class Job(Answer):
     def of(cls, job: record.Job) -> dict[str, Any]:
         """The JSON body of `job`: the one place its shape is written."""
         spec, usage = job.spec, job.usage
-        body = job.model_dump(exclude={"spec", "usage"}) | spec.model_dump(include=JOB_SPEC_FIELDS)
+        body = job.model_dump(exclude={"spec", "usage", "logprobs", "prompt_logprobs"}) | spec.model_dump(
+            include=JOB_SPEC_FIELDS
+        )
         tokens = TokenUsage(**usage.model_dump(), total_tokens=usage.total_tokens)
         return cls(**body, object="job", abandon_on_disconnect=spec.watched, usage=tokens).model_dump(mode="json")
 

@@ -13,6 +13,7 @@
 --       ','; their number is the tokens counted)
 --   ->  1 to stop, 0 to go on, 2 if it did not line up (nothing appended)
 local id, text, prompt_tokens = ARG.id, ARG.text, ARG.prompt_tokens
+local lp, prompt_lp = ARG.lp or '', ARG.prompt_lp or ''
 local _, n = string.gsub(ARG.ids, ',', ',')
 local from_n, from_b = tonumber(ARG.from_n), tonumber(ARG.from_b)
 local jkey = JOB .. id
@@ -28,6 +29,7 @@ if redis.call('EXISTS', DEVICE .. f[6]) == 1 then -- a lapsed lease is not recre
   redis.call('HSET', DEVICE .. f[6], 'progress', fmt(t))
 end
 redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens, 'cached_tokens', ARG.cached_tokens or 0)
+if prompt_lp ~= '' then redis.call('HSET', jkey, 'prompt_logprobs', prompt_lp) end
 if n > 0 then
   local ids = ARG.ids
   if skip_n > 0 then -- the first skip_n are there already
@@ -36,6 +38,14 @@ if n > 0 then
     ids = string.sub(ids, at + 1)
   end
   if redis.call('APPEND', TOK .. id, ids) == #ids then same_life(TOK .. id, id) end
+  if lp ~= '' then
+    if skip_n > 0 then -- likewise
+      local at = 0
+      for _ = 1, skip_n do at = string.find(lp, '\n', at + 1, true) or #lp end
+      lp = string.sub(lp, at + 1)
+    end
+    if redis.call('APPEND', LP .. id, lp) == #lp then same_life(LP .. id, id) end
+  end
   redis.call('HINCRBY', jkey, 'completion_tokens', n)
   stat('tokens', n)
   redis.call('HSET', jkey, 'last_token_at', fmt(t))
@@ -47,9 +57,10 @@ if n > 0 then
 elseif skip_n == 0 then
   redis.call('HSET', jkey, 'progress_at', fmt(t))
 end
-if text ~= '' then
-  if redis.call('APPEND', OUT .. id, text) == #text then same_life(OUT .. id, id) end
-  emit(id, cjson.encode({type = 'token', text = text, n = n}))
+if text ~= '' or lp ~= '' or prompt_lp ~= '' then
+  if text ~= '' and redis.call('APPEND', OUT .. id, text) == #text then same_life(OUT .. id, id) end
+  emit(id, cjson.encode({type = 'token', text = text, n = n, logprobs = lp ~= '' and lp or nil,
+    prompt_logprobs = prompt_lp ~= '' and prompt_lp or nil}))
 end
 if f[2] then return 1 end
 return 0

@@ -93,7 +93,7 @@ local function finish(id, status, finish_reason, error_json_, result_ttl, t)
   local n = redis.call('HMGET', jkey, 'prompt_tokens', 'completion_tokens', 'cached_tokens')
   emit(id, cjson.encode({type = status, finish_reason = finish_reason ~= '' and finish_reason or nil,
     prompt_tokens = tonumber(n[1]) or 0, completion_tokens = tonumber(n[2]) or 0, cached_tokens = tonumber(n[3]) or 0}))
-  for _, k in ipairs({jkey, OUT .. id, EV .. id}) do redis.call('EXPIRE', k, result_ttl) end
+  for _, k in ipairs({jkey, OUT .. id, LP .. id, EV .. id}) do redis.call('EXPIRE', k, result_ttl) end
   redis.call('DEL', TOK .. id) -- no run follows
   settle_if_idle()
 end
@@ -313,7 +313,7 @@ local function release(id, max_attempts, ttl, result_ttl, why, shared)
   redis.call('HSET', jkey, 'status', 'queued', 'deadline', fmt(deadline))
   redis.call('HDEL', jkey, 'started_at', 'last_token_at', 'progress_at', 'worker', 'device')
   if solo then redis.call('HSET', jkey, 'solo', '1') end
-  for _, k in ipairs({jkey, OUT .. id, TOK .. id, EV .. id}) do redis.call('EXPIRE', k, life) end
+  for _, k in ipairs({jkey, OUT .. id, LP .. id, TOK .. id, EV .. id}) do redis.call('EXPIRE', k, life) end
   enqueue(id, f[4], f[8], f[5], deadline, tonumber(f[7] or '0') or 0, t, life)
   local kept = tonumber(redis.call('HGET', jkey, 'completion_tokens') or '0') or 0
   emit(id, '{"type":"requeued","attempt":' .. attempts .. ',"completion_tokens":' .. kept .. '}')

@@ -165,10 +165,11 @@ class Store:
             pipe = self.redis.pipeline(transaction=False)
             pipe.hgetall(keys.job(job_id))
             pipe.get(keys.output(job_id))
-            fields, output = pipe.execute()
+            pipe.get(keys.logprobs(job_id))
+            fields, output, logprobs = pipe.execute()
             if not fields or (owner is not None and fields.get("owner") != owner):
                 raise JobNotFound(f"no job {job_id!r}", param="id")
-            job = Job.from_redis(job_id, fields, output or "")
+            job = Job.from_redis(job_id, fields, output or "", logprobs or "")
             if job.status is not JobStatus.QUEUED:
                 return job
             standing = self.standing(job)
@@ -190,10 +191,11 @@ class Store:
         for job_id in job_ids:
             pipe.hgetall(keys.job(job_id))
             pipe.get(keys.output(job_id))
+            pipe.get(keys.logprobs(job_id))
         replies = pipe.execute()
         return {
-            job_id: Job.from_redis(job_id, fields, output or "")
-            for job_id, fields, output in zip(job_ids, replies[::2], replies[1::2])
+            job_id: Job.from_redis(job_id, fields, output or "", logprobs or "")
+            for job_id, fields, output, logprobs in zip(job_ids, replies[::3], replies[1::3], replies[2::3])
             if fields
         }
 

@@ -199,13 +199,16 @@ class WorkerStore:
         prompt_tokens: int,
         start: tuple[int, int] | None = None,
         cached_tokens: int = 0,
+        logprobs: tuple[str, ...] = (),
+        prompt_logprobs: str = "",
         pipe: Any = None,
     ) -> Any:
         """Record generated text, made of the tokens `ids`, as one token event (no ids and no text: progress without
         a token, as in a long prefill); true when the job must stop (cancelled, or taken away). The ids are kept
         for a run after a requeue to go on from (see Claim.delivered). `start`: the job's tokens and output bytes
         before this text, so that a retried write appends only what did not get there (None: at the end).
-        `cached_tokens`: of the prompt's, those read from the prefix cache."""
+        `cached_tokens`: of the prompt's, those read from the prefix cache. `logprobs`: the tokens' entries, one per
+        id (tasks/logprobs.py), when the job asked for them; `prompt_logprobs`: its prompt's (a run's first write)."""
         where = start if start is not None else ("", "")
         return self.scripts.run(
             "append",
@@ -218,6 +221,8 @@ class WorkerStore:
             from_b=where[1],
             cached_tokens=cached_tokens,
             ids="".join(f"{i}," for i in ids),
+            lp="".join(f"{e}\n" for e in logprobs),
+            prompt_lp=prompt_logprobs,
         )
 
     def finish(
