@@ -33,9 +33,17 @@ class Running:
     cache_key: tuple[str, str] = ("", "")  # where its KV state goes in the prefix cache once it ends as meant
     constraint: Constraint | None = None  # its grammar's matcher, when its answer must follow one
 
-    def text(self, text: str, ids: tuple[int, ...] = (), resume_at: tuple[int, int] | None = None) -> Text:
-        """New text of this job, made of the tokens `ids` (none: text held back before, or progress)."""
-        return Text(self.job.id, text, self.prompt_tokens, ids, self.cached, resume_at)
+    def text(
+        self,
+        text: str,
+        ids: tuple[int, ...] = (),
+        resume_at: tuple[int, int] | None = None,
+        logprobs: tuple[str, ...] = (),
+        prompt_logprobs: str = "",
+    ) -> Text:
+        """New text of this job, made of the tokens `ids` (none: text held back before, or progress), with their
+        log probabilities' entries if it records them."""
+        return Text(self.job.id, text, self.prompt_tokens, ids, self.cached, resume_at, logprobs, prompt_logprobs)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -23,15 +24,18 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm import load
 from mlx_lm.generate import BatchGenerator, StopSequences
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import apply_top_p, greedy_sampler
 from mlx_lm.utils import dequantize_model
 
 from tasks.errors import InvalidPrompt, SettingsError
 from tasks.job import JobSpec, SamplingParams
+from tasks.logprobs import TokenLogprob
 from tasks.settings import DEMO_MODEL, PREFILL_BATCH, ModelConfig
 from worker.chat_prompt import chat_input, knows_tools
 from worker.grammar import Constraint, Grammars
+from worker.logits import Penalties
+from worker.token_bytes import TokenBytes
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +58,7 @@ class Token:
     token: int
     finish_reason: str | None  # "stop" (EOS), "length" (max_tokens) or None
     kv: KV | None = None
+    logprob: str | None = None  # its log probability's entry (tasks/logprobs.py), if its sequence asked for them
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,8 @@ class Engine:
                 f"the model {name} uses a KV cache that mlx-lm cannot batch "
                 f"({', '.join(sorted({type(c).__name__ for c in caches}))})"
             )
-        self.kv_bytes_per_token = _kv_bytes_per_token(model)
+        self.kv_bytes_per_token, self.vocab = _measure(model)
+        self.token_bytes = TokenBytes(tokenizer)
         self.eos = frozenset(tokenizer.eos_token_ids)
         self._eos = StopSequences([(t,) for t in sorted(self.eos)])
         self.grammars = Grammars(tokenizer, self.eos)
@@ -138,6 +144,7 @@ class Engine:
         self._batch = self._new_batch()
         self._uids: set[int] = set()  # the uids of the sequences in the batch
         self._read: dict[int, int] = {}  # prompt tokens read so far, per sequence still reading its prompt
+        self._logprobs: dict[int, int] = {}  # the sequences that record log probabilities: how many alternatives
         self.padded_prefill = 0  # prompt tokens the last step read, padded to its longest chunk
 
     @classmethod
@@ -196,19 +203,51 @@ class Engine:
         """Add a sequence to the batch; it prefills over the next steps, then generates. Returns its uid. With
         `cache`, a KV cache holding the first `cached` tokens, only the rest is prefilled. `generated`: tokens an
         earlier run of the job sampled, read as prompt after `prompt`; it goes on from there, with the rest of its
-        max_tokens and its sampler where that run's was. `constraint`: its grammar's matcher, which masks its logits."""
+        max_tokens and its sampler where that run's was. `constraint`: its grammar's matcher, which masks its logits
+        (after the penalties and biases its params ask for, so a token the grammar forbids stays forbidden)."""
+        processors: list[Any] = [Penalties(params, len(prompt), self.vocab)] if params.penalized else []
+        if constraint is not None:
+            processors.append(constraint)
         prompt = [*prompt, *generated]
         (uid,) = self._batch.insert(
             [prompt[cached:]],
             max_tokens=[params.max_tokens - len(generated)],
             samplers=[make_sampler(params, len(generated))],
-            logits_processors=[[constraint] if constraint is not None else []],
+            logits_processors=[processors],
             stop_sequences=[self._no_stop if params.ignore_eos else self._eos],
             caches=[cache] if cache is not None else None,
             all_tokens=[prompt[:cached]] if cache is not None else None,
         )
         self._uids.add(int(uid))
+        if params.logprobs:
+            self._logprobs[int(uid)] = params.top_logprobs
         return int(uid)
+
+    def extract(self, uid: int, keep: int) -> list[Any] | None:
+        """A copy of a sequence's KV cache, cut to its first `keep` tokens (the sequence stays in the batch); None if
+        it holds fewer, or its cache cannot be cut."""
+        found = self._batch.extract_cache([uid]).get(uid)
+        if found is None or len(found[1]) < keep:
+            return None
+        cache, tokens = found
+        if len(tokens) > keep and trim_prompt_cache(cache, len(tokens) - keep) != len(tokens) - keep:
+            return None
+        return cache
+
+    def score(self, prompt: list[int], top: int) -> tuple[str, list[Any]]:
+        """Read a prompt outside the batch, in chunks, recording each token's log probability (tasks/logprobs.py
+        entries; the first's is None: nothing predicts it) and the `top` likeliest at its place, as the model
+        gives them (no penalty or bias: they apply to what is generated). Returns the entries (as one JSON list)
+        and the KV cache of the prompt's first len - 1 tokens, for the sequence to generate from."""
+        cache = make_prompt_cache(self.model, self.max_kv_size)
+        entries = [TokenLogprob(self.token_bytes[prompt[0]], None).encode()]
+        read = prompt[:-1]  # each token predicts the next; the last is read as the sequence's first step
+        for at in range(0, len(read), self.prefill_step):
+            chunk = read[at : at + self.prefill_step]
+            logits = self.model(mx.array([chunk]), cache=cache)[0].astype(mx.float32)
+            rows = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            entries += self._entries(rows, prompt[at + 1 : at + 1 + len(chunk)], [top] * len(chunk))
+        return "[" + ",".join(entries) + "]", cache
 
     def remove(self, uids: list[int], keep: bool = False) -> dict[int, KV]:
         """Take sequences out of the batch before the next step (cancelled, stopped, over time); with `keep`, their
@@ -220,6 +259,7 @@ class Engine:
         for uid in uids:
             self._uids.discard(uid)
             self._read.pop(uid, None)
+            self._logprobs.pop(uid, None)
         return {int(uid): KV(cache, list(tokens)) for uid, (cache, tokens) in kept.items()}
 
     @property
@@ -237,17 +277,56 @@ class Engine:
         reading, generated = self._batch.next()
         self._steps += 1
         self._count_read(reading)
+        entries = self._step_entries(generated)
         tokens = [
             Token(
                 int(r.uid),
                 int(r.token),
                 r.finish_reason,
                 KV(r.prompt_cache, list(r.all_tokens)) if r.prompt_cache is not None else None,
+                entries.get(int(r.uid)),
             )
             for r in generated
         ]
-        self._uids.difference_update(t.uid for t in tokens if t.finish_reason is not None)  # the generator dropped them
+        for t in tokens:
+            if t.finish_reason is not None:  # the generator dropped them
+                self._uids.discard(t.uid)
+                self._logprobs.pop(t.uid, None)
         return tokens
+
+    def _step_entries(self, generated: list[Any]) -> dict[int, str]:
+        """The log probabilities' entries of the step's tokens whose sequences record them, from the distributions
+        their samplers drew from (mlx-lm's `logprobs`: after the logits processors, before temperature), all in
+        one computation on the device. The end of a sequence (EOS) is no text: its entry is `null`."""
+        asked = [r for r in generated if int(r.uid) in self._logprobs]
+        if not asked:
+            return {}
+        rows = mx.stack([r.logprobs for r in asked])
+        entries = self._entries(rows, [int(r.token) for r in asked], [self._logprobs[int(r.uid)] for r in asked])
+        return {
+            int(r.uid): "null" if r.finish_reason == "stop" and int(r.token) in self.eos else entry
+            for r, entry in zip(asked, entries)
+        }
+
+    def _entries(self, rows: mx.array, tokens: list[int], tops: list[int]) -> list[str]:
+        """For each row of log probabilities, its token's entry, with its `top` likeliest alternatives (a token the
+        row rules out, at -inf, is never one of them)."""
+        chosen = mx.take_along_axis(rows, mx.array(tokens)[:, None], axis=-1)[:, 0]
+        most = min(max(tops), rows.shape[-1])
+        if most:
+            ids = mx.argpartition(-rows, kth=most - 1, axis=-1)[:, :most]
+            values = mx.take_along_axis(rows, ids, axis=-1)
+            mx.eval(chosen, ids, values)
+            alternatives = list(zip(ids.tolist(), values.tolist()))
+        else:
+            mx.eval(chosen)
+            alternatives = [([], [])] * len(tokens)
+        entries = []
+        for token, logprob, (ids_, values_), top in zip(tokens, chosen.tolist(), alternatives, tops):
+            ranked = sorted(((v, i) for i, v in zip(ids_, values_) if v != -math.inf), reverse=True)[:top]
+            pairs = tuple((self.token_bytes[i], v) for v, i in ranked)
+            entries.append(TokenLogprob(self.token_bytes[token], logprob, pairs).encode())
+        return entries
 
     @property
     def size(self) -> int:
@@ -281,6 +360,7 @@ class Engine:
         self._batch = self._new_batch()
         self._uids.clear()
         self._read.clear()
+        self._logprobs.clear()
 
 
 def with_dtype(model: nn.Module, dtype: str) -> str:
@@ -299,15 +379,16 @@ def with_dtype(model: nn.Module, dtype: str) -> str:
     return dtype + (", dequantized" if quantized else "")
 
 
-def _kv_bytes_per_token(model) -> int:  # type: ignore[no-untyped-def]
-    """Bytes of KV cache one token takes, measured on a short forward pass: what the caches hold for those tokens
-    (a KV cache allocates ahead in steps of 256 tokens; that room is not counted), divided by their number."""
+def _measure(model) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    """Bytes of KV cache one token takes, and the size of the vocabulary the model scores, measured on a short
+    forward pass: what the caches hold for those tokens (a KV cache allocates ahead in steps of 256 tokens; that
+    room is not counted), divided by their number; the width of its logits."""
     n = 8
     cache = make_prompt_cache(model)
-    model(mx.array([list(range(n))]), cache=cache)
+    vocab = int(model(mx.array([list(range(n))]), cache=cache).shape[-1])
     held = 0
     for c in cache:
         keys, values = getattr(c, "keys", None), getattr(c, "values", None)
         if isinstance(keys, mx.array) and isinstance(values, mx.array):  # [batch, heads, room, dim]: n of the room
             held += (keys.nbytes + values.nbytes) * n // keys.shape[2]
-    return max(held // n, 1)
+    return max(held // n, 1), vocab

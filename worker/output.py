@@ -62,6 +62,8 @@ class Text:
     ids: tuple[int, ...] = ()
     cached_tokens: int = 0
     resume_at: tuple[int, int] | None = None
+    logprobs: tuple[str, ...] = ()  # the tokens' entries (tasks/logprobs.py), one per id, if the job asked for them
+    prompt_logprobs: str = ""  # the prompt's entries (a JSON list), in a run's first text, if the job asked
 
     @property
     def n_tokens(self) -> int:
@@ -76,6 +78,8 @@ class Text:
             self.ids + later.ids,
             later.cached_tokens,
             self.resume_at,
+            self.logprobs + later.logprobs,
+            self.prompt_logprobs or later.prompt_logprobs,
         )
 
 
@@ -263,7 +267,15 @@ class OutputWriter:
         if isinstance(op, _Append):
             t = op.text
             self.store.append(
-                t.job_id, t.ids, t.text, t.prompt_tokens, start=op.start, cached_tokens=t.cached_tokens, pipe=pipe
+                t.job_id,
+                t.ids,
+                t.text,
+                t.prompt_tokens,
+                start=op.start,
+                cached_tokens=t.cached_tokens,
+                logprobs=t.logprobs,
+                prompt_logprobs=t.prompt_logprobs,
+                pipe=pipe,
             )
         elif isinstance(op, Ending):
             self.store.finish(**vars(op), pipe=pipe)  # (an Ending has finish()'s arguments, by name)

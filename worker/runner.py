@@ -24,13 +24,16 @@ import redis
 
 from tasks.errors import InvalidPrompt, LeaseLost
 from tasks.job import Job, JobStatus, SamplingParams
+from tasks.logprobs import TokenLogprob
 from tasks.store import Claim, Switch, WorkerStore
 from worker.batch import Batch, Finished, Head, Running, StepResult
+from worker.choices import Groups, Held
 from worker.engine import KV, Engine, Token
 from worker.grammar import Constraint, GrammarError
 from worker.models import ModelPool
 from worker.output import Ending, OutputWriter, Text
 from worker.pace import Pace
+from worker.prefix_cache import Hit
 from worker.resume import fresh, resume
 
 logger = logging.getLogger(__name__)
@@ -62,6 +65,7 @@ class Runner:
         self._look = True  # it may hold a job that can join now: set when it moves or a job leaves, cleared by `_fill`
         self._head: Head | None = None  # its head, measured, waiting for room in the batch
         self.writer = OutputWriter(store, on_stop=self.request_stop, on_fatal=on_fatal)
+        self.groups = Groups()  # the requests of several answers with a run in the batch (worker/choices.py)
         self.pace = Pace()  # how fast each model's steps go here (the heartbeat reports it, for ETAs)
         self._last_step = NO_STEP  # the step before: its model, sequences, prompt tokens, when it started
 
@@ -220,6 +224,8 @@ class Runner:
             job.attempts,
             len(self.batch) + 1,
         )
+        if head.invalid is None:
+            head.invalid = self._unfit(job)
         if head.invalid is not None:
             self.writer.end(Ending(job.id, JobStatus.FAILED, error=head.invalid))
             return
@@ -245,12 +251,9 @@ class Runner:
             return
         limit_s = self.store.settings.job_time_limit_s
         key = (self.models.key(job.spec.model), self.store.settings.cache_scope(job.owner))
-        hit = self.models.prefix.fetch(key, [*head.tokens, *done])
-        uid = self.engine.insert(head.tokens, params, hit.cache, hit.tokens, generated=done, constraint=constraint)
-        cached = min(hit.tokens, len(head.tokens))  # (of the prompt's)
         run = Running(
             job,
-            uid,
+            0,
             len(head.tokens),
             head.cost,
             time.monotonic() + limit_s,
@@ -258,15 +261,66 @@ class Runner:
             start.stops,
             solo=head.solo,
             tokens=len(done),
-            cached=cached,
             cache_key=key,
             constraint=constraint,
         )
-        self.batch.add(run)
-        if hit.tokens:
-            logger.info("job %s: %d of its %d prompt tokens from the prefix cache", job.id, cached, len(head.tokens))
+        scored = ""
+        if params.prompt_logprobs and not job.prompt_logprobs:  # (a run after a requeue has them already)
+            scored, cache = self.engine.score(head.tokens, params.top_logprobs)
+            hit = Hit(cache, len(head.tokens) - 1)
+        else:
+            hit = self.models.prefix.fetch(key, [*head.tokens, *done])
+        if params.max_tokens == 0:  # the prompt scored, nothing to generate
+            self.writer.put_many([run.text(start.rest, resume_at=start.at, prompt_logprobs=scored)])
+            self.writer.end(Ending(job.id, JobStatus.COMPLETED, "length", None, len(head.tokens)))
+            return
+        self._place(run, head.tokens, params, hit, done)
+        if run.cached:
+            logger.info("job %s: %d of its %d prompt tokens read before", job.id, run.cached, len(head.tokens))
         # its prompt and what of it is cached, recorded at once: estimates count only the prefill still to do
-        self.writer.put_many([run.text(start.rest, resume_at=start.at)])
+        self.writer.put_many([run.text(start.rest, resume_at=start.at, prompt_logprobs=scored)])
+
+    def _place(self, run: Running, prompt: list[int], params: SamplingParams, hit: Hit, done: tuple[int, ...]) -> None:
+        """Put a run in the batch: into the engine, from what of its prompt is read already (`hit`), or held until
+        another answer of its request has read their common prompt (worker/choices.py)."""
+        assert self.engine is not None
+        choice = run.job.spec.choice if not done else None  # (a run after a requeue goes on from its own tokens)
+        group = self.groups.get(choice.group) if choice else None
+        if group is not None and group.prompt == prompt and hit.tokens < len(prompt) - 1:
+            if group.leader is not None:  # being read: wait for it
+                self.groups.hold(group, Held(run, prompt, params))
+                self.batch.add(run)
+                return
+            if group.cache is not None:
+                hit = Hit(group.copy(), len(prompt) - 1)
+        run.uid = self.engine.insert(prompt, params, hit.cache, hit.tokens, generated=done, constraint=run.constraint)
+        run.cached = min(hit.tokens, len(prompt))  # (of the prompt's)
+        self.batch.add(run)
+        if choice is None:
+            return
+        if group is None and hit.tokens < len(prompt) - 1:  # the first of its request: it reads the prompt
+            self.groups.lead(choice.group, run, prompt)
+        elif group is not None:
+            self.groups.join(group, run)
+
+    def _read_prompts(self, uids: set[int]) -> None:
+        """The groups whose leader made its first token in this step: their held runs join, their prompt read."""
+        assert self.engine is not None
+        for group in self.groups.read(uids):
+            leader = group.leader
+            assert leader is not None
+            for held in self.groups.release(group, self.engine.extract(leader.uid, len(group.prompt) - 1)):
+                self.batch.drop(held.run)
+                cached = len(group.prompt) - 1 if group.cache is not None else 0
+                self._place(held.run, held.prompt, held.params, Hit(group.copy(), cached), ())
+
+    def _unfit(self, job: Job) -> tuple[str, str] | None:
+        """Why the job's request cannot be generated from on this model, though it passed admission."""
+        vocab = self.engine.vocab if self.engine is not None else 0
+        beyond = sorted(t for t in job.spec.params.logit_bias if t >= vocab)
+        if beyond:
+            return "invalid_request", f"logit_bias names token {beyond[0]}; the model's vocabulary has {vocab} tokens"
+        return None
 
     def _constraint(self, job: Job, done: tuple[int, ...]) -> Constraint | None:
         """The job's grammar's matcher (None: its answer is free), past the tokens its earlier runs generated."""
@@ -299,6 +353,7 @@ class Runner:
         result = StepResult()
         for token in tokens:
             self._advance(token, result)
+        self._read_prompts({t.uid for t in tokens if t.finish_reason is None})
         self._fast_forward(tokens, result)
         self._progress(result, {token.uid for token in tokens})
         self.writer.put_many(result.texts)
@@ -333,7 +388,7 @@ class Runner:
         text, hit = r.stops.feed(r.detokenizer.last_segment)
         if ends and not hit:
             text += r.stops.flush()
-        result.texts.append(r.text(text, (token.token,)))
+        result.texts.append(r.text(text, (token.token,), logprobs=(token.logprob,) if token.logprob else ()))
         if hit or ends:  # a stop string or a complete grammar: the engine may not have ended the sequence
             in_engine = token.finish_reason is None
             result.finished.append(Finished(r, "stop" if hit else ends, in_engine=in_engine, kv=token.kv))
@@ -357,11 +412,20 @@ class Runner:
             before, limit = len(result.finished), r.job.spec.params.max_tokens
             for t in forced:  # one by one: the grammar is complete (done) at the last of them, not before
                 r.constraint.take([t])
-                self._advance(Token(r.uid, t, "length" if r.tokens + 1 == limit else None), result)
+                entry = self._forced_entry(r, t)
+                self._advance(Token(r.uid, t, "length" if r.tokens + 1 == limit else None, logprob=entry), result)
                 if len(result.finished) > before:  # it ended on them (its grammar, a stop string, max_tokens)
                     break
             else:
                 self._rejoin(r, kv, tuple(forced))
+
+    def _forced_entry(self, r: Running, token: int) -> str | None:
+        """A forced token's log probability's entry: under its grammar's mask it was the only token allowed (0)."""
+        params = r.job.spec.params
+        if not params.logprobs:
+            return None
+        raw = self.engine.token_bytes[token]  # type: ignore[union-attr]
+        return TokenLogprob(raw, 0.0, ((raw, 0.0),) if params.top_logprobs else ()).encode()
 
     def _rejoin(self, r: Running, kv: KV, forced: tuple[int, ...]) -> None:
         """A fast-forwarded run joins the batch again under a new uid, its KV state and forced tokens as prompt."""
@@ -429,6 +493,9 @@ class Runner:
         )
         self.batch.drop(r)
         self._look = True
+        for held in self.groups.leave(r):  # it read its group's prompt, and left before it was read
+            self.batch.drop(held.run)
+            self._place(held.run, held.prompt, held.params, Hit(None, 0), ())
         self.writer.end(
             Ending(
                 r.job.id,
@@ -476,6 +543,7 @@ class Runner:
         assert self.engine is not None
         self.engine.reset()
         self.batch = Batch()
+        self.groups.clear()
         self._look = True
 
 
