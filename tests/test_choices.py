@@ -152,3 +152,26 @@ def test_a_prompt_is_scored_without_generating(store, start_worker, engine):
     wait_ended(store, then)
     job = store.get(then)
     assert len(read_prompt(job.prompt_logprobs)) == len(ids) and len(read_entries(job.logprobs)) == 5
+
+
+def test_a_worker_killed_mid_answer_keeps_one_log_probability_per_token(store, worker_process, start_worker):
+    import os
+    import signal
+
+    from tests.helpers import wait_event
+    from tests.test_recovery import wait_for_worker
+
+    params = {"max_tokens": 600, "ignore_eos": True, "temperature": 0.9, "seed": 5, "logprobs": True, "top_logprobs": 2}
+    killed = admit(store, "the story of a fox", "job_killed", **params)
+    worker_process()
+    wait_event(store, killed, lambda e: e.type == "token" and e.index >= 3, timeout_s=60)
+    os.kill(wait_for_worker(store).pid, signal.SIGKILL)
+    done = wait_ended(store, killed, timeout_s=90)
+    assert (done["status"], done["attempts"]) == ("completed", 2)
+
+    whole = admit(store, "the story of a fox", "job_whole", **params)  # the same job, never interrupted
+    wait_ended(store, whole, timeout_s=90)
+    entries = {job_id: read_entries(store.get(job_id).logprobs) for job_id in (killed, whole)}
+    assert len(entries[killed]) == 600 == len(entries[whole])
+    assert [e.bytes for e in entries[killed]] == [e.bytes for e in entries[whole]]
+    assert [e.logprob for e in entries[killed]] == pytest.approx([e.logprob for e in entries[whole]], abs=1e-4)
