@@ -68,6 +68,12 @@ class Batch:
 
     by_uid: dict[int, Running] = field(default_factory=dict)
     by_job: dict[str, Running] = field(default_factory=dict)
+    _held: int = 0  # the last uid given to a run held out of the engine
+
+    def hold_uid(self) -> int:
+        """A uid for a run in the batch but not (yet) in the engine: negative, so that no engine token is its."""
+        self._held -= 1
+        return self._held
 
     def add(self, r: Running) -> None:
         self.by_uid[r.uid], self.by_job[r.job.id] = r, r

@@ -45,7 +45,6 @@ class Groups:
 
     def __init__(self) -> None:
         self._by_id: dict[str, Group] = {}
-        self._next_hold = -1  # held runs' uids: negative, so that no engine token is theirs
 
     def get(self, group_id: str) -> Group | None:
         return self._by_id.get(group_id)
@@ -57,9 +56,8 @@ class Groups:
     def join(self, group: Group, run: Running) -> None:
         group.members.add(run.job.id)
 
-    def hold(self, group: Group, held: Held) -> None:
-        held.run.uid = self._next_hold
-        self._next_hold -= 1
+    @staticmethod
+    def hold(group: Group, held: Held) -> None:
         group.held.append(held)
         group.members.add(held.run.job.id)
 

@@ -106,6 +106,37 @@ def make_sampler(params: SamplingParams, drawn: int = 0) -> Sampler:
     return sample
 
 
+class Scorer:
+    """A prompt read outside the batch, a chunk at a time (`advance`, between the batch's steps, so that a long one
+    stalls no one), recording each token's log probability (tasks/logprobs.py entries; the first's is None: nothing
+    predicts it) and the `top` likeliest at its place, as the model gives them (no penalty or bias: they apply to
+    what is generated). Once `done`: `entries` (one JSON list) and `cache`, the KV state of the prompt's first
+    len - 1 tokens, for the sequence to generate from (its last is read as its first step)."""
+
+    def __init__(self, engine: Engine, prompt: list[int], top: int) -> None:
+        self.engine, self.prompt, self.top = engine, prompt, top
+        self.cache = make_prompt_cache(engine.model, engine.max_kv_size)
+        self._entries = [TokenLogprob(engine.token_bytes[prompt[0]], None).encode()]
+        self._at = 0
+
+    @property
+    def done(self) -> bool:
+        return self._at >= len(self.prompt) - 1
+
+    @property
+    def entries(self) -> str:
+        return "[" + ",".join(self._entries) + "]"
+
+    def advance(self) -> None:
+        """Read the next chunk of the prompt (each token predicts the next)."""
+        e, at = self.engine, self._at
+        chunk = self.prompt[at : min(at + e.prefill_step, len(self.prompt) - 1)]
+        logits = e.model(mx.array([chunk]), cache=self.cache)[0].astype(mx.float32)
+        rows = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        self._entries += e.entries(rows, self.prompt[at + 1 : at + 1 + len(chunk)], [self.top] * len(chunk))
+        self._at += len(chunk)
+
+
 class Engine:
     """Owns the model and its one batch. Only the thread holding `lock` may drive it: MLX on Metal aborts the
     process when two threads evaluate at once."""
@@ -234,20 +265,9 @@ class Engine:
             return None
         return cache
 
-    def score(self, prompt: list[int], top: int) -> tuple[str, list[Any]]:
-        """Read a prompt outside the batch, in chunks, recording each token's log probability (tasks/logprobs.py
-        entries; the first's is None: nothing predicts it) and the `top` likeliest at its place, as the model
-        gives them (no penalty or bias: they apply to what is generated). Returns the entries (as one JSON list)
-        and the KV cache of the prompt's first len - 1 tokens, for the sequence to generate from."""
-        cache = make_prompt_cache(self.model, self.max_kv_size)
-        entries = [TokenLogprob(self.token_bytes[prompt[0]], None).encode()]
-        read = prompt[:-1]  # each token predicts the next; the last is read as the sequence's first step
-        for at in range(0, len(read), self.prefill_step):
-            chunk = read[at : at + self.prefill_step]
-            logits = self.model(mx.array([chunk]), cache=cache)[0].astype(mx.float32)
-            rows = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            entries += self._entries(rows, prompt[at + 1 : at + 1 + len(chunk)], [top] * len(chunk))
-        return "[" + ",".join(entries) + "]", cache
+    def scorer(self, prompt: list[int], top: int) -> Scorer:
+        """A reading of `prompt` outside the batch that records each token's log probability (see Scorer)."""
+        return Scorer(self, prompt, top)
 
     def remove(self, uids: list[int], keep: bool = False) -> dict[int, KV]:
         """Take sequences out of the batch before the next step (cancelled, stopped, over time); with `keep`, their
@@ -302,13 +322,13 @@ class Engine:
         if not asked:
             return {}
         rows = mx.stack([r.logprobs for r in asked])
-        entries = self._entries(rows, [int(r.token) for r in asked], [self._logprobs[int(r.uid)] for r in asked])
+        entries = self.entries(rows, [int(r.token) for r in asked], [self._logprobs[int(r.uid)] for r in asked])
         return {
             int(r.uid): "null" if r.finish_reason == "stop" and int(r.token) in self.eos else entry
             for r, entry in zip(asked, entries)
         }
 
-    def _entries(self, rows: mx.array, tokens: list[int], tops: list[int]) -> list[str]:
+    def entries(self, rows: mx.array, tokens: list[int], tops: list[int]) -> list[str]:
         """For each row of log probabilities, its token's entry, with its `top` likeliest alternatives (a token the
         row rules out, at -inf, is never one of them)."""
         chosen = mx.take_along_axis(rows, mx.array(tokens)[:, None], axis=-1)[:, 0]

@@ -28,7 +28,7 @@ from tasks.logprobs import TokenLogprob
 from tasks.store import Claim, Switch, WorkerStore
 from worker.batch import Batch, Finished, Head, Running, StepResult
 from worker.choices import Groups, Held
-from worker.engine import KV, Engine, Token
+from worker.engine import KV, Engine, Scorer, Token
 from worker.grammar import Constraint, GrammarError
 from worker.models import ModelPool
 from worker.output import Ending, OutputWriter, Text
@@ -66,6 +66,7 @@ class Runner:
         self._head: Head | None = None  # its head, measured, waiting for room in the batch
         self.writer = OutputWriter(store, on_stop=self.request_stop, on_fatal=on_fatal)
         self.groups = Groups()  # the requests of several answers with a run in the batch (worker/choices.py)
+        self.scoring: dict[str, tuple[Running, Scorer, SamplingParams]] = {}  # runs reading their prompt to score it
         self.pace = Pace()  # how fast each model's steps go here (the heartbeat reports it, for ETAs)
         self._last_step = NO_STEP  # the step before: its model, sequences, prompt tokens, when it started
 
@@ -264,21 +265,36 @@ class Runner:
             cache_key=key,
             constraint=constraint,
         )
-        scored = ""
         if params.prompt_logprobs and not job.prompt_logprobs:  # (a run after a requeue has them already)
-            scored, cache = self.engine.score(head.tokens, params.top_logprobs)
-            hit = Hit(cache, len(head.tokens) - 1)
-        else:
-            hit = self.models.prefix.fetch(key, [*head.tokens, *done])
-        if params.max_tokens == 0:  # the prompt scored, nothing to generate
-            self.writer.put_many([run.text(start.rest, resume_at=start.at, prompt_logprobs=scored)])
+            self.scoring[job.id] = (run, self.engine.scorer(head.tokens, params.top_logprobs), params)
+            run.uid = self.batch.hold_uid()  # in the batch, not in the engine, while it is read
+            self.batch.add(run)
+        elif params.max_tokens == 0:  # its earlier run scored its prompt; only its ending was lost
             self.writer.end(Ending(job.id, JobStatus.COMPLETED, "length", None, len(head.tokens)))
             return
-        self._place(run, head.tokens, params, hit, done)
+        else:
+            self._place(run, head.tokens, params, self.models.prefix.fetch(key, [*head.tokens, *done]), done)
         if run.cached:
             logger.info("job %s: %d of its %d prompt tokens read before", job.id, run.cached, len(head.tokens))
         # its prompt and what of it is cached, recorded at once: estimates count only the prefill still to do
-        self.writer.put_many([run.text(start.rest, resume_at=start.at, prompt_logprobs=scored)])
+        self.writer.put_many([run.text(start.rest, resume_at=start.at)])
+
+    def _score(self) -> None:
+        """Read a chunk of the prompt of the first job that scores its prompt (echo); once read, its log
+        probabilities are written, and it ends (max_tokens 0) or goes on to generate, its prompt's KV state read."""
+        if not self.scoring:
+            return
+        job_id, (run, scorer, params) = next(iter(self.scoring.items()))
+        scorer.advance()
+        if not scorer.done:
+            return
+        del self.scoring[job_id]
+        self.writer.put_many([run.text("", prompt_logprobs=scorer.entries)])
+        if params.max_tokens == 0:
+            self._end(run, "length")
+            return
+        self.batch.drop(run)
+        self._place(run, scorer.prompt, params, Hit(scorer.cache, len(scorer.prompt) - 1), ())
 
     def _place(self, run: Running, prompt: list[int], params: SamplingParams, hit: Hit, done: tuple[int, ...]) -> None:
         """Put a run in the batch: into the engine, from what of its prompt is read already (`hit`), or held until
@@ -289,6 +305,7 @@ class Runner:
         if group is not None and group.prompt == prompt and hit.tokens < len(prompt) - 1:
             if group.leader is not None:  # being read: wait for it
                 self.groups.hold(group, Held(run, prompt, params))
+                run.uid = self.batch.hold_uid()
                 self.batch.add(run)
                 return
             if group.cache is not None:
@@ -344,6 +361,7 @@ class Runner:
         assert self.engine is not None
         self._timed_step(time.perf_counter())
         try:
+            self._score()
             tokens = self.engine.step()
         except Exception:  # the batch's state cannot be trusted: start it afresh, its jobs go back
             logger.exception("a batch step failed with %d job(s) in the batch", len(self.batch))
@@ -492,6 +510,7 @@ class Runner:
             and self.models.prefix.insert(r.cache_key, kv.tokens, kv.cache)
         )
         self.batch.drop(r)
+        self.scoring.pop(r.job.id, None)
         self._look = True
         for held in self.groups.leave(r):  # it read its group's prompt, and left before it was read
             self.batch.drop(held.run)
@@ -544,6 +563,7 @@ class Runner:
         self.engine.reset()
         self.batch = Batch()
         self.groups.clear()
+        self.scoring.clear()
         self._look = True
 
 
