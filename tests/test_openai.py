@@ -98,9 +98,8 @@ def test_a_stop_string_ends_the_answer_before_it(client, worker):
     "extra",
     [
         {"functions": [{"name": "f"}]},  # (the legacy form of tools)
-        {"n": 2},
-        {"logprobs": True},
-        {"presence_penalty": 1},
+        {"echo": True},  # (the legacy completions': chat takes only its neutral value)
+        {"store": True},
     ],
 )
 def test_unsupported_parameter_is_a_bad_request(client, extra, store):

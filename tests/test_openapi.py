@@ -215,18 +215,29 @@ def test_scenarios_along_the_documents_links_keep_its_promises(app, canceller) -
 
 
 def test_a_real_workers_answers_keep_the_documents_promises(app, start_worker) -> None:  # type: ignore[no-untyped-def]
-    # Given a worker, When jobs complete through each way in, whole and streamed, Then their answers (which no
-    # fuzzing above reaches without one) conform too, down to each event of each stream
+    # Given a worker, When jobs complete through each way in, whole and streamed (with several answers, log
+    # probabilities, echo), Then their answers (which no fuzzing above reaches without one) conform too, down to
+    # each event of each stream
     start_worker()
     schema = schemathesis.openapi.from_wsgi("/openapi.json", app)
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     text = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
     usage = {"stream": True, "stream_options": {"include_usage": True}}
+    scored = {"logprobs": True, "top_logprobs": 2, "n": 2}
+    response = {"model": MODEL, "input": "hi", "max_output_tokens": 4, "include": ["message.output_text.logprobs"]}
     for path, body in [
         ("/v1/chat/completions", chat),
         ("/v1/chat/completions", {**chat, **usage}),
+        ("/v1/chat/completions", {**chat, **scored}),
+        ("/v1/chat/completions", {**chat, **scored, **usage}),
         ("/v1/completions", text),
         ("/v1/completions", {**text, **usage}),
+        ("/v1/completions", {**text, "logprobs": 2, "echo": True, "n": 2}),
+        ("/v1/completions", {**text, "logprobs": 0, "echo": True, **usage}),
+        ("/v1/completions", {**text, "echo": True, "max_tokens": 0, "logprobs": 1}),
+        ("/v1/completions", {**text, "best_of": 2}),
+        ("/v1/responses", {**response, "top_logprobs": 2}),
+        ("/v1/responses", {**response, "stream": True}),
         ("/v1/jobs", {"prompt": "hi", "max_tokens": 4}),
     ]:
         response = schema[path]["POST"].Case(body=body).call_and_validate(checks=CHECKS)

@@ -39,10 +39,11 @@ from tasks.batches import (
     result_file_id,
 )
 from tasks.broker import Doorbell
-from tasks.errors import BatchNotFound, JobAlreadyEnded, JobNotFound, ModelUnavailable, QueueFull
+from tasks.errors import BatchNotFound, InvalidRequest, JobAlreadyEnded, JobNotFound, ModelUnavailable, QueueFull
 from tasks.files import FileStore
 from tasks.job import Job, JobSpec, JobStatus
 from tasks.store import Store
+from web.errors import job_error, openai_error
 from web.openai_bodies import Chat, Text, snapshot
 
 logger = logging.getLogger(__name__)
@@ -193,6 +194,9 @@ def job_result(record: BatchRecord, line: PendingLine, job: Job | None, stop: st
     if job.status is JobStatus.COMPLETED:
         return _response(bid, line, job, 200, body_of(job, record.endpoint), ok=True)
     if job.status is JobStatus.FAILED:
+        refused = job_error(job)
+        if isinstance(refused, InvalidRequest):  # the worker found the request invalid (a logit_bias's token id)
+            return _response(bid, line, job, 400, {"error": openai_error(refused)}, ok=False)
         error = job.error.model_dump() if job.error else {"type": "job_failed", "message": "the job failed"}
         body = {"error": {"message": error["message"], "type": "server_error", "param": None, "code": error["type"]}}
         return _response(bid, line, job, 500, body, ok=False)

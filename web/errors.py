@@ -9,6 +9,7 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from tasks import errors
+from tasks.job import Job, JobStatus
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +56,20 @@ def error_response(status: int, type_: str, message: str, param: str | None = No
 
 
 def openai_error(exc: errors.OnelaneError) -> dict[str, object]:
-    """The error object inside an OpenAI stream's `data: {"error": ...}` line."""
-    return {"message": exc.message, "type": "server_error", "param": exc.param, "code": exc.type}
+    """The error object inside an OpenAI stream's `data: {"error": ...}` line (and a batch's error line)."""
+    category = "invalid_request_error" if isinstance(exc, errors.InvalidRequest) else "server_error"
+    return {"message": exc.message, "type": category, "param": exc.param, "code": exc.type}
+
+
+def job_error(job: Job) -> errors.OnelaneError:
+    """What a caller waiting for `job`'s answer is told when it ended otherwise. A job its worker failed as an invalid
+    request is the request's fault, as if refused at admission: only the worker knows the model's vocabulary, so a
+    `logit_bias` naming a token beyond it is found there (and its message names the field)."""
+    if job.status is JobStatus.FAILED and job.error is not None and job.error.type == errors.InvalidRequest.type:
+        return errors.InvalidRequest(
+            job.error.message, param="logit_bias" if "logit_bias" in job.error.message else None
+        )
+    return errors.JobDidNotComplete.of(job)
 
 
 def status_for(exc: errors.OnelaneError) -> int:

@@ -8,20 +8,31 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks.events import Event
 from tasks.job import Job, JobStatus, Message, ResponseFields, Usage
+from tasks.logprobs import TokenLogprob, read_entries, read_prompt
 from tasks.structured import CallReader, Delta, ToolCall, call_id, read_calls, render_call
+from web import openai_logprobs
+from web.openai_logprobs import Offsets
 from web.openai_schemas import RESPONSE_ECHO, Sampling
 
 
 class Chat:
-    """The chat.completion wire format for one job."""
+    """The chat.completion wire format for one answer (one job): whole, or as the pieces of a stream.
+
+    The answers of one request (`n`) share the first one's id, each with its own `index`. Log probabilities, when the
+    request asked for them, come with each piece of a stream: the tokens a piece of text was made of come with it,
+    and those whose text is held back (part of a character, or of a call's syntax) with the next piece that has any,
+    at the latest with the finish reason's."""
 
     object = "chat.completion"
     prefix = "chatcmpl-"
     echoes_tier = True  # as OpenAI's: the service tier the job got
 
     def __init__(self, job: Job, req: Sampling | None = None) -> None:
-        self.id = self.prefix + job.id.removeprefix("job_")
+        choice = job.spec.choice
+        self.id = self.prefix + (choice.group if choice else job.id).removeprefix("job_")
+        self.index = choice.index if choice else 0
         self.job_id = job.id
         self.constraint = job.spec.constraint
         self.calls = CallReader() if makes_calls(job) else None
@@ -30,13 +41,15 @@ class Chat:
         self.include_usage = bool(req and req.stream_options and req.stream_options.include_usage)
         asked_priority = req is not None and req.service_tier == "priority"
         self.tier = "flex" if job.spec.priority == "batch" else "priority" if asked_priority else "default"
+        # (best_of's answers record them to be ranked, asked or not: the request says whether they are shown)
+        self.shows_logprobs = job.spec.params.logprobs if req is None else req.shows_logprobs()
+        self.pending: list[TokenLogprob] = []  # tokens whose log probabilities no piece has carried yet
 
     def body(self, job: Job) -> dict[str, Any]:
         """The whole answer of a completed job, as read back from its record (a batch's line's)."""
-        choice = self.choice(job.output, job.finish_reason, False)
-        return self.envelope(self.object, [choice], usage_object(job.usage))
+        return self.envelope(self.object, [self.whole(job)], usage_object(job.usage))
 
-    def envelope(self, obj: str, choices: list[dict[str, Any]], usage: dict[str, int] | None) -> dict[str, Any]:
+    def envelope(self, obj: str, choices: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
         body: dict[str, Any] = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
         if self.echoes_tier:
             body["service_tier"] = self.tier
@@ -45,28 +58,43 @@ class Chat:
             body["usage"] = usage
         return body
 
-    def choice(self, text: str, finish_reason: str | None, delta: bool) -> dict[str, Any]:
-        """The whole answer (`delta` False) or a piece of a stream; an answer with tool calls as OpenAI's."""
-        if not delta:
-            words, calls = read_calls(text, self.constraint)
-            message: dict[str, Any] = {"role": "assistant", "content": words}
-            if calls:
-                message["content"] = words or None
-                message["tool_calls"] = [self._call(i, name, arguments) for i, (name, arguments) in enumerate(calls)]
-            return {"index": 0, "message": message, "logprobs": None, "finish_reason": _reason(finish_reason, calls)}
-        return {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish_reason}
+    def whole(self, job: Job, index: int | None = None) -> dict[str, Any]:
+        """The completed job's answer as a choice (at `index`: its own unless re-ranked, as best_of's); an answer
+        with tool calls as OpenAI's."""
+        words, calls = read_calls(job.output, self.constraint)
+        message: dict[str, Any] = {"role": "assistant", "content": words}
+        if calls:
+            message["content"] = words or None
+            message["tool_calls"] = [self._call(i, name, arguments) for i, (name, arguments) in enumerate(calls)]
+        logprobs = openai_logprobs.chat(read_entries(job.logprobs)) if self.shows_logprobs else None
+        reason = _reason(job.finish_reason, calls)
+        return {
+            "index": self.index if index is None else index,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": reason,
+        }
 
-    def deltas(self, text: str) -> list[dict[str, Any]]:
-        """The chunks' choices for a piece of a stream: its words, or the calls it begins and their arguments."""
+    def deltas(self, event: Event) -> list[dict[str, Any]]:
+        """The chunks' choices for a token event: its words, or the calls it begins and their arguments."""
+        if self.shows_logprobs:
+            self.pending += read_entries(event.logprobs)
         if self.calls is None:
-            return [self.choice(text, None, True)] if text else []
-        return [self._delta(d) for d in self.calls.feed(text)]
+            return [self._piece({"content": event.text})] if event.text else []
+        return [self._piece(self._delta(d)) for d in self.calls.feed(event.text)]
 
     def last(self, finish_reason: str | None) -> list[dict[str, Any]]:
         """The stream's last choices: what the call reader still held, then the finish reason."""
-        held = [self._delta(d) for d in self.calls.feed("", final=True)] if self.calls is not None else []
+        held = [self._piece(self._delta(d)) for d in self.calls.feed("", final=True)] if self.calls is not None else []
         reason = _reason(finish_reason, self.calls.calls if self.calls is not None else [])
-        return [*held, {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}]
+        return [*held, self._piece({}, reason)]
+
+    def _piece(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        """A chunk's choice, with the log probabilities not yet carried (if asked for)."""
+        logprobs = None
+        if self.shows_logprobs:
+            logprobs, self.pending = openai_logprobs.chat(self.pending), []
+        return {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def _call(self, index: int, name: str, arguments: str) -> dict[str, Any]:
         return {
@@ -77,40 +105,79 @@ class Chat:
 
     def _delta(self, d: Delta) -> dict[str, Any]:
         if d.name is not None:
-            call = {"index": d.index, **self._call(d.index, d.name, "")}
-            delta: dict[str, Any] = {"tool_calls": [call]}
-        elif d.arguments:
-            delta = {"tool_calls": [{"index": d.index, "function": {"arguments": d.arguments}}]}
-        else:
-            delta = {"content": d.text}
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+            return {"tool_calls": [{"index": d.index, **self._call(d.index, d.name, "")}]}
+        if d.arguments:
+            return {"tool_calls": [{"index": d.index, "function": {"arguments": d.arguments}}]}
+        return {"content": d.text}
 
     def chunk_object(self) -> str:
         return self.object + ".chunk"
 
     def first_chunk(self) -> dict[str, Any] | None:
-        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        role = {"role": "assistant", "content": ""}
+        choice = {"index": self.index, "delta": role, "logprobs": None, "finish_reason": None}
         return self.envelope(self.chunk_object(), [choice], None)
 
 
 class Text(Chat):
-    """The text_completion wire format for one job."""
+    """The text_completion wire format for one answer. With `echo` (which its job records as scoring its prompt),
+    the text begins with the prompt, and its log probabilities with the prompt's tokens'; a stream sends the prompt
+    with its first piece."""
 
     object = "text_completion"
     prefix = "cmpl-"
     echoes_tier = False  # OpenAI's legacy completions have no service tier
 
-    def choice(self, text: str, finish_reason: str | None, delta: bool) -> dict[str, Any]:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def __init__(self, job: Job, req: Sampling | None = None) -> None:
+        super().__init__(job, req)
+        self.echo = job.spec.prompt if job.spec.params.prompt_logprobs else None  # (to send yet, in a stream)
+        self.tops = job.spec.params.top_logprobs > 0  # (`logprobs: 0`: no alternatives, null)
+        self.offsets = Offsets()  # a stream's: where its next token begins
+
+    def whole(self, job: Job, index: int | None = None) -> dict[str, Any]:
+        text, entries = job.output, read_entries(job.logprobs)
+        if self.echo is not None:
+            text, entries = self.echo + text, read_prompt(job.prompt_logprobs) + entries
+        logprobs = openai_logprobs.legacy(entries, Offsets(), self.tops) if self.shows_logprobs else None
+        return {
+            "index": self.index if index is None else index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": job.finish_reason,
+        }
+
+    def deltas(self, event: Event) -> list[dict[str, Any]]:
+        text = event.text
+        if self.echo is not None:  # its first token event: the prompt's log probabilities come with it
+            text, self.echo = self.echo + text, None
+            self.pending += read_prompt(event.prompt_logprobs) if self.shows_logprobs else []
+        if self.shows_logprobs:
+            self.pending += read_entries(event.logprobs)
+        return [self._text(text)] if text else []
 
     def last(self, finish_reason: str | None) -> list[dict[str, Any]]:
-        return [self.choice("", finish_reason, True)]
+        echoed = [self._text(self.echo)] if self.echo is not None else []  # (no token came: nothing was generated)
+        return [*echoed, self._text("", finish_reason)]
+
+    def _text(self, text: str, finish_reason: str | None = None) -> dict[str, Any]:
+        logprobs = None
+        if self.shows_logprobs:
+            logprobs, self.pending = openai_logprobs.legacy(self.pending, self.offsets, self.tops), []
+        return {"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def chunk_object(self) -> str:
         return self.object
 
     def first_chunk(self) -> dict[str, Any] | None:
         return None
+
+
+def total_usage(usages: list[Usage]) -> Usage:
+    """The usage of a request of several answers: the prompt once (the first answer's, its cached tokens too), every
+    answer's completion tokens."""
+    first = usages[0]
+    completion = sum(u.completion_tokens for u in usages)
+    return Usage(prompt_tokens=first.prompt_tokens, completion_tokens=completion, cached_tokens=first.cached_tokens)
 
 
 def _reason(finish_reason: str | None, calls: list[tuple[str, str]]) -> str | None:
@@ -180,6 +247,7 @@ def snapshot(job: Job, status: str | None = None, text: str | None = None) -> di
         "text": echo["text"],
         "tool_choice": echo["tool_choice"],
         "tools": echo["tools"],
+        "top_logprobs": params.top_logprobs,
         "top_p": params.top_p,
         "truncation": "disabled",
         "usage": usage(job) if ended else None,
@@ -194,11 +262,14 @@ def output_of(job: Job, status: str, text: str) -> list[dict[str, Any]]:
     if status == "queued" or (ended and status != "completed" and not text):
         return []  # nothing written (yet, or ever)
     state = "in_progress" if not ended else "completed" if status == "completed" else "incomplete"
+    # the job's log probabilities are its whole answer's: a stream's snapshots before the end show none
+    logprobs = response_logprobs(job) if text == job.output else []
     if not makes_calls(job):
-        return [message(job, text, state)]
+        return [message(job, text, state, logprobs)]
     reader = CallReader()
     words = "".join(d.text for d in reader.feed(text, final=ended))
-    items = [message(job, words, state)] if words or (ended and not reader.calls) else []
+    # (an answer is words or calls, never both: words have every token; calls have no place for any)
+    items = [message(job, words, state, logprobs)] if words or (ended and not reader.calls) else []
     for i, (name, arguments) in enumerate(reader.calls):
         items.append(function_call(job, i, name, arguments, call_state(text, name, arguments, state)))
     return items
@@ -214,17 +285,23 @@ def makes_calls(job: Job) -> bool:
     return job.spec.constraint is not None and job.spec.constraint.kind == "tools"
 
 
-def message(job: Job, text: str, status: str) -> dict[str, Any]:
+def message(job: Job, text: str, status: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The assistant's message: the response's output item, unless it made calls."""
-    return {"id": item_id(job), "type": "message", "status": status, "role": "assistant", "content": [part(text)]}
+    content = [part(text, logprobs)]
+    return {"id": item_id(job), "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def response_logprobs(job: Job) -> list[dict[str, Any]]:
+    """A response's tokens' log probabilities as its output text shows them (`include` asked for them), else []."""
+    return openai_logprobs.content(read_entries(job.logprobs)) if job.spec.params.logprobs else []
 
 
 def item_id(job: Job) -> str:
     return "msg_" + job.id.removeprefix("job_")
 
 
-def part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def function_call(job: Job, index: int, name: str, arguments: str, status: str) -> dict[str, Any]:

@@ -1,27 +1,26 @@
 """OpenAI-compatible endpoints on the queue: /v1/models, /v1/chat/completions, /v1/completions.
 
-Each request is a job in the same queue (same bounds, quotas, fairness, TTL). The client's connection is the
-watcher: a client that hangs up, streaming or not, gets its job cancelled (skipped if it still waits, stopped
-within a step if it runs). The requests' models are in web/openai_schemas.py.
+Each request is a job in the same queue (same bounds, quotas, fairness, TTL), or one job per answer with `n` or
+`best_of` (web/choices.py). The client's connection is the watcher: a client that hangs up, streaming or not, gets
+its jobs cancelled (skipped if they still wait, stopped within a step if they run). The requests' models are in
+web/openai_schemas.py, their answers' wire formats in web/openai_bodies.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from contextlib import closing
 
 from flask import Blueprint, Response, jsonify, request
 
-from tasks.errors import JobDidNotComplete
 from tasks.events import Event, EventType
-from tasks.job import Job, JobSpec, Usage, new_job_id
+from tasks.job import Job, JobSpec, Usage
 from web import sse
-from web.admission import admit
 from web.auth import current_owner
-from web.errors import openai_error
-from web.feed import Feed
-from web.follow import CLIENT_GONE, Gone, Story, cancel_quietly, follow, with_asides
-from web.openai_bodies import Chat, Text, usage_object
+from web.choices import ANOTHER_FAILED, admit_all, best_of, cancel_all, merged
+from web.errors import job_error, openai_error
+from web.follow import CLIENT_GONE, Gone, Ping, Queued, Story, aside, follow
+from web.openai_bodies import Chat, Text, total_usage, usage_object
 from web.openai_schemas import ChatRequest, CompletionRequest, Sampling, parse_openai
 from web.schemas import json_body
 from web.services import services
@@ -59,88 +58,113 @@ def completions() -> Response:
     return _admit_and_respond(spec, Text, req)
 
 
-def _usage(end: Event) -> dict[str, Any]:
-    """OpenAI's usage object, from a job's terminal event."""
-    return usage_object(
-        Usage(prompt_tokens=end.prompt_tokens, completion_tokens=end.completion_tokens, cached_tokens=end.cached_tokens)
-    )
-
-
-def _headers(job: Job, queued_s: float | None = None) -> dict[str, str]:
-    headers = {"x-onelane-job-id": job.id}
+def _headers(jobs: list[Job], queued_s: float | None = None) -> dict[str, str]:
+    headers = {"x-onelane-job-id": jobs[0].id}
+    if len(jobs) > 1:
+        headers["x-onelane-job-ids"] = ",".join(job.id for job in jobs)
     if queued_s is not None:
         headers["x-queue-time"] = f"{queued_s:.3f}"
     return headers
 
 
 def _admit_and_respond(admission: tuple[JobSpec, float], view_class: type[Chat], req: Sampling) -> Response:
-    """Admit the job and answer with its story. Its feed subscribes first, so that, once admitted, the job's
-    events all arrive live and nothing is read back before the first token."""
+    """Admit the request's jobs (one per answer: web/choices.py) and answer with their stories. Each job's feed
+    subscribes first, so that, once admitted, its events all arrive live and nothing is read back before the first
+    token."""
     svc = services()
-    job_id = new_job_id()
-    feed = Feed(svc.store, svc.hub, job_id, replay=False)
+    jobs, feeds = admit_all(svc.store, svc.hub, *admission, count=req.count())
+    stories = [
+        follow(svc.store, svc.hub, job, ping_s=svc.settings.sse_ping_s, environ=request.environ, feed=feed)
+        for job, feed in zip(jobs, feeds)
+    ]
+    views = [view_class(job, req) for job in jobs]
+
+    def close() -> None:  # the feeds close with the response, also when the stream never started (twice: harmless)
+        for feed in feeds:
+            feed.close()
+
+    if req.stream:
+        return sse.response(_stream(jobs, views, stories), _headers(jobs), on_close=close)
     try:
-        job = admit(*admission, job_id=job_id)
-    except BaseException:
-        feed.close()
-        raise
-    story = follow(svc.store, svc.hub, job, ping_s=svc.settings.sse_ping_s, environ=request.environ, feed=feed)
-    view = view_class(job, req)
-    if req.stream:  # the feed closes with the response, also when the stream never started (twice is harmless)
-        return sse.response(_stream(job, view, story), _headers(job), on_close=feed.close)
-    return _respond(job, view, story)
-
-
-def _respond(job: Job, view: Chat, story: Iterator[Story]) -> Response:
-    """The whole answer at once, put together from the job's events as they come (nothing is read back)."""
-    output: list[str] = []
-    queued_s: float | None = None
-    for item in story:
-        match item:
-            case Gone():
-                cancel_quietly(services().store, job, CLIENT_GONE)
-                return Response(status=499)  # nobody reads it; the job was cancelled
-            case Event(type=EventType.STARTED) if queued_s is None:  # (again after a requeue: it goes on)
-                queued_s = item.queued_s
-            case Event(type=EventType.TOKEN):
-                output.append(item.text)
-            case Event(type=EventType.COMPLETED):  # the terminal event has the finish reason and the counts
-                choice = view.choice("".join(output), item.finish_reason, False)
-                response = jsonify(view.envelope(view.object, [choice], _usage(item)))
-                response.headers.update(_headers(job, queued_s))
-                return response
-    raise JobDidNotComplete.of(services().store.get(job.id))
-
-
-def _stream(job: Job, view: Chat, story: Iterator[Story]) -> Iterator[str]:
-    """OpenAI's SSE: `data: {chunk}` lines, queue position as comments, `data: [DONE]` at the end. A client that
-    leaves before the end has its job cancelled. If the job's worker dies mid-answer, its next run goes on from the
-    tokens written (worker/resume.py), and so does the stream."""
-    ended = False
-    try:
-        first = view.first_chunk()
-        if first is not None:
-            yield sse.data_line(first)
-        for item in with_asides(story):
-            match item:
-                case str():
-                    yield item
-                case Event(type=EventType.TOKEN) if item.text:
-                    for choice in view.deltas(item.text):
-                        yield sse.data_line(view.envelope(view.chunk_object(), [choice], None))
-                case Event(type=EventType.COMPLETED):  # the terminal event has what the last chunks need
-                    ended = True
-                    for choice in view.last(item.finish_reason):
-                        yield sse.data_line(view.envelope(view.chunk_object(), [choice], None))
-                    if view.include_usage:
-                        yield sse.data_line(view.envelope(view.chunk_object(), [], _usage(item)))
-                    yield DONE
-                    return
-                case Event() if item.terminal:
-                    ended = True
-                    yield sse.data_line({"error": openai_error(JobDidNotComplete.of(services().store.get(job.id)))})
-                    yield DONE
-                    return
+        return _respond(jobs, views, req, stories)
     finally:
-        if not ended:
-            cancel_quietly(services().store, job, CLIENT_GONE)
+        close()
+
+
+def _respond(jobs: list[Job], views: list[Chat], req: Sampling, stories: list[Iterator[Story]]) -> Response:
+    """The whole answer, once every job completed: each read back whole (its text and log probabilities), as a
+    batch's line is; best_of's best `n`, best first."""
+    store = services().store
+    queued_s: float | None = None
+    with closing(merged(stories)) as items:
+        for index, item in items:
+            match item:
+                case Gone():
+                    cancel_all(store, jobs, CLIENT_GONE)
+                    return Response(status=499)  # nobody reads it; the jobs were cancelled
+                case Event(type=EventType.STARTED) if index == 0 and queued_s is None:  # (not again after a requeue)
+                    queued_s = item.queued_s
+                case Event(type=EventType.COMPLETED):
+                    pass
+                case Event() if item.terminal:  # one answer failed: so does the request, as a single job's would
+                    cancel_all(store, jobs, ANOTHER_FAILED)
+                    raise job_error(store.get(jobs[index].id))
+    ended = store.read([job.id for job in jobs])
+    done = [ended[job.id] for job in jobs]
+    shown = best_of(done, req.n or 1) if len(done) > (req.n or 1) else done
+    view_of = {view.job_id: view for view in views}
+    choices = [view_of[job.id].whole(job, index) for index, job in enumerate(shown)]
+    usage = usage_object(total_usage([job.usage for job in done]))
+    response = jsonify(views[0].envelope(views[0].object, choices, usage))
+    response.headers.update(_headers(jobs, queued_s))
+    return response
+
+
+def _stream(jobs: list[Job], views: list[Chat], stories: list[Iterator[Story]]) -> Iterator[str]:
+    """OpenAI's SSE: `data: {chunk}` lines (the answers' interleaved as they come, each with its index), queue
+    positions as comments, `data: [DONE]` at the end. A client that leaves before the end has every job cancelled.
+    If a job's worker dies mid-answer, its next run goes on from the tokens written (worker/resume.py), and so does
+    the stream."""
+    store, first = services().store, views[0]
+    ends: dict[int, Event] = {}  # the answers completed, by index
+    why = CLIENT_GONE  # why the others are cancelled, if the stream ends before they do
+    items = merged(stories)
+    try:
+        for view in views:
+            chunk = view.first_chunk()
+            if chunk is not None:
+                yield sse.data_line(chunk)
+        for index, item in items:
+            match item:
+                case Gone():
+                    return
+                case Queued() | Ping():
+                    yield aside(item)
+                case Event(type=EventType.TOKEN):
+                    for choice in views[index].deltas(item):
+                        yield sse.data_line(first.envelope(first.chunk_object(), [choice], None))
+                case Event(type=EventType.COMPLETED):  # the terminal event has what the last chunks need
+                    ends[index] = item
+                    for choice in views[index].last(item.finish_reason):
+                        yield sse.data_line(first.envelope(first.chunk_object(), [choice], None))
+                case Event() if item.terminal:  # one answer failed: so does the request, as a single job's would
+                    why = ANOTHER_FAILED
+                    error = job_error(store.get(jobs[index].id))
+                    yield sse.data_line({"error": openai_error(error)})
+                    yield DONE
+                    return
+        if first.include_usage:
+            usage = usage_object(total_usage([_usage(ends[i]) for i in range(len(jobs))]))
+            yield sse.data_line(first.envelope(first.chunk_object(), [], usage))
+        yield DONE
+    finally:
+        items.close()
+        if len(ends) < len(jobs):
+            cancel_all(store, jobs, why)
+
+
+def _usage(end: Event) -> Usage:
+    """A job's usage, from its terminal event."""
+    return Usage(
+        prompt_tokens=end.prompt_tokens, completion_tokens=end.completion_tokens, cached_tokens=end.cached_tokens
+    )

@@ -27,17 +27,18 @@ from tasks.errors import (
     InvalidParameter,
     InvalidRequest,
     JobAlreadyEnded,
-    JobDidNotComplete,
     JobNotFound,
     PreviousResponseNotFound,
 )
 from tasks.events import Event, EventType
 from tasks.job import Job, JobStatus, Message, new_job_id
+from tasks.logprobs import TokenLogprob, read_entries
 from tasks.structured import CallReader, Delta
-from web import sse
+from web import openai_logprobs, sse
 from web.admission import admit
 from web.api import CANCEL_WAIT_S, list_limit
 from web.auth import current_owner
+from web.errors import job_error
 from web.feed import Feed
 from web.follow import CLIENT_GONE, Gone, Story, cancel_quietly, follow, with_asides
 from web.openai_bodies import (
@@ -185,9 +186,9 @@ def _answer(job: Job, story: Iterator[Story]) -> Response:
         if isinstance(item, Event) and item.terminal:
             ended = services().store.get(job.id)
             if ended.status is not JobStatus.COMPLETED:
-                raise JobDidNotComplete.of(ended)
+                raise job_error(ended)
             return jsonify(snapshot(ended))
-    raise JobDidNotComplete.of(services().store.get(job.id))
+    raise job_error(services().store.get(job.id))
 
 
 # --- the stream ---------------------------------------------------------------------------------------------------
@@ -208,6 +209,9 @@ class ResponseStream:
     come; each call is an item of its own (output_item.added with its name, function_call_arguments.delta with each
     piece of its arguments, function_call_arguments.done and output_item.done once the next call begins or the
     answer ends). The reader reads the log alone, so these events are numbered as the others.
+
+    With `include` message.output_text.logprobs, each text delta carries its tokens' log probabilities (those of
+    tokens whose text was held back, with the next delta), output_text.done and the final response all of them.
     """
 
     def __init__(self, job: Job, after: int = -1, watcher: bool = False) -> None:
@@ -220,6 +224,9 @@ class ResponseStream:
         self.reader = CallReader() if makes_calls(job) else None
         self.items: list[dict[str, Any]] = []  # the output items begun, in order; the last one may be open
         self.open = False
+        self.shows_logprobs = job.spec.params.logprobs
+        self.pending: list[TokenLogprob] = []  # tokens no delta has carried yet
+        self.logprobs: list[dict[str, Any]] = []  # the message's so far
 
     def _event(self, kind: str, **fields: Any) -> Iterator[str]:
         self.seq += 1
@@ -257,7 +264,10 @@ class ResponseStream:
             yield from self._event("response.in_progress", response=snapshot(self.job, "in_progress", ""))
             if self.reader is None:
                 yield from self._begin_message()
-        elif event.type is EventType.TOKEN and event.text:
+        elif event.type is EventType.TOKEN:
+            self.pending += read_entries(event.logprobs) if self.shows_logprobs else []
+            if not event.text:  # (tokens whose text is held back: their log probabilities go with the next delta)
+                return
             self.text += event.text
             if self.reader is None:
                 yield from self._words(event.text)
@@ -292,7 +302,9 @@ class ResponseStream:
 
     def _words(self, text: str) -> Iterator[str]:
         self.words += text
-        yield from self._event("response.output_text.delta", **self._where(), delta=text, logprobs=[])
+        logprobs, self.pending = openai_logprobs.content(self.pending), []
+        self.logprobs += logprobs
+        yield from self._event("response.output_text.delta", **self._where(), delta=text, logprobs=logprobs)
 
     def _close(self, status: str) -> Iterator[str]:
         """The open item's last events: its text or its arguments whole, then the item as it ended."""
@@ -301,9 +313,11 @@ class ResponseStream:
         self.open = False
         index, item = len(self.items) - 1, self.items[-1]
         if item["type"] == "message":
-            yield from self._event("response.output_text.done", **self._where(), text=self.words, logprobs=[])
-            yield from self._event("response.content_part.done", **self._where(), part=part(self.words))
-            done = message(self.job, self.words, status)
+            self.logprobs += openai_logprobs.content(self.pending)  # (tokens whose text never came)
+            self.pending, where, logprobs = [], self._where(), self.logprobs
+            yield from self._event("response.output_text.done", **where, text=self.words, logprobs=logprobs)
+            yield from self._event("response.content_part.done", **where, part=part(self.words, logprobs))
+            done = message(self.job, self.words, status, logprobs)
         else:
             name, arguments = item["name"], item["arguments"]
             where = {"item_id": item["id"], "output_index": index}

@@ -5,6 +5,7 @@ Unsupported fields get a 400 rather than being silently ignored; a few are let t
 
 from __future__ import annotations
 
+import re
 import reprlib
 from typing import Annotated, Any, Literal
 
@@ -12,21 +13,32 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 
 from tasks.batches import Endpoint
 from tasks.errors import InvalidRequest
-from tasks.job import Job, JobSpec, Message, ResponseFields, SamplingParams
+from tasks.job import LOGIT_BIAS_MOST, TOP_LOGPROBS_MOST, Job, JobSpec, Message, ResponseFields, SamplingParams
 from tasks.settings import Priority, Settings
 from tasks.structured import Constraint, Tool, ToolCall, call_id, json_constraint, read_calls, tools_constraint
 from web.schemas import ResponseFormat, int_is_a_float, make_spec, parse, stops_schema
 
-#: Fields onelane accepts only with their neutral value: anything else would change the answer's meaning.
+#: Fields onelane accepts only with their neutral value: anything else would change the answer's meaning. (`echo`
+#: and `best_of` are the legacy completions'; chat lets their neutral values through, as it always did.)
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "n": (1, None),
-    "presence_penalty": (0, 0.0, None),
-    "frequency_penalty": (0, 0.0, None),
-    "logprobs": (False, None),
     "echo": (False, None),
     "best_of": (1, None),
     "store": (False, None),
     "suffix": (None, ""),
+}
+
+CHOICES_MOST = 16  # answers one request may ask for (`n`, `best_of`): each is a job, and counts as one
+TOKEN_ID = re.compile(r"0|[1-9][0-9]{0,9}")  # a token id as `logit_bias` names it: an integer, as a string
+LOGIT_BIAS_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "object",
+            "maxProperties": LOGIT_BIAS_MOST,
+            "propertyNames": {"pattern": f"^({TOKEN_ID.pattern})$"},
+            "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+        },
+        {"type": "null"},
+    ]
 }
 
 
@@ -166,23 +178,81 @@ class Sampling(BaseModel):
     response_format: ResponseFormat | None = Field(
         None, description="`json_object` or `json_schema`: the answer follows it, token by token (on completions too)"
     )
+    n: int | None = Field(
+        None,
+        ge=1,
+        le=CHOICES_MOST,
+        description="how many answers (`choices`, streamed interleaved with their `index`): a job each, counted as "
+        "one against quotas, the prompt read once for all; with a `seed`, choice 0 has it and each other one a seed "
+        "derived from it (reproducible and distinct); not in a batch's line",
+    )
+    presence_penalty: float | None = Field(
+        None, ge=-2.0, le=2.0, description="subtracted from the logit of every token the answer already holds"
+    )
+    frequency_penalty: float | None = Field(
+        None, ge=-2.0, le=2.0, description="subtracted from a token's logit once for each time the answer holds it"
+    )
+    logit_bias: dict[str, float] | None = Field(
+        None,
+        json_schema_extra=LOGIT_BIAS_SCHEMA,
+        description="token id (an integer, as a string) -> added to its logit: -100 bans it, 100 forces it; an id "
+        "beyond the model's vocabulary is a 400",
+    )
 
-    _int_is_a_float = field_validator("temperature", "top_p", mode="before")(int_is_a_float)
+    _int_is_a_float = field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", mode="before")(
+        int_is_a_float
+    )
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _token_ids(cls, value: Any) -> Any:
+        """Keys that are token ids, values -100 to 100 (either kind of JSON number), at most LOGIT_BIAS_MOST."""
+        if not isinstance(value, dict):
+            return value  # (the type's own error)
+        if len(value) > LOGIT_BIAS_MOST:
+            raise ValueError(f"logit_bias biases at most {LOGIT_BIAS_MOST} tokens")
+        for key, bias in value.items():
+            if not TOKEN_ID.fullmatch(key):
+                raise ValueError(f"logit_bias's keys are token ids (integers, as strings), not {reprlib.repr(key)}")
+            if type(bias) not in (int, float) or not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias's values are numbers from -100 to 100, not {reprlib.repr(bias)}")
+        return {key: float(bias) for key, bias in value.items()}
+
+    def count(self) -> int:
+        """How many jobs the request is: one per answer generated."""
+        return self.n or 1
+
+    def scoring(self) -> dict[str, Any]:
+        """The log probabilities its jobs record (SamplingParams' `logprobs`, `top_logprobs`, `prompt_logprobs`)."""
+        return {}
+
+    def shows_logprobs(self) -> bool:
+        """Its answers show their log probabilities."""
+        return False
+
+    def check(self, batch: bool) -> None:
+        """What the fields allow together; a batch's line is one job (its runner reads one answer per line)."""
+        if batch and self.count() > 1:
+            raise InvalidRequest("a batch's line asks for one answer: send n lines rather than n > 1", param="n")
 
     def structure(self) -> tuple[Constraint | None, tuple[Tool, ...]]:
         return structure([], None, None, self.response_format)
 
-    def params(self, default_max_tokens: int, max_tokens: int | None = None) -> SamplingParams:
+    def params(self, max_tokens: int) -> SamplingParams:
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
         if len(stops) > 4 or any(not s for s in stops):
             raise InvalidRequest("stop takes up to 4 non-empty strings", param="stop")
         return SamplingParams(
-            max_tokens=max_tokens or self.max_tokens or default_max_tokens,
+            max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             seed=self.seed,
             stop=tuple(stops),
             ignore_eos=self.ignore_eos,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            logit_bias={int(token): bias for token, bias in (self.logit_bias or {}).items()},
+            **self.scoring(),
         )
 
     def priority(self) -> Priority | None:
@@ -198,7 +268,8 @@ class Sampling(BaseModel):
         messages: tuple[Message, ...] | None,
         batch: bool,
     ) -> tuple[JobSpec, float]:
-        """The job and its TTL: watched by the request, or a batch's line (batch class, nobody watching)."""
+        """The job and its TTL: watched by the request, or a batch's line (batch class, nobody watching). A request
+        of several answers is that job several times over (web/choices.py)."""
         priority = "batch" if batch else self.priority()
         constraint, tools = self.structure()
         return make_spec(
@@ -223,15 +294,33 @@ class ChatRequest(Sampling):
         None, description="`auto` (default with tools): text or calls; `required`: calls; a function: that one"
     )
     parallel_tool_calls: bool | None = Field(None, description="several calls in one answer (default true)")
+    logprobs: bool | None = Field(
+        None, description="each answer token's log probability, in `choices[].logprobs.content` (streamed too)"
+    )
+    top_logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=TOP_LOGPROBS_MOST,
+        description="... and the likeliest tokens' at each place, that many (needs `logprobs` true)",
+    )
 
     def structure(self) -> tuple[Constraint | None, tuple[Tool, ...]]:
         choice = self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else self.tool_choice
         tools = [t.function.tool() for t in self.tools or []]
         return structure(tools, choice, self.parallel_tool_calls, self.response_format)
 
+    def scoring(self) -> dict[str, Any]:
+        if self.top_logprobs is not None and self.logprobs is not True:
+            raise InvalidRequest("top_logprobs needs logprobs true", param="top_logprobs")
+        return {"logprobs": bool(self.logprobs), "top_logprobs": self.top_logprobs or 0}
+
+    def shows_logprobs(self) -> bool:
+        return bool(self.logprobs)
+
     def admission(self, owner: str, settings: Settings, batch: bool = False) -> tuple[JobSpec, float]:
         """The job this request asks for (a batch's line: batch class, nobody watching), and its TTL."""
-        params = self.params(settings.default_max_tokens, self.max_completion_tokens)
+        self.check(batch)
+        params = self.params(self.max_completion_tokens or self.max_tokens or settings.default_max_tokens)
         return self.job(owner, settings, params, None, tuple(m.to_message() for m in self.messages), batch)
 
 
@@ -244,12 +333,59 @@ class CompletionRequest(Sampling):
             ]
         }
     )
+    max_tokens: int | None = Field(None, ge=0, description="default 16; 0 only with `echo`: the prompt scored alone")
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=5,
+        description="each token's log probability, and the likeliest tokens' at its place, that many (0: none)",
+    )
+    echo: bool = Field(False, description="the answer begins with the prompt (and its tokens, with `logprobs`)")
+    best_of: int | None = Field(
+        None,
+        ge=1,
+        le=CHOICES_MOST,
+        description="generate this many answers (at least `n`) and return the `n` with the highest mean log "
+        "probability per token, best first; `usage` counts them all; not streamed, nor in a batch's line",
+    )
+
+    def count(self) -> int:
+        return self.best_of or self.n or 1
+
+    def scoring(self) -> dict[str, Any]:
+        # best_of's candidates are ranked by their log probabilities, shown or not; echo scores the prompt (the job
+        # says so: a batch's line is built from the job alone)
+        return {
+            "logprobs": self.logprobs is not None or self.count() > (self.n or 1),
+            "top_logprobs": self.logprobs or 0,
+            "prompt_logprobs": self.echo,
+        }
+
+    def shows_logprobs(self) -> bool:
+        return self.logprobs is not None
+
+    def check(self, batch: bool) -> None:
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidRequest(
+                "max_tokens may be 0 only with echo (the prompt scored, nothing generated)", param="max_tokens"
+            )
+        if self.best_of is not None and self.best_of < (self.n or 1):
+            raise InvalidRequest("best_of must be at least n", param="best_of")
+        if (self.best_of or 1) > 1 and self.stream:
+            raise InvalidRequest("best_of > 1 cannot be streamed: the best are known at the end", param="best_of")
+        if (self.best_of or 1) > 1 and batch:
+            raise InvalidRequest(
+                "a batch's line asks for one answer: best_of > 1 is not supported there", param="best_of"
+            )
+        super().check(batch)
 
     def admission(self, owner: str, settings: Settings, batch: bool = False) -> tuple[JobSpec, float]:
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
             raise InvalidRequest("onelane takes one prompt per request", param="prompt")
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-        params = self.params(min(16, settings.max_tokens_limit))  # the legacy endpoint's default is 16 tokens
+        self.check(batch)
+        default = min(16, settings.max_tokens_limit)  # the legacy endpoint's default is 16 tokens
+        params = self.params(default if self.max_tokens is None else self.max_tokens)
         return self.job(owner, settings, params, prompt, None, batch)
 
 
@@ -433,6 +569,9 @@ class FunctionChoice(BaseModel):
     name: str
 
 
+OUTPUT_LOGPROBS = "message.output_text.logprobs"  # the one `include` onelane knows
+
+
 class ResponseRequest(BaseModel):
     """POST /v1/responses: a job in the same queue. Fields of the API that would change the answer's meaning
     (reasoning, built-in tools, conversations) are refused by name."""
@@ -475,8 +614,29 @@ class ResponseRequest(BaseModel):
     parallel_tool_calls: bool | None = Field(None, description="several calls in one answer (default true)")
     truncation: Literal["disabled"] | None = None
     ignore_eos: bool = Field(False, description="an extension, as on the chat endpoint: generate to the limit")
+    include: list[str] | None = Field(
+        None,
+        description=f"`{OUTPUT_LOGPROBS}`: each output_text part's `logprobs` (and each text delta's); no other "
+        "value is supported",
+        json_schema_extra={"anyOf": [{"type": "array", "items": {"enum": [OUTPUT_LOGPROBS]}}, {"type": "null"}]},
+    )
+    top_logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=TOP_LOGPROBS_MOST,
+        description=f"the likeliest tokens' log probabilities at each place, that many (more than 0: with "
+        f"`include` {OUTPUT_LOGPROBS})",
+    )
 
     _int_is_a_float = field_validator("temperature", "top_p", mode="before")(int_is_a_float)
+
+    @field_validator("include", mode="before")
+    @classmethod
+    def _known(cls, value: Any) -> Any:
+        unknown = [v for v in value if v != OUTPUT_LOGPROBS] if isinstance(value, list) else []
+        if unknown:
+            raise ValueError(f"onelane does not support include {reprlib.repr(unknown[0])} (only {OUTPUT_LOGPROBS})")
+        return value
 
     @field_validator("input")
     @classmethod
@@ -508,11 +668,16 @@ class ResponseRequest(BaseModel):
         return tuple(turns)
 
     def params(self, default_max_tokens: int) -> SamplingParams:
+        logprobs = OUTPUT_LOGPROBS in (self.include or [])
+        if self.top_logprobs and not logprobs:
+            raise InvalidRequest(f"top_logprobs needs include {OUTPUT_LOGPROBS}", param="top_logprobs")
         return SamplingParams(
             max_tokens=self.max_output_tokens or default_max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+            top_logprobs=self.top_logprobs or 0,
         )
 
     def priority(self) -> Priority | None:
@@ -618,11 +783,9 @@ def conversation_of(job: Job) -> tuple[Message, ...]:
 #: Responses fields onelane takes only with their neutral value (anything else: 400 naming the field).
 RESPONSE_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "reasoning": (None,),
-    "include": ([], None),
     "conversation": (None,),
     "prompt": (None,),
     "max_tool_calls": (None,),
-    "top_logprobs": (0, None),
     "stream_options": (None,),
 }
 

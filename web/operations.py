@@ -24,7 +24,11 @@ HEADERS = {
     "Retry-After": {"description": "whole seconds until a place should free up", "schema": {"type": "integer"}},
     "Location": {"description": "the job's URL", "schema": {"type": "string"}},
     "WWW-Authenticate": {"description": 'Bearer realm="onelane"', "schema": {"type": "string"}},
-    "x-onelane-job-id": {"description": "the job behind this answer", "schema": {"type": "string"}},
+    "x-onelane-job-id": {"description": "the job behind this answer (`n`: the first's)", "schema": {"type": "string"}},
+    "x-onelane-job-ids": {
+        "description": "with several answers (`n`, `best_of`): every job behind them, comma-separated, in order",
+        "schema": {"type": "string"},
+    },
     "x-queue-time": {"description": "seconds the job waited (non-streaming answers)", "schema": {"type": "string"}},
 }
 
@@ -122,9 +126,11 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
         [
             err(
                 400,
-                "invalid_request_error: invalid JSON, wrong types or values, a JSON schema that cannot be enforced "
-                "(`response_format`'s, a tool's `parameters`), or a field onelane does not support (`logprobs`, "
-                "`n` > 1, penalties …), named in `param`",
+                "invalid_request_error: invalid JSON, wrong types or values out of range, fields that do not go "
+                "together (`top_logprobs` without `logprobs`, `best_of` below `n` or streamed, `max_tokens` 0 "
+                "without `echo`), a JSON schema that cannot be enforced (`response_format`'s, a tool's "
+                "`parameters`), a field onelane does not support (`functions`, `store` true, `suffix` …), or a "
+                "`logit_bias` token id beyond the model's vocabulary (found when the job runs), named in `param`",
                 True,
             ),
             oai_unauthorized,
@@ -296,6 +302,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 "(`message.tool_calls`, `finish_reason` `tool_calls`, `content` null; streamed as "
                 "`delta.tool_calls`, each call's name, then its arguments in pieces) whose arguments fit their "
                 "function's parameters; `tool_choice` `auto` lets the model answer in words instead. "
+                + CHOICES_NOTE
                 + _stream_note("chat.completion.chunk"),
                 "requestBody": body(ChatRequest),
                 "responses": {
@@ -312,6 +319,10 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 "tags": ["openai"],
                 "summary": "Create a text completion",
                 "description": "As chat completions, for one prompt (`response_format` too, as in vLLM; no tools). "
+                "`logprobs` N: each token's log probability and the N likeliest at its place; `echo`: the prompt "
+                "comes first, with its tokens (`max_tokens` 0: the prompt scored, nothing generated); `best_of`: "
+                "that many answers, the `n` of highest mean log probability per token returned. "
+                + CHOICES_NOTE
                 + _stream_note("text_completion"),
                 "requestBody": body(CompletionRequest),
                 "responses": {
@@ -330,7 +341,9 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 "description": "A job in the same queue. `background: true`: answered at once with the response, "
                 "`queued`; it runs whoever follows it. Otherwise the request waits for it (and a client "
                 "that hangs up has it cancelled). `previous_response_id` continues a response that ended "
-                "completed or incomplete: its input and answer come before this `input`. " + _response_stream_note(),
+                "completed or incomplete: its input and answer come before this `input`. `include` "
+                '`["message.output_text.logprobs"]` (and `top_logprobs`): the output text\'s log probabilities, '
+                "each text delta's with it. " + _response_stream_note(),
                 "requestBody": body(ResponseRequest),
                 "responses": {"200": _response_answer(ref), **openai_errors},
             },
@@ -678,6 +691,13 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
     ]
 
 
+CHOICES_NOTE = (
+    "`n` answers are a job each (one prompt read for all), admitted all or none, their choices indexed from 0; one "
+    "that fails fails the request, and a client that leaves cancels them all. Penalties and `logit_bias` as OpenAI "
+    "defines them. "
+)
+
+
 def _response_stream_note() -> str:
     return (
         "With `stream=true`: `text/event-stream`, each event named by its `type`, numbered by `sequence_number` "
@@ -715,7 +735,7 @@ def _openai_answer(whole: dict[str, Any], chunk: dict[str, Any], error: dict[str
     answer = _answer(
         "the whole answer (`stream` false), or its stream",
         whole,
-        headers={"x-onelane-job-id": True, "x-queue-time": False},
+        headers={"x-onelane-job-id": True, "x-onelane-job-ids": False, "x-queue-time": False},
     )
     done_or_json = {
         "type": "string",

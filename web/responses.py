@@ -157,10 +157,50 @@ class AssistantMessage(Answer):
     )
 
 
+class TopLogprob(Answer):
+    """One of the likeliest tokens at a place."""
+
+    token: str = Field(description="its text; `bytes:\\xe2\\x80` for bytes that are only part of a character")
+    logprob: float = Field(
+        description="its log probability under the sampler's distribution (after biases, penalties and a grammar's "
+        "mask; before temperature and top_p); -9999.0 for a token ruled out"
+    )
+    bytes: list[int] = Field(description="its UTF-8 bytes")
+
+
+class TokenLogprob(TopLogprob):
+    """A token of the answer, and the likeliest tokens at its place."""
+
+    top_logprobs: list[TopLogprob] = Field(description="likeliest first, as many as `top_logprobs` asked")
+
+
+class ChatLogprobs(Answer):
+    """The log probabilities of a choice's tokens (of a chunk's: those it carries), with `logprobs` true."""
+
+    content: list[TokenLogprob] = Field(
+        description="each token's, the answer's calls' too; in a stream, a token whose text is held back (part of a "
+        "character, a call's syntax) comes with the next chunk"
+    )
+    refusal: None
+
+
+class CompletionLogprobs(Answer):
+    """The legacy completions' log probabilities (with `logprobs`), four lists side by side, one place per token: with
+    `echo`, the prompt's tokens first."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None] = Field(description="null: the prompt's first token, which nothing predicts")
+    top_logprobs: list[dict[str, float] | None] | None = Field(
+        description="the `logprobs` likeliest tokens at each place (null at the prompt's first token); null when "
+        "`logprobs` is 0"
+    )
+    text_offset: list[int] = Field(description="where each token begins in the text returned, in characters")
+
+
 class ChatChoice(Answer):
     index: int
     message: AssistantMessage
-    logprobs: None
+    logprobs: ChatLogprobs | None = Field(description="with `logprobs` true")
     finish_reason: Literal["stop", "length", "tool_calls"] = Field(
         description="`tool_calls`: it ended having made calls"
     )
@@ -191,8 +231,8 @@ class ChatCompletion(Answer):
 
 class CompletionChoice(Answer):
     index: int
-    text: str
-    logprobs: None
+    text: str = Field(description="with `echo`, the prompt first")
+    logprobs: CompletionLogprobs | None = Field(description="with `logprobs`")
     finish_reason: Literal["stop", "length"]
 
 
@@ -237,9 +277,9 @@ class Delta(Chunk):
 
 
 class ChatChunkChoice(Answer):
-    index: int
+    index: int = Field(description="the answer's (`n`): the answers' chunks come interleaved")
     delta: Delta
-    logprobs: None
+    logprobs: ChatLogprobs | None = Field(description="with `logprobs` true: the tokens this chunk carries")
     finish_reason: Literal["stop", "length", "tool_calls"] | None
 
 
@@ -256,9 +296,9 @@ class ChatCompletionChunk(Chunk):
 
 
 class CompletionChunkChoice(Answer):
-    index: int
-    text: str
-    logprobs: None
+    index: int = Field(description="the answer's (`n`): the answers' chunks come interleaved")
+    text: str = Field(description="with `echo`, the first chunk of each answer begins with the prompt")
+    logprobs: CompletionLogprobs | None = Field(description="with `logprobs`: the tokens this chunk carries")
     finish_reason: Literal["stop", "length"] | None
 
 
@@ -350,7 +390,7 @@ class OutputText(Answer):
     type: Literal["output_text"]
     text: str
     annotations: list[None] = Field(max_length=0)
-    logprobs: list[None] = Field(max_length=0)
+    logprobs: list[TokenLogprob] = Field(description="with `include` message.output_text.logprobs; else empty")
 
 
 class OutputMessage(Answer):
@@ -507,6 +547,7 @@ class OpenAIResponse(Answer):
     text: TextAnswer
     tool_choice: Literal["none", "auto", "required"] | FunctionChoiceAnswer
     tools: list[FunctionToolAnswer]
+    top_logprobs: int
     top_p: float
     truncation: Literal["disabled"]
     usage: ResponseUsage | None = Field(description="once it ended")
