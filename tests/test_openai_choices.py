@@ -215,6 +215,45 @@ def test_echo_puts_the_prompt_before_the_answer_whole_and_streamed(complete, wor
     assert offsets == choice.logprobs.text_offset
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "London", "Tokyo"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.default_model
+def test_an_answer_of_calls_has_every_tokens_logprobs_whole_and_streamed(chat, worker):
+    ask = {"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False, "temperature": 0}
+    ask |= {"logprobs": True, "top_logprobs": 1, "max_tokens": 60}
+    whole = chat("What is the weather in Paris?", **ask)
+    stream = chat("What is the weather in Paris?", stream=True, **ask)
+
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0].function.name == "get_weather"
+    content = choice.logprobs.content  # the calls' tokens: the answer's text, as the model wrote it
+    assert whole.usage.completion_tokens - 1 <= len(content) <= whole.usage.completion_tokens
+    assert "get_weather" in text_of(e.bytes for e in content) and "Paris" in text_of(e.bytes for e in content)
+    pieces = [c.logprobs.content for c in streamed(stream)[0] if c.logprobs is not None]
+    assert [e.model_dump() for piece in pieces for e in piece] == [e.model_dump() for e in content]
+
+
+@pytest.mark.default_model
+def test_echo_scores_a_sentence_above_the_same_words_shuffled(complete, worker):
+    def mean(text: str) -> float:
+        scored = complete(text, echo=True, max_tokens=0, logprobs=0).choices[0].logprobs.token_logprobs
+        return sum(scored[1:]) / len(scored[1:])
+
+    assert mean("The capital of France is Paris.") > mean("Paris capital The is France of.") + 1
+
+
 # --- penalties and biases ---------------------------------------------------------------------------------------
 
 
