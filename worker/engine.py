@@ -34,7 +34,7 @@ from tasks.logprobs import TokenLogprob
 from tasks.settings import DEMO_MODEL, PREFILL_BATCH, ModelConfig
 from worker.chat_prompt import chat_input, knows_tools
 from worker.grammar import Constraint, Grammars
-from worker.logits import Penalties
+from worker.logits import Draw
 from worker.token_bytes import TokenBytes
 
 logger = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ class Scorer:
         chunk = self.prompt[at : min(at + e.prefill_step, len(self.prompt) - 1)]
         logits = e.model(mx.array([chunk]), cache=self.cache)[0].astype(mx.float32)
         rows = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        self._entries += e.entries(rows, self.prompt[at + 1 : at + 1 + len(chunk)], [self.top] * len(chunk))
+        self._entries += e.entries(rows, self.prompt[at + 1 : at + 1 + len(chunk)], self.top)
         self._at += len(chunk)
 
 
@@ -175,7 +175,8 @@ class Engine:
         self._batch = self._new_batch()
         self._uids: set[int] = set()  # the uids of the sequences in the batch
         self._read: dict[int, int] = {}  # prompt tokens read so far, per sequence still reading its prompt
-        self._logprobs: dict[int, int] = {}  # the sequences that record log probabilities: how many alternatives
+        self._draws: dict[int, Draw] = {}  # the samplers of the sequences that record log probabilities
+        self._fresh: list[mx.array] = []  # what they recorded in this step, to be computed with it
         self.padded_prefill = 0  # prompt tokens the last step read, padded to its longest chunk
 
     @classmethod
@@ -236,22 +237,22 @@ class Engine:
         earlier run of the job sampled, read as prompt after `prompt`; it goes on from there, with the rest of its
         max_tokens and its sampler where that run's was. `constraint`: its grammar's matcher, which masks its logits
         (after the penalties and biases its params ask for, so a token the grammar forbids stays forbidden)."""
-        processors: list[Any] = [Penalties(params, len(prompt), self.vocab)] if params.penalized else []
-        if constraint is not None:
-            processors.append(constraint)
+        sampler: Sampler = make_sampler(params, len(generated))
+        if params.penalized or params.logprobs:
+            sampler = Draw(params, sampler, generated, self.vocab, self._fresh if params.logprobs else None)
         prompt = [*prompt, *generated]
         (uid,) = self._batch.insert(
             [prompt[cached:]],
             max_tokens=[params.max_tokens - len(generated)],
-            samplers=[make_sampler(params, len(generated))],
-            logits_processors=[processors],
+            samplers=[sampler],
+            logits_processors=[[constraint] if constraint is not None else []],
             stop_sequences=[self._no_stop if params.ignore_eos else self._eos],
             caches=[cache] if cache is not None else None,
             all_tokens=[prompt[:cached]] if cache is not None else None,
         )
         self._uids.add(int(uid))
-        if params.logprobs:
-            self._logprobs[int(uid)] = params.top_logprobs
+        if isinstance(sampler, Draw) and params.logprobs:
+            self._draws[int(uid)] = sampler
         return int(uid)
 
     def extract(self, uid: int, keep: int) -> list[Any] | None:
@@ -279,7 +280,7 @@ class Engine:
         for uid in uids:
             self._uids.discard(uid)
             self._read.pop(uid, None)
-            self._logprobs.pop(uid, None)
+            self._draws.pop(uid, None)
         return {int(uid): KV(cache, list(tokens)) for uid, (cache, tokens) in kept.items()}
 
     @property
@@ -295,6 +296,9 @@ class Engine:
     def step(self) -> list[Token]:
         """One step: a token for every generating sequence, and a chunk of prefill for joining ones."""
         reading, generated = self._batch.next()
+        if self._fresh:  # computed right after the step's forward pass, not when first read (a wait for the device)
+            mx.async_eval(self._fresh)
+            self._fresh.clear()
         self._steps += 1
         self._count_read(reading)
         entries = self._step_entries(generated)
@@ -311,42 +315,46 @@ class Engine:
         for t in tokens:
             if t.finish_reason is not None:  # the generator dropped them
                 self._uids.discard(t.uid)
-                self._logprobs.pop(t.uid, None)
+                self._draws.pop(t.uid, None)
         return tokens
 
     def _step_entries(self, generated: list[Any]) -> dict[int, str]:
-        """The log probabilities' entries of the step's tokens whose sequences record them, from the distributions
-        their samplers drew from (mlx-lm's `logprobs`: after the logits processors, before temperature), all in
-        one computation on the device. The end of a sequence (EOS) is no text: its entry is `null`."""
-        asked = [r for r in generated if int(r.uid) in self._logprobs]
-        if not asked:
-            return {}
-        rows = mx.stack([r.logprobs for r in asked])
-        entries = self.entries(rows, [int(r.token) for r in asked], [self._logprobs[int(r.uid)] for r in asked])
-        return {
-            int(r.uid): "null" if r.finish_reason == "stop" and int(r.token) in self.eos else entry
-            for r, entry in zip(asked, entries)
-        }
-
-    def entries(self, rows: mx.array, tokens: list[int], tops: list[int]) -> list[str]:
-        """For each row of log probabilities, its token's entry, with its `top` likeliest alternatives (a token the
-        row rules out, at -inf, is never one of them)."""
-        chosen = mx.take_along_axis(rows, mx.array(tokens)[:, None], axis=-1)[:, 0]
-        most = min(max(tops), rows.shape[-1])
-        if most:
-            ids = mx.argpartition(-rows, kth=most - 1, axis=-1)[:, :most]
-            values = mx.take_along_axis(rows, ids, axis=-1)
-            mx.eval(chosen, ids, values)
-            alternatives = list(zip(ids.tolist(), values.tolist()))
-        else:
-            mx.eval(chosen)
-            alternatives = [([], [])] * len(tokens)
-        entries = []
-        for token, logprob, (ids_, values_), top in zip(tokens, chosen.tolist(), alternatives, tops):
-            ranked = sorted(((v, i) for i, v in zip(ids_, values_) if v != -math.inf), reverse=True)[:top]
-            pairs = tuple((self.token_bytes[i], v) for v, i in ranked)
-            entries.append(TokenLogprob(self.token_bytes[token], logprob, pairs).encode())
+        """The log probabilities' entries of the step's tokens whose sequences record them, as their samplers
+        recorded them when they drew these tokens (a step before: computed by now). The end of a sequence (EOS) is
+        no text: its entry is `null`."""
+        entries = {}
+        for r in generated:
+            draw = self._draws.get(int(r.uid))
+            if draw is None:
+                continue
+            chosen, ids, values = draw.recorded.popleft()
+            token = int(r.token)
+            if r.finish_reason == "stop" and token in self.eos:
+                entries[int(r.uid)] = "null"
+                continue
+            top = list(zip(ids.tolist()[0], values.tolist()[0])) if ids is not None and values is not None else []
+            entries[int(r.uid)] = self._entry(token, chosen.item(), top, draw.top)
         return entries
+
+    def _entry(self, token: int, logprob: float, top: list[tuple[int, float]], most: int) -> str:
+        """A token's entry, with its `most` likeliest alternatives (a token ruled out, at -inf, is none of them)."""
+        ranked = sorted(((v, i) for i, v in top if v != -math.inf), reverse=True)[:most]
+        return TokenLogprob(
+            self.token_bytes[token], logprob, tuple((self.token_bytes[i], v) for v, i in ranked)
+        ).encode()
+
+    def entries(self, rows: mx.array, tokens: list[int], top: int) -> list[str]:
+        """For each row of log probabilities (a prompt's, read outside the batch), its token's entry."""
+        chosen = mx.take_along_axis(rows, mx.array(tokens)[:, None], axis=-1)[:, 0]
+        most = min(top, rows.shape[-1])
+        if not most:
+            return [self._entry(t, lp, [], 0) for t, lp in zip(tokens, chosen.tolist())]
+        ids = mx.argpartition(-rows, kth=most - 1, axis=-1)[:, :most]
+        values = mx.take_along_axis(rows, ids, axis=-1)
+        alternatives = zip(ids.tolist(), values.tolist())
+        return [
+            self._entry(t, lp, list(zip(i, v)), top) for t, lp, (i, v) in zip(tokens, chosen.tolist(), alternatives)
+        ]
 
     @property
     def size(self) -> int:
@@ -380,7 +388,8 @@ class Engine:
         self._batch = self._new_batch()
         self._uids.clear()
         self._read.clear()
-        self._logprobs.clear()
+        self._draws.clear()
+        self._fresh.clear()
 
 
 def with_dtype(model: nn.Module, dtype: str) -> str:
