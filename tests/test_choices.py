@@ -84,14 +84,19 @@ def test_log_probabilities_are_mlx_lms_alone_and_in_a_full_batch(store, start_wo
     crowd = [admit(store, f"Tell me about the number {n}.", f"job_c{n}", chat=True, max_tokens=40) for n in range(7)]
     batched = admit(store, text, "job_batched", chat=True, max_tokens=24, logprobs=True, top_logprobs=5)
     for job_id in (first, batched):
+        wait_ended(store, job_id)
         job = store.get(job_id)
         entries = read_entries(job.logprobs)
+        assert [e.bytes for e in entries] == [engine.token_bytes[t] for t in tokens if t not in engine.eos]
         assert [e.logprob for e in entries] == pytest.approx(expected[: len(entries)], abs=1e-4)
         assert b"".join(e.bytes for e in entries).decode() == job.output
         for e in entries:
             assert [lp for _, lp in e.top] == sorted((lp for _, lp in e.top), reverse=True)
             assert len(e.top) == 5 and e.top[0][1] == pytest.approx(e.logprob, abs=1e-6)  # greedy: its own is first
-    assert all(wait_ended(store, job_id)["status"] == "completed" for job_id in crowd)
+    crowd_done = [wait_ended(store, job_id) for job_id in crowd]
+    assert {d["status"] for d in crowd_done} == {"completed"}
+    # it ran in a full batch: it started before any of the seven others ended
+    assert store.get(batched).timings.started_at < min(d["timings"]["finished_at"] for d in crowd_done)
 
 
 def test_openai_penalties_change_the_answer_as_defined(store, start_worker, engine):
@@ -175,3 +180,14 @@ def test_a_worker_killed_mid_answer_keeps_one_log_probability_per_token(store, w
     assert len(entries[killed]) == 600 == len(entries[whole])
     assert [e.bytes for e in entries[killed]] == [e.bytes for e in entries[whole]]
     assert [e.logprob for e in entries[killed]] == pytest.approx([e.logprob for e in entries[whole]], abs=1e-4)
+
+
+@pytest.mark.parametrize("width", [49152, 151936, 1000, 300])
+def test_the_top_alternatives_are_exactly_the_largest(width):
+    from worker.logits import top_k
+
+    rows = mx.random.normal((4, width), key=mx.random.key(width))
+    rows = mx.where(mx.arange(width) % 3 == 0, -mx.inf, rows)  # a grammar's mask rules out a third of them
+    for k in (1, 5, 20):
+        got = mx.take_along_axis(rows, top_k(rows, k), axis=-1)
+        assert mx.array_equal(mx.sort(got, axis=-1), mx.sort(mx.topk(rows, k, axis=-1), axis=-1))

@@ -34,7 +34,7 @@ from tasks.logprobs import TokenLogprob
 from tasks.settings import DEMO_MODEL, PREFILL_BATCH, ModelConfig
 from worker.chat_prompt import chat_input, knows_tools
 from worker.grammar import Constraint, Grammars
-from worker.logits import Draw
+from worker.logits import Draw, Recorded
 from worker.token_bytes import TokenBytes
 
 logger = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ class Engine:
         self._uids: set[int] = set()  # the uids of the sequences in the batch
         self._read: dict[int, int] = {}  # prompt tokens read so far, per sequence still reading its prompt
         self._draws: dict[int, Draw] = {}  # the samplers of the sequences that record log probabilities
-        self._fresh: list[mx.array] = []  # what they recorded in this step, to be computed with it
+        self._fresh: list[tuple[Draw, mx.array, mx.array]] = []  # what they drew in this step, to be recorded
         self.padded_prefill = 0  # prompt tokens the last step read, padded to its longest chunk
 
     @classmethod
@@ -296,9 +296,7 @@ class Engine:
     def step(self) -> list[Token]:
         """One step: a token for every generating sequence, and a chunk of prefill for joining ones."""
         reading, generated = self._batch.next()
-        if self._fresh:  # computed right after the step's forward pass, not when first read (a wait for the device)
-            mx.async_eval(self._fresh)
-            self._fresh.clear()
+        self._record()
         self._steps += 1
         self._count_read(reading)
         entries = self._step_entries(generated)
@@ -318,6 +316,18 @@ class Engine:
                 self._draws.pop(t.uid, None)
         return tokens
 
+    def _record(self) -> None:
+        """The log probabilities of what the step's draws drew, computed together right after its forward pass
+        (not when first read: that would wait for the next step's), for the tokens' entries a step later."""
+        if not self._fresh:
+            return
+        draws, rows, tokens = zip(*self._fresh)
+        self._fresh.clear()
+        recorded = Recorded.of(mx.concatenate(rows), mx.concatenate(tokens), max(d.top for d in draws))
+        recorded.start()
+        for i, draw in enumerate(draws):
+            draw.recorded.append((recorded, i))
+
     def _step_entries(self, generated: list[Any]) -> dict[int, str]:
         """The log probabilities' entries of the step's tokens whose sequences record them, as their samplers
         recorded them when they drew these tokens (a step before: computed by now). The end of a sequence (EOS) is
@@ -327,13 +337,12 @@ class Engine:
             draw = self._draws.get(int(r.uid))
             if draw is None:
                 continue
-            chosen, ids, values = draw.recorded.popleft()
+            recorded, i = draw.recorded.popleft()
             token = int(r.token)
             if r.finish_reason == "stop" and token in self.eos:
                 entries[int(r.uid)] = "null"
                 continue
-            top = list(zip(ids.tolist()[0], values.tolist()[0])) if ids is not None and values is not None else []
-            entries[int(r.uid)] = self._entry(token, chosen.item(), top, draw.top)
+            entries[int(r.uid)] = self._entry(token, *recorded.row(i), draw.top)
         return entries
 
     def _entry(self, token: int, logprob: float, top: list[tuple[int, float]], most: int) -> str:
@@ -345,16 +354,8 @@ class Engine:
 
     def entries(self, rows: mx.array, tokens: list[int], top: int) -> list[str]:
         """For each row of log probabilities (a prompt's, read outside the batch), its token's entry."""
-        chosen = mx.take_along_axis(rows, mx.array(tokens)[:, None], axis=-1)[:, 0]
-        most = min(top, rows.shape[-1])
-        if not most:
-            return [self._entry(t, lp, [], 0) for t, lp in zip(tokens, chosen.tolist())]
-        ids = mx.argpartition(-rows, kth=most - 1, axis=-1)[:, :most]
-        values = mx.take_along_axis(rows, ids, axis=-1)
-        alternatives = zip(ids.tolist(), values.tolist())
-        return [
-            self._entry(t, lp, list(zip(i, v)), top) for t, lp, (i, v) in zip(tokens, chosen.tolist(), alternatives)
-        ]
+        recorded = Recorded.of(rows, mx.array(tokens), top)
+        return [self._entry(t, *recorded.row(i), top) for i, t in enumerate(tokens)]
 
     @property
     def size(self) -> int:
