@@ -182,9 +182,9 @@ class Sampling(BaseModel):
         None,
         ge=1,
         le=CHOICES_MOST,
-        description="how many answers (`choices`, streamed interleaved with their `index`): a job each, counted as "
-        "one against quotas, the prompt read once for all; with a `seed`, choice 0 has it and each other one a seed "
-        "derived from it (reproducible and distinct); not in a batch's line",
+        description="how many answers (`choices`, streamed interleaved with their `index`): a job each, each "
+        "counted against quotas, the prompt read once for all; with a `seed`, choice 0 has it and each other one a "
+        "seed derived from it (reproducible and distinct); not in a batch's line",
     )
     presence_penalty: float | None = Field(
         None, ge=-2.0, le=2.0, description="subtracted from the logit of every token the answer already holds"
