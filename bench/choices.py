@@ -2,13 +2,15 @@
 process, on OpenBLAS).
 
     ./dev.sh bench choices [--model smollm2|demo|PATH] [--rounds 3] [--n 8] [--words 300] [--jobs 32] [--tokens 64]
+                           [--part n|throughput|both]
 
 1. `n` answers of one request against `n` separate requests of the same prompt (a chat message of `--words`
    words, a new one each round, so the prefix cache never holds it), each answer sampled with a seed of its own,
    `--tokens` tokens each, in alternating rounds. Printed per kind: the wall time from admission to the last end,
    the prompt tokens the engine read, and its prefill time (its own counters).
-2. `--jobs` chat jobs at once, `--tokens` tokens each (ignore_eos): plain, with logprobs (top_logprobs 5), and with
-   OpenAI's penalties and a logit_bias, in alternating rounds: tokens/s of each and the ratios to plain per round.
+2. `--jobs` chat jobs at once, `--tokens` tokens each (ignore_eos): plain, with logprobs, with top_logprobs 5, and
+   with OpenAI's penalties and a logit_bias, in alternating rounds: tokens/s of each and the ratios to plain per
+   round.
 Every figure is measured in this run.
 """
 
@@ -106,7 +108,8 @@ def choices(b: Bench, rounds: int, n: int, words: int, tokens: int) -> None:
 
 KINDS: dict[str, dict[str, Any]] = {
     "plain": {},
-    "logprobs": {"logprobs": True, "top_logprobs": 5},
+    "logprobs": {"logprobs": True},
+    "top_logprobs": {"logprobs": True, "top_logprobs": 5},
     "penalties": {"presence_penalty": 0.5, "frequency_penalty": 0.5, "logit_bias": {13: -5.0, 42: 2.0}},
 }
 
@@ -123,11 +126,11 @@ def throughput(b: Bench, rounds: int, n: int, tokens: int) -> None:
                 seconds, jobs = b.ended([b.admit(t, max_tokens=tokens, ignore_eos=True, **KINDS[kind]) for t in texts])
                 made = sum(j.usage.completion_tokens for j in jobs)
                 assert made == n * tokens
-                if kind == "logprobs":
+                if "logprobs" in kind:
                     assert all(j.logprobs.count("\n") == tokens for j in jobs)
                 rates[kind].append(made / seconds)
-                print(f"  round {r + 1} {kind:>9}: {made} tokens in {seconds:.2f} s = {made / seconds:.1f} tok/s")
-    for kind in ("logprobs", "penalties"):
+                print(f"  round {r + 1} {kind:>12}: {made} tokens in {seconds:.2f} s = {made / seconds:.1f} tok/s")
+    for kind in ("logprobs", "top_logprobs", "penalties"):
         ratios = [k / p for k, p in zip(rates[kind], rates["plain"])]
         each = ", ".join(f"{x:.3f}" for x in ratios)
         print(f"  {kind} / plain: median {statistics.median(ratios):.3f}x (rounds: {each})")
@@ -143,6 +146,7 @@ def main() -> None:
     parser.add_argument("--words", type=int, default=300)
     parser.add_argument("--jobs", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--part", choices=["n", "throughput", "both"], default="both")
     args = parser.parse_args()
     preload_openblas()
     with tempfile.TemporaryDirectory(prefix="onelane-choices-") as tmp:
@@ -151,8 +155,10 @@ def main() -> None:
         with bench_env(model=str(model), **overrides) as settings:  # type: ignore[arg-type]
             b = Bench(settings)
             print(f"model {args.model}; rounds {args.rounds}")
-            choices(b, args.rounds, args.n, args.words, args.tokens)
-            throughput(b, args.rounds, args.jobs, args.tokens)
+            if args.part in ("n", "both"):
+                choices(b, args.rounds, args.n, args.words, args.tokens)
+            if args.part in ("throughput", "both"):
+                throughput(b, args.rounds, args.jobs, args.tokens)
 
 
 if __name__ == "__main__":

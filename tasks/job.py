@@ -182,6 +182,7 @@ class JobError(BaseModel):
 
     type: str
     message: str
+    param: str | None = None  # the request's field at fault, when the worker found the request invalid
 
 
 class Usage(BaseModel):
@@ -270,5 +271,5 @@ def new_job_id() -> str:
     return "job_" + secrets.token_urlsafe(16)
 
 
-def error_json(type_: str, message: str) -> str:
-    return json.dumps({"type": type_, "message": message})
+def error_json(type_: str, message: str, param: str | None = None) -> str:
+    return json.dumps({"type": type_, "message": message, **({"param": param} if param else {})})

@@ -60,6 +60,24 @@ def test_the_answers_of_one_request_read_their_prompt_once(store, start_worker, 
     assert sorted(d["usage"]["cached_tokens"] for d in done) == [0, *([prompt_tokens - 1] * 3)]
 
 
+def test_the_others_read_the_prompt_themselves_when_the_first_is_cancelled_before_its_first_token(
+    store, start_worker, engine
+):
+    from tests.helpers import wait_event
+
+    prompt = "the quick brown fox jumps over the lazy dog " * 80  # read 16 tokens a step: some 50 steps
+    ids = group(store, prompt, 3, max_tokens=8, ignore_eos=True)
+    start_worker(max_batch=8, prefill_step=16)
+    wait_event(store, ids[0], lambda e: e.type == "started")
+    store.cancel(ids[0], "t")
+    done = [wait_ended(store, job_id) for job_id in ids]
+
+    assert done[0]["status"] == "cancelled" and done[0]["usage"]["completion_tokens"] == 0
+    assert [d["status"] for d in done[1:]] == ["completed", "completed"]
+    assert done[1]["output"] == done[2]["output"] and len(done[1]["output"]) > 0
+    assert [d["usage"]["cached_tokens"] for d in done[1:]] == [0, 0]  # nothing was read for them
+
+
 def test_seeded_answers_of_one_request_differ_and_each_is_its_own(store, start_worker, engine):
     prompt = "once upon a time " * 10
     ids = [f"job_s{i}" for i in range(3)]

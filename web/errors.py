@@ -64,11 +64,9 @@ def openai_error(exc: errors.OnelaneError) -> dict[str, object]:
 def job_error(job: Job) -> errors.OnelaneError:
     """What a caller waiting for `job`'s answer is told when it ended otherwise. A job its worker failed as an invalid
     request is the request's fault, as if refused at admission: only the worker knows the model's vocabulary, so a
-    `logit_bias` naming a token beyond it is found there (and its message names the field)."""
+    `logit_bias` naming a token beyond it is found there (the job's error names the field)."""
     if job.status is JobStatus.FAILED and job.error is not None and job.error.type == errors.InvalidRequest.type:
-        return errors.InvalidRequest(
-            job.error.message, param="logit_bias" if "logit_bias" in job.error.message else None
-        )
+        return errors.InvalidRequest(job.error.message, param=job.error.param)
     return errors.JobDidNotComplete.of(job)
 
 

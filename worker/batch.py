@@ -54,7 +54,7 @@ class Head:
     tokens: list[int]  # its prompt's
     cost: int
     solo: bool
-    invalid: tuple[str, str] | None = None  # why it cannot be generated from (it is claimed only to fail)
+    invalid: tuple[str, ...] | None = None  # why it cannot be generated from (it is claimed only to fail)
     delivered: Delivered | None = None  # what its earlier runs generated (it was requeued), to go on from
 
 

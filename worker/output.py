@@ -42,7 +42,7 @@ class Ending:
     job_id: str
     status: JobStatus
     finish_reason: str | None = None
-    error: tuple[str, str] | None = None
+    error: tuple[str, ...] | None = None  # (type, message[, the request field at fault])
     prompt_tokens: int = 0
     completion_tokens: int = 0
     stop_seen_at: int | None = None

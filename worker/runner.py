@@ -331,12 +331,13 @@ class Runner:
                 cached = len(group.prompt) - 1 if group.cache is not None else 0
                 self._place(held.run, held.prompt, held.params, Hit(group.copy(), cached), ())
 
-    def _unfit(self, job: Job) -> tuple[str, str] | None:
+    def _unfit(self, job: Job) -> tuple[str, ...] | None:
         """Why the job's request cannot be generated from on this model, though it passed admission."""
         vocab = self.engine.vocab if self.engine is not None else 0
         beyond = sorted(t for t in job.spec.params.logit_bias if t >= vocab)
         if beyond:
-            return "invalid_request", f"logit_bias names token {beyond[0]}; the model's vocabulary has {vocab} tokens"
+            why = f"logit_bias names token {beyond[0]}; the model's vocabulary has {vocab} tokens"
+            return "invalid_request", why, "logit_bias"
         return None
 
     def _constraint(self, job: Job, done: tuple[int, ...]) -> Constraint | None:
@@ -494,7 +495,7 @@ class Runner:
         self,
         r: Running,
         reason: str | None,
-        error: tuple[str, str] | None = None,
+        error: tuple[str, ...] | None = None,
         in_engine: bool = True,
         kv: KV | None = None,
     ) -> None:
