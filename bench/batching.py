@@ -26,32 +26,17 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any
 
-from bench.harness import admit, bench_env, generate, pct, poll_until, prompt, running_worker, spread, wait_ended
+from bench.harness import InProcess, admit, bench_env, generate, pct, poll_until, prompt, spread, wait_ended
 from tasks import keys
-from tasks.broker import make_broker
 from tasks.job import JobSpec, SamplingParams
 from tasks.settings import Settings
-from tasks.store import Store
 from worker.blas import preload_openblas
 
 
-class Bench:
+class Bench(InProcess):
     """A private Redis, the demo model loaded once, and the real worker started in this process per batch size."""
-
-    def __init__(self, settings: Settings) -> None:
-        from worker.engine import Engine
-
-        self.settings = settings
-        self.engine = Engine.load(settings.model_path)
-        self.store = Store.connect(settings)
-        self.broker = make_broker(settings, worker=False)
-
-    def worker(self, **overrides: Any) -> AbstractContextManager[Any]:
-        """The real worker, on the loaded engine, with these settings changed."""
-        return running_worker(self.settings.model_copy(update=overrides), self.engine)
 
     def admit(self, text: str, **params: Any) -> str:
         return admit(self.store, self.broker, f"u{len(text) % 7}", text, **params)

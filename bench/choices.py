@@ -22,41 +22,22 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.harness import bench_env, model_folder, prompt, running_worker, spread, wait_ended
-from tasks.broker import Doorbell, make_broker
-from tasks.job import Choice, Job, JobSpec, Message, SamplingParams, new_job_id
-from tasks.settings import Settings
-from tasks.store import Store
+from bench.harness import InProcess, bench_env, model_folder, prompt, spread
+from tasks.job import Choice, JobSpec, Message, SamplingParams, new_job_id
 from worker.blas import preload_openblas
 
 
-class Bench:
-    def __init__(self, settings: Settings) -> None:
-        from worker.engine import Engine
-
-        self.settings = settings
-        self.engine = Engine.load(settings.model_path)
-        self.store = Store.connect(settings)
-        self.broker = make_broker(settings, worker=False)
-
+class Bench(InProcess):
     def admit(self, text: str, choice: Choice | None = None, job_id: str | None = None, **params: Any) -> str:
-        job_id = job_id or new_job_id()
+        messages = (Message(role="user", content=text),)
         spec = JobSpec(
             owner="bench",
             model=self.settings.model_name,
-            messages=(Message(role="user", content=text),),
+            messages=messages,
             params=SamplingParams(**params),
             choice=choice,
         )
-        self.store.admit(job_id, spec, 600, doorbell=Doorbell.ring(self.broker, job_id))
-        return job_id
-
-    def ended(self, ids: list[str]) -> tuple[float, list[Job]]:
-        """(seconds from the first admission to the last end, the jobs as they ended)."""
-        assert not wait_ended(self.store, ids, 900, every_s=0.01), "jobs did not end in time"
-        jobs = [self.store.get(job_id) for job_id in ids]
-        first = min(j.timings.queued_at for j in jobs)
-        return max(j.timings.finished_at for j in jobs) - first, jobs  # type: ignore[type-var, operator]
+        return self.submit(spec, job_id)
 
 
 def choices(b: Bench, rounds: int, n: int, words: int, tokens: int) -> None:
@@ -66,7 +47,7 @@ def choices(b: Bench, rounds: int, n: int, words: int, tokens: int) -> None:
     wall: dict[str, list[float]] = {"n": [], "separate": []}
     prefill: dict[str, list[float]] = {"n": [], "separate": []}
     read: dict[str, list[int]] = {"n": [], "separate": []}
-    with running_worker(b.settings, b.engine):
+    with b.worker():
         b.ended([b.admit(prompt(999, words), max_tokens=4) for _ in range(n)])  # warm up: a batch of n
         for r in range(rounds):
             for kind in ("n", "separate") if r % 2 == 0 else ("separate", "n"):
@@ -118,7 +99,7 @@ def throughput(b: Bench, rounds: int, n: int, tokens: int) -> None:
     print(f"\n== {n} jobs at once, {tokens} tokens each (ignore_eos): plain, with logprobs, with penalties and bias")
     texts = [f"Tell me about {prompt(k, 6)}." for k in range(n)]
     rates: dict[str, list[float]] = {kind: [] for kind in KINDS}
-    with running_worker(b.settings, b.engine):
+    with b.worker():
         for kind in KINDS:  # warm up: a full batch of each kind
             b.ended([b.admit(t, max_tokens=8, ignore_eos=True, **KINDS[kind]) for t in texts])
         for r in range(rounds):

@@ -358,6 +358,37 @@ def wait_ended(store: Store, ids: list[str], timeout_s: float, every_s: float = 
     return pending
 
 
+class InProcess:
+    """A benchmark's parts in this process: the model loaded once, the store and the broker of its private Redis,
+    and the real worker started on that model (`worker`) for as long as a part needs it."""
+
+    def __init__(self, settings: Settings) -> None:
+        from tasks.broker import make_broker
+        from worker.engine import Engine
+
+        self.settings = settings
+        self.engine = Engine.load(settings.model_path)
+        self.store = Store.connect(settings)
+        self.broker = make_broker(settings, worker=False)
+
+    def worker(self, **overrides: Any) -> AbstractContextManager[Any]:
+        """The real worker, on the loaded engine, with these settings changed."""
+        return running_worker(self.settings.model_copy(update=overrides), self.engine)
+
+    def submit(self, spec: JobSpec, job_id: str | None = None) -> str:
+        """Admit a job as the web does (the job and its dramatiq message in one script); returns its id."""
+        job_id = job_id or new_job_id()
+        self.store.admit(job_id, spec, 600, doorbell=Doorbell.ring(self.broker, job_id))
+        return job_id
+
+    def ended(self, ids: list[str], timeout_s: float = 900.0) -> tuple[float, list[Any]]:
+        """Wait for the jobs to end: (seconds from the first admission to the last end, the jobs as they ended)."""
+        assert not wait_ended(self.store, ids, timeout_s, every_s=0.01), "jobs did not end in time"
+        jobs = [self.store.get(job_id) for job_id in ids]
+        first = min(j.timings.queued_at for j in jobs)
+        return max(j.timings.finished_at for j in jobs) - first, jobs
+
+
 @dataclass(frozen=True)
 class Chunk:
     """One step of a job run alone: the new text, its tokens so far, and the finish reason last."""

@@ -25,11 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import bench_env, model_folder, prompt, running_worker, spread, wait_ended
-from tasks.broker import Doorbell, make_broker
-from tasks.job import JobSpec, Message, SamplingParams, new_job_id
-from tasks.settings import Settings
-from tasks.store import Store
+from bench.harness import InProcess, bench_env, model_folder, prompt, spread
+from tasks.job import JobSpec, Message, SamplingParams
 from tasks.structured import Constraint, Tool, json_constraint, tools_constraint
 from worker.blas import preload_openblas
 
@@ -80,17 +77,8 @@ WEATHER = Tool(
 )
 
 
-class Bench:
-    def __init__(self, settings: Settings) -> None:
-        from worker.engine import Engine
-
-        self.settings = settings
-        self.engine = Engine.load(settings.model_path)
-        self.store = Store.connect(settings)
-        self.broker = make_broker(settings, worker=False)
-
+class Bench(InProcess):
     def admit(self, text: str, constraint: Constraint | None, **params: Any) -> str:
-        job_id = new_job_id()
         spec = JobSpec(
             owner=f"u{len(text) % 7}",
             model=self.settings.model_name,
@@ -98,16 +86,11 @@ class Bench:
             params=SamplingParams(**params),
             constraint=constraint,
         )
-        self.store.admit(job_id, spec, 600, doorbell=Doorbell.ring(self.broker, job_id))
-        return job_id
+        return self.submit(spec)
 
     def run(self, asks: list[tuple[str, Constraint | None, dict[str, Any]]]) -> tuple[float, list[Any]]:
         """The jobs admitted at once: (seconds from the first admission to the last end, the jobs as they ended)."""
-        ids = [self.admit(text, constraint, **params) for text, constraint, params in asks]
-        assert not wait_ended(self.store, ids, 900, every_s=0.01), "jobs did not end in time"
-        jobs = [self.store.get(job_id) for job_id in ids]
-        first = min(j.timings.queued_at for j in jobs)
-        return max(j.timings.finished_at for j in jobs) - first, jobs
+        return self.ended([self.admit(text, constraint, **params) for text, constraint, params in asks])
 
 
 def throughput(b: Bench, rounds: int, n: int, tokens: int) -> None:
@@ -117,7 +100,7 @@ def throughput(b: Bench, rounds: int, n: int, tokens: int) -> None:
     rates: dict[str, list[float]] = {"constrained": [], "free": [], "mixed": []}
     kinds = ("constrained", "free", "mixed")
     masks = mask_s = steps = 0.0
-    with running_worker(b.settings, b.engine):
+    with b.worker():
         # warm up: a full batch of each kind first (the first batch of a size pays for its memory)
         for kind in (constraint, None):
             b.run([(t, kind, {"max_tokens": 8, "ignore_eos": True}) for t in texts])
@@ -204,7 +187,7 @@ def fast_forward(b: Bench, runs: int) -> None:
     tokens: dict[int, set[int]] = {0: set(), 4: set()}
     for r in range(runs):
         for ff in (0, 4) if r % 2 == 0 else (4, 0):
-            with running_worker(b.settings.model_copy(update={"fast_forward": ff}), b.engine):
+            with b.worker(fast_forward=ff):
                 b.run([(text, constraint, {"max_tokens": 8})])  # warm up
                 before = b.engine.counters.steps
                 wall, (job,) = b.run([(text, constraint, {"max_tokens": 160, "temperature": 0})])
