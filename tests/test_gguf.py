@@ -115,16 +115,14 @@ def test_a_gguf_written_from_a_model_imports_back_to_the_same_answers(file_type,
 
 
 def test_what_cannot_be_imported_is_refused_in_words(demo_model, tmp_path):
-    with pytest.raises(GgufError, match="architecture is 'gpt2'; onelane imports llama-family GGUFs only"):
+    with pytest.raises(GgufError, match="architecture is 'gpt2'; onelane imports llama, mistral, qwen2, qwen3, gemma"):
         import_gguf(write_gguf(demo_model, tmp_path / "a.gguf", architecture="gpt2"), tmp_path / "a")
-    with pytest.raises(GgufError, match=r"file type 15\) is not one MLX reads; use a F32, F16, Q4_0, Q4_1, Q8_0 file"):
-        import_gguf(write_gguf(demo_model, tmp_path / "k.gguf", file_type=15), tmp_path / "k")
     (tmp_path / "text.gguf").write_text("not a model")
     with pytest.raises(GgufError, match=r"^text.gguf is no GGUF file: it begins with b'not ', not b'GGUF'$"):
         import_gguf(tmp_path / "text.gguf", tmp_path / "t")
     with pytest.raises(GgufError, match="no such file"):
         import_gguf(tmp_path / "missing.gguf", tmp_path / "m")
-    assert not any(p.name in ("a", "k", "t", "m") for p in tmp_path.iterdir())  # nothing half-written is left
+    assert not any(p.name in ("a", "t", "m") for p in tmp_path.iterdir())  # nothing half-written is left
 
 
 def test_the_cli_imports_and_says_how_to_serve_the_folder(demo_model, tmp_path):

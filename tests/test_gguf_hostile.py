@@ -1,6 +1,6 @@
 """Hostile GGUF files (issue 29): whatever a file claims, `onelane import-gguf` refuses it in one line that names what
-it found, exits 1, and leaves nothing behind; MLX's reader, which crashes the process on some of them, never reads a
-file onelane's own reader has not checked, and a crash there is a refusal, not a dead worker."""
+it found, exits 1, and leaves nothing behind; nothing reads a file's tensors before onelane's own reader has checked
+its header (MLX's reader, used until issue 32, crashed the process on some of them)."""
 
 from __future__ import annotations
 
@@ -114,9 +114,9 @@ HOSTILE: dict[str, tuple[Callable[[], bytes], str]] = {
         lambda: llama_gguf(metadata(general__alignment=(UINT32, 0))),
         r"its general.alignment is 0; it must be a power of two",
     ),
-    "a K-quant tensor": (
-        lambda: one_tensor([256, 8], kind=12),
-        r"its tensor 'token_embd.weight' is of ggml type 12 \(Q4_K\), which MLX does not read",
+    "an i-quant tensor": (
+        lambda: one_tensor([256, 8], kind=23),
+        r"its tensor 'token_embd.weight' is of ggml type 23 \(IQ4_XS\), which onelane does not import",
     ),
     "tensor name blk.x": (
         lambda: llama_gguf(shapes=renamed("blk.1.attn_q.weight", "blk.x.attn_q.weight")),
@@ -192,11 +192,11 @@ def test_the_tiny_llama_the_hostile_files_are_made_from_imports(tmp_path):
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
 
 
-def test_a_file_that_crashes_mlx_is_refused_and_the_importer_lives_on(tmp_path):
-    # Given a file MLX's reader dies on (an alignment of 0: SIGFPE), handed to MLX without onelane's checks
+def test_the_tensor_process_reads_only_what_it_checked_itself(tmp_path):
+    # Given a file that crashed MLX's own reader (an alignment of 0: SIGFPE), handed straight to the tensor process
     source = tmp_path / "crash.gguf"
     source.write_bytes(llama_gguf(metadata(general__alignment=(UINT32, 0))))
-    # When the tensors are read, Then the crash is a refusal in words, and this process is still here to say so
-    with pytest.raises(GgufError, match=r"^the import crashed \(signal SIGFPE\) reading crash.gguf: MLX could not"):
+    # When the tensors are read, Then that process checks the header itself and refuses the file in words
+    with pytest.raises(GgufError, match=r"^crash.gguf: its general.alignment is 0; it must be a power of two"):
         read_tensors(source, tmp_path / "model.safetensors", None)
     assert not (tmp_path / "model.safetensors").exists()

@@ -24,9 +24,10 @@ import sys
 from pathlib import Path
 
 from tasks.settings import DEFAULT_MODEL_GGUF, DEFAULT_MODEL_INSTALL, ModelConfig
-from worker import gguf_llama
+from worker import gguf_model
 from worker.gguf_header import GgufError, read_header
 from worker.gguf_tensors import REFUSED
+from worker.gguf_tokenizer import write_tokenizer
 
 __all__ = ["GgufError", "import_gguf", "locate", "prepare", "read_tensors"]
 
@@ -69,7 +70,7 @@ def import_gguf(source: Path, folder: Path, dtype: str | None = None) -> Path:
     if not source.is_file():
         raise GgufError(f"{source.name}: no such file")
     header = read_header(source)
-    config = gguf_llama.check(header)
+    config = gguf_model.check(header)
     if dtype is not None:
         config.pop("quantization", None)
     staging = folder.with_name(folder.name + ".importing")
@@ -77,7 +78,7 @@ def import_gguf(source: Path, folder: Path, dtype: str | None = None) -> Path:
     try:
         staging.mkdir(parents=True)
         (staging / "config.json").write_text(json.dumps(config, indent=2))
-        gguf_llama.write_tokenizer(header, staging)
+        write_tokenizer(header, staging, gguf_model.architecture(header).name)
         read_tensors(source, staging / "model.safetensors", dtype)
         shutil.rmtree(folder, ignore_errors=True)
         staging.rename(folder)
@@ -85,7 +86,12 @@ def import_gguf(source: Path, folder: Path, dtype: str | None = None) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
     types = sorted({t.type_name for t in header.tensors.values()})
     logger.info(
-        "imported %s (%s, %d layers) into %s", source.name, "+".join(types), config["num_hidden_layers"], folder
+        "imported %s (%s %s, %d layers) into %s",
+        source.name,
+        config["model_type"],
+        "+".join(types),
+        config["num_hidden_layers"],
+        folder,
     )
     return folder
 

@@ -1,11 +1,12 @@
 """A GGUF file's header, read without trusting it: the metadata and the tensors' records (ggml's docs/gguf.md).
 
-Nothing native reads a file before this does: MLX's GGUF reader crashes the process on counts and lengths a file
-can lie about (a key of 2^60 bytes, 2^62 tensors, 2^31 dimensions, an alignment of 0). So every count and length is
-checked against the bytes left in the file, and against bounds of its own, before anything is allocated for it;
-every tensor's data must lie within the file, in a type MLX reads. The header is read through the file, a field at a
-time (a model's weights, gigabytes after it, are never read here). Anything wrong is a GgufError naming what was
-found, and the file by its name only.
+Nothing else reads a file before this does: readers that trust its counts and lengths crash or allocate without
+bound on the lies a file can tell (MLX's crashed the process on a key of 2^60 bytes, 2^62 tensors, 2^31 dimensions,
+an alignment of 0). So every count and length is checked against the bytes left in the file, and against bounds of
+its own, before anything is allocated for it; every tensor's data must lie within the file, in a type onelane
+imports. The header is read through the file, a field at a time (a model's weights, gigabytes after it, are never
+read here); the tensors are then read from the places checked here and nowhere else (worker/gguf_tensors.py).
+Anything wrong is a GgufError naming what was found, and the file by its name only.
 """
 
 from __future__ import annotations
@@ -33,11 +34,14 @@ SMALLEST = {**{kind: NUMBERS[f].size for kind, f in SCALARS.items()}, STRING: 8,
 SMALLEST_ENTRY = 8 + 1 + 4 + 1  # a metadata entry: key length, a 1-byte key, its type, a 1-byte value
 SMALLEST_TENSOR = 8 + 1 + 4 + 8 + 4 + 8  # a tensor's record: name length, a 1-byte name, 1 dimension, type, offset
 
-#: The ggml tensor types MLX reads, with their block: (name, elements per block, bytes per block).
-TENSOR_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34)}
-OTHER_TYPES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K",
-               16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S",
-               23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16"}  # fmt: skip
+#: The ggml tensor types onelane imports, with their block: (name, elements per block, bytes per block); the gguf
+#: package (llama.cpp's) dequantizes each of them (worker/gguf_tensors.py).
+TENSOR_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 30: ("BF16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+                6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 10: ("Q2_K", 256, 84),
+                11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210)}  # fmt: skip
+OTHER_TYPES = {9: "Q8_1", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL",
+               21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64",
+               29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4"}  # fmt: skip
 
 
 class GgufError(Exception):
@@ -216,8 +220,8 @@ class _Reader:
             found = OTHER_TYPES.get(kind, "unknown")
             readable = ", ".join(t[0] for t in TENSOR_TYPES.values())
             raise self.refuse(
-                f"its tensor {shown(name)} is of ggml type {kind} ({found}), which MLX does not read; use a "
-                f"{readable} file (a K-quant such as Q4_K_M is not)"
+                f"its tensor {shown(name)} is of ggml type {kind} ({found}), which onelane does not import; it "
+                f"imports {readable} (an i-quant such as IQ4_XS is not)"
             )
         _, block, _ = TENSOR_TYPES[kind]
         if dims[0] % block:
