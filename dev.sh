@@ -55,6 +55,8 @@ case "$command" in
         openblas
         # the browser tests drive Debian's chromium; without it they skip (and fail in CI), so do not stop here
         command -v chromium >/dev/null 2>&1 || apt_install chromium || true
+        # a real Prometheus scrapes /metrics in tests/test_prometheus.py (it skips without one, and fails in CI)
+        command -v prometheus >/dev/null 2>&1 || apt_install prometheus || true
         # the linter and the formatter first (pyproject.toml [tool.ruff]): a second each, and nothing runs unlinted
         .venv/bin/ruff check --no-cache . && .venv/bin/ruff format --no-cache --check .
         exec .venv/bin/python -m pytest "$@"

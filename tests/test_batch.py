@@ -282,8 +282,8 @@ def test_readyz_and_metrics_show_the_batch(jobs, store, start_worker):
 
     assert metrics[f"onelane_batch_size{{device={store.settings.device}}}"] == 3
     assert metrics[f"onelane_batch_slots{{device={store.settings.device}}}"] == 3
-    assert metrics[f"onelane_batch_occupancy{{device={store.settings.device}}}"] == 1.0
-    assert metrics[f"onelane_generation_tokens_per_second{{device={store.settings.device}}}"] > 0
+    assert metrics[f"onelane_batch_occupancy_ratio{{device={store.settings.device}}}"] == 1.0
+    assert metrics["onelane_tokens_generated_total"] > 0  # (its rate is the tokens per second)
     assert metrics["onelane_decode_seconds_total"] > 0 and metrics["onelane_prefill_seconds_total"] > 0
     assert metrics["onelane_prefill_tokens_total"] > 0 and metrics["onelane_batch_steps_total"] > 0
 

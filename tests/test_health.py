@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import time
 
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
+from tasks import keys
+from tasks.job import JobStatus
 from tests.helpers import claim_now, wait_ended
 
 
 def scrape(client) -> dict[str, float]:  # type: ignore[no-untyped-def]
     response = client.get("/metrics")
     assert response.status_code == 200
+    assert response.headers["Content-Type"] == CONTENT_TYPE_LATEST  # its charset once
     samples = {}
     for family in text_string_to_metric_families(response.get_data(as_text=True)):
         for s in family.samples:
@@ -51,6 +55,25 @@ def test_metrics_move_as_jobs_pass(jobs, store, start_worker):
     assert after["onelane_job_duration_seconds_count"] >= 3
     assert after["onelane_workers_alive"] == 1
     assert after["onelane_queue_depth"] == 0
+
+
+def test_a_wait_and_a_run_near_their_limits_count_in_buckets_of_their_own(jobs, store, settings):
+    # Given a job that waited 590 s (ONELANE_JOB_TTL is 600) and then ran 800 s (ONELANE_JOB_TIME_LIMIT is 900)
+    job_id = jobs.submit("long", max_tokens=4)["id"]
+    store.redis.hincrbyfloat(keys.job(job_id), "queued_at", -590)
+    assert store.for_worker("w1").take_device() == "ok"
+    assert claim_now(store, "w1").id == job_id
+    store.redis.hincrbyfloat(keys.job(job_id), "started_at", -800)
+
+    # When it ends
+    assert store.for_worker("w1").finish(job_id, JobStatus.COMPLETED, completion_tokens=4)
+
+    # Then each lands in the bucket just above it, not in +Inf; and the histogram that saw nothing has every bucket
+    metrics = scrape(jobs.client)
+    wait, run, first = "onelane_queue_wait_seconds", "onelane_job_duration_seconds", "onelane_time_to_first_token"
+    assert [metrics[f"{wait}_bucket{{le={le}}}"] for le in ("300", "600", "+Inf")] == [0, 1, 1]
+    assert [metrics[f"{run}_bucket{{le={le}}}"] for le in ("600", "900", "+Inf")] == [0, 1, 1]
+    assert [metrics[f"{first}_seconds_bucket{{le={le}}}"] for le in ("0.005", "900", "+Inf")] == [0, 0, 0]
 
 
 def test_rejections_are_counted_by_reason(jobs, store, settings, make_app):

@@ -9,8 +9,10 @@ gauges are read at scrape time.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterator
+from importlib import resources
 
 from flask import Blueprint, Response, jsonify
 from prometheus_client import CollectorRegistry, generate_latest
@@ -85,7 +87,8 @@ def _not_ready(reason: str, state: dict[str, object]) -> Response:
 def metrics() -> Response:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(services().store))
-    return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+    # content_type, not mimetype: CONTENT_TYPE_LATEST names its charset, which mimetype= would add a second time
+    return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 
 class _Collector:
@@ -112,8 +115,10 @@ def _gauges(snap: Snapshot) -> Iterator[Metric]:
     batch = {
         "batch_size": ("Jobs in the device's batch, as its worker last reported.", lambda w: w.batch),
         "batch_slots": ("The most jobs the device's batch holds (ONELANE_MAX_BATCH).", lambda w: w.slots),
-        "batch_occupancy": ("Share of the batch's slots in use.", lambda w: w.batch / w.slots if w.slots else 0.0),
-        "generation_tokens_per_second": ("Tokens the device generated per second lately.", lambda w: w.tokens_per_s),
+        "batch_occupancy_ratio": (
+            "Share of the batch's slots in use (0 to 1).",
+            lambda w: w.batch / w.slots if w.slots else 0.0,
+        ),
         "prefix_cache_bytes": (
             "Bytes of KV state the device's prefix cache holds (at most ONELANE_PREFIX_CACHE).",
             lambda w: w.cache_bytes,
@@ -195,20 +200,38 @@ def _counters(stats: dict[str, str]) -> Iterator[Metric]:
     yield ended
 
 
+def _lua_buckets() -> tuple[str, ...]:
+    """The histograms' upper bounds as the scripts write them: tasks/lua/common.lua's BUCKETS, read from there so
+    the two never differ."""
+    source = resources.files("tasks").joinpath("lua/common.lua").read_text()
+    listed = re.search(r"^local BUCKETS = \{(.*)\}", source, re.MULTILINE)
+    assert listed, "tasks/lua/common.lua defines BUCKETS"
+    return tuple(bound.strip() for bound in listed.group(1).split(","))
+
+
+BUCKETS = _lua_buckets()
+
+
 def _histograms(stats: dict[str, str]) -> Iterator[Metric]:
-    buckets: dict[str, dict[str, float]] = defaultdict(dict)
+    """Every bucket of every histogram, the empty ones too: a bucket appearing at its first observation is a new
+    series to Prometheus, and a histogram's quantiles need the same bounds at every scrape."""
+    counted: dict[str, dict[str, float]] = defaultdict(dict)
     for field, value in stats.items():
         if field.startswith("h:"):
             _, name, le = field.split(":", 2)
-            buckets[name][le] = float(value)
+            counted[name][le] = float(value)
     for name, help_text in HISTOGRAMS.items():
-        found = buckets.get(name, {})
+        found = counted.get(name, {})
         total_sum = found.pop("sum", 0.0)
-        bounds = sorted(found, key=lambda le: float("inf") if le == "+Inf" else float(le))
+        per_bucket = dict.fromkeys([*BUCKETS, "+Inf"], 0.0)
+        for le, count in found.items():  # (a bound BUCKETS no longer lists counts in the next one it does)
+            per_bucket[_bucket_of(float(le))] += count
         cumulative, running = [], 0.0
-        for le in bounds:
-            running += found[le]
+        for le, count in per_bucket.items():
+            running += count
             cumulative.append((le, running))
-        if not cumulative or cumulative[-1][0] != "+Inf":
-            cumulative.append(("+Inf", running))
         yield HistogramMetricFamily(f"onelane_{name}_seconds", help_text, buckets=cumulative, sum_value=total_sum)
+
+
+def _bucket_of(value: float) -> str:
+    return next((le for le in BUCKETS if value <= float(le)), "+Inf")

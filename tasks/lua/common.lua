@@ -33,8 +33,9 @@ local function error_json(type_, message)
   return cjson.encode({type = type_, message = message})
 end
 
--- Counters and histograms behind /metrics (a histogram keeps one field per bucket's upper bound).
-local BUCKETS = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+-- Counters and histograms behind /metrics (a histogram keeps one field per bucket's upper bound; web/health.py
+-- reads this list). Up to 900 s: a job waits at most ONELANE_JOB_TTL (600 s) and runs ONELANE_JOB_TIME_LIMIT (900).
+local BUCKETS = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900}
 
 local function stat(field, n)
   redis.call('HINCRBY', STATS, field, n or 1)
