@@ -17,7 +17,7 @@ from flask import Response, jsonify, redirect, render_template, url_for
 
 from tasks.job import Job
 from tasks.store import Board, DeviceLease, Minute
-from web.auth import csrf_token, current_owner, current_user, signed_in, start_visit
+from web.auth import LOCAL_USER, csrf_token, current_owner, current_user, signed_in, start_visit
 from web.html import excerpt, pages_blueprint
 from web.services import services
 
@@ -97,6 +97,21 @@ def board_view(who: Viewer) -> dict[str, Any]:
         "batches": _batches(who),
         "minutes": [_minute(m, snap.now) for m in board.minutes],
         "prefix_cache": _prefix_cache(snap.stats),
+        "local_api": _local_api(board, who),
+    }
+
+
+def _local_api(board: Board, who: Viewer) -> dict[str, Any] | None:
+    """In local mode, a browser's count of the API's jobs, so its page can say why they are another user's: the API
+    callers (curl, the SDKs, `onelane run`) are all the user `local`, while each browser is a visitor of its own, so
+    that its prompts stay private from other browsers and from anyone who calls the API. Anybody may list `local`'s
+    jobs through the API, so these counts tell nobody anything new. None with keys configured, or for `local` itself."""
+    if services().settings.keys_required or who.name == LOCAL_USER:
+        return None
+    return {
+        "user": LOCAL_USER,
+        "waiting": sum(1 for entry in board.waiting if entry.owner == LOCAL_USER),
+        "running": sum(1 for job in board.running if job.owner == LOCAL_USER),
     }
 
 

@@ -1,15 +1,18 @@
-"""The one edge where errors become HTTP: JSON bodies, the right status, never a stack trace."""
+"""The one edge where errors become HTTP: JSON bodies, the right status, never a stack trace; a browser's navigation
+(Accept preferring text/html) gets the same error as a page of the site instead."""
 
 from __future__ import annotations
 
 import logging
 
 import redis
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.http import HTTP_STATUS_CODES
 
 from tasks import errors
 from tasks.job import Job, JobStatus
+from web.html import SECURITY_HEADERS
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +46,40 @@ def error_body(type_: str, message: str, param: str | None = None) -> dict[str, 
     return {"error": {"type": type_, "message": message, **({"param": param} if param is not None else {})}}
 
 
+def wants_html() -> bool:
+    """A browser's navigation: its Accept prefers text/html to JSON. curl's `*/*`, the SDKs, fetch() and no Accept at
+    all tie or prefer JSON, and keep getting JSON."""
+    return request.accept_mimetypes.best_match(("application/json", "text/html")) == "text/html"
+
+
+def error_page(status: int, type_: str, message: str) -> Response:
+    """The error as a page with the site's nav: the same status and message as the JSON, nothing more."""
+    title = "Page not found" if status == 404 else HTTP_STATUS_CODES.get(status, "Error")
+    page = render_template("error.html", status=status, type=type_, title=title, message=message)
+    response = Response(page, status=status, mimetype="text/html")
+    response.headers.update({**SECURITY_HEADERS, "Cache-Control": "no-store"})
+    return response
+
+
 def error_response(status: int, type_: str, message: str, param: str | None = None) -> Response:
-    """onelane's error body; on the OpenAI endpoints, OpenAI's shape (and 400 for any invalid request)."""
+    """onelane's error body; on the OpenAI endpoints, OpenAI's shape (and 400 for any invalid request); a page for a
+    browser's navigation. Either way it varies with Accept, so no cache serves one to the other."""
+    response = _html_or_none(status, type_, message) if wants_html() else None
+    if response is None:
+        response = _error_json(status, type_, message, param)
+    response.vary.add("Accept")
+    return response
+
+
+def _html_or_none(status: int, type_: str, message: str) -> Response | None:
+    try:
+        return error_page(status, type_, message)
+    except Exception:  # an error page that cannot render (say, Redis down under the nav): the JSON still answers
+        logger.exception("the error page did not render")
+        return None
+
+
+def _error_json(status: int, type_: str, message: str, param: str | None = None) -> Response:
     if request.blueprint in OPENAI_BLUEPRINTS:
         status = 400 if status == 422 else status
         category = OPENAI_CATEGORY.get(status, "server_error" if status >= 500 else "invalid_request_error")

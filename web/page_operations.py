@@ -2,7 +2,7 @@
 itself (/openapi.json, /docs). web/operations.py describes the API's routes; web/openapi.py joins both.
 
 A page answers HTML; what goes wrong before a page can say it (an unknown key, Redis unreachable) is JSON, as in
-the API. With API keys configured, a browser that has not signed in is sent to /login (303).
+the API, or, to a browser's navigation (Accept preferring text/html), the same error as a page of the site. With API keys configured, a browser that has not signed in is sent to /login (303).
 """
 
 from __future__ import annotations
@@ -155,6 +155,40 @@ def page_operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any
             },
         ),
         (
+            "pages.continue_job",
+            "post",
+            {
+                "operationId": "continueJob",
+                "tags": ["pages"],
+                "summary": "Continue a completed chat with a follow-up turn",
+                "description": "A new watched job with the job's model and options, whose messages are the job's, its "
+                "answer, then `prompt` as the user's: the history the worker's prefix cache holds. A form is sent to "
+                "the new job's page; the page's script (Accept: application/json) gets the new job and its URLs.",
+                "parameters": [JOB_ID],
+                "requestBody": body({"prompt": {"type": "string", "maxLength": s.max_prompt_chars}}, ["prompt"]),
+                "responses": {
+                    "202": _answer(
+                        "to the script: the new job, its page, events, cancel and continue URLs",
+                        {JSON: {"type": "object"}},
+                        _header("Location", True, "the new job's page"),
+                    ),
+                    "303": {
+                        "description": "admitted: to the new job's page",
+                        "headers": _header("Location", True, "the new job's page"),
+                    },
+                    **dict([unauthorized, forbidden]),
+                    "404": _answer("no such job, or another user's", either),
+                    "413": _answer("the conversation is too large", either),
+                    "422": _answer(
+                        "the job is not a completed chat, or the message is empty (the page again, with the message)",
+                        either,
+                    ),
+                    "429": _answer("the caller's quota is full", either, _header("Retry-After", True)),
+                    "503": _answer("the queue is full, or Redis is unreachable", either, retry),
+                },
+            },
+        ),
+        (
             "pages.job_list",
             "get",
             {
@@ -283,5 +317,6 @@ def _board() -> dict[str, Any]:
         "minutes": {"type": "array"},
         "prefix_cache": {"type": "object"},
         "batches": {"type": "object"},
+        "local_api": {"type": ["object", "null"], "description": "local mode: the API user's jobs, counted"},
     }
     return {"type": "object", "properties": fields, "required": list(fields), "additionalProperties": False}

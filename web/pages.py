@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,7 +11,8 @@ from werkzeug.datastructures import MultiDict
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from tasks.errors import Forbidden, JobNotFound, OnelaneError, PromptTooLarge
-from web import body, responses
+from tasks.job import Job
+from web import body, conversation, responses
 from web.admission import admit
 from web.auth import check_csrf, csrf_token, current_owner, session_user, sign_in, signed_in, start_visit
 from web.errors import error_headers, status_for
@@ -140,7 +142,7 @@ def submit() -> Response:
 
 
 @bp.get("/jobs/<job_id>")
-def job_page(job_id: str) -> tuple[str, int]:
+def job_page(job_id: str) -> Response | tuple[str, int]:
     """The job, live: opening its page counts as watching it."""
     store = services().store
     try:
@@ -148,7 +150,68 @@ def job_page(job_id: str) -> tuple[str, int]:
     except JobNotFound:
         return render_template("not_found.html", job_id=job_id), 404
     store.keep_watching(job)
-    return render_template("job.html", job=job, body=responses.Job.of(job)), 200
+    return render_job(job)
+
+
+def render_job(job: Job, error: OnelaneError | None = None, text: str = "") -> Response:
+    """The job's page: a chat as its thread (each earlier answer with the job that gave it), and, once it completed,
+    the form that continues it, filled with `text` and the error that refused it, if any."""
+    turns = conversation.thread(job, services().store.list(job.owner)) if job.spec.messages is not None else []
+    page = render_template(
+        "job.html",
+        job=job,
+        body=responses.Job.of(job),
+        turns=turns,
+        continuable=conversation.continuable(job),
+        error=error,
+        text=text,
+    )
+    response = Response(page, status=status_for(error) if error else 200)
+    if error is not None:
+        response.headers.update(error_headers(error))
+    return response
+
+
+@bp.post("/jobs/<job_id>/continue")
+def continue_job(job_id: str) -> Response:
+    """Continue a completed chat with the user's next message: a new, watched job carrying the whole history. A form
+    is sent to the new job's page; the page's script (asking for JSON) gets the new job, to follow it in place."""
+    svc = services()
+    owner = current_owner()  # and its CSRF token, before anything else is looked at
+    job = svc.store.get(job_id, owner)  # JobNotFound -> 404
+    text = ""
+    try:
+        text = body.form(request).get("prompt", "")
+        req = parse(SubmitJob, conversation.follow_up(job, text))
+        new = admit(*to_spec(req, owner, svc.settings, watched=True))
+    except RequestEntityTooLarge:
+        limit = svc.settings.max_prompt_chars
+        return _refused(job, PromptTooLarge(f"the conversation is too large; the limit is {limit} characters"), "")
+    except OnelaneError as exc:
+        return _refused(job, exc, text)
+    url = url_for("pages.job_page", job_id=new.id)
+    if not _asks_json():
+        return redirect(url, code=303)  # type: ignore[return-value]
+    answer = {
+        "job": responses.Job.of(new),
+        "url": url,
+        "events_url": url_for("stream.job_events", job_id=new.id),
+        "cancel_url": url_for("api.cancel_job", job_id=new.id),
+        "continue_url": url_for("pages.continue_job", job_id=new.id),
+    }
+    return Response(json.dumps(answer), status=202, mimetype="application/json", headers={"Location": url})
+
+
+def _refused(job: Job, error: OnelaneError, text: str) -> Response:
+    """A refused follow-up: the job's page again with the error and the text kept; the script gets the JSON error."""
+    if _asks_json():
+        raise error
+    return render_job(job, error, text)
+
+
+def _asks_json() -> bool:
+    """The page's script, which asks for JSON; a form (whatever its Accept says, or none) is answered with pages."""
+    return request.accept_mimetypes.best_match(("text/html", "application/json")) == "application/json"
 
 
 @bp.get("/jobs")

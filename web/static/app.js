@@ -1,4 +1,4 @@
-// onelane's pages: the live job page and local times. Model output and prompts are untrusted text:
+// onelane's pages: the live job page, a chat's thread that continues in place, and local times. Model output and prompts are untrusted text:
 // they only ever go into the page through textContent or text nodes, never as HTML.
 "use strict";
 
@@ -68,7 +68,25 @@ function timingRows(job) {
   if (t.first_token_at != null && t.finished_at != null && t.finished_at > t.first_token_at) {
     rows.push(["Speed", `${(tokens / (t.finished_at - t.first_token_at)).toFixed(1)} tokens/s`]);
   }
+  if (isFollowUp(job)) rows.push(["From the prefix cache", cachedText(job)]);
   return rows;
+}
+
+/** A chat turn that continues earlier ones: its history holds an assistant's answer. */
+function isFollowUp(job) {
+  return (job.messages || []).some((m) => m.role === "assistant");
+}
+
+/** How much of a job's prompt the worker read from its prefix cache instead of prefilling it. */
+function cachedText(job) {
+  return `${job.usage.cached_tokens} of ${job.usage.prompt_tokens} prompt tokens`;
+}
+
+/** An element with properties and children, built without HTML: model text stays text. */
+function el(tag, props = {}, ...children) {
+  const node = Object.assign(document.createElement(tag), props);
+  node.append(...children);
+  return node;
 }
 
 /** One job's page: its status, its output as it streams, a cancel button, and timings once it ended. */
@@ -171,6 +189,7 @@ class JobPage {
 
   /** Show the ended job as the server has it, and stop listening. */
   end(job) {
+    this.job = job;
     if (this.source) this.source.close();
     clearInterval(this.ticker);
     this.queued = null;
@@ -187,6 +206,7 @@ class JobPage {
       this.timings.append(dt, dd);
     }
     this.timingsSection.hidden = false;
+    if (this.onEnd) this.onEnd(job);
   }
 
   /** Ask the server to cancel; the job's end arrives in the answer or, for a running job, on the stream. */
@@ -213,6 +233,92 @@ class JobPage {
   }
 }
 
+/** A completed chat's follow-up, sent without leaving the page: the answer becomes a turn of the thread, the new
+ * message another, and the new job is followed in place (its events, its cancel button) as any job's page does.
+ * Without the script the form posts and the server sends the browser to the new job's page: the same thread. */
+class Conversation {
+  constructor(root, form, job) {
+    this.root = root;
+    this.form = form;
+    this.text = form.querySelector("textarea");
+    this.send = form.querySelector("button[type=submit]");
+    form.addEventListener("submit", (e) => {
+      e.preventDefault();
+      this.submit();
+    });
+    this.text.addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { // Enter sends, Shift+Enter is a new line
+        e.preventDefault();
+        form.requestSubmit();
+      }
+    });
+    this.follow(job);
+    window.addEventListener("popstate", () => window.location.reload()); // back to an earlier turn's own page
+  }
+
+  follow(job) {
+    this.page = new JobPage(this.root, job);
+    this.page.onEnd = (ended) => this.ended(ended);
+    if (ENDED.has(job.status)) this.ended(job);
+  }
+
+  ended(job) {
+    this.form.hidden = job.status !== "completed";
+    if (!this.form.hidden && document.activeElement === document.body) this.text.focus();
+  }
+
+  async submit() {
+    this.send.disabled = true;
+    this.form.querySelector(".alert")?.remove();
+    try {
+      const response = await fetch(this.form.action, {
+        method: "POST",
+        body: new FormData(this.form),
+        headers: { Accept: "application/json", "X-CSRF-Token": this.root.dataset.csrf },
+      });
+      const body = await response.json();
+      if (response.ok) this.continueWith(body);
+      else this.refused(body.error.message);
+    } catch (err) {
+      this.refused("the server could not be reached");
+    } finally {
+      this.send.disabled = false;
+    }
+  }
+
+  refused(message) {
+    this.form.querySelector("label").before(el("p", { className: "alert", id: "form-error", role: "alert" }, message));
+  }
+
+  /** The answer just given and the new message join the thread; the new job takes the page over. */
+  continueWith(next) {
+    const done = this.page.job;
+    const thread = document.getElementById("prompt");
+    const meta = el("p", { className: "turn-meta" }, el("a", { href: window.location.pathname }, done.id), " · ",
+      el("span", { className: "cached" }, `${cachedText(done)} from the cache`));
+    thread.append(
+      this.turn("assistant", done.output, meta),
+      this.turn("user", next.job.messages[next.job.messages.length - 1].content),
+    );
+    this.text.value = "";
+    this.form.hidden = true;
+    this.form.action = next.continue_url;
+    Object.assign(this.root.dataset, { eventsUrl: next.events_url, cancelUrl: next.cancel_url });
+    document.getElementById("job-id").textContent = next.job.id;
+    document.getElementById("output").textContent = "";
+    document.getElementById("timings-section").hidden = true;
+    document.getElementById("status").after(el("button", { type: "button", className: "cancel", id: "cancel" }, "Cancel"));
+    history.pushState(null, "", next.url);
+    this.follow(next.job);
+  }
+
+  turn(role, text, ...rest) {
+    const li = el("li", { className: "turn" }, el("p", { className: "role" }, role), el("pre", { className: "text" }, text), ...rest);
+    li.dataset.role = role;
+    return li;
+  }
+}
+
 /** Show each <time datetime> in the visitor's time zone. */
 function localTimes() {
   for (const el of document.querySelectorAll("time[datetime]")) {
@@ -224,5 +330,9 @@ document.addEventListener("DOMContentLoaded", () => {
   localTimes();
   const root = document.getElementById("job");
   const data = document.getElementById("job-data");
-  if (root && data) new JobPage(root, JSON.parse(data.textContent));
+  if (!root || !data) return;
+  const job = JSON.parse(data.textContent);
+  const form = document.getElementById("continue");
+  if (form) new Conversation(root, form, job);
+  else new JobPage(root, job);
 });

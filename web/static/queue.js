@@ -175,6 +175,7 @@ class Dashboard {
     this.$("viewer").textContent = admin
       ? `You are ${b.viewer.name}, an admin: you see every user's jobs and may cancel any of them.`
       : "You see your own jobs by name; other users' jobs are only counted.";
+    this.renderLocalApi(b.local_api);
     const hour = (key) => b.minutes.reduce((sum, m) => sum + m[key], 0);
     const live = b.workers.filter((w) => w.worker);
     this.$("tiles").replaceChildren(...[
@@ -193,6 +194,18 @@ class Dashboard {
     this.renderBatches(b.batches, admin, b.now);
     this.renderFailures(b.failures, admin, b.now);
     this.plots();
+  }
+
+  /** Local mode: why the jobs this machine sent through the API count as another user's here. */
+  renderLocalApi(api) {
+    const note = this.$("local-api");
+    note.hidden = !api;
+    if (!api) return;
+    const now = api.waiting + api.running
+      ? `: ${plural(api.waiting, "job")} waiting and ${api.running} running now` : "";
+    note.textContent = "Local mode: this browser is a user of its own, so its prompts stay private from other "
+      + "browsers and from API clients. Jobs sent through the API (curl, the SDKs, onelane run) all belong to one "
+      + `user, "${api.user}", and count here as another user's${now}.`;
   }
 
   renderRunning(r, admin) {
