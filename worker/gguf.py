@@ -1,15 +1,15 @@
-"""Import a llama-family GGUF file (llama.cpp's format, what Ollama keeps in its blobs) into a model folder that
-mlx_lm.load reads: weights renamed to mlx-lm's llama layout, config.json from the file's metadata, and a tokenizer
-(tokenizer.json, tokenizer_config.json with the chat template) built from the vocabulary and merges it carries.
+"""Import a GGUF file (llama.cpp's format, what Ollama keeps in its blobs) into a model folder that mlx_lm.load reads:
+weights renamed to mlx-lm's layout, config.json from the file's metadata, and a tokenizer (tokenizer.json,
+tokenizer_config.json with the chat template) built from the vocabulary it carries. The architectures are those of
+worker/gguf_archs.py (llama, mistral, qwen2, qwen3, gemma, gemma2, phi3); the tensor types those of
+worker/gguf_header.py (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q2_K to Q6_K).
 
-A GGUF file may come from anywhere, and MLX's reader crashes the process on some lies a file can tell. So the file is
-read in three steps, each trusting only what the one before checked: its header, by onelane's own bounded reader
-(worker/gguf_header.py); what that header says, against what a llama model is (worker/gguf_llama.py, which also
-writes the config and tokenizer); then its tensors, by MLX, in a process of its own (worker/gguf_tensors.py), so that
-a crash there is a refusal here. Q4_0, Q4_1 and Q8_0 tensors come back from MLX as quantized weights (group size 32),
-F16 and F32 as they are; a file of any other type is refused. llama.cpp stores each head's Q and K rows in the
-interleaved order of "traditional" RoPE, so the config says `rope_traditional` instead of permuting them back
-(attention scores do not change under the same permutation of q and k).
+A GGUF file may come from anywhere, and readers that trust it crash or allocate without bound on the lies a file can
+tell. So the file is read in three steps, each trusting only what the one before checked: its header, by onelane's
+own bounded reader (worker/gguf_header.py); what that header says, against the model its architecture is
+(worker/gguf_model.py; worker/gguf_tokenizer.py writes the tokenizer); then its tensors, from the places the header
+checked, in a process of its own (worker/gguf_tensors.py: numpy, the gguf package's dequantizers, MLX), so that a
+crash there, or a model too big for memory, is a refusal here, not a dead worker.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ __all__ = ["GgufError", "import_gguf", "locate", "prepare", "read_tensors"]
 
 logger = logging.getLogger(__name__)
 
-TIME_LIMIT_S = 600.0  # an import's MLX part may take this long, and a minute more per GiB of file
+TIME_LIMIT_S = 600.0  # an import's tensor part may take this long, and a minute more per GiB of file
 STDERR_KEPT = 4000  # characters of a failed import process's stderr the log keeps
 
 
@@ -97,21 +97,25 @@ def import_gguf(source: Path, folder: Path, dtype: str | None = None) -> Path:
 
 
 def read_tensors(source: Path, path: Path, dtype: str | None) -> None:
-    """Have MLX read the tensors into the safetensors file `path`, in a process of its own (worker/gguf_tensors.py):
-    a file MLX's reader crashes on (natively: nothing to catch) takes that process down, and is refused here."""
+    """Have the tensors read into the safetensors file `path`, in a process of its own (worker/gguf_tensors.py): a
+    file that crashes native code there (nothing to catch) takes that process down, and is refused here."""
     command = [sys.executable, "-m", "worker.gguf_tensors", str(source), str(path), *([dtype] if dtype else [])]
     limit = TIME_LIMIT_S + 60 * source.stat().st_size / 2**30
     try:
         done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=limit)
     except subprocess.TimeoutExpired:  # (run() kills the process)
-        raise GgufError(f"the import of {source.name} took longer than {limit:.0f} s: MLX could not read it") from None
+        raise GgufError(
+            f"the import of {source.name} took longer than {limit:.0f} s: its tensors could not be read"
+        ) from None
     if done.returncode == 0:
         return
     if done.stderr.strip():
         logger.warning("the import of %s failed; its process said: %s", source.name, done.stderr[-STDERR_KEPT:])
     if done.returncode == REFUSED and done.stdout.strip():
         raise GgufError(done.stdout.strip().splitlines()[-1])
-    raise GgufError(f"the import crashed ({_ending(done.returncode)}) reading {source.name}: MLX could not read it")
+    raise GgufError(
+        f"the import crashed ({_ending(done.returncode)}) reading {source.name}: its tensors could not be read"
+    )
 
 
 def _ending(returncode: int) -> str:
