@@ -25,6 +25,7 @@ STORED_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q5_0": 4, "Q5_1": 4, "Q2_K": 4,
 LAYER = re.compile(r"blk\.(0|[1-9][0-9]*)\.([a-z_0-9]+\.(?:weight|bias))")
 TOKENIZERS = ("gpt2", "llama")  # byte-level BPE; SentencePiece (Gemma, Mistral, Phi-3)
 SPECIAL_IDS = ("bos", "eos", "unknown", "padding")
+PAD = "tokenizer.ggml.padding_token_id"
 
 
 def architecture(header: Header) -> Arch:
@@ -99,6 +100,8 @@ def _config(meta: dict[str, Any], arch: Arch) -> dict[str, Any]:
         "max_position_embeddings": whole(meta, f"{key}.context_length", 4096),
         "bos_token_id": whole(meta, "tokenizer.ggml.bos_token_id", 1, least=0),
         "eos_token_id": whole(meta, "tokenizer.ggml.eos_token_id", 2, least=0),
+        # (named even when absent: transformers' own default, Phi-3's 32000, may lie past a smaller vocabulary)
+        "pad_token_id": whole(meta, PAD, least=0) if PAD in meta else None,
     }
     return {**config, **extras(arch, meta, config)}
 
