@@ -21,7 +21,7 @@ from typing import get_args
 
 import click
 
-from tasks import client_cli
+from tasks import client_cli, client_url
 from tasks.errors import OnelaneError
 from tasks.settings import ENV_NAMES, LOG_FORMAT, LogLevel, Settings
 
@@ -76,11 +76,13 @@ def up(host: str | None, port: int | None) -> None:
     """Run everything: Redis (unless REDIS_URL is set), the worker and the web. Ctrl-C stops all.
 
     Refused, with nothing started, where another onelane runs: on the same port, or with its Redis in the same folder
-    (ONELANE_VAR_DIR)."""
+    (ONELANE_VAR_DIR). While it runs, its web's URL is in ONELANE_VAR_DIR/web.json, where `onelane run` and the
+    client's other commands find it when ONELANE_URL is not set."""
     from tasks.embedded_redis import EmbeddedRedis
 
     settings = _settings()
-    _check_port(host or settings.host, port or settings.port)  # before anything starts: a refusal leaves all as it was
+    host, port = host or settings.host, port or settings.port
+    _check_port(host, port, "up")  # before anything starts: a refusal leaves all as it was
     env = {**os.environ, ENV_NAMES["log_level"]: settings.log_level}
     embedded = None
     if settings.redis_url is None:
@@ -89,20 +91,23 @@ def up(host: str | None, port: int | None) -> None:
         except OnelaneError as exc:
             raise click.ClickException(exc.message) from None
         env["REDIS_URL"] = embedded.url
-    web_args = [*(["--host", host] if host else []), *(["--port", str(port)] if port else [])]
-    children = [
-        subprocess.Popen([sys.executable, "-m", "tasks.cli", "worker"], env=env),
-        subprocess.Popen([sys.executable, "-m", "tasks.cli", "web", *web_args], env=env),
-    ]
+    web = subprocess.Popen([sys.executable, "-m", "tasks.cli", "web", "--host", host, "--port", str(port)], env=env)
+    children = [subprocess.Popen([sys.executable, "-m", "tasks.cli", "worker"], env=env), web]
+    record = client_url.record_path()
+    client_url.record(record, host, port)
+    logger.info("onelane up: the web on %s:%s (recorded in %s for the terminal client)", host, port, record)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         while not stop.wait(0.5):
-            dead = [child.args for child in children if child.poll() is not None]
+            dead = [child for child in children if child.poll() is not None]
+            if dead == [web] and _port_taken(host, port):  # taken between the check and gunicorn's bind
+                raise click.ClickException(f"the web could not listen: {_port_in_use(port, 'up')}; stopping everything")
             if dead:
-                raise click.ClickException(f"{dead[0][-1]} exited; stopping everything")
+                raise click.ClickException(f"{dead[0].args[3]} exited; stopping everything")
     finally:
+        client_url.forget(record)
         for child in children:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
@@ -116,21 +121,35 @@ def up(host: str | None, port: int | None) -> None:
         logger.info("onelane stopped")
 
 
-def _check_port(host: str, port: int) -> None:
+def _port_in_use(port: int, command: str) -> str:
+    return (
+        f"port {port} is in use (another onelane up?): pick another with `onelane {command} --port N` or ONELANE_PORT=N"
+    )
+
+
+def _check_port(host: str, port: int, command: str) -> None:
     """Refuse (ClickException) when the web could not listen on host:port, as gunicorn binds (SO_REUSEADDR: a port
     that only holds closed connections is free)."""
     try:
+        _port_taken(host, port, strict=True)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise click.ClickException(_port_in_use(port, command)) from None
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def _port_taken(host: str, port: int, strict: bool = False) -> bool:
+    """Whether binding host:port fails as in use; with `strict`, any failure to bind raises its OSError."""
+    try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    except socket.gaierror as exc:
-        raise click.ClickException(f"cannot listen on {host}: {exc.strerror}") from None
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(address)
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise click.ClickException(f"port {port} is in use (another onelane up?); use --port N") from None
-            raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    except OSError as exc:  # (socket.gaierror is one)
+        if strict:
+            raise
+        return exc.errno == errno.EADDRINUSE
+    return False
 
 
 @main.command()
@@ -146,7 +165,9 @@ def web(host: str | None, port: int | None, workers: int, connections: int) -> N
     from web.server import serve
 
     settings = _settings()
-    serve(settings, host or settings.host, port or settings.port, workers, connections)
+    host, port = host or settings.host, port or settings.port
+    _check_port(host, port, "web")  # at once, in words: gunicorn would retry for 5 s, then log "Can't connect"
+    serve(settings, host, port, workers, connections)
 
 
 def _check_mlx() -> None:

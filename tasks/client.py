@@ -17,9 +17,9 @@ from typing import Any
 import requests
 import urllib3
 
+from tasks.client_url import DEFAULT_URL, find
 from tasks.events import TERMINAL
 
-DEFAULT_URL = "http://127.0.0.1:8000"
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0  # a live stream sends a ping every ONELANE_SSE_PING_S (15 s): silence this long is a dead link
 RESUME_FOR_S = 60.0  # how long a dropped stream keeps trying to resume before giving up
@@ -64,16 +64,20 @@ class ServerEvent:
 
 @dataclass
 class Client:
-    """onelane's REST API at `base_url`, with an optional API key (sent as a bearer token)."""
+    """onelane's REST API at `base_url`, with an optional API key (sent as a bearer token); `found_by` says where
+    the URL came from, in the errors of a server that does not answer."""
 
     base_url: str = DEFAULT_URL
     api_key: str | None = None
     session: requests.Session = field(default_factory=requests.Session)
+    found_by: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Client:
-        """ONELANE_URL (default http://127.0.0.1:8000) and ONELANE_API_KEY."""
-        return cls(environ.get("ONELANE_URL") or DEFAULT_URL, environ.get("ONELANE_API_KEY") or None)
+        """ONELANE_URL, else the `onelane up` running from ONELANE_VAR_DIR, else http://127.0.0.1:8000
+        (tasks/client_url.py); and ONELANE_API_KEY."""
+        found = find(environ)
+        return cls(found.url, environ.get("ONELANE_API_KEY") or None, found_by=found.how)
 
     def submit(self, prompt: str | list[dict[str, str]], raw: bool = False, **fields: Any) -> dict[str, Any]:
         """POST /v1/jobs: `prompt` as the user's turn of a chat, a whole conversation (its messages), or with `raw`
@@ -104,14 +108,7 @@ class Client:
         could post, which onelane refuses (web/auth.py check_csrf); a server without keys takes any key as its
         local user, one with keys refuses it (said as the missing key it is)."""
         headers = None if self.api_key else {"Authorization": f"Bearer {NO_KEY}"}
-        try:
-            return self._json(
-                "POST", "/v1/files", headers=headers, data={"purpose": purpose}, files={"file": (name, data)}
-            )
-        except ApiError as exc:
-            if self.api_key or exc.status != 401:
-                raise
-            raise ApiError(401, exc.type, "this server needs an API key: set ONELANE_API_KEY") from None
+        return self._json("POST", "/v1/files", headers=headers, data={"purpose": purpose}, files={"file": (name, data)})
 
     def file_content(self, file_id: str) -> bytes:
         """GET /v1/files/<id>/content: the file's bytes (a batch's output or error file, JSONL)."""
@@ -197,11 +194,23 @@ class Client:
         try:
             response = self.session.request(method, url, headers=headers, **kwargs)
         except (requests.ConnectionError, requests.Timeout) as exc:
-            raise Unreachable(f"cannot reach onelane at {self.base_url}: {_reason(exc)}") from None
+            found = f" ({self.found_by})" if self.found_by else ""
+            raise Unreachable(f"cannot reach onelane at {self.base_url}{found}: {_reason(exc)}") from None
         if response.status_code >= 400:
             with response:
-                raise api_error(response)
+                error = api_error(response)
+            raise self._unauthorized(error) if error.status == 401 else error
         return response
+
+    def _unauthorized(self, error: ApiError) -> ApiError:
+        """A 401, said with what to set: the key the client sends is ONELANE_API_KEY's (from_env)."""
+        if self.api_key:
+            message = f"{self.base_url} refused the key in ONELANE_API_KEY: {error.message}; set it to a key it knows"
+        else:
+            message = (
+                f"{self.base_url} needs an API key: set ONELANE_API_KEY to yours, e.g. `export ONELANE_API_KEY=KEY`"
+            )
+        return ApiError(401, error.type, message, error.param)
 
 
 def json_format(schema: dict[str, Any] | None = None, name: str = "answer") -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The terminal client's commands: run, chat, submit, tail, jobs, cancel and batch talk to a running web over HTTP
-(tasks/client.py), at ONELANE_URL with ONELANE_API_KEY. A job's tokens go to stdout, so it pipes; its standing and
-errors go to stderr. tasks/cli.py adds them to the `onelane` command.
+(tasks/client.py), at ONELANE_URL (else the `onelane up` of this folder: tasks/client_url.py) with ONELANE_API_KEY.
+A job's tokens go to stdout, so it pipes; its standing and errors go to stderr. tasks/cli.py adds them to the
+`onelane` command.
 
 The client's imports (rich, and requests through tasks.client) wait until one of these commands runs: `onelane web`
 must let gevent patch ssl before they are imported.
@@ -41,8 +42,12 @@ def _client() -> tuple[Client, Console]:
     from rich.console import Console
 
     from tasks.client import Client
+    from tasks.client_url import StaleRecord
 
-    return Client.from_env(), Console(stderr=True, highlight=False)
+    try:
+        return Client.from_env(), Console(stderr=True, highlight=False)
+    except StaleRecord as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @contextmanager

@@ -230,13 +230,22 @@ def test_run_help_tells_the_defaults_the_server_applies():
     assert "Default: your key's class (interactive without keys)" in shown
 
 
-def test_the_api_key_comes_from_the_environment(settings, serve):
+def test_the_api_key_comes_from_the_environment_and_a_401_says_to_set_it(settings, serve):
     url = serve(settings.model_copy(update={"users": settings.model_validate({"users": "alice:ka"}).users}))
 
     refused = onelane(url, "jobs")
+    wrong = onelane(url, "jobs", ONELANE_API_KEY="kb")
     allowed = onelane(url, "jobs", ONELANE_API_KEY="ka")
 
-    assert refused.returncode == 1 and "401 unauthorized" in refused.stderr
+    # A 401 says what to set, and how
+    assert refused.returncode == 1 and refused.stderr == (
+        f"Error: {url} needs an API key: set ONELANE_API_KEY to yours, e.g. `export ONELANE_API_KEY=KEY` "
+        "(401 unauthorized)\n"
+    )
+    assert wrong.returncode == 1 and wrong.stderr == (
+        f"Error: {url} refused the key in ONELANE_API_KEY: invalid API key; set it to a key it knows "
+        "(401 unauthorized)\n"
+    )
     assert allowed.returncode == 0, allowed.stderr
 
 

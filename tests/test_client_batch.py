@@ -158,7 +158,7 @@ def test_an_unreachable_server_or_a_missing_file_is_one_line(folder, live_server
     missing = onelane(live_server, "batch", str(folder / "nope.jsonl"))
 
     assert unreachable.exit_code == 1 and unreachable.stdout == ""
-    assert unreachable.stderr.startswith(f"Error: cannot reach onelane at {nowhere}: ")
+    assert unreachable.stderr.startswith(f"Error: cannot reach onelane at {nowhere} (ONELANE_URL): ")
     assert unreachable.stderr.count("\n") == 1 and "Traceback" not in unreachable.stderr
     assert missing.exit_code == 2 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
     with pytest.raises(ApiError) as refused:  # (a file id the server does not know, as the client says it)
@@ -181,7 +181,10 @@ def test_a_server_with_keys_takes_a_batch_from_onelane_api_key_only(folder, sett
         server.shutdown()
 
     assert refused.exit_code == 1
-    assert refused.stderr == "Error: this server needs an API key: set ONELANE_API_KEY (401 authentication_error)\n"
+    assert refused.stderr == (
+        f"Error: {url} needs an API key: set ONELANE_API_KEY to yours, e.g. `export ONELANE_API_KEY=KEY` "
+        "(401 authentication_error)\n"
+    )
     assert taken.exit_code == 0 and taken.stdout.startswith("batch_"), taken.output
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -162,10 +164,84 @@ def test_a_second_up_on_the_same_port_is_refused_before_it_starts_anything(first
     code, said = attempt(up_env(var, demo_model, int(first.base.rsplit(":", 1)[1])), "up")
 
     port = first.base.rsplit(":", 1)[1]
-    assert code == 1 and f"port {port} is in use (another onelane up?); use --port N" in said, said
+    assert code == 1, said
+    assert (
+        f"port {port} is in use (another onelane up?): pick another with `onelane up --port N` or ONELANE_PORT=N"
+        in said
+    )
     assert not (tmp_path / "var").exists()  # (another folder: nothing made in it)
     assert redis_servers(first.var) == redis_before
     assert_serves(first)
+
+
+def client_env(var: Path, **extra: str) -> dict[str, str]:
+    """A terminal in the folder onelane up was started from: ONELANE_URL set only where `extra` sets it."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("ONELANE_URL", "ONELANE_API_KEY")}
+    return {**environ, "ONELANE_VAR_DIR": str(var), **extra}
+
+
+def test_the_client_finds_the_web_that_up_runs_from_its_folder_and_an_explicit_url_wins(first):
+    # Given onelane up on a port of its own, not 8000, and no ONELANE_URL
+    assert not first.base.endswith(":8000")
+
+    # When the client runs from its folder, Then it reaches that web
+    code, said = attempt(client_env(first.var), "run", "found you", "--max-tokens", "3", "--ignore-eos")
+    assert code == 0 and "completed: 3 tokens" in said, said
+
+    # And ONELANE_URL, when set, wins over the record, and is named when it does not answer
+    nobody = f"http://127.0.0.1:{free_port()}"
+    code, said = attempt(client_env(first.var, ONELANE_URL=nobody), "jobs")
+    assert code == 1 and f"cannot reach onelane at {nobody} (ONELANE_URL)" in said, said
+
+
+def test_an_up_killed_outright_leaves_a_record_the_client_refuses_at_once_saying_why(tmp_path, demo_model):
+    # Given a onelane up killed with its terminal's whole process group: its record of the web stays
+    var = tmp_path / "var"
+    running = start(var, demo_model, free_port(), tmp_path / "up.log")
+    try:
+        os.killpg(running.up.pid, signal.SIGKILL)
+        running.up.wait()
+        assert (var / "web.json").exists()
+
+        # When the client runs from its folder, Then it says what ended and what to do, without a request
+        began = time.monotonic()
+        code, said = attempt(client_env(var), "jobs")
+        assert code == 1 and time.monotonic() - began < 10, said
+        assert f"the onelane up that served {running.base} from here (pid {running.up.pid}" in said, said
+        assert "start it again with `onelane up`, or set ONELANE_URL" in " ".join(said.split()), said
+    finally:
+        stop(running)
+
+
+def test_up_names_the_port_when_it_is_taken_between_its_check_and_the_webs_bind(tmp_path, demo_model):
+    # Given a port free when onelane up checks it, and taken by another program as soon as up has started its Redis
+    # (after the check, before its web binds)
+    var, port = tmp_path / "var", free_port()
+    taken = threading.Event()
+
+    def take_the_port() -> None:
+        while not (var / "redis" / "redis.sock").exists():
+            time.sleep(0.005)  # a poll: the socket file is what up leaves as it passes the check
+        occupant.bind(("127.0.0.1", port))
+        occupant.listen()
+        taken.set()
+
+    with socket.socket() as occupant:
+        threading.Thread(target=take_the_port, daemon=True).start()
+
+        # When onelane up starts, Then it stops everything, naming the port and how to pick another
+        log = tmp_path / "up.log"
+        up = start_up(up_env(var, demo_model, port), log)
+        try:
+            assert up.wait(timeout=90) == 1, log.read_text()
+        finally:
+            stop(Onelane(up, f"http://127.0.0.1:{port}", var, log))
+        said = " ".join(log.read_text().split())
+        assert taken.is_set()
+        assert f"the web could not listen: port {port} is in use (another onelane up?): pick another with " in said
+        assert "`onelane up --port N` or ONELANE_PORT=N; stopping everything" in said
+        assert "Traceback" not in said and not redis_servers(var)
+        assert not (var / "web.json").exists()  # its record went with it
 
 
 def test_an_up_killed_outright_leaves_nothing_that_stops_the_next(tmp_path, demo_model):
