@@ -93,13 +93,13 @@ def up(host: str | None, port: int | None) -> None:
         env["REDIS_URL"] = embedded.url
     web = subprocess.Popen([sys.executable, "-m", "tasks.cli", "web", "--host", host, "--port", str(port)], env=env)
     children = [subprocess.Popen([sys.executable, "-m", "tasks.cli", "worker"], env=env), web]
-    record = client_url.record_path()
-    client_url.record(record, host, port)
-    logger.info("onelane up: the web on %s:%s (recorded in %s for the terminal client)", host, port, record)
+    record = settings.var_dir / client_url.RECORD
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
+        client_url.record(record, host, port)
+        logger.info("onelane up: the web on %s:%s (recorded in %s for the terminal client)", host, port, record)
         while not stop.wait(0.5):
             dead = [child for child in children if child.poll() is not None]
             if dead == [web] and _port_taken(host, port):  # taken between the check and gunicorn's bind

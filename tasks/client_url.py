@@ -37,7 +37,7 @@ def find(environ: Mapping[str, str] = os.environ) -> Found:
     """ONELANE_URL, else the `onelane up` of ONELANE_VAR_DIR, else the default; StaleRecord if that up has ended."""
     if environ.get("ONELANE_URL"):
         return Found(environ["ONELANE_URL"], "ONELANE_URL")
-    path = record_path(environ)
+    path = Path(environ.get(ENV_NAMES["var_dir"]) or Settings.model_fields["var_dir"].default) / RECORD
     try:
         recorded = json.loads(path.read_text())
         url, pid = str(recorded["url"]), int(recorded["pid"])
@@ -51,11 +51,6 @@ def find(environ: Mapping[str, str] = os.environ) -> Found:
             f"with `onelane up`, or set ONELANE_URL to the server you mean (then {path} is not read)"
         )
     return Found(url, f"onelane up's, pid {pid}, from {path}; ONELANE_URL overrides it")
-
-
-def record_path(environ: Mapping[str, str] = os.environ) -> Path:
-    """Where `onelane up` records its web: the var folder's web.json (the same default as Settings.var_dir)."""
-    return Path(environ.get(ENV_NAMES["var_dir"]) or Settings.model_fields["var_dir"].default) / RECORD
 
 
 def record(path: Path, host: str, port: int) -> None:
