@@ -221,9 +221,11 @@ def kquant_blocks(rows: int, cols: int, qtype: Any, rng: np.random.Generator) ->
     return data.reshape(rows, -1)
 
 
-def write_arch_gguf(path: Any, arch: str, config: dict, weights: dict[str, np.ndarray], types: Any = None) -> dict:
+def write_arch_gguf(
+    path: Any, arch: str, config: dict, weights: dict[str, np.ndarray], types: Any = None, extra: dict | None = None
+) -> dict:
     """Write `weights` (HF names) as llama.cpp's converter would for `arch`, each matrix in the ggml type
-    `types(gguf_name)` gives (F32 by default; norms and biases stay F32); returns the HF-named float32 weights the
+    `types(gguf_name)` gives (F32 by default; norms and biases stay F32), and the `extra` tensors as they are; returns the HF-named float32 weights the
     file holds, as the gguf package dequantizes them (what mlx-lm must be given to answer as the file does)."""
     import gguf
 
@@ -267,6 +269,8 @@ def write_arch_gguf(path: Any, arch: str, config: dict, weights: dict[str, np.nd
             back[llama_permutation(g.shape[0], heads)] = stored
             stored = back
         held[name] = stored - 1 if arch.startswith("gemma") and target.endswith("norm.weight") else stored
+    for name, array in (extra or {}).items():
+        writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

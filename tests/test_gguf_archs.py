@@ -17,7 +17,7 @@ import pytest
 from mlx_lm.utils import load_model
 
 from tests.gguf_files import hf_config, hf_weights, write_arch_gguf
-from worker.gguf import import_gguf
+from worker.gguf import GgufError, import_gguf
 from worker.gguf_header import TENSOR_TYPES
 
 PROMPT = [1, 5, 9, 2, 7, 30, 3, 11, 4, 6]  # (positions past 0, where a rope on the wrong rows shows)
@@ -38,9 +38,9 @@ def logits(folder: Path) -> mx.array:
     return model(mx.array([PROMPT]))[0]
 
 
-def imported(tmp_path: Path, arch: str, config: dict, types=None, dtype: str | None = None):
+def imported(tmp_path: Path, arch: str, config: dict, types=None, dtype: str | None = None, extra=None):
     """Write a file of `arch`, import it, and give (its logits, mlx-lm's on the weights it holds, the folder)."""
-    held = write_arch_gguf(tmp_path / f"{arch}.gguf", arch, config, hf_weights(arch, config), types)
+    held = write_arch_gguf(tmp_path / f"{arch}.gguf", arch, config, hf_weights(arch, config), types, extra)
     folder = import_gguf(tmp_path / f"{arch}.gguf", tmp_path / "imported", dtype)
     return logits(folder), reference(tmp_path / "hf", config, held), folder
 
@@ -112,6 +112,37 @@ def _hf(name: str) -> str:
              "ffn_down": "mlp.down_proj"}  # fmt: skip
     _, layer, part, _ = name.split(".")
     return f"model.layers.{layer}.{parts[part]}"
+
+
+def llama3_divisors(base: float, dims: int, factor: float, low=1.0, high=4.0, context=8192) -> np.ndarray:
+    """What llama.cpp's converter writes as rope_freqs for Llama 3's rope_scaling (convert_hf_to_gguf.py)."""
+    wavelengths = 2 * np.pi * base ** (np.arange(0, dims, 2) / dims)
+    smooth = (context / wavelengths - low) / (high - low)
+    middle = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelengths < context / high, 1.0, np.where(wavelengths > context / low, factor, middle))
+
+
+def test_llama_3s_rope_scaling_comes_back_from_its_rope_freqs(tmp_path):
+    # Given a Llama 3.2 file: its rope_scaling written as the divisors of each rope frequency (factor 32)
+    scaling = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}  # fmt: skip
+    config = {**hf_config("llama", heads=2, kv_heads=1), "rope_theta": 500000.0, "rope_scaling": scaling}
+    divisors = llama3_divisors(500000.0, 32, 32.0).astype(np.float32)
+    assert 1 < len(set(divisors.tolist())) < 16  # (some frequencies scaled, some not, some in between)
+    # When imported, Then config.json has the rope_scaling back, and the logits are mlx-lm's with it
+    got, expected, folder = imported(tmp_path, "llama", config, extra={"rope_freqs.weight": divisors})
+    assert json.loads((folder / "config.json").read_text())["rope_scaling"] == scaling
+    assert mx.abs(got - expected).max().item() < 1e-4 * mx.abs(expected).max().item()
+    # and divisors of another rope than Llama 3's are refused, not served with the wrong one
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(GgufError, match=r"its rope_freqs.weight is no Llama 3 rope scaling \(factor 32"):
+        imported(
+            other,
+            "llama",
+            config,
+            extra={"rope_freqs.weight": llama3_divisors(500000.0, 32, 32.0, high=2.0).astype(np.float32)},
+        )
 
 
 def test_the_header_reader_knows_each_type_as_the_gguf_package_does():

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from tasks.settings import DEFAULT_MODEL_GGUF, DEFAULT_MODEL_INSTALL, ModelConfig
-from worker import gguf_model
+from worker import gguf_model, gguf_rope
 from worker.gguf_header import GgufError, read_header
 from worker.gguf_tensors import REFUSED
 from worker.gguf_tokenizer import write_tokenizer
@@ -71,6 +71,9 @@ def import_gguf(source: Path, folder: Path, dtype: str | None = None) -> Path:
         raise GgufError(f"{source.name}: no such file")
     header = read_header(source)
     config = gguf_model.check(header)
+    rope_scaling = gguf_rope.scaling(source, header, config)
+    if rope_scaling:
+        config["rope_scaling"] = rope_scaling
     if dtype is not None:
         config.pop("quantization", None)
     staging = folder.with_name(folder.name + ".importing")

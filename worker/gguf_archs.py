@@ -58,7 +58,7 @@ TOP: dict[str, Part] = {
     "output_norm.weight": ("model.norm.weight", ("hidden",)),
     "output.weight": ("lm_head.weight", ("hidden", "vocab")),  # absent when tied to the embedding
 }
-SKIPPED = ("rope_freqs.weight",)  # precomputed rope frequencies: mlx-lm computes its own
+SKIPPED = ("rope_freqs.weight",)  # Llama 3's rope divisors: config.json's rope_scaling instead (worker/gguf_rope.py)
 
 
 @dataclass(frozen=True)
