@@ -233,10 +233,11 @@ def redis() -> None:
     "can choose at load time: a model's `dtype` in the models file).",
 )
 def import_gguf_cmd(source: Path, folder: Path, dtype: str | None) -> None:
-    """Import a llama-family GGUF file (llama.cpp's, or an Ollama blob) as a model folder mlx_lm.load reads.
+    """Import a GGUF file (llama.cpp's, or an Ollama blob) as a model folder mlx_lm.load reads.
 
-    The tensor types MLX reads: Q4_0, Q4_1, Q8_0, F16, F32 (Ollama's blobs are under ~/.ollama/models/blobs; `ollama
-    show --modelfile NAME` names the one of a model). Then serve it: ONELANE_MODEL=FOLDER, or a [models.NAME] table
+    Architectures: llama, mistral, qwen2, qwen3, gemma, gemma2, phi3. Tensor types: F32, F16, BF16, Q4_0, Q4_1, Q5_0,
+    Q5_1, Q8_0, Q2_K to Q6_K (so Q4_K_M, Q5_K_M, Q6_K files). Ollama's blobs are under ~/.ollama/models/blobs; `ollama
+    show --modelfile NAME` names the one of a model. Then serve it: ONELANE_MODEL=FOLDER, or a [models.NAME] table
     with `path = "FOLDER"` (or `gguf = "SOURCE"` to import it on first use) in ONELANE_MODELS_FILE.
     """
     _settings()  # for the log level
