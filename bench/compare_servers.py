@@ -1,18 +1,36 @@
-"""onelane vs mlx_lm.server: same machine, same run, same demo model, same prompts, same request counts.
+"""onelane vs mlx_lm.server: same machine, same run, same model folder, same prompts, same request counts.
 
-    ./dev.sh bench compare_servers [--size tiny|small] [--levels 1,8,32] [--max-tokens 64] [--rounds 3]
+    ./dev.sh bench compare_servers [--model smollm2|demo|random|PATH] [--workload stream|ignore-eos]
+                                   [--levels 1,8,32] [--rounds 3] [--plain 5 --streamed 2] [--max-tokens N]
+                                   [--no-engine] [--no-prefix-cache] [--no-overload]
+
+A full default run (the default model, the streaming workload at 1, 8 and 32 clients, 3 rounds, the bare engine's
+figure, the overload probe):
+
+    .venv/bin/python -m bench.compare_servers --model smollm2 --workload stream --levels 1,8,32 --rounds 3
+
+`--model smollm2` (the default) is SmolLM2-135M-Instruct imported from its GGUF as float32 into the run's folder,
+the folder both servers load; `demo` is worker/demo; `random` a random model of `--size`.
 
 1. Inside one bench_env, both servers up side by side (each idle while the other is measured): `onelane worker`
    (supervised) and `onelane web` as subprocesses, queue bounds of 1000 so nothing is rejected; and mlx_lm.server.
-   For each of `--rounds` rounds and each level, closed-loop clients through POST /v1/chat/completions
-   (non-streaming; onelane `"ignore_eos": true`, mlx_lm.server a logit bias against EOS; the usage is checked)
-   against one server, then the other, the order alternating, so a disturbance of this shared machine falls on
-   both alike. Then time to first token through each one's stream at 1 client, alternating request by request.
+   For each of `--rounds` rounds and each level, closed-loop clients through POST /v1/chat/completions against one
+   server, then the other, the order rotating, so a disturbance of this shared machine falls on both alike:
+   - `--workload stream` (the default; issue 33's, what a chat UI sees): each client sends `--plain` plain and
+     `--streamed` streamed requests of its own prompts back to back (temperature 0, natural stops, max_tokens 32,
+     each on a fresh connection); per level: completion tokens/s over the wall, the streamed requests' time to the
+     first content chunk (p50/p90/p99), failures by kind (connection resets counted, not retried). With the bare
+     engine in the rotation (unless `--no-engine`): worker/engine.py's Engine in this process, on OpenBLAS as the
+     worker, the same clients' prompts with every client's sequence in its batch (ONELANE_MAX_BATCH and
+     ONELANE_PREFILL_STEP as onelane's worker gets them): queue efficiency = onelane's tokens/s over its.
+   - `--workload ignore-eos` (the earlier one): `--requests` non-streaming requests per level, every answer forced
+     to max_tokens (onelane `"ignore_eos": true`, mlx_lm.server a logit bias against EOS; the usage is checked);
+     then time to first token through each one's stream at 1 client, alternating request by request.
 2. The onelane web restarted with ONELANE_MAX_QUEUE=16 (and 16 per user) for the overload probe: 64 clients at
    once, 1000 tokens each, 3 s client timeout; the jobs are read back from Redis to see what the worker did for
    clients that had gone, and a 1-token request is sent right after they gave up.
 3. onelane stopped (worker included), then the same probe against mlx_lm.server.
-4. One side-by-side table: medians over the rounds, and each level's throughput ratio (median, min, max).
+4. Each round's figures, then per level the median over the rounds with min-max, and the ratios onelane/peer.
 
 Loopback only; every loop is bounded in count and time; every process started here is stopped before the
 script returns. Every figure printed is measured in this run.
@@ -24,6 +42,7 @@ import argparse
 import contextlib
 import os
 import statistics
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -34,6 +53,7 @@ from bench.harness import (
     START_S,
     bench_env,
     free_port,
+    model_folder,
     onelane_web,
     onelane_worker,
     pct,
@@ -42,7 +62,16 @@ from bench.harness import (
     queue_bounds,
     wait_idle,
 )
-from bench.mlx_server import body, load_level, mlx_level_lines, mlx_server, overload_lines, overload_probe, settle
+from bench.mlx_server import (
+    body,
+    listen_overflows,
+    load_level,
+    mlx_level_lines,
+    mlx_server,
+    overload_lines,
+    overload_probe,
+    settle,
+)
 from bench.openai_load import (
     LEVELS,
     MAX_TOKENS,
@@ -65,9 +94,25 @@ from bench.openai_load import (
     post_chat,
     stream_once,
 )
+from bench.streaming_load import MAX_TOKENS as STREAM_MAX_TOKENS
+from bench.streaming_load import (
+    PLAIN,
+    STREAMED,
+    MixLevel,
+    Row,
+    engine_level,
+    http_level,
+    http_sender,
+    markdown,
+    prompts,
+    streamed_at,
+    summary_lines,
+)
+from bench.streaming_load import level_lines as mix_level_lines
 from tasks import keys
 from tasks.settings import Settings
 from tasks.store import Store
+from worker.blas import preload_openblas
 
 BIG_QUEUE = 1000  # the main levels: a bound no level reaches
 OVERLOAD_QUEUE = 16  # the overload probe: onelane sheds the rest
@@ -518,13 +563,16 @@ def log_problems(path: Path) -> list[str]:
 
 
 def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Both servers up; every level `--rounds` times on each, alternating which goes first; TTFT; then the overload
-    probes (onelane's with mlx_lm.server idle, mlx_lm.server's once onelane is stopped)."""
+    """Both servers up; every level `--rounds` times on each (and on the bare engine), the order rotating; TTFT;
+    then the overload probes (onelane's with mlx_lm.server idle, mlx_lm.server's once onelane is stopped)."""
     folder = Path(settings.var_dir)
     model = settings.model_name
     store = Store.connect(settings)
     levels = args.levels
-    sized = {"ONELANE_MAX_BATCH": str(args.batch)}
+    stream = args.workload == "stream"
+    sized = {"ONELANE_MAX_BATCH": str(args.batch), "ONELANE_PREFILL_STEP": str(settings.prefill_step)}
+    if args.no_prefix_cache:
+        sized["ONELANE_PREFIX_CACHE"] = "0"
     ol: dict[str, Any] = {
         "levels": {c: [] for c in levels},
         "unsettled": [],
@@ -533,8 +581,13 @@ def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any
         "ttft": [],
     }
     base: dict[str, Any] = {"levels": {c: [] for c in levels}, "unsettled": [], "overload": None, "ttft": []}
+    base["engine"] = {c: [] for c in levels}  # the bare engine's levels (stream workload)
+    engine = None if not stream or args.no_engine else bare_engine(settings.model_path)
     try:
-        with contextlib.ExitStack() as onelane, mlx_server(settings.model_path, folder / "mlx-server.log") as server:
+        with (
+            contextlib.ExitStack() as onelane,
+            mlx_server(settings.model_path, folder / "mlx-server.log") as server,
+        ):
             worker = onelane.enter_context(
                 onelane_worker(settings, folder / "worker.log", **queue_bounds(BIG_QUEUE), **sized)
             )
@@ -547,22 +600,42 @@ def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any
                     warm = post_chat(url, onelane_body(model, prompt, 8), START_S)
                     if not warm.ok:
                         raise RuntimeError(f"warm-up request failed: {warm.error}")
+                at = streamed_at(args.plain, args.streamed)
+                send_ol = http_sender(url, args.max_tokens, {"model": model})
+                send_mlx = http_sender(server.url, args.max_tokens, {})
 
-                def on_onelane(clients: int) -> None:
-                    ol["levels"][clients].append(onelane_level(url, model, clients, args.max_tokens, args.requests))
+                def on_onelane(clients: int, r: int) -> None:
+                    if stream:
+                        ask = prompts(clients, r, args.plain + args.streamed)
+                        ol["levels"][clients].append(counted(lambda: http_level("onelane", ask, at, send_ol)))
+                    else:
+                        ol["levels"][clients].append(onelane_level(url, model, clients, args.max_tokens, args.requests))
                     if not settle_queue(store):
                         ol["unsettled"].append(clients)
 
-                def on_mlx(clients: int) -> None:
-                    base["levels"][clients].append(load_level(server, clients, args.max_tokens, args.requests))
+                def on_mlx(clients: int, r: int) -> None:
+                    if stream:
+                        ask = prompts(clients, r, args.plain + args.streamed)
+                        base["levels"][clients].append(counted(lambda: http_level("mlx_lm.server", ask, at, send_mlx)))
+                    else:
+                        base["levels"][clients].append(load_level(server, clients, args.max_tokens, args.requests))
                     if not settle(server):
                         base["unsettled"].append(clients)
 
+                def on_engine(clients: int, r: int) -> None:
+                    ask = prompts(clients, r, args.plain + args.streamed)
+                    level = engine_level(engine, ask, at, args.max_tokens, args.batch, settings.prefill_step)
+                    base["engine"][clients].append(level)
+
+                if engine is not None:  # its first batch pays for first-time allocations: not in a level
+                    engine_level(engine, [[PROMPTS[0]], [PROMPTS[1]]], at, 8, args.batch, settings.prefill_step)
+                sides = (on_onelane, on_mlx, *([on_engine] if engine is not None else []))
                 for r in range(args.rounds):
                     for n, clients in enumerate(levels):
-                        for side in (on_onelane, on_mlx) if (r + n) % 2 == 0 else (on_mlx, on_onelane):
-                            side(clients)
-                for i in range(TTFT_REQUESTS):
+                        k = (r + n) % len(sides)
+                        for side in (*sides[k:], *sides[:k]):
+                            side(clients, r)
+                for i in range(0 if stream else TTFT_REQUESTS):
                     prompt = PROMPTS[i % len(PROMPTS)]
                     ol["ttft"].append(
                         stream_once(url, onelane_body(model, prompt, args.max_tokens, stream=True), REQUEST_TIMEOUT_S)
@@ -597,6 +670,23 @@ def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any
     return ol, base
 
 
+def bare_engine(model_path: str) -> Any:
+    """worker/engine.py's Engine on the model folder, in this process (on OpenBLAS: see main)."""
+    from worker.engine import Engine
+
+    return Engine.load(model_path)
+
+
+def counted(run: Any) -> MixLevel:
+    """`run()`'s level, with the kernel's listen-queue overflows during it (system-wide: anything else on this
+    machine counts too; mlx_lm.server listens with a backlog of 5)."""
+    before = listen_overflows()
+    level: MixLevel = run()
+    after = listen_overflows()
+    level.listen_overflows = None if before is None or after is None else after - before
+    return level
+
+
 def over_rounds(runs: list[Level]) -> dict[str, float | None]:
     """A level's figures, each the median over the rounds."""
     stats = [level_stats(level) for level in runs]
@@ -614,7 +704,7 @@ def ratios(a: list[Level], b: list[Level]) -> list[float]:
 def report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any], load: float, wall: float) -> None:
     levels = args.levels
     print(
-        f"onelane vs mlx_lm.server: model {args.model or 'random, ' + args.size}, max_tokens {args.max_tokens}, temperature 0, every answer "
+        f"onelane vs mlx_lm.server: model {model_label(args)}, max_tokens {args.max_tokens}, temperature 0, every answer "
         f"forced to max_tokens (onelane: ignore_eos; mlx_lm.server: logit_bias against EOS), non-streaming levels, "
         f"{args.rounds} rounds alternating the servers; {os.cpu_count()} CPUs, load average {load:.2f} before, "
         f"{os.getloadavg()[0]:.2f} after"
@@ -636,12 +726,7 @@ def report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any], l
     print()
     print(ttft_line("onelane", ol["ttft"]))
     print(ttft_line("mlx_lm.server", base["ttft"]))
-    if ol["overload"] is not None:
-        print()
-        print("\n".join(onelane_overload_lines(ol["overload"], ol["abandoned"])))
-    if base["overload"] is not None:
-        print()
-        print("\n".join(overload_lines(base["overload"])))
+    overload_report(ol, base)
     print()
 
     rows = [(str(c), over_rounds(ol["levels"][c]), over_rounds(base["levels"][c])) for c in levels]
@@ -665,6 +750,19 @@ def report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any], l
     print()
     spreads = {str(c): ratios(ol["levels"][c], base["levels"][c]) for c in levels}
     print("\n".join(verdict(rows, spreads, ol["overload"], ol["abandoned"], base["overload"])))
+    closing(ol, wall)
+
+
+def overload_report(ol: dict[str, Any], base: dict[str, Any]) -> None:
+    if ol["overload"] is not None:
+        print()
+        print("\n".join(onelane_overload_lines(ol["overload"], ol["abandoned"])))
+    if base["overload"] is not None:
+        print()
+        print("\n".join(overload_lines(base["overload"])))
+
+
+def closing(ol: dict[str, Any], wall: float) -> None:
     problems = {name: lines for name, lines in ol["log_problems"].items() if lines}
     print()
     print(
@@ -677,31 +775,100 @@ def report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any], l
     print(f"total {time.monotonic() - wall:.1f} s")
 
 
+def stream_report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any], load: float, wall: float) -> None:
+    """The streaming workload: each round's levels, the overload probes, then per level the medians and ratios."""
+    levels = args.levels
+    n = args.plain + args.streamed
+    print(
+        f"onelane vs mlx_lm.server, streaming workload: model {model_label(args)}; closed-loop clients, each sending "
+        f"{args.plain} plain and {args.streamed} streamed chat requests (requests {sorted(i + 1 for i in streamed_at(args.plain, args.streamed))} "
+        f"of {n} stream) of prompts of its own, temperature 0, natural stops, max_tokens {args.max_tokens}, a fresh "
+        f"connection each; {args.rounds} rounds, the order rotating; {os.cpu_count()} CPUs, load average {load:.2f} "
+        f"before, {os.getloadavg()[0]:.2f} after"
+    )
+    print(
+        f"onelane: ONELANE_MAX_BATCH={args.batch}, prefix cache {'off' if args.no_prefix_cache else 'on'}; worker "
+        f"(supervised) + web (gunicorn gevent), ready in {ol['ready_s']:.1f} s. mlx_lm.server: --decode-concurrency 32 "
+        "(its default), its prompt cache on. "
+        + ("No bare engine (--no-engine)." if args.no_engine else "Bare engine: this process, the same batch bound.")
+    )
+    print("TTFT: from sending the request (connecting included) to the first non-empty content chunk.")
+    engine = base["engine"]
+    for r in range(args.rounds):
+        print(f"\n-- round {r + 1}")
+        for clients in levels:
+            for side in (ol["levels"][clients], base["levels"][clients], engine[clients]):
+                if len(side) > r:
+                    print("\n".join(mix_level_lines(side[r])))
+    for clients in levels:
+        if clients in ol["unsettled"]:
+            print(f"onelane c={clients}: WARNING: queue not empty {SETTLE_S:.0f} s after a level ended")
+        if clients in base["unsettled"]:
+            print(f"mlx_lm.server c={clients}: WARNING: still generating {SETTLE_S:.0f} s after a level ended")
+    overload_report(ol, base)
+    rows = [Row(c, ol["levels"][c], base["levels"][c], engine[c]) for c in levels]
+    print(f"\nper level over {args.rounds} rounds: median (min-max); ratios round by round")
+    print("\n".join(summary_lines(rows, args.rounds)))
+    print()
+    print("\n".join(markdown(rows)))
+    print()
+    closing(ol, wall)
+
+
+def model_label(args: argparse.Namespace) -> str:
+    return {"smollm2": "SmolLM2-135M-Instruct (float32)", "demo": "worker/demo", "random": f"random, {args.size}"}.get(
+        args.model, args.model
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
     parser.add_argument(
         "--model",
-        help="a model folder both servers load (instead of a random one of --size): e.g. "
-        "worker/demo, or SmolLM2 as float32 (onelane import-gguf FILE DIR --dtype float32)",
+        default="smollm2",
+        help="the model folder both servers load: smollm2 (the default model, imported as float32), demo "
+        "(worker/demo), random (a random model of --size), or a folder",
+    )
+    parser.add_argument("--size", default="tiny", choices=["tiny", "small"], help="of --model random")
+    parser.add_argument(
+        "--workload",
+        default="stream",
+        choices=["stream", "ignore-eos"],
+        help="stream: plain and streamed requests, natural stops (issue 33); ignore-eos: non-streaming, every answer "
+        "max_tokens long, TTFT at 1 client",
     )
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrent clients, comma-separated")
-    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    parser.add_argument(
+        "--max-tokens", type=int, help=f"default {STREAM_MAX_TOKENS} (stream), {MAX_TOKENS} (ignore-eos)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="each level this many times on each server")
+    parser.add_argument("--plain", type=int, default=PLAIN, help="plain requests per client per level (stream)")
+    parser.add_argument(
+        "--streamed", type=int, default=STREAMED, help="streamed requests per client per level (stream)"
+    )
     parser.add_argument(
         "--requests",
         type=int,
         default=MIN_REQUESTS,
-        help="requests per level (at least 2 per client); fewer for a slow model",
+        help="requests per level (ignore-eos; at least 2 per client); fewer for a slow model",
     )
+    parser.add_argument("--no-engine", action="store_true", help="no bare engine, no queue efficiency (stream)")
+    parser.add_argument("--no-prefix-cache", action="store_true", help="onelane with ONELANE_PREFIX_CACHE=0")
     parser.add_argument("--no-overload", action="store_true")
     parser.add_argument("--batch", type=int, default=Settings().max_batch, help="onelane's ONELANE_MAX_BATCH")
     args = parser.parse_args()
     args.levels = [int(c) for c in args.levels.split(",")]
+    stream = args.workload == "stream"
+    if args.max_tokens is None:
+        args.max_tokens = STREAM_MAX_TOKENS if stream else MAX_TOKENS
+    if stream and not args.no_engine:
+        preload_openblas()  # the bare engine runs in this process: on the BLAS onelane's workers get
     wall, load = time.monotonic(), os.getloadavg()[0]
-    with bench_env(args.size, args.model) as settings:
-        ol, base = measure(settings, args)
-    report(args, ol, base, load, wall)
+    with tempfile.TemporaryDirectory(prefix="onelane-model-") as tmp:
+        folder = None if args.model == "random" else str(model_folder(args.model, Path(tmp)))
+        with bench_env(args.size, folder) as settings:
+            ol, base = measure(settings, args)
+    (stream_report if stream else report)(args, ol, base, load, wall)
 
 
 if __name__ == "__main__":
