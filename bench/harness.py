@@ -270,6 +270,28 @@ def proc_cpu(pid: int) -> float | None:
     return None if fields is None else (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """Each live thread of `pid`: its id -> (its name in the OS, /proc's comm; user + system CPU seconds so far)."""
+    found = {}
+    with suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with suppress(OSError, IndexError):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    name, rest = f.read().split(" (", 1)[1].rsplit(")", 1)
+                fields = rest.split()
+                found[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / CLK_TCK)
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and its live descendants, children first found first."""
+    found, i = [pid], 0
+    while i < len(found):
+        found += children(found[i])
+        i += 1
+    return found
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds used so far by `pids` (each process itself, not its children)."""
     return sum(proc_cpu(pid) or 0.0 for pid in pids)

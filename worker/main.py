@@ -9,6 +9,7 @@ recovers jobs of dead workers and re-rings a lost doorbell.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -56,6 +57,18 @@ def ensure_model(settings: Settings) -> str:
         )
         make_demo_model(Path(settings.model_path))
     return settings.model_path
+
+
+def _name_os_threads(consumer: dramatiq.Worker) -> None:
+    """Give this process's threads their names in the OS too (Python 3.11 names them for Python only), as `top -H`
+    and bench/profile_queue.py read them: dramatiq's worker thread, which runs the batch, is `generation`."""
+    roles = {t.ident: "generation" for t in consumer.workers} | {
+        t.ident: "consumer" for t in consumer.consumers.values()
+    }
+    for t in threading.enumerate():
+        if t is not threading.main_thread() and t.native_id is not None:
+            with contextlib.suppress(OSError):  # (no /proc: not Linux)
+                Path(f"/proc/self/task/{t.native_id}/comm").write_text(roles.get(t.ident, t.name)[:15])
 
 
 def _exit_now(reason: str) -> None:
@@ -115,6 +128,7 @@ class GpuWorker:
         self.housekeeper.round()  # recover what a dead worker left before the first claim
         self.housekeeper.start()
         self.worker.start()
+        _name_os_threads(self.worker)
         logger.info("worker %s consuming on device %s (1 process, 1 thread, prefetch 1)", self.id, s.device)
         return True
 

@@ -27,6 +27,7 @@ import redis
 
 from tasks.job import JobStatus
 from tasks.store import WorkerStore
+from worker import timeline
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +212,10 @@ class OutputWriter:
         self._unsent = []
         if not ops:
             return
+        sent = time.time() if timeline.marks is not None else 0.0
         results = self._send(ops)
+        if timeline.marks is not None and results is not None:
+            _mark_first_writes(ops, sent)
         if results is None:  # Redis did not answer: it may or may not have run them; send them all again
             self._unsent = ops
             self._wait_longer()
@@ -305,3 +309,12 @@ class OutputWriter:
         with self._handed:
             self._endings_out += 1
             self._handed.notify_all()
+
+
+def _mark_first_writes(ops: list[Op], sent: float) -> None:
+    """For a benchmark (worker/timeline.py): when each run's first tokens were sent to Redis, and written."""
+    written = time.time()
+    for op in ops:
+        if isinstance(op, _Append) and op.text.n_tokens and op.start[0] == 0:
+            timeline.mark(op.job_id, "sent", sent)
+            timeline.mark(op.job_id, "written", written)

@@ -26,6 +26,7 @@ from tasks.errors import InvalidPrompt, LeaseLost
 from tasks.job import Job, JobStatus, SamplingParams
 from tasks.logprobs import TokenLogprob
 from tasks.store import Claim, Switch, WorkerStore
+from worker import timeline
 from worker.batch import Batch, Finished, Head, Running, StepResult
 from worker.choices import Groups, Held
 from worker.engine import KV, Engine, Scorer, Token
@@ -311,6 +312,7 @@ class Runner:
             if group.cache is not None:
                 hit = Hit(group.copy(), len(prompt) - 1)
         run.uid = self.engine.insert(prompt, params, hit.cache, hit.tokens, generated=done, constraint=run.constraint)
+        timeline.mark(run.job.id, "joined")
         run.cached = min(hit.tokens, len(prompt))  # (of the prompt's)
         self.batch.add(run)
         if choice is None:
@@ -361,6 +363,7 @@ class Runner:
         (after their last text), then those over their time limit."""
         assert self.engine is not None
         self._timed_step(time.perf_counter())
+        began = time.time() if timeline.steps is not None else 0.0
         try:
             self._score()
             tokens = self.engine.step()
@@ -368,6 +371,8 @@ class Runner:
             logger.exception("a batch step failed with %d job(s) in the batch", len(self.batch))
             self._step_failed()
             return
+        if timeline.steps is not None:
+            self._record_step(began, tokens)
         self._last_step = (self.active, len(tokens), self.engine.padded_prefill, self._last_step[3])
         result = StepResult()
         for token in tokens:
@@ -379,6 +384,17 @@ class Runner:
         for f in result.finished:
             self._end(f.run, f.reason, in_engine=f.in_engine, kv=f.kv)
         self._end_overdue()
+        if timeline.steps is not None:
+            timeline.steps[-1][2] = time.time()
+
+    def _record_step(self, began: float, tokens: list[Token]) -> None:
+        """For a benchmark (worker/timeline.py): the step's times and size, and the jobs whose first token it made."""
+        assert timeline.steps is not None and self.engine is not None
+        done = time.time()
+        timeline.steps.append([began, done, done, len(tokens), self.engine.padded_prefill])
+        for t in tokens:
+            if (r := self.batch.by_uid.get(t.uid)) is not None:
+                timeline.mark(r.job.id, "first_token", done)
 
     def _timed_step(self, now: float) -> None:
         """The step before this one, timed as the loop lives it: from its start to this one's (its output, the
