@@ -63,6 +63,7 @@ case "$command" in
         ;;
     bench)
         venv "[test,bench${MLX:+,$MLX}]"
+        openblas
         command -v wrk >/dev/null 2>&1 || apt_install wrk || true  # the admission benchmark's load generator
         name="$1"; shift
         exec .venv/bin/python -m "bench.$name" "$@"

@@ -1,8 +1,8 @@
 """The model, loaded once per process, and the one continuous batch every job goes through.
 
-mlx-lm's BatchGenerator does the batching: each `step()` advances every generating sequence by one token in one
-forward pass, and prefills joining prompts in bounded chunks alongside. A batch of one is the serial case: with
-`max_batch=1` a sequence joins only when the previous one has left. Sequences join and leave at any step.
+worker/continuous.py does the batching: each `step()` advances every generating sequence by one token in one forward
+pass, and prefills joining prompts in bounded chunks alongside. A batch of one is the serial case: with `max_batch=1`
+a sequence joins only when the previous one has left. Sequences join and leave at any step.
 
 Per sequence, independent of what else shares the batch: its sampler (temperature, top_p, and a random key of its
 own when it has a seed: the global random state is never used for a seeded job), its max_tokens and its stop
@@ -23,7 +23,6 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm import load
-from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import apply_top_p, greedy_sampler
 from mlx_lm.utils import dequantize_model
@@ -33,6 +32,7 @@ from tasks.job import JobSpec, SamplingParams
 from tasks.logprobs import TokenLogprob
 from tasks.settings import DEMO_MODEL, PREFILL_BATCH, ModelConfig
 from worker.chat_prompt import chat_input, knows_tools
+from worker.continuous import ContinuousBatch
 from worker.grammar import Constraint, Grammars
 from worker.logits import Draw, Recorded
 from worker.token_bytes import TokenBytes
@@ -159,7 +159,6 @@ class Engine:
         self.lock = lock or threading.Lock()  # the device's: every engine of a worker shares one
         self.max_kv_size = max_kv_size  # tokens of KV cache a sequence keeps (None: all of them)
         self._done = Counters()  # the work of the batches before this one
-        self._steps = 0
         caches = make_prompt_cache(model)
         if not all(hasattr(c, "merge") for c in caches):
             raise SettingsError(
@@ -169,15 +168,11 @@ class Engine:
         self.kv_bytes_per_token, self.vocab = _measure(model)
         self.token_bytes = TokenBytes(tokenizer)
         self.eos = frozenset(tokenizer.eos_token_ids)
-        self._eos = StopSequences([(t,) for t in sorted(self.eos)])
         self.grammars = Grammars(tokenizer, self.eos)
-        self._no_stop = StopSequences()
         self._batch = self._new_batch()
         self._uids: set[int] = set()  # the uids of the sequences in the batch
-        self._read: dict[int, int] = {}  # prompt tokens read so far, per sequence still reading its prompt
         self._draws: dict[int, Draw] = {}  # the samplers of the sequences that record log probabilities
         self._fresh: list[tuple[Draw, mx.array, mx.array]] = []  # what they drew in this step, to be recorded
-        self.padded_prefill = 0  # prompt tokens the last step read, padded to its longest chunk
 
     @classmethod
     def load(
@@ -198,14 +193,8 @@ class Engine:
         self.max_batch, self.prefill_step = max_batch, prefill_step
         self.reset()
 
-    def _new_batch(self) -> BatchGenerator:
-        return BatchGenerator(
-            self.model,
-            completion_batch_size=self.max_batch,
-            prefill_batch_size=min(self.max_batch, PREFILL_BATCH),
-            prefill_step_size=self.prefill_step,
-            max_kv_size=self.max_kv_size,
-        )
+    def _new_batch(self) -> ContinuousBatch:
+        return ContinuousBatch(self.model, self.prefill_step, min(self.max_batch, PREFILL_BATCH), self.max_kv_size)
 
     def prompt_tokens(self, spec: JobSpec) -> list[int]:
         """The prompt as the model reads it; InvalidPrompt if that is no token at all."""
@@ -241,14 +230,14 @@ class Engine:
         if params.penalized or params.logprobs:
             sampler = Draw(params, sampler, generated, self.vocab, self._fresh if params.logprobs else None)
         prompt = [*prompt, *generated]
-        (uid,) = self._batch.insert(
-            [prompt[cached:]],
-            max_tokens=[params.max_tokens - len(generated)],
-            samplers=[sampler],
-            logits_processors=[[constraint] if constraint is not None else []],
-            stop_sequences=[self._no_stop if params.ignore_eos else self._eos],
-            caches=[cache] if cache is not None else None,
-            all_tokens=[prompt[:cached]] if cache is not None else None,
+        uid = self._batch.insert(
+            prompt[cached:],
+            params.max_tokens - len(generated),
+            sampler,
+            [constraint] if constraint is not None else [],
+            frozenset() if params.ignore_eos else self.eos,
+            cache,
+            prompt[:cached] if cache is not None else None,
         )
         self._uids.add(int(uid))
         if isinstance(sampler, Draw) and params.logprobs:
@@ -258,7 +247,7 @@ class Engine:
     def extract(self, uid: int, keep: int) -> list[Any] | None:
         """A copy of a sequence's KV cache, cut to its first `keep` tokens (the sequence stays in the batch); None if
         it holds fewer, or its cache cannot be cut."""
-        found = self._batch.extract_cache([uid]).get(uid)
+        found = self._batch.extract(uid)
         if found is None or len(found[1]) < keep:
             return None
         cache, tokens = found
@@ -276,10 +265,9 @@ class Engine:
         uids = [uid for uid in uids if uid in self._uids]
         if not uids:
             return {}
-        kept = self._batch.remove(uids, return_prompt_caches=keep)
+        kept = self._batch.remove(uids, keep=keep)
         for uid in uids:
             self._uids.discard(uid)
-            self._read.pop(uid, None)
             self._draws.pop(uid, None)
         return {int(uid): KV(cache, list(tokens)) for uid, (cache, tokens) in kept.items()}
 
@@ -289,24 +277,27 @@ class Engine:
         return self._done + self._live()
 
     def _live(self) -> Counters:
-        # the generator's own counters, read as they are: its stats() window costs a copy of them per step
-        c = self._batch._counters
-        return Counters(self._steps, c.generation_tokens, c.prompt_tokens, c.decode_time, c.prompt_time)
+        w = self._batch.work
+        return Counters(w.steps, w.generated_tokens, w.prompt_tokens, w.decode_s, w.prefill_s)
+
+    @property
+    def padded_prefill(self) -> int:
+        """Prompt tokens the last step read, padded to its longest chunk (as the device paid for them: the
+        worker's pace)."""
+        return self._batch.work.padded_prefill
 
     def step(self) -> list[Token]:
         """One step: a token for every generating sequence, and a chunk of prefill for joining ones."""
-        reading, generated = self._batch.next()
+        generated = self._batch.step()
         self._record()
-        self._steps += 1
-        self._count_read(reading)
         entries = self._step_entries(generated)
         tokens = [
             Token(
-                int(r.uid),
-                int(r.token),
+                r.uid,
+                r.token,
                 r.finish_reason,
-                KV(r.prompt_cache, list(r.all_tokens)) if r.prompt_cache is not None else None,
-                entries.get(int(r.uid)),
+                KV(r.cache, list(r.tokens)) if r.cache is not None and r.tokens is not None else None,
+                entries.get(r.uid),
             )
             for r in generated
         ]
@@ -362,20 +353,6 @@ class Engine:
         """Sequences in the batch."""
         return len(self._uids)
 
-    def _count_read(self, reading: list[Any]) -> None:
-        """The prompt tokens the step read, as the device paid for them: the prompts read side by side are padded
-        to the longest chunk (`padded_prefill`, for the worker's pace)."""
-        read = []
-        for r in reading:
-            uid = int(r.uid)
-            if r.end_of_prompt:  # read whole before this step: it generates from now on
-                self._read.pop(uid, None)
-                continue
-            done = int(r.progress[0])
-            read.append(done - self._read.get(uid, 0))
-            self._read[uid] = done
-        self.padded_prefill = len(read) * max(read, default=0)
-
     def close(self) -> None:
         """Let go of the batch (the model is about to be evicted)."""
         with contextlib.suppress(Exception):
@@ -383,12 +360,11 @@ class Engine:
 
     def reset(self) -> None:
         """Drop every sequence (after a step failed, the batch's state cannot be trusted)."""
-        self._done, self._steps = self.counters, 0
+        self._done = self.counters
         with contextlib.suppress(Exception):
             self._batch.close()
         self._batch = self._new_batch()
         self._uids.clear()
-        self._read.clear()
         self._draws.clear()
         self._fresh.clear()
 

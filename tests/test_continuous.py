@@ -1,0 +1,63 @@
+"""The continuous batch (worker/continuous.py): a joining prompt costs its prefill and a row, not a pass of its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.job import JobSpec, SamplingParams
+from worker.continuous import ContinuousBatch
+from worker.engine import make_sampler
+
+
+class Counted:
+    """The model, its forward passes recorded (the shape of what each one read)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.calls = model, []
+
+    def __call__(self, tokens: Any, cache: Any = None) -> Any:
+        self.calls.append(tuple(tokens.shape))
+        return self.model(tokens, cache=cache)
+
+    def __getattr__(self, name: str) -> Any:  # (its layers, to make caches)
+        return getattr(self.model, name)
+
+
+def greedy_alone(engine: Any, prompt: list[int], n: int) -> list[int]:
+    batch = ContinuousBatch(engine.model, 512, 8, None)
+    batch.insert(prompt, n, make_sampler(SamplingParams(temperature=0)))
+    out: list[int] = []
+    while len(batch):
+        out += [e.token for e in batch.step()]
+    return out
+
+
+def test_a_prompt_joining_a_decoding_batch_reads_its_last_token_in_the_next_decode_step(engine):
+    # Given a batch decoding one sequence
+    prompts = [engine.prompt_tokens(JobSpec(owner="t", model="m", prompt=p)) for p in ("a job waits", "then ends ok")]
+    model = Counted(engine.model)
+    batch = ContinuousBatch(model, 512, 8, None)
+    greedy = make_sampler(SamplingParams(temperature=0))
+    first = batch.insert(prompts[0], 12, greedy)
+    made: dict[int, list[int]] = {first: []}
+    for _ in range(3):
+        for e in batch.step():
+            made[e.uid].append(e.token)
+    # When another prompt joins
+    model.calls.clear()
+    second = batch.insert(prompts[1], 6, greedy)
+    made[second] = []
+    steps = []
+    while len(batch):
+        model.calls.clear()
+        for e in batch.step():
+            made[e.uid].append(e.token)
+        steps.append(list(model.calls))
+    # Then the step it joins reads its prompt but its last token beside the decoding sequence's, and the next step
+    # reads that token as a second row of the decode pass: no forward pass of its own
+    assert steps[0] == [(1, 1), (1, len(prompts[1]) - 1)]
+    assert steps[1] == [(2, 1)]
+    assert all(len(calls) == 1 for calls in steps[1:])
+    # and each sequence makes the tokens it makes alone
+    assert made[first] == greedy_alone(engine, prompts[0], 12)
+    assert made[second] == greedy_alone(engine, prompts[1], 6)

@@ -1,0 +1,324 @@
+"""The continuous batch: sequences join and leave at any step; each step advances every generating sequence by one
+token in one forward pass, and reads a chunk of the joining prompts beside it.
+
+It is built on mlx-lm's public parts (the model, its KV caches and their batched forms: merge, extend, filter,
+extract), like mlx-lm's BatchGenerator, with one difference that matters under load: a joining prompt's last token
+is read in the next decode step, as one more row of it, not in a forward pass of its own. BatchGenerator reads it
+alone first (one more forward over the model's weights per join, ~65 ms on SmolLM2-135M on 2 CPU cores, where a
+decode step at 8 sequences takes ~100 ms); here it costs a row (bench/join_cost.py measures both).
+
+A step, in order:
+1. decode: the tokens waiting to be read (each generating sequence's last draw; each newcomer's last prompt token)
+   go through the model together; the draws for the next step are started on the device (not waited for);
+2. the tokens drawn in the step before are read: a sequence's token is emitted, and it ends on a stop token or at
+   its max_tokens (its KV state, which holds every token it emitted, is given back);
+3. prefill: the sequences reading their prompts (at most `prefill_batch` at once, in order of arrival) read their
+   next chunk of at most `prefill_step` tokens each, side by side (padded to the longest chunk); those with only
+   their last token left join the decode rows.
+
+Per sequence: its sampler, its logits processors (called with every token in its KV cache and the one being read),
+its stop tokens and its max_tokens.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.generate import generation_stream
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import maybe_set_recommended_wired_limit
+
+Sampler = Callable[[mx.array], mx.array]
+Processor = Callable[[mx.array, mx.array], mx.array]
+
+
+@dataclass
+class Row:
+    """One sequence: what it has read (`tokens`, its KV cache's), what it has still to read, and how it draws."""
+
+    uid: int
+    cache: list[Any] | None  # its own KV cache until it joins a batched one
+    tokens: list[int]  # the tokens its KV cache holds
+    unread: list[int]  # prompt tokens still to read (its last one is read as its first decode row)
+    max_tokens: int
+    sampler: Sampler
+    processors: Sequence[Processor]
+    stops: frozenset[int]
+    generated: int = 0
+    emits: bool = False  # whether the token it reads in the next decode step is one it drew (else: its prompt's)
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """A token a sequence drew, and, if it was its last, why (`stop`, `length`) and its KV state with its tokens."""
+
+    uid: int
+    token: int
+    finish_reason: str | None = None
+    cache: list[Any] | None = None
+    tokens: list[int] | None = None
+
+
+@dataclass
+class Work:
+    """Counted since the batch was made; never decreasing."""
+
+    steps: int = 0
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    decode_s: float = 0.0
+    prefill_s: float = 0.0
+    padded_prefill: int = 0  # the last step's prompt tokens, padded to its longest chunk
+    reading: dict[int, int] = field(default_factory=dict)  # prompt tokens read so far, per sequence reading
+
+
+class ContinuousBatch:
+    def __init__(self, model: nn.Module, prefill_step: int, prefill_batch: int, max_kv_size: int | None) -> None:
+        self.model, self.prefill_step, self.prefill_batch, self.max_kv_size = (
+            model,
+            prefill_step,
+            prefill_batch,
+            max_kv_size,
+        )
+        self.work = Work()
+        self._uids = 0
+        self._waiting: deque[Row] = deque()  # inserted, not reading yet
+        self._reading: list[Row] = []  # reading their prompts, side by side
+        self._reading_cache: list[Any] = []  # their batched KV cache (one per layer), [] while none reads
+        self._rows: list[Row] = []  # decode rows, in the order of `_cache`'s batch and of `_next`
+        self._cache: list[Any] = []
+        self._next: mx.array | None = None  # the tokens each decode row reads next (its last draw, still computing)
+        self._wired = maybe_set_recommended_wired_limit()  # on Metal: the model's memory kept wired while it runs
+
+    def close(self) -> None:
+        """Give back the wired-memory limit it set (on Metal), once the device is done with its work."""
+        if self._wired is not None:
+            mx.synchronize(generation_stream)
+            mx.set_wired_limit(self._wired)
+            self._wired = None
+
+    def __len__(self) -> int:
+        return len(self._waiting) + len(self._reading) + len(self._rows)
+
+    # --- joining and leaving -------------------------------------------------------------------------------
+
+    def insert(
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        sampler: Sampler,
+        processors: Sequence[Processor] = (),
+        stops: frozenset[int] = frozenset(),
+        cache: list[Any] | None = None,
+        cached: list[int] | None = None,
+    ) -> int:
+        """A sequence that reads `prompt` (after the `cached` tokens its `cache` holds), then draws up to
+        `max_tokens`; returns its uid."""
+        if not prompt:
+            raise ValueError("a sequence needs at least one token to read")
+        if max_tokens <= 0:
+            raise ValueError("max_tokens must be positive")
+        uid, self._uids = self._uids, self._uids + 1
+        own = cache if cache is not None else make_prompt_cache(self.model, self.max_kv_size)
+        row = Row(uid, own, list(cached or []), list(prompt), max_tokens, sampler, tuple(processors), stops)
+        self._waiting.append(row)
+        return uid
+
+    def find(self, uid: int) -> tuple[str, int] | None:
+        for where, rows in (("waiting", self._waiting), ("reading", self._reading), ("decoding", self._rows)):
+            for i, row in enumerate(rows):
+                if row.uid == uid:
+                    return where, i
+        return None
+
+    def extract(self, uid: int) -> tuple[list[Any], list[int]] | None:
+        """A copy of a sequence's KV cache and the tokens it holds (the sequence stays); None if it is not here."""
+        found = self.find(uid)
+        if found is None:
+            return None
+        where, i = found
+        if where == "waiting":
+            row = self._waiting[i]
+            return copy.deepcopy(row.cache or []), list(row.tokens)
+        if where == "reading":
+            return [c.extract(i) for c in self._reading_cache], list(self._reading[i].tokens)
+        return [c.extract(i) for c in self._cache], list(self._rows[i].tokens)
+
+    def remove(self, uids: Sequence[int], keep: bool = False) -> dict[int, tuple[list[Any], list[int]]]:
+        """Take sequences out (a uid not here is passed over); with `keep`, their KV caches and tokens."""
+        kept = {uid: found for uid in uids if keep and (found := self.extract(uid)) is not None}
+        gone = set(uids)
+        self._waiting = deque(r for r in self._waiting if r.uid not in gone)
+        self._reading, self._reading_cache = self._filtered(self._reading, self._reading_cache, gone)
+        stay = [i for i, r in enumerate(self._rows) if r.uid not in gone]
+        if len(stay) < len(self._rows):
+            self._keep_rows(stay)
+        for uid in gone:
+            self.work.reading.pop(uid, None)
+        return kept
+
+    @staticmethod
+    def _filtered(rows: list[Row], cache: list[Any], gone: set[int]) -> tuple[list[Row], list[Any]]:
+        stay = [i for i, r in enumerate(rows) if r.uid not in gone]
+        if len(stay) == len(rows):
+            return rows, cache
+        if not stay:
+            return [], []
+        for c in cache:
+            c.filter(stay)
+        return [rows[i] for i in stay], cache
+
+    def _keep_rows(self, stay: list[int]) -> None:
+        """Keep only these decode rows (their order kept)."""
+        self._rows = [self._rows[i] for i in stay]
+        if not stay:
+            self._cache, self._next = [], None
+            return
+        for c in self._cache:
+            c.filter(stay)
+        assert self._next is not None
+        self._next = self._next[mx.array(stay)]
+        mx.async_eval(self._next)  # an array of its own: the next step reads it without waiting for its forward pass
+
+    # --- stepping ------------------------------------------------------------------------------------------
+
+    def step(self) -> list[Emitted]:
+        """One step (see the module's docstring); returns the tokens drawn in the step before, as now read."""
+        with mx.stream(generation_stream):
+            self.work.steps += 1
+            started = time.perf_counter()
+            emitted = self._decode() if self._rows else []
+            self.work.decode_s += time.perf_counter() - started
+            started = time.perf_counter()
+            self._prefill()
+            self.work.prefill_s += time.perf_counter() - started
+        return emitted
+
+    def _decode(self) -> list[Emitted]:
+        reading = self._next
+        assert reading is not None
+        logits = self.model(reading[:, None], cache=self._cache)[:, -1, :]
+        if any(r.processors for r in self._rows):
+            logits = mx.concatenate([self._processed(i, logits[i : i + 1], reading) for i in range(len(self._rows))])
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        samplers = [r.sampler for r in self._rows]
+        if all(s is samplers[0] for s in samplers):
+            drawn = samplers[0](logprobs)
+        else:
+            drawn = mx.concatenate([s(logprobs[i : i + 1]) for i, s in enumerate(samplers)])
+        mx.async_eval(drawn)
+        read = reading.tolist()  # drawn in the step before (or a prompt's last token): computed by now
+        self._next = drawn
+        emitted, stay = [], []
+        for i, (row, token) in enumerate(zip(self._rows, read)):
+            row.tokens.append(token)
+            if not row.emits:  # its prompt's last token: its first draw is read in the next step
+                row.emits = True
+                stay.append(i)
+                continue
+            row.generated += 1
+            reason = "stop" if token in row.stops else "length" if row.generated >= row.max_tokens else None
+            if reason is None:
+                emitted.append(Emitted(row.uid, token))
+                stay.append(i)
+                continue
+            emitted.append(Emitted(row.uid, token, reason, [c.extract(i) for c in self._cache], row.tokens))
+        self.work.generated_tokens += len(emitted)
+        if len(stay) < len(self._rows):
+            self._keep_rows(stay)
+        return emitted
+
+    def _processed(self, i: int, logits: mx.array, reading: mx.array) -> mx.array:
+        row = self._rows[i]
+        if not row.processors:
+            return logits
+        context = mx.concatenate([mx.array(row.tokens, dtype=reading.dtype), reading[i : i + 1]])
+        for processor in row.processors:
+            logits = processor(context, logits)
+        return logits
+
+    def _prefill(self) -> None:
+        """Read a chunk of each reading prompt; those with only their last token left become decode rows."""
+        self._admit_readers()
+        self._to_decode([i for i, r in enumerate(self._reading) if len(r.unread) == 1])
+        if not self._reading:
+            self.work.padded_prefill = 0
+            return
+        chunks = [r.unread[: min(self.prefill_step, len(r.unread) - 1)] for r in self._reading]
+        lengths = [len(c) for c in chunks]
+        longest = max(lengths)
+        padding = [longest - n for n in lengths]
+        if max(padding) > 0:
+            for c in self._reading_cache:
+                c.prepare(lengths=lengths, right_padding=padding)
+            tokens = mx.array([c + [0] * p for c, p in zip(chunks, padding)])
+        else:
+            tokens = mx.array(chunks)
+        self.model(tokens, cache=self._reading_cache)  # only the caches are evaluated: no logits are computed
+        mx.eval([c.state for c in self._reading_cache])
+        if max(padding) > 0:
+            for c in self._reading_cache:
+                c.finalize()
+            mx.eval([c.state for c in self._reading_cache])
+        mx.clear_cache()
+        for row, chunk in zip(self._reading, chunks):
+            row.tokens += chunk
+            del row.unread[: len(chunk)]
+            self.work.reading[row.uid] = self.work.reading.get(row.uid, 0) + len(chunk)
+        self.work.prompt_tokens += sum(lengths)
+        self.work.padded_prefill = len(chunks) * longest
+        self._to_decode([i for i, r in enumerate(self._reading) if len(r.unread) == 1])
+
+    def _own_cache(self, i: int) -> list[Any]:
+        """A reader's KV cache, out of the batched one (a fresh one if it holds nothing yet: a one-token prompt)."""
+        if not self._reading[i].tokens:
+            return make_prompt_cache(self.model, self.max_kv_size)
+        return [c.extract(i) for c in self._reading_cache]
+
+    def _admit_readers(self) -> None:
+        """Waiting sequences start reading, in order, while fewer than `prefill_batch` read."""
+        n = min(self.prefill_batch - len(self._reading), len(self._waiting))
+        if n <= 0:
+            return
+        joining = [self._waiting.popleft() for _ in range(n)]
+        merged = _merge([r.cache or [] for r in joining])
+        for r in joining:
+            r.cache = None
+        if self._reading_cache:
+            for mine, theirs in zip(self._reading_cache, merged):
+                mine.extend(theirs)
+        else:
+            self._reading_cache = merged
+        self._reading += joining
+
+    def _to_decode(self, indices: list[int]) -> None:
+        """These readers become decode rows: their caches join the decode batch, their last token its next read."""
+        if not indices:
+            return
+        moving = [self._reading[i] for i in indices]
+        merged = _merge([self._own_cache(i) for i in indices])
+        self._reading, self._reading_cache = self._filtered(self._reading, self._reading_cache, {r.uid for r in moving})
+        last = mx.array([r.unread.pop() for r in moving])
+        for r in moving:
+            self.work.reading.pop(r.uid, None)
+        if self._cache:
+            for mine, theirs in zip(self._cache, merged):
+                mine.extend(theirs)
+            assert self._next is not None
+            self._next = mx.concatenate([self._next, last.astype(self._next.dtype)])
+        else:
+            self._cache, self._next = merged, last
+        mx.async_eval(self._next)  # (as in _keep_rows)
+        self._rows += moving
+
+
+def _merge(caches: list[list[Any]]) -> list[Any]:
+    """Per-sequence KV caches (each a list, one per layer) as one batched cache per layer."""
+    return [caches[0][layer].merge([c[layer] for c in caches]) for layer in range(len(caches[0]))]
