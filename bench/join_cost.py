@@ -91,7 +91,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="onelane-model-") as tmp:
         engine = Engine.load(str(model_folder(args.model, Path(tmp))), max_batch=64, prefill_step=2048)
-    print(f"join cost, model {args.model}, prompts of {PROMPT_TOKENS} tokens, {args.runs} runs alternating")
+    print(f"join cost, model {args.model}, prompts of {PROMPT_TOKENS} tokens, {args.runs} runs alternating; median (min-max)")
     print("| batch | joining | side | decode step ms | join's extra ms | newcomers' first token ms |")
     print("|---|---|---|---|---|---|")
     for batch in map(int, args.batches.split(",")):
@@ -103,7 +103,7 @@ def main() -> None:
                     side = make()
                     figures.setdefault(side.name, []).append(run(side, batch, joins))
             for name, rows in figures.items():
-                cells = [spread([row[k] * 1000 for row in rows], ".0f") for k in range(3)]
+                cells = [spread([row[k] * 1000 for row in rows], short=True) for k in range(3)]
                 print(f"| {batch} | {joins} | {name} | " + " | ".join(cells) + " |")
         engine.reset()
 
