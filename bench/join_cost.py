@@ -91,7 +91,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="onelane-model-") as tmp:
         engine = Engine.load(str(model_folder(args.model, Path(tmp))), max_batch=64, prefill_step=2048)
-    print(f"join cost, model {args.model}, prompts of {PROMPT_TOKENS} tokens, {args.runs} runs alternating; median (min-max)")
+    print(
+        f"join cost, model {args.model}, prompts of {PROMPT_TOKENS} tokens, {args.runs} runs alternating; median (min-max)"
+    )
     print("| batch | joining | side | decode step ms | join's extra ms | newcomers' first token ms |")
     print("|---|---|---|---|---|---|")
     for batch in map(int, args.batches.split(",")):
