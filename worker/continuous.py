@@ -26,7 +26,7 @@ import copy
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -76,7 +76,6 @@ class Work:
     decode_s: float = 0.0
     prefill_s: float = 0.0
     padded_prefill: int = 0  # the last step's prompt tokens, padded to its longest chunk
-    reading: dict[int, int] = field(default_factory=dict)  # prompt tokens read so far, per sequence reading
 
 
 class ContinuousBatch:
@@ -160,8 +159,6 @@ class ContinuousBatch:
         stay = [i for i, r in enumerate(self._rows) if r.uid not in gone]
         if len(stay) < len(self._rows):
             self._keep_rows(stay)
-        for uid in gone:
-            self.work.reading.pop(uid, None)
         return kept
 
     @staticmethod
@@ -271,7 +268,6 @@ class ContinuousBatch:
         for row, chunk in zip(self._reading, chunks):
             row.tokens += chunk
             del row.unread[: len(chunk)]
-            self.work.reading[row.uid] = self.work.reading.get(row.uid, 0) + len(chunk)
         self.work.prompt_tokens += sum(lengths)
         self.work.padded_prefill = len(chunks) * longest
         self._to_decode([i for i, r in enumerate(self._reading) if len(r.unread) == 1])
@@ -306,8 +302,6 @@ class ContinuousBatch:
         merged = _merge([self._own_cache(i) for i in indices])
         self._reading, self._reading_cache = self._filtered(self._reading, self._reading_cache, {r.uid for r in moving})
         last = mx.array([r.unread.pop() for r in moving])
-        for r in moving:
-            self.work.reading.pop(r.uid, None)
         if self._cache:
             for mine, theirs in zip(self._cache, merged):
                 mine.extend(theirs)
