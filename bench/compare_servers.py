@@ -96,10 +96,12 @@ from bench.openai_load import (
 )
 from bench.streaming_load import MAX_TOKENS as STREAM_MAX_TOKENS
 from bench.streaming_load import (
+    MIN_LEVEL_REQUESTS,
     PLAIN,
     STREAMED,
     MixLevel,
     Row,
+    client_plan,
     engine_level,
     http_level,
     http_sender,
@@ -600,13 +602,13 @@ def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any
                     warm = post_chat(url, onelane_body(model, prompt, 8), START_S)
                     if not warm.ok:
                         raise RuntimeError(f"warm-up request failed: {warm.error}")
-                at = streamed_at(args.plain, args.streamed)
                 send_ol = http_sender(url, args.max_tokens, {"model": model})
                 send_mlx = http_sender(server.url, args.max_tokens, {})
 
                 def on_onelane(clients: int, r: int) -> None:
                     if stream:
-                        ask = prompts(clients, r, args.plain + args.streamed)
+                        count, at = client_plan(clients, args.plain, args.streamed)
+                        ask = prompts(clients, r, count)
                         ol["levels"][clients].append(counted(lambda: http_level("onelane", ask, at, send_ol)))
                     else:
                         ol["levels"][clients].append(onelane_level(url, model, clients, args.max_tokens, args.requests))
@@ -615,7 +617,8 @@ def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any
 
                 def on_mlx(clients: int, r: int) -> None:
                     if stream:
-                        ask = prompts(clients, r, args.plain + args.streamed)
+                        count, at = client_plan(clients, args.plain, args.streamed)
+                        ask = prompts(clients, r, count)
                         base["levels"][clients].append(counted(lambda: http_level("mlx_lm.server", ask, at, send_mlx)))
                     else:
                         base["levels"][clients].append(load_level(server, clients, args.max_tokens, args.requests))
@@ -623,12 +626,15 @@ def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any
                         base["unsettled"].append(clients)
 
                 def on_engine(clients: int, r: int) -> None:
-                    ask = prompts(clients, r, args.plain + args.streamed)
+                    count, at = client_plan(clients, args.plain, args.streamed)
+                    ask = prompts(clients, r, count)
                     level = engine_level(engine, ask, at, args.max_tokens, args.batch, settings.prefill_step)
                     base["engine"][clients].append(level)
 
                 if engine is not None:  # its first batch pays for first-time allocations: not in a level
-                    engine_level(engine, [[PROMPTS[0]], [PROMPTS[1]]], at, 8, args.batch, settings.prefill_step)
+                    engine_level(
+                        engine, [[PROMPTS[0]], [PROMPTS[1]]], frozenset(), 8, args.batch, settings.prefill_step
+                    )
                 sides = (on_onelane, on_mlx, *([on_engine] if engine is not None else []))
                 for r in range(args.rounds):
                     for n, clients in enumerate(levels):
@@ -782,7 +788,7 @@ def stream_report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, 
     print(
         f"onelane vs mlx_lm.server, streaming workload: model {model_label(args)}; closed-loop clients, each sending "
         f"{args.plain} plain and {args.streamed} streamed chat requests (requests {sorted(i + 1 for i in streamed_at(args.plain, args.streamed))} "
-        f"of {n} stream) of prompts of its own, temperature 0, natural stops, max_tokens {args.max_tokens}, a fresh "
+        f"of {n} stream; at a level of fewer than {MIN_LEVEL_REQUESTS} requests in all, each client sends its {n} again, until it has) of prompts of its own, temperature 0, natural stops, max_tokens {args.max_tokens}, a fresh "
         f"connection each; {args.rounds} rounds, the order rotating; {os.cpu_count()} CPUs, load average {load:.2f} "
         f"before, {os.getloadavg()[0]:.2f} after"
     )

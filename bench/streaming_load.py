@@ -42,14 +42,26 @@ KINDS = (  # how stream_once and post_chat name a failure -> one short kind
 
 def prompts(clients: int, round_no: int, per_client: int) -> list[list[str]]:
     """Each client's prompts: its own (its number, the level and the round open them, so no cache serves one
-    client's prompt from another's or from an earlier level), none repeated within a client up to len(PROMPTS)."""
-    return [
-        [
-            f"Reader {c + 1} of {clients}, round {round_no + 1}: {PROMPTS[(c + i) % len(PROMPTS)]}"
-            for i in range(per_client)
-        ]
-        for c in range(clients)
-    ]
+    client's prompt from another's or from an earlier level), none repeated within a client (past len(PROMPTS), a
+    pass number opens them too)."""
+    return [[_prompt(c, clients, round_no, i) for i in range(per_client)] for c in range(clients)]
+
+
+def _prompt(c: int, clients: int, round_no: int, i: int) -> str:
+    again = f", pass {i // len(PROMPTS) + 1}" if i >= len(PROMPTS) else ""
+    return f"Reader {c + 1} of {clients}, round {round_no + 1}{again}: {PROMPTS[(c + i) % len(PROMPTS)]}"
+
+
+def client_plan(clients: int, plain: int, streamed: int) -> tuple[int, frozenset[int]]:
+    """How many requests each client sends at a level of `clients`, and which of them stream: its `plain` and
+    `streamed` as one sequence, sent again until the level has at least MIN_LEVEL_REQUESTS (one client alone sends
+    it 3 times: 7 requests are too few a sample on a noisy machine)."""
+    n = plain + streamed
+    passes = max(1, math.ceil(MIN_LEVEL_REQUESTS / (clients * n)))
+    return passes * n, frozenset(i + p * n for p in range(passes) for i in streamed_at(plain, streamed))
+
+
+MIN_LEVEL_REQUESTS = 21  # a level sends at least this many requests in all (client_plan)
 
 
 def streamed_at(plain: int, streamed: int) -> frozenset[int]:
