@@ -122,7 +122,7 @@ def stop(child: subprocess.Popen[bytes], timeout_s: float = 45.0) -> None:
         try:
             child.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            name = " ".join(map(str, child.args[2:4]))  # type: ignore[index]  # e.g. "tasks.cli worker"
+            name = " ".join(map(str, child.args[2:4]))  # type: ignore[index]  # e.g. "cli.main worker"
             print(f"  ! {name} (pid {child.pid}) ignored SIGTERM for {timeout_s:.0f} s")
     for _ in range(3):
         left = group_members(child.pid)
@@ -140,7 +140,7 @@ def onelane_worker(
     settings: Settings, log_path: Path, supervised: bool = True, quiet: bool = False, **extra: str
 ) -> AbstractContextManager[subprocess.Popen[bytes]]:
     """`onelane worker` (a supervisor, an active worker and a standby), or one `python -m worker.main` alone."""
-    args = [sys.executable, "-m", *(["tasks.cli", "worker"] if supervised else ["worker.main"])]
+    args = [sys.executable, "-m", *(["cli.main", "worker"] if supervised else ["worker.main"])]
     return spawn(args, log_path, onelane_env(settings, quiet, **extra))
 
 
@@ -158,7 +158,7 @@ def onelane_web(
     args = [
         sys.executable,
         "-m",
-        "tasks.cli",
+        "cli.main",
         "web",
         "--port",
         str(port),

@@ -227,7 +227,7 @@ def worker_process(settings: Settings, tmp_path: Path, redis_client: redis.Redis
         flag = "--supervise" if supervise else "--no-supervise"
         log = open(tmp_path / f"worker-{len(started)}.log", "wb")
         process = subprocess.Popen(
-            [sys.executable, "-m", "tasks.cli", "worker", flag],
+            [sys.executable, "-m", "cli.main", "worker", flag],
             env=environ,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -93,8 +93,8 @@ def test_a_file_with_no_json_object_is_refused_whole(settings, data):
 
 
 def test_every_endpoint_a_batch_may_address_has_its_request_model_and_the_client_offers_each() -> None:
+    from cli.batch import BATCH_ENDPOINTS
     from tasks.batches import ENDPOINTS
-    from tasks.client_cli import BATCH_ENDPOINTS
     from web.batch_input import REQUESTS
 
     assert set(REQUESTS) == set(ENDPOINTS) == set(BATCH_ENDPOINTS)

@@ -101,7 +101,7 @@ def gunicorn_web(settings, tmp_path: Path, redis_client) -> Iterator[str]:  # ty
     env.pop("ONELANE_MODEL", None)
     log = open(tmp_path / "web.log", "wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "tasks.cli", "web", "--port", str(port)],
+        [sys.executable, "-m", "cli.main", "web", "--port", str(port)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

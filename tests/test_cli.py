@@ -19,7 +19,7 @@ def test_onelane_worker_process_runs_a_job_with_one_thread_and_prefetch_one(jobs
     }
     log = tmp_path / "worker.log"
     with open(log, "w") as out:
-        worker = subprocess.Popen([sys.executable, "-m", "tasks.cli", "worker"], env=env, stdout=out, stderr=out)
+        worker = subprocess.Popen([sys.executable, "-m", "cli.main", "worker"], env=env, stdout=out, stderr=out)
     try:
         job = jobs.submit("through the cli", max_tokens=6, ignore_eos=True)
         done = wait_ended(store, job["id"], timeout_s=60)
@@ -76,28 +76,37 @@ def test_a_worker_process_reads_its_own_settings_without_the_cli():
     # When one starts as the supervisor starts it
     done, modules = imported_by("-m", "worker.main", ONELANE_LOG_LEVEL="loud")
 
-    # Then it refuses the setting by name, with the worker's own imports done and the CLI never imported
+    # Then it refuses the setting by name, with the worker's own imports done and the command line never imported
     assert done.returncode == 1 and "ONELANE_LOG_LEVEL='loud'" in done.stderr and "Traceback" not in done.stderr
     assert {"worker.engine", "tasks.settings"} <= modules
-    assert "tasks.cli" not in modules and "tasks.client_cli" not in modules
+    assert "cli" not in {m.split(".")[0] for m in modules}
 
 
-def test_the_contract_imports_neither_web_nor_worker_and_the_command_waits_to_import_the_client():
-    # Every module of tasks/, the command's included: no arrow into the processes built on the contract
+def test_the_contract_imports_no_package_above_it_and_the_command_waits_to_import_the_processes_and_the_client():
+    # Every module of tasks/: no arrow up into the command line, the processes built on the contract, or the client's
+    # HTTP stack
     import pkgutil
 
+    import cli
     import tasks
 
     every = ", ".join(f"tasks.{module.name}" for module in pkgutil.iter_modules(tasks.__path__))
     done, modules = imported_by("-c", f"import {every}")
     assert done.returncode == 0, done.stderr
-    assert {"tasks.cli", "tasks.client_cli", "tasks.store"} <= modules
+    assert {"tasks.store", "tasks.settings"} <= modules
+    assert not {m.split(".")[0] for m in modules} & {"cli", "web", "worker", "flask", "mlx", "requests", "rich"}
+
+    # Every module of the command line: web/ and worker/ wait for the commands that start them
+    every = ", ".join(f"cli.{module.name}" for module in pkgutil.iter_modules(cli.__path__))
+    done, modules = imported_by("-c", f"import {every}")
+    assert done.returncode == 0, done.stderr
+    assert {"cli.main", "cli.client", "cli.url"} <= modules
     assert not {m.split(".")[0] for m in modules} & {"web", "worker", "flask", "mlx"}
 
     # The command alone: `onelane web` must let gevent patch ssl before the client's HTTP stack is imported
-    done, modules = imported_by("-c", "import tasks.cli")
+    done, modules = imported_by("-c", "import cli.main")
     assert done.returncode == 0, done.stderr
-    assert "tasks.client_cli" in modules
+    assert {"cli.serve", "cli.models", "cli.jobs", "cli.chat", "cli.batch"} <= modules
     assert not {m.split(".")[0] for m in modules} & {"ssl", "requests", "urllib3", "rich", "redis"}
 
 
@@ -111,14 +120,14 @@ def test_redis_worker_and_web_started_apart_find_each_other(tmp_path, demo_model
         "ONELANE_MODEL": str(demo_model),
     }
     redis_server = subprocess.Popen(
-        [sys.executable, "-m", "tasks.cli", "redis"], env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "cli.main", "redis"], env=env, stdout=subprocess.PIPE, text=True
     )
     worker = None
     try:
         announced = redis_server.stdout.readline().strip()  # type: ignore[union-attr]
         settings = Settings.from_env(env)
         assert announced == f"REDIS_URL={settings.effective_redis_url}"
-        worker = subprocess.Popen([sys.executable, "-m", "tasks.cli", "worker", "--no-supervise"], env=env)
+        worker = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--no-supervise"], env=env)
 
         # When the web (built from the same environment) admits a job
         response = make_app(settings).test_client().post("/v1/jobs", json={"prompt": "apart", "max_tokens": 3})

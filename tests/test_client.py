@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tasks.client import Client, ServerEvent, lines, parse_sse
+from cli.client import Client, ServerEvent, lines, parse_sse
 from tests.helpers import BUSY, wait_ended, wait_event
 from tests.netproxy import listen
 
@@ -28,7 +28,7 @@ def onelane(url: str, *args: str, stdin: str = "", **env: str) -> subprocess.Com
     """Run `onelane ARGS` to its end, `stdin` as its input; stdout decoded as is (no newline translation: tokens may
     hold a \\r)."""
     done = subprocess.run(
-        [sys.executable, "-m", "tasks.cli", *args],
+        [sys.executable, "-m", "cli.main", *args],
         env=onelane_env(url, **env),
         input=stdin.encode(),
         capture_output=True,
@@ -41,7 +41,7 @@ def start(url: str, *args: str) -> subprocess.Popen[bytes]:
     """The client as a terminal starts it: with Ctrl-C's default action even when this suite runs in the background
     (where a shell starts everything with SIGINT ignored, and a child inherits that)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "tasks.cli", *args],
+        [sys.executable, "-m", "cli.main", *args],
         env=onelane_env(url),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -220,7 +220,7 @@ def test_overload_says_when_to_retry_and_wait_retries_after_it(jobs, settings, s
 def test_run_help_tells_the_defaults_the_server_applies():
     from click.testing import CliRunner
 
-    from tasks.client_cli import run
+    from cli.jobs import run
 
     shown = " ".join(CliRunner().invoke(run, ["--help"]).output.split())
 

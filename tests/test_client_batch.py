@@ -16,10 +16,10 @@ import pytest
 import requests
 from click.testing import CliRunner, Result
 
+from cli.client import ApiError, Client
+from cli.main import main
 from tasks import keys
 from tasks.batches import BatchStore, job_id_of
-from tasks.cli import main
-from tasks.client import ApiError, Client
 from tests.helpers import BUSY, DEMO, chat_line, wait_event
 from tests.test_client import read_until, start
 

@@ -1,4 +1,4 @@
-"""How `onelane up` records its web for the terminal client (tasks/client_url.py); the stories with real processes
+"""How `onelane up` records its web for the terminal client (cli/url.py); the stories with real processes
 are in tests/test_one_onelane.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tasks.client_url import Found, StaleRecord, find, forget, record
+from cli.url import Found, StaleRecord, find, forget, record
 
 
 def test_a_web_listening_everywhere_is_recorded_on_loopback_and_an_explicit_url_wins(tmp_path):

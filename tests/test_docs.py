@@ -21,7 +21,7 @@ UNITS = {2**50: "PiB", 2**40: "TiB", 2**30: "GiB", 2**20: "MiB", 2**10: "KiB"}
 def settings_read_by_the_code() -> set[str]:
     """Every ONELANE_* variable the code reads: the server's settings, and those of the client and of dev.sh."""
     names = {name for name in ENV_NAMES.values() if name.startswith("ONELANE_")}
-    for folder in ("tasks", "web", "worker"):
+    for folder in ("tasks", "web", "worker", "cli"):
         for path in (ROOT / folder).rglob("*.py"):
             names |= set(READ_BY_CODE.findall(path.read_text()))
     names |= set(READ_BY_CODE.findall((ROOT / "dev.sh").read_text()))

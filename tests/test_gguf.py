@@ -128,7 +128,7 @@ def test_what_cannot_be_imported_is_refused_in_words(demo_model, tmp_path):
 def test_the_cli_imports_and_says_how_to_serve_the_folder(demo_model, tmp_path):
     source = write_gguf(demo_model, tmp_path / "demo.gguf")
     done = subprocess.run(
-        [sys.executable, "-m", "tasks.cli", "import-gguf", str(source), str(tmp_path / "out")],
+        [sys.executable, "-m", "cli.main", "import-gguf", str(source), str(tmp_path / "out")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -136,7 +136,7 @@ def test_the_cli_imports_and_says_how_to_serve_the_folder(demo_model, tmp_path):
     assert done.returncode == 0, done.stderr
     assert f"ONELANE_MODEL={tmp_path / 'out'}" in done.stdout and (tmp_path / "out" / "config.json").exists()
     refused = subprocess.run(
-        [sys.executable, "-m", "tasks.cli", "import-gguf", str(tmp_path / "nope.gguf"), str(tmp_path / "x")],
+        [sys.executable, "-m", "cli.main", "import-gguf", str(tmp_path / "nope.gguf"), str(tmp_path / "x")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -175,7 +175,7 @@ def test_an_import_cast_to_float32_is_plain_weights_any_mlx_lm_server_loads(tmp_
         [
             sys.executable,
             "-m",
-            "tasks.cli",
+            "cli.main",
             "import-gguf",
             str(locate(DEFAULT_MODEL_GGUF)),
             str(tmp_path / "f32"),

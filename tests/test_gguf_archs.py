@@ -156,7 +156,7 @@ def test_import_gguf_prints_no_pytorch_advice(tmp_path):
     config = hf_config("qwen2")
     write_arch_gguf(tmp_path / "q.gguf", "qwen2", config, hf_weights("qwen2", config))
     done = subprocess.run(
-        [sys.executable, "-m", "tasks.cli", "import-gguf", str(tmp_path / "q.gguf"), str(tmp_path / "out")],
+        [sys.executable, "-m", "cli.main", "import-gguf", str(tmp_path / "q.gguf"), str(tmp_path / "out")],
         capture_output=True,
         text=True,
         timeout=120,

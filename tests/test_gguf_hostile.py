@@ -170,7 +170,7 @@ def test_a_hostile_file_is_refused_in_one_line_naming_what_was_found(kind, tmp_p
     (tmp_path / "models").mkdir()
     # When `onelane import-gguf` is asked to import it
     done = subprocess.run(
-        [sys.executable, "-m", "tasks.cli", "import-gguf", str(source), str(tmp_path / "models" / "h")],
+        [sys.executable, "-m", "cli.main", "import-gguf", str(source), str(tmp_path / "models" / "h")],
         capture_output=True,
         text=True,
         timeout=120,

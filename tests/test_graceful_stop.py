@@ -106,7 +106,7 @@ def start_up(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     """`onelane up` as a terminal starts it: the leader of its own foreground process group."""
     out = open(log, "ab")
     return subprocess.Popen(
-        [sys.executable, "-m", "tasks.cli", "up"], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        [sys.executable, "-m", "cli.main", "up"], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
     )
 
 

@@ -113,7 +113,7 @@ def attempt(env: dict[str, str], *args: str) -> tuple[int, str]:
     """Run `onelane ARGS` as a terminal would; its exit code and what it said. One that does not exit at once is
     stopped (Ctrl-C) and fails the story."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "tasks.cli", *args],
+        [sys.executable, "-m", "cli.main", *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

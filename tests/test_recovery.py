@@ -265,7 +265,7 @@ def start_web(settings, log_path, **more: str):  # type: ignore[no-untyped-def]
         **more,
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "tasks.cli", "web", "--port", str(port)],
+        [sys.executable, "-m", "cli.main", "web", "--port", str(port)],
         env=env,
         stdout=open(log_path, "wb"),
         stderr=subprocess.STDOUT,

@@ -62,7 +62,7 @@ def test_log_level_in_any_case_and_openblas_as_a_boolean():
 
 def test_worker_refuses_to_start_with_max_batch_zero(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "tasks.cli", "worker"],
+        [sys.executable, "-m", "cli.main", "worker"],
         env={"ONELANE_MAX_BATCH": "0", "PATH": "/usr/bin:/bin", "ONELANE_VAR_DIR": str(tmp_path)},
         capture_output=True,
         text=True,

@@ -1,8 +1,7 @@
-"""The `onelane` command (`onelane = tasks.cli:main`): up, web, worker, redis, make-demo-model, and the terminal
-client's run, chat, submit, tail, jobs, cancel, batch (tasks/client_cli.py).
+"""The commands that run onelane's processes: `up` (all of them), `web`, `worker` and `redis`.
 
-The one entry point of the house, and the only module of tasks/ that reaches web/ or worker/: only lazily, inside
-the commands that start them (web, worker, make-demo-model), so the contract never imports the processes built on it.
+web/ and worker/ are imported only inside the commands that start them: `onelane web` lets gevent patch the standard
+library first, and the supervisor of `onelane worker` never imports MLX.
 """
 
 from __future__ import annotations
@@ -16,52 +15,20 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
-from typing import get_args
 
 import click
 
-from tasks import client_cli, client_url
+from cli import url
+from cli.startup import check_mlx, read_settings
 from tasks.errors import OnelaneError
-from tasks.settings import ENV_NAMES, LOG_FORMAT, LogLevel, Settings
+from tasks.settings import ENV_NAMES
 
 logger = logging.getLogger("onelane")
 
 
-@click.group(context_settings={"show_default": True})  # every command shows its defaults
-@click.option(
-    "--log-level",
-    type=click.Choice(get_args(LogLevel), case_sensitive=False),
-    help="Log at this level: overrides ONELANE_LOG_LEVEL (default INFO).",
-)
-def main(log_level: str | None) -> None:
-    """onelane: a fair, observable job queue in front of one GPU running MLX."""
-    # The commands that start onelane's processes read the settings and set up logging with them (_settings).
-
-
-for command in (
-    client_cli.run,
-    client_cli.chat,
-    client_cli.submit,
-    client_cli.tail,
-    client_cli.jobs,
-    client_cli.cancel,
-    client_cli.batch,
-):
-    main.add_command(command)
-
-
-def _settings() -> Settings:
-    """The settings from the environment, `--log-level` over ONELANE_LOG_LEVEL; logging is set up at their level."""
-    try:
-        settings = Settings.from_env()
-    except OnelaneError as exc:
-        raise click.ClickException(exc.message) from None
-    override = click.get_current_context().find_root().params["log_level"]
-    if override is not None:
-        settings = settings.model_copy(update={"log_level": override})
-    logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
-    return settings
+def _onelane(*args: str) -> list[str]:
+    """The command line of an `onelane ARGS` child (args[3] is its command's name)."""
+    return [sys.executable, "-m", "cli.main", *args]
 
 
 def _bind(command: Callable[..., None]) -> Callable[..., None]:
@@ -70,7 +37,7 @@ def _bind(command: Callable[..., None]) -> Callable[..., None]:
     return click.option("--host", default=None, help="Address to bind (default ONELANE_HOST, 127.0.0.1).")(command)
 
 
-@main.command()
+@click.command()
 @_bind
 def up(host: str | None, port: int | None) -> None:
     """Run everything: Redis (unless REDIS_URL is set), the worker and the web. Ctrl-C stops all.
@@ -78,9 +45,9 @@ def up(host: str | None, port: int | None) -> None:
     Refused, with nothing started, where another onelane runs: on the same port, or with its Redis in the same folder
     (ONELANE_VAR_DIR). While it runs, its web's URL is in ONELANE_VAR_DIR/web.json, where `onelane run` and the
     client's other commands find it when ONELANE_URL is not set."""
-    from tasks.embedded_redis import EmbeddedRedis
+    from tasks.embedded_redis import EmbeddedRedis  # (redis: `onelane web` imports it only once gevent patched)
 
-    settings = _settings()
+    settings = read_settings()
     host, port = host or settings.host, port or settings.port
     _check_port(host, port, "up")  # before anything starts: a refusal leaves all as it was
     env = {**os.environ, ENV_NAMES["log_level"]: settings.log_level}
@@ -91,14 +58,14 @@ def up(host: str | None, port: int | None) -> None:
         except OnelaneError as exc:
             raise click.ClickException(exc.message) from None
         env["REDIS_URL"] = embedded.url
-    web = subprocess.Popen([sys.executable, "-m", "tasks.cli", "web", "--host", host, "--port", str(port)], env=env)
-    children = [subprocess.Popen([sys.executable, "-m", "tasks.cli", "worker"], env=env), web]
-    record = settings.var_dir / client_url.RECORD
+    web = subprocess.Popen(_onelane("web", "--host", host, "--port", str(port)), env=env)
+    children = [subprocess.Popen(_onelane("worker"), env=env), web]
+    record = settings.var_dir / url.RECORD
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        client_url.record(record, host, port)
+        url.record(record, host, port)
         logger.info("onelane up: the web on %s:%s (recorded in %s for the terminal client)", host, port, record)
         while not stop.wait(0.5):
             dead = [child for child in children if child.poll() is not None]
@@ -107,7 +74,7 @@ def up(host: str | None, port: int | None) -> None:
             if dead:
                 raise click.ClickException(f"{dead[0].args[3]} exited; stopping everything")
     finally:
-        client_url.forget(record)
+        url.forget(record)
         for child in children:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
@@ -152,7 +119,7 @@ def _port_taken(host: str, port: int, strict: bool = False) -> bool:
     return False
 
 
-@main.command()
+@click.command()
 @_bind
 @click.option("--workers", default=1, type=click.IntRange(1, 64), help="gevent processes serving the web.")
 @click.option("--connections", default=1000, type=click.IntRange(1, 100_000), help="Open connections per process.")
@@ -164,30 +131,18 @@ def web(host: str | None, port: int | None, workers: int, connections: int) -> N
     monkey.patch_all()  # before redis, ssl and friends are imported, as gevent asks
     from web.server import serve
 
-    settings = _settings()
+    settings = read_settings()
     host, port = host or settings.host, port or settings.port
     _check_port(host, port, "web")  # at once, in words: gunicorn would retry for 5 s, then log "Can't connect"
     serve(settings, host, port, workers, connections)
 
 
-def _check_mlx() -> None:
-    """Stop with what to install when MLX cannot load here (in a child: the supervisor never imports MLX)."""
-    probe = subprocess.run([sys.executable, "-c", "import mlx.core"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        last = (probe.stderr.strip().splitlines() or ["(no message)"])[-1]
-        raise click.ClickException(
-            f"MLX cannot load on this machine ({last}). On Linux install one of its builds with the worker: "
-            "`pip install 'onelane[cpu]'` or, with an NVIDIA GPU, `pip install 'onelane[cuda]'` "
-            "(./dev.sh does it: ONELANE_MLX=cpu or cuda)."
-        )
-
-
-@main.command()
+@click.command()
 @click.option("--supervise/--no-supervise", default=True, help="Restart the worker when it dies or its job stalls.")
 def worker(supervise: bool) -> None:
     """Run the GPU worker: dramatiq with 1 process, 1 thread, prefetch 1."""
-    settings = _settings()
-    _check_mlx()
+    settings = read_settings()
+    check_mlx()
     if supervise:
         from worker.supervisor import run as supervise_worker
 
@@ -201,12 +156,12 @@ def worker(supervise: bool) -> None:
         run(settings)
 
 
-@main.command()
+@click.command()
 def redis() -> None:
     """Run onelane's private redis-server in the foreground (what `up` does when REDIS_URL is unset)."""
     from tasks.embedded_redis import EmbeddedRedis
 
-    settings = _settings()
+    settings = read_settings()
     try:
         server = EmbeddedRedis(settings.embedded_redis_dir).start()
     except OnelaneError as exc:
@@ -221,61 +176,3 @@ def redis() -> None:
             pass
     finally:
         server.stop()  # on Ctrl-C or SIGTERM too: never leave the server behind
-
-
-@main.command("import-gguf")
-@click.argument("source", type=click.Path(path_type=Path))
-@click.argument("folder", type=click.Path(path_type=Path))
-@click.option(
-    "--dtype",
-    type=click.Choice(["float32", "float16", "bfloat16"]),
-    help="Write the weights dequantized, as this type (default: as the file holds them; onelane's worker "
-    "can choose at load time: a model's `dtype` in the models file).",
-)
-def import_gguf_cmd(source: Path, folder: Path, dtype: str | None) -> None:
-    """Import a GGUF file (llama.cpp's, or an Ollama blob) as a model folder mlx_lm.load reads.
-
-    Architectures: llama, mistral, qwen2, qwen3, gemma, gemma2, phi3. Tensor types: F32, F16, BF16, Q4_0, Q4_1, Q5_0,
-    Q5_1, Q8_0, Q2_K to Q6_K (so Q4_K_M, Q5_K_M, Q6_K files). Ollama's blobs are under ~/.ollama/models/blobs; `ollama
-    show --modelfile NAME` names the one of a model. Then serve it: ONELANE_MODEL=FOLDER, or a [models.NAME] table
-    with `path = "FOLDER"` (or `gguf = "SOURCE"` to import it on first use) in ONELANE_MODELS_FILE.
-    """
-    _settings()  # for the log level
-    _check_mlx()
-    from worker.gguf import GgufError, import_gguf
-
-    try:
-        import_gguf(source, folder, dtype)
-    except GgufError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(f"imported {source} into {folder}: serve it with ONELANE_MODEL={folder}")
-
-
-@main.command("make-demo-model")
-@click.argument("path", type=click.Path(path_type=Path))
-@click.option("--size", type=click.Choice(["tiny", "mini", "small"]), default="tiny")
-@click.option(
-    "--train",
-    is_flag=True,
-    help="Train the demo model that writes words (as shipped in worker/demo; minutes), not a random one.",
-)
-def make_demo_model_cmd(path: Path, size: str, train: bool) -> None:
-    """Write a llama model that mlx_lm.load can load: random weights of --size (its output is noise), or --train."""
-    _settings()  # for the log level: training reports its progress
-    if train:
-        from worker.blas import preload_openblas
-
-        preload_openblas()
-        from worker.train_demo import train_demo_model
-
-        report = train_demo_model(path)
-        click.echo(f"demo model trained and written to {path}: {report}")
-        return
-    from worker.demo_model import make_demo_model
-
-    make_demo_model(path, size=size)
-    click.echo(f"demo model written to {path}")
-
-
-if __name__ == "__main__":
-    main()

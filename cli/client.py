@@ -17,7 +17,7 @@ from typing import Any
 import requests
 import urllib3
 
-from tasks.client_url import DEFAULT_URL, find
+from cli.url import DEFAULT_URL, find
 from tasks.events import TERMINAL
 
 CONNECT_TIMEOUT_S = 10.0
@@ -75,7 +75,7 @@ class Client:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Client:
         """ONELANE_URL, else the `onelane up` running from ONELANE_VAR_DIR, else http://127.0.0.1:8000
-        (tasks/client_url.py); and ONELANE_API_KEY."""
+        (cli/url.py); and ONELANE_API_KEY."""
         found = find(environ)
         return cls(found.url, environ.get("ONELANE_API_KEY") or None, found_by=found.how)
 
