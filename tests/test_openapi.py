@@ -27,7 +27,7 @@ from schemathesis.specs.openapi.checks import (
 
 from tasks.settings import DEFAULT_MODEL, Settings
 from tests.helpers import wait_ended
-from web.openai_schemas import ChatRequest, CompletionRequest
+from web.openai.chat_schemas import ChatRequest, CompletionRequest
 from web.schemas import SubmitJob
 
 OPERATIONS = {

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify, request, url_for
 
-from tasks.errors import InvalidParameter
 from tasks.job import Job
 from web import responses
 from web.admission import admit
 from web.auth import current_owner
+from web.limits import CANCEL_WAIT_S, list_limit
 from web.schemas import SubmitJob, json_body, parse, to_spec
 from web.services import services
 
 bp = Blueprint("api", __name__)
-
-CANCEL_WAIT_S = 2.0
-LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX = 50, 200  # GET /v1/jobs?limit=
 
 
 def job_response(job: Job, status: int = 200) -> Response:
@@ -53,20 +50,3 @@ def cancel_job(job_id: str) -> Response:
 def list_jobs() -> Response:
     jobs = services().store.list(current_owner(), list_limit())
     return jsonify({"object": "list", "data": [responses.Job.of(job) for job in jobs]})
-
-
-def list_limit() -> int:
-    """`?limit=`: how many jobs to list, LIST_LIMIT_DEFAULT when absent.
-
-    Anything but one whole number from 1 to LIST_LIMIT_MAX, in plain digits, is refused (400 invalid_request, naming
-    the range), never clamped or replaced by the default: a client asking for 1000 would otherwise not learn that
-    it got 200. OpenAI's list endpoints refuse an out-of-range limit the same way.
-    """
-    given = request.args.getlist("limit")
-    if not given:
-        return LIST_LIMIT_DEFAULT
-    digits = given[0].lstrip("0") or "0"  # leading zeros are harmless; too many digits are refused before int()
-    short = digits.isascii() and digits.isdigit() and len(digits) <= len(str(LIST_LIMIT_MAX))
-    if len(given) == 1 and short and 1 <= int(digits) <= LIST_LIMIT_MAX:
-        return int(digits)
-    raise InvalidParameter(f"limit must be given once, as a whole number from 1 to {LIST_LIMIT_MAX}", param="limit")

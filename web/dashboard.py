@@ -19,6 +19,7 @@ from tasks.job import Job
 from tasks.store import Board, DeviceLease, Minute
 from web.auth import LOCAL_USER, csrf_token, current_owner, current_user, signed_in, start_visit
 from web.html import excerpt, pages_blueprint
+from web.limits import CANCEL_WAIT_S  # as DELETE /v1/jobs/<id>: wait briefly for a running job to stop
 from web.services import services
 
 logger = logging.getLogger(__name__)
@@ -27,7 +28,6 @@ logger = logging.getLogger(__name__)
 bp = pages_blueprint("dashboard", __name__, {"Cache-Control": "no-store"})
 
 POLL_MS = 2000  # how often the page asks for /queue.json
-CANCEL_WAIT_S = 2.0  # as DELETE /v1/jobs/<id>: wait briefly for a running job to stop
 FAILED = ("failed", "expired")
 
 

@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 document of the API, generated from the pydantic models the handlers validate with.
 
-pydantic writes every schema (the request models of web/schemas.py and web/openai_compat.py, the response models
-of web/responses.py); apispec assembles the document around them: components, security, and one operation per
+pydantic writes every schema (the request models of web/schemas.py and web/openai/, the response models of
+web/responses.py and web/openai/); apispec assembles the document around them: components, security, and one operation per
 route, the API's (web/operations.py) and a browser's (web/page_operations.py), at the path Flask itself routes
 (read from the app's URL rules, so a renamed route cannot drift).
 """
@@ -19,7 +19,10 @@ from pydantic.json_schema import models_json_schema
 
 from tasks.settings import Settings
 from web import responses
-from web.openai_schemas import BatchRequest, ChatRequest, CompletionRequest, ResponseRequest
+from web.openai import answers, file_answers, response_answers
+from web.openai.batches import BatchRequest
+from web.openai.chat_schemas import ChatRequest, CompletionRequest
+from web.openai.response_schemas import ResponseRequest
 from web.operations import operations
 from web.page_operations import TAGS, page_operations
 from web.schemas import SubmitJob
@@ -30,11 +33,11 @@ ANSWERS: tuple[type[BaseModel], ...] = (
     responses.JobList,
     responses.Error,
     responses.OpenAIError,
-    responses.ModelList,
-    responses.ChatCompletion,
-    responses.Completion,
-    responses.ChatCompletionChunk,
-    responses.CompletionChunk,
+    answers.ModelList,
+    answers.ChatCompletion,
+    answers.Completion,
+    answers.ChatCompletionChunk,
+    answers.CompletionChunk,
     responses.QueuedEvent,
     responses.StartedEvent,
     responses.TokenEvent,
@@ -42,14 +45,14 @@ ANSWERS: tuple[type[BaseModel], ...] = (
     responses.Health,
     responses.Ready,
     responses.NotReady,
-    responses.OpenAIResponse,
-    responses.InputItemList,
-    responses.ResponseStreamEvent,
-    responses.FileObject,
-    responses.FileList,
-    responses.FileDeleted,
-    responses.Batch,
-    responses.BatchList,
+    response_answers.OpenAIResponse,
+    response_answers.InputItemList,
+    response_answers.ResponseStreamEvent,
+    file_answers.FileObject,
+    file_answers.FileList,
+    file_answers.FileDeleted,
+    file_answers.Batch,
+    file_answers.BatchList,
 )
 
 

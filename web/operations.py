@@ -13,8 +13,11 @@ from pydantic import BaseModel
 from tasks.events import EventType
 from tasks.settings import Settings
 from web import responses
-from web.api import LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX
-from web.openai_schemas import BatchRequest, ChatRequest, CompletionRequest, ResponseRequest
+from web.limits import LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX
+from web.openai import answers, file_answers, response_answers
+from web.openai.batches import BatchRequest
+from web.openai.chat_schemas import ChatRequest, CompletionRequest
+from web.openai.response_schemas import ResponseRequest
 from web.schemas import SubmitJob
 
 Ref = Callable[[type[BaseModel]], dict[str, Any]]  # a model -> {"$ref": its component}
@@ -284,7 +287,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 "tags": ["openai"],
                 "summary": "List the served models",
                 "responses": {
-                    "200": _answer("the models", ref(responses.ModelList)),
+                    "200": _answer("the models", ref(answers.ModelList)),
                     **dict([oai_unauthorized, unavailable]),
                 },
             },
@@ -306,7 +309,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 + _stream_note("chat.completion.chunk"),
                 "requestBody": body(ChatRequest),
                 "responses": {
-                    "200": _openai_answer(ref(responses.ChatCompletion), ref(responses.ChatCompletionChunk), oai),
+                    "200": _openai_answer(ref(answers.ChatCompletion), ref(answers.ChatCompletionChunk), oai),
                     **openai_errors,
                 },
             },
@@ -326,7 +329,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 + _stream_note("text_completion"),
                 "requestBody": body(CompletionRequest),
                 "responses": {
-                    "200": _openai_answer(ref(responses.Completion), ref(responses.CompletionChunk), oai),
+                    "200": _openai_answer(ref(answers.Completion), ref(answers.CompletionChunk), oai),
                     **openai_errors,
                 },
             },
@@ -396,7 +399,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                     _after("list those after this item, in the order asked"),
                 ],
                 "responses": {
-                    "200": _answer("the items", ref(responses.InputItemList)),
+                    "200": _answer("the items", ref(response_answers.InputItemList)),
                     **dict(
                         [
                             err(400, "invalid_request_error: `limit`, `order` or `after` malformed", True),
@@ -419,7 +422,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 "Again, or once it ended: the response as it is.",
                 "parameters": [RESPONSE_ID],
                 "responses": {
-                    "200": _answer("the response", ref(responses.OpenAIResponse)),
+                    "200": _answer("the response", ref(response_answers.OpenAIResponse)),
                     **dict(
                         [
                             err(
@@ -459,7 +462,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                     },
                 },
                 "responses": {
-                    "200": _answer("the file", ref(responses.FileObject)),
+                    "200": _answer("the file", ref(file_answers.FileObject)),
                     **dict(
                         [
                             err(
@@ -497,7 +500,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                     },
                 ],
                 "responses": {
-                    "200": _answer("a page of the files", ref(responses.FileList)),
+                    "200": _answer("a page of the files", ref(file_answers.FileList)),
                     **dict(
                         [
                             err(
@@ -522,7 +525,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 "summary": "Get a file's record",
                 "parameters": [FILE_ID],
                 "responses": {
-                    "200": _answer("the file", ref(responses.FileObject)),
+                    "200": _answer("the file", ref(file_answers.FileObject)),
                     **dict([oai_unauthorized, file_not_found, oai_unavailable]),
                 },
             },
@@ -550,7 +553,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 "summary": "Delete a file",
                 "parameters": [FILE_ID],
                 "responses": {
-                    "200": _answer("deleted", ref(responses.FileDeleted)),
+                    "200": _answer("deleted", ref(file_answers.FileDeleted)),
                     **dict(
                         [
                             oai_unauthorized,
@@ -576,7 +579,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 "object makes a `failed` batch.",
                 "requestBody": body(BatchRequest),
                 "responses": {
-                    "200": _answer("the batch, in_progress (or already ended)", ref(responses.Batch)),
+                    "200": _answer("the batch, in_progress (or already ended)", ref(file_answers.Batch)),
                     **dict(
                         [
                             err(
@@ -606,7 +609,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                     _after("list those older than this batch"),
                 ],
                 "responses": {
-                    "200": _answer("the batches", ref(responses.BatchList)),
+                    "200": _answer("the batches", ref(file_answers.BatchList)),
                     **openai_list_errors,
                 },
             },
@@ -620,7 +623,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 "summary": "Get a batch, with its request counts",
                 "parameters": [BATCH_ID],
                 "responses": {
-                    "200": _answer("the batch", ref(responses.Batch)),
+                    "200": _answer("the batch", ref(file_answers.Batch)),
                     **dict([oai_unauthorized, batch_not_found, oai_unavailable]),
                 },
             },
@@ -637,7 +640,7 @@ def operations(ref: Ref, s: Settings) -> list[tuple[str, str, dict[str, Any]]]:
                 "ended: the batch as it is.",
                 "parameters": [BATCH_ID],
                 "responses": {
-                    "200": _answer("the batch", ref(responses.Batch)),
+                    "200": _answer("the batch", ref(file_answers.Batch)),
                     **dict([oai_unauthorized, forbidden, batch_not_found, oai_unavailable]),
                 },
             },
@@ -708,14 +711,20 @@ def _response_stream_note() -> str:
 
 def _response_answer(ref: Ref) -> dict[str, Any]:
     answer = _answer(
-        "the response, or (`stream`) its events", ref(responses.OpenAIResponse), headers={"x-onelane-job-id": False}
+        "the response, or (`stream`) its events",
+        ref(response_answers.OpenAIResponse),
+        headers={"x-onelane-job-id": False},
     )
     event = {
         "type": "object",
         "required": ["event", "data"],
         "properties": {
             "event": {"type": "string"},
-            "data": {"type": "string", "contentMediaType": JSON, "contentSchema": ref(responses.ResponseStreamEvent)},
+            "data": {
+                "type": "string",
+                "contentMediaType": JSON,
+                "contentSchema": ref(response_answers.ResponseStreamEvent),
+            },
         },
     }
     answer["content"][SSE] = {"schema": event}

@@ -11,10 +11,10 @@ from flask import Blueprint, Response, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from tasks.errors import InvalidParameter, InvalidRequest
-from web import responses
-from web.api import list_limit
 from web.auth import current_owner
-from web.openai_bodies import list_page
+from web.limits import list_limit
+from web.openai.bodies import list_page
+from web.openai.file_answers import FileObject
 from web.services import services
 
 bp = Blueprint("files", __name__)
@@ -44,7 +44,7 @@ def upload() -> Response:
     except UnicodeDecodeError:
         raise InvalidRequest("the file is not UTF-8 text (a JSONL file is)", param="file") from None
     filename = (sent.filename or "upload.jsonl")[:256]
-    return jsonify(responses.FileObject.of(services().files.create(owner, filename, purpose, data)))
+    return jsonify(FileObject.of(services().files.create(owner, filename, purpose, data)))
 
 
 @bp.get("/v1/files")
@@ -54,12 +54,12 @@ def list_files() -> Response:
         raise InvalidParameter("order must be asc or desc", param="order")
     args, owner = request.args, current_owner()
     files, more = services().files.list(owner, list_limit(), args.get("after"), order == "asc", args.get("purpose"))
-    return jsonify(list_page([responses.FileObject.of(f) for f in files], more))
+    return jsonify(list_page([FileObject.of(f) for f in files], more))
 
 
 @bp.get("/v1/files/<file_id>")
 def retrieve(file_id: str) -> Response:
-    return jsonify(responses.FileObject.of(services().files.get(file_id, current_owner())))
+    return jsonify(FileObject.of(services().files.get(file_id, current_owner())))
 
 
 @bp.get("/v1/files/<file_id>/content")

@@ -1,9 +1,9 @@
 """OpenAI-compatible endpoints on the queue: /v1/models, /v1/chat/completions, /v1/completions.
 
 Each request is a job in the same queue (same bounds, quotas, fairness, TTL), or one job per answer with `n` or
-`best_of` (web/choices.py). The client's connection is the watcher: a client that hangs up, streaming or not, gets
-its jobs cancelled (skipped if they still wait, stopped within a step if they run). The requests' models are in
-web/openai_schemas.py, their answers' wire formats in web/openai_bodies.py.
+`best_of` (web/openai/choices.py). The client's connection is the watcher: a client that hangs up, streaming or not,
+gets its jobs cancelled (skipped if they still wait, stopped within a step if they run). The requests' models are in
+web/openai/chat_schemas.py, their answers' wire formats in web/openai/bodies.py.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ from tasks.events import Event, EventType
 from tasks.job import Job, JobSpec, Usage
 from web import sse
 from web.auth import current_owner
-from web.choices import ANOTHER_FAILED, admit_all, best_of, cancel_all, merged
 from web.errors import job_error, openai_error
 from web.follow import CLIENT_GONE, Gone, Ping, Queued, Story, aside, follow
-from web.openai_bodies import Chat, Text, total_usage, usage_object
-from web.openai_schemas import ChatRequest, CompletionRequest, Sampling, parse_openai
+from web.openai.bodies import ChatBody, CompletionBody, total_usage, usage_object
+from web.openai.chat_schemas import ChatRequest, CompletionRequest
+from web.openai.choices import ANOTHER_FAILED, admit_all, best_of, cancel_all, merged
+from web.openai.sampling import Sampling
+from web.openai.schemas import parse_openai
 from web.schemas import json_body
 from web.services import services
 
@@ -47,7 +49,7 @@ def chat_completions() -> Response:
     owner = current_owner()  # who is asking (and may they), before what they ask
     req: ChatRequest = parse_openai(ChatRequest, json_body(request))
     spec = req.admission(owner, services().settings)
-    return _admit_and_respond(spec, Chat, req)
+    return _admit_and_respond(spec, ChatBody, req)
 
 
 @bp.post("/v1/completions")
@@ -55,7 +57,7 @@ def completions() -> Response:
     owner = current_owner()
     req: CompletionRequest = parse_openai(CompletionRequest, json_body(request))
     spec = req.admission(owner, services().settings)
-    return _admit_and_respond(spec, Text, req)
+    return _admit_and_respond(spec, CompletionBody, req)
 
 
 def _headers(jobs: list[Job], queued_s: float | None = None) -> dict[str, str]:
@@ -67,8 +69,8 @@ def _headers(jobs: list[Job], queued_s: float | None = None) -> dict[str, str]:
     return headers
 
 
-def _admit_and_respond(admission: tuple[JobSpec, float], view_class: type[Chat], req: Sampling) -> Response:
-    """Admit the request's jobs (one per answer: web/choices.py) and answer with their stories. Each job's feed
+def _admit_and_respond(admission: tuple[JobSpec, float], view_class: type[ChatBody], req: Sampling) -> Response:
+    """Admit the request's jobs (one per answer: web/openai/choices.py) and answer with their stories. Each job's feed
     subscribes first, so that, once admitted, its events all arrive live and nothing is read back before the first
     token."""
     svc = services()
@@ -91,7 +93,7 @@ def _admit_and_respond(admission: tuple[JobSpec, float], view_class: type[Chat],
         close()
 
 
-def _respond(jobs: list[Job], views: list[Chat], req: Sampling, stories: list[Iterator[Story]]) -> Response:
+def _respond(jobs: list[Job], views: list[ChatBody], req: Sampling, stories: list[Iterator[Story]]) -> Response:
     """The whole answer, once every job completed: each read back whole (its text and log probabilities), as a
     batch's line is; best_of's best `n`, best first."""
     store = services().store
@@ -120,7 +122,7 @@ def _respond(jobs: list[Job], views: list[Chat], req: Sampling, stories: list[It
     return response
 
 
-def _stream(jobs: list[Job], views: list[Chat], stories: list[Iterator[Story]]) -> Iterator[str]:
+def _stream(jobs: list[Job], views: list[ChatBody], stories: list[Iterator[Story]]) -> Iterator[str]:
     """OpenAI's SSE: `data: {chunk}` lines (the answers' interleaved as they come, each with its index), queue
     positions as comments, `data: [DONE]` at the end. A client that leaves before the end has every job cancelled.
     If a job's worker dies mid-answer, its next run goes on from the tokens written (worker/resume.py), and so does

@@ -1,8 +1,8 @@
 """OpenAI's Batch API on the queue: /v1/batches (create, retrieve, list, cancel).
 
 A batch runs an uploaded JSONL file (/v1/files, purpose `batch`) against one endpoint. Its lines are read and checked
-here, as the endpoint checks a request (web/batch_input.py); a line that cannot run is an error line at once, and
-the rest become batch-class jobs as the queue drains (web/batch_runner.py). Its status:
+here, as the endpoint checks a request (web/openai/batch_input.py); a line that cannot run is an error line at once,
+and the rest become batch-class jobs as the queue drains (web/openai/batch_runner.py). Its status:
 
     in_progress -> finalizing -> completed     (every line has its result, in the output or the error file)
     in_progress -> cancelling -> cancelled     (POST .../cancel: what completed is kept, the rest are error lines)
@@ -16,22 +16,51 @@ output file's lines, `failed` the error file's, `total` every line.
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 from flask import Blueprint, Response, jsonify, request
+from pydantic import BaseModel, Field, field_validator
 
-from tasks.batches import BatchRecord, PendingLine, new_batch_id
+from tasks.batches import BatchRecord, Endpoint, PendingLine, new_batch_id
 from tasks.errors import FileNotFound, InvalidRequest
-from web import responses
-from web.api import list_limit
 from web.auth import current_owner
-from web.batch_input import NotJsonl, read_lines
-from web.batch_runner import refused_line
-from web.openai_bodies import list_page
-from web.openai_schemas import BatchRequest, parse_openai
+from web.limits import list_limit
+from web.openai.batch_input import NotJsonl, read_lines
+from web.openai.batch_runner import batch_runner, refused_line
+from web.openai.bodies import list_page
+from web.openai.file_answers import Batch
+from web.openai.schemas import STRICT, bounded_metadata, parse_openai
 from web.schemas import json_body
 from web.services import services
 
 bp = Blueprint("batches", __name__)
+
+
+class ExpiresAfter(BaseModel):
+    """How long a batch's output and error files are kept: `seconds` after each is written (its `created_at`)."""
+
+    model_config = STRICT
+
+    anchor: Literal["created_at"] = Field(description="the file's creation, as OpenAI's (not the batch's)")
+    seconds: int = Field(ge=3600, le=2_592_000, description="1 hour to 30 days")
+
+
+class BatchRequest(BaseModel):
+    """POST /v1/batches: run every request of an uploaded JSONL file (purpose `batch`) against one endpoint."""
+
+    model_config = STRICT
+
+    input_file_id: str = Field(max_length=256)
+    endpoint: Endpoint
+    completion_window: Literal["24h"] = Field(description="the only window: ONELANE_BATCH_WINDOW seconds (24 h)")
+    metadata: dict[str, str] | None = Field(
+        None, description="up to 16 pairs, echoed back", json_schema_extra={"maxProperties": 16}
+    )
+    output_expires_after: ExpiresAfter | None = Field(
+        None, description="how long the output and error files are kept (default: ONELANE_FILE_RETENTION)"
+    )
+
+    _bounded_metadata = field_validator("metadata")(bounded_metadata)
 
 
 @bp.post("/v1/batches")
@@ -68,29 +97,29 @@ def create() -> Response:
             update={"status": "failed", "in_progress_at": None, "failed_at": now, "errors": [error]}
         )
         svc.batches.create(record, [], [])
-        return jsonify(responses.Batch.of(svc.batches.get(bid, owner)))
+        return jsonify(Batch.of(svc.batches.get(bid, owner)))
     total = len(lines) + len(refused)  # (at most ONELANE_MAX_BATCH_LINES: read_lines refuses more)
     pending = [PendingLine(line.index, line.custom_id, line.spec_json) for line in lines]
     errors = [refused_line(bid, e.index, e.custom_id, e.code, e.message) for e in refused]
     svc.batches.create(record.model_copy(update={"total": total}), pending, errors)
-    svc.batch_runner.run(bid)  # its first lines in the queue now
-    return jsonify(responses.Batch.of(svc.batches.get(bid, owner)))
+    batch_runner().run(bid)  # its first lines in the queue now
+    return jsonify(Batch.of(svc.batches.get(bid, owner)))
 
 
 @bp.get("/v1/batches")
 def list_batches() -> Response:
     records, more = services().batches.list(current_owner(), list_limit(), request.args.get("after"))
-    return jsonify(list_page([responses.Batch.of(r) for r in records], more))
+    return jsonify(list_page([Batch.of(r) for r in records], more))
 
 
 @bp.get("/v1/batches/<batch_id>")
 def retrieve(batch_id: str) -> Response:
-    return jsonify(responses.Batch.of(services().batches.get(batch_id, current_owner())))
+    return jsonify(Batch.of(services().batches.get(batch_id, current_owner())))
 
 
 @bp.post("/v1/batches/<batch_id>/cancel")
 def cancel(batch_id: str) -> Response:
     svc = services()
     cancelled = svc.batches.cancel(batch_id, current_owner())
-    svc.batch_runner.run(batch_id)  # what waits is cancelled now
-    return jsonify(responses.Batch.of(svc.batches.get(batch_id, cancelled.owner)))
+    batch_runner().run(batch_id)  # what waits is cancelled now
+    return jsonify(Batch.of(svc.batches.get(batch_id, cancelled.owner)))
