@@ -41,8 +41,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.secret_key = settings.secret_key or _stored_secret(settings.var_dir / "secret_key")
     app.config.update(SESSION_COOKIE_SAMESITE="Lax", SESSION_COOKIE_HTTPONLY=True)
-    services = app.extensions[EXTENSION] = Services.start(settings)
-    batch_runner.start(app, services)  # feeds the batches' lines to the queue and collects their results
+    svc = app.extensions[EXTENSION] = Services.start(settings)
+    batch_runner.start(app, svc)  # feeds the batches' lines to the queue and collects their results
     app.jinja_env.globals["ended_statuses"] = [s.value for s in JobStatus if s.ended]  # for the pages' script
     errors.register(app)
     for module in (

@@ -1,7 +1,9 @@
-"""What the API's views share about a request's bounds: how many items a list shows (`?limit=`), and how long a
-cancel waits for a running job to stop."""
+"""What the API's views share about what a request may ask: a list's `limit`, `order` and cursor (and how they are
+documented), and how long a cancel waits for a running job to stop."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from flask import request
 
@@ -9,6 +11,19 @@ from tasks.errors import InvalidParameter
 
 CANCEL_WAIT_S = 2.0  # a running job stops within a decode step: the cancel's answer shows it stopped
 LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX = 50, 200  # ?limit= on GET /v1/jobs and OpenAI's lists
+
+LIMIT = {
+    "name": "limit",
+    "in": "query",
+    "description": "how many, newest first",
+    "schema": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX, "default": LIST_LIMIT_DEFAULT},
+}
+ORDER = {"name": "order", "in": "query", "schema": {"type": "string", "enum": ["asc", "desc"]}}
+
+
+def after(description: str) -> dict[str, Any]:
+    """A list's cursor, `?after=`: the id of the last item the client has."""
+    return {"name": "after", "in": "query", "schema": {"type": "string"}, "description": description}
 
 
 def list_limit() -> int:
@@ -26,3 +41,11 @@ def list_limit() -> int:
     if len(given) == 1 and short and 1 <= int(digits) <= LIST_LIMIT_MAX:
         return int(digits)
     raise InvalidParameter(f"limit must be given once, as a whole number from 1 to {LIST_LIMIT_MAX}", param="limit")
+
+
+def oldest_first() -> bool:
+    """`?order=`: `asc` lists the oldest first; `desc`, the default, the newest."""
+    order = request.args.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidParameter("order must be asc or desc", param="order")
+    return order == "asc"

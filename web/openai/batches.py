@@ -22,13 +22,23 @@ from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, Field, field_validator
 
 from tasks.batches import BatchRecord, Endpoint, PendingLine, new_batch_id
-from tasks.errors import FileNotFound, InvalidRequest
+from tasks.errors import (
+    BatchNotFound,
+    FileNotFound,
+    Forbidden,
+    InvalidJSON,
+    InvalidParameter,
+    InvalidRequest,
+    Unauthorized,
+    Unavailable,
+)
+from web.apidoc import documented, reply
 from web.auth import current_owner
-from web.limits import list_limit
-from web.openai.batch_input import NotJsonl, read_lines
+from web.limits import LIMIT, LIST_LIMIT_MAX, after, list_limit
+from web.openai.batch_input import NotJsonl, TooManyLines, read_lines
 from web.openai.batch_runner import batch_runner, refused_line
 from web.openai.bodies import list_page
-from web.openai.file_answers import Batch
+from web.openai.file_answers import Batch, BatchList
 from web.openai.schemas import STRICT, bounded_metadata, parse_openai
 from web.schemas import json_body
 from web.services import services
@@ -64,6 +74,28 @@ class BatchRequest(BaseModel):
 
 
 @bp.post("/v1/batches")
+@documented(
+    "createBatch",
+    "Run an uploaded file's requests (Batch API)",
+    "openai",
+    description=lambda s: (
+        "Each line of the file (`purpose=batch`) is checked as its endpoint checks a request; a line that cannot run "
+        "is an error line at once (with its custom_id), the others run as batch-class jobs, at most "
+        f"{s.batch_waiting} waiting at once (fed as the queue drains, outside the owner's quota). The window is "
+        f"{s.batch_window_s:g} s; a file with no JSON object makes a `failed` batch."
+    ),
+    body=BatchRequest,
+    answers={200: reply("the batch, in_progress (or already ended)", Batch)},
+    errors=[
+        InvalidJSON,
+        (InvalidRequest, "an unknown endpoint or window, an input file of another purpose, named in `param`"),
+        (TooManyLines, lambda s: f"this server's is {s.max_batch_lines}"),
+        Unauthorized,
+        Forbidden,
+        (FileNotFound, "no such input file"),
+        Unavailable,
+    ],
+)
 def create() -> Response:
     owner = current_owner()
     req: BatchRequest = parse_openai(BatchRequest, json_body(request))
@@ -107,17 +139,41 @@ def create() -> Response:
 
 
 @bp.get("/v1/batches")
+@documented(
+    "listBatches",
+    "List the caller's batches",
+    "openai",
+    params=[LIMIT, after("list those older than this batch")],
+    answers={200: reply("the batches", BatchList)},
+    errors=[(InvalidParameter, f"`limit` is not a whole number from 1 to {LIST_LIMIT_MAX}"), Unauthorized, Unavailable],
+)
 def list_batches() -> Response:
     records, more = services().batches.list(current_owner(), list_limit(), request.args.get("after"))
     return jsonify(list_page([Batch.of(r) for r in records], more))
 
 
 @bp.get("/v1/batches/<batch_id>")
+@documented(
+    "getBatch",
+    "Get a batch, with its request counts",
+    "openai",
+    answers={200: reply("the batch", Batch)},
+    errors=[Unauthorized, BatchNotFound, Unavailable],
+)
 def retrieve(batch_id: str) -> Response:
     return jsonify(Batch.of(services().batches.get(batch_id, current_owner())))
 
 
 @bp.post("/v1/batches/<batch_id>/cancel")
+@documented(
+    "cancelBatch",
+    "Cancel a batch, keeping what completed",
+    "openai",
+    description="`cancelling`, then `cancelled`: what runs stops within a step, what waits never runs; each line not "
+    "answered goes to the error file (`batch_cancelled`). Again, or once it ended: the batch as it is.",
+    answers={200: reply("the batch", Batch)},
+    errors=[Unauthorized, Forbidden, BatchNotFound, Unavailable],
+)
 def cancel(batch_id: str) -> Response:
     svc = services()
     cancelled = svc.batches.cancel(batch_id, current_owner())

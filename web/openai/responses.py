@@ -23,36 +23,59 @@ from collections.abc import Iterator
 from flask import Blueprint, Response, jsonify, request
 
 from tasks.errors import (
+    Forbidden,
     InvalidParameter,
     InvalidRequest,
     JobAlreadyEnded,
     JobNotFound,
+    NotFound,
     PreviousResponseNotFound,
+    Unauthorized,
+    Unavailable,
 )
 from tasks.events import Event
 from tasks.job import Job, JobStatus, Message, new_job_id
 from web import sse
 from web.admission import admit
+from web.apidoc import JSON, SSE, Reply, documented, reply
 from web.auth import current_owner
 from web.errors import job_error
 from web.feed import Feed
 from web.follow import CLIENT_GONE, Gone, Story, cancel_quietly, follow
-from web.limits import CANCEL_WAIT_S, list_limit
+from web.limits import CANCEL_WAIT_S, LIMIT, ORDER, after, list_limit, oldest_first
 from web.openai.bodies import list_page
-from web.openai.response_body import (
-    PREFIX,
-    items_of,
-    snapshot,
-    status_of,
-)
+from web.openai.response_answers import InputItemList, OpenAIResponse, ResponseStreamEvent
+from web.openai.response_body import PREFIX, items_of, snapshot, status_of
 from web.openai.response_input import conversation_of, input_of
 from web.openai.response_schemas import RESPONSE_NEUTRAL, ResponseRequest
 from web.openai.response_stream import ResponseStream
-from web.openai.schemas import parse_openai
+from web.openai.schemas import REQUEST_ERRORS, parse_openai
 from web.schemas import json_body
 from web.services import services
 
 bp = Blueprint("responses", __name__)
+
+STREAM_NOTE = (
+    "With `stream=true`: `text/event-stream`, each event named by its `type`, numbered by `sequence_number` from 0 "
+    "(the same numbers on every stream of one response), `: queued, position N` comments while it waits; no `[DONE]`."
+)
+STREAM_EVENT = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string", "contentMediaType": JSON, "contentSchema": ResponseStreamEvent},
+    },
+}
+ANSWER = Reply(
+    "the response, or (`stream`) its events",
+    {JSON: OpenAIResponse, SSE: STREAM_EVENT},
+    {"x-onelane-job-id": False},
+)
+
+
+class ResponseNotFound(NotFound):
+    """No such response, or not one of the caller's."""
 
 
 def _own(rid: str) -> Job:
@@ -62,10 +85,23 @@ def _own(rid: str) -> Job:
             job = services().store.get("job_" + rid.removeprefix(PREFIX), current_owner())
             if job.spec.response is not None:
                 return job
-    raise JobNotFound(f"no response {reprlib.repr(rid)}")  # (a bounded excerpt of what was sent)
+    raise ResponseNotFound(f"no response {reprlib.repr(rid)}")  # (a bounded excerpt of what was sent)
 
 
 @bp.post("/v1/responses")
+@documented(
+    "createResponse",
+    "Create a response (Responses API)",
+    "openai",
+    description="A job in the same queue. `background: true`: answered at once with the response, `queued`; it runs "
+    "whoever follows it. Otherwise the request waits for it (and a client that hangs up has it cancelled). "
+    "`previous_response_id` continues a response that ended completed or incomplete: its input and answer come "
+    'before this `input`. `include` `["message.output_text.logprobs"]` (and `top_logprobs`): the output text\'s log '
+    "probabilities, each text delta's with it. " + STREAM_NOTE,
+    body=ResponseRequest,
+    answers={200: ANSWER},
+    errors=[*REQUEST_ERRORS, PreviousResponseNotFound],
+)
 def create() -> Response:
     owner = current_owner()
     req: ResponseRequest = parse_openai(ResponseRequest, json_body(request), RESPONSE_NEUTRAL)
@@ -93,7 +129,7 @@ def _continued(rid: str) -> tuple[Message, ...]:
     """The conversation the caller's response `rid` ended with, for a response that continues it."""
     try:
         job = _own(rid)
-    except JobNotFound:
+    except ResponseNotFound:
         raise PreviousResponseNotFound(
             f"Previous response with id {reprlib.repr(rid)} not found (a response is kept ONELANE_RESULT_TTL after "
             "its end).",
@@ -109,6 +145,24 @@ def _continued(rid: str) -> tuple[Message, ...]:
 
 
 @bp.get("/v1/responses/<rid>")
+@documented(
+    "getResponse",
+    "Get a response",
+    "openai",
+    description="The response now; with `stream=true`, its events from the start, or after `starting_after`. "
+    + STREAM_NOTE,
+    params=[
+        {"name": "stream", "in": "query", "schema": {"type": "string", "enum": ["true", "false"]}},
+        {
+            "name": "starting_after",
+            "in": "query",
+            "schema": {"type": "integer", "minimum": 0},
+            "description": "the sequence_number of the last event the client has",
+        },
+    ],
+    answers={200: ANSWER},
+    errors=[(InvalidParameter, "`stream` or `starting_after`"), Unauthorized, ResponseNotFound, Unavailable],
+)
 def retrieve(rid: str) -> Response:
     job = _own(rid)
     if not _flag(request.args.get("stream", "false")):
@@ -121,15 +175,22 @@ def retrieve(rid: str) -> Response:
 
 
 @bp.get("/v1/responses/<rid>/input_items")
+@documented(
+    "listResponseInputItems",
+    "List a response's input items",
+    "openai",
+    description="The conversation the response answered: its input and, for one that continues another "
+    "(`previous_response_id`), every earlier input and answer; its `instructions` apart.",
+    params=[LIMIT, ORDER, after("list those after this item, in the order asked")],
+    answers={200: reply("the items", InputItemList)},
+    errors=[(InvalidParameter, "`limit`, `order` or `after`"), Unauthorized, ResponseNotFound, Unavailable],
+)
 def input_items(rid: str) -> Response:
     """The conversation a response answered (its instructions apart), newest first unless `order=asc`: messages,
     the calls an assistant made, and their outputs."""
     job = _own(rid)
     items = [item for n, turn in enumerate(input_of(job)) for item in items_of(job, n, turn)]
-    order = request.args.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise InvalidParameter("order must be asc or desc", param="order")
-    if order == "desc":
+    if not oldest_first():
         items.reverse()
     start = 0
     after = request.args.get("after")
@@ -143,6 +204,21 @@ def input_items(rid: str) -> Response:
 
 
 @bp.post("/v1/responses/<rid>/cancel")
+@documented(
+    "cancelResponse",
+    "Cancel a background response",
+    "openai",
+    description="Queued: it never runs; running: it stops within a step, keeping its partial output. Again, or once "
+    "it ended: the response as it is.",
+    answers={200: reply("the response", OpenAIResponse)},
+    errors=[
+        (InvalidRequest, "a foreground response: it ends with its own request"),
+        Unauthorized,
+        Forbidden,
+        ResponseNotFound,
+        Unavailable,
+    ],
+)
 def cancel(rid: str) -> Response:
     """Cancel a response: queued, it never runs; running, it stops within a step. Again, or once it ended: the
     response as it is."""

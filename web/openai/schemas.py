@@ -12,8 +12,23 @@ import reprlib
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+from werkzeug.exceptions import RequestEntityTooLarge
 
-from tasks.errors import InvalidRequest
+from tasks.errors import (
+    Forbidden,
+    InvalidJSON,
+    InvalidRequest,
+    JobCancelled,
+    JobExpired,
+    JobFailed,
+    ModelNotFound,
+    ModelUnavailable,
+    PromptTooLarge,
+    QueueFull,
+    QuotaExceeded,
+    Unauthorized,
+    Unavailable,
+)
 from tasks.settings import Priority
 from tasks.structured import Constraint, Tool, tools_constraint
 from web.schemas import ResponseFormat, parse
@@ -32,6 +47,31 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 TIERS: dict[str, Priority | None] = {"auto": None, "default": None, "flex": "batch", "priority": "interactive"}
 
 STRICT = ConfigDict(extra="forbid", strict=True)  # as OpenAI: `true` is not 1, "0.5" is not 0.5
+
+#: What a request that generates may be answered instead (/openapi.json): refused, or its job ended otherwise.
+REQUEST_ERRORS = (
+    InvalidJSON,
+    (
+        InvalidRequest,
+        "wrong types or values out of range, fields that do not go together (`top_logprobs` without `logprobs`, "
+        "`best_of` below `n` or streamed, `max_tokens` 0 without `echo`), a JSON schema that cannot be enforced "
+        "(`response_format`'s, a tool's `parameters`), a field onelane does not support (`functions`, `store` true, "
+        "`suffix` …), or a `logit_bias` token id beyond the model's vocabulary (found when the job runs), named in "
+        "`param`",
+    ),
+    Unauthorized,
+    Forbidden,
+    ModelNotFound,
+    JobCancelled,
+    PromptTooLarge,
+    RequestEntityTooLarge,
+    QuotaExceeded,
+    JobFailed,
+    QueueFull,
+    ModelUnavailable,
+    JobExpired,
+    Unavailable,
+)
 
 
 def structure(
