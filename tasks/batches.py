@@ -4,7 +4,8 @@ A line moves from keys.batch_lines (JSON: its index, custom_id and job spec, in 
 (job id -> the line) when its job is admitted, and from there to keys.batch_output or keys.batch_errors (line index
 -> result line) once its job ended: each move is one transaction, a line's job id is a function of the batch and the
 line (`job_id_of`), and the job is admitted once only (Store.admit's `line`). A runner that dies between two moves
-leaves its successor nothing to do twice: every line ends in exactly one result. The runner is web/batch_runner.py.
+leaves its successor nothing to do twice: every line ends in exactly one result. The runner is
+web/openai/batch_runner.py.
 
 Every key lives the batch's completion window plus ONELANE_FILE_RETENTION; at the end the lines and results go (the
 results into the batch's files) and the record lives as long as its files.
@@ -34,8 +35,8 @@ LOCK_S = 10  # a round holds its batch at most this long (it takes milliseconds;
 
 
 class BatchRecord(BaseModel):
-    """A batch, with its request counts (live while it runs; web/responses.py Batch.of: as OpenAI's `batch` object
-    shows it)."""
+    """A batch, with its request counts (live while it runs; web/openai/file_answers.py Batch.of: as OpenAI's `batch`
+    object shows it)."""
 
     model_config = ConfigDict(frozen=True)
 

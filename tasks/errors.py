@@ -1,4 +1,8 @@
-"""onelane's errors: a tiny hierarchy that the web edge maps to HTTP statuses."""
+"""onelane's errors: a tiny hierarchy that the web edge maps to HTTP statuses.
+
+The first paragraph of each docstring is what the error means to a client: /openapi.json documents each route's
+errors with it (web/errors.py `meaning`), so it is written for them; notes for the code come after it.
+"""
 
 from __future__ import annotations
 
@@ -30,17 +34,24 @@ class InvalidRequest(OnelaneError):
 
 
 class InvalidParameter(InvalidRequest):
-    """A header or query parameter is malformed (the body's own fields are InvalidRequest)."""
+    """A header or query parameter is malformed; `param` names it.
+
+    (The body's own fields are InvalidRequest.)
+    """
 
 
 class InvalidJSON(InvalidRequest):
-    """The body is not a JSON object."""
+    """The body is not a JSON object of valid text: not JSON (`NaN` is not), nested more than 32 levels, or not valid
+    Unicode text."""
 
     type = "invalid_json"
 
 
 class PreviousResponseNotFound(InvalidRequest):
-    """`previous_response_id` names no response of the caller's (OpenAI's code, which clients act on: resend)."""
+    """`previous_response_id` names no response of the caller's, or one past its retention.
+
+    (OpenAI's code, which clients act on: they resend the conversation.)
+    """
 
     type = "previous_response_not_found"
 
@@ -70,13 +81,13 @@ class BatchNotFound(NotFound):
 
 
 class ModelNotFound(OnelaneError):
-    """The request names a model this server does not serve."""
+    """The request names a model this server does not serve (one not in /v1/models)."""
 
     type = "model_not_found"
 
 
 class JobAlreadyEnded(OnelaneError):
-    """The job reached a terminal state; it can no longer change."""
+    """The job already ended otherwise (completed, failed or expired): it can no longer change."""
 
     type = "job_ended"
 
@@ -103,7 +114,7 @@ class JobExpired(JobDidNotComplete):
 
 
 class JobFailed(JobDidNotComplete):
-    """Generation failed."""
+    """Generation failed: the worker crashed on the job, stalled, or hit its time limit."""
 
     type = "job_failed"
 
@@ -129,19 +140,21 @@ class QuotaExceeded(Overloaded):
 
 
 class ModelUnavailable(Overloaded):
-    """The job's model failed to load; it is tried again after ONELANE_MODEL_RETRY_S (`retry_after_s`)."""
+    """The model failed to load; it is tried again after ONELANE_MODEL_RETRY_S (`Retry-After`)."""
 
     type = "model_unavailable"
 
 
 class Unauthorized(OnelaneError):
-    """No API key, or a wrong one."""
+    """No API key (needed only with API keys configured), a wrong one, or an `Authorization` header that is not
+    `Bearer <key>`."""
 
     type = "unauthorized"
 
 
 class Forbidden(OnelaneError):
-    """The request may not change anything: another site's page sent it, or it lacks its session's CSRF token."""
+    """The request may not do this: another site's page sent it, it lacks its session's CSRF token (browsers), or it
+    asks for more than its key may (`interactive` of a key that submits batch work only)."""
 
     type = "forbidden"
 

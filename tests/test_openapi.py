@@ -12,6 +12,7 @@ from collections import Counter
 
 import pytest
 import schemathesis
+from flask import Flask
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -25,9 +26,12 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from tasks.errors import JobNotFound, Unavailable
 from tasks.settings import DEFAULT_MODEL, Settings
 from tests.helpers import wait_ended
-from web.openai_schemas import ChatRequest, CompletionRequest
+from web import openapi
+from web.errors import meaning
+from web.openai.chat_schemas import ChatRequest, CompletionRequest
 from web.schemas import SubmitJob
 
 OPERATIONS = {
@@ -95,6 +99,24 @@ def test_the_document_describes_every_route_the_app_serves_and_no_other(app) -> 
     }
     assert routed - documented == set(), "routes missing from /openapi.json"
     assert documented - routed == set(), "operations no route serves"
+
+
+def test_a_route_that_declares_no_operation_fails_the_document(settings: Settings) -> None:
+    # Given an app with a route whose view declares nothing, When its document is built, Then it fails, naming the
+    # route: a new route cannot be forgotten by the document
+    app = Flask(__name__)
+    app.add_url_rule("/undeclared", "undeclared", lambda: "")
+    with pytest.raises(LookupError, match="/undeclared"):
+        openapi.build(app, settings)
+
+
+def test_each_error_is_documented_from_its_class_as_its_handler_answers_it(app) -> None:  # type: ignore[no-untyped-def]
+    # Given the document, When a route's errors are read, Then each is its class's type and meaning, at the status
+    # and with the headers the error handler answers it with
+    responses = app.test_client().get("/openapi.json").get_json()["paths"]["/v1/jobs/{job_id}"]["get"]["responses"]
+    assert responses["404"]["description"] == f"`{JobNotFound.type}`: {meaning(JobNotFound)}"
+    assert responses["503"]["description"] == f"`{Unavailable.type}`: {meaning(Unavailable)}"
+    assert responses["503"]["headers"]["Retry-After"]["required"] is True
 
 
 def test_the_list_limit_is_documented_with_its_type_and_range(app) -> None:  # type: ignore[no-untyped-def]

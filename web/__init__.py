@@ -10,19 +10,8 @@ from flask import Flask
 
 from tasks.job import JobStatus
 from tasks.settings import Settings
-from web import (
-    api,
-    dashboard,
-    docs,
-    errors,
-    health,
-    openai_batches,
-    openai_compat,
-    openai_files,
-    openai_responses,
-    pages,
-    stream,
-)
+from web import api, dashboard, docs, errors, health, pages, stream
+from web.openai import batch_runner, batches, chat, files, responses
 from web.services import EXTENSION, Services
 
 
@@ -52,17 +41,18 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.secret_key = settings.secret_key or _stored_secret(settings.var_dir / "secret_key")
     app.config.update(SESSION_COOKIE_SAMESITE="Lax", SESSION_COOKIE_HTTPONLY=True)
-    app.extensions[EXTENSION] = Services.start(settings)
+    svc = app.extensions[EXTENSION] = Services.start(settings)
+    batch_runner.start(app, svc)  # feeds the batches' lines to the queue and collects their results
     app.jinja_env.globals["ended_statuses"] = [s.value for s in JobStatus if s.ended]  # for the pages' script
     errors.register(app)
     for module in (
         api,
         health,
         stream,
-        openai_compat,
-        openai_responses,
-        openai_files,
-        openai_batches,
+        chat,
+        responses,
+        files,
+        batches,
         pages,
         docs,
         dashboard,

@@ -9,14 +9,15 @@ from typing import Any
 from flask import Response, current_app, jsonify, redirect, render_template, request, url_for
 from markupsafe import Markup, escape
 
+from tasks.errors import Unauthorized
 from web import openapi
+from web.apidoc import documented, reply
 from web.auth import current_owner, signed_in
-from web.html import pages_blueprint
+from web.html import SIGN_IN, pages_blueprint, webpage
 from web.services import services
 
 bp = pages_blueprint("docs", __name__)
 
-METHODS = ("get", "post", "put", "patch", "delete")
 BOUNDS = {
     "minimum": "≥ {}",
     "exclusiveMinimum": "> {}",
@@ -47,18 +48,34 @@ def _users_only() -> Response | None:
 
 
 @bp.get("/openapi.json")
+@documented(
+    "openapi",
+    "This document (OpenAPI 3.1)",
+    "docs",
+    description="With API keys configured, for users only, as /v1/models: it names the served models.",
+    answers={200: reply("the document", {"type": "object"})},
+    errors=[Unauthorized],
+)
 def openapi_json() -> Response:
     return jsonify(document())
 
 
 @bp.get("/docs")
+@documented(
+    "docsPage",
+    "This document as a page",
+    "docs",
+    description="Rendered on the server: no script, nothing from another origin.",
+    answers={200: webpage("the page"), 303: SIGN_IN},
+    errors=[Unauthorized],
+)
 def docs() -> str:
     spec = document()
     operations = [
         (method.upper(), path, op)
         for path, item in spec["paths"].items()
         for method, op in item.items()
-        if method in METHODS
+        if method in openapi.METHODS
     ]
     return render_template("docs.html", spec=spec, operations=operations, schema_type=schema_type, prose=prose)
 

@@ -1,9 +1,16 @@
 """The one edge where errors become HTTP: JSON bodies, the right status, never a stack trace; a browser's navigation
-(Accept preferring text/html) gets the same error as a page of the site instead."""
+(Accept preferring text/html) gets the same error as a page of the site instead.
+
+What an error class means to a client (its status, type, headers and description) is told here once, for the
+handlers and for /openapi.json alike (web/openapi.py documents each route's errors from their classes).
+"""
 
 from __future__ import annotations
 
+import inspect
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import redis
 from flask import Flask, Response, jsonify, render_template, request
@@ -35,6 +42,12 @@ STATUS: dict[type[errors.OnelaneError], int] = {
     errors.Unavailable: 503,
 }
 
+
+#: The headers an error's answer carries, on a page as in the API: when to retry, how to authenticate.
+HEADERS: dict[type[errors.OnelaneError], tuple[str, Callable[[Any], str]]] = {
+    errors.Overloaded: ("Retry-After", lambda exc: str(exc.retry_after_s)),
+    errors.Unauthorized: ("WWW-Authenticate", lambda exc: 'Bearer realm="onelane"'),
+}
 
 REDIS_RETRY_AFTER_S = 5  # what a client is told to wait while Redis is unreachable
 OPENAI_BLUEPRINTS = ("openai", "responses", "files", "batches")  # whose errors take OpenAI's shape
@@ -80,10 +93,11 @@ def _html_or_none(status: int, type_: str, message: str) -> Response | None:
 
 
 def _error_json(status: int, type_: str, message: str, param: str | None = None) -> Response:
-    if request.blueprint in OPENAI_BLUEPRINTS:
-        status = 400 if status == 422 else status
-        category = OPENAI_CATEGORY.get(status, "server_error" if status >= 500 else "invalid_request_error")
-        response = jsonify({"error": {"message": message, "type": category, "param": param, "code": type_}})
+    if openai_shaped(request.blueprint):
+        status = shown_status(status, request.blueprint)
+        response = jsonify(
+            {"error": {"message": message, "type": openai_category(status), "param": param, "code": type_}}
+        )
     else:
         response = jsonify(error_body(type_, message, param))
     response.status_code = status
@@ -105,18 +119,63 @@ def job_error(job: Job) -> errors.OnelaneError:
     return errors.JobDidNotComplete.of(job)
 
 
+def openai_shaped(blueprint: str | None) -> bool:
+    """Errors on this blueprint's routes take OpenAI's shape."""
+    return blueprint in OPENAI_BLUEPRINTS
+
+
+def shown_status(status: int, blueprint: str | None) -> int:
+    """The status an error is answered with on this blueprint's routes: OpenAI's endpoints answer any invalid
+    request 400."""
+    return 400 if status == 422 and openai_shaped(blueprint) else status
+
+
+def openai_category(status: int) -> str:
+    """OpenAI's error `type` for an error answered with `status`."""
+    return OPENAI_CATEGORY.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+
+def status_of(kind: type[Exception]) -> int:
+    """The HTTP status of an error class: an onelane error's is the first, most specific match in STATUS; an HTTP
+    exception's (werkzeug's: a body too large) its code."""
+    if issubclass(kind, HTTPException):
+        return kind.code or 500
+    return next((code for cls, code in STATUS.items() if issubclass(kind, cls)), 500)
+
+
 def status_for(exc: errors.OnelaneError) -> int:
-    """The HTTP status of an onelane error (the first, most specific match in STATUS)."""
-    return next((code for cls, code in STATUS.items() if isinstance(exc, cls)), 500)
+    """The HTTP status of an onelane error."""
+    return status_of(type(exc))
+
+
+def type_of(kind: type[Exception]) -> str:
+    """The machine-readable type an error class is answered with (OpenAI's `code`)."""
+    if issubclass(kind, HTTPException):
+        return http_type(kind.code or 500, kind.name)
+    return kind.type if issubclass(kind, errors.OnelaneError) else "internal_error"
+
+
+def http_type(status: int, name: str | None) -> str:
+    """An HTTP exception's type: its name in snake case ("Not Found" -> not_found), payload_too_large for a 413."""
+    return "payload_too_large" if status == 413 else (name or "error").lower().replace(" ", "_")
+
+
+def meaning(kind: type[Exception]) -> str:
+    """What an error class means, in a sentence: the first paragraph of its docstring (an HTTP exception's
+    description, which its answer's message is)."""
+    if issubclass(kind, HTTPException):
+        return str(kind.description)
+    return " ".join((inspect.getdoc(kind) or kind.__name__).split("\n\n")[0].split())
+
+
+def header_names(kind: type[Exception]) -> list[str]:
+    """The headers every error of this class is answered with."""
+    return [name for cls, (name, _) in HEADERS.items() if issubclass(kind, cls)]
 
 
 def error_headers(exc: errors.OnelaneError) -> dict[str, str]:
-    """The headers an error's answer carries, on a page as in the API: when to retry, how to authenticate."""
-    if isinstance(exc, errors.Overloaded):
-        return {"Retry-After": str(exc.retry_after_s)}
-    if isinstance(exc, errors.Unauthorized):
-        return {"WWW-Authenticate": 'Bearer realm="onelane"'}
-    return {}
+    """The headers an error's answer carries (HEADERS)."""
+    return {name: value(exc) for cls, (name, value) in HEADERS.items() if isinstance(exc, cls)}
 
 
 def register(app: Flask) -> None:
@@ -137,8 +196,7 @@ def register(app: Flask) -> None:
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Response:
         status = exc.code or 500
-        type_ = "payload_too_large" if status == 413 else (exc.name or "error").lower().replace(" ", "_")
-        return error_response(status, type_, exc.description or exc.name)
+        return error_response(status, http_type(status, exc.name), exc.description or exc.name)
 
     @app.errorhandler(Exception)
     def unexpected(exc: Exception) -> Response:

@@ -19,8 +19,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from tasks.errors import Unavailable
 from tasks.job import JobStatus
 from tasks.store import DeviceLease, Snapshot, Store
+from web import responses
+from web.apidoc import TEXT, documented, reply
 from web.errors import error_response
 from web.services import services
 
@@ -36,11 +39,30 @@ HISTOGRAMS = {
 
 
 @bp.get("/healthz")
+@documented(
+    "healthz", "This web process answers", "health", public=True, answers={200: reply("alive", responses.Health)}
+)
 def healthz() -> Response:
     return jsonify({"status": "ok"})
 
 
 @bp.get("/readyz")
+@documented(
+    "readyz",
+    "Ready to generate",
+    "health",
+    public=True,
+    description="Redis answers, a worker holds the device with a fresh heartbeat, and its jobs make progress; each "
+    "worker is listed with how many jobs it runs (never which: anyone may ask), and each model with its state.",
+    answers={
+        200: reply("ready", responses.Ready),
+        503: reply(
+            "not ready, and why (or Redis unreachable, with Retry-After)",
+            {"oneOf": [responses.NotReady, responses.Error]},
+            headers={"Retry-After": False},
+        ),
+    },
+)
 def readyz() -> Response:
     svc = services()
     snap = svc.store.readings.snapshot()
@@ -84,6 +106,14 @@ def _not_ready(reason: str, state: dict[str, object]) -> Response:
 
 
 @bp.get("/metrics")
+@documented(
+    "metrics",
+    "Prometheus metrics",
+    "health",
+    public=True,
+    answers={200: reply("the metrics, in Prometheus' text format", {"type": "string"}, TEXT)},
+    errors=[Unavailable],
+)
 def metrics() -> Response:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(services().store))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response
 
 from tasks.job import Job
+from web.apidoc import HTML, Reply, reply
 
 # Prompts and outputs are untrusted text: no inline script, no third-party origin, no framing.
 SECURITY_HEADERS = {
@@ -13,6 +14,14 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",
 }
 EXCERPT_CHARS = 80
+
+#: With API keys configured, a browser that has not signed in is sent to sign in first (/openapi.json).
+SIGN_IN = Reply("with API keys configured, a browser that has not signed in: to /login", headers={"Location": "/login"})
+
+
+def webpage(description: str) -> Reply:
+    """An answer that is a page of the site (/openapi.json)."""
+    return reply(description, {"type": "string"}, HTML)
 
 
 def excerpt(job: Job) -> str:

@@ -7,25 +7,37 @@ from datetime import UTC, datetime
 from typing import Any
 
 from flask import Response, redirect, render_template, request, url_for
-from werkzeug.datastructures import MultiDict
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from tasks.errors import Forbidden, JobNotFound, OnelaneError, PromptTooLarge
+from tasks.errors import (
+    Forbidden,
+    InvalidRequest,
+    JobNotFound,
+    ModelNotFound,
+    ModelUnavailable,
+    OnelaneError,
+    PromptTooLarge,
+    QueueFull,
+    QuotaExceeded,
+    Unauthorized,
+    Unavailable,
+)
 from tasks.job import Job
 from web import body, conversation, responses
 from web.admission import admit
-from web.auth import check_csrf, csrf_token, current_owner, session_user, sign_in, signed_in, start_visit
+from web.apidoc import FORM, JSON, Reply, documented, reply
+from web.auth import check_csrf, csrf_token, current_owner, sign_in, signed_in, start_visit
 from web.errors import error_headers, status_for
-from web.html import excerpt, pages_blueprint
-from web.schemas import SubmitJob, default_priority, parse, to_spec
+from web.forms import PRIORITIES, form, form_defaults, submission, submit_form
+from web.html import SIGN_IN, excerpt, pages_blueprint, webpage
+from web.schemas import SubmitJob, parse, to_spec
 from web.services import services
 
 bp = pages_blueprint("pages", __name__)
 
-FORM_DEFAULTS = {"prompt": "", "max_tokens": "64", "temperature": "0", "ignore_eos": "", "raw": ""}
-NUMBER_FIELDS = ("max_tokens", "temperature")
-CHOICE_FIELDS = ("model", "priority")  # <select>s: sent as chosen, or left to the API's defaults when absent
-PRIORITIES = {"interactive": "Interactive", "batch": "Batch (runs when no interactive job waits)"}
+
+#: What refuses a job the form asked for: the form comes back, filled in, with the message and the API's status.
+REFUSED = [ModelNotFound, QuotaExceeded, QueueFull, ModelUnavailable]
 
 
 @bp.before_request
@@ -55,46 +67,12 @@ def utc_time(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _number(raw: str) -> int | float | str:
-    """A form field as the number it spells; anything else is left for validation to refuse."""
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            continue
-    return raw
-
-
-def submission(form: MultiDict[str, str]) -> dict[str, Any]:
-    """The form as the API's request body: numbers converted, empty fields omitted."""
-    text = form.get("prompt", "")
-    if form.get("raw") or not text.strip():  # (an empty one is refused by name, as a prompt)
-        fields: dict[str, Any] = {"prompt": text}
-    else:  # the text is the user's turn of a chat, read through the model's chat template
-        fields = {"messages": [{"role": "user", "content": text}]}
-    for name in NUMBER_FIELDS:
-        raw = form.get(name, "").strip()
-        if raw:
-            fields[name] = _number(raw)
-    for name in CHOICE_FIELDS:
-        if form.get(name):
-            fields[name] = form[name]
-    if form.get("ignore_eos"):
-        fields["ignore_eos"] = True
-    return fields
-
-
-def form_defaults() -> dict[str, str]:
-    """The form as first shown: the server's default model, and the signed-in user's own priority class."""
-    return {**FORM_DEFAULTS, "model": services().settings.model_name, "priority": default_priority(session_user())}
-
-
 def render_form(values: dict[str, str], error: OnelaneError | None = None) -> Response:
     """The submit form, filled with `values`, with the error that refused them (and its API status), if any."""
-    page = render_template(
+    html = render_template(
         "index.html", values=values, error=error, settings=services().settings, priorities=PRIORITIES
     )
-    response = Response(page)
+    response = Response(html)
     if error is not None:
         response.status_code = status_for(error)
         response.headers.update(error_headers(error))
@@ -102,6 +80,30 @@ def render_form(values: dict[str, str], error: OnelaneError | None = None) -> Re
 
 
 @bp.route("/login", methods=["GET", "POST"])
+@documented(
+    "loginPage",
+    "Sign in with an API key",
+    "pages",
+    method="get",
+    public=True,
+    answers={200: webpage("the sign-in form")},
+)
+@documented(
+    "login",
+    "Sign this browser in",
+    "pages",
+    method="post",
+    public=True,
+    description="Binds the browser's session to the user owning the key; the key itself is not kept.",
+    body=form({"key": {"type": "string"}}, ["key"]),
+    body_media=FORM,
+    answers={
+        303: Reply("signed in: to the form", headers={"Location": "/"}),
+        400: webpage("the form expired (a missing or wrong CSRF token, or another site's request)"),
+        401: webpage("not a valid API key (in local mode, no key is)"),
+        413: webpage("the key is too long"),
+    },
+)
 def login() -> Response | tuple[str, int]:
     """With API keys configured, a browser signs in once with its key."""
     if request.method == "GET":
@@ -118,11 +120,35 @@ def login() -> Response | tuple[str, int]:
 
 
 @bp.get("/")
+@documented("formPage", "The form to submit a job", "pages", answers={200: webpage("the form"), 303: SIGN_IN})
 def index() -> Response:
     return render_form(form_defaults())
 
 
 @bp.post("/jobs")
+@documented(
+    "submitForm",
+    "Submit the form's job",
+    "pages",
+    description="The job is watched by its page: closed before the job starts, it is cancelled. Refused, the form "
+    "comes back filled in, with the message and the status the API would answer.",
+    body=submit_form,
+    body_media=FORM,
+    answers={
+        303: Reply(
+            "admitted: to the job's page, or (API keys, not signed in) to /login",
+            headers={"Location": "the job's page, or /login"},
+        )
+    },
+    refusals=[
+        Unauthorized,
+        Forbidden,
+        (PromptTooLarge, lambda s: f"over {s.max_prompt_chars} characters, or the body too large"),
+        (InvalidRequest, "a field is out of range, or the prompt is empty"),
+        *REFUSED,
+    ],
+    errors=[Unavailable],
+)
 def submit() -> Response:
     """Admit the form's job as watched (skipped if its page is closed before it starts), then show its page."""
     svc = services()
@@ -142,6 +168,15 @@ def submit() -> Response:
 
 
 @bp.get("/jobs/<job_id>")
+@documented(
+    "jobPage",
+    "A job's live page",
+    "pages",
+    description="Opening it counts as watching the job.",
+    answers={200: webpage("the job's page"), 303: SIGN_IN},
+    errors=[Unauthorized, Unavailable],
+    refusals=[JobNotFound],
+)
 def job_page(job_id: str) -> Response | tuple[str, int]:
     """The job, live: opening its page counts as watching it."""
     store = services().store
@@ -157,7 +192,7 @@ def render_job(job: Job, error: OnelaneError | None = None, text: str = "") -> R
     """The job's page: a chat as its thread (each earlier answer with the job that gave it), and, once it completed,
     the form that continues it, filled with `text` and the error that refused it, if any."""
     turns = conversation.thread(job, services().store.list(job.owner)) if job.spec.messages is not None else []
-    page = render_template(
+    html = render_template(
         "job.html",
         job=job,
         body=responses.Job.of(job),
@@ -166,13 +201,42 @@ def render_job(job: Job, error: OnelaneError | None = None, text: str = "") -> R
         error=error,
         text=text,
     )
-    response = Response(page, status=status_for(error) if error else 200)
+    response = Response(html, status=status_for(error) if error else 200)
     if error is not None:
         response.headers.update(error_headers(error))
     return response
 
 
+CONTINUE_REFUSED = [
+    JobNotFound,
+    (PromptTooLarge, "the conversation is too large"),
+    (InvalidRequest, "the job is not a completed chat, or the message is empty"),
+    *REFUSED,
+]
+
+
 @bp.post("/jobs/<job_id>/continue")
+@documented(
+    "continueJob",
+    "Continue a completed chat with a follow-up turn",
+    "pages",
+    description="A new watched job with the job's model and options, whose messages are the job's, its answer, then "
+    "`prompt` as the user's: the history the worker's prefix cache holds. A form is sent to the new job's page; the "
+    "page's script (Accept: application/json) gets the new job and its URLs, and a refusal as JSON.",
+    body=lambda s: form({"prompt": {"type": "string", "maxLength": s.max_prompt_chars}}, ["prompt"]),
+    body_media=FORM,
+    answers={
+        202: reply(
+            "to the script: the new job, its page, events, cancel and continue URLs",
+            {"type": "object"},
+            JSON,
+            headers={"Location": "the new job's page"},
+        ),
+        303: Reply("admitted: to the new job's page", headers={"Location": "the new job's page"}),
+    },
+    errors=[Unauthorized, Forbidden, *CONTINUE_REFUSED, Unavailable],
+    refusals=CONTINUE_REFUSED,
+)
 def continue_job(job_id: str) -> Response:
     """Continue a completed chat with the user's next message: a new, watched job carrying the whole history. A form
     is sent to the new job's page; the page's script (asking for JSON) gets the new job, to follow it in place."""
@@ -215,6 +279,13 @@ def _asks_json() -> bool:
 
 
 @bp.get("/jobs")
+@documented(
+    "jobsPage",
+    "The visitor's recent jobs",
+    "pages",
+    answers={200: webpage("the list"), 303: SIGN_IN},
+    errors=[Unauthorized, Unavailable],
+)
 def job_list() -> tuple[str, int]:
     jobs = services().store.list(current_owner())
     return render_template("jobs.html", jobs=jobs, excerpt=excerpt), 200

@@ -1,26 +1,28 @@
 """The app's services: the settings, the job store, the broker, the pub/sub hub, the housekeeper, the file store,
-the batches and their runner.
+the batches, and the threads the app starts beside them (the batch runner: web/__init__.py).
 
 Built once per app by `web.create_app`; a view reaches them with `services()` (as flaskr's `get_db`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 import dramatiq
 from flask import current_app
 
+from tasks.background import Background
 from tasks.batches import BatchStore
 from tasks.broker import make_broker
 from tasks.files import FileStore
 from tasks.housekeeping import Housekeeper
 from tasks.settings import Settings
 from tasks.store import Store
-from web.batch_runner import BatchRunner
 from web.feed import Hub
 
 EXTENSION = "onelane"
+B = TypeVar("B", bound=Background)
 
 
 @dataclass(frozen=True)
@@ -32,12 +34,11 @@ class Services:
     housekeeper: Housekeeper  # expires jobs on time even while no worker runs
     files: FileStore  # uploaded files (/v1/files)
     batches: BatchStore  # /v1/batches
-    batch_runner: BatchRunner  # feeds the batches' lines to the queue and collects their results
+    threads: list[Background] = field(default_factory=list)  # the app's own, stopped with the services
 
     @classmethod
     def start(cls, settings: Settings) -> Services:
-        """Connect to Redis and the broker, and start the housekeeper and the batch runner (the hub connects on its
-        first stream)."""
+        """Connect to Redis and the broker, and start the housekeeper (the hub connects on its first stream)."""
         store = Store.connect(settings)
         broker = make_broker(settings, worker=False)
         files, batches = FileStore(store.redis, settings), BatchStore(store.redis, settings)
@@ -49,13 +50,17 @@ class Services:
             housekeeper=Housekeeper(store, broker).start(),
             files=files,
             batches=batches,
-            batch_runner=BatchRunner(store, batches, files, broker).start(),
         )
+
+    def keep(self, thread: B) -> B:
+        """`thread`, one the app started, to be stopped with the services."""
+        self.threads.append(thread)
+        return thread
 
     def stop(self) -> None:
         """Stop the app's threads (tests and benches that build apps in one process)."""
-        self.housekeeper.stop()
-        self.batch_runner.stop()
+        for thread in (self.housekeeper, *self.threads):
+            thread.stop()
 
 
 def services() -> Services:

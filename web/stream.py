@@ -10,11 +10,12 @@ from collections.abc import Iterator
 
 from flask import Blueprint, Response, request
 
-from tasks.errors import InvalidParameter
-from tasks.events import Event
+from tasks.errors import InvalidParameter, JobNotFound, Unauthorized, Unavailable
+from tasks.events import Event, EventType
 from tasks.job import Job
 from tasks.store import Store
 from web import responses, sse
+from web.apidoc import JSON, SSE, Schema, documented, reply
 from web.auth import current_owner
 from web.feed import Hub
 from web.follow import Ping, Queued, follow
@@ -42,7 +43,66 @@ def _last_event_id(store: Store, job: Job) -> int:
     return index
 
 
+def _event(names: list[str], data: Schema) -> Schema:
+    """One event of the stream, as OpenAPI 3.1 has `schema` describe each event of a stream."""
+    return {
+        "type": "object",
+        "required": ["event", "data"],
+        "properties": {
+            "event": {"enum": names},
+            "data": {"type": "string", "contentMediaType": JSON, "contentSchema": data},
+        },
+    }
+
+
+EVENTS = {
+    "oneOf": [
+        _event(["queued"], responses.QueuedEvent),
+        _event([EventType.STARTED.value], responses.StartedEvent),
+        _event([EventType.TOKEN.value], responses.TokenEvent),
+        _event([EventType.REQUEUED.value], responses.RequeuedEvent),
+        _event([kind.value for kind in EventType if kind.terminal], responses.Job),
+    ]
+}
+
+
 @bp.get("/v1/jobs/<job_id>/events")
+@documented(
+    "jobEvents",
+    "Follow a job's events (server-sent events)",
+    "jobs",
+    description=lambda s: (
+        "`queued` (position, eta_s) whenever the queue ahead moves, then `started`, `token` (text, "
+        "n), `requeued` if its worker died, and exactly one terminal event (`completed`, `failed`, `cancelled` or "
+        f"`expired`, with the whole job); `: ping` comments at least every {s.sse_ping_s:g} s. Each event of the job's "
+        "durable log carries its index as its SSE `id`: reconnect with `Last-Event-ID` (or `?last_event_id=`) to get "
+        "exactly the rest."
+    ),
+    params=[
+        {
+            "name": "Last-Event-ID",
+            "in": "header",
+            "schema": {"type": "string"},
+            "description": "the id of the last event the client has (an empty header counts as none)",
+        },
+        {
+            "name": "last_event_id",
+            "in": "query",
+            "schema": {"type": "string"},
+            "description": "the same, for clients that cannot set headers",
+        },
+    ],
+    answers={200: reply("the stream: each event as `event` and its JSON `data`", EVENTS, SSE)},
+    errors=[
+        (
+            InvalidParameter,
+            "the id is not the index of one of this job's events (`param` names the header or query parameter)",
+        ),
+        Unauthorized,
+        JobNotFound,
+        Unavailable,
+    ],
+)
 def job_events(job_id: str) -> Response:
     svc = services()
     job = svc.store.get(job_id, current_owner())

@@ -25,6 +25,7 @@ from typing import Any
 
 import redis
 from dramatiq.brokers.redis import RedisBroker
+from flask import Flask, current_app
 
 from tasks import keys
 from tasks.background import Background
@@ -44,12 +45,15 @@ from tasks.files import FileStore
 from tasks.job import Job, JobSpec, JobStatus
 from tasks.store import Store
 from web.errors import job_error, openai_error
-from web.openai_bodies import Chat, Text, snapshot
+from web.openai.bodies import ChatBody, CompletionBody
+from web.openai.response_body import snapshot
+from web.services import Services
 
 logger = logging.getLogger(__name__)
 
 INTERVAL_S = 0.25  # a round at least this often: a line that ended is collected, and its place refilled, this soon
 STOPPED = {"cancelled": "the batch was cancelled", "expired": "the batch's completion window ended"}
+EXTENSION = "onelane_batch_runner"
 
 
 class BatchRunner(Background):
@@ -183,6 +187,18 @@ class BatchRunner(Background):
         return self.files.create(record.owner, name, "batch_output", data, file_id, record.output_keep_s).id
 
 
+def start(app: Flask, svc: Services) -> BatchRunner:
+    """Start the app's batch runner, stopped with its services."""
+    runner = svc.keep(BatchRunner(svc.store, svc.batches, svc.files, svc.broker).start())
+    app.extensions[EXTENSION] = runner
+    return runner
+
+
+def batch_runner() -> BatchRunner:
+    """The current app's batch runner."""
+    return current_app.extensions[EXTENSION]  # type: ignore[no-any-return]
+
+
 # --- result lines -------------------------------------------------------------------------------------------------
 
 
@@ -211,7 +227,7 @@ def body_of(job: Job, endpoint: str) -> dict[str, Any]:
     """The answer the endpoint gives for a completed job."""
     if endpoint == "/v1/responses":
         return snapshot(job)
-    return (Chat if endpoint == "/v1/chat/completions" else Text)(job).body(job)
+    return (ChatBody if endpoint == "/v1/chat/completions" else CompletionBody)(job).body(job)
 
 
 def error_result(batch_id: str, line: PendingLine, code: str, message: str, job_id: str | None = None) -> Result:
@@ -220,7 +236,7 @@ def error_result(batch_id: str, line: PendingLine, code: str, message: str, job_
 
 
 def refused_line(batch_id: str, index: int, custom_id: str | None, code: str, message: str) -> Result:
-    """A line the endpoint refused as it was read (web/batch_input.py's LineError)."""
+    """A line the endpoint refused as it was read (web/openai/batch_input.py's LineError)."""
     return _line(batch_id, index, custom_id, None, {"code": code, "message": message, "line": index + 1}, False, None)
 
 

@@ -1,9 +1,9 @@
 """OpenAI-compatible endpoints on the queue: /v1/models, /v1/chat/completions, /v1/completions.
 
 Each request is a job in the same queue (same bounds, quotas, fairness, TTL), or one job per answer with `n` or
-`best_of` (web/choices.py). The client's connection is the watcher: a client that hangs up, streaming or not, gets
-its jobs cancelled (skipped if they still wait, stopped within a step if they run). The requests' models are in
-web/openai_schemas.py, their answers' wire formats in web/openai_bodies.py.
+`best_of` (web/openai/choices.py). The client's connection is the watcher: a client that hangs up, streaming or not,
+gets its jobs cancelled (skipped if they still wait, stopped within a step if they run). The requests' models are in
+web/openai/chat_schemas.py, their answers' wire formats in web/openai/bodies.py.
 """
 
 from __future__ import annotations
@@ -13,15 +13,20 @@ from contextlib import closing
 
 from flask import Blueprint, Response, jsonify, request
 
+from tasks.errors import Unauthorized, Unavailable
 from tasks.events import Event, EventType
 from tasks.job import Job, JobSpec, Usage
-from web import sse
+from web import responses, sse
+from web.apidoc import JSON, SSE, Reply, Schema, documented, reply
 from web.auth import current_owner
-from web.choices import ANOTHER_FAILED, admit_all, best_of, cancel_all, merged
 from web.errors import job_error, openai_error
 from web.follow import CLIENT_GONE, Gone, Ping, Queued, Story, aside, follow
-from web.openai_bodies import Chat, Text, total_usage, usage_object
-from web.openai_schemas import ChatRequest, CompletionRequest, Sampling, parse_openai
+from web.openai import answers
+from web.openai.bodies import ChatBody, CompletionBody, total_usage, usage_object
+from web.openai.chat_schemas import ChatRequest, CompletionRequest
+from web.openai.choices import ANOTHER_FAILED, admit_all, best_of, cancel_all, merged
+from web.openai.sampling import Sampling
+from web.openai.schemas import REQUEST_ERRORS, parse_openai
 from web.schemas import json_body
 from web.services import services
 
@@ -29,8 +34,44 @@ bp = Blueprint("openai", __name__)
 
 DONE = "data: [DONE]\n\n"  # the last line of an OpenAI stream
 
+CHOICES_NOTE = (
+    "`n` answers are a job each (one prompt read for all), admitted all or none, their choices indexed from 0; one "
+    "that fails fails the request, and a client that leaves cancels them all. Penalties and `logit_bias` as OpenAI "
+    "defines them. "
+)
+
+
+def _stream_note(obj: str) -> str:
+    return (
+        f'With `"stream": true`, `text/event-stream`: `data: {{chunk}}` lines (`{obj}` objects), '
+        "`: queued, position N, eta_s T` comments while the "
+        'job waits, a `data: {"error": …}` line if it ends without completing, then `data: [DONE]`.'
+    )
+
+
+def _answer(whole: Schema, chunk: Schema) -> Reply:
+    """200: the whole answer as JSON, or (`stream` true) its chunks, as OpenAI streams them."""
+    done_or_json = {
+        "type": "string",
+        "if": {"const": "[DONE]"},
+        "else": {"contentMediaType": JSON, "contentSchema": {"anyOf": [chunk, responses.OpenAIError]}},
+    }
+    stream = {"type": "object", "properties": {"data": done_or_json}, "required": ["data"]}
+    return Reply(
+        "the whole answer (`stream` false), or its stream",
+        {JSON: whole, SSE: stream},
+        {"x-onelane-job-id": True, "x-onelane-job-ids": False, "x-queue-time": False},
+    )
+
 
 @bp.get("/v1/models")
+@documented(
+    "listModels",
+    "List the served models",
+    "openai",
+    answers={200: reply("the models", answers.ModelList)},
+    errors=[Unauthorized, Unavailable],
+)
 def models() -> Response:
     current_owner()
     catalog = services().settings.catalog  # in the order the models file names them
@@ -43,19 +84,46 @@ def models() -> Response:
 
 
 @bp.post("/v1/chat/completions")
+@documented(
+    "createChatCompletion",
+    "Create a chat completion",
+    "openai",
+    description="A job in the same queue, watched by the connection: a client that hangs up gets its job cancelled. "
+    "`response_format` (`json_object`, `json_schema`) and `tools` are enforced as the answer is generated, each token "
+    "drawn under their grammar: JSON of the schema, or calls (`message.tool_calls`, `finish_reason` `tool_calls`, "
+    "`content` null; streamed as `delta.tool_calls`, each call's name, then its arguments in pieces) whose arguments "
+    "fit their function's parameters; `tool_choice` `auto` lets the model answer in words instead. "
+    + CHOICES_NOTE
+    + _stream_note("chat.completion.chunk"),
+    body=ChatRequest,
+    answers={200: _answer(answers.ChatCompletion, answers.ChatCompletionChunk)},
+    errors=REQUEST_ERRORS,
+)
 def chat_completions() -> Response:
     owner = current_owner()  # who is asking (and may they), before what they ask
     req: ChatRequest = parse_openai(ChatRequest, json_body(request))
     spec = req.admission(owner, services().settings)
-    return _admit_and_respond(spec, Chat, req)
+    return _admit_and_respond(spec, ChatBody, req)
 
 
 @bp.post("/v1/completions")
+@documented(
+    "createCompletion",
+    "Create a text completion",
+    "openai",
+    description="As chat completions, for one prompt (`response_format` too, as in vLLM; no tools). `logprobs` N: "
+    "each token's log probability and the N likeliest at its place; `echo`: the prompt comes first, with its tokens "
+    "(`max_tokens` 0: the prompt scored, nothing generated); `best_of`: that many answers, the `n` of highest mean "
+    "log probability per token returned. " + CHOICES_NOTE + _stream_note("text_completion"),
+    body=CompletionRequest,
+    answers={200: _answer(answers.Completion, answers.CompletionChunk)},
+    errors=REQUEST_ERRORS,
+)
 def completions() -> Response:
     owner = current_owner()
     req: CompletionRequest = parse_openai(CompletionRequest, json_body(request))
     spec = req.admission(owner, services().settings)
-    return _admit_and_respond(spec, Text, req)
+    return _admit_and_respond(spec, CompletionBody, req)
 
 
 def _headers(jobs: list[Job], queued_s: float | None = None) -> dict[str, str]:
@@ -67,8 +135,8 @@ def _headers(jobs: list[Job], queued_s: float | None = None) -> dict[str, str]:
     return headers
 
 
-def _admit_and_respond(admission: tuple[JobSpec, float], view_class: type[Chat], req: Sampling) -> Response:
-    """Admit the request's jobs (one per answer: web/choices.py) and answer with their stories. Each job's feed
+def _admit_and_respond(admission: tuple[JobSpec, float], view_class: type[ChatBody], req: Sampling) -> Response:
+    """Admit the request's jobs (one per answer: web/openai/choices.py) and answer with their stories. Each job's feed
     subscribes first, so that, once admitted, its events all arrive live and nothing is read back before the first
     token."""
     svc = services()
@@ -91,7 +159,7 @@ def _admit_and_respond(admission: tuple[JobSpec, float], view_class: type[Chat],
         close()
 
 
-def _respond(jobs: list[Job], views: list[Chat], req: Sampling, stories: list[Iterator[Story]]) -> Response:
+def _respond(jobs: list[Job], views: list[ChatBody], req: Sampling, stories: list[Iterator[Story]]) -> Response:
     """The whole answer, once every job completed: each read back whole (its text and log probabilities), as a
     batch's line is; best_of's best `n`, best first."""
     store = services().store
@@ -120,7 +188,7 @@ def _respond(jobs: list[Job], views: list[Chat], req: Sampling, stories: list[It
     return response
 
 
-def _stream(jobs: list[Job], views: list[Chat], stories: list[Iterator[Story]]) -> Iterator[str]:
+def _stream(jobs: list[Job], views: list[ChatBody], stories: list[Iterator[Story]]) -> Iterator[str]:
     """OpenAI's SSE: `data: {chunk}` lines (the answers' interleaved as they come, each with its index), queue
     positions as comments, `data: [DONE]` at the end. A client that leaves before the end has every job cancelled.
     If a job's worker dies mid-answer, its next run goes on from the tokens written (worker/resume.py), and so does

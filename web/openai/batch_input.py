@@ -1,11 +1,12 @@
 """A Batch API input file, read line by line into the jobs it asks for, and the lines it cannot be.
 
 Each line of the JSONL file is `{"custom_id", "method": "POST", "url", "body"}`; its body is checked exactly as the
-endpoint `url` checks a request (the same request models and server limits, web/openai_schemas.py), and becomes a
-job of the batch class that nobody watches. A line that cannot be one (not JSON, no custom_id, a custom_id seen
-before, another method, a url that is not the batch's endpoint, a body the endpoint refuses, `stream`) is an error
-line with its custom_id, never the whole batch's failure; only a file in which no line is a JSON object is refused
-whole (NotJsonl), and one of more lines than a batch takes (TooManyLines) before any line is read.
+endpoint `url` checks a request (the same request models and server limits: web/openai/chat_schemas.py,
+response_schemas.py), and becomes a job of the batch class that nobody watches. A line that cannot be one (not JSON,
+no custom_id, a custom_id seen before, another method, a url that is not the batch's endpoint, a body the endpoint
+refuses, `stream`) is an error line with its custom_id, never the whole batch's failure; only a file in which no line
+is a JSON object is refused whole (NotJsonl), and one of more lines than a batch takes (TooManyLines) before any line
+is read.
 
 The file is split a piece at a time, never decoded or split whole: a 32 MiB file of tiny lines would take 80 times its
 size split, and more parsed.
@@ -24,7 +25,9 @@ from pydantic import BaseModel
 from tasks.errors import InvalidRequest, OnelaneError
 from tasks.job import JobSpec
 from tasks.settings import Settings
-from web.openai_schemas import NEUTRAL, RESPONSE_NEUTRAL, ChatRequest, CompletionRequest, ResponseRequest, parse_openai
+from web.openai.chat_schemas import ChatRequest, CompletionRequest
+from web.openai.response_schemas import RESPONSE_NEUTRAL, ResponseRequest
+from web.openai.schemas import NEUTRAL, parse_openai
 
 #: For each endpoint a batch may address (tasks/batches.py ENDPOINTS), the request model its lines' bodies are, and
 #: its neutral fields.
