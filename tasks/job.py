@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+#: A job's class: "batch" runs when no interactive work waits, or at a small guaranteed share (ONELANE_BATCH_COST).
+Priority = Literal["interactive", "batch"]
 LOGIT_BIAS_MOST = 300  # tokens a request may bias (OpenAI's bound)
 TOP_LOGPROBS_MOST = 20  # alternatives a token's log probability may list (OpenAI's bound)
 
@@ -163,8 +165,7 @@ class JobSpec(BaseModel):
     prompt: str | None = None
     messages: tuple[Message, ...] | None = None
     params: SamplingParams = SamplingParams()
-    # "batch" runs when no interactive work waits, or at a small guaranteed share (ONELANE_BATCH_COST).
-    priority: Literal["interactive", "batch"] = "interactive"
+    priority: Priority = "interactive"
     # True: the job is skipped before generation once its client stops watching (stream or polling).
     watched: bool = False
     # set for a job made through /v1/responses (it is then also readable as a response)

@@ -25,7 +25,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tasks.settings import DEFAULT_MODEL, Settings
+from tasks.catalogue import DEFAULT_MODEL
+from tasks.settings import Settings
 from tests.helpers import wait_ended
 from web.openai_schemas import ChatRequest, CompletionRequest
 from web.schemas import SubmitJob

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tasks.settings import ModelConfig, User
+from tasks.catalogue import ModelConfig
+from tasks.users import User
 from tests.helpers import BUSY, JobsClient, claim_now, wait_ended, wait_event
 
 SYSTEM = "You answer questions about queues, GPUs and the people who wait for them, briefly and kindly. " * 12

@@ -13,8 +13,17 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 
 from tasks.batches import Endpoint
 from tasks.errors import InvalidRequest
-from tasks.job import LOGIT_BIAS_MOST, TOP_LOGPROBS_MOST, Job, JobSpec, Message, ResponseFields, SamplingParams
-from tasks.settings import Priority, Settings
+from tasks.job import (
+    LOGIT_BIAS_MOST,
+    TOP_LOGPROBS_MOST,
+    Job,
+    JobSpec,
+    Message,
+    Priority,
+    ResponseFields,
+    SamplingParams,
+)
+from tasks.settings import Settings
 from tasks.structured import Constraint, Tool, ToolCall, call_id, json_constraint, read_calls, tools_constraint
 from web.schemas import ResponseFormat, int_is_a_float, make_spec, parse, stops_schema
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
-from tasks.job import JobStatus
-from tasks.settings import Priority, Settings
+from tasks.job import JobStatus, Priority
+from tasks.settings import Settings
 from web import responses
 from web.operations import HEADERS, JOB_ID, JSON, Ref
 

@@ -13,8 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tasks import job as record
 from tasks.batches import BatchRecord, Endpoint, Status
 from tasks.files import FileRecord
-from tasks.job import JobError, JobStatus, SamplingParams, Timings
-from tasks.settings import Priority
+from tasks.job import JobError, JobStatus, Priority, SamplingParams, Timings
 from tasks.store import ModelState
 from tasks.structured import ToolCall
 

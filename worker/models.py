@@ -18,7 +18,8 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from tasks.settings import ModelConfig, Settings
+from tasks.catalogue import ModelConfig
+from tasks.settings import Settings
 from tasks.store import WorkerStore
 from worker.engine import Counters, Engine
 from worker.gguf import GgufError, prepare

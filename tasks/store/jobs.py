@@ -27,6 +27,7 @@ from tasks.settings import PREFILL_BATCH, Settings
 from tasks.store.readings import Readings
 from tasks.store.upkeep import Upkeep
 from tasks.store.worker import WorkerStore
+from tasks.users import turn_cost
 
 VISITORS_PER_ADDRESS = 4  # local mode: browser visitors of one client address that may have jobs waiting at once
 
@@ -113,7 +114,7 @@ class Store:
             **bell(doorbell),
             model=spec.model,
             **{"class": spec.priority},
-            cost=s.cost_of(spec.owner, spec.priority),
+            cost=turn_cost(s.user_named(spec.owner), spec.priority, s.batch_cost),
             visitors=keys.address_visitors(address) if address else "",
             max_visitors=VISITORS_PER_ADDRESS,
             history=history,
