@@ -324,9 +324,15 @@ class Settings(BaseModel):
     def model_named(self, name: str) -> ModelConfig | None:
         return next((m for m in self.catalog if m.name == name), None)
 
-    def cache_scope(self, owner: str) -> str:
-        """Whose entries of the prefix cache a job of `owner` may read: its owner's, or everyone's when shared."""
-        return "" if self.prefix_cache_shared else owner
+    def model_key(self, name: str) -> str:
+        """The prefix cache's name for a served model as it is loaded (its load options included)."""
+        config = self.model_named(name)
+        return config.cache_key() if config is not None else name
+
+    def prefix_key(self, model: str, owner: str) -> tuple[str, str]:
+        """The prefix cache's key of a job's entries, the one place it is built: its model as loaded, and whose
+        entries it may read (its owner's, or everyone's, '', when shared)."""
+        return self.model_key(model), "" if self.prefix_cache_shared else owner
 
     def user_named(self, name: str) -> User | None:
         return next((u for u in self.users if u.name == name), None)
