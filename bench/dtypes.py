@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from bench.harness import WORDS, spread
+from tasks.catalogue import DEFAULT_MODEL, DEFAULT_MODEL_GGUF, ModelConfig
 from tasks.job import JobSpec, Message, SamplingParams
-from tasks.settings import DEFAULT_MODEL, DEFAULT_MODEL_GGUF, ModelConfig
 from worker.blas import preload_openblas
 
 DTYPES = ("stored", "float32", "float16", "bfloat16")

@@ -38,7 +38,8 @@ from pathlib import Path
 import requests
 
 from bench.harness import free_port, model_folder, onelane_web, onelane_worker, pct, private_redis
-from tasks.settings import DEFAULT_MODEL, SHIPPED_DEMO_MODEL, Settings
+from tasks.catalogue import DEFAULT_MODEL, SHIPPED_DEMO_MODEL
+from tasks.settings import Settings
 
 DEMO = "onelane-demo"
 TOPICS = ["queues", "GPUs", "the sea", "bread", "trains", "bees", "winter", "maps", "clocks", "tea"]

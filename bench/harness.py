@@ -85,7 +85,7 @@ def queue_bounds(n: int) -> dict[str, str]:
 def model_folder(choice: str, folder: Path) -> Path:
     """A benchmark's `--model`: `smollm2` (the default model, SmolLM2-135M-Instruct, imported from its GGUF into
     `folder` as float32, what the worker loads on a CPU), `demo` (worker/demo), or a model folder."""
-    from tasks.settings import DEFAULT_MODEL, DEFAULT_MODEL_GGUF, SHIPPED_DEMO_MODEL
+    from tasks.catalogue import DEFAULT_MODEL, DEFAULT_MODEL_GGUF, SHIPPED_DEMO_MODEL
 
     if choice == "demo":
         return SHIPPED_DEMO_MODEL

@@ -46,7 +46,8 @@ from typing import Any
 from bench.harness import admit, pct, private_redis, prompt, running_worker, spread, wait_ended
 from tasks import keys
 from tasks.broker import make_broker
-from tasks.settings import ModelConfig, Settings
+from tasks.catalogue import ModelConfig
+from tasks.settings import Settings
 from tasks.store import Store
 from worker.blas import preload_openblas
 

@@ -47,7 +47,8 @@ from bench.harness import (
 )
 from bench.mlx_server import eos_id, mlx_server
 from bench.openai_load import Streamed, closed_loop, post_chat, stream_once
-from tasks.settings import SHIPPED_DEMO_MODEL, Settings
+from tasks.catalogue import SHIPPED_DEMO_MODEL
+from tasks.settings import Settings
 from tasks.store import Store
 
 QUESTIONS = [

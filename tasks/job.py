@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+#: A job's class: "batch" runs when no interactive work waits, or at a small guaranteed share (ONELANE_BATCH_COST).
+Priority = Literal["interactive", "batch"]
 LOGIT_BIAS_MOST = 300  # tokens a request may bias (OpenAI's bound)
 TOP_LOGPROBS_MOST = 20  # alternatives a token's log probability may list (OpenAI's bound)
 
@@ -71,19 +73,13 @@ class Message(BaseModel):
     tool_call_id: str | None = None
 
 
-def history_prefix(model_key: str, scope: str) -> str:
-    """Where a history's digest starts: the prefix cache's key of its entries (the model as loaded; the owner,
-    or '' when entries are shared)."""
-    return f"{model_key}{HISTORY_SEP}{scope}{HISTORY_SEP}"
-
-
-def history_digest(prefix: str, messages: Iterable[Message]) -> str:
-    """A conversation's history as a follow-up's admission names it (its messages but the last), and as finish.lua
-    names the history a completed chat leaves in its worker's prefix cache (its messages, then its answer): a digest
-    of `history_prefix` and every message's role and content. The two sides must agree byte for byte
-    (tests/test_prefix_cache.py checks it)."""
-    text = prefix + "".join(f"{m.role}\n{m.content}{HISTORY_SEP}" for m in messages)
-    return hashlib.sha1(text.encode()).hexdigest()
+def history_digest(cache_key: tuple[str, str], messages: Iterable[Message]) -> str:
+    """A conversation's history, named under the prefix cache's key of its entries (Settings.prefix_key): by the
+    worker, for the history a completed chat leaves in its prefix cache (its messages, then its answer), which
+    finish.lua records against its device; and by a follow-up's admission (its messages but the last), to be
+    steered there. The one way both name it."""
+    parts = [*cache_key, *(f"{m.role}\n{m.content}" for m in messages)]
+    return hashlib.sha1("".join(f"{part}{HISTORY_SEP}" for part in parts).encode()).hexdigest()
 
 
 HISTORY_SEP = "\x1e"  # between the parts a history digest is made of
@@ -163,8 +159,7 @@ class JobSpec(BaseModel):
     prompt: str | None = None
     messages: tuple[Message, ...] | None = None
     params: SamplingParams = SamplingParams()
-    # "batch" runs when no interactive work waits, or at a small guaranteed share (ONELANE_BATCH_COST).
-    priority: Literal["interactive", "batch"] = "interactive"
+    priority: Priority = "interactive"
     # True: the job is skipped before generation once its client stops watching (stream or polling).
     watched: bool = False
     # set for a job made through /v1/responses (it is then also readable as a response)

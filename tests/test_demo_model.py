@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from bench.harness import generate
+from tasks.catalogue import SHIPPED_DEMO_MODEL
 from tasks.job import JobSpec, Message, SamplingParams
-from tasks.settings import SHIPPED_DEMO_MODEL, Settings
+from tasks.settings import Settings
 from worker import demo_corpus
 
 MAX_BYTES = 10 * 1024 * 1024
@@ -56,10 +57,10 @@ def test_its_greedy_output_is_words_of_its_corpus(shipped, vocabulary, prompt) -
 
 
 def test_without_worker_demo_a_random_model_is_built_under_var(monkeypatch, tmp_path):  # type: ignore[no-untyped-def]
-    from tasks import settings as settings_module
+    from tasks import catalogue
     from worker.main import ensure_model
 
-    monkeypatch.setattr(settings_module, "SHIPPED_DEMO_MODEL", tmp_path / "missing")
+    monkeypatch.setattr(catalogue, "SHIPPED_DEMO_MODEL", tmp_path / "missing")
     settings = Settings(var_dir=tmp_path / "var")
     assert ensure_model(settings) == str((tmp_path / "var" / "demo-model").resolve())
     assert (tmp_path / "var" / "demo-model" / "config.json").exists()

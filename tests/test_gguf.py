@@ -14,8 +14,9 @@ import mlx.core as mx
 import pytest
 
 from bench.harness import generate
+from tasks.catalogue import DEFAULT_MODEL, DEFAULT_MODEL_GGUF, ModelConfig
 from tasks.job import JobSpec, Message, SamplingParams
-from tasks.settings import DEFAULT_MODEL, DEFAULT_MODEL_GGUF, ModelConfig, Settings
+from tasks.settings import Settings
 from tests.helpers import wait_ended
 from worker.engine import Engine
 from worker.gguf import GgufError, import_gguf, locate

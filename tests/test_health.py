@@ -101,7 +101,7 @@ def test_readyz_forgets_a_job_that_ended_stalled_while_its_worker_holds_the_devi
 
 def test_readyz_counts_each_workers_jobs_and_never_names_them(settings, make_app, store):
     # Given API keys, and alice's job running on a worker that stopped making progress
-    from tasks.settings import User
+    from tasks.users import User
 
     keyed = settings.model_copy(update={"users": (User(name="alice", key="ka"),), "stall_s": 0.3})
     client = make_app(keyed).test_client()

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from tasks import keys
-from tasks.settings import ModelConfig, Settings
+from tasks.catalogue import ModelConfig
+from tasks.settings import Settings
 from tests.gguf_files import header
 from tests.helpers import JobsClient, wait_ended
 from tests.test_recovery import wait_for_worker

@@ -11,9 +11,11 @@ import pytest
 
 from bench.harness import generate
 from tasks import keys
+from tasks.catalogue import ModelConfig
 from tasks.job import JobSpec, JobStatus, SamplingParams
-from tasks.settings import ModelConfig, Settings, User
+from tasks.settings import Settings
 from tasks.store import BatchReport, Store, Switch
+from tasks.users import User
 from tests.helpers import wait_ended
 
 

@@ -8,7 +8,8 @@ import re
 import pytest
 
 from tasks import keys
-from tasks.settings import ModelConfig, User
+from tasks.catalogue import ModelConfig
+from tasks.users import User
 from tests.test_pages import post_form, submit_via_form
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}

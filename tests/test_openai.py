@@ -9,8 +9,8 @@ import openai
 import pytest
 import requests
 
+from tasks.catalogue import DEFAULT_MODEL
 from tasks.job import JobStatus
-from tasks.settings import DEFAULT_MODEL
 from tasks.store import Delivered
 from tests.helpers import BUSY, DEMO, claim_now, wait_ended, wait_event
 

@@ -26,8 +26,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from tasks.catalogue import DEFAULT_MODEL
 from tasks.errors import JobNotFound, Unavailable
-from tasks.settings import DEFAULT_MODEL, Settings
+from tasks.settings import Settings
 from tests.helpers import wait_ended
 from web import openapi
 from web.errors import meaning

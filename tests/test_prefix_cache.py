@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tasks.settings import ModelConfig, User
+from tasks.catalogue import ModelConfig
+from tasks.users import User
 from tests.helpers import BUSY, JobsClient, claim_now, wait_ended, wait_event
 
 SYSTEM = "You answer questions about queues, GPUs and the people who wait for them, briefly and kindly. " * 12
@@ -234,7 +235,6 @@ def conversation_on_two_devices(jobs: JobsClient, store, turns: int, question: s
 @pytest.mark.parametrize("affinity_s", ["2", "0"], ids=["steered", "not steered"])
 def test_with_two_devices_a_follow_up_goes_to_the_one_that_holds_its_history(affinity_s, jobs, store, worker_process):
     from tasks import keys
-    from tasks.job import Message, history_digest, history_prefix
 
     for device in ("gpu-a", "gpu-b"):
         worker_process(
@@ -255,11 +255,15 @@ def test_with_two_devices_a_follow_up_goes_to_the_one_that_holds_its_history(aff
     if affinity_s != "0":
         assert all(len(set(chat)) == 1 for chat in devices)  # each conversation stayed where its history is
         assert all(hits)
-        # the history a completed turn left is named, byte for byte, as its follow-up's admission names it
+        # a next turn, once admitted, names its history as the turn before it left it (after that turn's device),
+        # and runs there
         last = chats[0][-1]
-        history = [Message(**m) for m in (*last["messages"], {"role": "assistant", "content": last["output"]})]
-        prefix = history_prefix(store.settings.catalog[0].cache_key(), "local")
-        assert store.redis.get(keys.AFFINITY_PREFIX + history_digest(prefix, history)) == devices[0][-1]
+        answered = [*last["messages"], {"role": "assistant", "content": last["output"]}]
+        follow_up = jobs.submit(messages=[*answered, {"role": "user", "content": "Et ensuite ?"}], **GREEDY)["id"]
+        history = store.redis.hget(keys.job(follow_up), "history")
+        assert history and store.redis.get(keys.AFFINITY_PREFIX + history) == devices[0][-1]
+        wait_ended(store, follow_up)
+        assert store.redis.hget(keys.job(follow_up), "device") == devices[0][-1]
 
 
 @pytest.mark.parametrize("cached", [0, 3990], ids=["read in full", "mostly cached"])

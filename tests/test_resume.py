@@ -14,8 +14,8 @@ import pytest
 import requests
 
 from tasks import keys
+from tasks.catalogue import SHIPPED_DEMO_MODEL
 from tasks.job import SamplingParams
-from tasks.settings import SHIPPED_DEMO_MODEL
 from tasks.store import Delivered
 from tests.helpers import wait_ended, wait_event
 from tests.test_recovery import wait_for_worker

@@ -54,7 +54,7 @@ def test_a_call_that_names_an_argument_the_entry_does_not_list_is_refused() -> N
 def test_every_constant_reads_in_lua_as_python_has_it(redis_client) -> None:  # type: ignore[no-untyped-def]
     names = list(CONSTANTS)
     got = redis_client.eval(prelude("watch") + "return {" + ", ".join(f"tostring({n})" for n in names) + "}", 0)
-    assert dict(zip(names, got)) == {n: str(v) for n, v in CONSTANTS.items()}  # HISTORY_SEP ("\x1e") byte for byte
+    assert dict(zip(names, got)) == {n: str(v) for n, v in CONSTANTS.items()}
 
 
 def test_the_counters_the_scripts_write_are_the_ones_metrics_reads() -> None:

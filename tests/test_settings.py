@@ -8,8 +8,10 @@ import sys
 import pytest
 
 from tasks import keys
+from tasks.catalogue import DEFAULT_MODEL
 from tasks.errors import SettingsError
-from tasks.settings import DEFAULT_MODEL, ENV_NAMES, Settings
+from tasks.settings import ENV_NAMES, Settings
+from tasks.users import turn_cost
 from tests.helpers import claim_now
 
 
@@ -122,7 +124,8 @@ def test_a_keys_file_gives_users_weights_and_a_class(tmp_path):
         '[users.a]\nkey = "ka"\nweight = 3\n[users.b]\nkey = "kb"\npriority = "batch"\n'
     )
     s = Settings.from_env({"ONELANE_API_KEYS_FILE": str(tmp_path / "keys.toml")})
-    assert (s.cost_of("a", "interactive"), s.cost_of("b", "interactive"), s.cost_of("b", "batch")) == (333, 1000, 10000)
+    turns = [("a", "interactive"), ("b", "interactive"), ("b", "batch")]
+    assert [turn_cost(s.user_named(name), kind, s.batch_cost) for name, kind in turns] == [333, 1000, 10000]
     assert s.user_named("b").priority == "batch"  # type: ignore[union-attr]
     (tmp_path / "keys.toml").write_text('[users.a]\nkey = "ka"\nweight = 0\n')
     with pytest.raises(SettingsError, match="ONELANE_API_KEYS_FILE: users.a.weight"):

@@ -94,7 +94,7 @@ def test_in_local_mode_the_queue_says_why_the_apis_jobs_are_another_users(page, 
 
 
 def test_with_keys_the_queue_has_no_local_mode_note(make_app, settings):
-    from tasks.settings import User
+    from tasks.users import User
 
     app = make_app(settings.model_copy(update={"users": (User(name="ann", key="k-ann-123456"),)}))
     seen = app.test_client().get("/queue.json", headers={"Authorization": "Bearer k-ann-123456"}).get_json()
@@ -106,7 +106,7 @@ def test_the_login_field_is_styled_as_the_form_fields(make_app, settings, chromi
 
     from werkzeug.serving import make_server
 
-    from tasks.settings import User
+    from tasks.users import User
 
     app = make_app(settings.model_copy(update={"users": (User(name="ann", key="k-ann-123456"),)}))
     server = make_server("127.0.0.1", 0, app, threaded=True)

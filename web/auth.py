@@ -19,7 +19,7 @@ import secrets
 from flask import g, request, session
 
 from tasks.errors import Forbidden, Unauthorized
-from tasks.settings import User
+from tasks.users import User
 from web import body
 from web.services import services
 

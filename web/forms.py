@@ -7,7 +7,8 @@ from typing import Any, get_args
 
 from werkzeug.datastructures import MultiDict
 
-from tasks.settings import Priority, Settings
+from tasks.job import Priority
+from tasks.settings import Settings
 from web.apidoc import Schema
 from web.auth import session_user
 from web.schemas import default_priority

@@ -12,8 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks import job as record
-from tasks.job import JobError, JobStatus, SamplingParams, Timings
-from tasks.settings import Priority
+from tasks.job import JobError, JobStatus, Priority, SamplingParams, Timings
 from tasks.store import ModelState
 from tasks.structured import ToolCall
 

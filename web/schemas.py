@@ -9,9 +9,10 @@ from flask import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tasks.errors import Forbidden, InvalidJSON, InvalidRequest, ModelNotFound, PromptTooLarge
-from tasks.job import JobSpec, Message, ResponseFields, SamplingParams
-from tasks.settings import Priority, Settings, User
+from tasks.job import JobSpec, Message, Priority, ResponseFields, SamplingParams
+from tasks.settings import Settings
 from tasks.structured import Constraint, Tool, json_constraint
+from tasks.users import User
 from web.body import raw as body_bytes
 
 

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.job import Job
+from tasks.job import Job, Message, history_digest
 from tasks.store import Delivered
 from worker.engine import KV
 from worker.grammar import Constraint
@@ -32,6 +32,7 @@ class Running:
     cached: int = 0  # prompt tokens read from the prefix cache
     cache_key: tuple[str, str] = ("", "")  # where its KV state goes in the prefix cache once it ends as meant
     constraint: Constraint | None = None  # its grammar's matcher, when its answer must follow one
+    answer: list[str] = field(default_factory=list)  # its output's text as Redis holds it: earlier runs', then its own
 
     def text(
         self,
@@ -42,8 +43,18 @@ class Running:
         prompt_logprobs: str = "",
     ) -> Text:
         """New text of this job, made of the tokens `ids` (none: text held back before, or progress), with their
-        log probabilities' entries if it records them."""
+        log probabilities' entries if it records them; its answer grows by it."""
+        if text:
+            self.answer.append(text)
         return Text(self.job.id, text, self.prompt_tokens, ids, self.cached, resume_at, logprobs, prompt_logprobs)
+
+    def history(self) -> str:
+        """The digest of the conversation its KV state holds once it ends (its messages, then its answer, as its
+        follow-up resends them), under its prefix cache's key; '' for a prompt, which has no follow-up."""
+        messages = self.job.spec.messages
+        if messages is None:
+            return ""
+        return history_digest(self.cache_key, [*messages, Message(role="assistant", content="".join(self.answer))])
 
 
 @dataclass

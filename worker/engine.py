@@ -27,10 +27,11 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import apply_top_p, greedy_sampler
 from mlx_lm.utils import dequantize_model
 
+from tasks.catalogue import DEMO_MODEL, ModelConfig
 from tasks.errors import InvalidPrompt, SettingsError
 from tasks.job import JobSpec, SamplingParams
 from tasks.logprobs import TokenLogprob
-from tasks.settings import DEMO_MODEL, PREFILL_BATCH, ModelConfig
+from tasks.settings import PREFILL_BATCH
 from worker.chat_prompt import chat_input, knows_tools
 from worker.continuous import ContinuousBatch
 from worker.grammar import Constraint, Grammars

@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tasks.settings import DEFAULT_MODEL_GGUF, DEFAULT_MODEL_INSTALL, ModelConfig
+from tasks.catalogue import DEFAULT_MODEL_GGUF, DEFAULT_MODEL_INSTALL, ModelConfig
 from worker import gguf_model, gguf_rope
 from worker.gguf_header import GgufError, read_header
 from worker.gguf_tensors import REFUSED

@@ -18,7 +18,8 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from tasks.settings import ModelConfig, Settings
+from tasks.catalogue import ModelConfig
+from tasks.settings import Settings
 from tasks.store import WorkerStore
 from worker.engine import Counters, Engine
 from worker.gguf import GgufError, prepare
@@ -62,11 +63,6 @@ class ModelPool:
 
     def names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self._loaded)
-
-    def key(self, name: str) -> str:
-        """The prefix cache's name for a served model as it is loaded (its load options included)."""
-        config = self.settings.model_named(name)
-        return config.cache_key() if config is not None else name
 
     def served_keys(self) -> dict[str, str]:
         """Every served model's prefix-cache name, by model name."""
@@ -168,7 +164,7 @@ class ModelPool:
         freed = self._bytes.pop(name)
         engine.close()
         del engine
-        self.prefix.drop(self.key(name))
+        self.prefix.drop(self.settings.model_key(name))
         gc.collect()
         mx.clear_cache()
         self.store.model_unloaded(name)

@@ -48,7 +48,7 @@ class Ending:
     completion_tokens: int = 0
     stop_seen_at: int | None = None
     cached_tokens: int = 0  # of the prompt's: read from the prefix cache, not prefilled
-    kept_as: tuple[str, str] | None = None  # the prefix cache's key its KV state was kept under, if it was
+    history: str = ""  # when the prefix cache kept its KV state: the digest of the conversation it holds
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,8 @@ class CacheCounters:
 
 
 class PrefixCache:
-    """KV states by key (the model as loaded: ModelConfig.cache_key; the owner, or '' when shared:
-    Settings.cache_scope) and token sequence, at most `max_bytes` of them (0: no cache)."""
+    """KV states by key (the model as loaded, and the owner or '' when shared: Settings.prefix_key) and token
+    sequence, at most `max_bytes` of them (0: no cache)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes

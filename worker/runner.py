@@ -252,7 +252,7 @@ class Runner:
             self.writer.end(Ending(job.id, JobStatus.COMPLETED, start.ended, None, len(head.tokens), len(done)))
             return
         limit_s = self.store.settings.job_time_limit_s
-        key = (self.models.key(job.spec.model), self.store.settings.cache_scope(job.owner))
+        key = self.store.settings.prefix_key(job.spec.model, job.owner)
         run = Running(
             job,
             0,
@@ -265,6 +265,7 @@ class Runner:
             tokens=len(done),
             cache_key=key,
             constraint=constraint,
+            answer=[claim.delivered.text] if claim.delivered else [],
         )
         if params.prompt_logprobs and not job.prompt_logprobs:  # (a run after a requeue has them already)
             self.scoring[job.id] = (run, self.engine.scorer(head.tokens, params.top_logprobs), params)
@@ -542,7 +543,7 @@ class Runner:
                 r.tokens,
                 r.stop_seen_at,
                 r.cached,
-                kept_as=r.cache_key if kept else None,
+                history=r.history() if kept else "",
             )
         )
         logger.info("job %s: %s (%s, %d tokens)", r.job.id, status.value, reason or error and error[0], r.tokens)

@@ -4,9 +4,9 @@
 -- Ending it again as it ended is harmless (a retried write whose first reply was lost).
 -- ARG: id, status, finish_reason, error_json, prompt_tokens, completion_tokens, result_ttl_s, worker_id,
 --       stop_seen_at (tokens generated when the worker heard it must stop; '' if it did not), cached_tokens,
---       kept ('' or, when the worker's prefix cache kept the job's KV state: history_prefix in tasks/job.py)
--- A chat whose KV state was kept names its history (its messages, then its answer) after its device, as
--- history_digest in tasks/job.py does, so that its follow-up (which resends that history) is steered there.
+--       history ('' or, when the worker's prefix cache kept a chat's KV state: the digest of the conversation it
+--       holds, its messages then its answer, as history_digest in tasks/job.py names it)
+-- That history is recorded against the job's device, so that its follow-up (which resends it) is steered there.
 -- -> 1 if ended (now or before, so), 0 if it was not running here, -1 if nobody asked to cancel it
 local id, status, reason, err = ARG.id, ARG.status, ARG.finish_reason, ARG.error
 local prompt_tokens, completion_tokens = ARG.prompt_tokens, ARG.completion_tokens
@@ -36,14 +36,8 @@ if model and status == 'completed' then -- how long answers of this model are, f
   redis.call('LTRIM', lengths, 0, LENGTHS_KEPT - 1)
   redis.call('EXPIRE', lengths, MODEL_RECORD_TTL)
 end
-if ARG.kept ~= '' then
-  local spec = cjson.decode(redis.call('HGET', jkey, 'spec'))
-  if type(spec.messages) == 'table' then
-    local parts = {ARG.kept}
-    for _, m in ipairs(spec.messages) do parts[#parts + 1] = m.role .. '\n' .. m.content .. HISTORY_SEP end
-    parts[#parts + 1] = 'assistant\n' .. (redis.call('GET', OUT .. id) or '') .. HISTORY_SEP
-    redis.call('SET', AFFINITY .. redis.sha1hex(table.concat(parts)), redis.call('HGET', jkey, 'device'), 'EX', result_ttl)
-  end
+if ARG.history ~= '' then
+  redis.call('SET', AFFINITY .. ARG.history, redis.call('HGET', jkey, 'device'), 'EX', result_ttl)
 end
 finish(id, status, reason, err, result_ttl, t)
 return 1

@@ -21,12 +21,13 @@ from tasks.broker import Doorbell
 from tasks.connection import connect
 from tasks.errors import JobAlreadyEnded, JobNotFound, ModelUnavailable, QueueFull, QuotaExceeded
 from tasks.events import Event
-from tasks.job import Job, JobSpec, JobStatus, Timings, error_json, history_digest, history_prefix
+from tasks.job import Job, JobSpec, JobStatus, Timings, error_json, history_digest
 from tasks.scripts import Scripts, bell
 from tasks.settings import PREFILL_BATCH, Settings
 from tasks.store.readings import Readings
 from tasks.store.upkeep import Upkeep
 from tasks.store.worker import WorkerStore
+from tasks.users import turn_cost
 
 VISITORS_PER_ADDRESS = 4  # local mode: browser visitors of one client address that may have jobs waiting at once
 
@@ -94,10 +95,9 @@ class Store:
         s = self.settings
         grace = s.watch_grace_s if spec.watched else 0
         quota = 0 if line else quota or s.max_queued_per_user
-        config = s.model_named(spec.model)
         history = ""  # a chat's history so far: a worker whose prefix cache holds it may be preferred
-        if spec.messages and len(spec.messages) > 1 and config is not None:
-            history = history_digest(history_prefix(config.cache_key(), s.cache_scope(spec.owner)), spec.messages[:-1])
+        if spec.messages and len(spec.messages) > 1 and s.model_named(spec.model) is not None:
+            history = history_digest(s.prefix_key(spec.model, spec.owner), spec.messages[:-1])
         texts = [spec.prompt] if spec.prompt is not None else [m.content for m in spec.messages or ()]
         verdict, *rest = self.scripts.run(
             "admit",
@@ -113,7 +113,7 @@ class Store:
             **bell(doorbell),
             model=spec.model,
             **{"class": spec.priority},
-            cost=s.cost_of(spec.owner, spec.priority),
+            cost=turn_cost(s.user_named(spec.owner), spec.priority, s.batch_cost),
             visitors=keys.address_visitors(address) if address else "",
             max_visitors=VISITORS_PER_ADDRESS,
             history=history,

@@ -15,7 +15,7 @@ import redis
 
 from tasks import keys
 from tasks.errors import LeaseLost
-from tasks.job import Job, JobStatus, error_json, history_prefix
+from tasks.job import Job, JobStatus, error_json
 from tasks.scripts import ARGS, Scripts
 from tasks.settings import Settings
 from tasks.store.upkeep import Upkeep
@@ -236,16 +236,15 @@ class WorkerStore:
         completion_tokens: int = 0,
         stop_seen_at: int | None = None,
         cached_tokens: int = 0,
-        kept_as: tuple[str, str] | None = None,
+        history: str = "",
         pipe: Any = None,
     ) -> Any:
-        """End a job this worker runs; false if it was not running there (it has its one terminal state). `kept_as`:
-        the prefix cache's key (model key, scope) under which the worker kept the job's KV state, so a follow-up of
-        this chat can be steered to this device."""
+        """End a job this worker runs; false if it was not running there (it has its one terminal state). `history`:
+        when the worker's prefix cache kept the job's KV state, the digest of the conversation it holds
+        (tasks/job.py history_digest), recorded against this device so that the chat's follow-up is steered here."""
         err = error_json(*error) if error else ""
         s = self.settings
         seen = "" if stop_seen_at is None else stop_seen_at
-        kept = history_prefix(*kept_as) if kept_as else ""
         return self.scripts.run(
             "finish",
             pipe,
@@ -259,7 +258,7 @@ class WorkerStore:
             worker=self.worker,
             stop_seen_at=seen,
             cached_tokens=cached_tokens,
-            kept=kept,
+            history=history,
         )
 
     def hand_back(self, job_id: str, why: str = "worker_crashed", shared: bool = False, pipe: Any = None) -> Any:

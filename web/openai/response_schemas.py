@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.errors import InvalidRequest
-from tasks.job import TOP_LOGPROBS_MOST, JobSpec, Message, ResponseFields, SamplingParams
-from tasks.settings import Priority, Settings
+from tasks.job import TOP_LOGPROBS_MOST, JobSpec, Message, Priority, ResponseFields, SamplingParams
+from tasks.settings import Settings
 from tasks.structured import Constraint, Tool, json_constraint
 from web.openai.chat_schemas import FunctionDefinition
 from web.openai.response_input import InputItem, turns_of

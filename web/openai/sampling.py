@@ -10,8 +10,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator
 
 from tasks.errors import InvalidRequest
-from tasks.job import LOGIT_BIAS_MOST, JobSpec, Message, SamplingParams
-from tasks.settings import Priority, Settings
+from tasks.job import LOGIT_BIAS_MOST, JobSpec, Message, Priority, SamplingParams
+from tasks.settings import Settings
 from tasks.structured import Constraint, Tool
 from web.openai.schemas import STRICT, TIERS, structure
 from web.schemas import ResponseFormat, int_is_a_float, make_spec, stops_schema

@@ -29,7 +29,7 @@ from tasks.errors import (
     Unauthorized,
     Unavailable,
 )
-from tasks.settings import Priority
+from tasks.job import Priority
 from tasks.structured import Constraint, Tool, tools_constraint
 from web.schemas import ResponseFormat, parse
 
