@@ -75,14 +75,7 @@ def test_entries_stay_within_the_byte_cap_least_recently_used_first(engine):
     cache = PrefixCache(int(size * 3.5))  # room for three of them
 
     def kept() -> list[int]:
-        found = []
-        for n, (_, kv) in enumerate(entries):
-            try:
-                cache._lru._trie.get(("m", "o"), kv.tokens)
-                found.append(n)
-            except KeyError:
-                pass
-        return found
+        return [n for n, (_, kv) in enumerate(entries) if cache.holds(("m", "o"), kv.tokens)]
 
     for _, kv in entries[:4]:
         cache.insert(("m", "o"), kv.tokens, kv.cache)

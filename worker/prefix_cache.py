@@ -1,16 +1,17 @@
 """The prefix cache: KV states of finished jobs, kept so that a later prompt that starts the same way (a chat's next
 turn, which resends the whole history; one app's long system prompt) prefills only what is new.
 
-mlx-lm's LRUPromptCache does the keeping: a trie of token sequences per key, the nearest entry for a prompt (the
-longest cached prefix of it, or a longer entry trimmed to the common part), least recently used entries evicted past
-a byte cap, an entry's prefixes dropped when it is inserted. This module adds what it lacks for a shared server:
+onelane keeps the entries itself, in one ordered dict (least recently used first), and asks mlx-lm only for what its
+public API offers: copying, trimming and measuring a KV cache, and writing one to a file. (mlx-lm's LRUPromptCache
+does the keeping for its own server, but its public methods can neither refresh, list nor remove one entry.)
 
-- the key: an entry never crosses models or load options (the model's name and a digest of its configuration),
-  nor owners unless sharing is on (a prompt cache is a timing side channel: a hit answers faster, which would tell
-  another user whether a prefix was sent);
-- a hit refreshes the entry it came from (LRUPromptCache orders by insertion only, so a system prompt that every
-  request hits would be the first to go);
-- an exact hit still leaves a token to prefill (the batch generator needs one to start from);
+- an entry is keyed by the model as loaded (its name and a digest of its configuration), its scope (the owner, or ''
+  when sharing is on: a prompt cache is a timing side channel, a hit answers faster, which would tell another user
+  whether a prefix was sent) and its tokens;
+- a prompt reads from the entry holding most of it: one of its prefixes, or one that goes on past where the two
+  part, trimmed back to their common part; at least one token is left to prefill (the batch needs one to start from);
+- a hit refreshes its entry (a system prompt that every request hits stays); past the byte cap the least recently
+  used go; an entry makes its own prefixes redundant (a hit on them reads it, trimmed); a model's entries go with it;
 - counters for /metrics; and saving the hottest entries when the worker stops in good order, loading them when it
   starts (mlx-lm's save_prompt_cache / load_prompt_cache, one safetensors file an entry).
 
@@ -20,24 +21,28 @@ short (cancelled, failed, over time, handed back) leaves none, so no later job t
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import json
 import logging
 import os
 import shutil
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, load_prompt_cache, save_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, load_prompt_cache, save_prompt_cache, trim_prompt_cache
 
 logger = logging.getLogger(__name__)
 
 MIN_HIT_TOKENS = 32  # a shorter cached prefix is not worth copying an entry for: it is prefilled like the rest
-MAX_ENTRIES = 1 << 20  # entries are bounded by bytes; a count bound only keeps the trie's bookkeeping sane
 INDEX = "index.json"
+
+Key = tuple[str, str]  # the model as loaded (ModelConfig.cache_key) and the scope (Settings.cache_scope)
+Name = tuple[Key, tuple[int, ...]]  # an entry's: its key and its tokens
 
 
 @dataclass(frozen=True)
@@ -57,14 +62,30 @@ class CacheCounters:
     cached_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class Entry:
+    """A kept KV state: `cache` holds exactly `tokens` (an array, to be compared with a prompt at numpy's pace)."""
+
+    cache: list[Any]
+    tokens: np.ndarray
+    nbytes: int
+
+    def common(self, prompt: np.ndarray) -> int:
+        """How many first tokens the entry and `prompt` share."""
+        n = min(len(prompt), len(self.tokens))
+        differ = np.flatnonzero(prompt[:n] != self.tokens[:n])
+        return int(differ[0]) if differ.size else n
+
+
 class PrefixCache:
-    """KV states by key (the model as loaded: ModelConfig.cache_key; the owner, or '' when shared:
-    Settings.cache_scope) and token sequence, at most `max_bytes` of them (0: no cache)."""
+    """KV states by key (the model as loaded, and the owner or '' when shared) and token sequence, at most
+    `max_bytes` of them (0: no cache)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.counters = CacheCounters()
-        self._lru = LRUPromptCache(max_size=MAX_ENTRIES, max_bytes=max(max_bytes, 0))
+        self._entries: OrderedDict[Name, Entry] = OrderedDict()  # the least recently used first
+        self._nbytes = 0
 
     @property
     def enabled(self) -> bool:
@@ -72,73 +93,82 @@ class PrefixCache:
 
     @property
     def nbytes(self) -> int:
-        return int(self._lru.nbytes)
+        """The entries' KV states, as mlx-lm measures them."""
+        return self._nbytes
 
     def __len__(self) -> int:
-        return len(self._lru)
+        return len(self._entries)
 
-    def fetch(self, key: tuple[str, str], tokens: list[int]) -> Hit:
+    def holds(self, key: Key, tokens: list[int]) -> bool:
+        """Whether the sequence `tokens` is kept under `key`."""
+        return (key, tuple(tokens)) in self._entries
+
+    def fetch(self, key: Key, tokens: list[int]) -> Hit:
         """The longest cached prefix of `tokens` under `key`, as a cache of its own; at least one token is left to
         prefill."""
         if not self.enabled:
             return Hit(None, 0)
         self.counters.lookups += 1
-        found = self._lru._trie.search(key, tokens)
-        shorter = len(found.shorter) if found.shorter else 0
-        if found.exact is not None:  # the entry mlx-lm's fetch will copy from, and how much of the prompt it holds
-            used, reach = found.exact, len(tokens) - 1
-        elif found.longer is not None and found.common_prefix > shorter:
-            used, reach = found.longer, min(len(tokens) - 1, found.common_prefix)
-        else:
-            used, reach = found.shorter, shorter
-        if reach < MIN_HIT_TOKENS:  # (every chat prompt shares its template's first tokens with every entry)
+        found = self._nearest(key, tokens)
+        if found is None:
             return Hit(None, 0)
-        cache, rest = self._lru.fetch_nearest_cache(key, tokens)
-        if cache is None:
-            return Hit(None, 0)
-        if not rest:  # the whole prompt is cached: give back its last token to prefill
-            if not can_trim_prompt_cache(cache):
-                return Hit(None, 0)
-            for layer in cache:
-                layer.trim(1)
-            rest = tokens[-1:]
-        cached = len(tokens) - len(rest)
-        self._touch(key, used)
+        name, reach = found
+        self._entries.move_to_end(name)  # a hit refreshes its entry
+        entry = self._entries[name]
+        cache = copy.deepcopy(entry.cache)
+        if reach < len(entry.tokens):
+            trim_prompt_cache(cache, len(entry.tokens) - reach)
         self.counters.hits += 1
-        self.counters.cached_tokens += cached
-        return Hit(cache, cached)
+        self.counters.cached_tokens += reach
+        return Hit(cache, reach)
 
-    def insert(self, key: tuple[str, str], tokens: list[int], cache: list[Any]) -> bool:
+    def _nearest(self, key: Key, tokens: list[int]) -> tuple[Name, int] | None:
+        """The entry under `key` that holds the most of `tokens` but the last, and how many it holds: of equals the
+        shortest (the least to copy and trim), and one that goes on past them only if its cache can be trimmed.
+        A scan, not a trie: each entry is a whole KV state of megabytes, so a byte cap holds few of them."""
+        prompt = np.asarray(tokens)
+        ranked = [
+            (min(entry.common(prompt), len(tokens) - 1), -len(entry.tokens), name)
+            for name, entry in self._entries.items()
+            if name[0] == key
+        ]
+        for reach, _, name in sorted(ranked, key=lambda r: r[:2], reverse=True):
+            if reach < MIN_HIT_TOKENS:  # (every chat prompt shares its template's first tokens with every entry)
+                return None
+            if reach == len(name[1]) or can_trim_prompt_cache(self._entries[name].cache):
+                return name, reach
+        return None
+
+    def insert(self, key: Key, tokens: list[int], cache: list[Any]) -> bool:
         """Keep a finished sequence's KV state (`cache` holds exactly `tokens`), evicting the least recently used
         entries past the byte cap; whether it was kept (an entry bigger than the whole cap is not)."""
         if not self.enabled or not tokens:
             return False
         # made now, not when first read: a lazy slice would keep the whole batch's buffers alive
         mx.eval([leaf for c in cache for _, leaf in tree_flatten(c.state) if isinstance(leaf, mx.array)])
-        if sum(c.nbytes for c in cache) > self.max_bytes:
+        nbytes = sum(c.nbytes for c in cache)
+        if nbytes > self.max_bytes:
             return False
-        self._lru.insert_cache(key, list(tokens), cache)
+        name = (key, tuple(tokens))
+        self._remove(name)  # (the same sequence again: the newer state takes its place, as the newest)
+        if can_trim_prompt_cache(cache):  # a prompt its prefixes would serve reads this one, trimmed
+            for prefix in [n for n in self._entries if n[0] == key and name[1][: len(n[1])] == n[1]]:
+                self._remove(prefix)
+        self._entries[name] = Entry(cache, np.asarray(tokens), nbytes)
+        self._nbytes += nbytes
+        while self._nbytes > self.max_bytes:
+            self._remove(next(iter(self._entries)))
         return True
 
     def drop(self, model: str) -> None:
         """Forget a model's entries (it was evicted: its KV states are of no use without it)."""
-        for key, tokens in [entry for lru in self._lru._lru._lrus.values() for entry in lru if entry[0][0] == model]:
-            self._remove(key, tokens)
+        for name in [n for n in self._entries if n[0][0] == model]:
+            self._remove(name)
 
-    def _touch(self, key: tuple[str, str], tokens: list[int] | None) -> None:
-        """Make an entry the most recently used."""
-        if tokens is None:
-            return
-        order = self._lru._lru
-        with contextlib.suppress(ValueError):
-            order._lrus["assistant"].remove((key, tokens))
-            order._lrus["assistant"].append((key, tokens))
-
-    def _remove(self, key: tuple[str, str], tokens: list[int]) -> None:
-        entry = self._lru._trie.pop(key, tokens)
-        self._lru._lru.remove(key, tokens)
-        self._lru._n_bytes -= entry.nbytes
-        self._lru._n_bytes_by_type[entry.cache_type] -= entry.nbytes
+    def _remove(self, name: Name) -> None:
+        entry = self._entries.pop(name, None)
+        if entry is not None:
+            self._nbytes -= entry.nbytes
 
     # --- across a restart in good order ------------------------------------------------------------------------
 
@@ -146,17 +176,15 @@ class PrefixCache:
         """Write the entries of the loaded models (`models`: name -> model key), most recently used first, to
         `folder` (replacing what it held); returns how many."""
         shutil.rmtree(folder, ignore_errors=True)
-        entries = [e for lru in self._lru._lru._lrus.values() for e in lru][::-1]  # newest first
-        kept = []
+        served = set(models.values())
+        newest_first = [(name, entry) for name, entry in reversed(self._entries.items()) if name[0][0] in served]
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o700)  # users' prompts, as the model saw them
-        for n, (key, tokens) in enumerate(entries):
-            if key[0] not in models.values():
-                continue
-            entry = self._lru._trie.get(key, tokens)
-            name = f"{n:06d}.safetensors"
-            save_prompt_cache(str(folder / name), entry.prompt_cache)
-            kept.append({"file": name, "model": key[0], "scope": key[1], "tokens": tokens})
+        kept = []
+        for n, (((model, scope), tokens), entry) in enumerate(newest_first):
+            file = f"{n:06d}.safetensors"
+            save_prompt_cache(str(folder / file), entry.cache)
+            kept.append({"file": file, "model": model, "scope": scope, "tokens": list(tokens)})
         (folder / INDEX).write_text(json.dumps(kept))
         return len(kept)
 
