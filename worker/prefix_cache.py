@@ -1,9 +1,10 @@
 """The prefix cache: KV states of finished jobs, kept so that a later prompt that starts the same way (a chat's next
 turn, which resends the whole history; one app's long system prompt) prefills only what is new.
 
-onelane keeps the entries itself, in one ordered dict (least recently used first), and asks mlx-lm only for what its
-public API offers: copying, trimming and measuring a KV cache, and writing one to a file. (mlx-lm's LRUPromptCache
-does the keeping for its own server, but its public methods can neither refresh, list nor remove one entry.)
+onelane keeps the entries itself, in one ordered dict (least recently used first) with their sizes, and each key's
+token sequences sorted for the lookup (worker/prefix_index.py). It asks mlx-lm only for what its public API offers:
+copying, trimming and measuring a KV cache, and writing one to a file. (mlx-lm's LRUPromptCache does the keeping for
+its own server, but its public methods can neither refresh, list nor remove one entry.)
 
 - an entry is keyed by the model as loaded (its name and a digest of its configuration), its scope (the owner, or ''
   when sharing is on: a prompt cache is a timing side channel, a hit answers faster, which would tell another user
@@ -32,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import can_trim_prompt_cache, load_prompt_cache, save_prompt_cache, trim_prompt_cache
+
+from worker.prefix_index import SortedSequences, Tokens
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +44,7 @@ MIN_HIT_TOKENS = 32  # a shorter cached prefix is not worth copying an entry for
 INDEX = "index.json"
 
 Key = tuple[str, str]  # the model as loaded (ModelConfig.cache_key) and the scope (Settings.cache_scope)
-Name = tuple[Key, tuple[int, ...]]  # an entry's: its key and its tokens
+Name = tuple[Key, Tokens]  # an entry's: its key and its tokens
 
 
 @dataclass(frozen=True)
@@ -64,17 +66,10 @@ class CacheCounters:
 
 @dataclass(frozen=True)
 class Entry:
-    """A kept KV state: `cache` holds exactly `tokens` (an array, to be compared with a prompt at numpy's pace)."""
+    """A kept KV state (it holds exactly the tokens it is kept under) and its size."""
 
     cache: list[Any]
-    tokens: np.ndarray
     nbytes: int
-
-    def common(self, prompt: np.ndarray) -> int:
-        """How many first tokens the entry and `prompt` share."""
-        n = min(len(prompt), len(self.tokens))
-        differ = np.flatnonzero(prompt[:n] != self.tokens[:n])
-        return int(differ[0]) if differ.size else n
 
 
 class PrefixCache:
@@ -85,6 +80,7 @@ class PrefixCache:
         self.max_bytes = max_bytes
         self.counters = CacheCounters()
         self._entries: OrderedDict[Name, Entry] = OrderedDict()  # the least recently used first
+        self._held: dict[Key, SortedSequences] = {}  # each key's token sequences, for the lookup
         self._nbytes = 0
 
     @property
@@ -109,35 +105,32 @@ class PrefixCache:
         if not self.enabled:
             return Hit(None, 0)
         self.counters.lookups += 1
-        found = self._nearest(key, tokens)
+        found = self._nearest(key, tuple(tokens))
         if found is None:
             return Hit(None, 0)
         name, reach = found
         self._entries.move_to_end(name)  # a hit refreshes its entry
-        entry = self._entries[name]
-        cache = copy.deepcopy(entry.cache)
-        if reach < len(entry.tokens):
-            trim_prompt_cache(cache, len(entry.tokens) - reach)
+        cache = copy.deepcopy(self._entries[name].cache)
+        if reach < len(name[1]):
+            trim_prompt_cache(cache, len(name[1]) - reach)
         self.counters.hits += 1
         self.counters.cached_tokens += reach
         return Hit(cache, reach)
 
-    def _nearest(self, key: Key, tokens: list[int]) -> tuple[Name, int] | None:
-        """The entry under `key` that holds the most of `tokens` but the last, and how many it holds: of equals the
-        shortest (the least to copy and trim), and one that goes on past them only if its cache can be trimmed.
-        A scan, not a trie: each entry is a whole KV state of megabytes, so a byte cap holds few of them."""
-        prompt = np.asarray(tokens)
-        ranked = [
-            (min(entry.common(prompt), len(tokens) - 1), -len(entry.tokens), name)
-            for name, entry in self._entries.items()
-            if name[0] == key
-        ]
-        for reach, _, name in sorted(ranked, key=lambda r: r[:2], reverse=True):
-            if reach < MIN_HIT_TOKENS:  # (every chat prompt shares its template's first tokens with every entry)
-                return None
-            if reach == len(name[1]) or can_trim_prompt_cache(self._entries[name].cache):
-                return name, reach
-        return None
+    def _nearest(self, key: Key, prompt: Tokens) -> tuple[Name, int] | None:
+        """The entry under `key` that holds the most of `prompt` but its last token, and how many it holds: of
+        equals the shortest (the least to copy and trim); one that goes on past them only if it can be trimmed."""
+        held = self._held.get(key)
+        if held is None:
+            return None
+        reach = min(held.most_shared(prompt), len(prompt) - 1)
+        if reach < MIN_HIT_TOKENS:  # (every chat prompt shares its template's first tokens with every entry)
+            return None
+        best = min(held.starting_with(prompt[:reach]), key=len)
+        if len(best) == reach or can_trim_prompt_cache(self._entries[(key, best)].cache):
+            return (key, best), reach
+        within = [s for s in held.prefixes_of(prompt) if len(s) >= MIN_HIT_TOKENS]  # (no trimming needed)
+        return ((key, within[-1]), len(within[-1])) if within else None
 
     def insert(self, key: Key, tokens: list[int], cache: list[Any]) -> bool:
         """Keep a finished sequence's KV state (`cache` holds exactly `tokens`), evicting the least recently used
@@ -152,10 +145,9 @@ class PrefixCache:
         name = (key, tuple(tokens))
         self._remove(name)  # (the same sequence again: the newer state takes its place, as the newest)
         if can_trim_prompt_cache(cache):  # a prompt its prefixes would serve reads this one, trimmed
-            for prefix in [n for n in self._entries if n[0] == key and name[1][: len(n[1])] == n[1]]:
-                self._remove(prefix)
-        self._entries[name] = Entry(cache, np.asarray(tokens), nbytes)
-        self._nbytes += nbytes
+            for prefix in self._held.get(key, SortedSequences()).prefixes_of(name[1]):
+                self._remove((key, prefix))
+        self._add(name, Entry(cache, nbytes))
         while self._nbytes > self.max_bytes:
             self._remove(next(iter(self._entries)))
         return True
@@ -165,10 +157,20 @@ class PrefixCache:
         for name in [n for n in self._entries if n[0][0] == model]:
             self._remove(name)
 
+    def _add(self, name: Name, entry: Entry) -> None:
+        self._entries[name] = entry
+        self._held.setdefault(name[0], SortedSequences()).add(name[1])
+        self._nbytes += entry.nbytes
+
     def _remove(self, name: Name) -> None:
         entry = self._entries.pop(name, None)
-        if entry is not None:
-            self._nbytes -= entry.nbytes
+        if entry is None:
+            return
+        self._nbytes -= entry.nbytes
+        key, tokens = name
+        self._held[key].remove(tokens)
+        if not self._held[key]:
+            del self._held[key]
 
     # --- across a restart in good order ------------------------------------------------------------------------
 
