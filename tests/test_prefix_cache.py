@@ -57,33 +57,48 @@ def test_a_follow_up_turn_reads_its_history_from_the_cache_and_writes_what_it_wo
     assert miss["output"] == hit["output"]
 
 
-def test_entries_stay_within_the_byte_cap_least_recently_used_first(engine):
+def finished(engine, prompt: str) -> tuple[list[int], Any]:  # type: ignore[no-untyped-def]
+    """A prompt's tokens, and the KV state (with its tokens) it ended with, 4 tokens later."""
     from tasks.job import SamplingParams
+
+    tokens = list(engine.tokenizer.encode(prompt))
+    uid = engine.insert(tokens, SamplingParams(max_tokens=4, ignore_eos=True))
+    with engine.lock:
+        while True:
+            ended = [t.kv for t in engine.step() if t.uid == uid and t.finish_reason]
+            if ended:
+                return tokens, ended[0]
+
+
+def test_a_prompt_reads_the_entry_that_holds_most_of_it_trimmed_to_what_they_share(engine):
     from worker.prefix_cache import PrefixCache
 
-    def finished(prompt: str) -> tuple[list[int], Any]:
-        tokens = list(engine.tokenizer.encode(prompt))
-        uid = engine.insert(tokens, SamplingParams(max_tokens=4, ignore_eos=True))
-        with engine.lock:
-            while True:
-                ended = [t.kv for t in engine.step() if t.uid == uid and t.finish_reason]
-                if ended:
-                    return tokens, ended[0]
+    # Given one entry of 90-odd tokens
+    cache = PrefixCache(1 << 30)
+    _, kv = finished(engine, "prompt number 0: " + "words " * 80)
+    cache.insert(("m", "o"), kv.tokens, kv.cache)
+    kept, other = kv.tokens, [t + 1 for t in kv.tokens]
+
+    # When prompts go on past it, part from it midway, are it, or share too little with it
+    hits = [cache.fetch(("m", "o"), p) for p in (kept + other[:3], kept[:50] + other[50:], kept, kept[:20] + other)]
+
+    # Then each reads what they share (all but the last token of itself), from a copy trimmed to it
+    assert [hit.tokens for hit in hits] == [len(kept), 50, len(kept) - 1, 0]
+    assert [hit.cache[0].offset for hit in hits[:3]] == [len(kept), 50, len(kept) - 1]
+    assert cache.fetch(("m", "o"), kept + other[:3]).tokens == len(kept)  # the entry itself is whole
+    assert cache.fetch(("m", "p"), kept + other[:3]).tokens == 0  # and only its key reads it
+
+
+def test_entries_stay_within_the_byte_cap_least_recently_used_first(engine):
+    from worker.prefix_cache import PrefixCache
 
     prompts = [f"prompt number {n}: " + "words " * (40 + n) for n in range(6)]
-    entries = [finished(p) for p in prompts]
+    entries = [finished(engine, p) for p in prompts]
     size = sum(c.nbytes for c in entries[0][1].cache)
     cache = PrefixCache(int(size * 3.5))  # room for three of them
 
     def kept() -> list[int]:
-        found = []
-        for n, (_, kv) in enumerate(entries):
-            try:
-                cache._lru._trie.get(("m", "o"), kv.tokens)
-                found.append(n)
-            except KeyError:
-                pass
-        return found
+        return [n for n, (_, kv) in enumerate(entries) if cache.holds(("m", "o"), kv.tokens)]
 
     for _, kv in entries[:4]:
         cache.insert(("m", "o"), kv.tokens, kv.cache)

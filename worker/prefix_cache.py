@@ -1,16 +1,18 @@
 """The prefix cache: KV states of finished jobs, kept so that a later prompt that starts the same way (a chat's next
 turn, which resends the whole history; one app's long system prompt) prefills only what is new.
 
-mlx-lm's LRUPromptCache does the keeping: a trie of token sequences per key, the nearest entry for a prompt (the
-longest cached prefix of it, or a longer entry trimmed to the common part), least recently used entries evicted past
-a byte cap, an entry's prefixes dropped when it is inserted. This module adds what it lacks for a shared server:
+onelane keeps the entries itself, in one ordered dict (least recently used first) with their sizes, and each key's
+token sequences sorted for the lookup (worker/prefix_index.py). It asks mlx-lm only for what its public API offers:
+copying, trimming and measuring a KV cache, and writing one to a file. (mlx-lm's LRUPromptCache does the keeping for
+its own server, but its public methods can neither refresh, list nor remove one entry.)
 
-- the key: an entry never crosses models or load options (the model's name and a digest of its configuration),
-  nor owners unless sharing is on (a prompt cache is a timing side channel: a hit answers faster, which would tell
-  another user whether a prefix was sent);
-- a hit refreshes the entry it came from (LRUPromptCache orders by insertion only, so a system prompt that every
-  request hits would be the first to go);
-- an exact hit still leaves a token to prefill (the batch generator needs one to start from);
+- an entry is keyed by the model as loaded (its name and a digest of its configuration), its scope (the owner, or ''
+  when sharing is on: a prompt cache is a timing side channel, a hit answers faster, which would tell another user
+  whether a prefix was sent) and its tokens;
+- a prompt reads from the entry holding most of it: one of its prefixes, or one that goes on past where the two
+  part, trimmed back to their common part; at least one token is left to prefill (the batch needs one to start from);
+- a hit refreshes its entry (a system prompt that every request hits stays); past the byte cap the least recently
+  used go; an entry makes its own prefixes redundant (a hit on them reads it, trimmed); a model's entries go with it;
 - counters for /metrics; and saving the hottest entries when the worker stops in good order, loading them when it
   starts (mlx-lm's save_prompt_cache / load_prompt_cache, one safetensors file an entry).
 
@@ -20,24 +22,29 @@ short (cancelled, failed, over time, handed back) leaves none, so no later job t
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import json
 import logging
 import os
 import shutil
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, load_prompt_cache, save_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, load_prompt_cache, save_prompt_cache, trim_prompt_cache
+
+from worker.prefix_index import SortedSequences, Tokens
 
 logger = logging.getLogger(__name__)
 
 MIN_HIT_TOKENS = 32  # a shorter cached prefix is not worth copying an entry for: it is prefilled like the rest
-MAX_ENTRIES = 1 << 20  # entries are bounded by bytes; a count bound only keeps the trie's bookkeeping sane
 INDEX = "index.json"
+
+Key = tuple[str, str]  # the model as loaded (ModelConfig.cache_key) and the scope (Settings.cache_scope)
+Name = tuple[Key, Tokens]  # an entry's: its key and its tokens
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,14 @@ class CacheCounters:
     cached_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class Entry:
+    """A kept KV state (it holds exactly the tokens it is kept under) and its size."""
+
+    cache: list[Any]
+    nbytes: int
+
+
 class PrefixCache:
     """KV states by key (the model as loaded, and the owner or '' when shared: Settings.prefix_key) and token
     sequence, at most `max_bytes` of them (0: no cache)."""
@@ -64,7 +79,9 @@ class PrefixCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.counters = CacheCounters()
-        self._lru = LRUPromptCache(max_size=MAX_ENTRIES, max_bytes=max(max_bytes, 0))
+        self._entries: OrderedDict[Name, Entry] = OrderedDict()  # the least recently used first
+        self._held: dict[Key, SortedSequences] = {}  # each key's token sequences, for the lookup
+        self._nbytes = 0
 
     @property
     def enabled(self) -> bool:
@@ -72,73 +89,88 @@ class PrefixCache:
 
     @property
     def nbytes(self) -> int:
-        return int(self._lru.nbytes)
+        """The entries' KV states, as mlx-lm measures them."""
+        return self._nbytes
 
     def __len__(self) -> int:
-        return len(self._lru)
+        return len(self._entries)
 
-    def fetch(self, key: tuple[str, str], tokens: list[int]) -> Hit:
+    def holds(self, key: Key, tokens: list[int]) -> bool:
+        """Whether the sequence `tokens` is kept under `key`."""
+        return (key, tuple(tokens)) in self._entries
+
+    def fetch(self, key: Key, tokens: list[int]) -> Hit:
         """The longest cached prefix of `tokens` under `key`, as a cache of its own; at least one token is left to
         prefill."""
         if not self.enabled:
             return Hit(None, 0)
         self.counters.lookups += 1
-        found = self._lru._trie.search(key, tokens)
-        shorter = len(found.shorter) if found.shorter else 0
-        if found.exact is not None:  # the entry mlx-lm's fetch will copy from, and how much of the prompt it holds
-            used, reach = found.exact, len(tokens) - 1
-        elif found.longer is not None and found.common_prefix > shorter:
-            used, reach = found.longer, min(len(tokens) - 1, found.common_prefix)
-        else:
-            used, reach = found.shorter, shorter
-        if reach < MIN_HIT_TOKENS:  # (every chat prompt shares its template's first tokens with every entry)
+        found = self._nearest(key, tuple(tokens))
+        if found is None:
             return Hit(None, 0)
-        cache, rest = self._lru.fetch_nearest_cache(key, tokens)
-        if cache is None:
-            return Hit(None, 0)
-        if not rest:  # the whole prompt is cached: give back its last token to prefill
-            if not can_trim_prompt_cache(cache):
-                return Hit(None, 0)
-            for layer in cache:
-                layer.trim(1)
-            rest = tokens[-1:]
-        cached = len(tokens) - len(rest)
-        self._touch(key, used)
+        name, reach = found
+        self._entries.move_to_end(name)  # a hit refreshes its entry
+        cache = copy.deepcopy(self._entries[name].cache)
+        if reach < len(name[1]):
+            trim_prompt_cache(cache, len(name[1]) - reach)
         self.counters.hits += 1
-        self.counters.cached_tokens += cached
-        return Hit(cache, cached)
+        self.counters.cached_tokens += reach
+        return Hit(cache, reach)
 
-    def insert(self, key: tuple[str, str], tokens: list[int], cache: list[Any]) -> bool:
+    def _nearest(self, key: Key, prompt: Tokens) -> tuple[Name, int] | None:
+        """The entry under `key` that holds the most of `prompt` but its last token, and how many it holds: of
+        equals the shortest (the least to copy and trim); one that goes on past them only if it can be trimmed."""
+        held = self._held.get(key)
+        if held is None:
+            return None
+        reach = min(held.most_shared(prompt), len(prompt) - 1)
+        if reach < MIN_HIT_TOKENS:  # (every chat prompt shares its template's first tokens with every entry)
+            return None
+        best = min(held.starting_with(prompt[:reach]), key=len)
+        if len(best) == reach or can_trim_prompt_cache(self._entries[(key, best)].cache):
+            return (key, best), reach
+        within = [s for s in held.prefixes_of(prompt) if len(s) >= MIN_HIT_TOKENS]  # (no trimming needed)
+        return ((key, within[-1]), len(within[-1])) if within else None
+
+    def insert(self, key: Key, tokens: list[int], cache: list[Any]) -> bool:
         """Keep a finished sequence's KV state (`cache` holds exactly `tokens`), evicting the least recently used
         entries past the byte cap; whether it was kept (an entry bigger than the whole cap is not)."""
         if not self.enabled or not tokens:
             return False
         # made now, not when first read: a lazy slice would keep the whole batch's buffers alive
         mx.eval([leaf for c in cache for _, leaf in tree_flatten(c.state) if isinstance(leaf, mx.array)])
-        if sum(c.nbytes for c in cache) > self.max_bytes:
+        nbytes = sum(c.nbytes for c in cache)
+        if nbytes > self.max_bytes:
             return False
-        self._lru.insert_cache(key, list(tokens), cache)
+        name = (key, tuple(tokens))
+        self._remove(name)  # (the same sequence again: the newer state takes its place, as the newest)
+        if can_trim_prompt_cache(cache):  # a prompt its prefixes would serve reads this one, trimmed
+            for prefix in self._held.get(key, SortedSequences()).prefixes_of(name[1]):
+                self._remove((key, prefix))
+        self._add(name, Entry(cache, nbytes))
+        while self._nbytes > self.max_bytes:
+            self._remove(next(iter(self._entries)))
         return True
 
     def drop(self, model: str) -> None:
         """Forget a model's entries (it was evicted: its KV states are of no use without it)."""
-        for key, tokens in [entry for lru in self._lru._lru._lrus.values() for entry in lru if entry[0][0] == model]:
-            self._remove(key, tokens)
+        for name in [n for n in self._entries if n[0][0] == model]:
+            self._remove(name)
 
-    def _touch(self, key: tuple[str, str], tokens: list[int] | None) -> None:
-        """Make an entry the most recently used."""
-        if tokens is None:
+    def _add(self, name: Name, entry: Entry) -> None:
+        self._entries[name] = entry
+        self._held.setdefault(name[0], SortedSequences()).add(name[1])
+        self._nbytes += entry.nbytes
+
+    def _remove(self, name: Name) -> None:
+        entry = self._entries.pop(name, None)
+        if entry is None:
             return
-        order = self._lru._lru
-        with contextlib.suppress(ValueError):
-            order._lrus["assistant"].remove((key, tokens))
-            order._lrus["assistant"].append((key, tokens))
-
-    def _remove(self, key: tuple[str, str], tokens: list[int]) -> None:
-        entry = self._lru._trie.pop(key, tokens)
-        self._lru._lru.remove(key, tokens)
-        self._lru._n_bytes -= entry.nbytes
-        self._lru._n_bytes_by_type[entry.cache_type] -= entry.nbytes
+        self._nbytes -= entry.nbytes
+        key, tokens = name
+        self._held[key].remove(tokens)
+        if not self._held[key]:
+            del self._held[key]
 
     # --- across a restart in good order ------------------------------------------------------------------------
 
@@ -146,17 +178,15 @@ class PrefixCache:
         """Write the entries of the loaded models (`models`: name -> model key), most recently used first, to
         `folder` (replacing what it held); returns how many."""
         shutil.rmtree(folder, ignore_errors=True)
-        entries = [e for lru in self._lru._lru._lrus.values() for e in lru][::-1]  # newest first
-        kept = []
+        served = set(models.values())
+        newest_first = [(name, entry) for name, entry in reversed(self._entries.items()) if name[0][0] in served]
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o700)  # users' prompts, as the model saw them
-        for n, (key, tokens) in enumerate(entries):
-            if key[0] not in models.values():
-                continue
-            entry = self._lru._trie.get(key, tokens)
-            name = f"{n:06d}.safetensors"
-            save_prompt_cache(str(folder / name), entry.prompt_cache)
-            kept.append({"file": name, "model": key[0], "scope": key[1], "tokens": tokens})
+        kept = []
+        for n, (((model, scope), tokens), entry) in enumerate(newest_first):
+            file = f"{n:06d}.safetensors"
+            save_prompt_cache(str(folder / file), entry.cache)
+            kept.append({"file": file, "model": model, "scope": scope, "tokens": list(tokens)})
         (folder / INDEX).write_text(json.dumps(kept))
         return len(kept)
 
