@@ -31,19 +31,9 @@ from typing import Any
 
 import redis
 
-from bench.harness import (
-    bench_env,
-    children,
-    cpu_now,
-    cpu_seconds,
-    free_port,
-    http_request,
-    onelane_web,
-    queue_bounds,
-    redis_cpu,
-    summary,
-    tail,
-)
+from bench.harness import bench_env, free_port, http_request, onelane_web, queue_bounds, tail
+from bench.proc import children, cpu_now, cpu_seconds, redis_cpu
+from bench.report import summary
 from tasks import keys
 from tasks.job import JobSpec, SamplingParams, new_job_id
 from tasks.scripts import ordered, source

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import requests
 
-from bench.harness import free_port, model_folder, onelane_web, onelane_worker, pct, private_redis, spread
+from bench.harness import free_port, model_folder, onelane_web, onelane_worker, private_redis
+from bench.report import pct, spread
 from tasks.settings import Settings
 
 BATCH_USER = "batcher"

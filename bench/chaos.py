@@ -36,19 +36,9 @@ from typing import Any
 import redis
 from flask import Flask
 
-from bench.harness import (
-    bench_env,
-    free_port,
-    median,
-    onelane_web,
-    onelane_worker,
-    pct,
-    pid_dead,
-    poll_until,
-    queue_bounds,
-    tail,
-    wait_ended,
-)
+from bench.harness import bench_env, free_port, onelane_web, onelane_worker, poll_until, queue_bounds, tail, wait_ended
+from bench.proc import pid_dead
+from bench.report import median, pct
 from tasks import keys
 from tasks.events import TERMINAL, Event, EventType
 from tasks.store import Store

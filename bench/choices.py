@@ -22,7 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.harness import InProcess, bench_env, model_folder, prompt, spread
+from bench.harness import InProcess, bench_env, model_folder, prompt
+from bench.report import spread
 from tasks.job import Choice, JobSpec, Message, SamplingParams, new_job_id
 from worker.blas import preload_openblas
 

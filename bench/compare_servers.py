@@ -56,11 +56,8 @@ from bench.harness import (
     model_folder,
     onelane_web,
     onelane_worker,
-    pct,
     poll_until,
-    proc_cpu,
     queue_bounds,
-    wait_idle,
 )
 from bench.mlx_server import (
     body,
@@ -94,6 +91,8 @@ from bench.openai_load import (
     post_chat,
     stream_once,
 )
+from bench.proc import proc_cpu, wait_idle
+from bench.report import pct
 from bench.streaming_load import MAX_TOKENS as STREAM_MAX_TOKENS
 from bench.streaming_load import (
     PLAIN,

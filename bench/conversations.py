@@ -27,8 +27,9 @@ from typing import Any
 
 import requests
 
-from bench.harness import model_folder, spread
+from bench.harness import model_folder
 from bench.multiturn import QUESTIONS, Server, onelane, system_message
+from bench.report import spread
 
 WAYS = ("resent", "chained")
 TIMEOUT_S = 300.0

@@ -37,7 +37,8 @@ from pathlib import Path
 
 import requests
 
-from bench.harness import free_port, model_folder, onelane_web, onelane_worker, pct, private_redis
+from bench.harness import free_port, model_folder, onelane_web, onelane_worker, private_redis
+from bench.report import pct
 from tasks.settings import DEFAULT_MODEL, SHIPPED_DEMO_MODEL, Settings
 
 DEMO = "onelane-demo"

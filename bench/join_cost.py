@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.harness import model_folder, spread
+from bench.harness import model_folder
+from bench.report import spread
 from tasks.job import SamplingParams
 from worker.blas import preload_openblas
 

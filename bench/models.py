@@ -43,7 +43,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench.harness import admit, pct, private_redis, prompt, running_worker, spread, wait_ended
+from bench.harness import admit, private_redis, prompt, running_worker, wait_ended
+from bench.report import pct, spread
 from tasks import keys
 from tasks.broker import make_broker
 from tasks.settings import ModelConfig, Settings

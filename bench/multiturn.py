@@ -34,19 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.harness import (
-    START_S,
-    free_port,
-    onelane_web,
-    onelane_worker,
-    pct,
-    poll_until,
-    private_redis,
-    queue_bounds,
-    spread,
-)
+from bench.harness import START_S, free_port, onelane_web, onelane_worker, poll_until, private_redis, queue_bounds
 from bench.mlx_server import eos_id, mlx_server
 from bench.openai_load import Streamed, closed_loop, post_chat, stream_once
+from bench.report import pct, spread
 from tasks.settings import SHIPPED_DEMO_MODEL, Settings
 from tasks.store import Store
 

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from bench.harness import wait_idle
+from bench.proc import wait_idle
 
 PROMPTS = [
     "Tell me a joke about queues.",

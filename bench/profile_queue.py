@@ -50,21 +50,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.harness import (
-    children,
-    descendants,
-    free_port,
-    machine_busy,
-    model_folder,
-    onelane_env,
-    onelane_web,
-    pct,
-    poll_until,
-    proc_cpu,
-    spawn,
-    thread_cpu,
-)
+from bench.harness import free_port, model_folder, onelane_env, onelane_web, poll_until, spawn
 from bench.openai_load import PROMPTS
+from bench.proc import children, descendants, machine_busy, proc_cpu, thread_cpu
+from bench.report import pct
 from tasks.settings import Settings
 from tasks.store import Store
 

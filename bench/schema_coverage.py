@@ -41,7 +41,8 @@ import requests
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import best_match
 
-from bench.harness import free_port, model_folder, onelane_web, onelane_worker, pct, private_redis
+from bench.harness import free_port, model_folder, onelane_web, onelane_worker, private_redis
+from bench.report import pct
 from tasks.settings import Settings
 
 CORPUS = Path(__file__).parent / "schemas" / "corpus.jsonl"

@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.harness import pct
 from bench.openai_load import PROMPTS, post_chat, stream_once
+from bench.report import pct
 from tasks.job import JobSpec, Message, SamplingParams
 
 MAX_TOKENS = 32

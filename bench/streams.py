@@ -36,18 +36,9 @@ from typing import Any
 
 import gevent
 
-from bench.harness import (
-    bench_env,
-    children,
-    cpu_now,
-    free_port,
-    http_request,
-    onelane_web,
-    pct,
-    queue_bounds,
-    rss_kb,
-    tail,
-)
+from bench.harness import bench_env, free_port, http_request, onelane_web, queue_bounds, tail
+from bench.proc import children, cpu_now, rss_kb
+from bench.report import pct
 from tasks.events import TERMINAL
 from tasks.settings import Settings
 from tasks.store import Store

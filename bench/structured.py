@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import InProcess, bench_env, model_folder, prompt, spread
+from bench.harness import InProcess, bench_env, model_folder, prompt
+from bench.report import spread
 from tasks.job import JobSpec, Message, SamplingParams
 from tasks.structured import Constraint, Tool, json_constraint, tools_constraint
 from worker.blas import preload_openblas
