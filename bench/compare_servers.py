@@ -42,10 +42,10 @@ import argparse
 import contextlib
 import os
 import statistics
-import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +53,12 @@ from bench.harness import (
     START_S,
     bench_env,
     free_port,
-    model_folder,
+    matching_lines,
     onelane_web,
     onelane_worker,
     poll_until,
     queue_bounds,
+    rotated,
 )
 from bench.mlx_server import (
     body,
@@ -92,7 +93,7 @@ from bench.openai_load import (
     stream_once,
 )
 from bench.proc import proc_cpu, wait_idle
-from bench.report import pct
+from bench.report import ms, pct
 from bench.streaming_load import MAX_TOKENS as STREAM_MAX_TOKENS
 from bench.streaming_load import (
     PLAIN,
@@ -255,10 +256,6 @@ def abandoned(probe: dict[str, Any]) -> Abandoned:
 # --- printing ------------------------------------------------------------------------------------------------
 
 
-def ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1000:.0f}"
-
-
 def level_stats(level: Level) -> dict[str, float | None]:
     ok = level.ok
     lat = [o.latency for o in ok]
@@ -302,16 +299,28 @@ def ttft_line(name: str, series: list[Streamed]) -> str:
 
 
 def onelane_overload_lines(probe: dict[str, Any], ab: Abandoned) -> list[str]:
-    outcomes: list[Outcome] = probe["outcomes"]
+    """The printed lines of onelane's overload probe."""
     head = f"onelane {OVERLOAD_HEAD}"
+    lines = [] if probe["settled_before"] else [f"{head} WARNING: worker still busy with earlier requests at start"]
+    lines += burst_lines(probe, head) + abandoned_lines(ab, head) + aftermath_lines(probe, head)
+    for example in ab.examples[:5]:
+        lines.append(f"{head} SUSPICIOUS: {example}")
+    lines += timeline(probe, head)
+    if not probe["drained"]:
+        lines.append(f"{head} WARNING: queue not drained by the {OVERLOAD_CAP_S:.0f} s cap")
+    return lines
+
+
+def burst_lines(probe: dict[str, Any], head: str) -> list[str]:
+    """How the burst's requests were answered, rejected or timed out, and how many jobs it left."""
+    outcomes: list[Outcome] = probe["outcomes"]
     ok = [o for o in outcomes if o.ok]
     rejected = [o for o in outcomes if o.status in (429, 503)]
     other_http = [o for o in outcomes if o.status is not None and not o.ok and o.status not in (429, 503)]
     timeouts = [o for o in outcomes if o.status is None]
     with_ra = [o for o in rejected if o.retry_after]
     shaped = sum(1 for o in rejected if o.json_error)
-    lines = [] if probe["settled_before"] else [f"{head} WARNING: worker still busy with earlier requests at start"]
-    lines += [
+    return [
         f"{head} answered {len(ok)}, rejected {len(rejected)} "
         f"({', '.join(f'{k} {n}' for k, n in Counter(f'{o.status} {o.error_type}' for o in rejected).items()) or '-'}),"
         f" timed out/no answer {len(timeouts)} ({', '.join(f'{k} {n}' for k, n in Counter(o.error for o in timeouts).items()) or '-'})"
@@ -325,6 +334,13 @@ def onelane_overload_lines(probe: dict[str, Any], ab: Abandoned) -> list[str]:
             f"{head} last client gave up {probe['gave_up_after_s']:.2f} s after the burst; {len(probe['jobs'])} jobs were "
             f"admitted, {sum(1 for j, _, _ in probe['jobs'].values() if j.timings.started_at is not None)} started generating"
         ),
+    ]
+
+
+def abandoned_lines(ab: Abandoned, head: str) -> list[str]:
+    """What the worker did for the admitted clients that timed out."""
+    last = ab.last_token_after_give_up
+    return [
         (
             f"{head} jobs of the {ab.jobs} admitted clients that timed out: {ab.started} started at all, "
             f"{ab.started_after_gone} started after their client had gone; statuses {dict(ab.statuses)}, "
@@ -335,12 +351,14 @@ def onelane_overload_lines(probe: dict[str, Any], ab: Abandoned) -> list[str]:
             f"the cancel; client gone -> job ended p50 {ms(pct(ab.gone_to_end, 50) if ab.gone_to_end else None)} ms, "
             f"max {ms(max(ab.gone_to_end) if ab.gone_to_end else None)} ms"
         ),
-    ]
-    last = ab.last_token_after_give_up
-    lines.append(
         f"{head} last token generated for a departed client: "
-        + ("none" if last is None else f"{last:+.2f} s relative to the last client giving up")
-    )
+        + ("none" if last is None else f"{last:+.2f} s relative to the last client giving up"),
+    ]
+
+
+def aftermath_lines(probe: dict[str, Any], head: str) -> list[str]:
+    """After the clients gave up: how long the worker stayed busy, the next request, the first queue place freed."""
+    lines = []
     busy = probe["busy_after_give_up_s"]
     cpu = f"{probe['cpu_s']:.1f} s worker CPU" if probe["cpu_s"] is not None else "CPU time unavailable"
     if busy is not None:
@@ -360,11 +378,6 @@ def onelane_overload_lines(probe: dict[str, Any], ab: Abandoned) -> list[str]:
             f"{head} the last rejection arrived at +{freed[0]:.2f} s; the first queue place freed (a waiting "
             f"job started or was cancelled) at +{freed[1]:.2f} s"
         )
-    for example in ab.examples[:5]:
-        lines.append(f"{head} SUSPICIOUS: {example}")
-    lines += timeline(probe, head)
-    if not probe["drained"]:
-        lines.append(f"{head} WARNING: queue not drained by the {OVERLOAD_CAP_S:.0f} s cap")
     return lines
 
 
@@ -438,68 +451,58 @@ def overload_row(probe: dict[str, Any], for_nobody: int) -> OverloadRow:
     )
 
 
+TABLE_COLUMNS = (
+    "clients",
+    "p50 ms",
+    "p99 ms",
+    "req/s",
+    "tok/s",
+    "TTFT p50 ms",
+    "answered",
+    "429/503 (Retry-After)",
+    "no answer",
+    "tok for gone clients",
+    "busy after give-up s",
+    "next 1-tok req s",
+)
+
+
 def table(
     rows: list[tuple[str, dict[str, Any], dict[str, Any]]],
     ttft: tuple[float | None, float | None],
     over: tuple[OverloadRow, OverloadRow] | None,
 ) -> list[str]:
     """One table; each cell is `onelane | mlx_lm.server`."""
-    cols = [
-        "clients",
-        "p50 ms",
-        "p99 ms",
-        "req/s",
-        "tok/s",
-        "TTFT p50 ms",
-        "answered",
-        "429/503 (Retry-After)",
-        "no answer",
-        "tok for gone clients",
-        "busy after give-up s",
-        "next 1-tok req s",
-    ]
+    body = [level_cells(name, a, b, ttft) for name, a, b in rows]
+    if over is not None:
+        body.append(["overload", *[""] * 5, *(pair(x, y) for x, y in zip(astuple(over[0]), astuple(over[1])))])
+    widths = [max(len(c), *(len(r[i]) for r in body)) for i, c in enumerate(TABLE_COLUMNS)]
 
-    def pair(a: Any, b: Any) -> str:
-        return f"{a} | {b}"
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) for c, w in zip(cells, widths))
+
+    return [line(TABLE_COLUMNS), line(["-" * w for w in widths]), *map(line, body)]
+
+
+def pair(a: Any, b: Any) -> str:
+    return f"{a} | {b}"
+
+
+def level_cells(name: str, a: dict[str, Any], b: dict[str, Any], ttft: tuple[float | None, float | None]) -> list[str]:
+    """A level's row: each server's latency, requests and tokens per second (TTFT at 1 client); no overload cells."""
 
     def num(v: float | None, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
-    body: list[list[str]] = []
-    for name, a, b in rows:
-        cells = [
-            name,
-            pair(ms(a["p50"]), ms(b["p50"])),
-            pair(ms(a["p99"]), ms(b["p99"])),
-            pair(num(a["rps"], ".1f"), num(b["rps"], ".1f")),
-            pair(num(a["tps"], ".0f"), num(b["tps"], ".0f")),
-        ]
-        cells.append(pair(ms(ttft[0]), ms(ttft[1])) if name == "1" else "")
-        body.append(cells + [""] * 6)
-    if over is not None:
-        a, b = over
-        body.append(
-            [
-                "overload",
-                "",
-                "",
-                "",
-                "",
-                "",
-                pair(a.answered, b.answered),
-                pair(a.rejected, b.rejected),
-                pair(a.timed_out, b.timed_out),
-                pair(a.for_nobody, b.for_nobody),
-                pair(a.busy_after, b.busy_after),
-                pair(a.fresh, b.fresh),
-            ]
-        )
-    widths = [max(len(c), *(len(r[i]) for r in body)) for i, c in enumerate(cols)]
-
-    def line(cells):
-        return "  ".join(c.rjust(w) for c, w in zip(cells, widths))
-
-    return [line(cols), line(["-" * w for w in widths]), *map(line, body)]
+    return [
+        name,
+        pair(ms(a["p50"]), ms(b["p50"])),
+        pair(ms(a["p99"]), ms(b["p99"])),
+        pair(num(a["rps"], ".1f"), num(b["rps"], ".1f")),
+        pair(num(a["tps"], ".0f"), num(b["tps"], ".0f")),
+        pair(ms(ttft[0]), ms(ttft[1])) if name == "1" else "",
+        *[""] * 6,
+    ]
 
 
 def verdict(
@@ -550,14 +553,6 @@ def verdict(
     return lines
 
 
-def log_problems(path: Path) -> list[str]:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    return [line for line in text if any(n in line for n in LOG_NEEDLES)]
-
-
 # --- main ----------------------------------------------------------------------------------------------------
 
 
@@ -565,23 +560,10 @@ def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any
     """Both servers up; every level `--rounds` times on each (and on the bare engine), the order rotating; TTFT;
     then the overload probes (onelane's with mlx_lm.server idle, mlx_lm.server's once onelane is stopped)."""
     folder = Path(settings.var_dir)
-    model = settings.model_name
     store = Store.connect(settings)
-    levels = args.levels
-    stream = args.workload == "stream"
-    sized = {"ONELANE_MAX_BATCH": str(args.batch), "ONELANE_PREFILL_STEP": str(settings.prefill_step)}
-    if args.no_prefix_cache:
-        sized["ONELANE_PREFIX_CACHE"] = "0"
-    ol: dict[str, Any] = {
-        "levels": {c: [] for c in levels},
-        "unsettled": [],
-        "overload": None,
-        "abandoned": None,
-        "ttft": [],
-    }
-    base: dict[str, Any] = {"levels": {c: [] for c in levels}, "unsettled": [], "overload": None, "ttft": []}
-    base["engine"] = {c: [] for c in levels}  # the bare engine's levels (stream workload)
-    engine = None if not stream or args.no_engine else bare_engine(settings.model_path)
+    sized = stack_env(args, settings)
+    ol, base = results(args.levels)
+    engine = None if args.workload != "stream" or args.no_engine else bare_engine(settings.model_path)
     try:
         with (
             contextlib.ExitStack() as onelane,
@@ -591,82 +573,139 @@ def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any
                 onelane_worker(settings, folder / "worker.log", **queue_bounds(BIG_QUEUE), **sized)
             )
             port = free_port()
-            url = f"http://127.0.0.1:{port}"
             started = time.monotonic()
             with onelane_web(settings, port, folder / "web.log", ready="/readyz", **queue_bounds(BIG_QUEUE), **sized):
                 ol["ready_s"] = time.monotonic() - started
-                for prompt in PROMPTS[:2]:  # warm-up, as the baseline's
-                    warm = post_chat(url, onelane_body(model, prompt, 8), START_S)
-                    if not warm.ok:
-                        raise RuntimeError(f"warm-up request failed: {warm.error}")
-                at = streamed_at(args.plain, args.streamed)
-                send_ol = http_sender(url, args.max_tokens, {"model": model})
-                send_mlx = http_sender(server.url, args.max_tokens, {})
-
-                def on_onelane(clients: int, r: int) -> None:
-                    if stream:
-                        ask = prompts(clients, r, args.plain + args.streamed)
-                        ol["levels"][clients].append(counted(lambda: http_level("onelane", ask, at, send_ol)))
-                    else:
-                        ol["levels"][clients].append(onelane_level(url, model, clients, args.max_tokens, args.requests))
-                    if not settle_queue(store):
-                        ol["unsettled"].append(clients)
-
-                def on_mlx(clients: int, r: int) -> None:
-                    if stream:
-                        ask = prompts(clients, r, args.plain + args.streamed)
-                        base["levels"][clients].append(counted(lambda: http_level("mlx_lm.server", ask, at, send_mlx)))
-                    else:
-                        base["levels"][clients].append(load_level(server, clients, args.max_tokens, args.requests))
-                    if not settle(server):
-                        base["unsettled"].append(clients)
-
-                def on_engine(clients: int, r: int) -> None:
-                    ask = prompts(clients, r, args.plain + args.streamed)
-                    level = engine_level(engine, ask, at, args.max_tokens, args.batch, settings.prefill_step)
-                    base["engine"][clients].append(level)
-
-                if engine is not None:  # its first batch pays for first-time allocations: not in a level
-                    engine_level(engine, [[PROMPTS[0]], [PROMPTS[1]]], at, 8, args.batch, settings.prefill_step)
-                sides = (on_onelane, on_mlx, *([on_engine] if engine is not None else []))
-                for r in range(args.rounds):
-                    for n, clients in enumerate(levels):
-                        k = (r + n) % len(sides)
-                        for side in (*sides[k:], *sides[:k]):
-                            side(clients, r)
-                for i in range(0 if stream else TTFT_REQUESTS):
-                    prompt = PROMPTS[i % len(PROMPTS)]
-                    ol["ttft"].append(
-                        stream_once(url, onelane_body(model, prompt, args.max_tokens, stream=True), REQUEST_TIMEOUT_S)
-                    )
-                    base["ttft"].append(
-                        stream_once(
-                            server.url, {**body(prompt, args.max_tokens, server.eos), "stream": True}, REQUEST_TIMEOUT_S
-                        )
-                    )
+                sides = Sides(args, settings, store, f"http://127.0.0.1:{port}", server, engine, ol, base)
+                sides.warm_up()
+                sides.rounds()
+                sides.ttft()
                 settle_queue(store)
             if not args.no_overload:
-                port = free_port()
-                with onelane_web(
-                    settings,
-                    port,
-                    folder / "web-overload.log",
-                    ready="/readyz",
-                    **queue_bounds(OVERLOAD_QUEUE),
-                    **sized,
-                ):
-                    ol["overload"] = onelane_overload(f"http://127.0.0.1:{port}", model, store)
-                    ol["abandoned"] = abandoned(ol["overload"])
+                ol["overload"], ol["abandoned"] = onelane_overload_phase(settings, store, sized)
             ol["alive"] = worker.poll() is None
             onelane.close()  # onelane stopped: mlx_lm.server's probe runs alone
             if not args.no_overload:
                 base["overload"] = overload_probe(server)
         ol["log_problems"] = {
-            name: log_problems(folder / name) for name in ("worker.log", "web.log", "web-overload.log")
+            name: matching_lines(folder / name, LOG_NEEDLES) for name in ("worker.log", "web.log", "web-overload.log")
         }
     finally:
         store.redis.close()
     return ol, base
+
+
+def stack_env(args: argparse.Namespace, settings: Settings) -> dict[str, str]:
+    """What onelane's worker and web get beside the queue bounds: the batch, the prefill chunk, the prefix cache."""
+    sized = {"ONELANE_MAX_BATCH": str(args.batch), "ONELANE_PREFILL_STEP": str(settings.prefill_step)}
+    if args.no_prefix_cache:
+        sized["ONELANE_PREFIX_CACHE"] = "0"
+    return sized
+
+
+def results(levels: list[int]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Where onelane's figures and the peer's (and the bare engine's) go, empty."""
+    ol: dict[str, Any] = {
+        "levels": {c: [] for c in levels},
+        "unsettled": [],
+        "overload": None,
+        "abandoned": None,
+        "ttft": [],
+    }
+    base: dict[str, Any] = {"levels": {c: [] for c in levels}, "unsettled": [], "overload": None, "ttft": []}
+    base["engine"] = {c: [] for c in levels}  # the bare engine's levels (stream workload)
+    return ol, base
+
+
+@dataclass
+class Sides:
+    """Both servers up, and the bare engine if there is one: each level of each round on every side, the order
+    rotating, the figures into `ol` (onelane's) and `base` (mlx_lm.server's and the bare engine's)."""
+
+    args: argparse.Namespace
+    settings: Settings
+    store: Store
+    url: str  # onelane's
+    server: Any  # mlx_server.Server
+    engine: Any
+    ol: dict[str, Any]
+    base: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        self.stream = self.args.workload == "stream"
+        self.model = self.settings.model_name
+        self.at = streamed_at(self.args.plain, self.args.streamed)
+        self.send_ol = http_sender(self.url, self.args.max_tokens, {"model": self.model})
+        self.send_mlx = http_sender(self.server.url, self.args.max_tokens, {})
+
+    def warm_up(self) -> None:
+        for prompt in PROMPTS[:2]:  # warm-up, as the baseline's
+            warm = post_chat(self.url, onelane_body(self.model, prompt, 8), START_S)
+            if not warm.ok:
+                raise RuntimeError(f"warm-up request failed: {warm.error}")
+        if self.engine is not None:  # its first batch pays for first-time allocations: not in a level
+            self.engine_level([[PROMPTS[0]], [PROMPTS[1]]], 8)
+
+    def rounds(self) -> None:
+        sides = (self.on_onelane, self.on_mlx, *([self.on_engine] if self.engine is not None else []))
+        for r in range(self.args.rounds):
+            for n, clients in enumerate(self.args.levels):
+                for side in rotated(sides, r + n):
+                    side(clients, r)
+
+    def asks(self, clients: int, r: int) -> list[list[str]]:
+        return prompts(clients, r, self.args.plain + self.args.streamed)
+
+    def on_onelane(self, clients: int, r: int) -> None:
+        if self.stream:
+            ask = self.asks(clients, r)
+            level = counted(lambda: http_level("onelane", ask, self.at, self.send_ol))
+        else:
+            level = onelane_level(self.url, self.model, clients, self.args.max_tokens, self.args.requests)
+        self.ol["levels"][clients].append(level)
+        if not settle_queue(self.store):
+            self.ol["unsettled"].append(clients)
+
+    def on_mlx(self, clients: int, r: int) -> None:
+        if self.stream:
+            ask = self.asks(clients, r)
+            level = counted(lambda: http_level("mlx_lm.server", ask, self.at, self.send_mlx))
+        else:
+            level = load_level(self.server, clients, self.args.max_tokens, self.args.requests)
+        self.base["levels"][clients].append(level)
+        if not settle(self.server):
+            self.base["unsettled"].append(clients)
+
+    def on_engine(self, clients: int, r: int) -> None:
+        self.base["engine"][clients].append(self.engine_level(self.asks(clients, r), self.args.max_tokens))
+
+    def engine_level(self, ask: list[list[str]], max_tokens: int) -> MixLevel:
+        return engine_level(self.engine, ask, self.at, max_tokens, self.args.batch, self.settings.prefill_step)
+
+    def ttft(self) -> None:
+        """The ignore-eos workload's time to first token: one stream at a time, alternating the servers."""
+        for i in range(0 if self.stream else TTFT_REQUESTS):
+            prompt, max_tokens = PROMPTS[i % len(PROMPTS)], self.args.max_tokens
+            request = onelane_body(self.model, prompt, max_tokens, stream=True)
+            self.ol["ttft"].append(stream_once(self.url, request, REQUEST_TIMEOUT_S))
+            peer = {**body(prompt, max_tokens, self.server.eos), "stream": True}
+            self.base["ttft"].append(stream_once(self.server.url, peer, REQUEST_TIMEOUT_S))
+
+
+def onelane_overload_phase(settings: Settings, store: Store, sized: dict[str, str]) -> tuple[dict[str, Any], Any]:
+    """The onelane web restarted with small queue bounds for the overload probe: the probe, and what the worker did
+    for the clients that had gone."""
+    port = free_port()
+    with onelane_web(
+        settings,
+        port,
+        Path(settings.var_dir) / "web-overload.log",
+        ready="/readyz",
+        **queue_bounds(OVERLOAD_QUEUE),
+        **sized,
+    ):
+        probe = onelane_overload(f"http://127.0.0.1:{port}", settings.model_name, store)
+        return probe, abandoned(probe)
 
 
 def bare_engine(model_path: str) -> Any:
@@ -717,18 +756,28 @@ def report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any], l
         for clients in levels:
             print("\n".join(onelane_level_lines(ol["levels"][clients][r], args.max_tokens)))
             print("\n".join(mlx_level_lines(base["levels"][clients][r])))
-    for clients in levels:
-        if clients in ol["unsettled"]:
-            print(f"onelane c={clients}: WARNING: queue not empty {SETTLE_S:.0f} s after a level ended")
-        if clients in base["unsettled"]:
-            print(f"mlx_lm.server c={clients}: WARNING: still generating {SETTLE_S:.0f} s after a level ended")
+    warn_unsettled(ol, base, levels)
     print()
     print(ttft_line("onelane", ol["ttft"]))
     print(ttft_line("mlx_lm.server", base["ttft"]))
     overload_report(ol, base)
     print()
+    side_by_side(args, ol, base)
+    closing(ol, wall)
 
-    rows = [(str(c), over_rounds(ol["levels"][c]), over_rounds(base["levels"][c])) for c in levels]
+
+def warn_unsettled(ol: dict[str, Any], base: dict[str, Any], levels: list[int]) -> None:
+    """The levels after which a server was still busy SETTLE_S later."""
+    for clients in levels:
+        if clients in ol["unsettled"]:
+            print(f"onelane c={clients}: WARNING: queue not empty {SETTLE_S:.0f} s after a level ended")
+        if clients in base["unsettled"]:
+            print(f"mlx_lm.server c={clients}: WARNING: still generating {SETTLE_S:.0f} s after a level ended")
+
+
+def side_by_side(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any]) -> None:
+    """The ignore-eos workload's medians over the rounds in one table, then where each server is ahead."""
+    rows = [(str(c), over_rounds(ol["levels"][c]), over_rounds(base["levels"][c])) for c in args.levels]
 
     def p50_ttft(series: list[Streamed]) -> float | None:
         firsts = [s.ttft for s in series if s.ttft is not None and s.error is None]
@@ -747,9 +796,8 @@ def report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any], l
     )
     print("\n".join(table(rows, (p50_ttft(ol["ttft"]), p50_ttft(base["ttft"])), over)))
     print()
-    spreads = {str(c): ratios(ol["levels"][c], base["levels"][c]) for c in levels}
+    spreads = {str(c): ratios(ol["levels"][c], base["levels"][c]) for c in args.levels}
     print("\n".join(verdict(rows, spreads, ol["overload"], ol["abandoned"], base["overload"])))
-    closing(ol, wall)
 
 
 def overload_report(ol: dict[str, Any], base: dict[str, Any]) -> None:
@@ -799,11 +847,7 @@ def stream_report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, 
             for side in (ol["levels"][clients], base["levels"][clients], engine[clients]):
                 if len(side) > r:
                     print("\n".join(mix_level_lines(side[r])))
-    for clients in levels:
-        if clients in ol["unsettled"]:
-            print(f"onelane c={clients}: WARNING: queue not empty {SETTLE_S:.0f} s after a level ended")
-        if clients in base["unsettled"]:
-            print(f"mlx_lm.server c={clients}: WARNING: still generating {SETTLE_S:.0f} s after a level ended")
+    warn_unsettled(ol, base, levels)
     overload_report(ol, base)
     rows = [Row(c, ol["levels"][c], base["levels"][c], engine[c]) for c in levels]
     print(f"\nper level over {args.rounds} rounds: median (min-max); ratios round by round")
@@ -863,10 +907,8 @@ def main() -> None:
     if stream and not args.no_engine:
         preload_openblas()  # the bare engine runs in this process: on the BLAS onelane's workers get
     wall, load = time.monotonic(), os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="onelane-model-") as tmp:
-        folder = None if args.model == "random" else str(model_folder(args.model, Path(tmp)))
-        with bench_env(args.size, folder) as settings:
-            ol, base = measure(settings, args)
+    with bench_env(args.size, None if args.model == "random" else args.model) as settings:
+        ol, base = measure(settings, args)
     (stream_report if stream else report)(args, ol, base, load, wall)
 
 
