@@ -27,8 +27,8 @@ from typing import Any
 
 import requests
 
-from bench.harness import model_folder
-from bench.multiturn import QUESTIONS, Server, onelane, system_message
+from bench.chat_servers import QUESTIONS, Server, onelane, system_message
+from bench.harness import model_folder, rotated
 from bench.report import spread
 
 WAYS = ("resent", "chained")
@@ -122,7 +122,7 @@ def main() -> None:
             f"model {model}; {args.turns} turns, a {len(system)}-character system message, {args.answer_tokens} tokens"
         )
         for rnd in range(args.rounds):
-            for way in WAYS if rnd % 2 == 0 else WAYS[::-1]:
+            for way in rotated(WAYS, rnd):
                 with onelane(model, 1, True, folder / f"{way}-{rnd}") as server:
                     run = (resent if way == "resent" else chained)(server, system, args.turns, args.answer_tokens)
                 runs[way].append(run)
