@@ -28,7 +28,7 @@ from typing import Any
 import requests
 
 from bench.chat_servers import QUESTIONS, Server, onelane, system_message
-from bench.harness import model_folder, rotated
+from bench.harness import add_model_option, model_folder, rotated
 from bench.report import spread
 
 WAYS = ("resent", "chained")
@@ -107,7 +107,7 @@ def table(runs: dict[str, list[list[Turn]]], turns: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="smollm2", help="smollm2 (the default model), demo, or a model folder")
+    add_model_option(parser)
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--system-chars", type=int, default=6000)
