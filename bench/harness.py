@@ -4,7 +4,8 @@ environment they get, clients at once and rounds in turn, jobs admitted and awai
 Its imports are the standard library and onelane's contract, so a script may gevent-patch before importing it.
 Shared beyond this: proc.py (what /proc says about the processes), report.py (the statistics the reports print),
 openai_load.py (load through /v1/chat/completions), streaming_load.py (the streaming chat workload), mlx_server.py
-(the mlx_lm.server baseline) and celery_app.py (the Celery baseline). Every other module of bench/ is a benchmark,
+(the mlx_lm.server baseline), onelane_overload.py (onelane under the same overload), chat_servers.py (the servers a
+conversation is held with) and celery_app.py (the Celery baseline). Every other module of bench/ is a benchmark,
 `./dev.sh bench NAME`, whose main() reads setup -> measure -> report; no benchmark imports another.
 """
 
@@ -39,7 +40,7 @@ T = TypeVar("T")
 START_S = 90.0  # longest wait for a process started here to answer
 WORDS = "the queue keeps the gpu busy and users informed a job waits starts streams tokens then ends".split()
 
-# --- a private Redis and the demo model -----------------------------------------------------------------------
+# --- a private Redis and a model ------------------------------------------------------------------------------
 
 
 @contextmanager
