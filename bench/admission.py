@@ -180,17 +180,7 @@ def http_part(args: argparse.Namespace, settings: Any, folder: Path) -> None:
                     best[workers] = (r["rate"], conns, r["p99_ms"])
                 print(level_row(workers, conns, r))
             if workers == args.workers[0]:
-                reference = folder / "get.lua"
-                reference.write_text(REPORT_LUA)
-                conns = args.concurrency[len(args.concurrency) // 2]
-                web0 = cpu_seconds(pids)
-                r = run_wrk(port, conns, min(args.seconds, 6.0), reference, "/healthz")
-                per = (cpu_seconds(pids) - web0) / max(r["requests"], 1)
-                print(
-                    f"reference, GET /healthz (no Redis) at {conns} connections: {r['requests'] / r['seconds']:.0f} "
-                    f"requests/s, p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; web CPU {per * 1e3:.2f} ms "
-                    f"per request"
-                )
+                healthz_reference(port, pids, args, folder)
                 commands_per_submit(client, settings.effective_redis_url, port)
             if args.profile and workers == args.workers[0]:
                 profile_worker(port, children(web.pid)[0], max(args.concurrency), script, folder)
@@ -199,6 +189,21 @@ def http_part(args: argparse.Namespace, settings: Any, folder: Path) -> None:
     for workers, (rate, conns, p99) in best.items():
         print(f"best with --workers {workers}: {rate:.0f} submits/s (at {conns} connections, p99 {p99:.1f} ms)")
     client.close()
+
+
+def healthz_reference(port: int, pids: list[int], args: argparse.Namespace, folder: Path) -> None:
+    """GET /healthz at the middle concurrency: the server with no Redis work, for reference."""
+    reference = folder / "get.lua"
+    reference.write_text(REPORT_LUA)
+    conns = args.concurrency[len(args.concurrency) // 2]
+    web0 = cpu_seconds(pids)
+    r = run_wrk(port, conns, min(args.seconds, 6.0), reference, "/healthz")
+    per = (cpu_seconds(pids) - web0) / max(r["requests"], 1)
+    print(
+        f"reference, GET /healthz (no Redis) at {conns} connections: {r['requests'] / r['seconds']:.0f} "
+        f"requests/s, p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; web CPU {per * 1e3:.2f} ms "
+        f"per request"
+    )
 
 
 PROFILE_PARTS = [  # (label, substrings of py-spy frames; a sample counts when any frame of its stack matches)

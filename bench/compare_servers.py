@@ -591,6 +591,17 @@ def model_label(args: argparse.Namespace) -> str:
 
 
 def main() -> None:
+    args = parse_args()
+    stream = args.workload == "stream"
+    if stream and not args.no_engine:
+        preload_openblas()  # the bare engine runs in this process: on the BLAS onelane's workers get
+    wall, load = time.monotonic(), os.getloadavg()[0]
+    with bench_env(args.size, None if args.model == "random" else args.model) as settings:
+        ol, base = measure(settings, args)
+    (stream_report if stream else report)(args, ol, base, load, wall)
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--model",
@@ -627,15 +638,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=Settings().max_batch, help="onelane's ONELANE_MAX_BATCH")
     args = parser.parse_args()
     args.levels = [int(c) for c in args.levels.split(",")]
-    stream = args.workload == "stream"
     if args.max_tokens is None:
-        args.max_tokens = STREAM_MAX_TOKENS if stream else MAX_TOKENS
-    if stream and not args.no_engine:
-        preload_openblas()  # the bare engine runs in this process: on the BLAS onelane's workers get
-    wall, load = time.monotonic(), os.getloadavg()[0]
-    with bench_env(args.size, None if args.model == "random" else args.model) as settings:
-        ol, base = measure(settings, args)
-    (stream_report if stream else report)(args, ol, base, load, wall)
+        args.max_tokens = STREAM_MAX_TOKENS if args.workload == "stream" else MAX_TOKENS
+    return args
 
 
 if __name__ == "__main__":
