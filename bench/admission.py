@@ -35,7 +35,7 @@ import redis
 from bench.harness import bench_env, free_port, http_request, onelane_web, queue_bounds, tail
 from bench.proc import children, cpu_now, cpu_seconds, redis_cpu
 from bench.report import summary
-from tasks import keys
+from tasks import eta, keys
 from tasks.job import JobSpec, SamplingParams, new_job_id
 from tasks.scripts import ordered, source
 from tasks.store import Store
@@ -548,7 +548,7 @@ def report_lookups(store: Store, filled: Fill, waiting: int) -> None:
         t0 = time.perf_counter()
         st = store.standing(job)
         t1 = time.perf_counter()
-        store.scripts.run("position", slots=store.settings.max_batch, ids=[job.id])
+        store.scripts.run("position", limit=eta.LIMIT, ids=[job.id])  # as Store.standings runs it
         t2 = time.perf_counter()
         client.zrank(keys.QUEUE, job.id)
         t3 = time.perf_counter()
