@@ -26,25 +26,16 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from bench.harness import (
-    bench_env,
-    children,
-    cpu_now,
-    cpu_seconds,
-    free_port,
-    http_request,
-    onelane_web,
-    queue_bounds,
-    redis_cpu,
-    summary,
-    tail,
-)
-from tasks import keys
+from bench.harness import bench_env, free_port, http_request, onelane_web, queue_bounds, tail
+from bench.proc import children, cpu_now, cpu_seconds, redis_cpu
+from bench.report import summary
+from tasks import eta, keys
 from tasks.job import JobSpec, SamplingParams, new_job_id
 from tasks.scripts import ordered, source
 from tasks.store import Store
@@ -189,17 +180,7 @@ def http_part(args: argparse.Namespace, settings: Any, folder: Path) -> None:
                     best[workers] = (r["rate"], conns, r["p99_ms"])
                 print(level_row(workers, conns, r))
             if workers == args.workers[0]:
-                reference = folder / "get.lua"
-                reference.write_text(REPORT_LUA)
-                conns = args.concurrency[len(args.concurrency) // 2]
-                web0 = cpu_seconds(pids)
-                r = run_wrk(port, conns, min(args.seconds, 6.0), reference, "/healthz")
-                per = (cpu_seconds(pids) - web0) / max(r["requests"], 1)
-                print(
-                    f"reference, GET /healthz (no Redis) at {conns} connections: {r['requests'] / r['seconds']:.0f} "
-                    f"requests/s, p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; web CPU {per * 1e3:.2f} ms "
-                    f"per request"
-                )
+                healthz_reference(port, pids, args, folder)
                 commands_per_submit(client, settings.effective_redis_url, port)
             if args.profile and workers == args.workers[0]:
                 profile_worker(port, children(web.pid)[0], max(args.concurrency), script, folder)
@@ -208,6 +189,21 @@ def http_part(args: argparse.Namespace, settings: Any, folder: Path) -> None:
     for workers, (rate, conns, p99) in best.items():
         print(f"best with --workers {workers}: {rate:.0f} submits/s (at {conns} connections, p99 {p99:.1f} ms)")
     client.close()
+
+
+def healthz_reference(port: int, pids: list[int], args: argparse.Namespace, folder: Path) -> None:
+    """GET /healthz at the middle concurrency: the server with no Redis work, for reference."""
+    reference = folder / "get.lua"
+    reference.write_text(REPORT_LUA)
+    conns = args.concurrency[len(args.concurrency) // 2]
+    web0 = cpu_seconds(pids)
+    r = run_wrk(port, conns, min(args.seconds, 6.0), reference, "/healthz")
+    per = (cpu_seconds(pids) - web0) / max(r["requests"], 1)
+    print(
+        f"reference, GET /healthz (no Redis) at {conns} connections: {r['requests'] / r['seconds']:.0f} "
+        f"requests/s, p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; web CPU {per * 1e3:.2f} ms "
+        f"per request"
+    )
 
 
 PROFILE_PARTS = [  # (label, substrings of py-spy frames; a sample counts when any frame of its stack matches)
@@ -289,6 +285,34 @@ def profile_worker(port: int, pid: int, conns: int, script: Path, folder: Path, 
 
 def commands_per_submit(client: redis.Redis, url: str, port: int, n: int = 5) -> None:
     """The Redis commands behind one submit, from MONITOR over `n` sequential submits."""
+    seen = monitored(client, url, lambda: submit_n(port, n), 100 * n + 100)
+    top = [c for c in seen if c.get("client_type") != "lua"]
+    lua = [c for c in seen if c.get("client_type") == "lua"]
+    names = Counter(c["command"].split(" ", 1)[0].upper() for c in top)
+    print(
+        f"Redis commands per submit (MONITOR, {n} sequential submits): {len(top) / n:.1f} sent by the web "
+        f"({', '.join(f'{k} x{v / n:g}' for k, v in names.most_common())}), "
+        f"{len(lua) / n:.1f} more run inside Lua scripts"
+    )
+    per = len(top) // n
+    if per:
+        print("  one submit, in order: " + " | ".join(command_name(c["command"]) for c in top[:per]))
+
+
+def submit_n(port: int, n: int) -> None:
+    for _ in range(n):
+        status, _ = http_request(port, "POST", "/v1/jobs", BODY.encode())
+        assert status == 202
+
+
+def command_name(command: str) -> str:
+    """A MONITOR line's command, and for EVALSHA the start of the script's sha."""
+    name = command.split(" ", 1)[0].upper()
+    return name + (" " + command.split(" ")[1][:40] if command.upper().startswith(('"EVALSHA', "EVALSHA")) else "")
+
+
+def monitored(client: redis.Redis, url: str, act: Any, most: int) -> list[dict[str, Any]]:
+    """The commands Redis ran while `act()` ran (MONITOR on a connection of its own; at most `most`)."""
     seen: list[dict[str, Any]] = []
     ready = threading.Event()
     sentinel = f"bench-monitor-end-{random.random()}"
@@ -297,7 +321,7 @@ def commands_per_submit(client: redis.Redis, url: str, port: int, n: int = 5) ->
         monitor_client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=10)
         with monitor_client.monitor() as m:
             ready.set()
-            for _ in range(100 * n + 100):  # bounded: a submit costs far fewer commands
+            for _ in range(most):  # bounded: a submit costs far fewer commands
                 try:
                     cmd = m.next_command()
                 except (redis.TimeoutError, redis.ConnectionError):
@@ -311,66 +335,34 @@ def commands_per_submit(client: redis.Redis, url: str, port: int, n: int = 5) ->
     thread.start()
     ready.wait(5)
     time.sleep(0.2)
-    for _ in range(n):
-        status, _ = http_request(port, "POST", "/v1/jobs", BODY.encode())
-        assert status == 202
+    act()
     time.sleep(0.2)
     client.echo(sentinel)
     thread.join(15)
-    top = [c for c in seen if c.get("client_type") != "lua"]
-    lua = [c for c in seen if c.get("client_type") == "lua"]
-    names = Counter(c["command"].split(" ", 1)[0].upper() for c in top)
-    print(
-        f"Redis commands per submit (MONITOR, {n} sequential submits): {len(top) / n:.1f} sent by the web "
-        f"({', '.join(f'{k} x{v / n:g}' for k, v in names.most_common())}), "
-        f"{len(lua) / n:.1f} more run inside Lua scripts"
-    )
-    per = len(top) // n
-    if per:
-        print(
-            "  one submit, in order: "
-            + " | ".join(
-                c["command"].split(" ", 1)[0].upper()
-                + (
-                    " " + c["command"].split(" ")[1][:40]
-                    if c["command"].upper().startswith(('"EVALSHA', "EVALSHA"))
-                    else ""
-                )
-                for c in top[:per]
-            )
-        )
+    return seen
+
+
+# --- a million waiting jobs --------------------------------------------------------------------------------------
 
 
 class Captured(Exception):
     """The admit script's arguments are captured: Store.admit goes no further."""
 
 
-def fill_part(args: argparse.Namespace, settings: Any) -> None:
-    s = settings.model_copy(update={"max_queue": BOUND, "max_queued_per_user": BOUND})
-    store = Store.connect(s)
-    client = store.redis
-    client.flushall()
-    print(
-        f"\n=== {args.jobs:,} waiting jobs admitted through the admit script, {args.owners} owners, "
-        f"pipelines of {args.batch} ==="
-    )
-    specs = [
-        JobSpec(
-            owner=f"user{u:03d}", model=s.model_name, prompt="hi", params=SamplingParams(max_tokens=8)
-        ).model_dump_json()
-        for u in range(args.owners)
-    ]
-    # The admit script exactly as Store.admit runs it (same script, same arguments), sent as EVALSHA in
-    # pipelines written straight to the socket: building commands with redis-py would cap the fill at the
-    # client's speed. While Redis runs one batch, the next is encoded and sent.
-    sha = client.script_load(source("admit"))
+def bulk(value: object) -> bytes:
+    """One argument in Redis's wire protocol (RESP)."""
+    raw = value if isinstance(value, bytes) else str(value).encode()
+    return b"$%d\r\n%s\r\n" % (len(raw), raw)
 
-    def bulk(value: object) -> bytes:
-        raw = value if isinstance(value, bytes) else str(value).encode()
-        return b"$%d\r\n%s\r\n" % (len(raw), raw)
 
-    # the arguments Store.admit hands the admit script for each owner's job, captured from Store.admit itself (the
-    # stand-in script stops it there, so nothing depends on the shape of the script's answer)
+def packed_admits(store: Store, owners: int) -> tuple[bytes, list[bytes]]:
+    """The admit script exactly as Store.admit runs it (same script, same arguments), as EVALSHA packed for the
+    socket: the part before the job id (the same for every job), and each owner's part after it.
+
+    The arguments are captured from Store.admit itself: a stand-in for its scripts stops it there, so nothing depends
+    on the shape of the script's answer."""
+    s = store.settings
+    sha = store.redis.script_load(source("admit"))
     captured: list[list[object]] = []
 
     class Recorder:
@@ -378,61 +370,118 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
             captured.append(ordered(name, named))
             raise Captured
 
-    capture = Store(client, s)
+    capture = Store(store.redis, s)
     capture.scripts = Recorder()  # type: ignore[assignment]
     owner_bytes = []
-    for u in range(args.owners):
+    for u in range(owners):
+        spec = JobSpec(owner=f"user{u:03d}", model=s.model_name, prompt="hi", params=SamplingParams(max_tokens=8))
         with contextlib.suppress(Captured):
-            capture.admit("JOB-ID", JobSpec.model_validate_json(specs[u]), s.job_ttl_s)
+            capture.admit("JOB-ID", JobSpec.model_validate_json(spec.model_dump_json()), s.job_ttl_s)
         at = captured[-1].index("JOB-ID")
         assert captured[-1][:at] == captured[0][:at]
         owner_bytes.append(b"".join(bulk(a) for a in captured[-1][at + 1 :]))
     before_id = captured[0][: captured[0].index("JOB-ID")]
     head = b"*%d\r\n" % (3 + len(captured[0])) + b"".join(bulk(a) for a in ["EVALSHA", sha, 0, *before_id])
+    return head, owner_bytes
+
+
+@dataclass
+class Fill:
+    """How the fill went: jobs admitted, in how long, and the ids of the jobs sampled for position lookups."""
+
+    done: int = 0
+    elapsed: float = 0.0
+    sampled: dict[int, str] = field(default_factory=dict)  # admission number -> job id
+
+
+def fill(client: redis.Redis, head: bytes, owner_bytes: list[bytes], args: argparse.Namespace) -> Fill:
+    """`--jobs` admissions in pipelines of `--batch` written straight to the socket (building commands with redis-py
+    would cap the fill at the client's speed); while Redis runs one batch, the next is encoded and sent."""
     sample_at = set(random.Random(7).sample(range(args.jobs), min(args.lookups, args.jobs)))
-    sampled: dict[int, str] = {}
-    mem0 = int(client.info("memory")["used_memory"])
-    cpu0 = redis_cpu(client)
+    out = Fill()
     conn = client.connection_pool.get_connection()
     started = last = time.perf_counter()
     deadline = started + args.fill_timeout
-    done = sent = 0
+    sent = 0
     pending: list[int] = []  # sizes of the batches sent and not yet answered
     try:
-        while done < args.jobs:
+        while out.done < args.jobs:
             if sent < args.jobs and time.perf_counter() < deadline and len(pending) < 2:
                 size = min(args.batch, args.jobs - sent)
-                parts = []
-                for i in range(sent, sent + size):
-                    job_id = new_job_id()
-                    if i in sample_at:
-                        sampled[i] = job_id
-                    parts.append(head + bulk(job_id) + owner_bytes[i % args.owners])
-                conn.send_packed_command([b"".join(parts)])
+                conn.send_packed_command([packed_batch(head, owner_bytes, range(sent, sent + size), sample_at, out)])
                 pending.append(size)
                 sent += size
                 if len(pending) < 2 and sent < args.jobs:
                     continue
             if not pending:
                 break
-            size = pending.pop(0)
-            for _ in range(size):
-                reply = conn.read_response()
-                if not isinstance(reply, list) or reply[0] != "ok":
-                    raise RuntimeError(f"admission refused: {reply!r}")
-            done += size
-            if done % args.progress == 0 or done == args.jobs:
-                now = time.perf_counter()
-                print(
-                    f"  {done:>9,} admitted  {now - started:6.1f} s  {args.progress / (now - last):>8,.0f} jobs/s "
-                    f"(this step), Redis used_memory {int(client.info('memory')['used_memory']) / 2**20:,.0f} MiB"
-                )
-                last = now
+            out.done += read_replies(conn, pending.pop(0))
+            if out.done % args.progress == 0 or out.done == args.jobs:
+                last = progress(client, out.done, started, last, args.progress)
     finally:
         client.connection_pool.release(conn)
-    elapsed = time.perf_counter() - started
+    out.elapsed = time.perf_counter() - started
+    return out
+
+
+def packed_batch(head: bytes, owner_bytes: list[bytes], numbers: range, sample_at: set[int], out: Fill) -> bytes:
+    """The admissions `numbers` (fresh job ids, owners in turn) as one pipeline; noting the sampled ones' ids."""
+    parts = []
+    for i in numbers:
+        job_id = new_job_id()
+        if i in sample_at:
+            out.sampled[i] = job_id
+        parts.append(head + bulk(job_id) + owner_bytes[i % len(owner_bytes)])
+    return b"".join(parts)
+
+
+def read_replies(conn: Any, size: int) -> int:
+    """A batch's `size` replies, each the admit script's "ok"; returns `size`."""
+    for _ in range(size):
+        reply = conn.read_response()
+        if not isinstance(reply, list) or reply[0] != "ok":
+            raise RuntimeError(f"admission refused: {reply!r}")
+    return size
+
+
+def progress(client: redis.Redis, done: int, started: float, last: float, step: int) -> float:
+    """A progress line; returns its time."""
+    now = time.perf_counter()
+    print(
+        f"  {done:>9,} admitted  {now - started:6.1f} s  {step / (now - last):>8,.0f} jobs/s "
+        f"(this step), Redis used_memory {used_memory(client) / 2**20:,.0f} MiB"
+    )
+    return now
+
+
+def used_memory(client: redis.Redis) -> int:
+    return int(client.info("memory")["used_memory"])
+
+
+def fill_part(args: argparse.Namespace, settings: Any) -> None:
+    """Admit `--jobs` waiting jobs through the admit script; what they cost Redis and what a position lookup takes."""
+    store = Store.connect(settings.model_copy(update={"max_queue": BOUND, "max_queued_per_user": BOUND}))
+    client = store.redis
+    client.flushall()
+    print(
+        f"\n=== {args.jobs:,} waiting jobs admitted through the admit script, {args.owners} owners, "
+        f"pipelines of {args.batch} ==="
+    )
+    head, owner_bytes = packed_admits(store, args.owners)
+    mem0, cpu0 = used_memory(client), redis_cpu(client)
+    filled = fill(client, head, owner_bytes, args)
     redis_busy = redis_cpu(client) - cpu0
-    mem1 = int(client.info("memory")["used_memory"])
+    waiting = report_fill(store, args, filled, mem0, redis_busy)
+    one = next(iter(filled.sampled.values()))
+    report_record(client, one, args.owners, filled.done)
+    report_lookups(store, filled, waiting)
+    client.close()  # the server goes with bench_env; a FLUSHALL of this much would outlast the socket timeout
+
+
+def report_fill(store: Store, args: argparse.Namespace, filled: Fill, mem0: int, redis_busy: float) -> int:
+    """The fill's rate, what is waiting and the memory it takes; returns how many wait."""
+    client, done, elapsed = store.redis, filled.done, filled.elapsed
+    mem1 = used_memory(client)
     waiting = store.readings.waiting()
     if done < args.jobs:
         print(f"  ! stopped at the {args.fill_timeout:g} s bound with {done:,} admitted")
@@ -448,13 +497,17 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
         f"Redis used_memory: before {mem0 / 2**20:.1f} MiB, after {mem1 / 2**20:.1f} MiB -> "
         f"{(mem1 - mem0) / done:.0f} bytes per waiting job"
     )
-    one = next(iter(sampled.values()))
+    return waiting
+
+
+def report_record(client: redis.Redis, one: str, owners: int, done: int) -> None:
+    """Where a waiting job's bytes go: its record and its entries in the sets, per job."""
     record = client.memory_usage(keys.job(one), samples=0) or 0
     sets = {
         "queue": [keys.QUEUE],
         "waiting": [keys.WAITING],
-        "owners' queues": [keys.user_queue(f"user{u:03d}") for u in range(args.owners)],
-        "owners' listings (newest 1000 each)": [keys.user_jobs(f"user{u:03d}") for u in range(args.owners)],
+        "owners' queues": [keys.user_queue(f"user{u:03d}") for u in range(owners)],
+        "owners' listings (newest 1000 each)": [keys.user_jobs(f"user{u:03d}") for u in range(owners)],
     }
     per_set = {name: sum(client.memory_usage(k, samples=0) or 0 for k in names) / done for name, names in sets.items()}
     print(
@@ -463,7 +516,11 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
         + ", ".join(f"{name} {size:.0f} B" for name, size in per_set.items())
         + ", the rest is the keyspace's own entries"
     )
-    # the same record if Redis kept such hashes compact (hash-max-listpack-value is 64 bytes by default)
+    compact_record(client, one)
+
+
+def compact_record(client: redis.Redis, one: str) -> None:
+    """The same record if Redis kept such hashes compact (hash-max-listpack-value is 64 bytes by default)."""
     limit = client.config_get("hash-max-listpack-value")["hash-max-listpack-value"]
     probe = "bench:probe-record"
     try:
@@ -478,8 +535,11 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
         client.delete(probe)
         client.config_set("hash-max-listpack-value", limit)
 
-    # position lookups for random waiting jobs
-    jobs = {i: store.get(job_id) for i, job_id in sampled.items() if i < done}
+
+def report_lookups(store: Store, filled: Fill, waiting: int) -> None:
+    """Position lookups for the sampled waiting jobs, in a random order: Store.standing, the raw script, ZRANK."""
+    client = store.redis
+    jobs = {i: store.get(job_id) for i, job_id in filled.sampled.items() if i < filled.done}
     order = list(jobs.items())
     random.Random(11).shuffle(order)
     standing, raw, zrank = [], [], []
@@ -488,7 +548,7 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
         t0 = time.perf_counter()
         st = store.standing(job)
         t1 = time.perf_counter()
-        store.scripts.run("position", slots=s.max_batch, ids=[job.id])
+        store.scripts.run("position", limit=eta.LIMIT, ids=[job.id])  # as Store.standings runs it
         t2 = time.perf_counter()
         client.zrank(keys.QUEUE, job.id)
         t3 = time.perf_counter()
@@ -501,13 +561,11 @@ def fill_part(args: argparse.Namespace, settings: Any) -> None:
     print(f"  raw position script:    {summary(raw)}")
     print(f"  plain ZRANK (floor):    {summary(zrank)}")
     print(f"  positions equal to admission order: {len(order) - wrong} of {len(order)}")
-    stats = client.info("commandstats")
-    evalsha = stats.get("cmdstat_evalsha", {})
+    evalsha = client.info("commandstats").get("cmdstat_evalsha", {})
     print(
         f"  Redis commandstats: EVALSHA {evalsha.get('calls')} calls, {evalsha.get('usec_per_call')} us per call "
         f"(admit and position together)"
     )
-    client.close()  # the server goes with bench_env; a FLUSHALL of this much would outlast the socket timeout
 
 
 def main() -> None:

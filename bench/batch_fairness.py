@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 import requests
 
-from bench.harness import free_port, model_folder, onelane_web, onelane_worker, pct, private_redis, spread
-from tasks.settings import Settings
+from bench.harness import add_model_option, at_once, bench_env, onelane_stack
+from bench.report import pct, spread
 
 BATCH_USER = "batcher"
 QUESTIONS = [
@@ -91,11 +91,7 @@ def users_until(
             chat(url, model, f"user{u}", n, tokens, phase)
             n += 1
 
-    threads = [threading.Thread(target=loop, args=(u,)) for u in range(users)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    at_once(users, loop, name="user")
 
 
 def run_batch(url: str, model: str, lines: int, tokens: int, tag: str, phase: Phase, done: threading.Event) -> None:
@@ -159,7 +155,7 @@ def summary(phase: Phase) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2", help="smollm2 (the default model), demo, or a model folder")
+    add_model_option(parser)
     parser.add_argument("--lines", type=int, default=1000)
     parser.add_argument("--line-tokens", type=int, default=16)
     parser.add_argument("--users", type=int, default=4)
@@ -167,13 +163,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=15, help="each user's requests in the interactive-alone phase")
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    with private_redis() as (folder, redis_url):
-        model = model_folder(args.model, folder)
-        settings = Settings(redis_url=redis_url, model=str(model), var_dir=folder)
-        name = settings.model_name
+    with bench_env(model=args.model) as settings:
+        model, folder, name = settings.model_path, settings.var_dir, settings.model_name
         env = {**keys_env(args.users), "ONELANE_PREFIX_CACHE": "0"}
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
         print(
             f"model {model}; a batch of {args.lines} lines x {args.line_tokens} tokens; {args.users} users x "
             f"{args.chat_tokens}-token chats; ONELANE_BATCH_COST 10, ONELANE_BATCH_WAITING 8, ONELANE_MAX_BATCH 32; "
@@ -181,10 +173,8 @@ def main() -> None:
             flush=True,
         )
         phases: dict[str, list[Phase]] = {"interactive alone": [], "batch + interactive": [], "batch alone": []}
-        with (
-            onelane_worker(settings, folder / "worker.log", quiet=True, **env),
-            onelane_web(settings, port, folder / "web.log", ready="/readyz", quiet=True, **env),
-        ):
+        with onelane_stack(settings, quiet=True, **env) as stack:
+            url = stack.url
             chat(url, name, "user0", 0, 4, Phase("warm-up"))
             for rnd in range(args.rounds):
                 alone = Phase("interactive alone")

@@ -28,7 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.harness import InProcess, admit, bench_env, generate, pct, poll_until, prompt, spread, wait_ended
+from bench.harness import InProcess, admit, bench_env, generate, poll_until, prompt, wait_ended
+from bench.report import pct, spread
 from tasks import keys
 from tasks.job import JobSpec, SamplingParams
 from tasks.settings import Settings

@@ -13,7 +13,8 @@ import os
 import celery
 
 from bench import celery_app
-from bench.harness import private_redis, summary
+from bench.harness import private_redis
+from bench.report import summary
 
 
 def main() -> None:

@@ -28,6 +28,8 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -36,21 +38,12 @@ from typing import Any
 import redis
 from flask import Flask
 
-from bench.harness import (
-    bench_env,
-    free_port,
-    median,
-    onelane_web,
-    onelane_worker,
-    pct,
-    pid_dead,
-    poll_until,
-    queue_bounds,
-    tail,
-    wait_ended,
-)
+from bench.harness import bench_env, onelane_stack, onelane_worker, poll_until, queue_bounds, tail, wait_ended
+from bench.proc import pid_dead
+from bench.report import median, pct
 from tasks import keys
 from tasks.events import TERMINAL, Event, EventType
+from tasks.settings import Settings
 from tasks.store import Store
 from web import create_app
 from web.services import EXTENSION
@@ -312,41 +305,12 @@ def run_kill(args: argparse.Namespace, max_attempts: int) -> dict[str, int]:
     ) as settings:
         store = Store.connect(settings)
         worker_log = Path(settings.var_dir) / "worker.log"
-        limit = 2 * args.wait_s + 180
-        clock = EventClock(store.redis, limit_s=limit)
-        lease = LeaseWatch(store.redis, settings.device, limit_s=limit)
-        clock.start()
-        lease.start()
-        app = create_app(settings)  # in this process: its housekeeper runs beside the workers, as a web's does
-        try:
+        with observers(store, settings.device, 2 * args.wait_s + 180) as (clock, lease), web_app(settings) as app:
             run = KillRun(ids=admit_backlog(app, args.jobs, args.max_tokens, rng))
             env = {"ONELANE_LEASE_S": "1", "ONELANE_MAX_ATTEMPTS": str(max_attempts)}
             with onelane_worker(settings, worker_log, **env) as supervisor:
-                run.t_start = time.monotonic()
-                if wait_for_holder(store, set(), timeout_s=60) is None:
-                    raise RuntimeError("no worker took the device within 60 s:\n" + tail(worker_log))
-                print(f"a worker held the device {time.monotonic() - run.t_start:.2f} s after `onelane worker` started")
-                kill_holders(args, store, supervisor, rng, run)
-                run.kill_end = time.monotonic()
-                run.pending = wait_ended(store, run.ids, args.wait_s, every_s=0.1)  # every admitted job must end
-                run.drained = time.monotonic()
-                run.stats = store.redis.hgetall(keys.STATS)
-                time.sleep(0.3)  # the last events reach the clock
-        finally:
-            app.extensions[EXTENSION].stop()
-            clock.stop.set()
-            lease.stop.set()
-            clock.join(5)
-            lease.join(5)
-        for job_id in run.ids:  # the workers are stopped; Redis is still up
-            if store.redis.exists(keys.job(job_id)):
-                run.audits[job_id] = audit_job(store, job_id, args.max_tokens)
-            else:
-                run.missing.append(job_id)
-        for kill in run.kills:
-            token, holder = clock.next_token_after(kill.no), lease.next_holder_after(kill.t, kill.pid)
-            kill.token_s = token - kill.t if token is not None else None
-            kill.holder_s = holder - kill.t if holder is not None else None
+                kills_and_drain(args, store, supervisor, rng, run, worker_log)
+        audit(args, store, run, clock, lease)
         run.log_text = worker_log.read_text(errors="replace")
         keep_log(args, worker_log, f"kill-attempts{max_attempts}-worker.log")
     if clock.errors:
@@ -354,13 +318,102 @@ def run_kill(args: argparse.Namespace, max_attempts: int) -> dict[str, int]:
     return report_kill(args, run, wall)
 
 
+@contextmanager
+def observers(store: Store, device: str, limit_s: float) -> Iterator[tuple[EventClock, LeaseWatch]]:
+    """The event clock and the lease watch, listening until the block ends (or `limit_s`)."""
+    clock = EventClock(store.redis, limit_s=limit_s)
+    lease = LeaseWatch(store.redis, device, limit_s=limit_s)
+    clock.start()
+    lease.start()
+    try:
+        yield clock, lease
+    finally:
+        clock.stop.set()
+        lease.stop.set()
+        clock.join(5)
+        lease.join(5)
+
+
+@contextmanager
+def web_app(settings: Settings) -> Iterator[Flask]:
+    """The web app in this process: its housekeeper runs beside the workers, as a web's does."""
+    app = create_app(settings)
+    try:
+        yield app
+    finally:
+        app.extensions[EXTENSION].stop()
+
+
+def kills_and_drain(
+    args: argparse.Namespace,
+    store: Store,
+    supervisor: subprocess.Popen[bytes],
+    rng: random.Random,
+    run: KillRun,
+    worker_log: Path,
+) -> None:
+    """Once a worker holds the device: the kills, then every admitted job must end."""
+    run.t_start = time.monotonic()
+    if wait_for_holder(store, set(), timeout_s=60) is None:
+        raise RuntimeError("no worker took the device within 60 s:\n" + tail(worker_log))
+    print(f"a worker held the device {time.monotonic() - run.t_start:.2f} s after `onelane worker` started")
+    kill_holders(args, store, supervisor, rng, run)
+    run.kill_end = time.monotonic()
+    run.pending = wait_ended(store, run.ids, args.wait_s, every_s=0.1)  # every admitted job must end
+    run.drained = time.monotonic()
+    run.stats = store.redis.hgetall(keys.STATS)
+    time.sleep(0.3)  # the last events reach the clock
+
+
+def audit(args: argparse.Namespace, store: Store, run: KillRun, clock: EventClock, lease: LeaseWatch) -> None:
+    """Each job's durable record audited (the workers are stopped; Redis is still up), and each kill's recovery."""
+    for job_id in run.ids:
+        if store.redis.exists(keys.job(job_id)):
+            run.audits[job_id] = audit_job(store, job_id, args.max_tokens)
+        else:
+            run.missing.append(job_id)
+    for kill in run.kills:
+        token, holder = clock.next_token_after(kill.no), lease.next_holder_after(kill.t, kill.pid)
+        kill.token_s = token - kill.t if token is not None else None
+        kill.holder_s = holder - kill.t if holder is not None else None
+
+
 def report_kill(args: argparse.Namespace, run: KillRun, wall: float) -> dict[str, int]:
-    audits = run.audits
-    by_status = Counter(a["status"] for a in audits.values())
-    not_terminal = [j for j, a in audits.items() if a["status"] not in TERMINAL]
+    lost = report_lost(run)
+    twice = report_twice(run)
+    report_requeues(run)
+    report_recovery(args, run)
+    print("per kill: time, pid, was it running a job, s until another process held the device, s until a token:")
+    for k in run.kills:
+        at = datetime.fromtimestamp(k.wall).strftime("%H:%M:%S.%f")[:-3]
+        holder = f"{k.holder_s:6.2f}" if k.holder_s is not None else "     -"
+        token = f"{k.token_s:6.2f}" if k.token_s is not None else "     -"
+        print(f"  #{k.no + 1:<2} {at} pid {k.pid:<7} {'job  ' if k.job else 'no job'} holder {holder}  token {token}")
+    print(
+        f"timeline: kills over {run.kill_end - run.t_start:.1f} s; all terminal {run.drained - run.t_start:.1f} s "
+        f"after the worker started ({len(run.pending)} not); whole run {time.monotonic() - wall:.1f} s"
+    )
+    return {"lost": lost, "twice": twice}
+
+
+def report_lost(run: KillRun) -> int:
+    """How the admitted jobs ended; returns how many were lost (missing, or never terminal)."""
+    by_status = Counter(a["status"] for a in run.audits.values())
+    not_terminal = [j for j, a in run.audits.items() if a["status"] not in TERMINAL]
     lost = len(run.missing) + len(not_terminal)
+    print(f"jobs admitted:                  {len(run.ids)}")
+    print(
+        f"reached a terminal state:       {sum(c for s, c in by_status.items() if s in TERMINAL)}  "
+        f"({', '.join(f'{s} {c}' for s, c in sorted(by_status.items()))})"
+    )
+    print(f"LOST (not terminal or missing): {lost}  (missing {len(run.missing)}, not terminal {len(not_terminal)})")
+    return lost
+
+
+def report_twice(run: KillRun) -> int:
+    """The jobs generated twice, by their event logs and by the worker log; returns how many."""
+    audits = run.audits
     completed_lines = Counter(COMPLETED_LINE.findall(run.log_text))
-    started_lines = Counter(STARTED_LINE.findall(run.log_text))
     event_problems = {j: a["problems"] for j, a in audits.items() if a["problems"]}
     logged_twice = {j: c for j, c in completed_lines.items() if c > 1}
     completed = {j for j, a in audits.items() if a["status"] == "completed"}
@@ -368,34 +421,6 @@ def report_kill(args: argparse.Namespace, run: KillRun, wall: float) -> dict[str
     # completed in Redis but never logged: the kill landed between the worker's finish() and its log line
     unlogged = completed - set(completed_lines)
     twice = set(event_problems) | set(logged_twice) | logged_not_completed
-    crashed = sum(1 for a in audits.values() if a["status"] == "failed" and a["error"] == "worker_crashed")
-    # a job whose worker died under it twice or more: requeued twice, or requeued once then failed worker_crashed
-    hit_twice = sum(1 for a in audits.values() if a["requeues"] + (a["error"] == "worker_crashed") >= 2)
-    attempts = Counter(a["attempts"] for a in audits.values())
-    kills = run.kills
-    tokens = [k.token_s for k in kills if k.token_s is not None]
-    holders = [k.holder_s for k in kills if k.holder_s is not None]
-    # recovery without another kill in between: the next token came before the next kill
-    clean = [
-        a.token_s
-        for a, b in zip(kills, [*kills[1:], None])
-        if a.token_s is not None and (b is None or a.t + a.token_s < b.t)
-    ]
-    exits = {}
-    for stamp, pid in EXITED_LINE.findall(run.log_text):
-        try:
-            exits[int(pid)] = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        except ValueError:
-            continue
-    noticed = [exits[k.pid] - k.wall for k in kills if k.pid in exits]
-    waits = [a["wait"] for a in audits.values() if a["wait"] is not None]
-
-    print(f"jobs admitted:                  {len(run.ids)}")
-    print(
-        f"reached a terminal state:       {sum(c for s, c in by_status.items() if s in TERMINAL)}  "
-        f"({', '.join(f'{s} {c}' for s, c in sorted(by_status.items()))})"
-    )
-    print(f"LOST (not terminal or missing): {lost}  (missing {len(run.missing)}, not terminal {len(not_terminal)})")
     print(f"GENERATED TWICE:                {len(twice)}")
     print("  = jobs with any of: in the durable event log (store.events), more than one terminal event, or one that")
     print("  is not last; a `started` after the first without a `requeued` since the previous one; starts !=")
@@ -413,6 +438,17 @@ def report_kill(args: argparse.Namespace, run: KillRun, wall: float) -> dict[str
         print(f"    {j}: {problems}")
     for j, c in list(logged_twice.items())[:5]:
         print(f"    {j}: 'completed' {c} times in the worker log")
+    return len(twice)
+
+
+def report_requeues(run: KillRun) -> None:
+    """Requeues, worker_crashed failures, and the jobs whose worker died under them twice or more."""
+    audits = run.audits
+    crashed = sum(1 for a in audits.values() if a["status"] == "failed" and a["error"] == "worker_crashed")
+    # a job whose worker died under it twice or more: requeued twice, or requeued once then failed worker_crashed
+    hit_twice = sum(1 for a in audits.values() if a["requeues"] + (a["error"] == "worker_crashed") >= 2)
+    attempts = Counter(a["attempts"] for a in audits.values())
+    started_lines = Counter(STARTED_LINE.findall(run.log_text))
     print(
         f"jobs requeued:                  {sum(1 for a in audits.values() if a['requeues'])}  (requeued events "
         f"{sum(a['requeues'] for a in audits.values())}, stats requeued {run.stats.get('requeued', 0)})"
@@ -423,6 +459,22 @@ def report_kill(args: argparse.Namespace, run: KillRun, wall: float) -> dict[str
         f"{', '.join(f'{c} jobs x{a}' for a, c in sorted(attempts.items()))}; 'started' log lines "
         f"{sum(started_lines.values())})"
     )
+
+
+def report_recovery(args: argparse.Namespace, run: KillRun) -> None:
+    """The kills, and how long after each the device had a holder, the supervisor noticed, a token came."""
+    kills = run.kills
+    tokens = [k.token_s for k in kills if k.token_s is not None]
+    holders = [k.holder_s for k in kills if k.holder_s is not None]
+    # recovery without another kill in between: the next token came before the next kill
+    clean = [
+        a.token_s
+        for a, b in zip(kills, [*kills[1:], None])
+        if a.token_s is not None and (b is None or a.t + a.token_s < b.t)
+    ]
+    exits = supervisor_exits(run.log_text)
+    noticed = [exits[k.pid] - k.wall for k in kills if k.pid in exits]
+    waits = [a["wait"] for a in run.audits.values() if a["wait"] is not None]
     print(
         f"kills:                          {len(kills)} of {args.kills}, {sum(1 for k in kills if k.job)} while a "
         f"job was running"
@@ -432,31 +484,27 @@ def report_kill(args: argparse.Namespace, run: KillRun, wall: float) -> dict[str
         f"kill -> next token:             longest {max(tokens, default=float('nan')):.2f} s, median "
         f"{median(tokens):.2f} s (n={len(tokens)}; {len(kills) - len(tokens)} kills never followed by a token)"
     )
-    print(
-        f"  ... no kill in between:       longest {max(clean, default=float('nan')):.2f} s, median "
-        f"{median(clean):.2f} s (n={len(clean)})"
-    )
-    print(
-        f"kill -> another lease holder:   longest {max(holders, default=float('nan')):.2f} s, median "
-        f"{median(holders):.2f} s (n={len(holders)})"
-    )
-    print(
-        f"kill -> supervisor logs exit:   longest {max(noticed, default=float('nan')):.2f} s, median "
-        f"{median(noticed):.2f} s (n={len(noticed)})"
-    )
+    for label, values in (
+        ("  ... no kill in between:       ", clean),
+        ("kill -> another lease holder:   ", holders),
+        ("kill -> supervisor logs exit:   ", noticed),
+    ):
+        print(
+            f"{label}longest {max(values, default=float('nan')):.2f} s, median {median(values):.2f} s (n={len(values)})"
+        )
     if waits:
         print(f"queue wait (started-queued):    p50 {pct(waits, 50):.2f} s, max {max(waits):.2f} s")
-    print("per kill: time, pid, was it running a job, s until another process held the device, s until a token:")
-    for k in kills:
-        at = datetime.fromtimestamp(k.wall).strftime("%H:%M:%S.%f")[:-3]
-        holder = f"{k.holder_s:6.2f}" if k.holder_s is not None else "     -"
-        token = f"{k.token_s:6.2f}" if k.token_s is not None else "     -"
-        print(f"  #{k.no + 1:<2} {at} pid {k.pid:<7} {'job  ' if k.job else 'no job'} holder {holder}  token {token}")
-    print(
-        f"timeline: kills over {run.kill_end - run.t_start:.1f} s; all terminal {run.drained - run.t_start:.1f} s "
-        f"after the worker started ({len(run.pending)} not); whole run {time.monotonic() - wall:.1f} s"
-    )
-    return {"lost": lost, "twice": len(twice)}
+
+
+def supervisor_exits(log_text: str) -> dict[int, float]:
+    """When the supervisor logged each worker process's exit (time.time()), by pid."""
+    exits = {}
+    for stamp, pid in EXITED_LINE.findall(log_text):
+        try:
+            exits[int(pid)] = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        except ValueError:
+            continue
+    return exits
 
 
 # --- mode overload -----------------------------------------------------------------------------------------
@@ -494,6 +542,20 @@ class Flood:
     latency: list[float] = field(default_factory=list)
     stuck_threads: int = 0
 
+    def record(self, status: int, payload: dict[str, Any], retry_after: str | None, took: float) -> None:
+        """One answer: its latency, and its job's id or what the rejection said (and its Retry-After)."""
+        self.latency.append(took)
+        if status == 202:
+            self.accepted.append(payload["id"])
+            return
+        self.rejected[f"{status} {payload.get('error', {}).get('type')}"] += 1
+        if retry_after is None:
+            self.retry_missing += 1
+        elif retry_after.isdigit() and int(retry_after) > 0:
+            self.retry_after.append(int(retry_after))
+        else:
+            self.retry_malformed.append(retry_after)
+
 
 def flood(base: str, body: dict[str, Any], rate: float, seconds: float, clients: int) -> Flood:
     """POST at `rate` jobs/s for `seconds` from `clients` threads on an open-loop schedule (bounded)."""
@@ -526,18 +588,7 @@ def flood(base: str, body: dict[str, Any], rate: float, seconds: float, clients:
                 except ValueError:
                     payload = {}
                 with lock:
-                    out.latency.append(took)
-                    if response.status_code == 202:
-                        out.accepted.append(payload["id"])
-                        continue
-                    out.rejected[f"{response.status_code} {payload.get('error', {}).get('type')}"] += 1
-                    value = response.headers.get("Retry-After")
-                    if value is None:
-                        out.retry_missing += 1
-                    elif value.isdigit() and int(value) > 0:
-                        out.retry_after.append(int(value))
-                    else:
-                        out.retry_malformed.append(value)
+                    out.record(response.status_code, payload, response.headers.get("Retry-After"), took)
 
     threads = [threading.Thread(target=client, name=f"client-{n}", daemon=True) for n in range(clients)]
     for thread in threads:
@@ -560,43 +611,42 @@ def run_overload(args: argparse.Namespace) -> None:
     wall = time.monotonic()
     with bench_env("tiny") as settings:
         folder = Path(settings.var_dir)
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
         env = {"ONELANE_LEASE_S": "1", "ONELANE_MAX_ATTEMPTS": "3", **queue_bounds(args.max_queue)}
         store = Store.connect(settings)
         body = {"prompt": "overload", "max_tokens": args.max_tokens, "ignore_eos": True}
-        with (
-            onelane_worker(settings, folder / "worker.log", **env) as worker,
-            onelane_web(settings, port, folder / "web.log", **env) as web,
-            requests.Session() as http,
-        ):
+        with onelane_stack(settings, ready="/healthz", **env) as stack, requests.Session() as http:
             if wait_for_holder(store, set(), 60) is None:
                 raise RuntimeError("no worker took the device within 60 s:\n" + tail(folder / "worker.log"))
-            wait_http(http, base, http.post(f"{base}/v1/jobs", json=body, timeout=10).json()["id"], 60)  # warm-up
-            # the service rate: jobs one after another, each submitted once the previous one ended
-            started = time.perf_counter()
-            seq = [
-                wait_http(http, base, http.post(f"{base}/v1/jobs", json=body, timeout=10).json()["id"], 30)
-                for _ in range(args.rate_jobs)
-            ]
-            rate = args.rate_jobs / (time.perf_counter() - started)
-            service = [j["timings"]["finished_at"] - j["timings"]["started_at"] for j in seq]
-            print(
-                f"service rate: {args.rate_jobs} jobs one after another (submit, poll until ended) = "
-                f"{rate:.2f} jobs/s; generation alone median {median(service) * 1000:.0f} ms/job "
-                f"({args.max_tokens} tokens)"
-            )
+            rate = service_rate(http, stack.url, body, args)
             mem_before = redis_memory(store.redis)
-            result = flood(base, body, rate * args.factor, args.seconds, args.clients)
+            result = flood(stack.url, body, rate * args.factor, args.seconds, args.clients)
             mem_after = redis_memory(store.redis)
             unfinished = wait_ended(store, result.accepted, args.drain_s, every_s=0.1)  # every accepted job must end
             time.sleep(0.5)
             mem_done = redis_memory(store.redis)
-            jobs = [http.get(f"{base}/v1/jobs/{i}", timeout=10).json() for i in result.accepted]
-            alive = worker.poll() is None and web.poll() is None
+            jobs = [http.get(f"{stack.url}/v1/jobs/{i}", timeout=10).json() for i in result.accepted]
+            alive = stack.alive
         report_overload(args, rate, result, jobs, unfinished, (mem_before, mem_after, mem_done), alive, wall)
         keep_log(args, folder / "worker.log", "overload-worker.log")
         keep_log(args, folder / "web.log", "overload-web.log")
+
+
+def service_rate(http: Any, base: str, body: dict[str, Any], args: argparse.Namespace) -> float:
+    """Jobs per second one after another, each submitted once the previous one ended (after one to warm up)."""
+    wait_http(http, base, http.post(f"{base}/v1/jobs", json=body, timeout=10).json()["id"], 60)  # warm-up
+    started = time.perf_counter()
+    seq = [
+        wait_http(http, base, http.post(f"{base}/v1/jobs", json=body, timeout=10).json()["id"], 30)
+        for _ in range(args.rate_jobs)
+    ]
+    rate = args.rate_jobs / (time.perf_counter() - started)
+    service = [j["timings"]["finished_at"] - j["timings"]["started_at"] for j in seq]
+    print(
+        f"service rate: {args.rate_jobs} jobs one after another (submit, poll until ended) = "
+        f"{rate:.2f} jobs/s; generation alone median {median(service) * 1000:.0f} ms/job "
+        f"({args.max_tokens} tokens)"
+    )
+    return rate
 
 
 def report_overload(
@@ -609,6 +659,20 @@ def report_overload(
     alive: bool,
     wall: float,
 ) -> None:
+    report_flood(args, rate, result)
+    report_accepted(rate, jobs, unfinished)
+    print("Redis memory (INFO memory):")
+    for label, m in zip(("before the flood", "after the flood", "after every job ended"), memory):
+        print(f"  {label:<22} used_memory_human {m[0]:>7} = {m[1]} bytes; {m[2]} keys; peak so far {m[3]}")
+    print("  (ended jobs and their output are kept for ONELANE_RESULT_TTL, so the last line still holds them all)")
+    print(
+        f"worker and web still up at the end: {alive}; client threads stuck: {result.stuck_threads}; "
+        f"whole run {time.monotonic() - wall:.1f} s"
+    )
+
+
+def report_flood(args: argparse.Namespace, rate: float, result: Flood) -> None:
+    """What was sent, accepted and rejected (with which Retry-After), and how fast the answers came."""
     submitted = len(result.accepted) + sum(result.rejected.values())
     rejected = sum(result.rejected.values())
     print(
@@ -634,6 +698,10 @@ def report_overload(
             f"POST latency:     p50 {pct(lat, 50) * 1000:.1f} ms, p99 {pct(lat, 99) * 1000:.1f} ms, "
             f"max {max(lat) * 1000:.1f} ms"
         )
+
+
+def report_accepted(rate: float, jobs: list[dict[str, Any]], unfinished: list[str]) -> None:
+    """How the accepted jobs ended, how long they waited, and the throughput under load."""
     print(f"accepted jobs:    ended {dict(Counter(j['status'] for j in jobs))}; not terminal {len(unfinished)}")
     waits = [j["timings"]["started_at"] - j["timings"]["queued_at"] for j in jobs if j["timings"]["started_at"]]
     if waits:
@@ -648,20 +716,30 @@ def report_overload(
                 f"throughput:       {len(done)} accepted jobs completed in {span:.1f} s = {len(done) / span:.2f} "
                 f"jobs/s under load (one after another: {rate:.2f} jobs/s)"
             )
-    print("Redis memory (INFO memory):")
-    for label, m in zip(("before the flood", "after the flood", "after every job ended"), memory):
-        print(f"  {label:<22} used_memory_human {m[0]:>7} = {m[1]} bytes; {m[2]} keys; peak so far {m[3]}")
-    print("  (ended jobs and their output are kept for ONELANE_RESULT_TTL, so the last line still holds them all)")
-    print(
-        f"worker and web still up at the end: {alive}; client threads stuck: {result.stuck_threads}; "
-        f"whole run {time.monotonic() - wall:.1f} s"
-    )
 
 
 # --- main --------------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    failures = []
+    if args.mode in ("kill", "both"):
+        explain_attempts(args)
+        for max_attempts in args.attempts:
+            outcome = run_kill(args, max_attempts)
+            if outcome["lost"] or outcome["twice"]:
+                failures.append(
+                    f"kill, MAX_ATTEMPTS={max_attempts}: {outcome['lost']} lost, {outcome['twice']} generated twice"
+                )
+    if args.mode in ("overload", "both"):
+        run_overload(args)
+    if failures:
+        print("\nFAILED: " + "; ".join(failures))
+        sys.exit(1)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=["kill", "overload", "both"], default="kill")
     parser.add_argument("--jobs", type=int, default=200, help="kill: jobs in the backlog")
@@ -697,32 +775,23 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if not 1 <= args.factor <= 100 or not 0 < args.seconds <= 600:
         parser.error("--factor must be in [1, 100] and --seconds in (0, 600]")
+    return args
 
-    failures = []
-    if args.mode in ("kill", "both"):
-        print(
-            f"Why ONELANE_MAX_ATTEMPTS={'/'.join(map(str, args.attempts))} (default 2): a job whose worker dies is "
-            "requeued at the front and"
-        )
-        print("runs first on the next worker; after MAX_ATTEMPTS starts it ends failed `worker_crashed` instead (the")
-        print(
-            f"quarantine for a prompt that kills the worker). With {args.kills} kills at random among {args.jobs} "
-            "jobs, a kill can land"
-        )
-        print("on the worker that is re-running the job the previous kill requeued: that job is hit twice. With the")
-        print("default 2 it would end failed worker_crashed though it crashed nothing (not lost, but a spurious")
-        print("failure); with 3 it survives one such double hit. `--attempts 3 2` runs both.")
-        for max_attempts in args.attempts:
-            outcome = run_kill(args, max_attempts)
-            if outcome["lost"] or outcome["twice"]:
-                failures.append(
-                    f"kill, MAX_ATTEMPTS={max_attempts}: {outcome['lost']} lost, {outcome['twice']} generated twice"
-                )
-    if args.mode in ("overload", "both"):
-        run_overload(args)
-    if failures:
-        print("\nFAILED: " + "; ".join(failures))
-        sys.exit(1)
+
+def explain_attempts(args: argparse.Namespace) -> None:
+    """Why the kill mode runs with the ONELANE_MAX_ATTEMPTS it does."""
+    print(
+        f"Why ONELANE_MAX_ATTEMPTS={'/'.join(map(str, args.attempts))} (default 2): a job whose worker dies is "
+        "requeued at the front and"
+    )
+    print("runs first on the next worker; after MAX_ATTEMPTS starts it ends failed `worker_crashed` instead (the")
+    print(
+        f"quarantine for a prompt that kills the worker). With {args.kills} kills at random among {args.jobs} "
+        "jobs, a kill can land"
+    )
+    print("on the worker that is re-running the job the previous kill requeued: that job is hit twice. With the")
+    print("default 2 it would end failed worker_crashed though it crashed nothing (not lost, but a spurious")
+    print("failure); with 3 it survives one such double hit. `--attempts 3 2` runs both.")
 
 
 if __name__ == "__main__":

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from bench.harness import InProcess, bench_env, model_folder, prompt, spread
+from bench.harness import InProcess, add_model_option, bench_env, prompt, rotated
+from bench.report import spread
 from tasks.job import Choice, JobSpec, Message, SamplingParams, new_job_id
 from worker.blas import preload_openblas
 
@@ -50,7 +49,7 @@ def choices(b: Bench, rounds: int, n: int, words: int, tokens: int) -> None:
     with b.worker():
         b.ended([b.admit(prompt(999, words), max_tokens=4) for _ in range(n)])  # warm up: a batch of n
         for r in range(rounds):
-            for kind in ("n", "separate") if r % 2 == 0 else ("separate", "n"):
+            for kind in rotated(("n", "separate"), r):
                 text = f"Summarize: {prompt(r * 2 + (kind == 'n'), words)}"
                 before = b.engine.counters
                 first = new_job_id()
@@ -121,7 +120,7 @@ def throughput(b: Bench, rounds: int, n: int, tokens: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2", help="smollm2 (the default model), demo, or a model folder")
+    add_model_option(parser)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--words", type=int, default=300)
@@ -130,16 +129,14 @@ def main() -> None:
     parser.add_argument("--part", choices=["n", "throughput", "both"], default="both")
     args = parser.parse_args()
     preload_openblas()
-    with tempfile.TemporaryDirectory(prefix="onelane-choices-") as tmp:
-        model = model_folder(args.model, Path(tmp))
-        overrides = {"max_batch": max(args.jobs, args.n), "max_queue": 1000, "max_queued_per_user": 1000}
-        with bench_env(model=str(model), **overrides) as settings:  # type: ignore[arg-type]
-            b = Bench(settings)
-            print(f"model {args.model}; rounds {args.rounds}")
-            if args.part in ("n", "both"):
-                choices(b, args.rounds, args.n, args.words, args.tokens)
-            if args.part in ("throughput", "both"):
-                throughput(b, args.rounds, args.jobs, args.tokens)
+    overrides = {"max_batch": max(args.jobs, args.n), "max_queue": 1000, "max_queued_per_user": 1000}
+    with bench_env(model=args.model, **overrides) as settings:  # type: ignore[arg-type]
+        b = Bench(settings)
+        print(f"model {args.model}; rounds {args.rounds}")
+        if args.part in ("n", "both"):
+            choices(b, args.rounds, args.n, args.words, args.tokens)
+        if args.part in ("throughput", "both"):
+            throughput(b, args.rounds, args.jobs, args.tokens)
 
 
 if __name__ == "__main__":

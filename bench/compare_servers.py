@@ -42,10 +42,10 @@ import argparse
 import contextlib
 import os
 import statistics
-import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +53,11 @@ from bench.harness import (
     START_S,
     bench_env,
     free_port,
-    model_folder,
+    matching_lines,
     onelane_web,
     onelane_worker,
-    pct,
-    poll_until,
-    proc_cpu,
     queue_bounds,
-    wait_idle,
+    rotated,
 )
 from bench.mlx_server import (
     body,
@@ -72,14 +69,21 @@ from bench.mlx_server import (
     overload_probe,
     settle,
 )
+from bench.onelane_overload import (
+    Abandoned,
+    OverloadRow,
+    abandoned,
+    onelane_body,
+    onelane_overload,
+    onelane_overload_lines,
+    overload_row,
+    settle_queue,
+)
 from bench.openai_load import (
     LEVELS,
     MAX_TOKENS,
     MIN_REQUESTS,
-    OVERLOAD_CAP_S,
     OVERLOAD_CLIENTS,
-    OVERLOAD_HEAD,
-    OVERLOAD_TIMEOUT_S,
     OVERLOAD_TOKENS,
     PROMPTS,
     REQUEST_TIMEOUT_S,
@@ -87,13 +91,12 @@ from bench.openai_load import (
     Level,
     Outcome,
     Streamed,
-    aftermath,
-    burst,
     closed_loop,
     level_lines,
     post_chat,
     stream_once,
 )
+from bench.report import ms, pct
 from bench.streaming_load import MAX_TOKENS as STREAM_MAX_TOKENS
 from bench.streaming_load import (
     MIN_LEVEL_REQUESTS,
@@ -111,7 +114,6 @@ from bench.streaming_load import (
     summary_lines,
 )
 from bench.streaming_load import level_lines as mix_level_lines
-from tasks import keys
 from tasks.settings import Settings
 from tasks.store import Store
 from worker.blas import preload_openblas
@@ -122,33 +124,7 @@ TTFT_REQUESTS = 16  # sequential streams at 1 client, per server
 LOG_NEEDLES = ("Traceback", " ERROR ", " CRITICAL ")
 
 
-# --- requests ------------------------------------------------------------------------------------------------
-
-
-def onelane_body(
-    model: str, prompt: str, max_tokens: int, stream: bool = False, tag: int | None = None
-) -> dict[str, Any]:
-    """The same chat request the baseline sends, with onelane's `ignore_eos` instead of a logit bias.
-
-    `tag` goes in `seed`, which does not change a temperature-0 answer; it lets a job be matched to its client.
-    """
-    request = {**body(prompt, max_tokens, None), "model": model, "stream": stream, "ignore_eos": True}
-    if tag is not None:
-        request["seed"] = tag
-    return request
-
-
 # --- onelane -------------------------------------------------------------------------------------------------
-
-
-def settle_queue(store: Store, timeout_s: float = SETTLE_S) -> bool:
-    """Wait (bounded) until nothing waits and nothing runs."""
-
-    def idle() -> bool:
-        snap = store.readings.snapshot()
-        return snap.queue_depth == 0 and snap.in_progress == 0
-
-    return bool(poll_until(idle, timeout_s))
 
 
 def onelane_level(url: str, model: str, clients: int, max_tokens: int, requests: int) -> Level:
@@ -158,108 +134,7 @@ def onelane_level(url: str, model: str, clients: int, max_tokens: int, requests:
     )
 
 
-def holder_pid(store: Store) -> int | None:
-    workers = store.readings.snapshot().workers
-    return workers[0].pid if workers else None
-
-
-def onelane_overload(url: str, model: str, store: Store) -> dict[str, Any]:
-    """The baseline's probe against onelane, then the jobs read back from Redis."""
-    settled = settle_queue(store)
-    pid = holder_pid(store)
-    if pid is not None:
-        settled = settled and wait_idle(pid, time.monotonic() + SETTLE_S) is not None
-    cpu_before = proc_cpu(pid) if pid else None
-    to_wall = time.time() - time.monotonic()
-    burst_requests = [onelane_body(model, PROMPTS[0], OVERLOAD_TOKENS, tag=n) for n in range(OVERLOAD_CLIENTS)]
-    outcomes, started, gave_up = burst(lambda n: post_chat(url, burst_requests[n], OVERLOAD_TIMEOUT_S))
-    deadline = started + OVERLOAD_CAP_S
-    fresh_request = {**onelane_body(model, PROMPTS[1], 1), "ignore_eos": False}  # as the baseline's: EOS allowed
-    idle_at, fresh = aftermath(pid, deadline, lambda timeout_s: post_chat(url, fresh_request, timeout_s))
-    cpu_after = proc_cpu(pid) if pid else None
-    drained = settle_queue(store, max(1.0, deadline - time.monotonic()))
-
-    # read the probe's jobs back: the newest of the local user's, tagged by seed, asking for OVERLOAD_TOKENS
-    burst_wall = started + to_wall
-    jobs = {}
-    for job in store.list("local", 200):
-        seed = job.spec.params.seed
-        if (
-            job.timings.queued_at >= burst_wall - 1
-            and job.spec.params.max_tokens == OVERLOAD_TOKENS
-            and seed is not None
-        ):
-            raw = store.redis.hmget(keys.job(job.id), "cancel_requested", "last_token_at")
-            jobs[seed] = (job, raw[0], raw[1])
-    return {
-        "outcomes": outcomes,
-        "jobs": jobs,
-        "to_wall": to_wall,
-        "started": started,
-        "gave_up": gave_up,
-        "gave_up_after_s": gave_up - started,
-        "settled_before": settled,
-        "drained": drained,
-        "busy_after_give_up_s": None if idle_at is None else max(0.0, idle_at - gave_up),
-        "still_busy_at_cap": idle_at is None and pid is not None,
-        "cpu_s": None if cpu_before is None or cpu_after is None else cpu_after - cpu_before,
-        "fresh_request": fresh,
-    }
-
-
-@dataclass
-class Abandoned:
-    """What the worker did for clients that timed out, from the jobs in Redis."""
-
-    jobs: int = 0  # admitted jobs whose client timed out
-    started: int = 0  # ... that started generating at all
-    started_after_gone: int = 0  # ... that started after their client had gone
-    tokens: int = 0  # completion tokens spent on them
-    tokens_after_cancel: int = 0  # ... generated after the web had flagged the cancel
-    statuses: Counter[str] = field(default_factory=Counter)
-    errors: Counter[str] = field(default_factory=Counter)
-    gone_to_end: list[float] = field(default_factory=list)  # seconds from client gone to its job ended
-    last_token_after_give_up: float | None = None  # last token of any of them, after the last client gave up
-    examples: list[str] = field(default_factory=list)
-
-
-def abandoned(probe: dict[str, Any]) -> Abandoned:
-    out = Abandoned()
-    to_wall = probe["to_wall"]
-    gave_up_wall = probe["gave_up"] + to_wall
-    for o in probe["outcomes"]:
-        if o.ok or o.status is not None or o.tag not in probe["jobs"]:
-            continue  # answered, rejected, or never admitted
-        job, cancel_at_tokens, last_token_at = probe["jobs"][o.tag]
-        gone = o.ended + to_wall
-        out.jobs += 1
-        out.statuses[job.status.value] += 1
-        if job.error:
-            out.errors[job.error.type] += 1
-        out.tokens += job.usage.completion_tokens
-        if cancel_at_tokens is not None:
-            out.tokens_after_cancel += job.usage.completion_tokens - int(cancel_at_tokens)
-        if job.timings.started_at is not None:
-            out.started += 1
-            if job.timings.started_at > gone:
-                out.started_after_gone += 1
-                out.examples.append(
-                    f"{job.id}: client gone at {gone:.3f}, started {job.timings.started_at:.3f}, "
-                    f"{job.usage.completion_tokens} tokens, {job.status.value}"
-                )
-        if job.timings.finished_at is not None:
-            out.gone_to_end.append(job.timings.finished_at - gone)
-        if last_token_at:
-            after = float(last_token_at) - gave_up_wall
-            out.last_token_after_give_up = max(after, out.last_token_after_give_up or after)
-    return out
-
-
 # --- printing ------------------------------------------------------------------------------------------------
-
-
-def ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1000:.0f}"
 
 
 def level_stats(level: Level) -> dict[str, float | None]:
@@ -304,141 +179,20 @@ def ttft_line(name: str, series: list[Streamed]) -> str:
     )
 
 
-def onelane_overload_lines(probe: dict[str, Any], ab: Abandoned) -> list[str]:
-    outcomes: list[Outcome] = probe["outcomes"]
-    head = f"onelane {OVERLOAD_HEAD}"
-    ok = [o for o in outcomes if o.ok]
-    rejected = [o for o in outcomes if o.status in (429, 503)]
-    other_http = [o for o in outcomes if o.status is not None and not o.ok and o.status not in (429, 503)]
-    timeouts = [o for o in outcomes if o.status is None]
-    with_ra = [o for o in rejected if o.retry_after]
-    shaped = sum(1 for o in rejected if o.json_error)
-    lines = [] if probe["settled_before"] else [f"{head} WARNING: worker still busy with earlier requests at start"]
-    lines += [
-        f"{head} answered {len(ok)}, rejected {len(rejected)} "
-        f"({', '.join(f'{k} {n}' for k, n in Counter(f'{o.status} {o.error_type}' for o in rejected).items()) or '-'}),"
-        f" timed out/no answer {len(timeouts)} ({', '.join(f'{k} {n}' for k, n in Counter(o.error for o in timeouts).items()) or '-'})"
-        + (f", other HTTP {Counter(o.status for o in other_http)}" if other_http else ""),
-        (
-            f"{head} Retry-After on {len(with_ra)} of {len(rejected)} rejections (values {sorted({o.retry_after for o in with_ra}) or '-'});"
-            f" OpenAI error JSON on {shaped} of {len(rejected)}; rejections answered in p50 "
-            f"{ms(pct([o.latency for o in rejected], 50) if rejected else None)} ms"
-        ),
-        (
-            f"{head} last client gave up {probe['gave_up_after_s']:.2f} s after the burst; {len(probe['jobs'])} jobs were "
-            f"admitted, {sum(1 for j, _, _ in probe['jobs'].values() if j.timings.started_at is not None)} started generating"
-        ),
-        (
-            f"{head} jobs of the {ab.jobs} admitted clients that timed out: {ab.started} started at all, "
-            f"{ab.started_after_gone} started after their client had gone; statuses {dict(ab.statuses)}, "
-            f"errors {dict(ab.errors)}"
-        ),
-        (
-            f"{head} completion tokens spent on them: {ab.tokens} in all, {ab.tokens_after_cancel} after the web flagged "
-            f"the cancel; client gone -> job ended p50 {ms(pct(ab.gone_to_end, 50) if ab.gone_to_end else None)} ms, "
-            f"max {ms(max(ab.gone_to_end) if ab.gone_to_end else None)} ms"
-        ),
-    ]
-    last = ab.last_token_after_give_up
-    lines.append(
-        f"{head} last token generated for a departed client: "
-        + ("none" if last is None else f"{last:+.2f} s relative to the last client giving up")
-    )
-    busy = probe["busy_after_give_up_s"]
-    cpu = f"{probe['cpu_s']:.1f} s worker CPU" if probe["cpu_s"] is not None else "CPU time unavailable"
-    if busy is not None:
-        lines.append(
-            f"{head} worker CPU idle {busy:.2f} s after the last client gave up ({cpu} in all; the 1-token "
-            "request below runs in that window too)"
-        )
-    elif probe["still_busy_at_cap"]:
-        lines.append(f"{head} worker still busy when the {OVERLOAD_CAP_S:.0f} s cap ended the probe ({cpu})")
-    fresh: Outcome | None = probe["fresh_request"]
-    if fresh is not None:
-        state = "answered" if fresh.ok else f"failed ({fresh.error}, Retry-After {fresh.retry_after})"
-        lines.append(f"{head} a 1-token request sent right after they gave up {state} in {fresh.latency:.2f} s")
-    freed = first_place_freed(probe)
-    if freed is not None:
-        lines.append(
-            f"{head} the last rejection arrived at +{freed[0]:.2f} s; the first queue place freed (a waiting "
-            f"job started or was cancelled) at +{freed[1]:.2f} s"
-        )
-    for example in ab.examples[:5]:
-        lines.append(f"{head} SUSPICIOUS: {example}")
-    lines += timeline(probe, head)
-    if not probe["drained"]:
-        lines.append(f"{head} WARNING: queue not drained by the {OVERLOAD_CAP_S:.0f} s cap")
-    return lines
-
-
-def first_place_freed(probe: dict[str, Any]) -> tuple[float, float] | None:
-    """(when the last rejected answer arrived, when a waiting job next left the queue), seconds after the burst."""
-    base = probe["started"] + probe["to_wall"]
-    rejected = [o.ended + probe["to_wall"] for o in probe["outcomes"] if o.status in (429, 503)]
-    if not rejected:
-        return None
-    last = max(rejected)
-    left = [
-        j.timings.started_at if j.timings.started_at is not None else j.timings.finished_at
-        for j, _, _ in probe["jobs"].values()
-    ]
-    later = [t for t in left if t is not None and t > last]
-    return (last - base, min(later) - base) if later else None
-
-
-def timeline(probe: dict[str, Any], head: str) -> list[str]:
-    """Every probe job that started generating, in seconds after the burst (Redis's clock, same machine)."""
-    base = probe["started"] + probe["to_wall"]
-    ended = {
-        o.tag: (o.ended + probe["to_wall"], "answered" if o.ok else o.error or f"http {o.status}")
-        for o in probe["outcomes"]
-        if o.tag is not None
-    }
-    lines = []
-    started = sorted(
-        (j for j, _, _ in probe["jobs"].values() if j.timings.started_at is not None),
-        key=lambda j: j.timings.started_at or 0.0,
-    )
-    for job in started:
-        t = job.timings
-
-        def rel(v: float | None) -> str:
-            return "-" if v is None else f"{v - base:+.2f}"
-
-        lines.append(
-            f"{head}   job seed={job.spec.params.seed}: queued {rel(t.queued_at)} s, started {rel(t.started_at)},"
-            f" first token {rel(t.first_token_at)}, ended {rel(t.finished_at)} {job.status.value}"
-            f" ({job.usage.completion_tokens} tokens); its client: {ended[job.spec.params.seed][1]} at "
-            f"{rel(ended[job.spec.params.seed][0])}"
-        )
-    return lines
-
-
-@dataclass
-class OverloadRow:
-    answered: int
-    rejected: str
-    timed_out: int
-    for_nobody: str
-    busy_after: str
-    fresh: str
-
-
-def overload_row(probe: dict[str, Any], for_nobody: int) -> OverloadRow:
-    """One server's overload cells; `for_nobody`: the tokens it spent on clients that had gone."""
-    outcomes: list[Outcome] = probe["outcomes"]
-    rejected = [o for o in outcomes if o.status in (429, 503)]
-    ra = sum(1 for o in rejected if o.retry_after)
-    fresh = probe["fresh_request"]
-    busy = probe["busy_after_give_up_s"]
-    return OverloadRow(
-        sum(1 for o in outcomes if o.ok),
-        f"{len(rejected)} (RA {ra})",
-        sum(1 for o in outcomes if o.status is None),
-        str(for_nobody),
-        "-" if busy is None else f"{busy:.1f}",
-        "-" if fresh is None else f"{fresh.latency:.2f}" + ("" if fresh.ok else f" {fresh.error}"),
-    )
+TABLE_COLUMNS = (
+    "clients",
+    "p50 ms",
+    "p99 ms",
+    "req/s",
+    "tok/s",
+    "TTFT p50 ms",
+    "answered",
+    "429/503 (Retry-After)",
+    "no answer",
+    "tok for gone clients",
+    "busy after give-up s",
+    "next 1-tok req s",
+)
 
 
 def table(
@@ -447,62 +201,36 @@ def table(
     over: tuple[OverloadRow, OverloadRow] | None,
 ) -> list[str]:
     """One table; each cell is `onelane | mlx_lm.server`."""
-    cols = [
-        "clients",
-        "p50 ms",
-        "p99 ms",
-        "req/s",
-        "tok/s",
-        "TTFT p50 ms",
-        "answered",
-        "429/503 (Retry-After)",
-        "no answer",
-        "tok for gone clients",
-        "busy after give-up s",
-        "next 1-tok req s",
-    ]
+    body = [level_cells(name, a, b, ttft) for name, a, b in rows]
+    if over is not None:
+        body.append(["overload", *[""] * 5, *(pair(x, y) for x, y in zip(astuple(over[0]), astuple(over[1])))])
+    widths = [max(len(c), *(len(r[i]) for r in body)) for i, c in enumerate(TABLE_COLUMNS)]
 
-    def pair(a: Any, b: Any) -> str:
-        return f"{a} | {b}"
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) for c, w in zip(cells, widths))
+
+    return [line(TABLE_COLUMNS), line(["-" * w for w in widths]), *map(line, body)]
+
+
+def pair(a: Any, b: Any) -> str:
+    return f"{a} | {b}"
+
+
+def level_cells(name: str, a: dict[str, Any], b: dict[str, Any], ttft: tuple[float | None, float | None]) -> list[str]:
+    """A level's row: each server's latency, requests and tokens per second (TTFT at 1 client); no overload cells."""
 
     def num(v: float | None, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
-    body: list[list[str]] = []
-    for name, a, b in rows:
-        cells = [
-            name,
-            pair(ms(a["p50"]), ms(b["p50"])),
-            pair(ms(a["p99"]), ms(b["p99"])),
-            pair(num(a["rps"], ".1f"), num(b["rps"], ".1f")),
-            pair(num(a["tps"], ".0f"), num(b["tps"], ".0f")),
-        ]
-        cells.append(pair(ms(ttft[0]), ms(ttft[1])) if name == "1" else "")
-        body.append(cells + [""] * 6)
-    if over is not None:
-        a, b = over
-        body.append(
-            [
-                "overload",
-                "",
-                "",
-                "",
-                "",
-                "",
-                pair(a.answered, b.answered),
-                pair(a.rejected, b.rejected),
-                pair(a.timed_out, b.timed_out),
-                pair(a.for_nobody, b.for_nobody),
-                pair(a.busy_after, b.busy_after),
-                pair(a.fresh, b.fresh),
-            ]
-        )
-    widths = [max(len(c), *(len(r[i]) for r in body)) for i, c in enumerate(cols)]
-
-    def line(cells):
-        return "  ".join(c.rjust(w) for c, w in zip(cells, widths))
-
-    return [line(cols), line(["-" * w for w in widths]), *map(line, body)]
+    return [
+        name,
+        pair(ms(a["p50"]), ms(b["p50"])),
+        pair(ms(a["p99"]), ms(b["p99"])),
+        pair(num(a["rps"], ".1f"), num(b["rps"], ".1f")),
+        pair(num(a["tps"], ".0f"), num(b["tps"], ".0f")),
+        pair(ms(ttft[0]), ms(ttft[1])) if name == "1" else "",
+        *[""] * 6,
+    ]
 
 
 def verdict(
@@ -553,14 +281,6 @@ def verdict(
     return lines
 
 
-def log_problems(path: Path) -> list[str]:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    return [line for line in text if any(n in line for n in LOG_NEEDLES)]
-
-
 # --- main ----------------------------------------------------------------------------------------------------
 
 
@@ -568,23 +288,10 @@ def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any
     """Both servers up; every level `--rounds` times on each (and on the bare engine), the order rotating; TTFT;
     then the overload probes (onelane's with mlx_lm.server idle, mlx_lm.server's once onelane is stopped)."""
     folder = Path(settings.var_dir)
-    model = settings.model_name
     store = Store.connect(settings)
-    levels = args.levels
-    stream = args.workload == "stream"
-    sized = {"ONELANE_MAX_BATCH": str(args.batch), "ONELANE_PREFILL_STEP": str(settings.prefill_step)}
-    if args.no_prefix_cache:
-        sized["ONELANE_PREFIX_CACHE"] = "0"
-    ol: dict[str, Any] = {
-        "levels": {c: [] for c in levels},
-        "unsettled": [],
-        "overload": None,
-        "abandoned": None,
-        "ttft": [],
-    }
-    base: dict[str, Any] = {"levels": {c: [] for c in levels}, "unsettled": [], "overload": None, "ttft": []}
-    base["engine"] = {c: [] for c in levels}  # the bare engine's levels (stream workload)
-    engine = None if not stream or args.no_engine else bare_engine(settings.model_path)
+    sized = stack_env(args, settings)
+    ol, base = results(args.levels)
+    engine = None if args.workload != "stream" or args.no_engine else bare_engine(settings.model_path)
     try:
         with (
             contextlib.ExitStack() as onelane,
@@ -594,86 +301,141 @@ def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any
                 onelane_worker(settings, folder / "worker.log", **queue_bounds(BIG_QUEUE), **sized)
             )
             port = free_port()
-            url = f"http://127.0.0.1:{port}"
             started = time.monotonic()
             with onelane_web(settings, port, folder / "web.log", ready="/readyz", **queue_bounds(BIG_QUEUE), **sized):
                 ol["ready_s"] = time.monotonic() - started
-                for prompt in PROMPTS[:2]:  # warm-up, as the baseline's
-                    warm = post_chat(url, onelane_body(model, prompt, 8), START_S)
-                    if not warm.ok:
-                        raise RuntimeError(f"warm-up request failed: {warm.error}")
-                send_ol = http_sender(url, args.max_tokens, {"model": model})
-                send_mlx = http_sender(server.url, args.max_tokens, {})
-
-                def on_onelane(clients: int, r: int) -> None:
-                    if stream:
-                        count, at = client_plan(clients, args.plain, args.streamed)
-                        ask = prompts(clients, r, count)
-                        ol["levels"][clients].append(counted(lambda: http_level("onelane", ask, at, send_ol)))
-                    else:
-                        ol["levels"][clients].append(onelane_level(url, model, clients, args.max_tokens, args.requests))
-                    if not settle_queue(store):
-                        ol["unsettled"].append(clients)
-
-                def on_mlx(clients: int, r: int) -> None:
-                    if stream:
-                        count, at = client_plan(clients, args.plain, args.streamed)
-                        ask = prompts(clients, r, count)
-                        base["levels"][clients].append(counted(lambda: http_level("mlx_lm.server", ask, at, send_mlx)))
-                    else:
-                        base["levels"][clients].append(load_level(server, clients, args.max_tokens, args.requests))
-                    if not settle(server):
-                        base["unsettled"].append(clients)
-
-                def on_engine(clients: int, r: int) -> None:
-                    count, at = client_plan(clients, args.plain, args.streamed)
-                    ask = prompts(clients, r, count)
-                    level = engine_level(engine, ask, at, args.max_tokens, args.batch, settings.prefill_step)
-                    base["engine"][clients].append(level)
-
-                if engine is not None:  # its first batch pays for first-time allocations: not in a level
-                    engine_level(
-                        engine, [[PROMPTS[0]], [PROMPTS[1]]], frozenset(), 8, args.batch, settings.prefill_step
-                    )
-                sides = (on_onelane, on_mlx, *([on_engine] if engine is not None else []))
-                for r in range(args.rounds):
-                    for n, clients in enumerate(levels):
-                        k = (r + n) % len(sides)
-                        for side in (*sides[k:], *sides[:k]):
-                            side(clients, r)
-                for i in range(0 if stream else TTFT_REQUESTS):
-                    prompt = PROMPTS[i % len(PROMPTS)]
-                    ol["ttft"].append(
-                        stream_once(url, onelane_body(model, prompt, args.max_tokens, stream=True), REQUEST_TIMEOUT_S)
-                    )
-                    base["ttft"].append(
-                        stream_once(
-                            server.url, {**body(prompt, args.max_tokens, server.eos), "stream": True}, REQUEST_TIMEOUT_S
-                        )
-                    )
+                sides = Sides(args, settings, store, f"http://127.0.0.1:{port}", server, engine, ol, base)
+                sides.warm_up()
+                sides.rounds()
+                sides.ttft()
                 settle_queue(store)
             if not args.no_overload:
-                port = free_port()
-                with onelane_web(
-                    settings,
-                    port,
-                    folder / "web-overload.log",
-                    ready="/readyz",
-                    **queue_bounds(OVERLOAD_QUEUE),
-                    **sized,
-                ):
-                    ol["overload"] = onelane_overload(f"http://127.0.0.1:{port}", model, store)
-                    ol["abandoned"] = abandoned(ol["overload"])
+                ol["overload"], ol["abandoned"] = onelane_overload_phase(settings, store, sized)
             ol["alive"] = worker.poll() is None
             onelane.close()  # onelane stopped: mlx_lm.server's probe runs alone
             if not args.no_overload:
                 base["overload"] = overload_probe(server)
         ol["log_problems"] = {
-            name: log_problems(folder / name) for name in ("worker.log", "web.log", "web-overload.log")
+            name: matching_lines(folder / name, LOG_NEEDLES) for name in ("worker.log", "web.log", "web-overload.log")
         }
     finally:
         store.redis.close()
     return ol, base
+
+
+def stack_env(args: argparse.Namespace, settings: Settings) -> dict[str, str]:
+    """What onelane's worker and web get beside the queue bounds: the batch, the prefill chunk, the prefix cache."""
+    sized = {"ONELANE_MAX_BATCH": str(args.batch), "ONELANE_PREFILL_STEP": str(settings.prefill_step)}
+    if args.no_prefix_cache:
+        sized["ONELANE_PREFIX_CACHE"] = "0"
+    return sized
+
+
+def results(levels: list[int]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Where onelane's figures and the peer's (and the bare engine's) go, empty."""
+    ol: dict[str, Any] = {
+        "levels": {c: [] for c in levels},
+        "unsettled": [],
+        "overload": None,
+        "abandoned": None,
+        "ttft": [],
+    }
+    base: dict[str, Any] = {"levels": {c: [] for c in levels}, "unsettled": [], "overload": None, "ttft": []}
+    base["engine"] = {c: [] for c in levels}  # the bare engine's levels (stream workload)
+    return ol, base
+
+
+@dataclass
+class Sides:
+    """Both servers up, and the bare engine if there is one: each level of each round on every side, the order
+    rotating, the figures into `ol` (onelane's) and `base` (mlx_lm.server's and the bare engine's)."""
+
+    args: argparse.Namespace
+    settings: Settings
+    store: Store
+    url: str  # onelane's
+    server: Any  # mlx_server.Server
+    engine: Any
+    ol: dict[str, Any]
+    base: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        self.stream = self.args.workload == "stream"
+        self.model = self.settings.model_name
+        self.send_ol = http_sender(self.url, self.args.max_tokens, {"model": self.model})
+        self.send_mlx = http_sender(self.server.url, self.args.max_tokens, {})
+
+    def warm_up(self) -> None:
+        for prompt in PROMPTS[:2]:  # warm-up, as the baseline's
+            warm = post_chat(self.url, onelane_body(self.model, prompt, 8), START_S)
+            if not warm.ok:
+                raise RuntimeError(f"warm-up request failed: {warm.error}")
+        if self.engine is not None:  # its first batch pays for first-time allocations: not in a level
+            self.engine_level([[PROMPTS[0]], [PROMPTS[1]]], frozenset(), 8)
+
+    def rounds(self) -> None:
+        sides = (self.on_onelane, self.on_mlx, *([self.on_engine] if self.engine is not None else []))
+        for r in range(self.args.rounds):
+            for n, clients in enumerate(self.args.levels):
+                for side in rotated(sides, r + n):
+                    side(clients, r)
+
+    def asks(self, clients: int, r: int) -> tuple[list[list[str]], frozenset[int]]:
+        """Each client's prompts at a level, and which of them stream (streaming_load.client_plan)."""
+        count, at = client_plan(clients, self.args.plain, self.args.streamed)
+        return prompts(clients, r, count), at
+
+    def on_onelane(self, clients: int, r: int) -> None:
+        if self.stream:
+            ask, at = self.asks(clients, r)
+            level = counted(lambda: http_level("onelane", ask, at, self.send_ol))
+        else:
+            level = onelane_level(self.url, self.model, clients, self.args.max_tokens, self.args.requests)
+        self.ol["levels"][clients].append(level)
+        if not settle_queue(self.store):
+            self.ol["unsettled"].append(clients)
+
+    def on_mlx(self, clients: int, r: int) -> None:
+        if self.stream:
+            ask, at = self.asks(clients, r)
+            level = counted(lambda: http_level("mlx_lm.server", ask, at, self.send_mlx))
+        else:
+            level = load_level(self.server, clients, self.args.max_tokens, self.args.requests)
+        self.base["levels"][clients].append(level)
+        if not settle(self.server):
+            self.base["unsettled"].append(clients)
+
+    def on_engine(self, clients: int, r: int) -> None:
+        ask, at = self.asks(clients, r)
+        self.base["engine"][clients].append(self.engine_level(ask, at, self.args.max_tokens))
+
+    def engine_level(self, ask: list[list[str]], at: frozenset[int], max_tokens: int) -> MixLevel:
+        return engine_level(self.engine, ask, at, max_tokens, self.args.batch, self.settings.prefill_step)
+
+    def ttft(self) -> None:
+        """The ignore-eos workload's time to first token: one stream at a time, alternating the servers."""
+        for i in range(0 if self.stream else TTFT_REQUESTS):
+            prompt, max_tokens = PROMPTS[i % len(PROMPTS)], self.args.max_tokens
+            request = onelane_body(self.model, prompt, max_tokens, stream=True)
+            self.ol["ttft"].append(stream_once(self.url, request, REQUEST_TIMEOUT_S))
+            peer = {**body(prompt, max_tokens, self.server.eos), "stream": True}
+            self.base["ttft"].append(stream_once(self.server.url, peer, REQUEST_TIMEOUT_S))
+
+
+def onelane_overload_phase(settings: Settings, store: Store, sized: dict[str, str]) -> tuple[dict[str, Any], Any]:
+    """The onelane web restarted with small queue bounds for the overload probe: the probe, and what the worker did
+    for the clients that had gone."""
+    port = free_port()
+    with onelane_web(
+        settings,
+        port,
+        Path(settings.var_dir) / "web-overload.log",
+        ready="/readyz",
+        **queue_bounds(OVERLOAD_QUEUE),
+        **sized,
+    ):
+        probe = onelane_overload(f"http://127.0.0.1:{port}", settings.model_name, store)
+        return probe, abandoned(probe)
 
 
 def bare_engine(model_path: str) -> Any:
@@ -724,18 +486,28 @@ def report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any], l
         for clients in levels:
             print("\n".join(onelane_level_lines(ol["levels"][clients][r], args.max_tokens)))
             print("\n".join(mlx_level_lines(base["levels"][clients][r])))
-    for clients in levels:
-        if clients in ol["unsettled"]:
-            print(f"onelane c={clients}: WARNING: queue not empty {SETTLE_S:.0f} s after a level ended")
-        if clients in base["unsettled"]:
-            print(f"mlx_lm.server c={clients}: WARNING: still generating {SETTLE_S:.0f} s after a level ended")
+    warn_unsettled(ol, base, levels)
     print()
     print(ttft_line("onelane", ol["ttft"]))
     print(ttft_line("mlx_lm.server", base["ttft"]))
     overload_report(ol, base)
     print()
+    side_by_side(args, ol, base)
+    closing(ol, wall)
 
-    rows = [(str(c), over_rounds(ol["levels"][c]), over_rounds(base["levels"][c])) for c in levels]
+
+def warn_unsettled(ol: dict[str, Any], base: dict[str, Any], levels: list[int]) -> None:
+    """The levels after which a server was still busy SETTLE_S later."""
+    for clients in levels:
+        if clients in ol["unsettled"]:
+            print(f"onelane c={clients}: WARNING: queue not empty {SETTLE_S:.0f} s after a level ended")
+        if clients in base["unsettled"]:
+            print(f"mlx_lm.server c={clients}: WARNING: still generating {SETTLE_S:.0f} s after a level ended")
+
+
+def side_by_side(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any]) -> None:
+    """The ignore-eos workload's medians over the rounds in one table, then where each server is ahead."""
+    rows = [(str(c), over_rounds(ol["levels"][c]), over_rounds(base["levels"][c])) for c in args.levels]
 
     def p50_ttft(series: list[Streamed]) -> float | None:
         firsts = [s.ttft for s in series if s.ttft is not None and s.error is None]
@@ -754,9 +526,8 @@ def report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any], l
     )
     print("\n".join(table(rows, (p50_ttft(ol["ttft"]), p50_ttft(base["ttft"])), over)))
     print()
-    spreads = {str(c): ratios(ol["levels"][c], base["levels"][c]) for c in levels}
+    spreads = {str(c): ratios(ol["levels"][c], base["levels"][c]) for c in args.levels}
     print("\n".join(verdict(rows, spreads, ol["overload"], ol["abandoned"], base["overload"])))
-    closing(ol, wall)
 
 
 def overload_report(ol: dict[str, Any], base: dict[str, Any]) -> None:
@@ -806,11 +577,7 @@ def stream_report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, 
             for side in (ol["levels"][clients], base["levels"][clients], engine[clients]):
                 if len(side) > r:
                     print("\n".join(mix_level_lines(side[r])))
-    for clients in levels:
-        if clients in ol["unsettled"]:
-            print(f"onelane c={clients}: WARNING: queue not empty {SETTLE_S:.0f} s after a level ended")
-        if clients in base["unsettled"]:
-            print(f"mlx_lm.server c={clients}: WARNING: still generating {SETTLE_S:.0f} s after a level ended")
+    warn_unsettled(ol, base, levels)
     overload_report(ol, base)
     rows = [Row(c, ol["levels"][c], base["levels"][c], engine[c]) for c in levels]
     print(f"\nper level over {args.rounds} rounds: median (min-max); ratios round by round")
@@ -828,6 +595,17 @@ def model_label(args: argparse.Namespace) -> str:
 
 
 def main() -> None:
+    args = parse_args()
+    stream = args.workload == "stream"
+    if stream and not args.no_engine:
+        preload_openblas()  # the bare engine runs in this process: on the BLAS onelane's workers get
+    wall, load = time.monotonic(), os.getloadavg()[0]
+    with bench_env(args.size, None if args.model == "random" else args.model) as settings:
+        ol, base = measure(settings, args)
+    (stream_report if stream else report)(args, ol, base, load, wall)
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--model",
@@ -864,17 +642,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=Settings().max_batch, help="onelane's ONELANE_MAX_BATCH")
     args = parser.parse_args()
     args.levels = [int(c) for c in args.levels.split(",")]
-    stream = args.workload == "stream"
     if args.max_tokens is None:
-        args.max_tokens = STREAM_MAX_TOKENS if stream else MAX_TOKENS
-    if stream and not args.no_engine:
-        preload_openblas()  # the bare engine runs in this process: on the BLAS onelane's workers get
-    wall, load = time.monotonic(), os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="onelane-model-") as tmp:
-        folder = None if args.model == "random" else str(model_folder(args.model, Path(tmp)))
-        with bench_env(args.size, folder) as settings:
-            ol, base = measure(settings, args)
-    (stream_report if stream else report)(args, ol, base, load, wall)
+        args.max_tokens = STREAM_MAX_TOKENS if args.workload == "stream" else MAX_TOKENS
+    return args
 
 
 if __name__ == "__main__":

@@ -27,8 +27,9 @@ from typing import Any
 
 import requests
 
-from bench.harness import model_folder, spread
-from bench.multiturn import QUESTIONS, Server, onelane, system_message
+from bench.chat_servers import QUESTIONS, Server, onelane, system_message
+from bench.harness import add_model_option, model_folder, rotated
+from bench.report import spread
 
 WAYS = ("resent", "chained")
 TIMEOUT_S = 300.0
@@ -106,7 +107,7 @@ def table(runs: dict[str, list[list[Turn]]], turns: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="smollm2", help="smollm2 (the default model), demo, or a model folder")
+    add_model_option(parser)
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--system-chars", type=int, default=6000)
@@ -121,7 +122,7 @@ def main() -> None:
             f"model {model}; {args.turns} turns, a {len(system)}-character system message, {args.answer_tokens} tokens"
         )
         for rnd in range(args.rounds):
-            for way in WAYS if rnd % 2 == 0 else WAYS[::-1]:
+            for way in rotated(WAYS, rnd):
                 with onelane(model, 1, True, folder / f"{way}-{rnd}") as server:
                     run = (resent if way == "resent" else chained)(server, system, args.turns, args.answer_tokens)
                 runs[way].append(run)

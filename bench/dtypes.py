@@ -15,7 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import WORDS, spread
+from bench.harness import WORDS
+from bench.report import spread
 from tasks.catalogue import DEFAULT_MODEL, DEFAULT_MODEL_GGUF, ModelConfig
 from tasks.job import JobSpec, Message, SamplingParams
 from worker.blas import preload_openblas

@@ -37,7 +37,8 @@ from pathlib import Path
 
 import requests
 
-from bench.harness import free_port, model_folder, onelane_web, onelane_worker, pct, private_redis
+from bench.harness import add_model_option, model_folder, onelane_stack, private_redis
+from bench.report import pct
 from tasks.catalogue import DEFAULT_MODEL, SHIPPED_DEMO_MODEL
 from tasks.settings import Settings
 
@@ -273,7 +274,7 @@ def print_jobs(jobs: list[Followed]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2", help="smollm2 (the default model), demo, or a model folder")
+    add_model_option(parser)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1)
@@ -289,36 +290,15 @@ def main() -> None:
             "ONELANE_MODEL": "",  # (unset: the models file names both)
             "ONELANE_MODELS_FILE": str(models_file(folder, model)),
         }
-        port = free_port()
-        run = Run(f"http://127.0.0.1:{port}", DEFAULT_MODEL, args.max_batch)
         print(
             f"model {model} beside {DEMO}; ONELANE_MAX_BATCH {args.max_batch}; {args.rounds} round(s); load average "
             f"{os.getloadavg()[0]:.2f}; logs in {folder}",
             flush=True,
         )
-        with (
-            onelane_worker(settings, folder / "worker.log", quiet=True, **env),
-            onelane_web(settings, port, folder / "web.log", ready="/readyz", quiet=True, **env),
-        ):
-            # warm-up: both models loaded, their pace measured on a few prompts of several lengths together, as
-            # a server that has served a little (every figure below is from the rounds)
-            for model_name in (DEFAULT_MODEL, DEMO):
-                warm = [
-                    run.submit(
-                        "warm-up", {"model": model_name, "prompt": "Hello. " * 30 * n, "max_tokens": 16}, "chat0"
-                    )
-                    for n in (1, 2, 4, 8)
-                ]
-                for seen in warm:
-                    run.wait_for(seen)
-            run.jobs.clear()
-            for rnd in range(args.rounds):
-                before = len(run.jobs)
-                one_round(run, args.seed + rnd)
-                print(f"  round {rnd + 1}: {len(run.jobs) - before} jobs; refused {len(run.errors)}", flush=True)
-                report(run.jobs[before:], args.min_wait)
-                if args.jobs:
-                    print_jobs(run.jobs[before:])
+        with onelane_stack(settings, quiet=True, **env) as stack:
+            run = Run(stack.url, DEFAULT_MODEL, args.max_batch)
+            warm_up(run)
+            rounds(run, args)
             paces = {m: measured_pace(redis_url, m) for m in (DEFAULT_MODEL, DEMO)}
         print("\nall rounds:")
         report(run.jobs, args.min_wait)
@@ -328,6 +308,30 @@ def main() -> None:
         )
         if run.errors:
             print(f"refused or failed submissions: {run.errors[:3]}")
+
+
+def warm_up(run: Run) -> None:
+    """Both models loaded, their pace measured on a few prompts of several lengths together, as a server that has
+    served a little (every figure printed is from the rounds)."""
+    for model_name in (DEFAULT_MODEL, DEMO):
+        warm = [
+            run.submit("warm-up", {"model": model_name, "prompt": "Hello. " * 30 * n, "max_tokens": 16}, "chat0")
+            for n in (1, 2, 4, 8)
+        ]
+        for seen in warm:
+            run.wait_for(seen)
+    run.jobs.clear()
+
+
+def rounds(run: Run, args: argparse.Namespace) -> None:
+    """Each round's schedule, and its figures."""
+    for rnd in range(args.rounds):
+        before = len(run.jobs)
+        one_round(run, args.seed + rnd)
+        print(f"  round {rnd + 1}: {len(run.jobs) - before} jobs; refused {len(run.errors)}", flush=True)
+        report(run.jobs[before:], args.min_wait)
+        if args.jobs:
+            print_jobs(run.jobs[before:])
 
 
 if __name__ == "__main__":

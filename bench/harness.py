@@ -1,29 +1,33 @@
-"""What every benchmark stands on: a private Redis and demo model, the processes a run starts (and always stops), the
-environment they get, what /proc says about them, jobs admitted and awaited, and the statistics the reports print.
+"""What every benchmark stands on: a private Redis and a model, the processes a run starts (and always stops) and the
+environment they get, clients at once and rounds in turn, jobs admitted and awaited.
 
 Its imports are the standard library and onelane's contract, so a script may gevent-patch before importing it.
-Shared beyond this: openai_load.py (load through /v1/chat/completions), mlx_server.py (the mlx_lm.server baseline)
-and celery_app.py (the Celery baseline). Every other module of bench/ is a benchmark, `./dev.sh bench NAME`, whose
-main() reads setup -> measure -> report; no benchmark imports another.
+Shared beyond this: proc.py (what /proc says about the processes), report.py (the statistics the reports print),
+openai_load.py (load through /v1/chat/completions), streaming_load.py (the streaming chat workload), mlx_server.py
+(the mlx_lm.server baseline), onelane_overload.py (onelane under the same overload), chat_servers.py (the servers a
+conversation is held with) and celery_app.py (the Celery baseline). Every other module of bench/ is a benchmark,
+`./dev.sh bench NAME`, whose main() reads setup -> measure -> report; no benchmark imports another.
 """
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bench.proc import children, group_members
 from tasks import keys
 from tasks.broker import Doorbell
 from tasks.embedded_redis import EmbeddedRedis
@@ -33,11 +37,10 @@ from tasks.settings import Settings
 from tasks.store import Store
 
 T = TypeVar("T")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 START_S = 90.0  # longest wait for a process started here to answer
 WORDS = "the queue keeps the gpu busy and users informed a job waits starts streams tokens then ends".split()
 
-# --- a private Redis and the demo model -----------------------------------------------------------------------
+# --- a private Redis and a model ------------------------------------------------------------------------------
 
 
 @contextmanager
@@ -54,13 +57,13 @@ def private_redis() -> Iterator[tuple[Path, str]]:
 
 @contextmanager
 def bench_env(size: str = "tiny", model: str | None = None, **overrides: object) -> Iterator[Settings]:
-    """A fresh Redis and a random demo model of `size` (or the model folder `model`); yields Settings pointing at
-    both (their folder is `var_dir`)."""
+    """A fresh Redis and a model: `model` as a benchmark's `--model` names it (see model_folder), or a random demo
+    model of `size`; yields Settings pointing at both (their folder is `var_dir`)."""
     from worker.demo_model import make_demo_model
 
     with private_redis() as (folder, url):
-        model = model or str(make_demo_model(folder / f"model-{size}", size=size))
-        yield Settings(redis_url=url, model=model, var_dir=folder, **overrides)  # type: ignore[arg-type]
+        path = model_folder(model, folder) if model else make_demo_model(folder / f"model-{size}", size=size)
+        yield Settings(redis_url=url, model=str(path), var_dir=folder, **overrides)  # type: ignore[arg-type]
 
 
 def onelane_env(settings: Settings, quiet: bool = False, **extra: str) -> dict[str, str]:
@@ -80,6 +83,14 @@ def onelane_env(settings: Settings, quiet: bool = False, **extra: str) -> dict[s
 def queue_bounds(n: int) -> dict[str, str]:
     """The environment that sets both of the queue's bounds (ONELANE_MAX_QUEUE, and per user) to `n`."""
     return {"ONELANE_MAX_QUEUE": str(n), "ONELANE_MAX_QUEUED_PER_USER": str(n)}
+
+
+MODEL_HELP = "smollm2 (the default model), demo, or a model folder"
+
+
+def add_model_option(parser: argparse.ArgumentParser, about: str = MODEL_HELP) -> None:
+    """A benchmark's `--model` (see model_folder), the default model unless told otherwise."""
+    parser.add_argument("--model", default="smollm2", help=about)
 
 
 def model_folder(choice: str, folder: Path) -> Path:
@@ -179,6 +190,38 @@ def onelane_web(
         yield web
 
 
+@dataclass(frozen=True)
+class Stack:
+    """`onelane worker` and `onelane web`, running: the web's URL and both processes."""
+
+    url: str
+    worker: subprocess.Popen[bytes]
+    web: subprocess.Popen[bytes]
+
+    @property
+    def alive(self) -> bool:
+        return self.worker.poll() is None and self.web.poll() is None
+
+
+@contextmanager
+def onelane_stack(
+    settings: Settings,
+    quiet: bool = False,
+    ready: str = "/readyz",
+    logs: tuple[Path, Path] | None = None,
+    **extra: str,
+) -> Iterator[Stack]:
+    """`onelane worker` (supervised) and `onelane web` on a free port, both with `extra` in their environment, up
+    when yielded; their `logs` (worker's, web's) are worker.log and web.log in the run's folder unless given."""
+    worker_log, web_log = logs or (Path(settings.var_dir) / "worker.log", Path(settings.var_dir) / "web.log")
+    port = free_port()
+    with (
+        onelane_worker(settings, worker_log, quiet=quiet, **extra) as worker,
+        onelane_web(settings, port, web_log, ready=ready, quiet=quiet, **extra) as web,
+    ):
+        yield Stack(f"http://127.0.0.1:{port}", worker, web)
+
+
 def poll_until(check: Callable[[], T], timeout_s: float, every_s: float = 0.1) -> T | None:
     """`check()`'s first true answer, asked every `every_s`; None if none came within `timeout_s`."""
     deadline = time.monotonic() + timeout_s
@@ -227,125 +270,29 @@ def tail(path: Path, lines: int = 20) -> str:
         return ""
 
 
-# --- what /proc says (Linux) ----------------------------------------------------------------------------------
-
-
-def _stat(pid: int) -> list[str] | None:
+def matching_lines(path: Path, needles: Sequence[str]) -> list[str]:
+    """The lines of the log at `path` that hold any of `needles` (none if there is no log)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _live(field: int, value: int) -> list[int]:
-    """Live processes whose /proc stat field `field` (after the name: 1 = parent, 2 = group) is `value`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _stat(int(entry))
-            if fields and int(fields[field]) == value and fields[0] not in ("Z", "X"):
-                found.append(int(entry))
-    return sorted(found)
-
-
-def children(pid: int) -> list[int]:
-    """Live child processes of `pid`."""
-    return _live(1, pid)
-
-
-def group_members(pgid: int) -> list[int]:
-    return _live(2, pgid)
-
-
-def pid_dead(pid: int) -> bool:
-    """True once `pid` is gone or a zombie (it can no longer run code)."""
-    fields = _stat(pid)
-    return fields is None or fields[0] in ("Z", "X")
-
-
-def proc_cpu(pid: int) -> float | None:
-    """User + system CPU seconds `pid` used so far (None if it is gone, or there is no /proc, as on macOS)."""
-    fields = _stat(pid)
-    return None if fields is None else (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
-    """Each live thread of `pid`: its id -> (its name in the OS, /proc's comm; user + system CPU seconds so far)."""
-    found = {}
-    with suppress(OSError):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with suppress(OSError, IndexError):
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    name, rest = f.read().split(" (", 1)[1].rsplit(")", 1)
-                fields = rest.split()
-                found[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / CLK_TCK)
-    return found
-
-
-def descendants(pid: int) -> list[int]:
-    """`pid` and its live descendants, children first found first."""
-    found, i = [pid], 0
-    while i < len(found):
-        found += children(found[i])
-        i += 1
-    return found
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds used so far by `pids` (each process itself, not its children)."""
-    return sum(proc_cpu(pid) or 0.0 for pid in pids)
-
-
-def machine_busy() -> float:
-    """CPU seconds the whole machine has been busy (all cores, from /proc/stat)."""
-    with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    idle = values[3] + values[4]  # idle + iowait
-    return (sum(values[:8]) - idle) / CLK_TCK
-
-
-def rss_kb(pid: int) -> int:
-    """VmRSS of `pid` in kB (0 if gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
+        text = path.read_text(errors="replace").splitlines()
     except OSError:
-        pass
-    return 0
+        return []
+    return [line for line in text if any(n in line for n in needles)]
 
 
-def redis_cpu(client: Any) -> float:
-    """CPU seconds Redis has used so far (its own INFO)."""
-    info = client.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+# --- clients at once, rounds in turn --------------------------------------------------------------------------
 
 
-def cpu_now(pids: list[int], client: Any) -> tuple[float, float, float]:
-    """CPU seconds used so far by `pids`, by the Redis of `client`, and by the whole machine: subtract two."""
-    return cpu_seconds(pids), redis_cpu(client), machine_busy()
+def at_once(n: int, run: Callable[[int], T], name: str = "client") -> list[T]:
+    """`run(0)` ... `run(n - 1)`, each on a thread of its own, all at once: their results, in that order."""
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix=name) as pool:
+        return list(pool.map(run, range(n)))
 
 
-def wait_idle(
-    pid: int, deadline: float, sample_s: float = 0.25, quiet_samples: int = 3, cores: float = 0.1
-) -> float | None:
-    """When `pid`'s CPU fell under `cores` for `quiet_samples` samples in a row (monotonic); None if not by `deadline`."""
-    quiet_since, quiet = 0.0, 0
-    while time.monotonic() < deadline:
-        sample_start = time.monotonic()
-        before = proc_cpu(pid)
-        time.sleep(sample_s)
-        after = proc_cpu(pid)
-        if before is None or after is None:
-            return None
-        quiet = quiet + 1 if (after - before) / sample_s <= cores else 0
-        if quiet == 1:
-            quiet_since = sample_start
-        if quiet >= quiet_samples:
-            return quiet_since
-    return None
+def rotated(items: Sequence[T], by: int) -> list[T]:
+    """`items` rotated by `by` places: the order of round `by`, so that each goes first in turn and a disturbance
+    of this shared machine falls on all alike."""
+    k = by % len(items)
+    return [*items[k:], *items[:k]]
 
 
 # --- jobs -----------------------------------------------------------------------------------------------------
@@ -456,30 +403,3 @@ def running_worker(settings: Settings, engine: Any = None) -> Iterator[Any]:
         yield worker
     finally:
         worker.stop()
-
-
-# --- statistics -----------------------------------------------------------------------------------------------
-
-
-def pct(values: list[float], q: float) -> float:
-    """The q-th percentile (0-100) of `values`."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-def summary(values: list[float], unit: str = "ms", scale: float = 1000.0) -> str:
-    """p50, p99 and mean, scaled (seconds to ms by default)."""
-    return (
-        f"p50 {pct(values, 50) * scale:.2f} {unit}, p99 {pct(values, 99) * scale:.2f} {unit}, "
-        f"mean {statistics.fmean(values) * scale:.2f} {unit} (n={len(values)})"
-    )
-
-
-def spread(values: list[float], fmt: str = "{:.0f}", short: bool = False) -> str:
-    """The median with the min and max: "median M (min A, max B, n=N)", or `short` "M (A-B)"."""
-    m, lo, hi = (fmt.format(v) for v in (statistics.median(values), min(values), max(values)))
-    return f"{m} ({lo}-{hi})" if short else f"median {m} (min {lo}, max {hi}, n={len(values)})"

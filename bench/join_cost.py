@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.harness import model_folder, spread
+from bench.harness import model_folder, rotated
+from bench.report import span
 from tasks.job import SamplingParams
 from worker.blas import preload_openblas
 
@@ -101,11 +102,11 @@ def main() -> None:
             figures: dict[str, list[tuple[float, float, float]]] = {}
             for r in range(args.runs):
                 makers = [lambda: mlx_side(engine.model), lambda: engine_side(engine)]
-                for make in makers[r % 2 :] + makers[: r % 2]:
+                for make in rotated(makers, r):
                     side = make()
                     figures.setdefault(side.name, []).append(run(side, batch, joins))
             for name, rows in figures.items():
-                cells = [spread([row[k] * 1000 for row in rows], short=True) for k in range(3)]
+                cells = [span([row[k] * 1000 for row in rows]) for k in range(3)]
                 print(f"| {batch} | {joins} | {name} | " + " | ".join(cells) + " |")
         engine.reset()
 

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import openai_load as load
-from bench.harness import START_S, answers, free_port, poll_until, proc_cpu, spawn, summary, wait_idle
+from bench.harness import START_S, answers, free_port, poll_until, spawn
+from bench.proc import proc_cpu, wait_idle
+from bench.report import summary
 from worker.blas import worker_env
 
 

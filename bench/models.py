@@ -41,9 +41,11 @@ import random
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from bench.harness import admit, pct, private_redis, prompt, running_worker, spread, wait_ended
+from bench.harness import admit, private_redis, prompt, rotated, running_worker, wait_ended
+from bench.report import pct, spread
 from tasks import keys
 from tasks.broker import make_broker
 from tasks.catalogue import ModelConfig
@@ -98,28 +100,17 @@ class HeadSampler(threading.Thread):
 
 
 def run_once(settings: Settings, traffic: list[tuple[str, str]], tokens: int, rate: float) -> Run:
+    """The traffic through the real worker in this process, the head sampler watching; the run's figures."""
     store = Store.connect(settings)
     broker = make_broker(settings, worker=False)
     before = int(store.redis.hget(keys.STATS, "model_switches") or 0)
     loads: list[float] = []
     sampler = HeadSampler(store.redis)
-    ids: list[str] = []
     with running_worker(settings) as worker:
-        adopt = worker.models._adopt
-
-        def counted(name: str, engine: Any, load_s: float) -> None:  # every load after the default model's
-            loads.append(load_s)
-            adopt(name, engine, load_s)
-
-        worker.models._adopt = counted  # type: ignore[method-assign]
+        count_loads(worker, loads)
         sampler.start()
         try:
-            started = time.monotonic()
-            for k, (owner, model) in enumerate(traffic):
-                delay = started + k / rate - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-                ids.append(admit(store, broker, owner, prompt(k, 10), model, max_tokens=tokens, ignore_eos=True))
+            ids = arrivals(store, broker, traffic, tokens, rate)
             sampler.counting = False
             assert not wait_ended(store, ids, 600), "jobs did not end in time"
         finally:
@@ -127,7 +118,34 @@ def run_once(settings: Settings, traffic: list[tuple[str, str]], tokens: int, ra
             sampler.join()
     broker.close()
     after = int(store.redis.hget(keys.STATS, "model_switches") or 0)
-    jobs = [store.get(job_id) for job_id in ids]
+    return figures([store.get(job_id) for job_id in ids], tokens, after - before, loads, sampler)
+
+
+def count_loads(worker: Any, loads: list[float]) -> None:
+    """Note the seconds of every model load after the default model's, as the worker adopts the model."""
+    adopt = worker.models._adopt
+
+    def counted(name: str, engine: Any, load_s: float) -> None:
+        loads.append(load_s)
+        adopt(name, engine, load_s)
+
+    worker.models._adopt = counted
+
+
+def arrivals(store: Store, broker: Any, traffic: list[tuple[str, str]], tokens: int, rate: float) -> list[str]:
+    """The traffic admitted as an open stream of `rate` jobs per second; their ids."""
+    ids: list[str] = []
+    started = time.monotonic()
+    for k, (owner, model) in enumerate(traffic):
+        delay = started + k / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        ids.append(admit(store, broker, owner, prompt(k, 10), model, max_tokens=tokens, ignore_eos=True))
+    return ids
+
+
+def figures(jobs: list[Any], tokens: int, counter: int, loads: list[float], sampler: HeadSampler) -> Run:
+    """A run's figures from its jobs' records, the worker's counter, the loads and what the sampler saw."""
     done = [j for j in jobs if j.status.value == "completed" and j.usage.completion_tokens == tokens]
     order = sorted((j for j in jobs if j.timings.started_at is not None), key=lambda j: j.timings.started_at)
     changes = sum(a.spec.model != b.spec.model for a, b in zip(order, order[1:]))
@@ -137,7 +155,7 @@ def run_once(settings: Settings, traffic: list[tuple[str, str]], tokens: int, ra
     heads = [j.timings.started_at - sampler.first_head[j.id] for j in order if j.id in sampler.first_head]  # type: ignore[operator]
     return Run(
         switches=100 * changes / len(jobs),
-        counter=after - before,
+        counter=counter,
         loads=len(loads),
         load_s=sum(loads),
         jobs_s=len(done) / (last - first),
@@ -189,7 +207,7 @@ def measure(base: Settings, budget: str, sizes: list[str], args: argparse.Namesp
     for r in range(args.rounds):
         rng = random.Random(args.seed * 1000 + r)
         traffic = [(f"u{k % args.users}", rng.choice(sizes)) for k in range(args.jobs)]
-        for wait_s in (args.switch_wait, 0.0) if r % 2 == 0 else (0.0, args.switch_wait):
+        for wait_s in rotated((args.switch_wait, 0.0), r):
             run = run_once(base.model_copy(update={"model_switch_wait_s": wait_s}), traffic, args.tokens, args.rate)
             results[wait_s].append(run)
             print(
@@ -202,26 +220,10 @@ def measure(base: Settings, budget: str, sizes: list[str], args: argparse.Namesp
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="tiny,small", help="the two demo models' sizes (tiny, mini, small)")
-    parser.add_argument("--jobs", type=int, default=60, help="jobs per run")
-    parser.add_argument("--users", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=32, help="tokens per job")
-    parser.add_argument("--rate", type=float, default=10.0, help="arrivals per second (open stream)")
-    parser.add_argument("--switch-wait", type=float, default=2.0, help="ONELANE_MODEL_SWITCH_WAIT_S under test")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--budgets", default="one,both", help="memory budgets: one (every switch reloads), both")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    sizes = args.sizes.split(",")
-    assert len(sizes) == 2 and sizes[0] != sizes[1], "--sizes: two different sizes"
-    budgets = args.budgets.split(",")
-    assert set(budgets) <= {"one", "both"}, "--budgets: one, both"
+    args = parse_args()
+    sizes, budgets = args.sizes.split(","), args.budgets.split(",")
     preload_openblas()  # as onelane's workers run
     logging.basicConfig(level=logging.WARNING)
-    from worker.demo_model import make_demo_model
-    from worker.models import size_on_disk
-
     began = time.monotonic()
     print(
         f"models {sizes[0]} + {sizes[1]}; {args.jobs} jobs of {args.tokens} tokens at {args.rate:g}/s from "
@@ -229,13 +231,7 @@ def main() -> None:
         f"load average {os.getloadavg()[0]:.2f}"
     )
     with private_redis() as (folder, url):
-        configs = tuple(
-            ModelConfig(name=size, path=str(make_demo_model(folder / size, size=size)), default=n == 0)
-            for n, size in enumerate(sizes)
-        )
-        bytes_ = [size_on_disk(c) for c in configs]
-        memory = {"one": max(bytes_) + min(bytes_) // 2, "both": 2 * sum(bytes_)}
-        print("model sizes: " + ", ".join(f"{c.name} {b / 2**20:.1f} MiB" for c, b in zip(configs, bytes_)))
+        configs, memory = demo_models(folder, sizes)
         for budget in budgets:
             base = Settings(
                 redis_url=url,
@@ -253,6 +249,40 @@ def main() -> None:
             )
             report(title, results[args.switch_wait], results[0.0], args.switch_wait)
     print(f"\nmedian (min-max) over {args.rounds} rounds; ratios per round; took {time.monotonic() - began:.0f} s")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="tiny,small", help="the two demo models' sizes (tiny, mini, small)")
+    parser.add_argument("--jobs", type=int, default=60, help="jobs per run")
+    parser.add_argument("--users", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=32, help="tokens per job")
+    parser.add_argument("--rate", type=float, default=10.0, help="arrivals per second (open stream)")
+    parser.add_argument("--switch-wait", type=float, default=2.0, help="ONELANE_MODEL_SWITCH_WAIT_S under test")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--budgets", default="one,both", help="memory budgets: one (every switch reloads), both")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    sizes = args.sizes.split(",")
+    assert len(sizes) == 2 and sizes[0] != sizes[1], "--sizes: two different sizes"
+    assert set(args.budgets.split(",")) <= {"one", "both"}, "--budgets: one, both"
+    return args
+
+
+def demo_models(folder: Path, sizes: list[str]) -> tuple[tuple[ModelConfig, ...], dict[str, int]]:
+    """The two demo models, built offline (the first the default), and the memory budgets for them: "one" holds
+    only the bigger (its size plus half the smaller's), "both" holds both."""
+    from worker.demo_model import make_demo_model
+    from worker.models import size_on_disk
+
+    configs = tuple(
+        ModelConfig(name=size, path=str(make_demo_model(folder / size, size=size)), default=n == 0)
+        for n, size in enumerate(sizes)
+    )
+    bytes_ = [size_on_disk(c) for c in configs]
+    memory = {"one": max(bytes_) + min(bytes_) // 2, "both": 2 * sum(bytes_)}
+    print("model sizes: " + ", ".join(f"{c.name} {b / 2**20:.1f} MiB" for c, b in zip(configs, bytes_)))
+    return configs, memory
 
 
 if __name__ == "__main__":

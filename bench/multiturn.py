@@ -23,139 +23,24 @@ Every figure printed is measured in this run; every process started here is stop
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import statistics
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.harness import (
-    START_S,
-    free_port,
-    onelane_web,
-    onelane_worker,
-    pct,
-    poll_until,
-    private_redis,
-    queue_bounds,
-    spread,
-)
-from bench.mlx_server import eos_id, mlx_server
+from bench.chat_servers import QUESTIONS, Server, auth, baseline, onelane, system_message, two_devices
+from bench.harness import START_S, at_once, poll_until, rotated
 from bench.openai_load import Streamed, closed_loop, post_chat, stream_once
+from bench.report import pct, spread
 from tasks.catalogue import SHIPPED_DEMO_MODEL
-from tasks.settings import Settings
-from tasks.store import Store
 
-QUESTIONS = [
-    "What is a queue, and why would a GPU need one?",
-    "Who waits in it, and how do they know where they stand?",
-    "What happens when the worker dies in the middle of an answer?",
-    "And when a user leaves before their answer starts?",
-    "How does the queue stay fair between a busy user and a quiet one?",
-    "Sum it up in one sentence.",
-    "One more thing: what should I read next?",
-    "Thank you. Anything to add?",
-]
-SYSTEM_SENTENCES = [
-    "You are the help desk of a shared GPU that many people use through one queue.",
-    "Answer briefly, in plain words, and say when you do not know.",
-    "The queue admits jobs into Redis, each with a deadline, and one worker generates on the device.",
-    "Jobs that expired, were cancelled, or whose client left are skipped before generation.",
-    "Users see their position and an estimate of when they will start; results stream back as they are made.",
-    "When the queue is full it sheds load with a clear answer and a time to retry.",
-]
 TIMEOUT_S = 300.0
 INDEPENDENT_CLIENTS = 8
 INDEPENDENT_TOKENS = 64
-
-
-def system_message(chars: int) -> str:
-    text, n = "", 0
-    while len(text) < chars:
-        text += SYSTEM_SENTENCES[n % len(SYSTEM_SENTENCES)] + " "
-        n += 1
-    return text.strip()
-
-
-# --- the servers ---------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Server:
-    name: str
-    url: str
-    eos: int | None = None  # mlx_lm.server: the EOS its requests push down
-    keys: list[str] = field(default_factory=list)  # onelane: one API key per user
-    store: Store | None = None
-    folder: Path | None = None
-    model: str = ""  # onelane: the model's name (a path given as ONELANE_MODEL is served under it)
-
-
-def user_keys(n: int) -> list[str]:
-    return [f"bench-user-{u}-key-0123456789" for u in range(n)]
-
-
-def stack_env(keys: list[str], **more: str) -> dict[str, str]:
-    """What every onelane process of a run is started with: wide queue bounds, a key per user, long answers."""
-    return {
-        **queue_bounds(1000),
-        "ONELANE_API_KEYS": ",".join(f"u{n}:{k}" for n, k in enumerate(keys)),
-        "ONELANE_MAX_TOKENS_LIMIT": "4096",
-        **more,
-    }
-
-
-@contextlib.contextmanager
-def serving(name: str, settings: Settings, port: int, keys: list[str]) -> Iterator[Server]:
-    """The running stack at `port` as a Server, with a store of its own on its Redis."""
-    store = Store.connect(settings)
-    try:
-        yield Server(
-            name, f"http://127.0.0.1:{port}", keys=keys, store=store, folder=settings.var_dir, model=settings.model_name
-        )
-    finally:
-        store.redis.close()
-
-
-@contextlib.contextmanager
-def onelane(model: str, users: int, cache: bool, log: Path) -> Iterator[Server]:
-    """A fresh Redis, `onelane worker` and `onelane web`, with a key per user; the prefix cache on or off."""
-    with private_redis() as (folder, url):
-        keys = user_keys(users)
-        settings = Settings(redis_url=url, model=model, var_dir=folder)
-        extra = stack_env(keys, ONELANE_PREFIX_CACHE=os.environ.get("ONELANE_PREFIX_CACHE", "10%") if cache else "0")
-        port = free_port()
-        with (
-            onelane_worker(settings, log.with_suffix(".worker.log"), **extra),
-            onelane_web(settings, port, log.with_suffix(".web.log"), ready="/readyz", **extra),
-            serving("onelane" if cache else "onelane, no cache", settings, port, keys) as server,
-        ):
-            yield server
-
-
-@contextlib.contextmanager
-def two_devices(model: str, users: int, affinity_s: float, log: Path) -> Iterator[Server]:
-    """onelane with two workers on two devices of one Redis (as two GPUs would be), steering by cache or not."""
-    with private_redis() as (folder, url):
-        keys = user_keys(users)
-        settings = Settings(redis_url=url, model=model, var_dir=folder)
-        extra = stack_env(keys, ONELANE_CACHE_AFFINITY_S=str(affinity_s))
-        port = free_port()
-        with (
-            onelane_worker(settings, log.with_suffix(".a.log"), ONELANE_DEVICE="gpu-a", **extra),
-            onelane_worker(settings, log.with_suffix(".b.log"), ONELANE_DEVICE="gpu-b", **extra),
-            onelane_web(settings, port, log.with_suffix(".web.log"), ready="/readyz", **extra),
-            serving(f"onelane, 2 devices, steering {'on' if affinity_s else 'off'}", settings, port, keys) as server,
-        ):
-            readings = server.store.readings  # type: ignore[union-attr]
-            if not poll_until(lambda: len([w for w in readings.snapshot().workers if w.models]) == 2, START_S):
-                raise RuntimeError("the two workers did not both come up")
-            yield server
 
 
 def history_hits(run: Run) -> tuple[int, int]:
@@ -166,12 +51,6 @@ def history_hits(run: Run) -> tuple[int, int]:
         by_user.setdefault(turn.user, []).append(turn)
     pairs = [(a, b) for turns in by_user.values() for a, b in zip(turns, turns[1:])]
     return sum(b.cached_tokens > a.prompt_tokens for a, b in pairs), len(pairs)
-
-
-@contextlib.contextmanager
-def baseline(model: str, log: Path) -> Iterator[Server]:
-    with mlx_server(model, log) as server:
-        yield Server("mlx_lm.server", server.url, eos=eos_id(model))
 
 
 def request(server: Server, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
@@ -188,10 +67,6 @@ def request(server: Server, messages: list[dict[str, str]], max_tokens: int) -> 
     else:
         req["ignore_eos"], req["model"] = True, server.model
     return req
-
-
-def auth(server: Server, user: int) -> dict[str, str]:
-    return {"Authorization": f"Bearer {server.keys[user]}"} if server.keys else {}
 
 
 # --- 1. conversations ----------------------------------------------------------------------------------------------
@@ -240,16 +115,9 @@ def conversation(server: Server, user: int, system: str, turns: int, answer: int
 
 
 def conversations(server: Server, users: int, system: str, turns: int, answer: int) -> Run:
-    results: list[list[Turn]] = [[] for _ in range(users)]
+    """Every user's conversation at once."""
     started = time.monotonic()
-    threads = [
-        threading.Thread(target=lambda u=u: results.__setitem__(u, conversation(server, u, system, turns, answer)))
-        for u in range(users)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = at_once(users, lambda u: conversation(server, u, system, turns, answer))
     return Run(server.name, users, [turn for user in results for turn in user], time.monotonic() - started)
 
 
@@ -322,33 +190,7 @@ def report(runs: list[Run], users_levels: list[int]) -> None:
     for users in users_levels:
         for name in names:
             mine = [r for r in runs if r.server == name and r.users == users]
-            first = [p50(r.ttfts(True)) for r in mine]
-            follow = [p50(r.ttfts(False)) for r in mine]
-            p95 = [pct(r.ttfts(False), 95) for r in mine if r.ttfts(False)]
-            walls = [r.wall_s for r in mine]
-            follow_turns = [t for r in mine for t in r.turns if t.n > 0]
-            share = sum(t.cached_tokens for t in follow_turns) / max(1, sum(t.prompt_tokens for t in follow_turns))
-            row = {
-                "first": p50([x for x in first if x is not None]),
-                "follow": p50([x for x in follow if x is not None]),
-                "wall": p50(walls),
-            }
-            summary[(users, name)] = row
-            errors = [e for r in mine for e in r.errors]
-            print(
-                f"{users:>5}  {name:<18} {ms(row['first']):>20} {ms(row['follow']):>20} "
-                f"{ms(p50(p95)):>14} {row['wall']:>7.1f}s {share:>11.0%}"
-                + (f"   errors: {errors[:3]}" if errors else "")
-            )
-
-            def rounds(values: list[float | None], fmt: str) -> str:
-                kept = [v for v in values if v is not None]
-                return spread(kept, fmt, True) if kept else "–"
-
-            print(
-                f"{'':>5}  {'':<18} {'rounds: ' + rounds(first, '{:.3f}'):>20} {rounds(follow, '{:.3f}'):>20} "
-                f"{'':>14} {rounds(walls, '{:.1f}'):>8}"
-            )
+            summary[(users, name)] = report_row(users, name, mine)
     print("\nratios (onelane / the other; below 1.0: onelane is faster):")
     for users in users_levels:
         ol = summary.get((users, "onelane"))
@@ -365,7 +207,55 @@ def report(runs: list[Run], users_levels: list[int]) -> None:
             )
 
 
+def report_row(users: int, name: str, mine: list[Run]) -> dict[str, float | None]:
+    """One server's row at one number of users, and its rounds under it; returns the row's medians."""
+    first = [p50(r.ttfts(True)) for r in mine]
+    follow = [p50(r.ttfts(False)) for r in mine]
+    p95 = [pct(r.ttfts(False), 95) for r in mine if r.ttfts(False)]
+    walls = [r.wall_s for r in mine]
+    follow_turns = [t for r in mine for t in r.turns if t.n > 0]
+    share = sum(t.cached_tokens for t in follow_turns) / max(1, sum(t.prompt_tokens for t in follow_turns))
+    row = {
+        "first": p50([x for x in first if x is not None]),
+        "follow": p50([x for x in follow if x is not None]),
+        "wall": p50(walls),
+    }
+    errors = [e for r in mine for e in r.errors]
+    print(
+        f"{users:>5}  {name:<18} {ms(row['first']):>20} {ms(row['follow']):>20} "
+        f"{ms(p50(p95)):>14} {row['wall']:>7.1f}s {share:>11.0%}" + (f"   errors: {errors[:3]}" if errors else "")
+    )
+
+    def rounds(values: list[Any], fmt: str) -> str:
+        kept = [v for v in values if v is not None]
+        return spread(kept, fmt, True) if kept else "–"
+
+    print(
+        f"{'':>5}  {'':<18} {'rounds: ' + rounds(first, '{:.3f}'):>20} {rounds(follow, '{:.3f}'):>20} "
+        f"{'':>14} {rounds(walls, '{:.1f}'):>8}"
+    )
+    return row
+
+
 def main() -> None:
+    args = parse_args()
+    users_levels = [int(u) for u in args.users.split(",")]
+    system = system_message(args.system_chars)
+    logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"onelane-multiturn-{os.getpid()}"
+    logs.mkdir(parents=True, exist_ok=True)
+    print(
+        f"model {args.model}; system message {len(system)} characters; {args.turns} turns of {args.answer_tokens}-token "
+        f"answers; users {users_levels}; {args.rounds} round(s); logs in {logs}"
+    )
+    report(conversation_rounds(args, users_levels, system, logs), users_levels)
+    after_restart(args, system, logs)
+    if not args.skip_two_devices:
+        steering(args, max(users_levels), system, logs)
+    if not args.skip_independent:
+        nothing_to_hit(args, logs)
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(SHIPPED_DEMO_MODEL), help="a model folder both servers load")
     parser.add_argument("--users", default="1,4")
@@ -376,16 +266,11 @@ def main() -> None:
     parser.add_argument("--skip-uncached", action="store_true", help="leave out onelane without its cache")
     parser.add_argument("--skip-independent", action="store_true")
     parser.add_argument("--skip-two-devices", action="store_true")
-    args = parser.parse_args()
-    users_levels = [int(u) for u in args.users.split(",")]
-    system = system_message(args.system_chars)
-    logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"onelane-multiturn-{os.getpid()}"
-    logs.mkdir(parents=True, exist_ok=True)
-    print(
-        f"model {args.model}; system message {len(system)} characters; {args.turns} turns of {args.answer_tokens}-token "
-        f"answers; users {users_levels}; {args.rounds} round(s); logs in {logs}"
-    )
+    return parser.parse_args()
 
+
+def conversation_rounds(args: argparse.Namespace, users_levels: list[int], system: str, logs: Path) -> list[Run]:
+    """1. Every round, every number of users, on each server afresh, the order rotating each round."""
     variants = [
         ("onelane", lambda users, log: onelane(args.model, users, True, log)),
         ("mlx_lm.server", lambda users, log: baseline(args.model, log)),
@@ -394,9 +279,8 @@ def main() -> None:
         variants.append(("onelane, no cache", lambda users, log: onelane(args.model, users, False, log)))
     runs: list[Run] = []
     for rnd in range(args.rounds):
-        order = variants[rnd % len(variants) :] + variants[: rnd % len(variants)]
         for users in users_levels:
-            for name, start in order:
+            for name, start in rotated(variants, rnd):
                 with start(users, logs / f"r{rnd}-u{users}-{name.replace(' ', '').replace(',', '')}") as server:
                     run = conversations(server, users, system, args.turns, args.answer_tokens)
                 runs.append(run)
@@ -406,8 +290,11 @@ def main() -> None:
                     + (f", errors {run.errors[:2]}" if run.errors else ""),
                     flush=True,
                 )
-    report(runs, users_levels)
+    return runs
 
+
+def after_restart(args: argparse.Namespace, system: str, logs: Path) -> None:
+    """2. Whether the cache's entries survive a restart in good order."""
     before, after, handover = restart_check(args.model, system, args.answer_tokens, logs / "restart")
     print(
         f"\nafter a restart in good order (SIGTERM to the active worker; the standby answered after {handover:.1f} s):"
@@ -416,36 +303,39 @@ def main() -> None:
         f"TTFT {ms(before.ttft)})"
     )
 
-    if not args.skip_two_devices:
-        users = max(users_levels)
-        print(f"\ntwo devices, {users} users: does a follow-up go where its history is?")
-        for affinity_s in (2.0, 0.0) * args.rounds:
-            with two_devices(args.model, users, affinity_s, logs / f"two-{affinity_s:g}") as server:
-                run = conversations(server, users, system, args.turns, args.answer_tokens)
-            hit, of = history_hits(run)
-            print(
-                f"  {server.name}: {hit} of {of} follow-ups read their history from the cache ({hit / of:.0%}); "
-                f"follow-up TTFT p50 {ms(p50(run.ttfts(False)))}, wall {run.wall_s:.1f} s"
-                + (f", errors {run.errors[:2]}" if run.errors else ""),
-                flush=True,
-            )
 
-    if not args.skip_independent:
-        rates: dict[bool, list[float]] = {True: [], False: []}
-        for rnd in range(args.rounds * 2):
-            cache = rnd % 2 == 0
-            with onelane(args.model, 1, cache, logs / f"independent-{rnd}") as server:
-                rates[cache].append(independent(server, rnd))
-            print(
-                f"  nothing to hit, round {rnd + 1}, cache {'on' if cache else 'off'}: {rates[cache][-1]:.1f} tok/s",
-                flush=True,
-            )
-        on, off = p50(rates[True]), p50(rates[False])
+def steering(args: argparse.Namespace, users: int, system: str, logs: Path) -> None:
+    """3. On two devices, with cache affinity and without: how many follow-ups find their history."""
+    print(f"\ntwo devices, {users} users: does a follow-up go where its history is?")
+    for affinity_s in (2.0, 0.0) * args.rounds:
+        with two_devices(args.model, users, affinity_s, logs / f"two-{affinity_s:g}") as server:
+            run = conversations(server, users, system, args.turns, args.answer_tokens)
+        hit, of = history_hits(run)
         print(
-            f"\nnothing to hit ({INDEPENDENT_CLIENTS} clients, every prompt new, {INDEPENDENT_TOKENS} tokens each): "
-            f"cache on {on:.1f} tok/s ({spread(rates[True], '{:.1f}', True)}), off {off:.1f} tok/s "
-            f"({spread(rates[False], '{:.1f}', True)}): {on / off:.3f}x"
+            f"  {server.name}: {hit} of {of} follow-ups read their history from the cache ({hit / of:.0%}); "
+            f"follow-up TTFT p50 {ms(p50(run.ttfts(False)))}, wall {run.wall_s:.1f} s"
+            + (f", errors {run.errors[:2]}" if run.errors else ""),
+            flush=True,
         )
+
+
+def nothing_to_hit(args: argparse.Namespace, logs: Path) -> None:
+    """4. Independent prompts, the cache on and off in alternating rounds: what the cache costs when it cannot help."""
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    for rnd in range(args.rounds * 2):
+        cache = rnd % 2 == 0
+        with onelane(args.model, 1, cache, logs / f"independent-{rnd}") as server:
+            rates[cache].append(independent(server, rnd))
+        print(
+            f"  nothing to hit, round {rnd + 1}, cache {'on' if cache else 'off'}: {rates[cache][-1]:.1f} tok/s",
+            flush=True,
+        )
+    on, off = p50(rates[True]), p50(rates[False])
+    print(
+        f"\nnothing to hit ({INDEPENDENT_CLIENTS} clients, every prompt new, {INDEPENDENT_TOKENS} tokens each): "
+        f"cache on {on:.1f} tok/s ({spread(rates[True], '{:.1f}', True)}), off {off:.1f} tok/s "
+        f"({spread(rates[False], '{:.1f}', True)}): {on / off:.3f}x"
+    )
 
 
 if __name__ == "__main__":

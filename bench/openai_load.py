@@ -9,7 +9,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from bench.harness import wait_idle
+from bench.proc import wait_idle
 
 PROMPTS = [
     "Tell me a joke about queues.",
@@ -225,13 +225,16 @@ class Streamed:
     usage: dict[str, Any] | None = None
 
 
+class StreamTooSlow(Exception):
+    """A stream still ran past its deadline."""
+
+
 def stream_once(url: str, request: dict[str, Any], timeout_s: float, headers: dict[str, str] | None = None) -> Streamed:
-    """POST with "stream": true and read the SSE as it arrives (read1: no waiting for a full buffer)."""
+    """POST with "stream": true and read the SSE as it arrives; never raises for network or HTTP errors."""
     parts = urlsplit(url)
     payload = json.dumps(request).encode()
     started = time.monotonic()
-    first: float | None = None
-    chunks, done, error, text, usage = 0, False, None, [], None
+    got = Streamed(None, 0.0, 0, False, None)
     conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=timeout_s)
     try:
         conn.request(
@@ -243,41 +246,55 @@ def stream_once(url: str, request: dict[str, Any], timeout_s: float, headers: di
         resp = conn.getresponse()
         if resp.status != 200:
             return Streamed(None, time.monotonic() - started, 0, False, f"http {resp.status}")
-        buffer = b""
-        for _ in range(100_000):  # bounded; a 64-token stream takes well under 1000 reads
-            if time.monotonic() - started > timeout_s:
-                error = "stream too slow"
-                break
-            data = resp.read1(65536)
-            if not data:
-                break
-            buffer += data
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                line = line.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                body = line[5:].strip()
-                if body == b"[DONE]":
-                    done = True
-                    break
-                obj = json.loads(body)
-                if "error" in obj:
-                    error = f"error event: {obj['error']}"
-                    break
-                usage = obj.get("usage") or usage
-                for choice in obj.get("choices") or []:
-                    if content := (choice.get("delta") or {}).get("content"):
-                        chunks += 1
-                        text.append(content)
-                        if first is None:
-                            first = time.monotonic() - started
-            if done or error:
-                break
+        read_chunks(resp, got, started, started + timeout_s)
+    except StreamTooSlow:
+        got.error = "stream too slow"
     except (OSError, http.client.HTTPException, ValueError) as exc:
-        error = type(exc).__name__
+        got.error = type(exc).__name__
     finally:
         conn.close()
-    if not done and error is None:
-        error = "stream ended without [DONE]"
-    return Streamed(first, time.monotonic() - started, chunks, done, error, "".join(text), usage)
+    if not got.done and got.error is None:
+        got.error = "stream ended without [DONE]"
+    got.total = time.monotonic() - started
+    return got
+
+
+def read_chunks(resp: http.client.HTTPResponse, got: Streamed, started: float, deadline: float) -> None:
+    """The stream's chunks into `got` as they come, to [DONE] or an error event."""
+    for payload in sse_payloads(resp, deadline):
+        if payload == b"[DONE]":
+            got.done = True
+            return
+        chunk = json.loads(payload)
+        if "error" in chunk:
+            got.error = f"error event: {chunk['error']}"
+            return
+        got.usage = chunk.get("usage") or got.usage
+        for content in contents(chunk):
+            got.content_chunks += 1
+            got.text += content
+            if got.ttft is None:
+                got.ttft = time.monotonic() - started
+
+
+def sse_payloads(resp: http.client.HTTPResponse, deadline: float = math.inf, reads: int = 100_000) -> Iterator[bytes]:
+    """The payload of each `data:` line of a server-sent event stream as it arrives (read1: no waiting for a full
+    buffer), to the end of the body; bounded by `reads` (a 64-token stream takes well under 1000) and by `deadline`
+    (monotonic), past which it raises StreamTooSlow."""
+    buffer = b""
+    for _ in range(reads):
+        if time.monotonic() > deadline:
+            raise StreamTooSlow
+        data = resp.read1(65536)
+        if not data:
+            return
+        *lines, buffer = (buffer + data).split(b"\n")
+        for line in lines:
+            line = line.strip()
+            if line.startswith(b"data:"):
+                yield line[5:].strip()
+
+
+def contents(chunk: dict[str, Any]) -> list[str]:
+    """The non-empty content deltas of a chat completion chunk."""
+    return [c for choice in chunk.get("choices") or [] if (c := (choice.get("delta") or {}).get("content"))]

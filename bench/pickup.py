@@ -24,7 +24,8 @@ import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker
 
-from bench.harness import admit, bench_env, onelane_worker, pct, poll_until, private_redis, summary, wait_ended
+from bench.harness import admit, bench_env, onelane_worker, poll_until, private_redis, wait_ended
+from bench.report import pct, summary
 from tasks import keys
 from tasks.broker import QUEUE_NAME
 from tasks.events import Event

@@ -41,7 +41,6 @@ import signal
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -51,20 +50,18 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import (
-    children,
-    descendants,
+    add_model_option,
+    at_once,
     free_port,
-    machine_busy,
     model_folder,
     onelane_env,
     onelane_web,
-    pct,
     poll_until,
-    proc_cpu,
     spawn,
-    thread_cpu,
 )
-from bench.openai_load import PROMPTS
+from bench.openai_load import PROMPTS, contents, sse_payloads
+from bench.proc import children, descendants, machine_busy, proc_cpu, thread_cpu
+from bench.report import pct
 from tasks.settings import Settings
 from tasks.store import Store
 
@@ -183,24 +180,16 @@ def stream(port: int, model: str, r: Request, max_tokens: int) -> Request:
         if resp.status != 200:
             r.error = f"http {resp.status}"
             return r
-        buffer = b""
-        while r.done is None:
-            data = resp.read1(65536)
-            if not data:
-                r.error = "ended without [DONE]"
+        for payload in sse_payloads(resp):
+            if payload == b"[DONE]":
+                r.done = time.time()
                 break
-            *lines, buffer = (buffer + data).split(b"\n")
-            for line in lines:
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    r.done = time.time()
-                    break
-                chunk = json.loads(payload)
-                if r.first is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
-                    r.first = time.time()
-                r.tokens = int((chunk.get("usage") or {}).get("completion_tokens", r.tokens))
+            chunk = json.loads(payload)
+            if r.first is None and contents(chunk):
+                r.first = time.time()
+            r.tokens = int((chunk.get("usage") or {}).get("completion_tokens", r.tokens))
+        if r.done is None:
+            r.error = "ended without [DONE]"
     except (OSError, http.client.HTTPException, ValueError) as exc:
         r.error = type(exc).__name__
     finally:
@@ -210,19 +199,12 @@ def stream(port: int, model: str, r: Request, max_tokens: int) -> Request:
 
 def closed_loop(s: Stack, clients: int, rounds: int, max_tokens: int, offset: int = 0) -> list[Request]:
     """`clients` clients at once, each streaming `rounds` requests back to back."""
-    done: list[Request] = []
 
-    def client(c: int) -> None:
-        for i in range(rounds):
-            r = Request(PROMPTS[(offset + c * rounds + i) % len(PROMPTS)], c)
-            done.append(stream(s.port, s.settings.model_name, r, max_tokens))
+    def client(c: int) -> list[Request]:
+        prompts = [PROMPTS[(offset + c * rounds + i) % len(PROMPTS)] for i in range(rounds)]
+        return [stream(s.port, s.settings.model_name, Request(p, c), max_tokens) for p in prompts]
 
-    threads = [threading.Thread(target=client, args=(c,), name=f"client-{c}") for c in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return done
+    return [r for mine in at_once(clients, client) for r in mine]
 
 
 # --- CPU by thread -----------------------------------------------------------------------------------------------
@@ -317,7 +299,7 @@ def bare_engine(settings: Settings, prompts: list[str], clients: int, max_tokens
 # --- report ------------------------------------------------------------------------------------------------------
 
 
-def ms(values: list[float]) -> str:
+def p50_p90(values: list[float]) -> str:
     if not values:
         return "-"
     return f"{pct(values, 50) * 1000:7.1f} / {pct(values, 90) * 1000:7.1f}"
@@ -372,7 +354,7 @@ def report_steps(steps: list[list[float]], bare: Bare, tokens: int, wall: float,
             se = [eng[i] for i in picked]
             sl = [loop[i] for i in picked if loop[i] == loop[i] and loop[i] < 0.5]
             be = [t for t, k, p in bare.steps if k == n and (p > 0) == prefill]
-            print(f"  {n:3d} {ms(se):>17} {ms(sl):>17} {ms(be):>17}   ({len(se)} / {len(be)})")
+            print(f"  {n:3d} {p50_p90(se):>17} {p50_p90(sl):>17} {p50_p90(be):>17}   ({len(se)} / {len(be)})")
 
 
 PARTS = (
@@ -432,7 +414,7 @@ def report_refill(
     for name, a, b in REFILL:
         values = [p[b] - p[a] for p in points if a in p and b in p]
         if values:
-            print(f"  {name:52} {ms(values)}   (n={len(values)})")
+            print(f"  {name:52} {p50_p90(values)}   (n={len(values)})")
 
 
 def report_ttft(amid: list[dict[str, float]], points: list[dict[str, float]]) -> None:
@@ -443,7 +425,7 @@ def report_ttft(amid: list[dict[str, float]], points: list[dict[str, float]]) ->
         values = [p[b] - p[a] for p in amid if a in p and b in p]
         every = [p[b] - p[a] for p in points if a in p and b in p]
         if every:
-            print(f"  {name:52} {ms(values):>17} | {ms(every):>17}")
+            print(f"  {name:52} {p50_p90(values):>17} | {p50_p90(every):>17}")
 
 
 def ttft_points(
@@ -470,15 +452,7 @@ def ttft_points(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2", help="smollm2 (the default model), demo, or a model folder")
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=16, help="requests per client")
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--prefix-cache", action="store_true", help="leave the prefix cache on (its default)")
-    parser.add_argument("--child", choices=["supervisor", "worker"], help=argparse.SUPPRESS)
-    parser.add_argument("--supervisor", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args()
     if args.child:
         child(args.child, args.supervisor)
         return
@@ -497,32 +471,70 @@ def main() -> None:
             f"{args.max_tokens}, greedy, natural stops, prefix cache {'on' if args.prefix_cache else 'off'}; "
             f"load average {os.getloadavg()[0]:.2f}"
         )
-        with stack(settings, extra) as s:
-            closed_loop(s, args.clients, 1, args.max_tokens, offset=3)  # warm up
-            roles = s.pids()
-            before, busy0, started = cpu_snapshot(roles), machine_busy(), time.time()
-            requests = closed_loop(s, args.clients, args.rounds, args.max_tokens)
-            ended, busy1, after = time.time(), machine_busy(), cpu_snapshot(roles)
-            jobs = {r.job_id: s.store.get(r.job_id) for r in requests if r.job_id}  # read before the stack stops
-            settings = s.settings
-        marks: dict[str, dict[str, float]] = {}
-        steps: list[list[float]] = []
-        for path in folder.glob("timeline-*.json"):  # written by the worker as it stopped
-            t = json.loads(path.read_text())
-            marks |= t["marks"]
-            steps += [st for st in t["steps"] if started <= st[0] <= ended]
-        wall = ended - started
+        load = under_load(settings, args, extra)
+        marks, steps = timelines(folder, load.started, load.ended)
+        requests, jobs = load.requests, load.jobs
+        wall = load.ended - load.started
         tokens = sum(j.usage.completion_tokens for j in jobs.values() if j is not None)
         failed = [r for r in requests if r.error]
-        print(f"  {len(requests)} requests, {len(failed)} failed; client TTFT p50 / p90 {ms(ttft(requests))} ms")
-        report_cpu(cpu_used(before, after), tokens, wall, busy1 - busy0)
+        print(f"  {len(requests)} requests, {len(failed)} failed; client TTFT p50 / p90 {p50_p90(ttft(requests))} ms")
+        report_cpu(load.used, tokens, wall, load.machine)
         # the same prompts in the same order (of admission) through the bare engine, the stack stopped
         ordered = sorted((r for r in requests if jobs.get(r.job_id)), key=lambda r: jobs[r.job_id].timings.queued_at)
-        bare = bare_engine(settings, [r.prompt for r in ordered], args.clients, args.max_tokens)
+        bare = bare_engine(load.settings, [r.prompt for r in ordered], args.clients, args.max_tokens)
         report_steps(steps, bare, tokens, wall, args.clients)
         report_refill(requests, jobs, marks, steps)
         report_ttft(*ttft_points(requests, jobs, marks))
         print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_option(parser)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=16, help="requests per client")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--prefix-cache", action="store_true", help="leave the prefix cache on (its default)")
+    parser.add_argument("--child", choices=["supervisor", "worker"], help=argparse.SUPPRESS)
+    parser.add_argument("--supervisor", type=int, help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+@dataclass
+class Load:
+    """What the stack did under the load: the requests and their jobs, the CPU used by role and thread and by the
+    whole machine, when the load began and ended (time.time()), and the settings the stack ran with."""
+
+    requests: list[Request]
+    jobs: dict[str, Any]
+    used: dict[str, dict[str, float]]
+    machine: float
+    started: float
+    ended: float
+    settings: Settings
+
+
+def under_load(settings: Settings, args: argparse.Namespace, extra: dict[str, str]) -> Load:
+    """The stack up, warmed by one round, then the clients' load with the CPU read before and after; stopped."""
+    with stack(settings, extra) as s:
+        closed_loop(s, args.clients, 1, args.max_tokens, offset=3)  # warm up
+        roles = s.pids()
+        before, busy0, started = cpu_snapshot(roles), machine_busy(), time.time()
+        requests = closed_loop(s, args.clients, args.rounds, args.max_tokens)
+        ended, busy1, after = time.time(), machine_busy(), cpu_snapshot(roles)
+        jobs = {r.job_id: s.store.get(r.job_id) for r in requests if r.job_id}  # read before the stack stops
+        return Load(requests, jobs, cpu_used(before, after), busy1 - busy0, started, ended, s.settings)
+
+
+def timelines(folder: Path, started: float, ended: float) -> tuple[dict[str, dict[str, float]], list[list[float]]]:
+    """The worker's marks per job and its steps during the load, from the timelines it wrote as it stopped."""
+    marks: dict[str, dict[str, float]] = {}
+    steps: list[list[float]] = []
+    for path in folder.glob("timeline-*.json"):
+        t = json.loads(path.read_text())
+        marks |= t["marks"]
+        steps += [st for st in t["steps"] if started <= st[0] <= ended]
+    return marks, steps
 
 
 def ttft(requests: list[Request]) -> list[float]:

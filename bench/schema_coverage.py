@@ -41,8 +41,8 @@ import requests
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import best_match
 
-from bench.harness import free_port, model_folder, onelane_web, onelane_worker, pct, private_redis
-from tasks.settings import Settings
+from bench.harness import add_model_option, bench_env, onelane_stack
+from bench.report import pct
 
 CORPUS = Path(__file__).parent / "schemas" / "corpus.jsonl"
 READ_TIMEOUT_S = 600.0  # the longest silence of a stream (its pings come every few seconds)
@@ -262,26 +262,22 @@ def problems(outcomes: list[Outcome]) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="smollm2", help="smollm2 (the default model), demo, or a model folder")
+    add_model_option(parser)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--limit", type=int, default=None, help="only the first N schemas of the corpus")
     args = parser.parse_args()
     entries = load(args.limit)
-    with private_redis() as (folder, redis_url):
-        settings = Settings(redis_url=redis_url, model=str(model_folder(args.model, folder)), var_dir=folder)
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
+    with bench_env(model=args.model) as settings:
+        folder = settings.var_dir
         print(
             f"{len(entries)} schemas from {CORPUS.name}; model {settings.model_path}; concurrency "
             f"{args.concurrency}; max_tokens {args.max_tokens}; load average {os.getloadavg()[0]:.2f}; "
             f"logs in {folder}",
             flush=True,
         )
-        with (
-            onelane_worker(settings, folder / "worker.log", quiet=True),
-            onelane_web(settings, port, folder / "web.log", ready="/readyz", quiet=True),
-        ):
+        with onelane_stack(settings, quiet=True) as stack:
+            url = stack.url
             warm = send(url, Entry("warm-up", "warm-up", WARM_UP), settings.model_name, 16)
             print(f"warm-up: {warm.verdict} {warm.detail}", flush=True)
             started = time.monotonic()

@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.harness import pct
 from bench.openai_load import PROMPTS, post_chat, stream_once
+from bench.report import ms, pct, span
 from tasks.job import JobSpec, Message, SamplingParams
 
 MAX_TOKENS = 32
@@ -195,6 +195,11 @@ class _Live:
     tokens: int = 0
     prompt_tokens: int = 0
 
+    def ended(self, streamed: bool, now: float, reason: str) -> Sent:
+        """The request as it went, ended at `now` for `reason` (TTFT: from its insert to its first token)."""
+        ttft = None if self.first is None else self.first - self.started
+        return Sent(streamed, True, None, now - self.started, ttft, self.tokens, self.prompt_tokens, reason)
+
 
 def engine_level(
     engine: Any, clients: list[list[str]], at: frozenset[int], max_tokens: int, max_batch: int, prefill_step: int
@@ -230,19 +235,7 @@ def engine_level(
                         continue
                     del live[t.uid]
                     now = time.monotonic()
-                    ttft = seq.first - seq.started
-                    level.sent.append(
-                        Sent(
-                            seq.n in at,
-                            True,
-                            None,
-                            now - seq.started,
-                            ttft,
-                            seq.tokens,
-                            seq.prompt_tokens,
-                            t.finish_reason,
-                        )
-                    )
+                    level.sent.append(seq.ended(seq.n in at, now, t.finish_reason))
                     if seq.n + 1 < len(clients[seq.client]) and now - started < LEVEL_DEADLINE_S:
                         insert(seq.client, seq.n + 1)
             level.wall_s = time.monotonic() - started
@@ -252,18 +245,6 @@ def engine_level(
 
 
 # --- printing ------------------------------------------------------------------------------------------------
-
-
-def ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1000:.0f}"
-
-
-def spread(values: list[float], fmt: str) -> str:
-    """ "median (min-max)", or "-" for none."""
-    if not values:
-        return "-"
-    m, lo, hi = (format(v, fmt) for v in (statistics.median(values), min(values), max(values)))
-    return m if len(values) == 1 else f"{m} ({lo}-{hi})"
 
 
 def level_lines(level: MixLevel) -> list[str]:
@@ -317,15 +298,15 @@ def summary_lines(rows: list[Row], rounds: int) -> list[str]:
         o, p, e = row.onelane, row.peer, row.engine
         tps = lambda lv: lv.tps  # noqa: E731
         lines.append(
-            f"c={row.clients}: tok/s onelane {spread(Row.each(o, tps), '.1f')}, mlx_lm.server "
-            f"{spread(Row.each(p, tps), '.1f')} -> onelane/peer {spread(Row.ratios(o, p, tps), '.2f')}x"
+            f"c={row.clients}: tok/s onelane {span(Row.each(o, tps), '{:.1f}')}, mlx_lm.server "
+            f"{span(Row.each(p, tps), '{:.1f}')} -> onelane/peer {span(Row.ratios(o, p, tps), '{:.2f}')}x"
         )
         for q in (50, 90, 99):
             t = lambda lv, q=q: lv.ttft(q)  # noqa: E731
             lines.append(
-                f"      streamed TTFT p{q}: onelane {spread([v * 1000 for v in Row.each(o, t)], '.0f')} ms, "
-                f"mlx_lm.server {spread([v * 1000 for v in Row.each(p, t)], '.0f')} ms -> onelane/peer "
-                f"{spread(Row.ratios(o, p, t), '.2f')}x"
+                f"      streamed TTFT p{q}: onelane {span([v * 1000 for v in Row.each(o, t)], '{:.0f}')} ms, "
+                f"mlx_lm.server {span([v * 1000 for v in Row.each(p, t)], '{:.0f}')} ms -> onelane/peer "
+                f"{span(Row.ratios(o, p, t), '{:.2f}')}x"
             )
         for name, levels in (("onelane", o), ("mlx_lm.server", p)):
             pooled = [t for lv in levels for t in lv.ttfts]
@@ -340,8 +321,8 @@ def summary_lines(rows: list[Row], rounds: int) -> list[str]:
         if e:
             lines.append(
                 f"      queue efficiency (onelane tok/s over the bare engine's, same prompts and batch): bare engine "
-                f"{spread(Row.each(e, tps), '.1f')} tok/s -> {spread(Row.ratios(o, e, tps), '.2f')}x; bare engine "
-                f"TTFT (insert to first token) p50 {spread([v * 1000 for v in Row.each(e, lambda lv: lv.ttft(50))], '.0f')} ms"
+                f"{span(Row.each(e, tps), '{:.1f}')} tok/s -> {span(Row.ratios(o, e, tps), '{:.2f}')}x; bare engine "
+                f"TTFT (insert to first token) p50 {span([v * 1000 for v in Row.each(e, lambda lv: lv.ttft(50))], '{:.0f}')} ms"
             )
     return lines
 
@@ -364,20 +345,20 @@ def markdown(rows: list[Row]) -> list[str]:
                 return "-"
             return (
                 f"{statistics.median(a) * 1000:.0f} / {statistics.median(b) * 1000:.0f} ms "
-                f"({spread(Row.ratios(o, p, t), '.2f')}×)"
+                f"({span(Row.ratios(o, p, t), '{:.2f}')}×)"
             )
 
         failed = [sum(len(lv.sent) - len(lv.ok) for lv in side) for side in (o, p)]
         sent = [sum(len(lv.sent) for lv in side) for side in (o, p)]
         cells = [
             str(row.clients),
-            f"{spread(Row.ratios(o, p, tps), '.2f')}×",
+            f"{span(Row.ratios(o, p, tps), '{:.2f}')}×",
             ttft(50),
             ttft(90),
             ttft(99),
             f"{failed[0]} of {sent[0]} / {failed[1]} of {sent[1]}",
         ]
         if row.engine:
-            cells.append(f"{spread(Row.ratios(o, row.engine, tps), '.2f')}×")
+            cells.append(f"{span(Row.ratios(o, row.engine, tps), '{:.2f}')}×")
         lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -23,7 +23,6 @@ monkey.patch_all()  # before anything opens a socket: the client is gevent green
 
 import argparse
 import json
-import os
 import re
 import resource
 import socket
@@ -36,18 +35,9 @@ from typing import Any
 
 import gevent
 
-from bench.harness import (
-    bench_env,
-    children,
-    cpu_now,
-    free_port,
-    http_request,
-    onelane_web,
-    pct,
-    queue_bounds,
-    rss_kb,
-    tail,
-)
+from bench.harness import bench_env, free_port, http_request, matching_lines, onelane_web, queue_bounds, tail
+from bench.proc import children, cpu_now, open_fds, rss_kb
+from bench.report import pct
 from tasks.events import TERMINAL
 from tasks.settings import Settings
 from tasks.store import Store
@@ -81,63 +71,13 @@ def follow_stream(port: int, stream: Stream, deadline: float, read_timeout: floa
     """GET /v1/jobs/<id>/events and record every event until a terminal one, `stop`, an error or `deadline`."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     try:
-        sock.sendall(
-            f"GET /v1/jobs/{stream.job_id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            "Accept: text/event-stream\r\n\r\n".encode()
-        )
-        sock.settimeout(read_timeout)
-        raw = b""
-        while b"\r\n\r\n" not in raw:
-            data = sock.recv(65536)
-            if not data:
-                raise ConnectionError("closed before the response headers")
-            raw += data
-        head, raw = raw.split(b"\r\n\r\n", 1)
-        lines = head.decode("latin-1").split("\r\n")
-        stream.status = int(lines[0].split()[1])
-        chunked = any(ln.lower().replace(" ", "") == "transfer-encoding:chunked" for ln in lines[1:])
-        if stream.status != 200:
-            raise ConnectionError(f"HTTP {stream.status}")
-        stream.opened_at = time.monotonic()
+        raw, chunked = open_stream(sock, stream, read_timeout)
         text = ""  # de-chunked SSE text not yet parsed
         ended = False
         while not ended and not stream.stop and time.monotonic() < deadline:
-            # de-chunk whatever complete chunks `raw` holds
-            while True:
-                if not chunked:
-                    text += raw.decode()
-                    raw = b""
-                    break
-                end = raw.find(b"\r\n")
-                if end < 0:
-                    break
-                size = int(raw[:end].split(b";")[0], 16)
-                if len(raw) < end + 2 + size + 2:
-                    break
-                if size == 0:
-                    ended = True
-                    break
-                text += raw[end + 2 : end + 2 + size].decode()
-                raw = raw[end + 2 + size + 2 :]
-            now = time.monotonic()
-            while "\n\n" in text:
-                block, text = text.split("\n\n", 1)
-                kind, data = "message", ""
-                for line in block.split("\n"):
-                    if line.startswith(": ping"):
-                        stream.pings.append(now)
-                    elif line.startswith("event: "):
-                        kind = line[7:]
-                    elif line.startswith("data: "):
-                        data = line[6:]
-                if not data:
-                    continue
-                if kind == "queued":
-                    stream.queued.append((now, int(json.loads(data)["position"])))
-                else:
-                    stream.others.append((now, kind))
-                    if kind in TERMINAL:
-                        ended = True
+            body, raw, ended = dechunk(raw, chunked)
+            text, terminal = take_events(stream, text + body, time.monotonic())
+            ended = ended or terminal
             if ended:
                 break
             data = sock.recv(65536)
@@ -151,23 +91,76 @@ def follow_stream(port: int, stream: Stream, deadline: float, read_timeout: floa
         sock.close()
 
 
+def open_stream(sock: socket.socket, stream: Stream, read_timeout: float) -> tuple[bytes, bool]:
+    """Send the GET and read the response's head: (what came after it, whether the body is chunked)."""
+    sock.sendall(
+        f"GET /v1/jobs/{stream.job_id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n".encode()
+    )
+    sock.settimeout(read_timeout)
+    raw = b""
+    while b"\r\n\r\n" not in raw:
+        data = sock.recv(65536)
+        if not data:
+            raise ConnectionError("closed before the response headers")
+        raw += data
+    head, raw = raw.split(b"\r\n\r\n", 1)
+    lines = head.decode("latin-1").split("\r\n")
+    stream.status = int(lines[0].split()[1])
+    chunked = any(ln.lower().replace(" ", "") == "transfer-encoding:chunked" for ln in lines[1:])
+    if stream.status != 200:
+        raise ConnectionError(f"HTTP {stream.status}")
+    stream.opened_at = time.monotonic()
+    return raw, chunked
+
+
+def dechunk(raw: bytes, chunked: bool) -> tuple[str, bytes, bool]:
+    """The text of the complete chunks `raw` holds, what is left of it, and whether the body ended (its 0 chunk)."""
+    if not chunked:
+        return raw.decode(), b"", False
+    text = ""
+    while (end := raw.find(b"\r\n")) >= 0:
+        size = int(raw[:end].split(b";")[0], 16)
+        if len(raw) < end + 2 + size + 2:
+            break
+        if size == 0:
+            return text, raw, True
+        text += raw[end + 2 : end + 2 + size].decode()
+        raw = raw[end + 2 + size + 2 :]
+    return text, raw, False
+
+
+def take_events(stream: Stream, text: str, now: float) -> tuple[str, bool]:
+    """Record the complete SSE events in `text` (arrived `now`): (the rest of it, whether an event was terminal)."""
+    ended = False
+    while "\n\n" in text:
+        block, text = text.split("\n\n", 1)
+        kind, data = "message", ""
+        for line in block.split("\n"):
+            if line.startswith(": ping"):
+                stream.pings.append(now)
+            elif line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                data = line[6:]
+        if not data:
+            continue
+        if kind == "queued":
+            stream.queued.append((now, int(json.loads(data)["position"])))
+        else:
+            stream.others.append((now, kind))
+            ended = ended or kind in TERMINAL
+    return text, ended
+
+
 def report_log(log: Path) -> None:
     """The web's warnings and errors, each distinct message once with its count."""
     seen: Counter[str] = Counter()
-    for line in log.read_text(errors="replace").splitlines():
-        if " WARNING " in line or " ERROR " in line or "Traceback" in line or "Error" in line:
-            seen[re.sub(r"job_[A-Za-z0-9_-]+|\d{4}-\d\d-\d\d [\d:,]+ \d+ ", "", line)[:300]] += 1
+    for line in matching_lines(log, (" WARNING ", " ERROR ", "Traceback", "Error")):
+        seen[re.sub(r"job_[A-Za-z0-9_-]+|\d{4}-\d\d-\d\d [\d:,]+ \d+ ", "", line)[:300]] += 1
     if seen:
         print(f"web log: {sum(seen.values())} warning/error lines, {len(seen)} distinct:")
         for message, count in seen.most_common(8):
             print(f"  {count:>5} x {message}")
-
-
-def open_fds(pid: int) -> int:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return -1
 
 
 @dataclass(frozen=True)
@@ -270,20 +263,9 @@ def measure(
         follow_stream(port, Stream(ids[-1]), time.monotonic() + 1.2, 5)
     time.sleep(1.0)
     before = Sample.take(worker, client)
-
-    deadline = time.monotonic() + hold + 60
-    streams = [Stream(job_id) for job_id in ids]
     opened_at = time.monotonic()
-    greenlets += [gevent.spawn(follow_stream, port, s, deadline, max(5.0, 5 * args.ping)) for s in streams]
-    limit = time.monotonic() + 30
-    while time.monotonic() < limit and sum(1 for s in streams if s.queued or s.error) < args.streams:
-        gevent.sleep(0.05)
-    t0 = time.monotonic()
-    status, answer = http_request(port, "POST", "/v1/jobs", BODY)
-    post = (status, answer, (time.monotonic() - t0) * 1000)
-    get_status = http_request(port, "GET", f"/v1/jobs/{ids[-1]}")[0]
-    if status == 202:
-        http_request(port, "DELETE", f"/v1/jobs/{json.loads(answer)['id']}")  # not part of the queue below
+    streams = open_streams(port, ids, args, opened_at + hold + 60, greenlets)
+    post, get_status = requests_while_open(port, ids[-1])
     gevent.sleep(1.5)  # both published a queue move: let every stream look and settle
 
     start = Sample.take(worker, client)
@@ -292,33 +274,64 @@ def measure(
     moves = move_queue(port, streams, moves_n, max(1.0, (hold - 5.0) / max(moves_n, 1)))
     gevent.sleep(max(0.0, hold - (time.monotonic() - start.at)))
     end = Sample.take(worker, client)
+    hung_up = hang_up(streams, greenlets, client, end.redis_clients)
+    return Run(
+        admit_s, before, opened_at, streams, post, get_status, (start, idle, end), *moves, (*hung_up, rss_kb(worker))
+    )
 
-    # hang up every stream: the web should notice, close their pub/sub connections and free memory
+
+def open_streams(
+    port: int, ids: list[str], args: argparse.Namespace, deadline: float, greenlets: list[gevent.Greenlet]
+) -> list[Stream]:
+    """A stream on each job, each on a greenlet of its own; back once each has its first position (or 30 s)."""
+    streams = [Stream(job_id) for job_id in ids]
+    greenlets += [gevent.spawn(follow_stream, port, s, deadline, max(5.0, 5 * args.ping)) for s in streams]
+    limit = time.monotonic() + 30
+    while time.monotonic() < limit and sum(1 for s in streams if s.queued or s.error) < args.streams:
+        gevent.sleep(0.05)
+    return streams
+
+
+def requests_while_open(port: int, last_id: str) -> tuple[tuple[int, bytes, float], int]:
+    """A submit (cancelled at once: not part of the queue below) and a GET while the streams are open."""
+    t0 = time.monotonic()
+    status, answer = http_request(port, "POST", "/v1/jobs", BODY)
+    post = (status, answer, (time.monotonic() - t0) * 1000)
+    get_status = http_request(port, "GET", f"/v1/jobs/{last_id}")[0]
+    if status == 202:
+        http_request(port, "DELETE", f"/v1/jobs/{json.loads(answer)['id']}")
+    return post, get_status
+
+
+def hang_up(streams: list[Stream], greenlets: list[gevent.Greenlet], client: Any, clients: int) -> tuple[int, float]:
+    """Hang up every stream: the web should notice, close their pub/sub connections and free memory. Returns Redis's
+    connected clients once they held still for 1.5 s (or 10 s passed), and after how long."""
     for s in streams:
         s.stop = True
     gevent.killall(greenlets, timeout=5)
     hung_up = time.monotonic()
-    clients, stable_since = end.redis_clients, time.monotonic()
+    stable_since = time.monotonic()
     while time.monotonic() < hung_up + 10 and time.monotonic() - stable_since < 1.5:
         gevent.sleep(0.25)
         now_clients = int(client.info("clients")["connected_clients"])
         if now_clients != clients:
             clients, stable_since = now_clients, time.monotonic()
-    return Run(
-        admit_s,
-        before,
-        opened_at,
-        streams,
-        post,
-        get_status,
-        (start, idle, end),
-        *moves,
-        (clients, stable_since - hung_up, rss_kb(worker)),
-    )
+    return clients, stable_since - hung_up
 
 
 def report(run: Run, args: argparse.Namespace) -> None:
-    n = args.streams
+    report_opened(run, args.streams)
+    report_held(run, args)
+    report_moves(run)
+    clients, settled_s, rss = run.hung_up
+    print(
+        f"after the clients hung up: Redis connected_clients settled at {clients} {settled_s:.1f} s later, "
+        f"worker VmRSS {rss / 1024:.1f} MiB"
+    )
+
+
+def report_opened(run: Run, n: int) -> None:
+    """The streams opened, and a submit and a GET while they were."""
     streams, before = run.streams, run.before
     print(f"admitted {n} jobs in {run.admit_s:.2f} s")
     print(f"before: worker VmRSS {before.rss_kb / 1024:.1f} MiB, Redis connected_clients {before.redis_clients}")
@@ -339,10 +352,12 @@ def report(run: Run, args: argparse.Namespace) -> None:
         f"answered {run.get_status}"
     )
 
+
+def report_held(run: Run, args: argparse.Namespace) -> None:
+    """While the streams were held: how many stayed open, their pings, and what they cost in memory and CPU."""
     start, idle, end = run.held
-    held = end.at - start.at
-    head = len(run.moves)
-    cancelled, rest = streams[:head], streams[head:]
+    before, held, head = run.before, end.at - start.at, len(run.moves)
+    cancelled, rest = run.streams[:head], run.streams[head:]
     pings = [sum(1 for t in s.pings if start.at <= t <= end.at) for s in rest if s.open] or [0]
     print(
         f"held {held:.1f} s: {sum(1 for s in rest if s.open)} of {len(rest)} waiting streams still open; the {head} "
@@ -358,7 +373,8 @@ def report(run: Run, args: argparse.Namespace) -> None:
     )
     print(
         f"worker VmRSS: before {before.rss_kb / 1024:.1f} MiB, holding {idle.rss_kb / 1024:.1f} MiB (3 s in), "
-        f"{end.rss_kb / 1024:.1f} MiB (end) -> {(max(idle.rss_kb, end.rss_kb) - before.rss_kb) / n:.0f} kB per stream"
+        f"{end.rss_kb / 1024:.1f} MiB (end) -> {(max(idle.rss_kb, end.rss_kb) - before.rss_kb) / args.streams:.0f} kB "
+        "per stream"
     )
     print(
         f"Redis connected_clients: before {before.redis_clients}, holding {idle.redis_clients} (3 s in), "
@@ -373,26 +389,24 @@ def report(run: Run, args: argparse.Namespace) -> None:
         f"{100 * redis_used / held:.0f} %, this client {100 * client_cpu / held:.0f} %, everything else on the "
         f"machine {100 * (busy - web - client_cpu - redis_used) / held:.0f} % (2 cores = 200 %)"
     )
+
+
+def report_moves(run: Run) -> None:
+    """How long each move of the queue took to reach the streams."""
     flat = sorted(x for m in run.moves for x in m)
-    if flat:
-        print(
-            f"queue moved ({head} cancels of the head job, DELETE answered in "
-            f"{statistics.median(run.cancel_ms):.1f} ms median): new position reached "
-            f"{len(flat)} of {len(flat) + run.missing} streams expected"
-        )
-        print(
-            f"  per stream: p50 {pct(flat, 50) * 1000:.0f} ms, p99 {pct(flat, 99) * 1000:.0f} ms, "
-            f"max {flat[-1] * 1000:.0f} ms (from sending the DELETE)"
-        )
-        print(
-            "  all streams reached, per move: " + ", ".join(f"{m[-1] * 1000:.0f} ms ({len(m)})" for m in run.moves if m)
-        )
-        print("  first stream reached, per move: " + ", ".join(f"{m[0] * 1000:.0f} ms" for m in run.moves if m))
-    clients, settled_s, rss = run.hung_up
+    if not flat:
+        return
     print(
-        f"after the clients hung up: Redis connected_clients settled at {clients} {settled_s:.1f} s later, "
-        f"worker VmRSS {rss / 1024:.1f} MiB"
+        f"queue moved ({len(run.moves)} cancels of the head job, DELETE answered in "
+        f"{statistics.median(run.cancel_ms):.1f} ms median): new position reached "
+        f"{len(flat)} of {len(flat) + run.missing} streams expected"
     )
+    print(
+        f"  per stream: p50 {pct(flat, 50) * 1000:.0f} ms, p99 {pct(flat, 99) * 1000:.0f} ms, "
+        f"max {flat[-1] * 1000:.0f} ms (from sending the DELETE)"
+    )
+    print("  all streams reached, per move: " + ", ".join(f"{m[-1] * 1000:.0f} ms ({len(m)})" for m in run.moves if m))
+    print("  first stream reached, per move: " + ", ".join(f"{m[0] * 1000:.0f} ms" for m in run.moves if m))
 
 
 def phase(settings: Settings, args: argparse.Namespace, label: str, redis_url: str, hold: float, moves_n: int) -> None:

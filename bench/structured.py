@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from bench.harness import InProcess, bench_env, model_folder, prompt, spread
+from bench.harness import InProcess, add_model_option, bench_env, prompt, rotated
+from bench.report import spread
 from tasks.job import JobSpec, Message, SamplingParams
 from tasks.structured import Constraint, Tool, json_constraint, tools_constraint
 from worker.blas import preload_openblas
@@ -186,7 +185,7 @@ def fast_forward(b: Bench, runs: int) -> None:
     answers: dict[int, set[str]] = {0: set(), 4: set()}
     tokens: dict[int, set[int]] = {0: set(), 4: set()}
     for r in range(runs):
-        for ff in (0, 4) if r % 2 == 0 else (4, 0):
+        for ff in rotated((0, 4), r):
             with b.worker(fast_forward=ff):
                 b.run([(text, constraint, {"max_tokens": 8})])  # warm up
                 before = b.engine.counters.steps
@@ -210,21 +209,19 @@ def fast_forward(b: Bench, runs: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2", help="smollm2 (the default model), demo, or a model folder")
+    add_model_option(parser)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=96)
     args = parser.parse_args()
     preload_openblas()
-    with tempfile.TemporaryDirectory(prefix="onelane-structured-") as tmp:
-        model = model_folder(args.model, Path(tmp))
-        overrides = {"max_batch": args.jobs, "max_queue": 1000, "max_queued_per_user": 1000}
-        with bench_env(model=str(model), **overrides) as settings:  # type: ignore[arg-type]
-            b = Bench(settings)
-            print(f"model {args.model}; {args.jobs} jobs, {args.tokens} tokens; rounds {args.rounds}")
-            compiling(b)
-            fast_forward(b, args.rounds)
-            throughput(b, args.rounds, args.jobs, args.tokens)
+    overrides = {"max_batch": args.jobs, "max_queue": 1000, "max_queued_per_user": 1000}
+    with bench_env(model=args.model, **overrides) as settings:  # type: ignore[arg-type]
+        b = Bench(settings)
+        print(f"model {args.model}; {args.jobs} jobs, {args.tokens} tokens; rounds {args.rounds}")
+        compiling(b)
+        fast_forward(b, args.rounds)
+        throughput(b, args.rounds, args.jobs, args.tokens)
 
 
 if __name__ == "__main__":
