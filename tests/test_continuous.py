@@ -57,7 +57,27 @@ def test_a_prompt_joining_a_decoding_batch_reads_its_last_token_in_the_next_deco
     # reads that token as a second row of the decode pass: no forward pass of its own
     assert steps[0] == [(1, 1), (1, len(prompts[1]) - 1)]
     assert steps[1] == [(2, 1)]
-    assert all(len(calls) == 1 for calls in steps[1:])
+    assert all(len(calls) == 1 for calls in steps[1:-1])
     # and each sequence makes the tokens it makes alone
     assert made[first] == greedy_alone(engine, prompts[0], 12)
     assert made[second] == greedy_alone(engine, prompts[1], 6)
+
+
+def test_a_sequence_ending_at_max_tokens_is_drawn_no_token_past_its_last(engine):
+    # Given one sequence that may draw 5 tokens
+    prompt = engine.prompt_tokens(JobSpec(owner="t", model="m", prompt="a job waits"))
+    model = Counted(engine.model)
+    batch = ContinuousBatch(model, 512, 8, None)
+    batch.insert(prompt, 5, make_sampler(SamplingParams(temperature=0)), stops=frozenset())
+    # When it runs to its end
+    ended = []
+    while len(batch):
+        ended += [e for e in batch.step() if e.finish_reason]
+    # Then the model read its prompt (all but its last token, then that token as a decode row) and each of its
+    # draws but the last, which ends it: one forward pass per token drawn, none for a sixth nobody reads
+    assert model.calls == [(1, len(prompt) - 1)] + [(1, 1)] * 5
+    (end,) = ended
+    assert end.finish_reason == "length"
+    # and the KV state it leaves holds every token it read: its prompt and its draws but the last
+    assert end.tokens is not None and end.cache is not None
+    assert len(end.tokens) == len(prompt) + 4 == end.cache[0].offset

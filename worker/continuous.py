@@ -10,8 +10,10 @@ decode step at 8 sequences takes ~100 ms); here it costs a row (bench/join_cost.
 A step, in order:
 1. decode: the tokens waiting to be read (each generating sequence's last draw; each newcomer's last prompt token)
    go through the model together; the draws for the next step are started on the device (not waited for);
-2. the tokens drawn in the step before are read: a sequence's token is emitted, and it ends on a stop token or at
-   its max_tokens (its KV state, which holds every token it emitted, is given back);
+2. the tokens drawn in the step before are read: a sequence's token is emitted, and it ends on a stop token (its KV
+   state, which holds every token it emitted, is given back) or at its max_tokens: a sequence whose draw being read
+   is its last leaves before step 1, so that no forward pass draws it a token nobody reads (mlx-lm's
+   BatchGenerator draws one); its KV state holds every token but that last one;
 3. prefill: the sequences reading their prompts (at most `prefill_batch` at once, in order of arrival) read their
    next chunk of at most `prefill_step` tokens each, side by side (padded to the longest chunk); those with only
    their last token left join the decode rows.
@@ -199,6 +201,46 @@ class ContinuousBatch:
         return emitted
 
     def _decode(self) -> list[Emitted]:
+        reading, rows = self._next, self._rows
+        assert reading is not None
+        # the rows whose draw being read is their last (max_tokens): they leave before the forward pass, which would
+        # draw them a token nobody reads; their KV state holds every token but that last one
+        leaving = {
+            i: [c.extract(i) for c in self._cache]
+            for i, r in enumerate(rows)
+            if r.emits and r.generated + 1 >= r.max_tokens
+        }
+        if leaving:
+            self._keep_rows([i for i in range(len(rows)) if i not in leaving])
+        if self._rows:
+            self._draw()
+        read = reading.tolist()  # drawn in the step before (or a prompt's last token): computed by now
+        emitted, gone = [], set()
+        for i, (row, token) in enumerate(zip(rows, read)):
+            if i in leaving:
+                row.generated += 1
+                reason = "stop" if token in row.stops else "length"
+                emitted.append(Emitted(row.uid, token, reason, leaving[i], list(row.tokens)))
+                continue
+            row.tokens.append(token)
+            if not row.emits:  # its prompt's last token: its first draw is read in the next step
+                row.emits = True
+                continue
+            row.generated += 1
+            if token not in row.stops:
+                emitted.append(Emitted(row.uid, token))
+                continue
+            j = next(j for j, r in enumerate(self._rows) if r.uid == row.uid)
+            emitted.append(Emitted(row.uid, token, "stop", [c.extract(j) for c in self._cache], row.tokens))
+            gone.add(row.uid)
+        self.work.generated_tokens += len(emitted)
+        if gone:
+            self._keep_rows([j for j, r in enumerate(self._rows) if r.uid not in gone])
+        return emitted
+
+    def _draw(self) -> None:
+        """The decode rows' next tokens, started on the device (not waited for): the forward pass over what each
+        reads next, its logits processors, its sampler."""
         reading = self._next
         assert reading is not None
         logits = self.model(reading[:, None], cache=self._cache)[:, -1, :]
@@ -211,26 +253,7 @@ class ContinuousBatch:
         else:
             drawn = mx.concatenate([s(logprobs[i : i + 1]) for i, s in enumerate(samplers)])
         mx.async_eval(drawn)
-        read = reading.tolist()  # drawn in the step before (or a prompt's last token): computed by now
         self._next = drawn
-        emitted, stay = [], []
-        for i, (row, token) in enumerate(zip(self._rows, read)):
-            row.tokens.append(token)
-            if not row.emits:  # its prompt's last token: its first draw is read in the next step
-                row.emits = True
-                stay.append(i)
-                continue
-            row.generated += 1
-            reason = "stop" if token in row.stops else "length" if row.generated >= row.max_tokens else None
-            if reason is None:
-                emitted.append(Emitted(row.uid, token))
-                stay.append(i)
-                continue
-            emitted.append(Emitted(row.uid, token, reason, [c.extract(i) for c in self._cache], row.tokens))
-        self.work.generated_tokens += len(emitted)
-        if len(stay) < len(self._rows):
-            self._keep_rows(stay)
-        return emitted
 
     def _processed(self, i: int, logits: mx.array, reading: mx.array) -> mx.array:
         row = self._rows[i]
