@@ -22,6 +22,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import apply_top_p, greedy_sampler
@@ -372,11 +373,14 @@ class Engine:
 
 def with_dtype(model: nn.Module, dtype: str) -> str:
     """Give a loaded model's weights the dtype its config asks (see ModelConfig.dtype); says what they are now.
-    "auto" dequantizes a quantized model to float32 on the CPU, whose quantized matmuls do not batch (bench/dtypes.py
-    on SmolLM2-135M, 2 cores: 4-bit 3.8 tok/s alone and 3.9 at 8, float32 14.8 and 63.9), and keeps it on a GPU."""
+    "auto" makes every weight float32 on the CPU, and keeps them as stored on a GPU. On the CPU, quantized matmuls do
+    not batch (bench/dtypes.py on SmolLM2-135M, 2 cores: 4-bit 3.8 tok/s alone and 3.9 at 8, float32 14.8 and 63.9),
+    and half-precision ones have no BLAS under them (worker/demo, stored as bfloat16: a decode step of 32 sequences
+    56 ms, 10 ms as float32; reading 8 prompts of 41 tokens 396 ms, 36 ms as float32)."""
     quantized = any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules())
     if dtype == "auto":
-        dtype = "float32" if quantized and mx.default_device() == mx.cpu else "stored"
+        half = any(v.dtype in (mx.float16, mx.bfloat16) for _, v in tree_flatten(model.parameters()))
+        dtype = "float32" if (quantized or half) and mx.default_device() == mx.cpu else "stored"
     if dtype == "stored":
         return "as stored, quantized" if quantized else "as stored"
     if quantized:
