@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bench.harness import generate
@@ -75,3 +77,30 @@ def test_the_training_script_writes_a_model_mlx_lm_loads(tmp_path):  # type: ign
     tokenizer = load(str(tmp_path / "demo"))[1]
     assert report.steps == 2 and report.bytes_on_disk <= MAX_BYTES
     assert len(tokenizer.vocab) == VOCAB_SIZE and tokenizer.chat_template
+
+
+def test_on_the_cpu_its_bfloat16_weights_run_as_float32(shipped) -> None:  # type: ignore[no-untyped-def]
+    # Given the shipped model, stored as bfloat16, loaded with dtype "auto" on this machine's CPU
+    import mlx.core as mx
+
+    assert json.loads((SHIPPED_DEMO_MODEL / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    # then its weights are float32 (MLX's CPU build has no BLAS under half-precision matmuls)
+    assert shipped.model.model.layers[0].mlp.down_proj.weight.dtype == mx.float32
+
+
+def test_a_model_too_big_for_a_quarter_of_memory_as_float32_stays_as_stored(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import mlx.core as mx
+    from mlx_lm import load
+
+    from worker import engine
+
+    # Given the bfloat16 demo model on a machine where, as float32, it would take just over a quarter of the memory
+    model = load(str(SHIPPED_DEMO_MODEL))[0]
+    monkeypatch.setattr(engine, "physical_memory", lambda: 4 * engine.float32_bytes(model) - 4)
+    # When it is given dtype "auto", then its weights stay bfloat16
+    assert engine.with_dtype(model, "auto") == "as stored"
+    assert model.model.layers[0].mlp.down_proj.weight.dtype == mx.bfloat16
+    # and with a quarter that holds them, they become float32
+    monkeypatch.setattr(engine, "physical_memory", lambda: 4 * engine.float32_bytes(model))
+    assert engine.with_dtype(model, "auto") == "float32"
+    assert model.model.layers[0].mlp.down_proj.weight.dtype == mx.float32
