@@ -48,8 +48,8 @@ class ModelConfig(BaseModel):
     # KV cache kept per sequence: older tokens rotate out beyond it
     gguf: str | None = None  # a GGUF file imported into `path` the first time it is loaded (worker/gguf.py)
     # the weights' dtype once loaded: "auto" makes a quantized or half-precision model float32 on the CPU (whose
-    # quantized kernels do not batch, and whose half-precision ones have no BLAS) and keeps it as stored on a GPU;
-    # "stored" keeps it as stored everywhere
+    # quantized kernels do not batch, and whose half-precision ones have no BLAS), unless float32 would take over a
+    # quarter of the machine's memory, and keeps it as stored on a GPU; "stored" keeps it as stored everywhere
     dtype: Literal["auto", "stored", "float32", "float16", "bfloat16"] = "auto"
     max_kv_size: int | None = Field(None, ge=16, le=10_000_000)
     default: bool = False
