@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from bench.harness import generate
@@ -80,10 +78,9 @@ def test_the_training_script_writes_a_model_mlx_lm_loads(tmp_path):  # type: ign
 
 
 def test_on_the_cpu_its_bfloat16_weights_run_as_float32(shipped) -> None:  # type: ignore[no-untyped-def]
-    # Given the shipped model, stored as bfloat16, loaded with dtype "auto" on this machine's CPU
+    # Given the shipped model (stored as bfloat16, its config.json says), loaded with dtype "auto" on this CPU
     import mlx.core as mx
 
-    assert json.loads((SHIPPED_DEMO_MODEL / "config.json").read_text())["torch_dtype"] == "bfloat16"
     # then its weights are float32 (MLX's CPU build has no BLAS under half-precision matmuls)
     assert shipped.model.model.layers[0].mlp.down_proj.weight.dtype == mx.float32
 

@@ -383,12 +383,12 @@ def with_dtype(model: nn.Module, dtype: str) -> str:
     if dtype == "auto":
         half = any(v.dtype in (mx.float16, mx.bfloat16) for _, v in tree_flatten(model.parameters()))
         dtype = "float32" if (quantized or half) and mx.default_device() == mx.cpu else "stored"
-        if dtype == "float32" and float32_bytes(model) > physical_memory() // 4:
+        if dtype == "float32" and (wide := float32_bytes(model)) > physical_memory() // 4:
             dtype = "stored"
             logger.warning(
                 "model weights kept as stored: as float32 (faster on the CPU) they would take %.1f GiB, over a quarter "
                 'of this machine\'s memory; set dtype = "float32" in the models file to have them anyway',
-                float32_bytes(model) / 2**30,
+                wide / 2**30,
             )
     if dtype == "stored":
         return "as stored, quantized" if quantized else "as stored"
