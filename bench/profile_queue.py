@@ -4,7 +4,8 @@ Redis (with its AOF), `onelane web` under gunicorn, and a supervisor keeping an 
     ./dev.sh bench profile_queue --model smollm2 --clients 8 --rounds 16     # the full run (a quiet machine)
     ./dev.sh bench profile_queue --model demo --clients 4 --rounds 4         # a smoke run
 
-`--clients` closed-loop clients each stream `--rounds` chat requests (POST /v1/chat/completions, "stream": true,
+`--clients` closed-loop clients each stream `--rounds` chat requests (`--plain`: ask for them whole, as most API
+clients do; their tokens are then written in quiet windows, worker/output.py) (POST /v1/chat/completions, "stream": true,
 openai_load's prompts, natural stops, `--max-tokens` 32, greedy so that the bare engine makes the very same
 tokens), each on a fresh connection, after one untimed round to warm up. The prefix cache is off unless
 `--prefix-cache`, so both sides read the same prompt tokens. Printed, from this one run:
@@ -161,15 +162,14 @@ class Request:
     error: str | None = None
 
 
-def stream(port: int, model: str, r: Request, max_tokens: int) -> Request:
-    """One streamed chat completion on a fresh connection, read as it arrives."""
+def stream(port: int, model: str, r: Request, max_tokens: int, plain: bool = False) -> Request:
+    """One streamed chat completion on a fresh connection, read as it arrives (`plain`: one asked for whole)."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": r.prompt}],
         "max_tokens": max_tokens,
         "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
+        **({} if plain else {"stream": True, "stream_options": {"include_usage": True}}),
     }
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S)
     try:
@@ -179,6 +179,10 @@ def stream(port: int, model: str, r: Request, max_tokens: int) -> Request:
         r.job_id = resp.getheader("x-onelane-job-id")
         if resp.status != 200:
             r.error = f"http {resp.status}"
+            return r
+        if plain:
+            r.tokens = int(json.loads(resp.read())["usage"]["completion_tokens"])
+            r.done = time.time()
             return r
         for payload in sse_payloads(resp):
             if payload == b"[DONE]":
@@ -197,12 +201,14 @@ def stream(port: int, model: str, r: Request, max_tokens: int) -> Request:
     return r
 
 
-def closed_loop(s: Stack, clients: int, rounds: int, max_tokens: int, offset: int = 0) -> list[Request]:
-    """`clients` clients at once, each streaming `rounds` requests back to back."""
+def closed_loop(
+    s: Stack, clients: int, rounds: int, max_tokens: int, offset: int = 0, plain: bool = False
+) -> list[Request]:
+    """`clients` clients at once, each streaming `rounds` requests back to back (`plain`: asking for them whole)."""
 
     def client(c: int) -> list[Request]:
         prompts = [PROMPTS[(offset + c * rounds + i) % len(PROMPTS)] for i in range(rounds)]
-        return [stream(s.port, s.settings.model_name, Request(p, c), max_tokens) for p in prompts]
+        return [stream(s.port, s.settings.model_name, Request(p, c), max_tokens, plain) for p in prompts]
 
     return [r for mine in at_once(clients, client) for r in mine]
 
@@ -467,7 +473,8 @@ def main() -> None:
         model = model_folder(args.model, folder)
         settings = Settings(model=str(model), var_dir=folder)  # type: ignore[arg-type]
         print(
-            f"model {args.model}, {args.clients} clients x {args.rounds} streamed chat requests, max_tokens "
+            f"model {args.model}, {args.clients} clients x {args.rounds} {'plain' if args.plain else 'streamed'} chat "
+            f"requests, max_tokens "
             f"{args.max_tokens}, greedy, natural stops, prefix cache {'on' if args.prefix_cache else 'off'}; "
             f"load average {os.getloadavg()[0]:.2f}"
         )
@@ -495,6 +502,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=16, help="requests per client")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--prefix-cache", action="store_true", help="leave the prefix cache on (its default)")
+    parser.add_argument("--plain", action="store_true", help="the requests ask for whole answers (not streamed)")
     parser.add_argument("--child", choices=["supervisor", "worker"], help=argparse.SUPPRESS)
     parser.add_argument("--supervisor", type=int, help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -520,7 +528,7 @@ def under_load(settings: Settings, args: argparse.Namespace, extra: dict[str, st
         closed_loop(s, args.clients, 1, args.max_tokens, offset=3)  # warm up
         roles = s.pids()
         before, busy0, started = cpu_snapshot(roles), machine_busy(), time.time()
-        requests = closed_loop(s, args.clients, args.rounds, args.max_tokens)
+        requests = closed_loop(s, args.clients, args.rounds, args.max_tokens, plain=args.plain)
         ended, busy1, after = time.time(), machine_busy(), cpu_snapshot(roles)
         jobs = {r.job_id: s.store.get(r.job_id) for r in requests if r.job_id}  # read before the stack stops
         return Load(requests, jobs, cpu_used(before, after), busy1 - busy0, started, ended, s.settings)

@@ -162,6 +162,10 @@ class JobSpec(BaseModel):
     priority: Priority = "interactive"
     # True: the job is skipped before generation once its client stops watching (stream or polling).
     watched: bool = False
+    # True: its client reads the answer as it is generated (a stream), so its tokens are written the moment they
+    # come; a job nobody follows live (a plain request, a batch's line) has them written in quiet windows
+    # (worker/output.py), unless a stream opens on it later (Store.follow_live)
+    stream: bool = False
     # set for a job made through /v1/responses (it is then also readable as a response)
     response: ResponseFields | None = None
     # what the answer must be (a JSON schema, any JSON object, tool calls): enforced while it is generated

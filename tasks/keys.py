@@ -63,6 +63,7 @@ DEVICE_PREFIX = NS + "device:"  # hash with a short TTL: the lease of the worker
 DEVICES = NS + "devices"  # set: device names seen, for health checks
 STATS = NS + "stats"  # hash: counters and histogram buckets behind /metrics
 CANCELS = NS + "cancels"  # pub/sub: ids of running jobs asked to stop, for the worker's listener
+LIVE = NS + "live"  # pub/sub: ids of running jobs a stream opened on, for the worker's listener (worker/output.py)
 MINUTE_PREFIX = NS + "minute:"  # hash, kept MINUTE_TTL_S: what happened in one minute (jobs ended by status, tokens,
 #                                 queue waits), for the dashboard's plots of the last hour
 FAILURES = NS + "failures"  # list: the newest FAILURES_KEPT failed or expired job ids, living as long as the newest
@@ -144,7 +145,7 @@ LUA_NAMES: dict[str, str | int] = {
     "UQ": USER_QUEUE_PREFIX, "UJ": USER_JOBS_PREFIX, "QUEUE": QUEUE, "WAITING": WAITING, "WATCHED": WATCHED,
     "MOVED": QUEUE_MOVED, "IN_PROGRESS": IN_PROGRESS, "LENGTHS": LENGTHS_PREFIX, "VTIME": VIRTUAL_TIME, "TAGS": NEXT_TAGS,
     "SEQ": SEQUENCE, "DEVICE": DEVICE_PREFIX, "DEVICES": DEVICES, "STATS": STATS, "CANCELS": CANCELS,
-    "MQ": MODEL_QUEUE_PREFIX, "MODEL": MODEL_PREFIX, "BLOCKED": BLOCKED, "MINUTE": MINUTE_PREFIX,
+    "LIVE": LIVE, "MQ": MODEL_QUEUE_PREFIX, "MODEL": MODEL_PREFIX, "BLOCKED": BLOCKED, "MINUTE": MINUTE_PREFIX,
     "FAILURES": FAILURES, "AFFINITY": AFFINITY_PREFIX, "MINUTE_TTL": MINUTE_TTL_S, "FAILURES_KEPT": FAILURES_KEPT,
     "MODEL_RECORD_TTL": MODEL_RECORD_TTL_S, "LENGTHS_KEPT": LENGTHS_KEPT,
 }  # fmt: skip

@@ -106,6 +106,7 @@ EVENTS = {
 def job_events(job_id: str) -> Response:
     svc = services()
     job = svc.store.get(job_id, current_owner())
+    svc.store.follow_live(job)  # its tokens, as they come
     return sse.response(job_stream(svc.store, svc.hub, job, _last_event_id(svc.store, job), svc.settings.sse_ping_s))
 
 

@@ -296,8 +296,9 @@ class GpuWorker:
         )
 
     def _listen(self) -> None:
-        """Hear cancels of running jobs the moment they happen, so a job stops before the next step, and queue
-        moves, so a job joins the batch the moment it can."""
+        """Hear cancels of running jobs the moment they happen, so a job stops before the next step; streams opened
+        on running jobs, so their tokens are written as they come; and queue moves, so a job joins the batch the
+        moment it can."""
         while not self.down.is_set():
             try:
                 with self.jobs.listen() as sub:
@@ -308,6 +309,8 @@ class GpuWorker:
                             continue
                         if message["channel"] == keys.CANCELS:
                             self.runner.request_stop(message["data"])
+                        elif message["channel"] == keys.LIVE:
+                            self.runner.writer.go_live(message["data"])
                         else:
                             self.runner.queue_moved.set()
             except redis.RedisError as exc:  # the output writes still carry the flag meanwhile

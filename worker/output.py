@@ -6,6 +6,13 @@ text and every ending go out at once (a client waits on them); the rest waits fo
 does not pay a round trip per token. Each output write also tells whether its job must stop (cancelled, or no
 longer this worker's): the loop is told through `on_stop`.
 
+A job whose client does not read its answer as it is generated (a plain request waits for the whole answer; a
+batch's line has no client) is quiet: after its first text, its tokens are held and go out every QUIET_S, with
+its ending, or the moment a stream opens on it (`go_live`). Each write is a script in Redis, a message to every
+web process and a wake of the job's waiting request; on a CPU the model shares, those cost it tokens, for nothing
+a quiet job's client sees. A crash loses at most QUIET_S of a quiet job's tokens, which its next run generates
+again (worker/resume.py); its cancel still comes at once, by the worker's listener.
+
 When Redis does not answer (a network blip, a failover), nothing is dropped and nothing is made up: what could not
 be written is sent again, first and in order, until it gets there, while the batch goes on. A text write says
 where in the run's output it starts, so a retry of a write that did get through (its reply lost) appends only
@@ -19,6 +26,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +40,7 @@ from worker import timeline
 logger = logging.getLogger(__name__)
 
 FLUSH_S = 0.02
+QUIET_S = 1.0  # how often a quiet job's held tokens go out (see above)
 RETRY_S = (0.05, 1.0)  # the wait before sending again what Redis did not take: doubling from the first to the second
 WRITE_PATIENCE_S = 30.0
 
@@ -126,6 +135,10 @@ class OutputWriter:
         self._fresh: set[str] = set()  # jobs none of whose text was handed over yet (the loop's thread only)
         self._handed = threading.Condition()  # guards what follows
         self._pending: list[Item] = []  # handed over, not taken by the writer yet
+        self._quiet: set[str] = set()  # running jobs nobody reads live: their tokens are held ...
+        self._held: dict[str, list[Text]] = {}  # ... here, per job, in order ...
+        self._held_since = 0.0  # ... the oldest since then, going out QUIET_S after
+        self._went_live: deque[str] = deque(maxlen=64)  # streams opened on jobs not begun yet (a claim in flight)
         self._urgent = False  # something pending must go out now
         self._writing = False  # the writer is sending what it took
         self._endings_in = self._endings_out = 0  # endings and hand-backs handed over, and written
@@ -138,19 +151,43 @@ class OutputWriter:
         self._thread = threading.Thread(target=self._loop, name="output", daemon=True)
         self._thread.start()
 
-    def begin(self, job_id: str) -> None:
+    def begin(self, job_id: str, live: bool = True) -> None:
+        """A run starts; `live`: its client reads the answer as it is generated (else it is quiet)."""
         self._fresh.add(job_id)
+        with self._handed:
+            if not live and job_id not in self._went_live:
+                self._quiet.add(job_id)
+
+    def go_live(self, job_id: str) -> None:
+        """A stream opened on the job (any thread): its held tokens go out now, and the rest as they come."""
+        with self._handed:
+            if job_id not in self._quiet:
+                self._went_live.append(job_id)
+                return
+            self._quiet.discard(job_id)
+            self._release(job_id)
+            self._handed.notify_all()
 
     def put_many(self, texts: list[Text]) -> None:
         """One step's output: a Text for each job that got a token."""
         if not texts:
             return
-        urgent = False
+        urgent, first = False, set()
         for t in texts:
             if t.text and t.job_id in self._fresh:  # its client waits for the first text
                 self._fresh.discard(t.job_id)
                 urgent = True
-        self._put(texts, urgent)
+                first.add(t.job_id)
+        with self._handed:
+            held = [bool(t.n_tokens and t.job_id in self._quiet and t.job_id not in first) for t in texts]
+            if any(held) and not self._held:  # the first held opens a quiet window: the writer must time it
+                self._held_since = time.monotonic()
+                self._handed.notify_all()
+            for t, hold in zip(texts, held):
+                if hold:
+                    self._held.setdefault(t.job_id, []).append(t)
+        if not all(held):
+            self._put([t for t, hold in zip(texts, held) if not hold], urgent)
 
     def end(self, ending: Ending) -> None:
         self._fresh.discard(ending.job_id)
@@ -168,13 +205,26 @@ class OutputWriter:
             return self._handed.wait_for(lambda: self._endings_out >= self._endings_in, timeout_s)
 
     def wait_idle(self, timeout_s: float = WRITE_PATIENCE_S) -> bool:
-        """Until everything handed over is written (for an orderly stop)."""
+        """Until everything handed over is written, held tokens too (for an orderly stop)."""
         with self._handed:
+            for job_id in list(self._held):
+                self._release(job_id)
+            self._urgent = True
+            self._handed.notify_all()
             return self._handed.wait_for(lambda: not (self._pending or self._writing or self._unsent), timeout_s)
+
+    def _release(self, job_id: str) -> None:
+        """The job's held tokens join what is pending, in their place (under the lock)."""
+        self._pending += self._held.pop(job_id, [])
 
     def _put(self, items: Sequence[Item], urgent: bool) -> None:
         with self._handed:
             wake = urgent or not self._pending  # the first item opens a window: the writer must time it
+            for item in items:
+                if not isinstance(item, Text):  # its run ends: whatever it holds goes first
+                    self._quiet.discard(item.job_id)
+                if item.job_id in self._held:  # (a text with no token, or an ending): after what it holds
+                    self._release(item.job_id)
             self._pending += items
             self._urgent = self._urgent or urgent
             self._endings_in += sum(1 for item in items if not isinstance(item, Text))
@@ -190,11 +240,19 @@ class OutputWriter:
             if self._unsent:
                 self._handed.wait(self._retry_s)
             else:
-                self._handed.wait_for(lambda: self._pending)
-                while not self._urgent and (left := self._last_flush + FLUSH_S - time.monotonic()) > 0:
+                self._handed.wait_for(lambda: self._pending or self._held)
+                while not self._urgent and (left := self._due() - time.monotonic()) > 0:
                     self._handed.wait(left)
+            if self._held and time.monotonic() >= self._held_since + QUIET_S:
+                for job_id in list(self._held):
+                    self._release(job_id)
             items, self._pending, self._urgent, self._writing = self._pending, [], False, True
             return items
+
+    def _due(self) -> float:
+        """When what waits must go out: the pending at the end of their window, the held at the end of theirs."""
+        due = self._last_flush + FLUSH_S if self._pending else float("inf")
+        return min(due, self._held_since + QUIET_S) if self._held else due
 
     def _loop(self) -> None:
         while True:

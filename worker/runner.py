@@ -233,7 +233,7 @@ class Runner:
             return
         assert self.engine is not None
         params, done = _sampling(job), claim.delivered.ids if claim.delivered else ()
-        self.writer.begin(job.id)
+        self.writer.begin(job.id, live=claim.live)
         try:
             constraint = self._constraint(job, done)
         except GrammarError as exc:  # admission checked it without the tokenizer; this tokenizer cannot

@@ -159,6 +159,12 @@ class Store:
         """Renew the job's watch lease if it has one (a watched job that waits); harmless otherwise."""
         self.scripts.run("watch", id=job_id)
 
+    def follow_live(self, job: Job) -> None:
+        """A stream opened on `job`, which was admitted without one: from now on its tokens are written the moment
+        they come (tasks/lua/live.lua)."""
+        if not job.spec.stream and not job.status.ended:
+            self.scripts.run("live", id=job.id)
+
     def get(self, job_id: str, owner: str | None = None) -> Job:
         """The job as it stands now, with its position while it waits. Another owner's job is not found."""
         for _ in range(3):

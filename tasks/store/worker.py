@@ -75,6 +75,7 @@ class Claim:
     solo: bool  # the job must run alone (it was in a batch that failed: see release() in tasks/lua/common.lua)
     behind: int  # jobs waiting behind it (the worker need not look again for more while there are none)
     delivered: Delivered | None = None  # what its earlier runs generated, if it was requeued
+    live: bool = False  # its client reads the answer as it is generated (JobSpec.stream, or Store.follow_live)
 
 
 @dataclass(frozen=True)
@@ -154,13 +155,9 @@ class WorkerStore:
         verdict, job_id, flat, behind, ids, text = claimed
         fields = dict(zip(flat[::2], flat[1::2]))
         delivered = Delivered(tuple(int(i) for i in ids.split(",") if i), text) if ids else None
-        return Claim(
-            Job.from_redis(job_id, fields, text),
-            verdict == "started",
-            fields.get("solo") == "1",
-            int(behind),
-            delivered,
-        )
+        job = Job.from_redis(job_id, fields, text)
+        live = job.spec.stream or fields.get("live") == "1"
+        return Claim(job, verdict == "started", fields.get("solo") == "1", int(behind), delivered, live)
 
     def model_loading(self, name: str) -> None:
         self._model(name, state="loading", worker=self.worker)
@@ -285,7 +282,8 @@ class WorkerStore:
         return bool(self.scripts.run("drop_lease", device=self.settings.device, field="worker", value=self.worker))
 
     def listen(self) -> Any:
-        """A pub/sub subscribed to the ids of running jobs asked to stop, and to the queue's moves."""
+        """A pub/sub subscribed to the ids of running jobs asked to stop, of running jobs a stream opened on, and to
+        the queue's moves."""
         sub = self.redis.pubsub(ignore_subscribe_messages=True)
-        sub.subscribe(keys.CANCELS, keys.QUEUE_MOVED)
+        sub.subscribe(keys.CANCELS, keys.LIVE, keys.QUEUE_MOVED)
         return sub

@@ -260,6 +260,7 @@ class ResponseRequest(BaseModel):
             model=self.model,
             priority="batch" if batch else self.priority(),
             watched=not (self.background or batch),
+            stream=bool(self.stream) and not batch,
             response=extra,
             constraint=constraint,
             tools=tools,

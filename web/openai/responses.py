@@ -170,6 +170,7 @@ def retrieve(rid: str) -> Response:
         return jsonify(snapshot(job))
     after = _starting_after()
     svc = services()
+    svc.store.follow_live(job)  # its tokens, as they come
     story = follow(svc.store, svc.hub, job, ping_s=svc.settings.sse_ping_s)  # (it watches, but cancels nothing)
     return sse.response(ResponseStream(job, after).events(story), {"x-onelane-job-id": job.id})
 

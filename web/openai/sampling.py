@@ -162,6 +162,7 @@ class Sampling(BaseModel):
             model=self.model,
             priority=priority,
             watched=not batch,
+            stream=bool(self.stream) and not batch,
             constraint=constraint,
             tools=tools,
         )
