@@ -59,7 +59,8 @@ case "$command" in
         command -v prometheus >/dev/null 2>&1 || apt_install prometheus || true
         # the linter and the formatter first (pyproject.toml [tool.ruff]): a second each, and nothing runs unlinted
         .venv/bin/ruff check --no-cache . && .venv/bin/ruff format --no-cache --check .
-        exec .venv/bin/python -m pytest "$@"
+        # two processes, a test file each (pytest-xdist); `./dev.sh test -n 0` runs them in this one
+        exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
         ;;
     bench)
         venv "[test,bench${MLX:+,$MLX}]"
