@@ -304,8 +304,9 @@ def cutting_proxy(live_server) -> Iterator[CuttingProxy]:  # type: ignore[no-unt
 
 
 def test_a_dropped_stream_resumes_with_last_event_id_without_gap_or_duplicate(jobs, store, start_worker, cutting_proxy):
-    start_worker()
     job = jobs.submit("resume me", max_tokens=200, ignore_eos=True)
+    store.follow_live(store.get(job["id"]))  # as a stream opened on it would: its tokens written as they come
+    start_worker()
     done = wait_ended(store, job["id"])
     assert sum(e.type == "token" for e in store.events(job["id"])) >= 3  # so the cut falls mid-stream
 

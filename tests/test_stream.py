@@ -124,6 +124,7 @@ def measured_pace(store, timeout_s: float = 10.0) -> list[float]:  # type: ignor
 def test_eta_counts_the_running_jobs_tokens_left_at_the_measured_pace(jobs, store, start_worker):
     start_worker()
     running = jobs.submit("a", max_tokens=3000, ignore_eos=True)
+    store.follow_live(store.get(running["id"]))  # followed as it runs (else its count is written once a second)
     # its pace is measured (and reported) once it has run a while
     wait_event(
         store,

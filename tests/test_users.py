@@ -92,6 +92,7 @@ def test_retry_after_follows_the_eta(jobs, store, start_worker, settings):
     warm = [wait_ended(store, submit(c, "bob", max_tokens=20).get_json()["id"]) for _ in range(2)]
     mean = sum(w["timings"]["finished_at"] - w["timings"]["started_at"] for w in warm) / 2
     long = submit(c, "carol", max_tokens=4000).get_json()["id"]  # runs long
+    store.follow_live(store.get(long))  # followed as it runs (else its count is written once a second)
     # its token rate is measured well once it has run a while
     wait_event(store, long, lambda e: e.type == "token" and store.get(long).usage.completion_tokens >= 300)
     for _ in range(20):
