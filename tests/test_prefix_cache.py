@@ -71,7 +71,7 @@ def finished(engine, prompt: str) -> tuple[list[int], Any]:  # type: ignore[no-u
 
 
 def test_a_prompt_reads_the_entry_that_holds_most_of_it_trimmed_to_what_they_share(engine):
-    from worker.prefix_cache import PrefixCache
+    from worker.prefix_cache import MIN_HIT_TOKENS, PrefixCache
 
     # Given one entry of 90-odd tokens
     cache = PrefixCache(1 << 30)
@@ -80,7 +80,8 @@ def test_a_prompt_reads_the_entry_that_holds_most_of_it_trimmed_to_what_they_sha
     kept, other = kv.tokens, [t + 1 for t in kv.tokens]
 
     # When prompts go on past it, part from it midway, are it, or share too little with it
-    hits = [cache.fetch(("m", "o"), p) for p in (kept + other[:3], kept[:50] + other[50:], kept, kept[:20] + other)]
+    too_little = kept[: MIN_HIT_TOKENS - 1] + other
+    hits = [cache.fetch(("m", "o"), p) for p in (kept + other[:3], kept[:50] + other[50:], kept, too_little)]
 
     # Then each reads what they share (all but the last token of itself), from a copy trimmed to it
     assert [hit.tokens for hit in hits] == [len(kept), 50, len(kept) - 1, 0]

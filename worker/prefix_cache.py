@@ -40,7 +40,9 @@ from worker.prefix_index import SortedSequences, Tokens
 
 logger = logging.getLogger(__name__)
 
-MIN_HIT_TOKENS = 32  # a shorter cached prefix is not worth copying an entry for: it is prefilled like the rest
+# a shorter cached prefix is not worth copying an entry for: it is prefilled like the rest. A chat template's opening
+# is worth it: SmolLM2's (its default system message, then the user's turn) is about 20 tokens of a short question's ~50
+MIN_HIT_TOKENS = 16
 INDEX = "index.json"
 
 Key = tuple[str, str]  # the model as loaded (ModelConfig.cache_key) and the scope (Settings.cache_scope)
@@ -124,7 +126,7 @@ class PrefixCache:
         if held is None:
             return None
         reach = min(held.most_shared(prompt), len(prompt) - 1)
-        if reach < MIN_HIT_TOKENS:  # (every chat prompt shares its template's first tokens with every entry)
+        if reach < MIN_HIT_TOKENS:
             return None
         best = min(held.starting_with(prompt[:reach]), key=len)
         if len(best) == reach or can_trim_prompt_cache(self._entries[(key, best)].cache):
