@@ -186,6 +186,7 @@ def test_a_worker_killed_mid_answer_keeps_one_log_probability_per_token(store, w
 
     params = {"max_tokens": 600, "ignore_eos": True, "temperature": 0.9, "seed": 5, "logprobs": True, "top_logprobs": 2}
     killed = admit(store, "the story of a fox", "job_killed", **params)
+    store.follow_live(store.get(killed))  # as a stream opened on it would: its tokens written as they come
     worker_process()
     wait_event(store, killed, lambda e: e.type == "token" and e.index >= 3, timeout_s=60)
     os.kill(wait_for_worker(store).pid, signal.SIGKILL)

@@ -90,6 +90,7 @@ def test_a_job_handed_back_mid_answer_goes_on_and_writes_what_it_would_have_unin
 
     # When the same job is handed back by a worker that stops mid-answer, and another worker runs it on
     job_id = jobs.submit(**job)["id"]
+    store.follow_live(store.get(job_id))  # as a stream opened on it would: its tokens written as they come
     wait_event(store, job_id, lambda e: e.type == "token" and e.index >= 2)
     worker.stop()
     kept = store.get(job_id)
