@@ -250,6 +250,8 @@ def test_position_and_eta_count_the_slots(jobs, store, start_worker):
         jobs.submit("long", max_tokens=3000, ignore_eos=True),
     ]
     for r in running:
+        store.follow_live(store.get(r["id"]))  # followed as they run (else their counts are written once a second)
+    for r in running:
         wait_event(store, r["id"], lambda e: e.type == "token" and store.get(r["id"]).usage.completion_tokens >= 200)
     waiting = [jobs.submit(f"w{n}", max_tokens=4, ignore_eos=True) for n in range(3)]
 
