@@ -91,7 +91,7 @@ def test_a_models_file_names_each_model_with_its_pinned_load_options(tmp_path):
     assert (sql.max_batch, sql.max_kv_size) == (4, 4096)
     assert s.models_memory == 1536 * 2**20
     assert Settings.from_env({"ONELANE_MODEL": "some/model"}).catalog[0].name == "some/model"  # one model, as before
-    assert Settings.from_env({}).model_name == DEFAULT_MODEL == "smollm2-135m-instruct"
+    assert Settings.from_env({}).model_name == DEFAULT_MODEL  # no models file: the catalog's default model
 
 
 @pytest.mark.parametrize(

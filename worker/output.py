@@ -178,16 +178,18 @@ class OutputWriter:
                 self._fresh.discard(t.job_id)
                 urgent = True
                 first.add(t.job_id)
-        with self._handed:
-            held = [bool(t.n_tokens and t.job_id in self._quiet and t.job_id not in first) for t in texts]
-            if any(held) and not self._held:  # the first held opens a quiet window: the writer must time it
-                self._held_since = time.monotonic()
-                self._handed.notify_all()
-            for t, hold in zip(texts, held):
-                if hold:
+        with self._handed:  # (one hand-over a step: _put's lock is this one, taken again by the same thread)
+            live: list[Item] = []
+            for t in texts:
+                if t.n_tokens and t.job_id in self._quiet and t.job_id not in first:
+                    if not self._held:  # the first held opens a quiet window: the writer must time it
+                        self._held_since = time.monotonic()
+                        self._handed.notify_all()
                     self._held.setdefault(t.job_id, []).append(t)
-        if not all(held):
-            self._put([t for t, hold in zip(texts, held) if not hold], urgent)
+                else:
+                    live.append(t)
+            if live:
+                self._put(live, urgent)
 
     def end(self, ending: Ending) -> None:
         self._fresh.discard(ending.job_id)
@@ -207,10 +209,11 @@ class OutputWriter:
     def wait_idle(self, timeout_s: float = WRITE_PATIENCE_S) -> bool:
         """Until everything handed over is written, held tokens too (for an orderly stop)."""
         with self._handed:
-            for job_id in list(self._held):
-                self._release(job_id)
-            self._urgent = True
-            self._handed.notify_all()
+            if self._held:
+                for job_id in list(self._held):
+                    self._release(job_id)
+                self._urgent = True
+                self._handed.notify_all()
             return self._handed.wait_for(lambda: not (self._pending or self._writing or self._unsent), timeout_s)
 
     def _release(self, job_id: str) -> None:
