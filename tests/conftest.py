@@ -220,7 +220,8 @@ def worker_process(settings: Settings, tmp_path: Path, redis_client: redis.Redis
             "REDIS_URL": settings.effective_redis_url,
             "ONELANE_MODEL": settings.model_path,
             "ONELANE_VAR_DIR": str(tmp_path),
-            "ONELANE_LEASE_S": "1",
+            # short, for quick takeovers; not 1 s: a process of a parallel test run on 2 cores can wait that long
+            "ONELANE_LEASE_S": "2",
             "ONELANE_MAX_BATCH": str(settings.max_batch),
             **env,
         }

@@ -77,6 +77,7 @@ def test_cancelling_a_job_in_a_full_batch_stops_it_before_the_next_step_and_leav
     start_worker(max_batch=4)
     ids = [jobs.submit(text, max_tokens=400, ignore_eos=True)["id"] for text in texts]
     victim = ids[1]
+    store.follow_live(store.get(victim))  # followed as it runs (else its count is written once a second)
     wait_event(store, victim, lambda e: e.type == "token" and store.get(victim).usage.completion_tokens >= 20)
 
     assert jobs.cancel(victim).get_json()["status"] == "cancelled"

@@ -25,7 +25,7 @@ from tests.conftest import free_port
 from tests.helpers import EventStream, wait_answering, wait_ended, wait_event
 from tests.test_recovery import wait_for_worker
 
-DRAIN = {"ONELANE_DRAIN_S": "1.5"}  # with the fixture's ONELANE_LEASE_S=1
+DRAIN = {"ONELANE_DRAIN_S": "1.5", "ONELANE_LEASE_S": "1"}
 LONG = {"max_tokens": 3000, "ignore_eos": True}  # seconds of work: it outlasts any drain here
 
 
