@@ -122,10 +122,11 @@ def follow(stream: EventStream) -> None:
 
 
 def ctrl_c(up: subprocess.Popen[bytes], log: Path) -> None:
-    """The terminal's Ctrl-C: SIGINT to the whole foreground group; `up` stops everything and exits 0."""
+    """The terminal's Ctrl-C: SIGINT to the whole foreground group; `up` stops everything and exits 0, quietly."""
     os.killpg(up.pid, signal.SIGINT)
     try:
         assert up.wait(timeout=90) == 0, log.read_text()
+        assert "Traceback" not in log.read_text(), log.read_text()
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGKILL)

@@ -25,7 +25,17 @@ LINGER_S, LINGER_BYTES = 1.0, 1 << 20  # at most this long, and this much, read 
 
 
 class JsonErrorsWorker(GeventWorker):  # type: ignore[misc]
-    """GeventWorker whose own error answers are JSON."""
+    """GeventWorker whose own error answers are JSON, and which quits once however many times it is told."""
+
+    _quitting = False
+
+    def handle_quit(self, sig: int, frame: Any) -> None:
+        # Ctrl-C on `onelane up` reaches this worker and its master, which passes it on: a second quit, run while
+        # the first one's exit is under way, would print a SystemExit traceback in the terminal
+        if self._quitting:
+            return
+        self._quitting = True
+        super().handle_quit(sig, frame)
 
     def handle_error(self, req: Any, client: socket.socket, addr: Any, exc: BaseException) -> None:
         status, type_, message = self.refusal(exc)
