@@ -71,7 +71,7 @@ def test_the_training_script_writes_a_model_mlx_lm_loads(tmp_path):  # type: ign
 
     from worker.train_demo import VOCAB_SIZE, train_demo_model
 
-    report = train_demo_model(tmp_path / "demo", steps=2, batch=1)
+    report = train_demo_model(tmp_path / "demo", steps=2, batch=1, compiled=False)
     tokenizer = load(str(tmp_path / "demo"))[1]
     assert report.steps == 2 and report.bytes_on_disk <= MAX_BYTES
     assert len(tokenizer.vocab) == VOCAB_SIZE and tokenizer.chat_template

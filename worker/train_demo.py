@@ -97,8 +97,11 @@ def train_demo_model(
     batch: int = BATCH,
     seed: int = 0,
     learning_rate: float = 3e-3,
+    compiled: bool = True,
 ) -> TrainReport:
-    """Train the demo model for `steps` batches of `batch` sequences and write it to `path` in bfloat16."""
+    """Train the demo model for `steps` batches of `batch` sequences and write it to `path` in bfloat16. `compiled`:
+    the training step compiled (MLX's CPU build compiles it with a C++ compiler: half a minute here, which a run
+    of a few steps does not win back)."""
     import mlx.core as mx
     import mlx.nn as nn
     import mlx.optimizers as optim
@@ -124,11 +127,12 @@ def train_demo_model(
     optimizer = _optimizer(steps, learning_rate)
     state = [model.state, optimizer.state]
 
-    @partial(mx.compile, inputs=state, outputs=state)
-    def step(x: mx.array, y: mx.array, w: mx.array) -> mx.array:
+    def update(x: mx.array, y: mx.array, w: mx.array) -> mx.array:
         loss, grads = loss_and_grad(model, x, y, w)
         optimizer.update(model, optim.clip_grad_norm(grads, 1.0)[0])
         return loss
+
+    step = partial(mx.compile, inputs=state, outputs=state)(update) if compiled else update
 
     rng = np.random.default_rng(seed)
     losses: list[float] = []
