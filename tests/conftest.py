@@ -165,7 +165,7 @@ def live_server(app):  # type: ignore[no-untyped-def]
     from werkzeug.serving import make_server
 
     server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)  # (stopped within 50 ms)
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
@@ -195,7 +195,8 @@ def start_worker(settings: Settings, engine, redis_client: redis.Redis):  # type
         """With `served` (settings naming their own models), the worker loads them itself, through mlx_lm.load;
         else it serves the session's demo engine, already loaded."""
         base, preloaded = (served, None) if served is not None else (settings, engine)
-        worker = GpuWorker(base.model_copy(update=overrides), engine=preloaded, on_fatal=fatal.append)
+        # (idle, its threads look again every 50 ms: it stops at once at the end of the story)
+        worker = GpuWorker(base.model_copy(update=overrides), preloaded, fatal.append, idle_wait_ms=50)
         assert worker.start()
         started.append(worker)
         return worker

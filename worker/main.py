@@ -80,7 +80,11 @@ class GpuWorker:
     """One dramatiq worker, one thread, prefetch 1, on one device held by a lease in Redis."""
 
     def __init__(
-        self, settings: Settings, engine: Engine | None = None, on_fatal: Callable[[str], None] = _exit_now
+        self,
+        settings: Settings,
+        engine: Engine | None = None,
+        on_fatal: Callable[[str], None] = _exit_now,
+        idle_wait_ms: int = IDLE_WAIT_MS,
     ) -> None:
         self.settings = settings
         self.id = uuid.uuid4().hex
@@ -94,7 +98,7 @@ class GpuWorker:
         self.runner = Runner(self.jobs, self.models, on_fatal)
         actors.declare(self.broker, self.runner, self.stopping)
         # Only the GPU queue: no consumer for the delay queue, which onelane never uses.
-        self.worker = dramatiq.Worker(self.broker, queues={QUEUE_NAME}, worker_threads=1, worker_timeout=IDLE_WAIT_MS)
+        self.worker = dramatiq.Worker(self.broker, queues={QUEUE_NAME}, worker_threads=1, worker_timeout=idle_wait_ms)
         # A prefetched message is invisible in Redis and strands on a crash: take one at a time.
         self.worker.queue_prefetch = 1
         self.worker.delay_prefetch = 1

@@ -82,6 +82,14 @@ class BatchRunner(Background):
             with contextlib.suppress(redis.exceptions.LockError):  # held past its timeout: another round may have run
                 lock.release()
 
+    def stop(self) -> None:
+        """Stop at once: the loop waits on the queue's moves, so make one (a worker that hears it looks, finds
+        nothing new, and waits again)."""
+        self._stop.set()
+        with contextlib.suppress(redis.RedisError):
+            self.store.redis.publish(keys.QUEUE_MOVED, "")
+        super().stop()
+
     def _loop(self) -> None:
         sub = None
         while not self._stop.is_set():
