@@ -141,6 +141,9 @@ def web(host: str | None, port: int | None, workers: int, connections: int) -> N
 @click.option("--supervise/--no-supervise", default=True, help="Restart the worker when it dies or its job stalls.")
 def worker(supervise: bool) -> None:
     """Run the GPU worker: dramatiq with 1 process, 1 thread, prefetch 1."""
+    from worker.quiet_start import exit_quietly_on_stop
+
+    exit_quietly_on_stop()  # a Ctrl-C during the slow imports below (worker.main's, check_mlx's) ends it quietly
     settings = read_settings()
     check_mlx()
     if supervise:

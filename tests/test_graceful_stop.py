@@ -198,3 +198,31 @@ def group(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             found.append(int(stat.parent.name))
     return found
+
+
+def test_ctrl_c_while_a_worker_process_still_imports_ends_it_quietly(settings, tmp_path):
+    """The standby a supervisor has just started may take seconds over its imports on a busy machine; the terminal's
+    Ctrl-C lands in the middle of them. It holds nothing yet: it exits at once, with 0, and prints no traceback."""
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "LD_PRELOAD"},
+        "REDIS_URL": settings.effective_redis_url,
+        "ONELANE_MODEL": settings.model_path,
+        "ONELANE_VAR_DIR": str(tmp_path),
+    }
+    for command in (["worker.main"], ["cli.main", "worker", "--no-supervise"]):
+        process = subprocess.Popen(
+            [sys.executable, "-m", *command], env=env, stderr=subprocess.PIPE, start_new_session=True
+        )
+        try:
+            maps = Path(f"/proc/{process.pid}/maps")
+            deadline = time.monotonic() + 60
+            while "libmlx" not in maps.read_text():  # MLX is loading: mlx-lm and transformers are still to come
+                assert process.poll() is None and time.monotonic() < deadline, "the worker never loaded MLX"
+                time.sleep(0.005)  # a poll: nothing announces another process's imports
+            os.killpg(process.pid, signal.SIGINT)
+            _, err = process.communicate(timeout=30)
+            assert process.returncode == 0 and b"Traceback" not in err, err.decode()
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()

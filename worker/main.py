@@ -22,6 +22,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+if __name__ == "__main__":  # before the slow imports below: a Ctrl-C during them ends the process quietly
+    from worker.quiet_start import exit_quietly_on_stop
+
+    exit_quietly_on_stop()
+
 import dramatiq
 import redis
 
