@@ -51,20 +51,25 @@ def up(host: str | None, port: int | None) -> None:
     host, port = host or settings.host, port or settings.port
     _check_port(host, port, "up")  # before anything starts: a refusal leaves all as it was
     env = {**os.environ, ENV_NAMES["log_level"]: settings.log_level}
-    embedded = None
-    if settings.redis_url is None:
-        try:
-            embedded = EmbeddedRedis(settings.embedded_redis_dir).start()
-        except OnelaneError as exc:
-            raise click.ClickException(exc.message) from None
-        env["REDIS_URL"] = embedded.url
-    web = subprocess.Popen(_onelane("web", "--host", host, "--port", str(port)), env=env)
-    children = [subprocess.Popen(_onelane("worker"), env=env), web]
-    record = settings.var_dir / url.RECORD
+    # From here on a Ctrl-C or SIGTERM stops what has started, in good order: Redis runs in a session of its own (the
+    # terminal's Ctrl-C does not reach it), so an interrupt while it starts must not leave it behind.
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    embedded = None
+    children: list[subprocess.Popen[bytes]] = []
+    record = settings.var_dir / url.RECORD
     try:
+        if settings.redis_url is None:
+            try:
+                embedded = EmbeddedRedis(settings.embedded_redis_dir).start()
+            except OnelaneError as exc:
+                raise click.ClickException(exc.message) from None
+            env["REDIS_URL"] = embedded.url
+        if stop.is_set():
+            return
+        web = subprocess.Popen(_onelane("web", "--host", host, "--port", str(port)), env=env)
+        children = [subprocess.Popen(_onelane("worker"), env=env), web]
         url.record(record, host, port)
         logger.info("onelane up: the web on %s:%s (recorded in %s for the terminal client)", host, port, record)
         while not stop.wait(0.5):
@@ -126,6 +131,9 @@ def _port_taken(host: str, port: int, strict: bool = False) -> bool:
 def web(host: str | None, port: int | None, workers: int, connections: int) -> None:
     """Serve the web front end with gunicorn: --workers gevent processes, each holding up to --connections open
     connections (a stream holds one for as long as it runs)."""
+    from tasks.quiet_start import exit_quietly_on_stop  # (os and signal only: nothing gevent must patch first)
+
+    exit_quietly_on_stop()  # a Ctrl-C before gunicorn sets its handlers ends it quietly
     from gevent import monkey
 
     monkey.patch_all()  # before redis, ssl and friends are imported, as gevent asks
@@ -141,7 +149,7 @@ def web(host: str | None, port: int | None, workers: int, connections: int) -> N
 @click.option("--supervise/--no-supervise", default=True, help="Restart the worker when it dies or its job stalls.")
 def worker(supervise: bool) -> None:
     """Run the GPU worker: dramatiq with 1 process, 1 thread, prefetch 1."""
-    from worker.quiet_start import exit_quietly_on_stop
+    from tasks.quiet_start import exit_quietly_on_stop
 
     exit_quietly_on_stop()  # a Ctrl-C during the slow imports below (worker.main's, check_mlx's) ends it quietly
     settings = read_settings()

@@ -277,3 +277,19 @@ def test_an_up_killed_outright_leaves_nothing_that_stops_the_next(tmp_path, demo
         assert_serves(running)
     finally:
         stop(running)
+
+
+def test_ctrl_c_while_up_starts_its_redis_leaves_nothing_behind(tmp_path, demo_model):
+    # Given onelane up starting, its redis-server (in a session of its own) just spawned and not yet answering
+    var, log = tmp_path / "var", tmp_path / "up.log"
+    up = start_up(up_env(var, demo_model, free_port()), log)
+    try:
+        deadline = time.monotonic() + 60
+        while not redis_servers(var):
+            assert up.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.002)  # a poll: nothing announces another process's start
+        # When the terminal's Ctrl-C comes, Then up stops quietly, with 0, and takes its Redis with it
+        ctrl_c(up, log)
+        assert not redis_servers(var) and not (var / "web.json").exists()
+    finally:
+        stop(Onelane(up, "", var, log))  # (whatever failed: no redis-server left running)

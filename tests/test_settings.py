@@ -38,6 +38,7 @@ def test_defaults_are_safe():
         ({"REDIS_URL": "localhost:6379"}, "REDIS_URL"),
         ({"ONELANE_LOG_LEVEL": "loud"}, "ONELANE_LOG_LEVEL"),
         ({"ONELANE_OPENBLAS": "maybe"}, "ONELANE_OPENBLAS"),
+        ({"ONELANE_GEMV": "maybe"}, "ONELANE_GEMV"),
         ({"ONELANE_MODEL": "x", "ONELANE_MODELS_FILE": "/nonexistent.toml"}, "ONELANE_MODELS_FILE"),
         ({"ONELANE_MODELS_MEMORY": "12 parsecs"}, "ONELANE_MODELS_MEMORY"),
         ({"ONELANE_MODELS_MEMORY": "150%"}, "ONELANE_MODELS_MEMORY"),

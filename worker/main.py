@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 if __name__ == "__main__":  # before the slow imports below: a Ctrl-C during them ends the process quietly
-    from worker.quiet_start import exit_quietly_on_stop
+    from tasks.quiet_start import exit_quietly_on_stop
 
     exit_quietly_on_stop()
 

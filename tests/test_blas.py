@@ -1,0 +1,79 @@
+"""The worker's BLAS: OpenBLAS preloaded, and ahead of it worker/gemv_forward.c, which sends products of 1 to 4 rows
+(a decode step of 1 to 4 sequences) to OpenBLAS's matrix-vector routine. Each story runs MLX in a process started
+with the worker's environment, as the worker runs, and checks every product against numpy in float64."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from worker.blas import gemv_library, openblas_path, worker_env
+
+PRODUCTS = r"""
+import ctypes, json, os, sys
+import mlx.core as mx
+import numpy as np
+
+shim = [p for p in os.environ["LD_PRELOAD"].split() if "gemv_forward" in p]
+rows_sent = (lambda: ctypes.c_long.in_dll(ctypes.CDLL(shim[0]), "onelane_gemv_rows").value) if shim else (lambda: 0)
+rng = np.random.default_rng(7)
+report = []
+for m in (1, 2, 3, 4, 5, 8):
+    for a_t in (False, True):
+        for b_t in (False, True):
+            a = rng.standard_normal((m, 96)).astype(np.float32)
+            b = rng.standard_normal((96, 80)).astype(np.float32)
+            # op(A) op(B) as MLX's CPU backend asks cblas_sgemm for it: each operand stored as it is or transposed
+            x = mx.array(a.T.copy()).T if a_t else mx.array(a)
+            w = mx.array(b.T.copy()).T if b_t else mx.array(b)
+            before = rows_sent()
+            got = np.array(x @ w)
+            want = a.astype(np.float64) @ b.astype(np.float64)
+            report.append([m, a_t, b_t, float(np.abs(got - want).max()), rows_sent() - before])
+print(json.dumps(report))
+"""
+
+
+def products(env: dict[str, str]) -> list[list[object]]:
+    done = subprocess.run([sys.executable, "-c", PRODUCTS], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def clean_env(tmp_path: Path) -> dict[str, str]:
+    if openblas_path() is None:
+        assert not (sys.platform.startswith("linux") and os.environ.get("CI")), "./dev.sh installs OpenBLAS on Linux"
+        pytest.skip("no OpenBLAS on this machine")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ONELANE_") and k != "LD_PRELOAD"}
+    return {**environ, "ONELANE_VAR_DIR": str(tmp_path)}
+
+
+def test_products_of_up_to_four_rows_go_to_the_matrix_vector_routine_and_are_right(clean_env, tmp_path):
+    env = worker_env(clean_env)
+    shim = gemv_library(tmp_path)
+    assert shim is not None and env["LD_PRELOAD"].split() == [shim, openblas_path()]  # ./dev.sh installs a compiler
+    for m, a_t, b_t, error, rows in products(env):
+        assert error < 1e-4, (m, a_t, b_t, error)  # float32 sums of 96 terms of order 1
+        assert rows == (m if m <= 4 else 0), (m, a_t, b_t, rows)  # 5 rows and more: OpenBLAS's own sgemm
+
+
+def test_onelane_gemv_off_preloads_openblas_alone_with_the_same_products(clean_env):
+    env = worker_env({**clean_env, "ONELANE_GEMV": "false"})
+    assert env["LD_PRELOAD"] == openblas_path()
+    assert all(error < 1e-4 and rows == 0 for _, _, _, error, rows in products(env))
+
+
+def test_the_shim_is_built_once_per_version_of_its_source(clean_env, tmp_path):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "gemv_forward-0123456789ab.so").write_bytes(b"an earlier version's")
+    first = gemv_library(tmp_path)
+    assert first is not None and Path(first).parent == tmp_path.resolve() / "lib"
+    built = Path(first).stat().st_mtime_ns
+    assert gemv_library(tmp_path) == first and Path(first).stat().st_mtime_ns == built
+    assert [p.name for p in (tmp_path / "lib").iterdir()] == [Path(first).name]  # no earlier or half-built one
