@@ -51,11 +51,11 @@ def gemv_library(var_dir: Path) -> str | None:
         return str(target)
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        logger.info("no C compiler (cc): products of one row go through OpenBLAS's sgemm (slower decode)")
+        logger.info("no C compiler (cc): products of 1 to 4 rows go through OpenBLAS's sgemm (a slower decode)")
         return None
-    target.parent.mkdir(parents=True, exist_ok=True)
     building = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         built = subprocess.run(
             [compiler, "-O2", "-shared", "-fPIC", "-o", str(building), str(GEMV_SOURCE), "-ldl"],
             capture_output=True,
