@@ -55,7 +55,7 @@ def clean_env(tmp_path: Path) -> dict[str, str]:
 
 
 def test_products_of_up_to_four_rows_go_to_the_matrix_vector_routine_and_are_right(clean_env, tmp_path):
-    env = worker_env(clean_env)
+    env = worker_env({**clean_env, "ONELANE_GEMV": "true"})
     shim = gemv_library(tmp_path)
     assert shim is not None and env["LD_PRELOAD"].split() == [shim, openblas_path()]  # ./dev.sh installs a compiler
     for m, a_t, b_t, error, rows in products(env):
@@ -64,6 +64,7 @@ def test_products_of_up_to_four_rows_go_to_the_matrix_vector_routine_and_are_rig
 
 
 def test_onelane_gemv_off_preloads_openblas_alone_with_the_same_products(clean_env):
+    assert worker_env(clean_env)["LD_PRELOAD"] == openblas_path()  # off by default
     env = worker_env({**clean_env, "ONELANE_GEMV": "false"})
     assert env["LD_PRELOAD"] == openblas_path()
     assert all(error < 1e-4 and rows == 0 for _, _, _, error, rows in products(env))
