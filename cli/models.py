@@ -48,11 +48,11 @@ def import_gguf_cmd(source: Path, folder: Path, dtype: str | None) -> None:
 )
 def make_demo_model_cmd(path: Path, size: str, train: bool) -> None:
     """Write a llama model that mlx_lm.load can load: random weights of --size (its output is noise), or --train."""
-    read_settings()  # for the log level: training reports its progress
+    settings = read_settings()  # for the log level: training reports its progress
     if train:
         from worker.blas import preload_openblas
 
-        preload_openblas()
+        preload_openblas(settings)
         from worker.train_demo import train_demo_model
 
         report = train_demo_model(path)

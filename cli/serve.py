@@ -161,7 +161,7 @@ def worker(supervise: bool) -> None:
     else:
         from worker.blas import preload_openblas
 
-        preload_openblas()
+        preload_openblas(settings)
         from worker.main import run
 
         run(settings)

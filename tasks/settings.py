@@ -164,10 +164,9 @@ class Settings(BaseModel):
     port: int = Field(8000, ge=1, le=65535)
     log_level: LogLevel = "INFO"  # of every onelane process; `onelane --log-level` overrides it
     openblas: bool = True  # a Linux worker preloads OpenBLAS when installed (worker/blas.py); false: MLX's own BLAS
-    # true: with OpenBLAS preloaded, products of 1 to 4 rows (decoding 1 to 4 sequences) go to its matrix-vector
-    # routine (worker/gemv_forward.c, built with the system's C compiler on first start). Off by default: an
-    # in-process worker of the test suite was seen to hang in MLX's eval with it (docs/performance.md)
-    gemv: bool = False
+    # with OpenBLAS preloaded, products of 1 to 4 rows (decoding 1 to 4 sequences) go to its matrix-vector routine
+    # (worker/blas_shim.c, built with the system's C compiler on first start); false: to its matrix product
+    gemv: bool = True
     # the worker's prefix cache (worker/prefix_cache.py): KV states kept for prompts that start the same way; 0: off
     prefix_cache_bytes: int = Field(default_factory=lambda: physical_memory() // 10, ge=0, le=2**50)
     file_retention_s: int = Field(7 * 86400, ge=60, le=30 * 86400)  # an uploaded file (/v1/files) is kept this long

@@ -34,6 +34,8 @@ class Proxy:
       before the retry it waits on.
     - `reset()`: every connection is closed at once and new ones are refused until `heal()` (a restarted load
       balancer, a dropped NAT entry): a client sees connection errors.
+    - `mute()`: what clients send still reaches the server, but its answers are lost until `heal()` (a connection
+      that dies after the request went out): a client sees its own timeouts for commands that were carried out.
     """
 
     def __init__(self, upstream: tuple[str, int]) -> None:
@@ -41,6 +43,7 @@ class Proxy:
         self.flowing = threading.Event()  # new connections flow
         self.flowing.set()
         self.refusing = False
+        self.muted = False
         self._links: list[threading.Event] = []  # each connection's own flow, oldest first
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
@@ -66,8 +69,11 @@ class Proxy:
                 sock.close()
             self._open.clear()
 
+    def mute(self) -> None:
+        self.muted = True
+
     def heal(self) -> None:
-        self.refusing = False
+        self.refusing = self.muted = False
         with self._lock:
             links = list(self._links)
         for link in links:  # oldest first, each a moment before the next
@@ -94,14 +100,15 @@ class Proxy:
         with self._lock:
             self._open |= {client, server}
             self._links.append(link)
-        for src, dst in ((client, server), (server, client)):
-            threading.Thread(target=self._pump, args=(src, dst, link), daemon=True).start()
+        for src, dst, answers in ((client, server, False), (server, client, True)):
+            threading.Thread(target=self._pump, args=(src, dst, link, answers), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, link: threading.Event) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, link: threading.Event, answers: bool) -> None:
         try:
             while data := src.recv(65536):
                 link.wait()
-                dst.sendall(data)
+                if not (answers and self.muted):
+                    dst.sendall(data)
         except OSError:
             pass
         finally:

@@ -226,8 +226,8 @@ def test_a_job_whose_batch_keeps_dying_fails_alone_and_its_companions_complete(j
     # the worker dies whenever the poison job runs (the story kills it): twice with companions in the batch,
     # which blames none of them (they all go back, to run alone), then once alone, which is the poison's own
     worker_process(ONELANE_MAX_BATCH="4")  # ONELANE_MAX_ATTEMPTS is 2
-    poison = jobs.submit("poison", max_tokens=3000, ignore_eos=True)["id"]
-    others = [jobs.submit(text, max_tokens=300, ignore_eos=True)["id"] for text in prompts(3, seed=13)]
+    poison = jobs.submit("poison", max_tokens=6000, ignore_eos=True)["id"]
+    others = [jobs.submit(text, max_tokens=1000, ignore_eos=True)["id"] for text in prompts(3, seed=13)]
 
     for attempt in (1, 2, 3):
         wait_event(store, poison, lambda e: e.type == "token" and store.get(poison).attempts == attempt, 60)

@@ -1,6 +1,7 @@
-"""The worker's BLAS: OpenBLAS preloaded, and ahead of it worker/gemv_forward.c, which sends products of 1 to 4 rows
-(a decode step of 1 to 4 sequences) to OpenBLAS's matrix-vector routine. Each story runs MLX in a process started
-with the worker's environment, as the worker runs, and checks every product against numpy in float64."""
+"""The worker's BLAS: OpenBLAS preloaded, and ahead of it worker/blas_shim.c, which keeps a fork from stopping
+OpenBLAS's threads under a product, and sends products of 1 to 4 rows (a decode step of 1 to 4 sequences) to
+OpenBLAS's matrix-vector routine. Each story runs MLX in a process started with the worker's environment, as the
+worker runs, and checks every product against numpy in float64."""
 
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from worker.blas import gemv_library, openblas_path, worker_env
+from worker.blas import SHIM_PREFIX, openblas_path, shim_library, worker_env
 
 PRODUCTS = r"""
 import ctypes, json, os, sys
+from worker.blas import SHIM_PREFIX, preload_openblas
+preload_openblas()  # as the worker starts: it is preloaded already, and the shim is told ONELANE_GEMV
 import mlx.core as mx
 import numpy as np
 
-shim = [p for p in os.environ["LD_PRELOAD"].split() if "gemv_forward" in p]
+shim = [p for p in os.environ["LD_PRELOAD"].split() if SHIM_PREFIX in p]
 rows_sent = (lambda: ctypes.c_long.in_dll(ctypes.CDLL(shim[0]), "onelane_gemv_rows").value) if shim else (lambda: 0)
 rng = np.random.default_rng(7)
 report = []
@@ -54,27 +57,72 @@ def clean_env(tmp_path: Path) -> dict[str, str]:
     return {**environ, "ONELANE_VAR_DIR": str(tmp_path)}
 
 
+FORKS = r"""
+import ctypes, os, sys, threading
+import mlx.core as mx
+from worker.blas import SHIM_PREFIX
+
+shim = ctypes.CDLL([p for p in os.environ["LD_PRELOAD"].split() if SHIM_PREFIX in p][0])
+rows = mx.random.normal((1, 576)), mx.random.normal((32, 576))
+weights = mx.random.normal((576, 1536))
+mx.eval(*rows, weights)
+products, started, stop = [0], threading.Event(), threading.Event()
+
+
+def multiply():  # one row and 32 rows: sgemv and sgemm, both on OpenBLAS's threads
+    stream = mx.new_stream(mx.cpu)
+    while not stop.is_set():
+        for x in rows:
+            mx.eval(mx.matmul(x, weights, stream=stream))
+            products[0] += 1
+        started.set()
+
+
+thread = threading.Thread(target=multiply)
+thread.start()
+started.wait()
+for _ in range(200):
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
+before = products[0]
+while products[0] < before + 10:  # still multiplying after the forks (without the shim it waits for ever)
+    pass
+stop.set()
+thread.join()
+print(ctypes.c_long.in_dll(shim, "onelane_forks_held").value)
+"""
+
+
+@pytest.mark.parametrize("gemv", ["true", "false"])
+def test_a_fork_while_openblas_multiplies_waits_for_the_product_and_neither_hangs(clean_env, gemv):
+    env = worker_env({**clean_env, "ONELANE_GEMV": gemv})
+    done = subprocess.run([sys.executable, "-c", FORKS], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) == 200  # every fork went through the shim's handler
+
+
 def test_products_of_up_to_four_rows_go_to_the_matrix_vector_routine_and_are_right(clean_env, tmp_path):
-    env = worker_env({**clean_env, "ONELANE_GEMV": "true"})
-    shim = gemv_library(tmp_path)
+    env = worker_env(clean_env)  # on by default
+    shim = shim_library(tmp_path)
     assert shim is not None and env["LD_PRELOAD"].split() == [shim, openblas_path()]  # ./dev.sh installs a compiler
     for m, a_t, b_t, error, rows in products(env):
         assert error < 1e-4, (m, a_t, b_t, error)  # float32 sums of 96 terms of order 1
         assert rows == (m if m <= 4 else 0), (m, a_t, b_t, rows)  # 5 rows and more: OpenBLAS's own sgemm
 
 
-def test_onelane_gemv_off_preloads_openblas_alone_with_the_same_products(clean_env):
-    assert worker_env(clean_env)["LD_PRELOAD"] == openblas_path()  # off by default
+def test_onelane_gemv_off_leaves_every_product_to_sgemm_with_the_same_results(clean_env, tmp_path):
     env = worker_env({**clean_env, "ONELANE_GEMV": "false"})
-    assert env["LD_PRELOAD"] == openblas_path()
+    assert env["LD_PRELOAD"].split() == [shim_library(tmp_path), openblas_path()]  # the shim still guards forks
     assert all(error < 1e-4 and rows == 0 for _, _, _, error, rows in products(env))
 
 
 def test_the_shim_is_built_once_per_version_of_its_source(clean_env, tmp_path):
     (tmp_path / "lib").mkdir()
-    (tmp_path / "lib" / "gemv_forward-0123456789ab.so").write_bytes(b"an earlier version's")
-    first = gemv_library(tmp_path)
+    (tmp_path / "lib" / f"{SHIM_PREFIX}0123456789ab.so").write_bytes(b"an earlier version's")
+    first = shim_library(tmp_path)
     assert first is not None and Path(first).parent == tmp_path.resolve() / "lib"
     built = Path(first).stat().st_mtime_ns
-    assert gemv_library(tmp_path) == first and Path(first).stat().st_mtime_ns == built
+    assert shim_library(tmp_path) == first and Path(first).stat().st_mtime_ns == built
     assert [p.name for p in (tmp_path / "lib").iterdir()] == [Path(first).name]  # no earlier or half-built one

@@ -119,13 +119,14 @@ def test_the_first_job_on_a_fresh_server_starts_now(jobs, start_worker):
 
 
 def test_a_waiting_stream_is_told_its_eta_again_as_the_batch_runs(jobs, store, start_worker, live_server):
-    # Given a worker busy with a job of about 20 s (at its measured pace), and a job waiting behind it, followed
+    # Given a worker busy with a job of about 40 s at its measured pace (a pace measured early can be slow: one such
+    # "20 s" job ended in 7 s, before the stream was told its ETA four times), and a job waiting behind it, followed
     start_worker()
     warm = jobs.submit("warm", max_tokens=BUSY, ignore_eos=True)
     wait_event(store, warm["id"], lambda e: e.type == "token")
     step_s, per_sequence_s, _ = measured_pace(store)
     jobs.cancel(warm["id"])
-    busy = jobs.submit("busy", max_tokens=int(20 / (step_s + per_sequence_s)), ignore_eos=True)
+    busy = jobs.submit("busy", max_tokens=int(40 / (step_s + per_sequence_s)), ignore_eos=True)
     wait_event(store, busy["id"], lambda e: e.type == "token")
     waiting = jobs.submit("next", max_tokens=4)
     stream = EventStream(live_server, waiting["id"])

@@ -13,7 +13,9 @@ import requests
 from tasks.catalogue import SHIPPED_DEMO_MODEL
 from tests.helpers import EventStream, wait_ended, wait_event
 
-STEP_S = 0.05  # a device this slow takes longer than the writer's window (FLUSH_S) over every token
+# a device this slow takes longer than the writer's window (FLUSH_S, 20 ms) over every token, with room for a writer
+# thread woken late on a loaded machine (at 50 ms, two of 12 tokens once went out in one write)
+STEP_S = 0.1
 
 
 @pytest.fixture(scope="module")

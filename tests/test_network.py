@@ -14,7 +14,7 @@ from tests.helpers import claim_now, wait_ended, wait_event
 from tests.netproxy import Proxy
 
 BLIP_S = 2.5  # longer than the worker's Redis timeout (0.5 s), shorter than its lease (12 s)
-GREEDY = {"max_tokens": 2500, "ignore_eos": True, "temperature": 0}  # ~10 s of work: it outlasts the blip
+GREEDY = {"max_tokens": 4000, "ignore_eos": True, "temperature": 0}  # ~3 s of work alone: it outlasts the blip
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def test_a_worker_cut_off_from_redis_for_less_than_its_lease_loses_nothing(cut, 
 
     done = wait_ended(store, job["id"], timeout_s=90)
     assert (done["status"], done["finish_reason"], done["attempts"]) == ("completed", "length", 1)
-    assert done["usage"]["completion_tokens"] == 2500
+    assert done["usage"]["completion_tokens"] == GREEDY["max_tokens"]
     assert done["output"] == alone["output"]  # nothing lost, nothing doubled
     logged = "".join(e.text for e in store.events(job["id"]) if e.type == "token")
     assert logged == done["output"]  # and the event log, which streams replay, holds it exactly once
@@ -70,3 +70,35 @@ def test_a_write_sent_again_or_arriving_late_appends_each_piece_once(store):
     assert (job.output, job.usage.completion_tokens) == ("abcdée", 6)
     assert [e.text for e in store.events("job_w") if e.type == "token"] == ["ab", "cd", "é", "e"]
     assert store.redis.get(keys.tokens("job_w")) == "0,1,2,3,4,5,"  # each token's id once, in order
+
+
+def test_a_claim_whose_answer_is_lost_gets_the_job_it_started_when_sent_again(proxy, store, settings):
+    """The claim reached Redis and started a job; its answer did not reach the worker (the connection died, Redis
+    restarted). Sent again, it is answered with that job: else the job would stay in progress, run by nobody, for
+    as long as its worker holds the device."""
+    import redis
+
+    from tasks.job import JobSpec, SamplingParams
+    from tasks.store import Store
+
+    for job_id in ("job_first", "job_second"):
+        spec = JobSpec(owner="o", model=settings.model_name, prompt="p", params=SamplingParams(max_tokens=9))
+        store.admit(job_id, spec, 60)
+    worker = Store.connect(settings.model_copy(update={"redis_url": proxy.url, "redis_timeout_s": 0.5}))
+    mine = worker.for_worker("w")
+    assert mine.take_device() == "ok"
+    worker.load_scripts()  # (in Redis already: the claim's answer is lost, not a NOSCRIPT)
+
+    proxy.mute()  # Redis hears the claim; its answer is lost
+    with pytest.raises(redis.RedisError):
+        mine.claim_next(want="*")
+    assert store.get("job_first").status.value == "in_progress"
+    proxy.heal()
+    again = mine.claim_next(want="*")
+
+    assert again is not None and again.started and again.job.id == "job_first"
+    assert store.get("job_second").status.value == "queued"  # not a second job in its place
+    assert [e.type for e in store.events("job_first")].count("started") == 1
+    then = mine.claim_next(want="*")  # the next claim, answered, is a new one
+    assert then is not None and then.job.id == "job_second"
+    worker.redis.close()

@@ -166,6 +166,26 @@ def test_the_batches_hold_at_most_their_share_of_the_slots(client_with, store):
     assert own.batches.retrieve(second.id).status == "in_progress"
 
 
+def test_line_breaks_json_leaves_unescaped_split_neither_an_input_line_nor_a_result_line(client, start_worker, store):
+    # Given a file whose custom_ids and prompts hold U+2028, U+2029 and U+0085 unescaped, as
+    # json.dumps(..., ensure_ascii=False) writes them: valid JSON, and breaks to str.splitlines()
+    names = ["line\u2028sep", "para\u2029sep", "next\x85line"]
+    data = b"".join(json.dumps(chat_line(name, f"say {name}"), ensure_ascii=False).encode() + b"\n" for name in names)
+    assert len(data.decode().splitlines()) == 9  # (each name twice a line)
+    start_worker()
+
+    # When it runs as a batch
+    batch = submit(client, data)
+    wait_batch(store, batch.id)
+
+    # Then each line ran, and its result is one line however it is read
+    final = client.batches.retrieve(batch.id)
+    assert (final.request_counts.completed, final.request_counts.failed) == (3, 0)
+    results = client.files.content(final.output_file_id).text
+    assert results.splitlines() == results.removesuffix("\n").split("\n")
+    assert sorted(by_custom_id(client, final.output_file_id)) == sorted(names)
+
+
 def test_cancel_keeps_what_completed_and_ends_every_other_line_once(client, start_worker, store):
     # Given a worker running a batch's second line, the first one completed
     start_worker()

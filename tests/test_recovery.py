@@ -27,7 +27,7 @@ def events(store, job_id: str) -> list[str]:  # type: ignore[no-untyped-def]
 
 def test_a_worker_killed_mid_generation_loses_nothing(jobs, store, worker_process):
     worker_process()
-    long = jobs.submit("long", max_tokens=600, ignore_eos=True)
+    long = jobs.submit("long", max_tokens=1500, ignore_eos=True)
     others = [jobs.submit(f"o{n}", max_tokens=5, ignore_eos=True) for n in range(3)]
     wait_event(store, long["id"], lambda e: e.type == "token")
 
@@ -35,7 +35,7 @@ def test_a_worker_killed_mid_generation_loses_nothing(jobs, store, worker_proces
 
     done = wait_ended(store, long["id"], timeout_s=60)
     assert done["status"] == "completed" and done["attempts"] == 2
-    assert done["usage"]["completion_tokens"] == 600
+    assert done["usage"]["completion_tokens"] == 1500
     assert events(store, long["id"]).count("requeued") == 1
     assert [wait_ended(store, o["id"])["status"] for o in others] == ["completed"] * 3
     assert int(store.redis.hget(keys.STATS, "worker_restarts")) == 1
@@ -43,7 +43,7 @@ def test_a_worker_killed_mid_generation_loses_nothing(jobs, store, worker_proces
 
 def test_a_job_that_kills_the_worker_twice_is_quarantined(jobs, store, worker_process):
     worker_process()
-    poison = jobs.submit("poison", max_tokens=3000, ignore_eos=True)
+    poison = jobs.submit("poison", max_tokens=6000, ignore_eos=True)
     after = jobs.submit("next", max_tokens=4, ignore_eos=True)
 
     for attempt in (1, 2):
@@ -61,7 +61,10 @@ def test_two_workers_on_one_device_never_overlap_and_the_second_takes_over(jobs,
     first = worker_process(supervise=False)
     holder = wait_for_worker(store)
     worker_process(supervise=False)  # waits for the device
-    ids = [jobs.submit(f"j{n}", max_tokens=30 if n < 3 else 600, ignore_eos=True)["id"] for n in range(6)]
+    ids = [
+        jobs.submit(f"j{n}", max_tokens=6000 if n == 3 else 30 if n < 3 else 600, ignore_eos=True)["id"]
+        for n in range(6)
+    ]
     for job_id in ids[:3]:
         wait_ended(store, job_id)
     wait_event(store, ids[3], lambda e: e.type == "token")  # the first worker is inside the fourth job
@@ -79,7 +82,7 @@ def test_two_workers_on_one_device_never_overlap_and_the_second_takes_over(jobs,
 
 def test_a_frozen_worker_is_killed_and_its_job_runs_again(jobs, store, worker_process):
     worker_process()
-    job = jobs.submit("frozen", max_tokens=600, ignore_eos=True)
+    job = jobs.submit("frozen", max_tokens=1500, ignore_eos=True)
     wait_event(store, job["id"], lambda e: e.type == "token")
 
     frozen = wait_for_worker(store).pid
@@ -154,7 +157,8 @@ def test_a_watched_job_whose_worker_dies_runs_again_for_its_still_connected_clie
     from tests.helpers import EventStream
 
     worker_process()
-    job = jobs.submit("watched", max_tokens=3000, ignore_eos=True, abandon_on_disconnect=True)
+    # (~5 s of work alone: 1.5 watch graces, then its worker's death, must leave it most of it still to run)
+    job = jobs.submit("watched", max_tokens=6000, ignore_eos=True, abandon_on_disconnect=True)
     stream = EventStream(live_server, job["id"])
     seen = []
     grace = store.settings.watch_grace_s
@@ -168,7 +172,7 @@ def test_a_watched_job_whose_worker_dies_runs_again_for_its_still_connected_clie
     seen += [item.get("event") for item in stream]
 
     done = store.get(job["id"])
-    assert (done.status.value, done.attempts, done.usage.completion_tokens) == ("completed", 2, 3000)
+    assert (done.status.value, done.attempts, done.usage.completion_tokens) == ("completed", 2, 6000)
     assert seen.count("requeued") == 1 and seen[-1] == "completed"
 
 
@@ -288,7 +292,7 @@ def test_a_batch_through_a_worker_kill_and_a_web_restart_ends_every_line_exactly
 
     # Given a worker and a web, running a batch of 10 lines
     worker_process()
-    web, url = start_web(settings, tmp_path / "web-1.log")
+    web, url = start_web(settings, tmp_path / "web-1.log", ONELANE_MAX_TOKENS_LIMIT=str(BUSY))
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
     lines = [
         {
@@ -298,7 +302,7 @@ def test_a_batch_through_a_worker_kill_and_a_web_restart_ends_every_line_exactly
             "body": {
                 "model": settings.model_name,
                 "messages": [{"role": "user", "content": f"line {n}"}],
-                "max_tokens": 400 if n == 3 else 20,
+                "max_tokens": 6000 if n == 3 else 20,
                 "ignore_eos": True,
             },
         }
@@ -313,7 +317,7 @@ def test_a_batch_through_a_worker_kill_and_a_web_restart_ends_every_line_exactly
     os.kill(wait_for_worker(store).pid, signal.SIGKILL)
     os.killpg(web.pid, signal.SIGKILL)
     web.wait()
-    web, url = start_web(settings, tmp_path / "web-2.log")
+    web, url = start_web(settings, tmp_path / "web-2.log", ONELANE_MAX_TOKENS_LIMIT=str(BUSY))
     try:
         done = wait_batch(store, batch.id, timeout_s=120)
 

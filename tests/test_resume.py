@@ -55,7 +55,7 @@ def test_a_sampled_stream_read_from_the_cache_goes_on_across_a_worker_kill_witho
     follow_up = [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": "And who waits?"}]
 
     # When its follow-up, sampled with a seed, streams, and the worker is killed once it has written some of it
-    sampled = {"temperature": 0.9, "seed": 5, "max_tokens": 300, "ignore_eos": True, "stream": True}
+    sampled = {"temperature": 0.9, "seed": 5, "max_tokens": 1500, "ignore_eos": True, "stream": True}
     with chat(live_server, model, follow_up, **sampled) as response:
         job_id = response.headers["x-onelane-job-id"]
         wait_event(store, job_id, lambda e: e.type == "token" and e.index >= 8)
@@ -67,8 +67,8 @@ def test_a_sampled_stream_read_from_the_cache_goes_on_across_a_worker_kill_witho
     chunks = [json.loads(ln) for ln in lines[:-1]]
     assert lines[-1] == "[DONE]" and not [c for c in chunks if "error" in c]
     streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
-    done = wait_ended(store, job_id)
-    assert (done["status"], done["attempts"], done["usage"]["completion_tokens"]) == ("completed", 2, 300)
+    done = wait_ended(store, job_id, timeout_s=90)
+    assert (done["status"], done["attempts"], done["usage"]["completion_tokens"]) == ("completed", 2, 1500)
     assert streamed == done["output"] == logged_text(store, job_id)
     requeued = next(e for e in store.events(job_id) if e.type == "requeued")
     assert requeued.completion_tokens > 0  # it kept what it had
@@ -84,9 +84,9 @@ def test_a_job_handed_back_mid_answer_goes_on_and_writes_what_it_would_have_unin
     params, jobs, store, start_worker
 ):
     # Given the answer a job gives alone, uninterrupted
-    job = {"prompt": "The queue", "max_tokens": 300, "ignore_eos": True, **params}
+    job = {"prompt": "The queue", "max_tokens": 600, "ignore_eos": True, **params}
     worker = start_worker(drain_s=0)
-    whole = wait_ended(store, jobs.submit(**job)["id"])["output"]
+    whole = wait_ended(store, jobs.submit(**job)["id"], timeout_s=90)["output"]
 
     # When the same job is handed back by a worker that stops mid-answer, and another worker runs it on
     job_id = jobs.submit(**job)["id"]
@@ -94,15 +94,20 @@ def test_a_job_handed_back_mid_answer_goes_on_and_writes_what_it_would_have_unin
     wait_event(store, job_id, lambda e: e.type == "token" and e.index >= 2)
     worker.stop()
     kept = store.get(job_id)
-    assert kept.status.value == "queued" and 0 < kept.usage.completion_tokens < 300
+    assert kept.status.value == "queued" and 0 < kept.usage.completion_tokens < 600
     start_worker()
-    done = wait_ended(store, job_id)
+    done = wait_ended(store, job_id, timeout_s=90)
 
     # Then it kept what it had written, and wrote only the rest (no token sampled twice)
-    assert done["output"].startswith(kept.output) and done["usage"]["completion_tokens"] == 300
+    assert done["output"].startswith(kept.output) and done["usage"]["completion_tokens"] == 600
     assert logged_text(store, job_id) == done["output"]
     if "seed" in job or job["temperature"] == 0:  # (an unseeded job's seed comes from its id: another job here)
-        assert done["output"] == whole  # greedy, or seeded: the same as uninterrupted, on this build of MLX
+        # greedy, or seeded: the same as uninterrupted, on this build of MLX, for 1,000 characters past the hand-back
+        # at least (farther on, a near-tie may fall the other way: the kept tokens' re-read differs in its last bits
+        # from the decode steps it replaces, as a cache hit's does; seeded, handed back at its 12th token: the text
+        # parts at its 3,835th character, in 2 of 2 such runs of 1,500 tokens; at its 13th to 17th: whole, in 10 of 10)
+        part = len(kept.output) + 1000
+        assert done["output"][:part] == whole[:part]
 
 
 def test_a_seeded_samplers_key_goes_on_where_the_earlier_run_left_it():

@@ -265,7 +265,10 @@ def test_one_position_lookup_serves_every_waiting_stream_when_the_queue_moves(jo
     jobs.cancel(head["id"])
 
     assert [next(e for e in s if e.get("event") == "queued")["data"]["position"] for s in streams] == [1, 2, 3]
-    assert len(lookups) == 1 and sorted(lookups[0]) == sorted(waiting)
+    # one look-up for all three; besides it, at most one of a stream's own (a stream just opened may look its
+    # standing up once, late, on a loaded machine: seen once, for the first stream). A look-up per stream fails this
+    together = [ids for ids in lookups if sorted(ids) == sorted(waiting)]
+    assert len(together) == 1 and len(lookups) < len(waiting), lookups
 
 
 def read_to_the_end(stream: EventStream, within_s: float = 3.0) -> list[dict]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
@@ -425,3 +426,58 @@ def test_a_long_prefill_is_progress_not_a_stall(jobs, store, start_worker):
     assert stalled == [] and done.status.value == "completed"
     # it was a long prefill indeed: longer than the stall bound, which it would have passed otherwise
     assert done.timings.first_token_at - done.timings.started_at > 1.0
+
+
+def hold_the_interpreter(seconds: float) -> None:
+    """A native call that keeps the interpreter throughout (ctypes' PyDLL does not let it go), as a stuck extension
+    would: no other Python thread of this process runs until it returns."""
+    import ctypes
+
+    ctypes.PyDLL(None).usleep(int(seconds * 1_000_000))
+
+
+def lease_renewed(store: Store, timeout_s: float = 10.0) -> None:
+    """Until the worker's heartbeat renews its lease (its time to live goes back up)."""
+    device = keys.device(store.settings.device)
+    deadline, last = time.monotonic() + timeout_s, store.redis.pttl(device)
+    while (now := store.redis.pttl(device)) <= last:
+        assert time.monotonic() < deadline, "the heartbeat never renewed the lease"
+        last = now
+        time.sleep(0.002)  # a poll: nothing announces a renewal
+
+
+class Heard(logging.Handler):
+    """Set when a log record says `words`."""
+
+    def __init__(self, words: str) -> None:
+        super().__init__()
+        self.words, self.event = words, threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.words in record.getMessage():
+            self.event.set()
+
+
+def test_a_stalled_worker_writes_every_threads_stack_and_says_how_late_its_lease_was_renewed(
+    start_worker, store, capfd
+):
+    # Given a worker whose heartbeat renews its 6 s lease every 2 s (the stacks are due 4 s into a round), just after
+    # a renewal
+    warned = Heard("to renew the device lease")
+    logging.getLogger("worker.main").addHandler(warned)
+    start_worker(lease_s=6)
+    lease_renewed(store)
+
+    # When something keeps the interpreter for 5 s (two renewals missed, the lease not yet lapsed)
+    hold_the_interpreter(5)
+
+    # Then every thread's stack was written while it stalled, the stalling call in it
+    try:
+        assert warned.event.wait(10), "no warning of the late renewal"
+    finally:
+        logging.getLogger("worker.main").removeHandler(warned)
+    stacks = capfd.readouterr().err
+    assert "most recent call first" in stacks and "in hold_the_interpreter" in stacks, stacks
+    assert "in _heartbeat" in stacks  # (the heartbeat, waiting for the interpreter)
+    # and the lease held: the worker carries on (the fixture fails a worker that lost it)
+    assert store.readings.snapshot().workers != []

@@ -3,13 +3,16 @@
 supervisor sets it for the worker processes it starts, and a worker started otherwise starts itself again with it.
 ONELANE_OPENBLAS=false turns it off (bench/blas.py measures the effect).
 
-Ahead of OpenBLAS goes worker/gemv_forward.c, built here with the system's C compiler into ONELANE_VAR_DIR/lib on
-first use: it sends products of 1 to 4 rows (a decode step of 1 to 4 sequences) to OpenBLAS's matrix-vector routine,
-which this OpenBLAS's sgemm does not do (see the C file). ONELANE_GEMV=false, or no compiler, leaves it out.
+Ahead of OpenBLAS goes worker/blas_shim.c, built here with the system's C compiler into ONELANE_VAR_DIR/lib on
+first use. It keeps a fork() from stopping OpenBLAS's threads under a product that is under way (which leaves the
+product waiting for ever), and it sends products of 1 to 4 rows (a decode step of 1 to 4 sequences) to OpenBLAS's
+matrix-vector routine, which this OpenBLAS's sgemm does not do; ONELANE_GEMV=false leaves the products to sgemm. See
+the C file. Without a compiler the worker goes without the shim, and says so.
 """
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import hashlib
 import logging
@@ -23,7 +26,8 @@ from pathlib import Path
 from tasks.settings import Settings
 
 logger = logging.getLogger(__name__)
-GEMV_SOURCE = Path(__file__).with_name("gemv_forward.c")
+SHIM_SOURCE = Path(__file__).with_name("blas_shim.c")
+SHIM_PREFIX = "blas_shim-"
 
 CANDIDATES = (
     "/usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0",
@@ -42,57 +46,65 @@ def openblas_path() -> str | None:
     return None
 
 
-def gemv_library(var_dir: Path) -> str | None:
-    """worker/gemv_forward.c built into `var_dir`/lib (once per version of the source), or None where no C compiler
+def shim_library(var_dir: Path) -> str | None:
+    """worker/blas_shim.c built into `var_dir`/lib (once per version of the source), or None where no C compiler
     is found or the build fails (then the worker goes without it, and says so)."""
-    source = GEMV_SOURCE.read_bytes()
-    target = var_dir.resolve() / "lib" / f"gemv_forward-{hashlib.sha256(source).hexdigest()[:12]}.so"
+    source = SHIM_SOURCE.read_bytes()
+    target = var_dir.resolve() / "lib" / f"{SHIM_PREFIX}{hashlib.sha256(source).hexdigest()[:12]}.so"
     if target.exists():
         return str(target)
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        logger.info("no C compiler (cc): products of 1 to 4 rows go through OpenBLAS's sgemm (a slower decode)")
+        logger.warning(
+            "no C compiler (cc): going without worker/blas_shim.c (a slower decode, and a fork() in the worker "
+            "may stop a product for ever)"
+        )
         return None
     building = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         built = subprocess.run(
-            [compiler, "-O2", "-shared", "-fPIC", "-o", str(building), str(GEMV_SOURCE), "-ldl"],
+            [compiler, "-O2", "-shared", "-fPIC", "-o", str(building), str(SHIM_SOURCE), "-ldl", "-lpthread"],
             capture_output=True,
             text=True,
             timeout=120,
         )
         if built.returncode != 0:
-            logger.warning("could not build %s, going without it: %s", GEMV_SOURCE.name, built.stderr.strip()[-500:])
+            logger.warning("could not build %s, going without it: %s", SHIM_SOURCE.name, built.stderr.strip()[-500:])
             return None
         os.replace(building, target)  # whole, or not at all: another process may be building it too
-        for old in target.parent.glob("gemv_forward-*.so"):  # earlier versions' (a process using one keeps it)
+        for old in target.parent.glob(f"{SHIM_PREFIX}*.so"):  # earlier versions' (a process using one keeps it)
             if old != target:
                 old.unlink(missing_ok=True)
     except (OSError, subprocess.SubprocessError) as exc:
-        logger.warning("could not build %s, going without it: %s", GEMV_SOURCE.name, exc)
+        logger.warning("could not build %s, going without it: %s", SHIM_SOURCE.name, exc)
         return None
     finally:
         building.unlink(missing_ok=True)
     return str(target)
 
 
-def worker_env(env: Mapping[str, str], gemv: bool = True) -> dict[str, str]:
+def worker_env(env: Mapping[str, str], shim: bool = True) -> dict[str, str]:
     """`env`, the environment of a worker about to start, with OpenBLAS preloaded when it is installed, the worker's
     settings (read from `env`, as the worker will read them) allow it, and nothing else is preloaded already; ahead
-    of it the one-row shim (gemv_library), unless `gemv` is False or the settings turn it off."""
+    of it the shim (shim_library), unless `shim` is False (mlx_lm.server in the benchmarks runs without it)."""
     library = openblas_path()
     if library is None or env.get("LD_PRELOAD"):
         return dict(env)
     settings = Settings.from_env(env)
     if not settings.openblas:
         return dict(env)
-    shim = gemv_library(settings.var_dir) if gemv and settings.gemv else None
-    return {**env, "LD_PRELOAD": f"{shim} {library}" if shim else library}
+    built = shim_library(settings.var_dir) if shim else None
+    return {**env, "LD_PRELOAD": f"{built} {library}" if built else library}
 
 
-def preload_openblas() -> None:
-    """Start this same command again with OpenBLAS preloaded, when worker_env would preload it and it is not yet."""
+def preload_openblas(settings: Settings | None = None) -> None:
+    """Start this same command again with OpenBLAS preloaded, when worker_env would preload it and it is not yet;
+    then tell the shim, when it is loaded, whether to send products of a few rows to sgemv (`settings.gemv`, of the
+    environment when not given)."""
     env = worker_env(os.environ)
     if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)  # the same command, again
+    shims = [p for p in os.environ.get("LD_PRELOAD", "").split() if Path(p).name.startswith(SHIM_PREFIX)]
+    if shims and not (settings or Settings.from_env()).gemv:
+        ctypes.c_int.in_dll(ctypes.CDLL(shims[0]), "onelane_gemv_max_rows").value = 0

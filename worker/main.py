@@ -10,6 +10,7 @@ recovers jobs of dead workers and re-rings a lost doorbell.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import logging
 import os
@@ -152,6 +153,7 @@ class GpuWorker:
         self.worker.stop(timeout=int((self.settings.drain_s + 60) * 1000))
         with self.models.lock:  # the runner is out of its loop: the batch drained, or was handed back
             self.runner.writer.wait_idle()
+            self.runner.writer.close()
             self._save_prefix_cache()
         self.broker.close()
         self.down.set()
@@ -244,18 +246,47 @@ class GpuWorker:
         return False
 
     def _heartbeat(self) -> None:
-        """Renew the device lease, reporting the batch; a worker that lost it (presumed dead) must stop at once."""
-        while not self.down.wait(self.settings.lease_s / 3):
-            try:
-                report: BatchReport | None = self._report()
-            except Exception:  # a report that cannot be made must not stop the lease's renewal
-                logger.exception("heartbeat: the report failed; renewing the lease without it")
-                report = None
-            try:
-                if not self._renew(report):
-                    return
-            except redis.RedisError as exc:
-                logger.warning("heartbeat failed: %s", exc)
+        """Renew the device lease, reporting the batch; a worker that lost it (presumed dead) must stop at once.
+
+        A renewal a whole interval late means the process stalled: a native call that kept the interpreter from
+        this thread, or a starved machine. Past that, while it is still stalled, every thread's stack goes to
+        stderr (faulthandler's own thread needs no interpreter), so the log tells where the worker was; and once
+        the renewal comes, a warning tells how late it was."""
+        every, answered, renewed = self.settings.lease_s / 3, True, time.monotonic()
+        _dump_stacks_after(2 * every)
+        try:
+            while not self.down.wait(every):
+                try:
+                    report: BatchReport | None = self._report()
+                except Exception:  # a report that cannot be made must not stop the lease's renewal
+                    logger.exception("heartbeat: the report failed; renewing the lease without it")
+                    report = None
+                # armed before the renewal, so it runs whenever the next one is two intervals late; once, while Redis
+                # does not answer at all (not every round)
+                if answered:
+                    _dump_stacks_after(2 * every)
+                else:
+                    faulthandler.cancel_dump_traceback_later()
+                try:
+                    if not self._renew(report):
+                        return
+                except redis.RedisError as exc:
+                    logger.warning("heartbeat failed: %s", exc)
+                    answered = False
+                    continue
+                answered, now = True, time.monotonic()
+                if now - renewed > 2 * every:
+                    logger.warning(
+                        "the heartbeat took %.1f s to renew the device lease (it renews every %.1f s; the lease "
+                        "lapses after %.1f s): this process stalled, or Redis was slow; the threads' stacks are in "
+                        "stderr",
+                        now - renewed,
+                        every,
+                        self.settings.lease_s,
+                    )
+                renewed = now
+        finally:
+            faulthandler.cancel_dump_traceback_later()
 
     def _renew(self, report: BatchReport | None) -> bool:
         """Renew the lease; a worker that lost it (it lapsed, or another took it) stops at once: its jobs may have
@@ -361,6 +392,13 @@ SUPERVISOR_FLAG = "--supervisor"  # `--supervisor PID`: how the supervisor start
 ORPHAN_CHECK_S = 0.5
 
 
+def _dump_stacks_after(seconds: float) -> None:
+    """Every thread's stack to stderr in `seconds`, unless called again first (faulthandler's timer: its thread runs
+    while the interpreter is held)."""
+    with contextlib.suppress(AttributeError, ValueError, OSError):  # no stderr to write to: no stacks
+        faulthandler.dump_traceback_later(seconds, exit=False, file=sys.__stderr__)
+
+
 def main() -> None:
     """`python -m worker.main [--supervisor PID]`, one worker process alone or as a supervisor starts it: its
     settings from the environment."""
@@ -368,7 +406,7 @@ def main() -> None:
         settings = Settings.from_env()
     except SettingsError as exc:
         sys.exit(f"Error: {exc.message}")
-    preload_openblas()
+    preload_openblas(settings)
     logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
     args = sys.argv[1:]
     run(settings, supervisor=int(args[args.index(SUPERVISOR_FLAG) + 1]) if SUPERVISOR_FLAG in args else None)

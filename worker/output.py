@@ -148,6 +148,7 @@ class OutputWriter:
         self._unsent: list[Op] = []  # what Redis did not take: sent again, first
         self._failing_since: float | None = None
         self._retry_s = RETRY_S[0]
+        self._closed = False  # close(): the thread ends once it has nothing to write
         self._thread = threading.Thread(target=self._loop, name="output", daemon=True)
         self._thread.start()
 
@@ -234,16 +235,24 @@ class OutputWriter:
             if wake:
                 self._handed.notify_all()
 
-    def _take(self) -> list[Item]:
+    def close(self) -> None:
+        """End the thread once it has nothing to write (after wait_idle: a worker that stopped in good order)."""
+        with self._handed:
+            self._closed = True
+            self._handed.notify_all()
+
+    def _take(self) -> list[Item] | None:
         """Wait for something to write; then, unless it is urgent, for the window to close. With writes to send
-        again, wait only until it is time to."""
+        again, wait only until it is time to. None once closed with nothing left."""
         with self._handed:
             self._writing = False
             self._handed.notify_all()  # for wait_idle
             if self._unsent:
                 self._handed.wait(self._retry_s)
             else:
-                self._handed.wait_for(lambda: self._pending or self._held)
+                self._handed.wait_for(lambda: self._pending or self._held or self._closed)
+                if not (self._pending or self._held):
+                    return None
                 while not self._urgent and (left := self._due() - time.monotonic()) > 0:
                     self._handed.wait(left)
             if self._held and time.monotonic() >= self._held_since + QUIET_S:
@@ -258,8 +267,7 @@ class OutputWriter:
         return min(due, self._held_since + QUIET_S) if self._held else due
 
     def _loop(self) -> None:
-        while True:
-            items = self._take()
+        while (items := self._take()) is not None:
             try:
                 self._write(items)
             except Exception:  # never let the thread die: the loop would wait on it forever

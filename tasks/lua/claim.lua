@@ -12,8 +12,12 @@
 -- A chat whose history another live device's prefix cache holds (finish.lua names it), while that device has room
 -- in its batch, is left to it for up to `affinity_s` after its admission: this worker takes the next job it may
 -- run instead (a job of another owner, as when a head is passed over for its model), or none.
--- ARG: result_ttl_s, run_life_s, device, worker_id, want ('' for none), active (the model the batch runs; '' when
---       the batch is empty), switch_wait_s, affinity_s, the models the worker has loaded...
+-- A claim is sent again with the same `token` when its answer was lost (a dropped connection, a Redis restart): if
+-- it had started a job that still runs here, the answer is that job again, not a second one; else a job started
+-- and never answered would stay in progress, run by nobody, for as long as its worker lives.
+-- ARG: result_ttl_s, run_life_s, device, worker_id, token (this claim's, kept until it is answered), want ('' for
+--       none), active (the model the batch runs; '' when the batch is empty), switch_wait_s, affinity_s, the models
+--       the worker has loaded...
 -- -> {'started' | 'next', id, the job's fields as HGETALL gives them, jobs still waiting after it, the ids of the
 --    tokens its earlier runs generated (TOK), their text (OUT)},
 --    {'switch' | 'load', head id, its model}, false when nothing waits, or 'lost' without the lease
@@ -23,6 +27,20 @@ local loaded = {}
 for _, name in ipairs(ARG.loaded) do loaded[name] = true end
 if redis.call('HGET', DEVICE .. device, 'worker') ~= worker then return 'lost' end
 local t = now()
+
+-- what its earlier runs generated, if it was requeued: the next run goes on from there
+local function delivered(id)
+  return redis.call('GET', TOK .. id) or '', redis.call('GET', OUT .. id) or ''
+end
+
+local last = redis.call('HMGET', DEVICE .. device, 'claim', 'claimed')
+if ARG.token ~= '' and last[1] == ARG.token then
+  local f = redis.call('HMGET', JOB .. last[2], 'status', 'worker')
+  if f[1] == 'in_progress' and f[2] == worker then
+    local ids, text = delivered(last[2])
+    return {'started', last[2], redis.call('HGETALL', JOB .. last[2]), redis.call('ZCARD', QUEUE), ids, text}
+  end
+end
 
 -- The first job of `index` (the whole queue, or one model's) that may run, ending those that must not on the way;
 -- its id, model and score.
@@ -109,13 +127,10 @@ if elsewhere(pick) then
   pick = next_for_me(pick)
   if not pick then return false end
 end
--- what its earlier runs generated, if it was requeued: the next run goes on from there
-local function delivered(id)
-  return redis.call('GET', TOK .. id) or '', redis.call('GET', OUT .. id) or ''
-end
 if pick == want or want == '*' then
   if pick ~= head then stat('passed_head') end
   local fields = start(pick, worker, device, run_life, t)
+  redis.call('HSET', DEVICE .. device, 'claim', ARG.token, 'claimed', pick)
   local ids, text = delivered(pick)
   return {'started', pick, fields, redis.call('ZCARD', QUEUE), ids, text}
 end

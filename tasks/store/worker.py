@@ -8,6 +8,7 @@ write or end: a worker presumed dead (its jobs requeued) finds its writes refuse
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -95,6 +96,7 @@ class WorkerStore:
         self.redis, self.settings, self.scripts = client, settings, scripts
         self.upkeep = Upkeep(client, settings, scripts)  # (its counters)
         self.worker = worker
+        self._claim_token = ""  # the claim sent and not yet answered, if any
 
     def take_device(self, report: BatchReport | None = None) -> str:
         """Take this device's lease for this worker (or renew it): 'ok', or the id of the worker holding it."""
@@ -134,18 +136,22 @@ class WorkerStore:
         s = self.settings
         run_life = int(s.job_time_limit_s + s.result_ttl_s)
         loaded = tuple(m.name for m in s.catalog) if loaded is None else loaded
+        # a claim whose answer is lost is sent again with its token: a job it started is answered, not orphaned
+        self._claim_token = self._claim_token or uuid.uuid4().hex
         claimed = self.scripts.run(
             "claim",
             result_ttl_s=s.result_ttl_s,
             run_life_s=run_life,
             device=s.device,
             worker=self.worker,
+            token=self._claim_token,
             want=want or "",
             active=active,
             switch_wait_s=s.model_switch_wait_s,
             affinity_s=s.cache_affinity_s,
             loaded=loaded,
         )
+        self._claim_token = ""  # answered
         if claimed == "lost":
             raise LeaseLost(f"worker {self.worker} lost the lease of device {self.settings.device}")
         if not claimed:

@@ -123,14 +123,18 @@ def _count(data: bytes, limit: int) -> None:
 
 
 def _texts(data: bytes) -> Iterator[str]:
-    """The lines of UTF-8 `data` as `data.decode(errors="replace").splitlines()` has them, decoded and split a piece
-    of PIECE bytes (to the end of its last line) at a time. A piece ends just after a b"\n": neither a character nor
-    a \r\n is cut in two."""
+    """The lines of UTF-8 `data` (decoded with errors="replace"), each ended by a \n or a \r\n, as JSONL has them,
+    decoded and split a piece of PIECE bytes (to the end of its last line) at a time. A piece ends just after a
+    b"\n": no character is cut in two. Nothing else ends a line: U+2028, U+2029 and U+0085, which str.splitlines()
+    breaks at, may stand unescaped in a JSON string."""
     view, start = memoryview(data), 0
     while start < len(data):
         end = data.find(b"\n", start + PIECE)
         end = len(data) if end < 0 else end + 1
-        yield from str(view[start:end], "utf-8", "replace").splitlines()
+        texts = str(view[start:end], "utf-8", "replace").split("\n")
+        if data[end - 1 : end] == b"\n":
+            texts.pop()  # (the nothing after the piece's last \n)
+        yield from (text.removesuffix("\r") for text in texts)
         start = end
 
 

@@ -54,6 +54,9 @@ logger = logging.getLogger(__name__)
 INTERVAL_S = 0.25  # a round at least this often: a line that ended is collected, and its place refilled, this soon
 STOPPED = {"cancelled": "the batch was cancelled", "expired": "the batch's completion window ended"}
 EXTENSION = "onelane_batch_runner"
+# JSON lets these stand unescaped in a string, and str.splitlines() (a client's usual way to read JSONL) breaks a line
+# at each: a result line holds none of them raw, so it stays one line however it is read
+LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
 
 
 class BatchRunner(Background):
@@ -263,4 +266,4 @@ def _line(
     job_id: str | None,
 ) -> Result:
     body = {"id": request_id_of(batch_id, index), "custom_id": custom_id, "response": response, "error": error}
-    return Result(index, json.dumps(body, ensure_ascii=False), ok, job_id)
+    return Result(index, json.dumps(body, ensure_ascii=False).translate(LINE_BREAKS), ok, job_id)
