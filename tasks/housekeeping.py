@@ -2,8 +2,9 @@
 
 A round (one script, see tasks/lua/housekeep.lua) ends waiting jobs that must not run (past their deadline, or
 their watcher gone), puts back the jobs of a worker that died, and rings the worker's doorbell if jobs wait
-and no message is pending; then a model whose worker died while loading it fails, with its waiting jobs
-(tasks/lua/failed_models.lua), so that a load that kills the worker does not hold them until they expire. Because
+and no message is pending; then a model whose load killed ONELANE_MAX_ATTEMPTS workers in a row fails, with its
+waiting jobs (tasks/lua/failed_models.lua), so that a load that kills the worker does not hold them until they
+expire (after fewer deaths, the next worker loads it again). Because
 the web runs it too, a job expires on time while no worker holds the device (a crash loop, a model loading, the
 worker stopped); running it in several processes at once is harmless, as each round is atomic.
 """
@@ -18,8 +19,27 @@ from dramatiq.brokers.redis import RedisBroker
 from tasks.background import Background
 from tasks.broker import Doorbell
 from tasks.store import Store
+from tasks.store.upkeep import ModelCheck
 
 logger = logging.getLogger(__name__)
+
+
+def log_death(model: ModelCheck) -> None:
+    """Say what a model's check found of a worker that died while loading it."""
+    if model.verdict == "died":
+        logger.warning(
+            "model %s: its load killed ONELANE_MAX_ATTEMPTS workers in a row; failed, with %d waiting job(s) "
+            "(model_unavailable)",
+            model.name,
+            model.n,
+        )
+    elif model.verdict == "retry":
+        logger.warning(
+            "model %s: a worker died while loading it (%d in a row); the next worker loads it again",
+            model.name,
+            model.n,
+        )
+
 
 INTERVAL_S = 1.0
 
@@ -40,13 +60,8 @@ class Housekeeper(Background):
         waiting, released = self.store.upkeep.housekeep(Doorbell.ring(self.broker, "housekeeping"))
         for job_id, verdict in released:
             logger.warning("job %s: its worker died; %s", job_id, verdict)
-        for model in self.store.upkeep.failed_models():
-            if model.died:
-                logger.warning(
-                    "model %s: its worker died while loading it; failed, with %d waiting job(s) (model_unavailable)",
-                    model.name,
-                    model.jobs_failed,
-                )
+        for model in self.store.upkeep.check_models():
+            log_death(model)
         return waiting
 
     def _loop(self) -> None:

@@ -21,8 +21,8 @@ USER_QUEUE_PREFIX = NS + "q:"  # sorted set: one user's waiting job ids, by the 
 USER_JOBS_PREFIX = NS + "jobs:"  # sorted set: one user's recent job ids by admission time
 
 MODEL_QUEUE_PREFIX = NS + "mq:"  # sorted set: one model's waiting job ids, by the same score as QUEUE
-MODEL_PREFIX = NS + "model:"  # hash: a model's load outcome (state, load_s, bytes, error, retry_at, worker) and its
-#                               measured pace (worker/pace.py), kept MODEL_RECORD_TTL_S
+MODEL_PREFIX = NS + "model:"  # hash: a model's load outcome (state, load_s, bytes, error, retry_at, worker, deaths:
+#                               the workers its load killed in a row) and its measured pace (worker/pace.py), kept MODEL_RECORD_TTL_S
 LENGTHS_PREFIX = NS + "lengths:"  # list: the newest LENGTHS_KEPT completed answers of one model, each
 #                                   "completion,max_tokens,how,prompt_chars,prompt_tokens" (how: s ended by itself,
 #                                   l at max_tokens, i ignore_eos), for ETAs; kept MODEL_RECORD_TTL_S

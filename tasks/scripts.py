@@ -31,7 +31,7 @@ ARGS: dict[str, tuple[str, ...]] = {
     "claim": ("result_ttl_s", "run_life_s", "device", "worker", "token", "want", "active", "switch_wait_s",
               "affinity_s", "*loaded"),
     "drop_lease": ("device", "field", "value"),
-    "failed_models": ("retry_s", "result_ttl_s", "*models"),
+    "failed_models": ("retry_s", "result_ttl_s", "max_deaths", "*models"),
     "finish": ("id", "status", "finish_reason", "error", "prompt_tokens", "completion_tokens", "result_ttl_s",
                "worker", "stop_seen_at", "cached_tokens", "history"),
     "housekeep": ("max_attempts", "ttl_s", "result_ttl_s", "limit", *BELL),

@@ -1,7 +1,9 @@
 """A model that would kill the worker (issue 29) fails like any model that cannot load: its own waiting jobs fail
 `model_unavailable` at once, not at their deadline, and the worker serves the other models. A hostile GGUF never
 reaches MLX's reader; a load that kills the worker all the same (a native crash, a hang the supervisor ends) is
-found by housekeeping from the model's record, still `loading` on a worker that holds no device."""
+found by housekeeping from the model's record, still `loading` on a worker that holds no device. Such a death is
+counted: a load that killed ONELANE_MAX_ATTEMPTS workers (2) in a row fails the model; after one, the next worker
+loads it again (one death may be the machine's, and must not fail every job of the model)."""
 
 from __future__ import annotations
 
@@ -39,6 +41,16 @@ def serve(settings: Settings, folder: Path, **models: dict[str, Any]) -> tuple[S
 
 def restarts(store) -> int:  # type: ignore[no-untyped-def]
     return int(store.redis.hget(keys.STATS, "worker_restarts") or 0)
+
+
+def wait_restarts(store, n: int, timeout_s: float = 15) -> None:  # type: ignore[no-untyped-def]
+    """Until the supervisor has restarted `n` workers: a frozen one is found dead (its lease lapsed) before it is
+    killed, and counted once reaped."""
+    deadline = time.monotonic() + timeout_s
+    while restarts(store) < n:
+        assert time.monotonic() < deadline, f"{restarts(store)} worker restarts, not {n}"
+        time.sleep(0.05)  # a poll: nothing announces the supervisor's count
+    assert restarts(store) == n
 
 
 def test_a_model_whose_gguf_crashes_mlx_fails_its_own_jobs_and_the_other_model_serves(
@@ -100,10 +112,10 @@ def stuck_folder(demo_model: Path, tmp_path: Path):  # type: ignore[no-untyped-d
         os.close(fd)
 
 
-def test_a_model_whose_load_kills_the_worker_fails_with_its_jobs_and_the_other_model_serves(
+def test_a_model_whose_load_kills_two_workers_fails_with_its_jobs_and_the_other_model_serves(
     settings, store, make_app, worker_process, demo_model, stuck_folder
 ):
-    # Given a models file: "healthy" (the default) and "stuck", whose weights the load blocks on forever
+    # Given a models file: "healthy" (the default) and "stuck", whose weights every load blocks on forever
     folder, opened = stuck_folder
     served, env = serve(
         settings, folder.parent, healthy={"path": str(demo_model), "default": True}, stuck={"path": str(folder)}
@@ -116,16 +128,17 @@ def test_a_model_whose_load_kills_the_worker_fails_with_its_jobs_and_the_other_m
     assert opened.wait(60), "the worker never read the stuck model's weights"
     healthy = [jobs.submit(f"h{n}", model="healthy", max_tokens=8, ignore_eos=True)["id"] for n in range(3)]
     assert store.redis.hget(keys.model("stuck"), "state") == "loading"
-    # and the worker dies there (killed: as a native crash, or the supervisor ending a frozen worker, would)
+    # and the worker dies there (killed: as a native crash, or the supervisor ending a frozen worker, would); the
+    # next worker loads it again, and freezes there too, until the supervisor ends it
     killed = time.monotonic()
     with contextlib.suppress(ProcessLookupError):  # (the supervisor may have ended it first: it froze)
         os.kill(holder.pid, signal.SIGKILL)
-    # Then the stuck model fails, and its job with it, within seconds of the death, saying so
+    # Then the stuck model fails after its second death, and its job with it, within seconds, saying so
     failed = wait_ended(store, doomed, timeout_s=60)
     took = time.monotonic() - killed
     assert (failed["status"], failed["error"]["type"]) == ("failed", "model_unavailable")
     assert failed["error"]["message"] == "the model failed to load: the worker died while loading it"
-    assert failed["attempts"] == 0 and took < 10, (failed, took)
+    assert failed["attempts"] == 0 and took < 20, (failed, took)
     record = store.redis.hgetall(keys.model("stuck"))
     assert record["state"] == "failed" and float(record["retry_at"]) - float(record["at"]) == pytest.approx(
         served.model_retry_s
@@ -134,9 +147,40 @@ def test_a_model_whose_load_kills_the_worker_fails_with_its_jobs_and_the_other_m
     assert refused.status_code == 503 and refused.get_json()["error"]["type"] == "model_unavailable"
     # And the healthy model's jobs complete on the next worker, which did not load the stuck model again
     assert [wait_ended(store, job_id, timeout_s=60)["status"] for job_id in healthy] == ["completed"] * 3
-    assert restarts(store) == 1
+    wait_restarts(store, 2)
     assert int(store.redis.hget(keys.STATS, "model_load_failures")) == 1
-    print(f"\nthe stuck model's job failed {took:.2f} s after its worker died; worker restarts: {restarts(store)}")
+    print(
+        f"\nthe stuck model's job failed {took:.2f} s after its first worker died; worker restarts: {restarts(store)}"
+    )
+
+
+def test_a_model_whose_load_killed_one_worker_is_loaded_again_by_the_next_and_serves(
+    settings, store, make_app, worker_process, demo_model, stuck_folder
+):
+    # Given a models file: "healthy" (the default) and "flaky", whose weights the first load blocks on
+    folder, opened = stuck_folder
+    served, env = serve(
+        settings, folder.parent, healthy={"path": str(demo_model), "default": True}, flaky={"path": str(folder)}
+    )
+    worker_process(**env)
+    jobs = JobsClient(make_app(served).test_client())
+    holder = wait_for_worker(store)
+    job_id = jobs.submit("x", model="flaky", max_tokens=4, ignore_eos=True)["id"]
+    assert opened.wait(60), "the worker never read the flaky model's weights"
+    # When the worker dies there, once (the OOM killer, or a stall the supervisor ended: the machine's fault, not
+    # the model's), and its weights are whole by the time the next worker reads them
+    weights = folder / "model.safetensors"
+    weights.unlink()  # (the FIFO: the frozen reader keeps it open)
+    shutil.copy(demo_model / "model.safetensors", weights)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(holder.pid, signal.SIGKILL)
+    # Then the next worker loads the model again, and its job completes, no attempt counted against it
+    done = wait_ended(store, job_id, timeout_s=60)
+    assert (done["status"], done["attempts"], done["usage"]["completion_tokens"]) == ("completed", 1, 4), done
+    # And the model's record says loaded, its count of deaths cleared; nothing counted it a failed load
+    record = store.redis.hgetall(keys.model("flaky"))
+    assert (record["state"], record["deaths"]) == ("loaded", "0"), record
+    assert restarts(store) == 1 and not store.redis.hget(keys.STATS, "model_load_failures")
 
 
 def test_a_default_model_whose_load_froze_the_worker_is_not_loaded_again_and_the_other_model_serves(
@@ -152,11 +196,12 @@ def test_a_default_model_whose_load_froze_the_worker_is_not_loaded_again_and_the
     doomed = jobs.submit("x", model="stuck", max_tokens=4)["id"]
     healthy = jobs.submit("h", model="healthy", max_tokens=8, ignore_eos=True)["id"]
     # When the worker starts, loading its default model first, and freezes there (its lease lapses: the standby
-    # takes the device, and the supervisor kills the frozen one)
+    # takes the device, and the supervisor kills the frozen one); the standby loads it again and freezes likewise
     worker_process(**env)
     assert opened.wait(60), "the worker never read the stuck model's weights"
     frozen = time.monotonic()
-    # Then the next worker does not load the stuck model again: it failed, its job with it; the healthy one runs
+    # Then the worker after those two does not load the stuck model again: it failed, its job with it; the healthy
+    # one runs
     failed = wait_ended(store, doomed, timeout_s=60)
     took = time.monotonic() - frozen
     assert (failed["status"], failed["error"]["message"]) == (
@@ -164,5 +209,5 @@ def test_a_default_model_whose_load_froze_the_worker_is_not_loaded_again_and_the
         "the model failed to load: the worker died while loading it",
     )
     assert wait_ended(store, healthy, timeout_s=60)["status"] == "completed"
-    assert restarts(store) <= 1 and took < 10, (restarts(store), took)
+    assert restarts(store) <= 2 and took < 20, (restarts(store), took)
     print(f"\nthe stuck model's job failed {took:.2f} s after its worker froze; worker restarts: {restarts(store)}")

@@ -19,6 +19,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from tasks.catalogue import ModelConfig
+from tasks.housekeeping import log_death
 from tasks.settings import Settings
 from tasks.store import WorkerStore
 from worker.engine import Counters, Engine
@@ -94,7 +95,8 @@ class ModelPool:
         """Load a served model (call it with `lock` held and no batch running), evicting the least recently used
         models until the budget holds it. A model bigger than the whole budget loads alone. On failure the model
         is marked failed for ONELANE_MODEL_RETRY_S and its waiting jobs fail (model_unavailable); returns None.
-        A model that failed (or whose load killed the worker before this one) is not tried again until then."""
+        A model that failed (or whose load killed ONELANE_MAX_ATTEMPTS workers in a row, the last before this one)
+        is not tried again until then."""
         engine = self.get(name)
         if engine is not None:
             return engine
@@ -102,15 +104,11 @@ class ModelPool:
         if config is None:  # admission checks the name; a job admitted under an older models file
             self.store.model_failed(name, f"this server no longer serves a model named {name!r}")
             return None
-        if failed := self.store.upkeep.failed_models([name]):
-            if failed[0].died:
-                logger.warning(
-                    "model %s: a worker died while loading it; failed, with %d waiting job(s) (model_unavailable)",
-                    name,
-                    failed[0].jobs_failed,
-                )
-            logger.warning("model %s failed to load: not tried again before ONELANE_MODEL_RETRY_S", name)
-            return None
+        for check in self.store.upkeep.check_models([name]):
+            log_death(check)
+            if check.blocked:
+                logger.warning("model %s failed to load: not tried again before ONELANE_MODEL_RETRY_S", name)
+                return None
         self._make_room(size_on_disk(config))
         self.loading = name
         self.store.model_loading(name)

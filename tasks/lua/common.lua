@@ -215,6 +215,7 @@ end
 -- Returns how many jobs it failed.
 local function fail_model(model, message, retry, result_ttl, t)
   redis.call('HSET', MODEL .. model, 'state', 'failed', 'error', message, 'retry_at', fmt(t + retry), 'at', fmt(t))
+  redis.call('HDEL', MODEL .. model, 'deaths') -- once it may be tried again, its loads start a new count
   redis.call('EXPIRE', MODEL .. model, MODEL_RECORD_TTL)
   stat('model_load_failures')
   local err, n = error_json('model_unavailable', message), 0

@@ -15,12 +15,18 @@ from tasks.settings import Settings
 
 
 @dataclass(frozen=True)
-class FailedModel:
-    """A model that may not be loaded now: it failed to load, and its retry time has not come."""
+class ModelCheck:
+    """What a look at a model's load found: it failed to load and may not be tried yet (`blocked`), or its load
+    killed a worker just now and the next worker tries again."""
 
     name: str
-    died: bool  # found just now: its worker died while loading it (and the model's waiting jobs failed with it)
-    jobs_failed: int  # its waiting jobs failed just now
+    verdict: str  # 'failed' (earlier), 'died' (its load killed its max_attempts-th worker in a row: failed just now,
+    #               with its waiting jobs), 'retry' (its load killed a worker just now, fewer in a row: tried again)
+    n: int  # 'died': its waiting jobs failed just now; 'retry': the workers its load killed in a row
+
+    @property
+    def blocked(self) -> bool:
+        return self.verdict != "retry"
 
 
 class Upkeep:
@@ -44,13 +50,21 @@ class Upkeep:
         )
         return int(waiting), list(zip(flat[::2], flat[1::2]))
 
-    def failed_models(self, names: Iterable[str] | None = None) -> list[FailedModel]:
-        """Those of `names` (default: every model served) that failed to load and may not be tried yet; first, each
-        one whose worker died while loading it is recorded failed, and its waiting jobs fail (model_unavailable)."""
+    def check_models(self, names: Iterable[str] | None = None) -> list[ModelCheck]:
+        """Those of `names` (default: every model served) that failed to load and may not be tried yet, and those
+        whose worker died while loading them just now. Such a death is counted: the load that killed
+        ONELANE_MAX_ATTEMPTS workers in a row is recorded failed, and the model's waiting jobs fail
+        (model_unavailable); after fewer, the next worker tries again (tasks/lua/failed_models.lua)."""
         s = self.settings
         names = [m.name for m in s.catalog] if names is None else list(names)
-        flat = self.scripts.run("failed_models", retry_s=s.model_retry_s, result_ttl_s=s.result_ttl_s, models=names)
-        return [FailedModel(flat[i], flat[i + 1] == "died", int(flat[i + 2])) for i in range(0, len(flat), 3)]
+        flat = self.scripts.run(
+            "failed_models",
+            retry_s=s.model_retry_s,
+            result_ttl_s=s.result_ttl_s,
+            max_deaths=s.max_attempts,
+            models=names,
+        )
+        return [ModelCheck(flat[i], flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat), 3)]
 
     def ring(self, doorbell: Doorbell) -> bool:
         """Push the worker's doorbell unless one is pending; True if pushed."""

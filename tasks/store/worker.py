@@ -169,7 +169,7 @@ class WorkerStore:
         self._model(name, state="loading", worker=self.worker)
 
     def model_loaded(self, name: str, load_s: float, size: int) -> None:
-        self._model(name, state="loaded", worker=self.worker, load_s=f"{load_s:.3f}", bytes=size, error="")
+        self._model(name, state="loaded", worker=self.worker, load_s=f"{load_s:.3f}", bytes=size, error="", deaths=0)
 
     def model_unloaded(self, name: str) -> None:
         self._model(name, state="unloaded", worker=self.worker)
