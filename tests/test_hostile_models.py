@@ -112,20 +112,29 @@ def stuck_folder(demo_model: Path, tmp_path: Path):  # type: ignore[no-untyped-d
         os.close(fd)
 
 
-def test_a_model_whose_load_kills_two_workers_fails_with_its_jobs_and_the_other_model_serves(
-    settings, store, make_app, worker_process, demo_model, stuck_folder
-):
-    # Given a models file: "healthy" (the default) and "stuck", whose weights every load blocks on forever
+def stuck_beside_healthy(settings, store, make_app, worker_process, demo_model, stuck_folder, name):  # type: ignore[no-untyped-def]
+    """A worker serving "healthy" (the demo model, the default) and `name` (the stuck folder), stuck in loading
+    `name` for a job of it. Returns (the web's settings, a client of it, the worker, that job's id)."""
     folder, opened = stuck_folder
     served, env = serve(
-        settings, folder.parent, healthy={"path": str(demo_model), "default": True}, stuck={"path": str(folder)}
+        settings, folder.parent, healthy={"path": str(demo_model), "default": True}, **{name: {"path": str(folder)}}
     )
     worker_process(**env)
     jobs = JobsClient(make_app(served).test_client())
     holder = wait_for_worker(store)
+    job_id = jobs.submit("x", model=name, max_tokens=4, ignore_eos=True)["id"]
+    assert opened.wait(60), f"the worker never read the {name} model's weights"
+    return served, jobs, holder, job_id
+
+
+def test_a_model_whose_load_kills_two_workers_fails_with_its_jobs_and_the_other_model_serves(
+    settings, store, make_app, worker_process, demo_model, stuck_folder
+):
+    # Given a models file: "healthy" (the default) and "stuck", whose weights every load blocks on forever
     # When a job asks for the stuck model (the worker loads it, and is stuck there), then three for the healthy one
-    doomed = jobs.submit("x", model="stuck", max_tokens=4)["id"]
-    assert opened.wait(60), "the worker never read the stuck model's weights"
+    served, jobs, holder, doomed = stuck_beside_healthy(
+        settings, store, make_app, worker_process, demo_model, stuck_folder, "stuck"
+    )
     healthy = [jobs.submit(f"h{n}", model="healthy", max_tokens=8, ignore_eos=True)["id"] for n in range(3)]
     assert store.redis.hget(keys.model("stuck"), "state") == "loading"
     # and the worker dies there (killed: as a native crash, or the supervisor ending a frozen worker, would); the
@@ -157,16 +166,12 @@ def test_a_model_whose_load_kills_two_workers_fails_with_its_jobs_and_the_other_
 def test_a_model_whose_load_killed_one_worker_is_loaded_again_by_the_next_and_serves(
     settings, store, make_app, worker_process, demo_model, stuck_folder
 ):
-    # Given a models file: "healthy" (the default) and "flaky", whose weights the first load blocks on
-    folder, opened = stuck_folder
-    served, env = serve(
-        settings, folder.parent, healthy={"path": str(demo_model), "default": True}, flaky={"path": str(folder)}
+    # Given a models file: "healthy" (the default) and "flaky", whose weights the first load blocks on, and a job
+    # of it, its worker stuck in that load
+    _, _, holder, job_id = stuck_beside_healthy(
+        settings, store, make_app, worker_process, demo_model, stuck_folder, "flaky"
     )
-    worker_process(**env)
-    jobs = JobsClient(make_app(served).test_client())
-    holder = wait_for_worker(store)
-    job_id = jobs.submit("x", model="flaky", max_tokens=4, ignore_eos=True)["id"]
-    assert opened.wait(60), "the worker never read the flaky model's weights"
+    folder = stuck_folder[0]
     # When the worker dies there, once (the OOM killer, or a stall the supervisor ended: the machine's fault, not
     # the model's), and its weights are whole by the time the next worker reads them
     weights = folder / "model.safetensors"
