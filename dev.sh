@@ -46,12 +46,12 @@ command="${1:-}"
 [ $# -gt 0 ] && shift
 case "$command" in
     up)
-        venv "[$MLX]"
+        venv "[kinds${MLX:+,$MLX}]"
         openblas
         exec .venv/bin/onelane up "$@"
         ;;
     test)
-        venv "[test${MLX:+,$MLX}]"
+        venv "[test,kinds${MLX:+,$MLX}]"
         command -v redis-server >/dev/null 2>&1 || apt_install redis-server
         openblas
         # the browser tests drive Debian's chromium; without it they skip (and fail in CI), so do not stop here
@@ -64,7 +64,7 @@ case "$command" in
         exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
         ;;
     bench)
-        venv "[test,bench${MLX:+,$MLX}]"
+        venv "[test,bench,kinds${MLX:+,$MLX}]"
         openblas
         command -v wrk >/dev/null 2>&1 || apt_install wrk || true  # the admission benchmark's load generator
         name="$1"; shift

@@ -355,9 +355,9 @@ def bulk(value: object) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(raw), raw)
 
 
-def packed_admits(store: Store, owners: int) -> tuple[bytes, list[bytes]]:
+def packed_admits(store: Store, owners: int) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     """The admit script exactly as Store.admit runs it (same script, same arguments), as EVALSHA packed for the
-    socket: the part before the job id (the same for every job), and each owner's part after it.
+    socket: the command's head (the same for every job), and each owner's arguments before and after the job id.
 
     The arguments are captured from Store.admit itself: a stand-in for its scripts stops it there, so nothing depends
     on the shape of the script's answer."""
@@ -377,11 +377,9 @@ def packed_admits(store: Store, owners: int) -> tuple[bytes, list[bytes]]:
         spec = JobSpec(owner=f"user{u:03d}", model=s.model_name, prompt="hi", params=SamplingParams(max_tokens=8))
         with contextlib.suppress(Captured):
             capture.admit("JOB-ID", JobSpec.model_validate_json(spec.model_dump_json()), s.job_ttl_s)
-        at = captured[-1].index("JOB-ID")
-        assert captured[-1][:at] == captured[0][:at]
-        owner_bytes.append(b"".join(bulk(a) for a in captured[-1][at + 1 :]))
-    before_id = captured[0][: captured[0].index("JOB-ID")]
-    head = b"*%d\r\n" % (3 + len(captured[0])) + b"".join(bulk(a) for a in ["EVALSHA", sha, 0, *before_id])
+        args, at = captured[-1], captured[-1].index("JOB-ID")
+        owner_bytes.append((b"".join(bulk(a) for a in args[:at]), b"".join(bulk(a) for a in args[at + 1 :])))
+    head = b"*%d\r\n" % (3 + len(captured[0])) + b"".join(bulk(a) for a in ["EVALSHA", sha, 0])
     return head, owner_bytes
 
 
@@ -394,7 +392,7 @@ class Fill:
     sampled: dict[int, str] = field(default_factory=dict)  # admission number -> job id
 
 
-def fill(client: redis.Redis, head: bytes, owner_bytes: list[bytes], args: argparse.Namespace) -> Fill:
+def fill(client: redis.Redis, head: bytes, owner_bytes: list[tuple[bytes, bytes]], args: argparse.Namespace) -> Fill:
     """`--jobs` admissions in pipelines of `--batch` written straight to the socket (building commands with redis-py
     would cap the fill at the client's speed); while Redis runs one batch, the next is encoded and sent."""
     sample_at = set(random.Random(7).sample(range(args.jobs), min(args.lookups, args.jobs)))
@@ -424,14 +422,17 @@ def fill(client: redis.Redis, head: bytes, owner_bytes: list[bytes], args: argpa
     return out
 
 
-def packed_batch(head: bytes, owner_bytes: list[bytes], numbers: range, sample_at: set[int], out: Fill) -> bytes:
+def packed_batch(
+    head: bytes, owner_bytes: list[tuple[bytes, bytes]], numbers: range, sample_at: set[int], out: Fill
+) -> bytes:
     """The admissions `numbers` (fresh job ids, owners in turn) as one pipeline; noting the sampled ones' ids."""
     parts = []
     for i in numbers:
         job_id = new_job_id()
         if i in sample_at:
             out.sampled[i] = job_id
-        parts.append(head + bulk(job_id) + owner_bytes[i % len(owner_bytes)])
+        before, after = owner_bytes[i % len(owner_bytes)]
+        parts.append(head + before + bulk(job_id) + after)
     return b"".join(parts)
 
 

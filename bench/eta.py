@@ -21,6 +21,14 @@ jobs that waited less are reported by their absolute error.
 The baseline, from the same run: what a queue without a forecast can say, position x the mean service time of
 the jobs that ended before the admission / the batch's slots.
 
+    ./dev.sh bench eta --fresh [--rounds 3] [--burst 24] [--max-batch 2] [--seed 1]
+
+`--fresh`: the first estimates a fresh server gives, the ones people decide to wait on. Each round starts a fresh
+Redis and stack serving the default model alone (ONELANE_MAX_BATCH 2 unless told), waits until /readyz lists the
+model loaded (no job, no warm-up beyond its load), then admits --burst jobs at once from one user, as a new user
+would send them: a chat message (a question or a poem on a topic), greedy, max_tokens the page's 64, 128 or the
+API's default, seeded. The same figures, per round and over all rounds.
+
 Every figure printed is measured in this run; every process started here is stopped before the script returns.
 """
 
@@ -30,14 +38,16 @@ import argparse
 import json
 import os
 import random
+import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
 
-from bench.harness import add_model_option, model_folder, onelane_stack, private_redis
+from bench.harness import START_S, add_model_option, model_folder, onelane_stack, poll_until, private_redis
 from bench.report import pct
 from tasks.catalogue import DEFAULT_MODEL, SHIPPED_DEMO_MODEL
 from tasks.settings import Settings
@@ -60,6 +70,7 @@ class Followed:
     finished_at: float | None = None
     status: str = ""
     output: str = ""
+    tokens: int | None = None  # it generated
     baseline: float | None = None
 
 
@@ -109,6 +120,7 @@ class Run:
         t = job["timings"]
         seen.queued_at, seen.started_at, seen.finished_at = t["queued_at"], t["started_at"], t["finished_at"]
         seen.status, seen.output = job["status"], job["output"]
+        seen.tokens = (job.get("usage") or {}).get("completion_tokens")
 
     def wait_for(self, seen: Followed | None) -> None:
         while seen is not None and not seen.status:
@@ -183,11 +195,10 @@ def one_round(run: Run, seed: int) -> None:
         t.join()
 
 
-def models_file(folder: Path, model: Path) -> Path:
+def models_file(folder: Path, model: Path, demo: bool = True) -> Path:
     path = folder / "models.toml"
-    path.write_text(
-        f'[models.{DEFAULT_MODEL}]\npath = "{model}"\ndefault = true\n\n[models.{DEMO}]\npath = "{SHIPPED_DEMO_MODEL}"\n'
-    )
+    other = f'\n[models.{DEMO}]\npath = "{SHIPPED_DEMO_MODEL}"\n' if demo else ""
+    path.write_text(f'[models.{DEFAULT_MODEL}]\npath = "{model}"\ndefault = true\n{other}')
     return path
 
 
@@ -261,14 +272,14 @@ def measured_pace(redis_url: str, model: str) -> str | None:
 
 
 def print_jobs(jobs: list[Followed]) -> None:
-    print("\n  admitted  kind                 pos  first eta   real wait   told (s after admission: eta)")
+    print("\n  admitted  kind                    pos  first eta   real wait  tokens   told (s after admission: eta)")
     t0 = min(j.admitted_at for j in jobs)
     for j in sorted(jobs, key=lambda j: j.admitted_at):
         real = j.started_at - j.queued_at if j.started_at and j.queued_at else None
         told = " ".join(f"{at - j.admitted_at:.0f}:{eta}" for at, eta in j.told[:8])
         print(
-            f"  {j.admitted_at - t0:>7.1f}  {j.kind:<20} {j.position:>3}  {j.first_eta!s:>9}   "
-            f"{real if real is None else round(real, 2)!s:>9}   {told}"
+            f"  {j.admitted_at - t0:>7.1f}  {j.kind:<23} {j.position:>3}  {j.first_eta!s:>9}   "
+            f"{real if real is None else round(real, 2)!s:>9}  {j.tokens!s:>6}   {told}"
         )
 
 
@@ -276,11 +287,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_option(parser)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--max-batch", type=int, default=None, help="32; 2 with --fresh")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--min-wait", type=float, default=1.0)
     parser.add_argument("--jobs", action="store_true", help="print every job: kind, position, estimates, real wait")
+    parser.add_argument("--fresh", action="store_true", help="the first jobs of fresh servers (see the docstring)")
+    parser.add_argument("--burst", type=int, default=24, help="with --fresh: the jobs admitted at once")
     args = parser.parse_args()
+    if args.fresh:
+        fresh(args)
+        return
+    args.max_batch = args.max_batch or 32
     with private_redis() as (folder, redis_url):
         model = model_folder(args.model, folder)
         settings = Settings(redis_url=redis_url, var_dir=folder)
@@ -308,6 +325,74 @@ def main() -> None:
         )
         if run.errors:
             print(f"refused or failed submissions: {run.errors[:3]}")
+
+
+# --- --fresh: the first jobs a fresh server sees ------------------------------------------------------------------
+
+ASKS = ["Tell me something about {}.", "Write a short poem about {}.", "Explain {} to a child.", "What are {} for?"]
+LIMITS = [(64, "64 tokens (the page's)"), (None, "the API's default"), (128, "128 tokens")]
+
+
+def fresh(args: argparse.Namespace) -> None:
+    """--rounds fresh servers, one after another; each: --burst jobs at once, as soon as its model has loaded."""
+    args.max_batch = args.max_batch or 2
+    jobs: list[Followed] = []
+    with tempfile.TemporaryDirectory(prefix="onelane-bench-model-") as tmp:
+        model = model_folder(args.model, Path(tmp))
+        print(
+            f"model {model}; ONELANE_MAX_BATCH {args.max_batch}; {args.rounds} fresh server(s), {args.burst} jobs at "
+            f"once each; load average {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
+        for rnd in range(args.rounds):
+            seen, pace = fresh_round(model, args, random.Random(args.seed + rnd))
+            print(f"  server {rnd + 1}: {len(seen)} jobs; pace (s a step, s a sequence, s a prompt token) {pace}")
+            report(seen, args.min_wait)
+            if args.jobs:
+                print_jobs(seen)
+            jobs += seen
+    print("\nall fresh servers:")
+    report(jobs, args.min_wait)
+
+
+def fresh_round(model: Path, args: argparse.Namespace, rng: random.Random) -> tuple[list[Followed], str]:
+    """A fresh Redis and stack serving the model alone; once it has loaded (no job before), the burst at once."""
+    with private_redis() as (folder, redis_url):
+        env = {
+            **keys_env(),
+            "ONELANE_MAX_BATCH": str(args.max_batch),
+            "ONELANE_MODEL": "",
+            "ONELANE_MODELS_FILE": str(models_file(folder, model, demo=False)),
+            "ONELANE_JOB_TTL": "3600",  # (a busy machine may take longer than the default's 10 minutes)
+        }
+        with onelane_stack(Settings(redis_url=redis_url, var_dir=folder), quiet=True, **env) as stack:
+            if not poll_until(lambda: loaded(stack.url), START_S):
+                raise RuntimeError(f"{DEFAULT_MODEL} did not load within {START_S:.0f} s (logs in {folder})")
+            told = measured_pace(redis_url, DEFAULT_MODEL)
+            run = Run(stack.url, DEFAULT_MODEL, args.max_batch)
+            bodies = []
+            for _ in range(args.burst):
+                limit, kind = rng.choice(LIMITS)
+                ask = rng.choice(ASKS).format(rng.choice(TOPICS))
+                body = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": ask}], "temperature": 0}
+                bodies.append((kind, body if limit is None else {**body, "max_tokens": limit}))
+            gate = threading.Barrier(len(bodies))
+
+            def submit(kind_body: tuple[str, dict[str, object]]) -> None:
+                gate.wait()
+                run.submit(*kind_body, "burst")
+
+            with ThreadPoolExecutor(len(bodies)) as pool:
+                list(pool.map(submit, bodies))
+            for t in run.threads:
+                t.join()
+            return run.jobs, f"{told} before the first job, {measured_pace(redis_url, DEFAULT_MODEL)} at the end"
+
+
+def loaded(url: str) -> bool:
+    """The default model has loaded (/readyz lists it `loaded`)."""
+    models = requests.get(f"{url}/readyz", timeout=10).json().get("models") or []
+    return any(m["name"] == DEFAULT_MODEL and m["state"] == "loaded" for m in models)
 
 
 def warm_up(run: Run) -> None:

@@ -18,7 +18,12 @@ if TYPE_CHECKING:
 
     from cli.client import Client
 
-BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")  # tasks/batches.py's (it imports redis)
+BATCH_ENDPOINTS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/embeddings",
+)  # tasks/batches.py's (it imports redis)
 BATCH_POLL_S = 1.0  # how often a followed batch is asked for
 
 

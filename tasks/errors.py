@@ -175,3 +175,9 @@ class Unavailable(Overloaded):
     """Redis cannot be reached right now."""
 
     type = "unavailable"
+
+
+class CheckerBusy(Overloaded):
+    """Every grammar checker of the server is busy with other requests' schemas; the same request may pass later."""
+
+    type = "checker_busy"

@@ -22,7 +22,9 @@ from typing import Any
 from tasks.settings import PREFILL_BATCH
 
 LIMIT = 1000  # waiting jobs played forward; the start of one further back is extrapolated from theirs
-FALLBACK = (0.05, 0.005, 0.0005)  # a pace before any step of the model was measured: step s, per sequence, per token
+# a pace before any step of the model was measured (a worker times a model's steps as it loads it: so, of a model
+# never loaded yet): step s, per sequence, per token
+FALLBACK = (0.05, 0.005, 0.0005)
 CHARS_PER_TOKEN = 4.0  # before any prompt of the model was measured
 
 
@@ -83,6 +85,7 @@ class Model:
     pace: Speed | None
     load_s: float
     lengths: Lengths
+    alone: bool = False  # its jobs run one at a time (worker/batching.py)
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,10 @@ class Snapshot:
         data = json.loads(raw)
         models = {
             name: Model(
-                Speed.parse(m.get("pace") or ""), float(m.get("load_s") or 0), Lengths.parse(_list(m, "lengths"))
+                Speed.parse(m.get("pace") or ""),
+                float(m.get("load_s") or 0),
+                Lengths.parse(_list(m, "lengths")),
+                m.get("batching") == "alone",
             )
             for name, m in (data.get("models") or {}).items()
         }
@@ -290,9 +296,10 @@ class _Forecast:
 
     def _pick(self, device: _Device) -> int | None:
         """Where in the waiting line the next job this device takes now stands, if any."""
-        if len(device.runs) >= device.slots:
-            return None
         _, head = self.waiting[0]
+        batch_model = self.models.get(device.model if device.runs else head.model)
+        if len(device.runs) >= (1 if batch_model is not None and batch_model.alone else device.slots):
+            return None
         if not device.runs or device.model == head.model:
             return 0 if self._fits(device, head) else None
         # the head needs another model: jobs of the batch's model go ahead of it for the switch wait, then it drains

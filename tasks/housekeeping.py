@@ -1,8 +1,10 @@
 """Housekeeping, every second, wherever onelane runs: in every web process and in the worker.
 
 A round (one script, see tasks/lua/housekeep.lua) ends waiting jobs that must not run (past their deadline, or
-their watcher gone), puts back the jobs of a worker that died, and rings the worker's doorbell if jobs wait
-and no message is pending; then a model whose load killed ONELANE_MAX_ATTEMPTS workers in a row fails, with its
+their watcher gone), puts back the jobs of a worker whose lease ended, and rings the worker's doorbell if jobs wait
+and no message is pending. A lease that lapsed may have lapsed under a dead worker or under a late one (a starved
+host): only a death counts as an attempt against its jobs, at once when its supervisor saw it die, else once it is
+clear that the worker never woke. Then a model whose load killed ONELANE_MAX_ATTEMPTS workers in a row fails, with its
 waiting jobs (tasks/lua/failed_models.lua), so that a load that kills the worker does not hold them until they
 expire (after fewer deaths, the next worker loads it again). Because
 the web runs it too, a job expires on time while no worker holds the device (a crash loop, a model loading, the
@@ -22,6 +24,20 @@ from tasks.store import Store
 from tasks.store.upkeep import ModelCheck
 
 logger = logging.getLogger(__name__)
+
+
+WHY = {
+    "died": "its worker died",
+    "late": "its worker's lease lapsed under a late heartbeat (it woke and stopped); not counted as an attempt",
+    "lapsed": "its worker's lease lapsed; counted as an attempt at its next hand-back unless the worker wakes "
+    "(a late heartbeat)",
+}
+
+
+def log_release(job_id: str, verdict: str) -> None:
+    """Say what became of a running job whose worker lost its lease, and why (tasks/lua/housekeep.lua's verdict)."""
+    outcome, _, was = verdict.partition(" ")
+    logger.warning("job %s: %s; %s", job_id, WHY.get(was, "its worker died"), outcome)
 
 
 def log_death(model: ModelCheck) -> None:
@@ -59,7 +75,7 @@ class Housekeeper(Background):
         """One round now; returns how many jobs wait."""
         waiting, released = self.store.upkeep.housekeep(Doorbell.ring(self.broker, "housekeeping"))
         for job_id, verdict in released:
-            logger.warning("job %s: its worker died; %s", job_id, verdict)
+            log_release(job_id, verdict)
         for model in self.store.upkeep.check_models():
             log_death(model)
         return waiting

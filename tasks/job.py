@@ -62,8 +62,12 @@ class Constraint(BaseModel):
     grammar: str
 
 
+NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # a message's `name`, as OpenAI's API checks it
+
+
 class Message(BaseModel):
-    """One chat message: an assistant's may hold the tool calls it made; a tool's answers one of them."""
+    """One chat message: an assistant's may hold the tool calls it made; a tool's answers one of them. `name`
+    tells participants of one role apart (worker/chat_prompt.py shows it to the model)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -71,6 +75,7 @@ class Message(BaseModel):
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+    name: str | None = Field(None, pattern=NAME_PATTERN)
 
 
 def history_digest(cache_key: tuple[str, str], messages: Iterable[Message]) -> str:
@@ -149,6 +154,20 @@ class ResponseFields(BaseModel):
     echo: dict[str, Any] = {}
 
 
+class Pooled(BaseModel):
+    """What an embedding or rerank job reads, in one forward pass of its model, instead of generating: nothing is
+    sampled, and its answer (tasks/pooled.py) is one vector per input, or one score per document."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["embed", "rerank"]
+    # embed: the inputs, each a text or its token ids; rerank: the documents, scored against `query`
+    texts: tuple[str | tuple[int, ...], ...] = Field(min_length=1)
+    query: str | None = None
+    dimensions: int | None = Field(None, ge=1)  # embed: the first this many of each vector, normalized again
+    encoding: Literal["float", "base64"] = "float"  # embed: how its answer gives the vectors (OpenAI's encoding_format)
+
+
 class JobSpec(BaseModel):
     """The immutable part of a job, fixed at admission."""
 
@@ -174,6 +193,13 @@ class JobSpec(BaseModel):
     tools: tuple[Tool, ...] = ()
     # one of several answers to one request (OpenAI's `n`): None for a request of one
     choice: Choice | None = None
+    # an embedding or rerank job's inputs (no prompt nor messages then): read beside the batch, nothing generated
+    pooled: Pooled | None = None
+
+    @property
+    def new_tokens(self) -> int:
+        """The most tokens it may generate (none for a pooled job)."""
+        return 0 if self.pooled is not None else self.params.max_tokens
 
 
 class JobError(BaseModel):

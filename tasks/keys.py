@@ -60,6 +60,11 @@ SEQUENCE = NS + "seq"  # string: admission counter, breaks ties between equal st
 QUEUE_MOVED = NS + "queue-moved"  # pub/sub: "the queue changed, recompute your position"
 IN_PROGRESS = NS + "in-progress"  # sorted set: running job ids by started_at
 DEVICE_PREFIX = NS + "device:"  # hash with a short TTL: the lease of the worker that owns a device
+WORKER_PREFIX = NS + "worker:"  # hash, kept WORKER_RECORD_TTL_S: what became of a worker process whose lease ended
+#                                 (dead: its supervisor reaped it; woke: it renewed after it lapsed; lost: the jobs its
+#                                 lapse handed back uncounted), for housekeep.lua to tell a late worker from a dead one
+HOLDERS_PREFIX = NS + "holders:"  # list, kept WORKER_RECORD_TTL_S: the last HOLDERS_KEPT workers to take a device's
+#                                   lease ("pid worker"), for a supervisor to name one dead after its lease lapsed
 DEVICES = NS + "devices"  # set: device names seen, for health checks
 STATS = NS + "stats"  # hash: counters and histogram buckets behind /metrics
 CANCELS = NS + "cancels"  # pub/sub: ids of running jobs asked to stop, for the worker's listener
@@ -71,8 +76,10 @@ FAILURES = NS + "failures"  # list: the newest FAILURES_KEPT failed or expired j
 
 MINUTE_TTL_S = 7200  # a minute's record outlives the hour the dashboard plots
 MODEL_RECORD_TTL_S = 7 * 86400  # a model's record (keys.model) outlives no week without news
+WORKER_RECORD_TTL_S = 3600  # a worker that wakes later than this after its lease lapsed was hung, not late
 FAILURES_KEPT = 50
 LENGTHS_KEPT = 100
+HOLDERS_KEPT = 8
 
 
 def job(job_id: str) -> str:
@@ -147,7 +154,8 @@ LUA_NAMES: dict[str, str | int] = {
     "SEQ": SEQUENCE, "DEVICE": DEVICE_PREFIX, "DEVICES": DEVICES, "STATS": STATS, "CANCELS": CANCELS,
     "LIVE": LIVE, "MQ": MODEL_QUEUE_PREFIX, "MODEL": MODEL_PREFIX, "BLOCKED": BLOCKED, "MINUTE": MINUTE_PREFIX,
     "FAILURES": FAILURES, "AFFINITY": AFFINITY_PREFIX, "MINUTE_TTL": MINUTE_TTL_S, "FAILURES_KEPT": FAILURES_KEPT,
-    "MODEL_RECORD_TTL": MODEL_RECORD_TTL_S, "LENGTHS_KEPT": LENGTHS_KEPT,
+    "MODEL_RECORD_TTL": MODEL_RECORD_TTL_S, "LENGTHS_KEPT": LENGTHS_KEPT, "WORKER": WORKER_PREFIX,
+    "HOLDERS": HOLDERS_PREFIX, "WORKER_RECORD_TTL": WORKER_RECORD_TTL_S, "HOLDERS_KEPT": HOLDERS_KEPT,
 }  # fmt: skip
 
 

@@ -23,14 +23,14 @@ BELL = ("bell_queue", "bell_messages", "bell_id", "bell")  # a job's dramatiq me
 
 #: Each script's arguments, by name, in the order they are sent.
 ARGS: dict[str, tuple[str, ...]] = {
-    "admit": ("id", "owner", "spec", "ttl_s", "result_ttl_s", "watch_grace_s", "max_queue", "max_per_user",
-              "max_tokens", *BELL, "model", "class", "cost", "visitors", "max_visitors", "history", "line",
-              "ignore_eos", "prompt_chars", "history_chars"),
+    "admit": ("owner", "ttl_s", "result_ttl_s", "watch_grace_s", "max_queue", "max_per_user", "max_tokens", *BELL,
+              "model", "class", "cost", "visitors", "max_visitors", "history", "line", "side", "ignore_eos", "prompt_chars",
+              "history_chars", "*jobs"),
     "append": ("id", "text", "prompt_tokens", "worker", "from_n", "from_b", "cached_tokens", "ids", "lp", "prompt_lp"),
     "cancel": ("id", "owner", "result_ttl_s", "error"),
     "claim": ("result_ttl_s", "run_life_s", "device", "worker", "token", "want", "active", "switch_wait_s",
               "affinity_s", "*loaded"),
-    "drop_lease": ("device", "field", "value"),
+    "drop_lease": ("device", "field", "value", "died"),
     "failed_models": ("retry_s", "result_ttl_s", "max_deaths", "*models"),
     "finish": ("id", "status", "finish_reason", "error", "prompt_tokens", "completion_tokens", "result_ttl_s",
                "worker", "stop_seen_at", "cached_tokens", "history"),
@@ -38,7 +38,7 @@ ARGS: dict[str, tuple[str, ...]] = {
     "live": ("id",),
     "lease": ("device", "worker", "pid", "lease_ms", "mode", "batch", "slots", "tok_s", "steps", "decode_s",
               "prefill_s", "prefill_tokens", "models", "active", "loading", "cache_lookups", "cache_hits",
-              "cache_tokens", "cache_bytes", "cache_entries", "pace"),
+              "cache_tokens", "cache_bytes", "cache_entries", "pace", "step_s", "step_limit_s"),
     "model_failed": ("model", "message", "retry_s", "result_ttl_s", "worker"),
     "position": ("limit", "*ids"),
     "recover": ("max_attempts", "ttl_s", "result_ttl_s", "id", "worker", "why", "shared"),

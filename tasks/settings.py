@@ -61,6 +61,7 @@ ENV_NAMES: dict[str, str] = {
     "openblas": "ONELANE_OPENBLAS",
     "gemv": "ONELANE_GEMV",
     "prefix_cache_bytes": "ONELANE_PREFIX_CACHE",
+    "prefix_cache_saved_bytes": "ONELANE_PREFIX_CACHE_SAVED",
     "prefix_cache_shared": "ONELANE_PREFIX_CACHE_SHARED",
     "cache_affinity_s": "ONELANE_CACHE_AFFINITY_S",
     "file_retention_s": "ONELANE_FILE_RETENTION",
@@ -169,6 +170,8 @@ class Settings(BaseModel):
     gemv: bool = True
     # the worker's prefix cache (worker/prefix_cache.py): KV states kept for prompts that start the same way; 0: off
     prefix_cache_bytes: int = Field(default_factory=lambda: physical_memory() // 10, ge=0, le=2**50)
+    # what of it a worker stopping in good order writes to disk for the next one (the newest entries); 0: nothing
+    prefix_cache_saved_bytes: int = Field(256 * 2**20, ge=0, le=2**50)
     file_retention_s: int = Field(7 * 86400, ge=60, le=30 * 86400)  # an uploaded file (/v1/files) is kept this long
     max_file_bytes: int = Field(32 * 2**20, ge=1024, le=512 * 2**20)  # the largest file /v1/files takes
     max_batch_lines: int = Field(50_000, ge=1, le=1_000_000)  # the most requests one batch's input file holds
@@ -213,7 +216,7 @@ class Settings(BaseModel):
                 raise ValueError(f"ONELANE_MODELS_FILE: only one model may be the default, not {', '.join(defaults)}")
         return self
 
-    @field_validator("models_memory", "prefix_cache_bytes", "max_file_bytes", mode="before")
+    @field_validator("models_memory", "prefix_cache_bytes", "prefix_cache_saved_bytes", "max_file_bytes", mode="before")
     @classmethod
     def _bytes(cls, value: object) -> object:
         return parse_bytes(value)

@@ -1,8 +1,9 @@
 """What an answer must be, and the grammar that makes it so: JSON of a schema, any JSON object, or tool calls.
 
 The web builds the grammar at admission from what the request asks (`response_format`, `text.format`, `tools` and
-`tool_choice`) and checks it there, so a schema llguidance cannot compile, or one using a feature it does not
-support, is a 400 naming it before anything is queued. The job carries the grammar; its worker compiles it against
+`tool_choice`) and checks it there, so a schema llguidance cannot compile, one using a feature it does not support,
+or one past the bounds of tasks/schema_limits.py, is a 400 naming it before anything is queued. llguidance runs in
+checker processes (tasks/grammar_check.py), never in the web's own. The job carries the grammar; its worker compiles it against
 the model's tokenizer and masks every token that would break it (worker/grammar.py).
 
 Tool calls have one format on every model, the one Hermes and Qwen templates use, enforced by the grammar:
@@ -22,10 +23,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import llguidance
-
 from tasks.errors import InvalidRequest
+from tasks.grammar_check import checked
 from tasks.job import Constraint, Tool, ToolCall
+from tasks.schema_limits import LIMITS, check_schema
 
 CALL_OPEN = '<tool_call>\n{"name": "'
 CALL_ARGS = '", "arguments": '
@@ -43,8 +44,7 @@ def json_constraint(schema: dict[str, Any] | None, param: str) -> Constraint:
     """JSON of `schema` (None: any JSON object, as `json_object` asks); a 400 naming `param` if it cannot be."""
     if schema is not None and not isinstance(schema, dict):
         raise InvalidRequest("a JSON schema must be an object", param=param)
-    grammar = _from_schema(schema or ANY_OBJECT, param)
-    return Constraint(kind="json", grammar=checked(grammar, param))
+    return Constraint(kind="json", grammar=_from_schema(schema or ANY_OBJECT, param))
 
 
 def tools_constraint(tools: tuple[Tool, ...], choice: ToolChoice, parallel: bool) -> Constraint:
@@ -58,8 +58,12 @@ def tools_constraint(tools: tuple[Tool, ...], choice: ToolChoice, parallel: bool
     if len(set(names)) != len(names):
         raise InvalidRequest("two tools have the same name", param="tools")
     rules = []
+    size = 0
     for i, tool in enumerate(tools):
         _from_schema(tool.parameters, f"tools[{i}].parameters")  # each checked alone, to name the one at fault
+        size += len(json.dumps(tool.parameters))
+        if size > LIMITS.tools_bytes:
+            raise InvalidRequest(f"the tools' schemas are over {LIMITS.tools_bytes:,} bytes in all", param="tools")
         schema = json.dumps({**_annotated(tool.parameters), "x-guidance": JSON_OPTIONS})
         rules.append(f"call_{i}: {_lark_string(CALL_OPEN + tool.name + CALL_ARGS)} args_{i} {_lark_string(CALL_CLOSE)}")
         rules.append(f"args_{i}: %json {schema}")
@@ -74,7 +78,7 @@ def tools_constraint(tools: tuple[Tool, ...], choice: ToolChoice, parallel: bool
             r"TEXT: /[^<](.|\n)*/",  # an answer in words: anything that does not open a call
         ]
     )
-    return Constraint(kind="tools", grammar=checked(llguidance.LLMatcher.grammar_from_lark(lark), "tools"))
+    return Constraint(kind="tools", grammar=checked("lark", lark, "tools"))
 
 
 #: the `format`s llguidance enforces; any other is an annotation only (as JSON Schema 2020-12 has it by default)
@@ -106,19 +110,9 @@ def _annotated(schema: Any) -> Any:
 
 
 def _from_schema(schema: dict[str, Any], param: str) -> str:
-    try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(_annotated(schema), overrides=JSON_OPTIONS)
-    except (ValueError, TypeError) as exc:
-        raise InvalidRequest(f"the JSON schema cannot be read: {exc}", param=param) from None
-    return checked(grammar, param)
-
-
-def checked(grammar: str, param: str) -> str:
-    """The grammar, if llguidance can compile it; else a 400 with its reason (it names what is not supported)."""
-    error = llguidance.LLMatcher.validate_grammar(grammar)
-    if error:
-        raise InvalidRequest(f"the schema is not supported: {error}", param=param)
-    return grammar
+    """The grammar of `schema`, within the bounds and checked; else a 400 naming `param`."""
+    check_schema(schema, param)
+    return checked("schema", json.dumps(_annotated(schema)), param, overrides=JSON_OPTIONS)
 
 
 def _lark_string(text: str) -> str:

@@ -212,6 +212,20 @@ def start_worker(settings: Settings, engine, redis_client: redis.Redis):  # type
     assert fatal == [], "the in-process worker hit a fatal condition"
 
 
+def stop_all(processes: list[Any], wait_s: float) -> None:
+    """Ask every process still running to end, and kill those that have not within `wait_s` each."""
+    import subprocess
+
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 @pytest.fixture
 def worker_process(settings: Settings, tmp_path: Path, redis_client: redis.Redis):  # type: ignore[no-untyped-def]
     """Start real `onelane worker` processes (supervised by default); all are stopped at the end."""
@@ -244,14 +258,44 @@ def worker_process(settings: Settings, tmp_path: Path, redis_client: redis.Redis
         return process
 
     yield start
-    for process in started:
-        if process.poll() is None:
-            process.terminate()
-    for process in started:
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    stop_all(started, wait_s=30)
+
+
+@pytest.fixture
+def web_process(settings: Settings, tmp_path: Path, redis_client: redis.Redis):  # type: ignore[no-untyped-def]
+    """Start real `onelane web` processes (gunicorn + gevent) on free ports, serving the story's model against the
+    test Redis; `start(**env)` returns (base URL, process). All are stopped at the end."""
+    import subprocess
+    import sys
+
+    from tests.helpers import wait_answering
+
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(**env: str) -> tuple[str, subprocess.Popen[bytes]]:
+        port = free_port()
+        environ = {
+            **{k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ONELANE_MODEL")},
+            "REDIS_URL": settings.effective_redis_url,
+            "ONELANE_VAR_DIR": str(tmp_path),
+            **({"ONELANE_MODEL": settings.model_path} if settings.model else {}),
+            **env,
+        }
+        log = open(tmp_path / f"web-{len(started)}.log", "wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "web", "--port", str(port)],
+            env=environ,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        started.append(process)
+        base_url = f"http://127.0.0.1:{port}"
+        wait_answering(f"{base_url}/healthz", process)
+        return base_url, process
+
+    yield start
+    stop_all(started, wait_s=15)
 
 
 @pytest.fixture

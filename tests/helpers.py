@@ -101,6 +101,15 @@ class EventStream:
         self.response.close()
 
 
+def openai_chunks(response: Any) -> Iterator[dict[str, Any]]:
+    """The JSON chunks of an OpenAI stream (a `requests` response read as it comes); an error chunk fails the test."""
+    for line in response.iter_lines(decode_unicode=True):
+        if line.startswith("data: {"):
+            chunk = json.loads(line.removeprefix("data: "))
+            assert "error" not in chunk, chunk
+            yield chunk
+
+
 def wait_answering(url: str, process: Any, timeout_s: float = 30.0) -> None:
     """Until GET `url` answers 200, while `process` (a Popen: the server) lives."""
     import requests

@@ -174,7 +174,9 @@ def watch_batch(worker, engine, monkeypatch) -> list[tuple[set[str], int]]:  # t
     return held
 
 
-def test_a_failing_batch_step_hands_its_jobs_back_and_only_the_guilty_job_fails(jobs, store, start_worker, monkeypatch):
+def test_a_failing_batch_step_fails_only_the_guilty_job_and_costs_the_others_no_attempt(
+    jobs, store, start_worker, monkeypatch
+):
     import worker.engine as engine_module
 
     make = engine_module.make_sampler
@@ -198,7 +200,7 @@ def test_a_failing_batch_step_hands_its_jobs_back_and_only_the_guilty_job_fails(
     assert "poison" not in bad["error"]["message"]
     for job_id in good:
         d = wait_ended(store, job_id)
-        assert d["status"] == "completed" and d["usage"]["completion_tokens"] == 30
+        assert d["status"] == "completed" and d["usage"]["completion_tokens"] == 30 and d["attempts"] == 1
     assert store.redis.zcard(keys.IN_PROGRESS) == 0
 
 
@@ -291,6 +293,7 @@ def test_readyz_and_metrics_show_the_batch(jobs, store, start_worker):
     assert metrics["onelane_prefill_tokens_total"] > 0 and metrics["onelane_batch_steps_total"] > 0
 
 
+@pytest.mark.timeout(400)
 def test_a_worker_stopping_in_good_order_hands_its_batch_back_without_costing_an_attempt(jobs, store, start_worker):
     first = start_worker(max_batch=2, drain_s=0.2)  # it lets its batch run this long to end
     ids = [jobs.submit(text, max_tokens=3000, ignore_eos=True)["id"] for text in prompts(2, seed=5)]
@@ -302,5 +305,5 @@ def test_a_worker_stopping_in_good_order_hands_its_batch_back_without_costing_an
     back = [store.get(job_id) for job_id in ids]
     assert [(j.status.value, j.attempts, j.position) for j in back] == [("queued", 0, 1), ("queued", 0, 2)]
     start_worker(max_batch=2)
-    done = [wait_ended(store, job_id) for job_id in ids]
+    done = [wait_ended(store, job_id, timeout_s=240) for job_id in ids]  # 6,000 tokens, on a machine maybe busy
     assert [(d["status"], d["attempts"], d["usage"]["completion_tokens"]) for d in done] == [("completed", 1, 3000)] * 2

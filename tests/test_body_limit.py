@@ -5,20 +5,13 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import re
-import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import requests
 
 from tasks import keys
-from tests.conftest import free_port
-from tests.helpers import wait_answering
 
 PROMPT_CHARS = 1000  # a small limit keeps the bodies small: 1000 * 12 + 64 KiB = 77,536 bytes
 
@@ -89,35 +82,10 @@ def test_a_chunked_body_is_held_to_the_limit_under_werkzeug(live_server, store):
 
 
 @pytest.fixture
-def gunicorn_web(settings, tmp_path: Path, redis_client) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    """`onelane web` (gunicorn + gevent) on a free port, against the test Redis; yields its base URL."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "REDIS_URL": settings.effective_redis_url,
-        "ONELANE_VAR_DIR": str(tmp_path),
-        "ONELANE_MAX_PROMPT_CHARS": str(PROMPT_CHARS),
-    }
-    env.pop("ONELANE_MODEL", None)
-    log = open(tmp_path / "web.log", "wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "web", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_answering(f"{base_url}/healthz", process)
-        yield base_url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
+def gunicorn_web(web_process) -> str:  # type: ignore[no-untyped-def]
+    """`onelane web` (gunicorn + gevent) on a free port, against the test Redis; its base URL."""
+    base_url, _ = web_process(ONELANE_MAX_PROMPT_CHARS=str(PROMPT_CHARS))
+    return base_url
 
 
 def test_a_chunked_body_is_held_to_the_limit_under_gunicorn(gunicorn_web, store):

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tasks import keys
 from tasks.eta import Lengths, Rules, Snapshot, eta_at, forecast
 from tests.helpers import BUSY, EventStream, wait_event
 from tests.test_stream import measured_pace
@@ -54,6 +55,15 @@ def test_slots_free_in_turn_and_the_next_job_takes_the_first_one_that_does():
     taken = snapshot(running=running, waiting=[{"max_tokens": 10}] * 3, slots=2)
     # the short job's slot frees at 1 s: the waiting jobs take it one after another, the long one runs on to 4 s
     assert forecast(taken, Rules(2, 65536, 10.0)) == pytest.approx([1.0, 2.0, 3.0], abs=0.01)
+
+
+def test_the_jobs_of_a_model_that_runs_alone_take_one_slot_at_a_time():
+    running, waiting = [{"max_tokens": 10}], [{"max_tokens": 10}] * 2
+    taken = snapshot(running=running, waiting=waiting, slots=4)
+    assert forecast(taken, Rules(4, 65536, 10.0)) == pytest.approx([0.0, 0.0], abs=0.01)  # batched: they join now
+    raw = json.loads(json.dumps({"models": {"m": {"pace": json.dumps(PACE), "batching": "alone"}}}))
+    alone = snapshot(running=running, waiting=waiting, slots=4, models=raw["models"])
+    assert forecast(alone, Rules(4, 65536, 10.0)) == pytest.approx([1.0, 2.0], abs=0.01)  # alone: one after another
 
 
 def test_answers_that_end_by_themselves_shorten_the_estimate():
@@ -111,6 +121,30 @@ def test_a_position_beyond_those_played_forward_is_extrapolated():
 
 def test_without_a_worker_no_eta_is_made_up(jobs):
     assert jobs.submit("nobody runs me", max_tokens=4)["eta_s"] is None  # no worker holds the device
+
+
+def test_a_model_is_timed_as_it_loads_one_sequence_a_prompt_read_and_a_full_batch(engine):
+    from worker.pace import PROBE_PROMPT, probe
+
+    steps = probe(engine.model, max_batch=4, prefill_step=512)
+    assert {n for n, prefill, _ in steps if prefill == 0} == {1, 4}  # decode steps at both ends of the batch
+    assert [prefill for _, prefill, _ in steps if prefill] == [PROBE_PROMPT - 1]  # (its last token: the first decode)
+    assert all(seconds > 0 for _, _, seconds in steps)
+
+
+def test_a_fresh_worker_tells_its_models_pace_before_its_first_job(settings, store, model, start_worker):
+    # Given a worker that loads its model itself (the way a server starts), before any job
+    worker = start_worker(settings)
+
+    # Then the model's pace is told already, on the device and on the model: measured on its own steps as it
+    # loaded (how close it comes to the wait is bench/eta.py --fresh's to say: a tiny model's steps on a shared
+    # machine vary too much for a test)
+    told = store.redis.hget(keys.model(model), "pace")
+    assert told is not None, "no pace before the first job: the first ETAs would be a guess"
+    assert json.loads(told) == worker.runner.pace.speeds()[model].as_list()
+    assert json.loads(store.redis.hget(keys.device(settings.device), "pace"))[model] == json.loads(told)
+    step_s, per_sequence_s, per_prompt_token_s = json.loads(told)
+    assert step_s + per_sequence_s > 0 and per_prompt_token_s > 0
 
 
 def test_the_first_job_on_a_fresh_server_starts_now(jobs, start_worker):

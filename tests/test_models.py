@@ -3,6 +3,8 @@ model, loads them on demand within a memory budget, and schedules across them wi
 
 from __future__ import annotations
 
+import json
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -134,6 +136,38 @@ def test_a_model_that_fails_to_load_fails_its_own_jobs_only(served, store, start
     assert client.post("/v1/jobs", json={"prompt": "x", "model": "mini"}).status_code == 202
     ready = client.get("/readyz").get_json()
     assert {m["name"]: m["state"] for m in ready["models"]}["broken"] == "failed"
+
+
+@pytest.mark.parametrize(
+    "kind,files,said",
+    [
+        ("embedding", {"modules.json": [{"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
+                                        {"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]},
+         "is an embedding model: it generates no text"),
+        ("reranker", {"config.json": {"architectures": ["Qwen3ForSequenceClassification"]}},
+         "mlx-vlm cannot load it as a reranker"),
+    ],
+)  # fmt: skip
+def test_a_job_asking_an_embedding_model_or_a_reranker_for_text_fails_in_words_never_generated(
+    kind, files, said, served, store, start_worker, demo_model, tmp_path
+):
+    # Given a folder mlx_lm.load would load as the causal model it is built on, that says what it is in its files
+    folder = tmp_path / kind
+    shutil.copytree(demo_model, folder)
+    for name, content in files.items():
+        old = json.loads((folder / name).read_text()) if (folder / name).exists() else {}
+        (folder / name).write_text(json.dumps({**old, **content} if isinstance(content, dict) else content))
+    catalog = (*served.catalog, ModelConfig(name=kind, path=str(folder)))
+    served = served.model_copy(update={"models": catalog})
+    store = Store(store.redis, served)
+    # When a job asks for it
+    job_id = admit(store, "u", kind)
+    start_worker(served)
+    # (admitted under an older models file, say: the web routes each kind to its endpoints)
+    # Then the job fails model_unavailable, saying what the model is, or why it cannot be loaded as that
+    done = wait_ended(store, job_id)
+    assert (done["status"], done["error"]["type"]) == ("failed", "model_unavailable")
+    assert said in done["error"]["message"], done["error"]["message"]
 
 
 def test_only_one_thread_ever_steps_and_no_two_steps_overlap(served, start_worker, monkeypatch):

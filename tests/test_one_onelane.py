@@ -105,7 +105,8 @@ def ask(running: Onelane, prompt: str) -> dict[str, object]:
 def assert_serves(running: Onelane) -> None:
     """Its Redis still answers on its socket: ready, and a job submitted now runs to its end."""
     assert running.up.poll() is None and running.socket.is_socket()
-    assert requests.get(f"{running.base}/readyz", timeout=10).status_code == 200
+    ready = requests.get(f"{running.base}/readyz", timeout=10)
+    assert ready.status_code == 200, ready.text  # (why not, as /readyz says it)
     assert ask(running, "still there?")["status"] == "completed"
 
 

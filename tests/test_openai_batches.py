@@ -253,7 +253,7 @@ def test_batches_are_listed_newest_first_and_seen_by_their_owner_only(client, li
 @pytest.mark.parametrize(
     "change, param",
     [
-        ({"endpoint": "/v1/embeddings"}, "endpoint"),
+        ({"endpoint": "/v1/moderations"}, "endpoint"),
         ({"completion_window": "48h"}, "completion_window"),
         ({"input_file_id": "file-nope"}, "input_file_id"),
         ({"metadata": {str(n): "v" for n in range(17)}}, "metadata"),

@@ -122,11 +122,9 @@ def test_n_answers_are_admitted_all_or_none(settings, make_app, store, model):
 
     refused = client.post("/v1/chat/completions", json=body)
 
-    # Then it is refused as one request, and the two admitted before the third was refused are cancelled
-    assert refused.status_code == 429
-    left = store.list("local")
-    assert len(left) == 2 and {job.status.value for job in left} == {"cancelled"}
-    assert {job.error.type for job in left} == {"not_admitted"}
+    # Then it is refused as one request, naming `n` (it can never fit), and none of its jobs remains
+    assert refused.status_code == 400 and refused.get_json()["error"]["param"] == "n"
+    assert store.list("local") == []
 
 
 # --- log probabilities ------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import signal
 import time
 
 from tasks import keys
-from tests.helpers import BUSY, wait_ended, wait_event
+from tests.helpers import BUSY, openai_chunks, wait_ended, wait_event
 
 
 def wait_for_worker(store, other_than: int | None = None, timeout_s: float = 60):  # type: ignore[no-untyped-def]
@@ -89,7 +89,8 @@ def test_a_frozen_worker_is_killed_and_its_job_runs_again(jobs, store, worker_pr
     os.kill(frozen, signal.SIGSTOP)  # alive but silent: its lease lapses, the supervisor kills it
 
     done = wait_ended(store, job["id"], timeout_s=60)
-    assert done["status"] == "completed" and done["attempts"] == 2
+    # (the lapsed run counts only at a next hand-back, should its worker never wake: see tests/test_late_heartbeat.py)
+    assert done["status"] == "completed" and done["attempts"] == 1
     assert wait_for_worker(store, other_than=frozen).pid != frozen
 
 
@@ -177,8 +178,6 @@ def test_a_watched_job_whose_worker_dies_runs_again_for_its_still_connected_clie
 
 
 def test_an_openai_stream_goes_on_where_it_was_when_its_worker_dies(store, worker_process, live_server):
-    import json
-
     import requests
 
     worker_process()
@@ -193,11 +192,7 @@ def test_an_openai_stream_goes_on_where_it_was_when_its_worker_dies(store, worke
     content, finish, killed = "", None, False
     with requests.post(f"{live_server}/v1/chat/completions", json=body, stream=True, timeout=60) as response:
         job_id = response.headers["x-onelane-job-id"]
-        for line in response.iter_lines(decode_unicode=True):
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line.removeprefix("data: "))
-            assert "error" not in chunk, chunk
+        for chunk in openai_chunks(response):
             content += chunk["choices"][0]["delta"].get("content") or ""
             finish = chunk["choices"][0]["finish_reason"] or finish
             if len(content) > 200 and not killed:

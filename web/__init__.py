@@ -8,10 +8,11 @@ from pathlib import Path
 
 from flask import Flask
 
+from tasks.grammar_check import CHECKS
 from tasks.job import JobStatus
 from tasks.settings import Settings
 from web import api, dashboard, docs, errors, health, pages, stream
-from web.openai import batch_runner, batches, chat, files, responses
+from web.openai import batch_runner, batches, chat, files, pooling, responses
 from web.services import EXTENSION, Services
 
 
@@ -43,6 +44,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.config.update(SESSION_COOKIE_SAMESITE="Lax", SESSION_COOKIE_HTTPONLY=True)
     svc = app.extensions[EXTENSION] = Services.start(settings)
     batch_runner.start(app, svc)  # feeds the batches' lines to the queue and collects their results
+    CHECKS.warm()  # a grammar checker process, started before the first schema needs it
     app.jinja_env.globals["ended_statuses"] = [s.value for s in JobStatus if s.ended]  # for the pages' script
     errors.register(app)
     for module in (
@@ -50,6 +52,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         health,
         stream,
         chat,
+        pooling,
         responses,
         files,
         batches,

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from tasks.errors import InvalidRequest
-from tasks.job import Job, JobStatus, Message
+from tasks.job import Job, JobSpec, JobStatus, Message
+from tasks.settings import Settings
+from web.schemas import make_spec
 
 History = tuple[tuple[str, str], ...]  # (role, content) of each message
 
@@ -32,24 +33,31 @@ def continuable(job: Job) -> bool:
     return job.status is JobStatus.COMPLETED and job.spec.messages is not None and not job.spec.tools
 
 
-def follow_up(job: Job, text: str) -> dict[str, Any]:
-    """The /v1/jobs body of the turn that continues `job` with the user's `text`, with the job's model and options."""
+def follow_up(job: Job, text: str, settings: Settings) -> tuple[JobSpec, float]:
+    """The job (and its TTL) that continues `job` with the user's `text`: its messages as they were sent (an
+    assistant's tool calls, a tool's call id), its answer, then `text`; with the job's model, options (sampling,
+    penalties, biases, stops, the answer's format) and class, watched by the page."""
     if not continuable(job):
         raise InvalidRequest("only a completed chat job can be continued", param="prompt")
     if not text.strip():
         raise InvalidRequest("write a message to continue the conversation with", param="prompt")
-    history = [{"role": m.role, "content": m.content} for m in job.spec.messages or ()]
-    params = job.spec.params
-    return {
-        "messages": [*history, {"role": "assistant", "content": job.output}, {"role": "user", "content": text}],
-        "model": job.spec.model,
-        "priority": job.spec.priority,
-        "max_tokens": params.max_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "ignore_eos": params.ignore_eos,
-        **({"stop": list(params.stop)} if params.stop else {}),
-    }
+    spec = job.spec
+    messages = (
+        *(spec.messages or ()),
+        Message(role="assistant", content=job.output),
+        Message(role="user", content=text),
+    )
+    return make_spec(
+        spec.owner,
+        settings,
+        spec.params,  # (a choice's own seed: the answer it continues)
+        None,
+        messages,
+        model=spec.model,
+        priority=spec.priority,
+        watched=True,
+        constraint=spec.constraint,
+    )
 
 
 def thread(job: Job, kept: Iterable[Job]) -> list[Turn]:

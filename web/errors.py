@@ -40,6 +40,7 @@ STATUS: dict[type[errors.OnelaneError], int] = {
     errors.Unauthorized: 401,
     errors.Forbidden: 403,
     errors.Unavailable: 503,
+    errors.CheckerBusy: 503,
 }
 
 
@@ -50,7 +51,7 @@ HEADERS: dict[type[errors.OnelaneError], tuple[str, Callable[[Any], str]]] = {
 }
 
 REDIS_RETRY_AFTER_S = 5  # what a client is told to wait while Redis is unreachable
-OPENAI_BLUEPRINTS = ("openai", "responses", "files", "batches")  # whose errors take OpenAI's shape
+OPENAI_BLUEPRINTS = ("openai", "pooling", "responses", "files", "batches")  # whose errors take OpenAI's shape
 OPENAI_CATEGORY = {401: "authentication_error", 429: "rate_limit_error"}
 
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+import sys
 import time
 from http import HTTPStatus
 from typing import Any
 
+import gevent
 from gunicorn import util
 from gunicorn.http import errors as http
 from gunicorn.workers.ggevent import GeventWorker
@@ -28,6 +30,13 @@ class JsonErrorsWorker(GeventWorker):  # type: ignore[misc]
     """GeventWorker whose own error answers are JSON, and which quits once however many times it is told."""
 
     _quitting = False
+    _ran = False  # run() has returned: the process is exiting on its own
+
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            self._ran = True
 
     def handle_quit(self, sig: int, frame: Any) -> None:
         # Ctrl-C on `onelane up` reaches this worker and its master, which passes it on: a second quit, run while
@@ -35,7 +44,17 @@ class JsonErrorsWorker(GeventWorker):  # type: ignore[misc]
         if self._quitting:
             return
         self._quitting = True
-        super().handle_quit(sig, frame)
+        gevent.spawn(self._quit)
+
+    def _quit(self) -> None:
+        """gunicorn's quit, off the signal handler (as GeventWorker's), but no exit once run() has returned: the
+        process is then exiting already, and an exit raised while its atexit handlers wait on the hub (a grammar
+        checker's end) would print as their traceback."""
+        self.alive = False
+        self.cfg.worker_int(self)
+        time.sleep(0.1)
+        if not self._ran:
+            sys.exit(0)
 
     def handle_error(self, req: Any, client: socket.socket, addr: Any, exc: BaseException) -> None:
         status, type_, message = self.refusal(exc)

@@ -1,7 +1,8 @@
 """Health that tells the truth, and Prometheus metrics that are right across processes.
 
 /healthz: this web process answers. /readyz: Redis answers, a worker holds a device with a fresh heartbeat,
-and its job (if any) is making progress; anyone may ask, so it counts each worker's jobs, never naming them.
+its job (if any) is making progress, and the default model has not failed to load; anyone may ask, so it counts
+each worker's jobs, never naming them.
 /metrics: counters and histograms are recorded in Redis by the Lua scripts at the moment things happen
 (admission, claim, first token, end), so web and worker, and several web processes, report the same numbers;
 gauges are read at scrape time.
@@ -52,8 +53,9 @@ def healthz() -> Response:
     "Ready to generate",
     "health",
     public=True,
-    description="Redis answers, a worker holds the device with a fresh heartbeat, and its jobs make progress; each "
-    "worker is listed with how many jobs it runs (never which: anyone may ask), and each model with its state.",
+    description="Redis answers, a worker holds the device with a fresh heartbeat, its jobs make progress, and the "
+    "default model has not failed to load; each worker is listed with how many jobs it runs (never which: anyone "
+    "may ask), and each model with its state.",
     answers={
         200: reply("ready", responses.Ready),
         503: reply(
@@ -66,7 +68,6 @@ def healthz() -> Response:
 def readyz() -> Response:
     svc = services()
     snap = svc.store.readings.snapshot()
-    # a model that failed to load fails its own jobs; the server stays ready for the others
     state = {"workers": [_worker(w) for w in snap.workers], "models": [m.__dict__ for m in snap.models]}
     if not snap.workers:
         return _not_ready("no worker holds a device: none is running, or its heartbeat stopped", state)
@@ -76,6 +77,10 @@ def readyz() -> Response:
         return _not_ready(
             f"worker {w.worker} made no progress on its {len(w.jobs)} job(s) for {w.progress_age_s:.0f} s", state
         )
+    # another model that failed fails only its own jobs; the default's fails every request that names none
+    default = next((m for m in snap.models if m.name == svc.settings.model_name and m.state == "failed"), None)
+    if default is not None:
+        return _not_ready(f"the default model {default.name!r} is unavailable: {default.error}", state)
     return jsonify({"status": "ready", "queue_depth": snap.queue_depth, **state})
 
 

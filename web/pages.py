@@ -246,8 +246,7 @@ def continue_job(job_id: str) -> Response:
     text = ""
     try:
         text = body.form(request).get("prompt", "")
-        req = parse(SubmitJob, conversation.follow_up(job, text))
-        new = admit(*to_spec(req, owner, svc.settings, watched=True))
+        new = admit(*conversation.follow_up(job, text, svc.settings))
     except RequestEntityTooLarge:
         limit = svc.settings.max_prompt_chars
         return _refused(job, PromptTooLarge(f"the conversation is too large; the limit is {limit} characters"), "")

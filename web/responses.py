@@ -34,7 +34,8 @@ JOB_SPEC_FIELDS = {"model", "priority", "prompt", "messages", "params"}  # what 
 
 
 class JobMessage(Answer):
-    """A message of a job's conversation as it was sent: `tool_calls` and `tool_call_id` only where it has them."""
+    """A message of a job's conversation as it was sent: `tool_calls`, `tool_call_id` and `name` only where it has
+    them."""
 
     model_config = ConfigDict(json_schema_serialization_defaults_required=False)
 
@@ -45,6 +46,9 @@ class JobMessage(Answer):
     )
     tool_call_id: str | None = Field(
         None, exclude_if=lambda value: value is None, description="a tool's: the call it answers"
+    )
+    name: str | None = Field(
+        None, exclude_if=lambda value: value is None, description="the participant's name, where it was given"
     )
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 from typing import Any, Literal
 
 from flask import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tasks.errors import Forbidden, InvalidJSON, InvalidRequest, ModelNotFound, PromptTooLarge
-from tasks.job import JobSpec, Message, Priority, ResponseFields, SamplingParams
+from tasks.job import JobSpec, Message, Pooled, Priority, ResponseFields, SamplingParams
+from tasks.model_kind import NAMES, Kind
 from tasks.settings import Settings
 from tasks.structured import Constraint, Tool, json_constraint
 from tasks.users import User
@@ -118,21 +121,55 @@ class SubmitJob(BaseModel):
         return self
 
 
+YIELD_EVERY = 2_000  # strings of a body checked between two turns of the other requests
 MAX_DEPTH = 32  # deeper than any request needs, and far from the recursion limit of what reads it next
+STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes and all
+NOT_BRACKET = re.compile(r"[^][{}]+")
+INNERMOST = re.compile(r"\[\]|\{\}")
+#: an escaped surrogate that is not one of a pair (or a false alarm, such as an escaped backslash before "ud800")
+LONE_SURROGATE = re.compile(
+    r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F]"
+)
 
 
 def json_body(request: Request) -> dict[str, Any]:
     """The body as a JSON object of valid text, or InvalidJSON."""
     if not request.is_json:
         raise InvalidJSON("send a JSON object with 'Content-Type: application/json'")
+    raw = body_bytes(request)
     try:
-        body = json.loads(body_bytes(request), parse_constant=_not_json)
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
-        raise InvalidJSON("the body is not valid JSON") from None
+        text = raw.decode(json.detect_encoding(raw))  # (UTF-8, or the UTF-16 or -32 that JSON's bytes may be)
+    except UnicodeDecodeError:
+        raise InvalidJSON("the body is not valid JSON: it is not UTF-8 text") from None
+    body = loads_checked(text)
     if not isinstance(body, dict):
         raise InvalidJSON("the body must be a JSON object")
-    _check_text(body)
     return body
+
+
+def loads_checked(text: str, what: str = "the body") -> Any:
+    """`text` as JSON of valid text, or InvalidJSON naming `what`: not JSON (`NaN` is not), nested more than
+    MAX_DEPTH levels, or holding a lone UTF-16 surrogate. Both are read off the text with regular expressions (C),
+    before and beside the parse: a body of 300 KB costs the web's loop milliseconds, not the walk of every value."""
+    _check_nesting(text, what)
+    try:
+        value = json.loads(text, parse_constant=_not_json)
+    except (ValueError, RecursionError):
+        raise InvalidJSON(f"{what} is not valid JSON") from None
+    if ("\\ud" in text or "\\uD" in text) and LONE_SURROGATE.search(text):  # (rare: only then are strings walked)
+        _check_strings(value, what)
+    return value
+
+
+def _check_nesting(text: str, what: str) -> None:
+    """InvalidJSON if `text`'s arrays and objects nest more than MAX_DEPTH deep (its strings' brackets aside)."""
+    brackets = NOT_BRACKET.sub("", STRING.sub("", text))
+    for _ in range(MAX_DEPTH):
+        brackets, pairs = INNERMOST.subn("", brackets)
+        if not pairs:
+            return  # (what is left, if anything, is not JSON: the parse says so)
+    if INNERMOST.search(brackets):
+        raise InvalidJSON(f"{what} is nested more than {MAX_DEPTH} levels deep")
 
 
 def _not_json(constant: str) -> None:
@@ -140,21 +177,27 @@ def _not_json(constant: str) -> None:
     raise ValueError(f"{constant} is not JSON")
 
 
-def _check_text(body: dict[str, Any]) -> None:
-    """Refuse nesting deeper than MAX_DEPTH, and any string, key or value, that is not valid Unicode text."""
-    stack: list[tuple[Any, int]] = [(body, 1)]
+def _check_strings(value: Any, what: str) -> None:
+    """InvalidJSON if a string of `value`, key or value, is not valid Unicode text."""
+    stack = [value]
+    seen = 0
     while stack:
-        value, depth = stack.pop()
+        value = stack.pop()
+        seen += 1
+        if seen % YIELD_EVERY == 0:
+            time.sleep(0)  # under gevent (onelane web), a big body lets the process's other requests run meanwhile
         if isinstance(value, str):
             try:
                 value.encode()
             except UnicodeEncodeError:  # a lone surrogate ("\ud800") parses, but Redis and the model cannot take it
-                raise InvalidJSON("a string holds a lone UTF-16 surrogate; send valid Unicode text") from None
-        elif isinstance(value, dict | list):
-            if depth > MAX_DEPTH:
-                raise InvalidJSON(f"the body is nested more than {MAX_DEPTH} levels deep")
-            items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
-            stack.extend((item, depth + 1) for item in items)
+                raise InvalidJSON(
+                    f"a string of {what} holds a lone UTF-16 surrogate; send valid Unicode text"
+                ) from None
+        elif isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
 
 
 def parse(model: type[BaseModel], body: dict[str, Any]) -> Any:
@@ -162,10 +205,30 @@ def parse(model: type[BaseModel], body: dict[str, Any]) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
+        _refuse_images(body)
         errors = exc.errors()
         where = _field_path(errors[0]["loc"], body)
         message = "; ".join(f"{_field_path(e['loc'], body) or 'body'}: {e['msg']}" for e in errors[:5])
         raise InvalidRequest(message, param=where or None) from None
+
+
+IMAGE_PARTS = ("image_url", "input_image", "image")  # a chat's, a response's and Anthropic's picture
+
+
+def _refuse_images(body: dict[str, Any]) -> None:
+    """A message's image part, refused by name: said as pydantic's errors about the text parts it is not, nothing
+    would say "image". (mlx-lm's models read text.)"""
+    for field in ("messages", "input"):
+        items = body.get(field)
+        for i, item in enumerate(items if isinstance(items, list) else ()):
+            parts = item.get("content") if isinstance(item, dict) else None
+            for j, part in enumerate(parts if isinstance(parts, list) else ()):
+                if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
+                    raise InvalidRequest(
+                        f"{field}[{i}].content[{j}]: images are not supported by this model (a text-only model); "
+                        "send text parts only",
+                        param=f"{field}.{i}.content.{j}",
+                    )
 
 
 def _field_path(loc: tuple[int | str, ...], body: Any) -> str:
@@ -204,14 +267,27 @@ def to_spec(req: SubmitJob, owner: str, settings: Settings, watched: bool = Fals
     )
 
 
-def served_model(settings: Settings, name: str | None) -> str:
-    """The model a request names (the default model if it names none), or ModelNotFound."""
+def served_model(settings: Settings, name: str | None, kind: Kind = "generate") -> str:
+    """The model a request names (if it names none: the default model, or else the first of the kind it asks of),
+    or ModelNotFound; one of another kind is an InvalidRequest that says which models are of its kind."""
+    of_kind = [m.name for m in settings.catalog if m.kind == kind]
     if name is None:
-        return settings.model_name
-    if settings.model_named(name) is None:
+        if settings.model_named(settings.model_name).kind == kind:  # type: ignore[union-attr]
+            return settings.model_name
+        if not of_kind:
+            raise InvalidRequest(f"this server serves no {NAMES[kind].split(' ', 1)[1]}", param="model")
+        return of_kind[0]
+    config = settings.model_named(name)
+    if config is None:
         served = ", ".join(f"'{m.name}'" for m in settings.catalog)
         shown = name if len(name) <= 100 else name[:100] + "…"
         raise ModelNotFound(f"the model '{shown}' does not exist; this server serves {served}", param="model")
+    if config.kind != kind:
+        these = ", ".join(f"'{n}'" for n in of_kind) or "none"
+        raise InvalidRequest(
+            f"the model '{name}' is {NAMES[config.kind]}, not {NAMES[kind]}: this endpoint takes {these}",
+            param="model",
+        )
     return name
 
 
@@ -243,10 +319,7 @@ def make_spec(
     """Apply the server's catalog and limits (model, prompt size, max_tokens, TTL) and the owner's default
     priority; every way in goes through here."""
     model = served_model(settings, model)
-    own = default_priority(settings.user_named(owner))
-    if priority == "interactive" and own == "batch":  # a key's class is its ceiling, not a suggestion
-        raise Forbidden("this API key submits batch work only (its priority in the keys file)", param="priority")
-    priority = priority or own
+    priority = _priority(settings, owner, priority)
     size = len(prompt) if prompt is not None else sum(_chars(m) for m in messages or ())
     param = "prompt" if prompt is not None else "messages"
     if size == 0:  # nothing to generate from: refused here rather than failed by the worker
@@ -258,9 +331,7 @@ def make_spec(
         )
     if params.max_tokens > settings.max_tokens_limit:
         raise InvalidRequest(f"max_tokens may be at most {settings.max_tokens_limit}", param="max_tokens")
-    ttl_s = ttl_s or settings.job_ttl_s
-    if ttl_s > settings.job_ttl_s:
-        raise InvalidRequest(f"ttl_s may be at most {settings.job_ttl_s:g}", param="ttl_s")
+    ttl_s = _ttl(settings, ttl_s)
     spec = JobSpec(
         owner=owner,
         model=model,
@@ -275,3 +346,36 @@ def make_spec(
         tools=tools,
     )
     return spec, ttl_s
+
+
+def make_pooled_spec(
+    owner: str, settings: Settings, pooled: Pooled, model: str | None, *, batch: bool = False
+) -> tuple[JobSpec, float]:
+    """An embedding or rerank job (`pooled.kind`) and its TTL: the catalog, the prompt bound (over all its inputs)
+    and the owner's class as for any job; watched by its request, or a batch's line (batch class, nobody watching)."""
+    model = served_model(settings, model, pooled.kind)
+    priority = _priority(settings, owner, "batch" if batch else None)
+    size = len(pooled.query or "") + sum(len(t) for t in pooled.texts)
+    if size > settings.max_prompt_chars:
+        what = "documents and query have" if pooled.kind == "rerank" else "inputs have"
+        raise PromptTooLarge(
+            f"the {what} {size} characters (or tokens) in all; this server accepts at most {settings.max_prompt_chars}",
+            param="documents" if pooled.kind == "rerank" else "input",
+        )
+    spec = JobSpec(owner=owner, model=model, priority=priority, watched=not batch, pooled=pooled)
+    return spec, _ttl(settings, None)
+
+
+def _priority(settings: Settings, owner: str, asked: Priority | None) -> Priority:
+    """The class of a job `owner` submits, asking for `asked` (None: the owner's default)."""
+    own = default_priority(settings.user_named(owner))
+    if asked == "interactive" and own == "batch":  # a key's class is its ceiling, not a suggestion
+        raise Forbidden("this API key submits batch work only (its priority in the keys file)", param="priority")
+    return asked or own
+
+
+def _ttl(settings: Settings, ttl_s: float | None) -> float:
+    ttl_s = ttl_s or settings.job_ttl_s
+    if ttl_s > settings.job_ttl_s:
+        raise InvalidRequest(f"ttl_s may be at most {settings.job_ttl_s:g}", param="ttl_s")
+    return ttl_s

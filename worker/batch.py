@@ -33,6 +33,10 @@ class Running:
     cache_key: tuple[str, str] = ("", "")  # where its KV state goes in the prefix cache once it ends as meant
     constraint: Constraint | None = None  # its grammar's matcher, when its answer must follow one
     answer: list[str] = field(default_factory=list)  # its output's text as Redis holds it: earlier runs', then its own
+    prompt: list[int] = field(default_factory=list)  # its prompt's tokens ...
+    ids: list[int] = field(default_factory=list)  # ... and those it generated (earlier runs', then its own): to rejoin
+    proven: bool = False  # it made a token since it joined the engine: a failed step is not blamed on it first
+    failed_steps: int = 0  # the failed steps it was in
 
     def text(
         self,
@@ -67,6 +71,7 @@ class Head:
     solo: bool
     invalid: tuple[str, ...] | None = None  # why it cannot be generated from (it is claimed only to fail)
     delivered: Delivered | None = None  # what its earlier runs generated (it was requeued), to go on from
+    side: bool = False  # a pooled job: read beside the batch (worker/pooling.py), not in it
 
 
 @dataclass

@@ -20,16 +20,25 @@ A step, in order:
 
 Per sequence: its sampler, its logits processors (called with every token in its KV cache and the one being read),
 its stop tokens and its max_tokens.
+
+How a model's sequences share the batch (`Batching`, decided as the model loads: worker/batching.py):
+- `padded`: as above; prompts read side by side are padded to the longest chunk (the caches mask the padding);
+- `unpadded`: prompts read side by side read as many tokens each, the shortest chunk's, so that no padding goes
+  through a layer whose state it would change (a Mamba or linear-attention state, a convolution's window: mlx-lm's
+  batched caches mask padding only for the models that ask them); decode rows are never padded;
+- `alone`: one sequence at a time, on its own caches as mlx-lm's generate_step keeps them (a cache mlx-lm cannot
+  merge, such as Llama 4's chunked one, or a model whose batched forward pass is wrong or fails); the others wait
+  in order, inserted.
 """
 
 from __future__ import annotations
 
-import copy
+import copy as _copy
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -39,6 +48,7 @@ from mlx_lm.utils import maybe_set_recommended_wired_limit
 
 Sampler = Callable[[mx.array], mx.array]
 Processor = Callable[[mx.array, mx.array], mx.array]
+Batching = Literal["padded", "unpadded", "alone"]
 
 
 @dataclass
@@ -81,13 +91,17 @@ class Work:
 
 
 class ContinuousBatch:
-    def __init__(self, model: nn.Module, prefill_step: int, prefill_batch: int, max_kv_size: int | None) -> None:
-        self.model, self.prefill_step, self.prefill_batch, self.max_kv_size = (
-            model,
-            prefill_step,
-            prefill_batch,
-            max_kv_size,
-        )
+    def __init__(
+        self,
+        model: nn.Module,
+        prefill_step: int,
+        prefill_batch: int,
+        max_kv_size: int | None,
+        batching: Batching = "padded",
+    ) -> None:
+        self.model, self.prefill_step, self.max_kv_size = model, prefill_step, max_kv_size
+        self.batching = batching
+        self.prefill_batch = 1 if batching == "alone" else prefill_batch
         self.work = Work()
         self._uids = 0
         self._waiting: deque[Row] = deque()  # inserted, not reading yet
@@ -147,10 +161,10 @@ class ContinuousBatch:
         where, i = found
         if where == "waiting":
             row = self._waiting[i]
-            return copy.deepcopy(row.cache or []), list(row.tokens)
+            return _copy.deepcopy(row.cache or []), list(row.tokens)
         if where == "reading":
-            return [c.extract(i) for c in self._reading_cache], list(self._reading[i].tokens)
-        return [c.extract(i) for c in self._cache], list(self._rows[i].tokens)
+            return self._take(self._reading_cache, i, copy=True), list(self._reading[i].tokens)
+        return self._take(self._cache, i, copy=True), list(self._rows[i].tokens)
 
     def remove(self, uids: Sequence[int], keep: bool = False) -> dict[int, tuple[list[Any], list[int]]]:
         """Take sequences out (a uid not here is passed over); with `keep`, their KV caches and tokens."""
@@ -206,7 +220,7 @@ class ContinuousBatch:
         # the rows whose draw being read is their last (max_tokens): they leave before the forward pass, which would
         # draw them a token nobody reads; their KV state holds every token but that last one
         leaving = {
-            i: [c.extract(i) for c in self._cache]
+            i: self._take(self._cache, i, copy=len(rows) > 1)
             for i, r in enumerate(rows)
             if r.emits and r.generated + 1 >= r.max_tokens
         }
@@ -231,7 +245,7 @@ class ContinuousBatch:
                 emitted.append(Emitted(row.uid, token))
                 continue
             j = next(j for j, r in enumerate(self._rows) if r.uid == row.uid)
-            emitted.append(Emitted(row.uid, token, "stop", [c.extract(j) for c in self._cache], row.tokens))
+            emitted.append(Emitted(row.uid, token, "stop", self._take(self._cache, j, len(self._rows) > 1), row.tokens))
             gone.add(row.uid)
         self.work.generated_tokens += len(emitted)
         if gone:
@@ -272,6 +286,9 @@ class ContinuousBatch:
             self.work.padded_prefill = 0
             return
         chunks = [r.unread[: min(self.prefill_step, len(r.unread) - 1)] for r in self._reading]
+        if self.batching == "unpadded":
+            shortest = min(len(c) for c in chunks)
+            chunks = [c[:shortest] for c in chunks]
         lengths = [len(c) for c in chunks]
         longest = max(lengths)
         padding = [longest - n for n in lengths]
@@ -299,15 +316,15 @@ class ContinuousBatch:
         """A reader's KV cache, out of the batched one (a fresh one if it holds nothing yet: a one-token prompt)."""
         if not self._reading[i].tokens:
             return make_prompt_cache(self.model, self.max_kv_size)
-        return [c.extract(i) for c in self._reading_cache]
+        return self._take(self._reading_cache, i, copy=len(self._reading) > 1)
 
     def _admit_readers(self) -> None:
         """Waiting sequences start reading, in order, while fewer than `prefill_batch` read."""
         n = min(self.prefill_batch - len(self._reading), len(self._waiting))
-        if n <= 0:
+        if n <= 0 or (self.batching == "alone" and (self._reading or self._rows)):
             return
         joining = [self._waiting.popleft() for _ in range(n)]
-        merged = _merge([r.cache or [] for r in joining])
+        merged = self._merge([r.cache or [] for r in joining])
         for r in joining:
             r.cache = None
         if self._reading_cache:
@@ -322,7 +339,7 @@ class ContinuousBatch:
         if not indices:
             return
         moving = [self._reading[i] for i in indices]
-        merged = _merge([self._own_cache(i) for i in indices])
+        merged = self._merge([self._own_cache(i) for i in indices])
         self._reading, self._reading_cache = self._filtered(self._reading, self._reading_cache, {r.uid for r in moving})
         last = mx.array([r.unread.pop() for r in moving])
         if self._cache:
@@ -335,7 +352,21 @@ class ContinuousBatch:
         mx.async_eval(self._next)  # (as in _keep_rows)
         self._rows += moving
 
+    def _merge(self, caches: list[list[Any]]) -> list[Any]:
+        """Per-sequence KV caches (each a list, one per layer) as one batched cache per layer; alone, the one
+        sequence's own."""
+        if self.batching == "alone":
+            assert len(caches) == 1, "a batch of sequences alone merges no caches"
+            return caches[0]
+        return [caches[0][layer].merge([c[layer] for c in caches]) for layer in range(len(caches[0]))]
 
-def _merge(caches: list[list[Any]]) -> list[Any]:
-    """Per-sequence KV caches (each a list, one per layer) as one batched cache per layer."""
-    return [caches[0][layer].merge([c[layer] for c in caches]) for layer in range(len(caches[0]))]
+    def _take(self, cache: list[Any], i: int, copy: bool) -> list[Any]:
+        """Sequence `i`'s KV cache out of a batched one (always a copy); alone, its own: a copy if it stays."""
+        if self.batching != "alone":
+            return [c.extract(i) for c in cache]
+        return _copy.deepcopy(cache) if copy else cache
+
+
+def unmergeable(model: nn.Module) -> list[str]:
+    """The kinds of `model`'s caches that mlx-lm cannot merge into a batched one (its sequences must run alone)."""
+    return sorted({type(c).__name__ for c in make_prompt_cache(model) if not hasattr(c, "merge")})

@@ -29,12 +29,12 @@ from mlx_lm.sample_utils import apply_top_p, greedy_sampler
 from mlx_lm.utils import dequantize_model
 
 from tasks.catalogue import DEMO_MODEL, ModelConfig
-from tasks.errors import InvalidPrompt, SettingsError
+from tasks.errors import InvalidPrompt
 from tasks.job import JobSpec, SamplingParams
 from tasks.logprobs import TokenLogprob
 from tasks.settings import PREFILL_BATCH, physical_memory
-from worker.chat_prompt import chat_input, knows_tools
-from worker.continuous import ContinuousBatch
+from worker.chat_prompt import chat_input
+from worker.continuous import Batching, ContinuousBatch, unmergeable
 from worker.grammar import Constraint, Grammars
 from worker.logits import Draw, Recorded
 from worker.token_bytes import TokenBytes
@@ -131,7 +131,10 @@ class Scorer:
         return "[" + ",".join(self._entries) + "]"
 
     def advance(self) -> None:
-        """Read the next chunk of the prompt (each token predicts the next)."""
+        """Read the next chunk of the prompt (each token predicts the next); nothing once done (a one-token prompt
+        is done at once: nothing of it is read here, its token is the sequence's first step)."""
+        if self.done:
+            return
         e, at = self.engine, self._at
         chunk = self.prompt[at : min(at + e.prefill_step, len(self.prompt) - 1)]
         logits = e.model(mx.array([chunk]), cache=self.cache)[0].astype(mx.float32)
@@ -157,17 +160,13 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
-        self.max_batch = max_batch
+        self._max_batch = max_batch
         self.prefill_step = prefill_step
         self.lock = lock or threading.Lock()  # the device's: every engine of a worker shares one
         self.max_kv_size = max_kv_size  # tokens of KV cache a sequence keeps (None: all of them)
         self._done = Counters()  # the work of the batches before this one
-        caches = make_prompt_cache(model)
-        if not all(hasattr(c, "merge") for c in caches):
-            raise SettingsError(
-                f"the model {name} uses a KV cache that mlx-lm cannot batch "
-                f"({', '.join(sorted({type(c).__name__ for c in caches}))})"
-            )
+        # how its sequences share the batch: `alone` if a cache cannot be merged, else as worker/batching.py finds
+        self.batching: Batching = "alone" if unmergeable(model) else "padded"
         self.kv_bytes_per_token, self.vocab = _measure(model)
         self.token_bytes = TokenBytes(tokenizer)
         self.eos = frozenset(tokenizer.eos_token_ids)
@@ -191,18 +190,30 @@ class Engine:
         )
         return cls(loaded, tokenizer, config.name, max_batch, prefill_step, lock, config.max_kv_size)
 
+    @property
+    def max_batch(self) -> int:
+        """Sequences at once: the configured batch, or one for a model whose sequences run alone."""
+        return 1 if self.batching == "alone" else self._max_batch
+
     def configure(self, max_batch: int, prefill_step: int) -> None:
         """Size the batch (it starts afresh: call it while nothing runs)."""
-        self.max_batch, self.prefill_step = max_batch, prefill_step
+        self._max_batch, self.prefill_step = max_batch, prefill_step
+        self.reset()
+
+    def share(self, batching: Batching) -> None:
+        """Say how its sequences share the batch (it starts afresh: call it while nothing runs)."""
+        self.batching = batching
         self.reset()
 
     def _new_batch(self) -> ContinuousBatch:
-        return ContinuousBatch(self.model, self.prefill_step, min(self.max_batch, PREFILL_BATCH), self.max_kv_size)
+        return ContinuousBatch(
+            self.model, self.prefill_step, min(self.max_batch, PREFILL_BATCH), self.max_kv_size, self.batching
+        )
 
     def prompt_tokens(self, spec: JobSpec) -> list[int]:
         """The prompt as the model reads it; InvalidPrompt if that is no token at all."""
         if spec.messages is not None:
-            messages, tools = chat_input(spec.messages, spec.tools, knows_tools(self.tokenizer.chat_template))
+            messages, tools = chat_input(spec.messages, spec.tools, self.tokenizer)
             extra = {"tools": tools} if tools else {}
             tokens = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra))
         else:

@@ -9,6 +9,7 @@ device between steps.
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,16 @@ from tasks.job import SamplingParams
 
 Sampler = Callable[[mx.array], mx.array]
 BLOCK = 256  # top_k reads the row in blocks of this many tokens
+_vocabularies: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # by tokenizer
+
+
+def vocabulary(tokenizer: Any, width: int) -> int:
+    """How many token ids a request may name (`logit_bias`): one past the tokenizer's highest id, within the
+    model's `width` logit rows. The rows past the tokenizer's ids are padding (Qwen's models have 151,936 for
+    151,669 tokens): no token, written as nothing or as another's text."""
+    if tokenizer not in _vocabularies:  # (once per tokenizer: its vocabulary is read whole)
+        _vocabularies[tokenizer] = max(tokenizer.get_vocab().values(), default=-1) + 1
+    return min(_vocabularies[tokenizer], width)
 
 
 class Draw:

@@ -132,7 +132,7 @@ class GpuWorker:
             engine = self.models.load(s.model_name)
             self._load_prefix_cache()
         self._renew(self._report())  # tell the batch's size and the models at once (for ETAs)
-        if engine is not None:
+        if isinstance(engine, Engine):  # (an embedding model or a reranker holds no KV cache)
             self._log_memory(engine)
         self._threads[1].start()
         self.housekeeper.round()  # recover what a dead worker left before the first claim
@@ -199,11 +199,15 @@ class GpuWorker:
             return
         started = time.perf_counter()
         try:
-            saved = prefix.save(self._prefix_folder, self.models.served_keys())
+            saved, nbytes = prefix.save(
+                self._prefix_folder, self.models.served_keys(), self.settings.prefix_cache_saved_bytes
+            )
         except OSError as exc:  # a full disk costs the next worker a cold start, nothing more
             logger.warning("prefix cache: could not save to %s: %s", self._prefix_folder, exc)
             return
-        self._log_prefix_cache("saved", saved, started)
+        logger.info(
+            "prefix cache: %d entries (%.1f MiB) saved in %.2f s", saved, nbytes / 2**20, time.perf_counter() - started
+        )
 
     def _load_prefix_cache(self) -> None:
         """Take back what the worker before this one on this device saved as it stopped."""
@@ -313,7 +317,9 @@ class GpuWorker:
         steps, decode_s, prefill_s, prefill_tokens, generated, then = self._reported
         self._reported = (c.steps, c.decode_s, c.prefill_s, c.prompt_tokens, c.generated_tokens, now)
         runner = self.runner
+        step_s, step_limit_s = runner.watch.report()  # (read first: a step that ends meanwhile reports as running)
         engine = runner.engine or self.models.get_quietly(self.settings.model_name)
+        engine = engine if isinstance(engine, Engine) else None  # (a pooler has no batch)
         prefix, before = self.models.prefix, self._cache_reported
         now_cache = self._cache_reported = replace(prefix.counters)
         return BatchReport(
@@ -333,6 +339,8 @@ class GpuWorker:
             cache_bytes=prefix.nbytes,
             cache_entries=len(prefix),
             pace=json.dumps({model: speed.as_list() for model, speed in runner.pace.speeds().items()}),
+            step_s=step_s,
+            step_limit_s=step_limit_s,
         )
 
     def _listen(self) -> None:

@@ -22,8 +22,12 @@ from tasks.catalogue import ModelConfig
 from tasks.housekeeping import log_death
 from tasks.settings import Settings
 from tasks.store import WorkerStore
+from worker.batching import Verdict, choose
 from worker.engine import Counters, Engine
-from worker.gguf import GgufError, prepare
+from worker.gguf import prepare
+from worker.load_error import explain
+from worker.pace import Pace, fit, probe
+from worker.pooling import Pooler
 from worker.prefix_cache import PrefixCache
 
 logger = logging.getLogger(__name__)
@@ -52,6 +56,8 @@ class ModelPool:
         s = store.settings
         self.prefix = PrefixCache(s.prefix_cache_bytes)  # of every model's KV states
         self.on_change = on_change  # told when a model loaded or left (the worker reports it in its lease)
+        self.pace = Pace()  # how fast each model's steps go here (the runner's loop times them; a load, before)
+        self._batching: dict[str, Verdict] = {}  # how each model's sequences share the batch, as its load found
         self.settings: Settings = store.settings
         self.lock = engine.lock if engine is not None else threading.Lock()
         self._engines: OrderedDict[str, Engine] = OrderedDict()
@@ -91,9 +97,14 @@ class ModelPool:
     def held_bytes(self) -> int:
         return sum(self._bytes.values())
 
-    def load(self, name: str) -> Engine | None:
-        """Load a served model (call it with `lock` held and no batch running), evicting the least recently used
-        models until the budget holds it. A model bigger than the whole budget loads alone. On failure the model
+    def pooler(self, name: str) -> Pooler | None:
+        """The loaded embedding model or reranker of that name, now the most recently used."""
+        loaded = self.get(name)
+        return loaded if isinstance(loaded, Pooler) else None
+
+    def load(self, name: str, keep: str = "") -> Engine | None:
+        """Load a served model (call it with `lock` held, and no batch running but of `keep`'s, which stays),
+        evicting the least recently used models until the budget holds it. A model bigger than the whole budget loads alone. On failure the model
         is marked failed for ONELANE_MODEL_RETRY_S and its waiting jobs fail (model_unavailable); returns None.
         A model that failed (or whose load killed ONELANE_MAX_ATTEMPTS workers in a row, the last before this one)
         is not tried again until then."""
@@ -109,23 +120,34 @@ class ModelPool:
             if check.blocked:
                 logger.warning("model %s failed to load: not tried again before ONELANE_MODEL_RETRY_S", name)
                 return None
-        self._make_room(size_on_disk(config))
+        self._make_room(size_on_disk(config), keep=keep)
         self.loading = name
         self.store.model_loading(name)
         started = time.perf_counter()
         try:
             prepare(config)  # a GGUF is imported into its folder the first time
-            engine = Engine.load(config, self._max_batch(config), self.settings.prefill_step, lock=self.lock)
+            if config.kind == "generate":
+                engine = Engine.load(config, self._max_batch(config), self.settings.prefill_step, lock=self.lock)
+            else:  # an embedding model or a reranker: no batch, no decode steps to time
+                engine = Pooler.load(config)
         except Exception as exc:  # a missing folder, a bad adapter, an unknown architecture, out of memory...
-            logger.exception("model %s failed to load from %s", name, config.path)
+            failure = explain(exc, config)
+            if failure.cause is None:
+                logger.exception("model %s failed to load from %s", name, config.path)
+            else:  # a known cause, said in one line (its traceback only at debug level)
+                logger.error("model %s failed to load: %s", name, failure.cause)
+                logger.debug("model %s: the load's traceback", name, exc_info=True)
             self.loading = ""
-            failed = self.store.model_failed(name, _load_error(exc))
+            failed = self.store.model_failed(name, failure.reason)
             logger.warning("model %s: %d waiting job(s) failed (model_unavailable)", name, failed)
             self.on_change()
             return None
+        if isinstance(engine, Engine):
+            self._try_batching(name, engine)
+            self._probe(name, engine)
         self.loading = ""
         self._adopt(name, engine, time.perf_counter() - started)
-        self._make_room(0, keep=name)  # the estimate may have been low: the budget holds the measured size
+        self._make_room(0, keep=name, also=keep)  # the estimate may have been low: the budget holds the measured size
         self.on_change()
         return engine
 
@@ -136,7 +158,7 @@ class ModelPool:
         self._engines[name] = engine
         self._loaded = tuple(self._engines.items())
         self._bytes[name] = size_in_memory(engine)
-        self.store.model_loaded(name, load_s, self._bytes[name])
+        self.store.model_loaded(name, load_s, self._bytes[name], engine.batching)
         logger.info(
             "model %s loaded in %.2f s (%.1f MiB; %d model(s), %.1f of %.1f MiB held)",
             name,
@@ -147,10 +169,52 @@ class ModelPool:
             self.settings.models_memory / 2**20,
         )
 
-    def _make_room(self, size: int, keep: str = "") -> None:
-        """Evict the least recently used models (never `keep`) until `size` more bytes fit the budget."""
+    def _try_batching(self, name: str, engine: Engine) -> None:
+        """How the model's sequences share the batch (worker/batching.py), found before its first job (once a
+        process: a model evicted and loaded again shares it as before)."""
+        known = self._batching.get(name)
+        if known is not None:
+            engine.share(known.batching)
+            return
+        try:
+            verdict = choose(engine.model, engine.vocab, engine.max_kv_size)
+        except Exception as exc:  # the trial's own alone runs failed: its jobs will say so, one at a time
+            verdict = Verdict("alone", f"the trial failed ({type(exc).__name__})", 0.0)
+            logger.warning("model %s: the batching trial failed", name, exc_info=True)
+        self._batching[name] = verdict
+        engine.share(verdict.batching)
+        log = logger.info if verdict.batching != "alone" else logger.warning
+        log("model %s: %s in %.2f s; its sequences run %s", name, verdict.why, verdict.seconds, verdict.batching)
+
+    def _probe(self, name: str, engine: Engine) -> None:
+        """Time the model's steps before its first job (worker/pace.py; once a process) and report them before it
+        is told loaded, so that the first ETAs come from them."""
+        if self.pace.knows(name):
+            return
+        started = time.perf_counter()
+        try:
+            steps = probe(engine.model, engine.max_batch, engine.prefill_step, engine.max_kv_size, engine.batching)
+        except Exception:  # ETAs do without (as their fallback), and the batch itself will tell
+            logger.warning("model %s: its steps could not be timed as it loaded", name, exc_info=True)
+            return
+        for step in steps:
+            self.pace.observe(name, *step)
+        speed = fit(steps)
+        logger.info(
+            "model %s: %d steps timed in %.2f s: %.1f ms a step, %.1f ms a sequence, %.2f ms a prompt token",
+            name,
+            len(steps),
+            time.perf_counter() - started,
+            speed.step_s * 1e3,
+            speed.per_sequence_s * 1e3,
+            speed.per_prompt_token_s * 1e3,
+        )
+        self.on_change()
+
+    def _make_room(self, size: int, keep: str = "", also: str = "") -> None:
+        """Evict the least recently used models (never `keep`, nor `also`) until `size` more bytes fit the budget."""
         budget = self.settings.models_memory
-        for name in [n for n in self._engines if n != keep]:
+        for name in [n for n in self._engines if n not in (keep, also)]:
             if self.held_bytes + size <= budget:
                 return
             self.evict(name)
@@ -170,12 +234,3 @@ class ModelPool:
 
     def _max_batch(self, config: ModelConfig) -> int:
         return config.max_batch or self.settings.max_batch
-
-
-def _load_error(exc: Exception) -> str:
-    """What a client may read of a load failure: the kind of error, not its text (which may name server paths); an
-    import's own message names none, and says what to do."""
-    if isinstance(exc, GgufError):
-        return f"the model failed to load: {exc}"
-    kind = "its files were not found" if isinstance(exc, (FileNotFoundError, OSError)) else "it could not be loaded"
-    return f"the model failed to load ({kind}); the worker logged the error"

@@ -13,8 +13,9 @@ its own server, but its public methods can neither refresh, list nor remove one 
   part, trimmed back to their common part; at least one token is left to prefill (the batch needs one to start from);
 - a hit refreshes its entry (a system prompt that every request hits stays); past the byte cap the least recently
   used go; an entry makes its own prefixes redundant (a hit on them reads it, trimmed); a model's entries go with it;
-- counters for /metrics; and saving the hottest entries when the worker stops in good order, loading them when it
-  starts (mlx-lm's save_prompt_cache / load_prompt_cache, one safetensors file an entry).
+- counters for /metrics; and saving the hottest entries (up to ONELANE_PREFIX_CACHE_SAVED bytes) when the worker
+  stops in good order, loading them when it starts (mlx-lm's save_prompt_cache / load_prompt_cache, one safetensors
+  file an entry).
 
 Only sequences that ended as their generation meant to (EOS, a stop string, max_tokens) become entries: a job cut
 short (cancelled, failed, over time, handed back) leaves none, so no later job trusts a state nobody finished.
@@ -176,21 +177,40 @@ class PrefixCache:
 
     # --- across a restart in good order ------------------------------------------------------------------------
 
-    def save(self, folder: Path, models: dict[str, str]) -> int:
+    def save(self, folder: Path, models: dict[str, str], max_bytes: int) -> tuple[int, int]:
         """Write the entries of the loaded models (`models`: name -> model key), most recently used first, to
-        `folder` (replacing what it held); returns how many."""
+        `folder` (replacing what it held), those that fit within `max_bytes` of files (ONELANE_PREFIX_CACHE_SAVED:
+        the cache itself may hold gigabytes, which a restart need not wait for); returns how many, and their bytes."""
         shutil.rmtree(folder, ignore_errors=True)
         served = set(models.values())
         newest_first = [(name, entry) for name, entry in reversed(self._entries.items()) if name[0][0] in served]
+        if max_bytes <= 0 or not newest_first:
+            return 0, 0
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o700)  # users' prompts, as the model saw them
-        kept = []
-        for n, (((model, scope), tokens), entry) in enumerate(newest_first):
-            file = f"{n:06d}.safetensors"
-            save_prompt_cache(str(folder / file), entry.cache)
-            kept.append({"file": file, "model": model, "scope": scope, "tokens": list(tokens)})
+        kept: list[dict[str, Any]] = []
+        written = 2  # the index's brackets
+        for ((model, scope), tokens), entry in newest_first:
+            item = {"file": f"{len(kept):06d}.safetensors", "model": model, "scope": scope, "tokens": list(tokens)}
+            listed = len(json.dumps(item)) + 2  # its line of the index, with a separator
+            if written + listed + _state_bytes(entry.cache) > max_bytes:  # (the file's arrays: less than the file)
+                continue
+            file = folder / item["file"]
+            save_prompt_cache(str(file), entry.cache)
+            size = file.stat().st_size + listed
+            if written + size > max_bytes:  # its header tipped it over
+                file.unlink()
+                continue
+            written += size
+            kept.append(item)
         (folder / INDEX).write_text(json.dumps(kept))
-        return len(kept)
+        if len(kept) < len(newest_first):
+            logger.info(
+                "prefix cache: %d entries not saved, past ONELANE_PREFIX_CACHE_SAVED (%.1f MiB)",
+                len(newest_first) - len(kept),
+                max_bytes / 2**20,
+            )
+        return len(kept), written
 
     def load(self, folder: Path, models: dict[str, str]) -> int:
         """Take back what `save` wrote, for the models still served with the same load options (most recently
@@ -212,3 +232,8 @@ class PrefixCache:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         return loaded
+
+
+def _state_bytes(cache: list[Any]) -> int:
+    """The bytes of the arrays a cache's file holds (its state: the tokens it holds, not its allocated room)."""
+    return sum(leaf.nbytes for c in cache for _, leaf in tree_flatten(c.state) if isinstance(leaf, mx.array))

@@ -22,20 +22,24 @@ from collections.abc import Callable
 
 import redis
 
-from tasks.errors import InvalidPrompt, LeaseLost
+from tasks.errors import InvalidPrompt, InvalidRequest, LeaseLost
 from tasks.job import Job, JobStatus, SamplingParams
 from tasks.logprobs import TokenLogprob
+from tasks.model_kind import NAMES
+from tasks.settings import PREFILL_BATCH
 from tasks.store import Claim, Switch, WorkerStore
 from worker import timeline
 from worker.batch import Batch, Finished, Head, Running, StepResult
 from worker.choices import Groups, Held
 from worker.engine import KV, Engine, Scorer, Token
 from worker.grammar import Constraint, GrammarError
+from worker.logits import vocabulary
 from worker.models import ModelPool
 from worker.output import Ending, OutputWriter, Text
-from worker.pace import Pace
+from worker.pooling import Pooler, SideWork
 from worker.prefix_cache import Hit
 from worker.resume import fresh, resume
+from worker.step_watch import StepWatch
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +72,12 @@ class Runner:
         self.writer = OutputWriter(store, on_stop=self.request_stop, on_fatal=on_fatal)
         self.groups = Groups()  # the requests of several answers with a run in the batch (worker/choices.py)
         self.scoring: dict[str, tuple[Running, Scorer, SamplingParams]] = {}  # runs reading their prompt to score it
-        self.pace = Pace()  # how fast each model's steps go here (the heartbeat reports it, for ETAs)
+        self.pace = models.pace  # how fast each model's steps go here (the heartbeat reports it, for ETAs)
+        self.watch = StepWatch()  # the step on the device, and how long it may run (the heartbeat reports it)
         self._last_step = NO_STEP  # the step before: its model, sequences, prompt tokens, when it started
+        self._deferred: list[list[Running]] = []  # suspects of a failed step kept out of the engine (see _step_failed)
+        self.side = SideWork()  # pooled jobs (embeddings, rerank) claimed: read a pass at a time between steps
+        self._side_stops: queue.SimpleQueue[str] = queue.SimpleQueue()  # pooled jobs that must stop
 
     @property
     def budget(self) -> int:
@@ -81,6 +89,8 @@ class Runner:
         been handed back and be running again). A job not in the batch yet hears it from its first output write."""
         r = self.batch.by_job.get(job_id)
         if r is None:
+            if job_id in self.side.runs:
+                self._side_stops.put(job_id)
             return
         if r.stop_seen_at is None:
             r.stop_seen_at = r.tokens
@@ -99,7 +109,7 @@ class Runner:
         with self.models.lock:
             self._look = True
             while True:
-                if stopping.is_set() and self.batch:
+                if stopping.is_set() and (self.batch or self.side):
                     drain_until = drain_until or time.monotonic() + self.store.settings.drain_s
                     if time.monotonic() > drain_until:
                         self._hand_back_all("stopping")
@@ -110,8 +120,13 @@ class Runner:
                 if self._look and not stopping.is_set():
                     started += self._fill()
                 self._drop_stopped()
+                self._drop_side_stopped()
+                if self.side:  # a pass of pooled work, then the batch's step: each waits one of the other at most
+                    self._side_step()
                 if self.batch:
                     self._step()
+                    continue
+                if self.side:
                     continue
                 self._last_step = NO_STEP  # (the next step's clock starts with it)
                 if not self._look or stopping.is_set():  # nothing runs, and none may join (else: look again)
@@ -145,8 +160,8 @@ class Runner:
         return started
 
     def _has_slot(self) -> bool:
-        """An empty batch takes any job; another, one more while it has a free slot and no job that runs alone."""
-        return not self.batch or (len(self.batch) < self.engine.max_batch and not self.batch.solo)  # type: ignore[union-attr]
+        """Whether a job may be claimed: any job into an empty batch; else the head, if it fits (_fits)."""
+        return not self._deferred  # a failed step's cause is being looked for: no newcomer muddles it
 
     def _claim(self) -> Claim | Switch | None:
         """The next claim: any job into an empty batch; else the measured head, named if it fits now. None when
@@ -172,6 +187,12 @@ class Runner:
     def _on_switch(self, switch: Switch) -> bool:
         """The next job needs another model: with the batch empty, load it and claim again (a failed load fails
         the model's jobs: the claim moves on); else the batch drains first (a job leaving it looks again)."""
+        if switch.load and switch.side:  # a pooled job's model loads beside the batch, which stays
+            logger.info("job %s needs model %s: loading it beside the batch", switch.head, switch.model)
+            if not self.batch:
+                self.engine = None  # held here, an evicted model's weights could not be freed
+            self.models.load(switch.model, keep=self.active if self.batch else "")
+            return True
         if switch.load and not self.batch:
             logger.info("job %s needs model %s: loading it", switch.head, switch.model)
             self.engine = None  # held here, an evicted model's weights could not be freed
@@ -189,9 +210,14 @@ class Runner:
 
     def _measure(self, claim: Claim) -> Head:
         job = claim.job
+        if job.spec.pooled is not None:  # read beside the batch: it takes no slot nor KV budget
+            return Head(job.id, [], 0, False, side=True)
         engine = self.models.get(job.spec.model) or self.models.load(job.spec.model)
         if engine is None:
             return Head(job.id, [], 0, claim.solo, invalid=("model_unavailable", "the model failed to load"))
+        if isinstance(engine, Pooler):  # (admitted under an older models file: the web routes each kind)
+            why = f"the model {job.spec.model} is {NAMES[engine.kind]}: it generates no text"
+            return Head(job.id, [], 0, claim.solo, invalid=("model_unavailable", why))
         try:
             tokens = engine.prompt_tokens(job.spec)
         except InvalidPrompt as exc:
@@ -205,9 +231,10 @@ class Runner:
     def _fits(self, head: Head) -> bool:
         """A job joins if the budget holds it, or if the batch is empty (a job too big for the budget runs alone);
         one that must run alone waits for the batch to drain."""
-        if not self.batch:
+        if not self.batch or head.side:
             return True
-        return not head.solo and self.batch.kv_tokens_with(head.cost) <= self.budget
+        room = len(self.batch) < self.engine.max_batch and not self.batch.solo  # type: ignore[union-attr]
+        return room and not head.solo and self.batch.kv_tokens_with(head.cost) <= self.budget
 
     def _join(self, claim: Claim) -> None:
         """A started job joins the batch (measured as the head, or now: claimed into an empty batch), or fails at
@@ -216,6 +243,9 @@ class Runner:
         self._head = None
         if head is None or head.id != job.id:
             head = self._measure(claim)
+        if head.side:
+            self._take_pooled(job)
+            return
         if not self.batch and head.invalid is None:
             self._activate(job.spec.model)
         logger.info(
@@ -266,6 +296,8 @@ class Runner:
             cache_key=key,
             constraint=constraint,
             answer=[claim.delivered.text] if claim.delivered else [],
+            prompt=head.tokens,
+            ids=list(done),
         )
         if params.prompt_logprobs and not job.prompt_logprobs:  # (a run after a requeue has them already)
             self.scoring[job.id] = (run, self.engine.scorer(head.tokens, params.top_logprobs), params)
@@ -281,13 +313,58 @@ class Runner:
         # its prompt and what of it is cached, recorded at once: estimates count only the prefill still to do
         self.writer.put_many([run.text(start.rest, resume_at=start.at)])
 
+    def _take_pooled(self, job: Job) -> None:
+        """A started pooled job joins the side work (worker/pooling.py), or fails at once if its model cannot read
+        its inputs."""
+        pooler = self.models.pooler(job.spec.model) or self.models.load(job.spec.model, keep=self.active)
+        logger.info(
+            "job %s: started (owner %s, model %s, attempt %d, pooled)", job.id, job.owner, job.spec.model, job.attempts
+        )
+        if not isinstance(pooler, Pooler):
+            self.writer.end(Ending(job.id, JobStatus.FAILED, error=("model_unavailable", "the model failed to load")))
+            return
+        self.writer.begin(job.id, live=False)
+        try:
+            self.side.add(job, pooler)
+        except InvalidRequest as exc:
+            self.writer.end(Ending(job.id, JobStatus.FAILED, error=(exc.type, exc.message, exc.param or "")))
+
+    def _side_step(self) -> None:
+        """One pass of pooled work; the jobs it completed are answered (their vectors or scores, as one text)."""
+        done, failed = self.side.step()
+        self._last_step = NO_STEP  # (the pass is no part of the batch's step it comes before)
+        for run in done:
+            try:
+                output = run.output()
+            except InvalidRequest as exc:
+                self.writer.end(Ending(run.job.id, JobStatus.FAILED, error=(exc.type, exc.message, exc.param or "")))
+                continue
+            self.writer.put_many([Text(run.job.id, output, run.tokens)])
+            self.writer.end(Ending(run.job.id, JobStatus.COMPLETED, "stop", None, run.tokens))
+            logger.info("job %s: completed (%d inputs, %d tokens read)", run.job.id, len(run.sequences), run.tokens)
+        for run in failed:
+            self.writer.end(Ending(run.job.id, JobStatus.FAILED, error=_generation_error(run.job.id)))
+        self._look = self._look or bool(done or failed)
+
+    def _drop_side_stopped(self) -> None:
+        while not self._side_stops.empty():  # this loop is the only reader
+            job_id = self._side_stops.get_nowait()
+            if self.side.drop(job_id) is not None:
+                self.writer.end(Ending(job_id, JobStatus.CANCELLED, "cancelled"))
+                logger.info("job %s: cancelled (pooled)", job_id)
+
     def _score(self) -> None:
         """Read a chunk of the prompt of the first job that scores its prompt (echo); once read, its log
         probabilities are written, and it ends (max_tokens 0) or goes on to generate, its prompt's KV state read."""
         if not self.scoring:
             return
         job_id, (run, scorer, params) = next(iter(self.scoring.items()))
-        scorer.advance()
+        try:
+            scorer.advance()
+        except Exception:  # read outside the batch, with a KV cache of its own: its failure is its own alone
+            logger.exception("job %s: reading its prompt to score it failed", job_id)
+            self._end(run, None, error=_generation_error(job_id))
+            return
         if not scorer.done:
             return
         del self.scoring[job_id]
@@ -336,8 +413,9 @@ class Runner:
 
     def _unfit(self, job: Job) -> tuple[str, ...] | None:
         """Why the job's request cannot be generated from on this model, though it passed admission."""
-        vocab = self.engine.vocab if self.engine is not None else 0
-        beyond = sorted(t for t in job.spec.params.logit_bias if t >= vocab)
+        bias, e = job.spec.params.logit_bias, self.engine
+        vocab = vocabulary(e.tokenizer, e.vocab) if bias and e is not None else 0
+        beyond = sorted(t for t in bias if t >= vocab)
         if beyond:
             why = f"logit_bias names token {beyond[0]}; the model's vocabulary has {vocab} tokens"
             return "invalid_request", why, "logit_bias"
@@ -365,13 +443,17 @@ class Runner:
         assert self.engine is not None
         self._timed_step(time.perf_counter())
         began = time.time() if timeline.steps is not None else 0.0
+        self._score()
+        n = len(self.batch)
+        self.watch.start(self.pace.speed(self.active), n, self.engine.prefill_step * min(n, PREFILL_BATCH))
         try:
-            self._score()
             tokens = self.engine.step()
-        except Exception:  # the batch's state cannot be trusted: start it afresh, its jobs go back
+        except Exception:  # the batch's state cannot be trusted: start it afresh, and find the cause
             logger.exception("a batch step failed with %d job(s) in the batch", len(self.batch))
             self._step_failed()
             return
+        finally:
+            self.watch.stop()
         if timeline.steps is not None:
             self._record_step(began, tokens)
         self._last_step = (self.active, len(tokens), self.engine.padded_prefill, self._last_step[3])
@@ -385,6 +467,7 @@ class Runner:
         for f in result.finished:
             self._end(f.run, f.reason, in_engine=f.in_engine, kv=f.kv)
         self._end_overdue()
+        self._release_deferred()
         if timeline.steps is not None:
             timeline.steps[-1][2] = time.time()
 
@@ -411,6 +494,8 @@ class Runner:
         if r is None:  # dropped meanwhile
             return
         r.tokens += 1
+        r.ids.append(token.token)
+        r.proven = True
         if r.constraint is not None and r.constraint.error:  # (never, unless its mask was not applied)
             logger.error("job %s: its answer left its grammar: %s", r.job.id, r.constraint.error)
             self._end(r, None, error=_generation_error(r.job.id))
@@ -529,6 +614,7 @@ class Runner:
         )
         self.batch.drop(r)
         self.scoring.pop(r.job.id, None)
+        self._deferred = [g for g in ([d for d in g if d is not r] for g in self._deferred) if g]
         self._look = True
         for held in self.groups.leave(r):  # it read its group's prompt, and left before it was read
             self.batch.drop(held.run)
@@ -553,27 +639,86 @@ class Runner:
         for r in list(self.batch.by_uid.values()):
             logger.info("job %s: handed back (%s) after %d tokens", r.job.id, why, r.tokens)
             self.writer.hand_back(r.job.id, why, shared=shared)
+        for job_id in list(self.side.runs):
+            self.side.drop(job_id)
+            logger.info("job %s: handed back (%s), pooled", job_id, why)
+            self.writer.hand_back(job_id, why)
         self._start_afresh()
 
     def _step_failed(self) -> None:
-        """Alone in the batch, the job fails (the error was its own); with others, all go back to the front of
-        the queue to run alone next, so a job that breaks every batch it is in fails by itself."""
-        if len(self.batch) > 1:
+        """A step raised: the engine starts afresh (its state cannot be trusted), and the cause is looked for among
+        the step's runs: those that made no token since they joined it (a newcomer's prompt, its first step), else
+        all of them. One suspect is the cause (_blame). Several: the first half joins again, the rest wait out of
+        the engine until that half has made a token (_release_deferred), and a next failure narrows it down. Every
+        other run joins again in its place (_reseat): no attempt counted, no text lost. A run in too many failed
+        steps is blamed too, so that no failure repeats without end."""
+        assert self.engine is not None
+        members = [r for r in self.batch.by_uid.values() if r.uid >= 0]  # the step's (held runs had no part in it)
+        if not members:  # nothing of a job failed: the device did
             self._hand_back_all("generation_error")
             return
-        (r,) = self.batch.by_uid.values()
-        self._start_afresh()
-        self.writer.end(
-            Ending(
-                r.job.id,
-                JobStatus.FAILED,
-                None,
-                _generation_error(r.job.id),
-                r.prompt_tokens,
-                r.tokens,
-                cached_tokens=r.cached,
-            )
-        )
+        for r in members:
+            r.failed_steps += 1
+        suspects = [r for r in members if not r.proven] or members
+        limit = 2 + 2 * self.engine.max_batch.bit_length()  # (halving a full batch takes log2 of it failed steps)
+        blamed = {r.job.id for r in members if r.failed_steps >= limit}
+        if len(suspects) == 1:
+            blamed.add(suspects[0].job.id)
+        self.engine.reset()
+        self.groups.clear()  # (their held runs join again on their own)
+        for r in members:
+            if r.job.id in blamed:
+                self._blame(r, alone=len(members) == 1)
+        suspects = [r for r in suspects if r.job.id not in blamed]
+        if len(suspects) > 1:
+            later = suspects[len(suspects) // 2 :]
+            for r in later:  # in the batch (its slot, its time limit, its cancel), not in the engine
+                self.batch.drop(r)
+                r.uid = self.batch.hold_uid()
+                self.batch.add(r)
+            self._deferred.append(later)
+        for r in suspects:
+            r.proven = False
+        out = {r.job.id for group in self._deferred for r in group} | set(self.scoring)
+        for r in [r for r in self.batch.by_uid.values() if r.job.id not in out]:
+            self._reseat(r)
+        self._look = True
+
+    def _blame(self, r: Running, alone: bool) -> None:
+        """A failed step's cause: alone in the step it fails (the error was its own); else it goes back to the front
+        of the queue to run alone next, where a failure is its own (release() in tasks/lua/common.lua)."""
+        if alone:
+            self._end(r, None, error=_generation_error(r.job.id), in_engine=False)
+            return
+        logger.info("job %s: handed back (generation_error: it broke a step) after %d tokens", r.job.id, r.tokens)
+        self.batch.drop(r)
+        self.writer.hand_back(r.job.id, "generation_error", shared=True)
+
+    def _reseat(self, r: Running) -> None:
+        """A run whose KV state went with a failed step joins the engine again, its prompt and the tokens it
+        generated read anew (as a requeued run's would be), without leaving the batch: its text, its attempt and its
+        place stay."""
+        done, cached = tuple(r.ids), r.cached
+        try:
+            constraint = self._constraint(r.job, done)
+        except GrammarError:  # (never: its tokens followed the grammar)
+            logger.exception("job %s: its tokens no longer follow its grammar", r.job.id)
+            self._end(r, None, error=_generation_error(r.job.id), in_engine=False)
+            return
+        self.batch.drop(r)
+        r.constraint = constraint
+        self._place(r, r.prompt, _sampling(r.job), self.models.prefix.fetch(r.cache_key, [*r.prompt, *done]), done)
+        r.cached = cached  # (its usage tells what the prefix cache spared it when it joined first)
+
+    def _release_deferred(self) -> None:
+        """Once every run in the engine has made a token since a failed step, the suspects that joined again did not
+        cause it: those kept out last join (the cause is among them, if it was among the suspects at all)."""
+        if not self._deferred or not all(r.proven for r in self.batch.by_uid.values() if r.uid >= 0):
+            return
+        for r in self._deferred.pop():
+            if self.batch.by_job.get(r.job.id) is r:  # (not ended meanwhile)
+                self._reseat(r)
+        self._look = True  # (none joined while they were kept out)
 
     def _start_afresh(self) -> None:
         """An empty batch, and an engine with nothing in it."""
@@ -582,6 +727,7 @@ class Runner:
         self.batch = Batch()
         self.groups.clear()
         self.scoring.clear()
+        self._deferred.clear()
         self._look = True
 
 

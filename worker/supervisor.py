@@ -5,6 +5,13 @@ disposable. The supervisor keeps two: the active one holds the device's lease; a
 imports and waits for the lease. When the active one dies, the supervisor frees its lease at once, the
 standby takes over (and loads the model), and a new standby is started. The supervisor never imports MLX;
 it watches the workers from outside, through Redis.
+
+A worker whose lease lapsed while it lived (its heartbeat came late: a starved host, or a hang) is killed as soon as
+another worker holds the device, never later: two processes must never work on one GPU. Such a kill is not a death
+(drop_lease.lua is told so): the runs its lapse handed back are counted only at their jobs' next hand-back, so a
+late heartbeat costs a job one resumption from its tokens, and a job under which every worker hangs still fails.
+While nobody holds the device, a worker that lost it has WAKE_S to notice by itself (tasks/lua/lease.lua marks it
+late, and nothing is counted).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ CHECK_S = 0.1  # how often dead children are reaped (no Redis involved)
 WATCH_EVERY = 5  # look at the device in Redis every 5th check: 2 commands/s
 WORKERS = 2  # the active one and a standby
 STOP_MARGIN_S = 30.0  # a stopping worker's time beyond its drain: handing back, writing out, letting go of MLX
+WAKE_S = 10.0  # how long a worker that lost the device may still run to notice it (3 leases, if longer)
 
 
 class Supervisor:
@@ -44,7 +52,8 @@ class Supervisor:
         self.spawned_at: dict[int, float] = {}
         self.held: set[int] = set()  # children seen holding the lease at some point
         self.holder: int | None = None  # our child seen holding the lease now
-        self.lost_since: float | None = None  # when the holder was last seen without its lease
+        self.lost: dict[int, float] = {}  # children seen losing the lease while alive, and when
+        self.killed_lost: set[int] = set()  # children killed for it (their reap is not a death)
         self.died_at: float | None = None  # when the device last lost its holder
         self.backoff = 0.0  # grows only while workers die before ever holding the device (a crash loop)
         self.next_spawn = 0.0
@@ -55,7 +64,7 @@ class Supervisor:
             tick = 0
             while not self.stopping.wait(CHECK_S):
                 self._reap()
-                if len(self.children) < WORKERS and time.monotonic() >= self.next_spawn:
+                if len(self.children) - len(self.lost) < WORKERS and time.monotonic() >= self.next_spawn:
                     self._spawn()
                 tick += 1
                 if tick % WATCH_EVERY == 0:
@@ -98,7 +107,9 @@ class Supervisor:
             log = logger.info if child.returncode == 0 else logger.warning  # 0: it stopped in good order
             log("worker process %d exited (%s) after %.1f s", pid, child.returncode, lived)
             self._redis(lambda: self.store.upkeep.count("worker_restarts"))
-            dropped = self._redis(lambda dead=pid: self.store.upkeep.drop_device(dead))
+            died = pid not in self.killed_lost  # (one killed for losing the device was late or hung, not known)
+            self.killed_lost.discard(pid)
+            dropped = self._redis(lambda dead=pid: self.store.upkeep.drop_device(dead, died=died))
             if dropped or pid == self.holder:
                 self.holder, self.died_at = None, time.monotonic()
             # A worker killed while working is replaced at once; one that dies before it ever held the device
@@ -111,27 +122,27 @@ class Supervisor:
             self.next_spawn = time.monotonic() + self.backoff
 
     def _check_holder(self) -> None:
-        """Track which child holds the device; kill it if its job stalled or it froze past its lease."""
+        """Track which child holds the device; kill it if its job stalled, or one that lost the device and has not
+        stopped by itself within its wake grace (frozen, not late)."""
         watched = self._redis(self.store.upkeep.watch_device)
         if watched is False:
             return
         pid, stalled = watched
-        old = self.holder
-        if old is not None and pid != old and old in self.children:
-            # alive but no longer holding the device: frozen past its lease (or about to notice and exit)
-            self.lost_since = self.lost_since or time.monotonic()
-            if pid is not None or time.monotonic() - self.lost_since > self.settings.lease_s:
-                logger.error("worker process %d lost the device but is still there (frozen?): killing it", old)
-                self.children[old].send_signal(signal.SIGKILL)
-                self.holder, self.died_at = None, time.monotonic()
-        if pid in self.children and pid != self.holder:
-            self.holder, self.lost_since = pid, None
+        now = time.monotonic()
+        if self.holder is not None and pid != self.holder:
+            # alive but no longer holding the device: late (it exits at its next heartbeat), or frozen
+            if self.holder in self.children:
+                self.lost.setdefault(self.holder, now)
+            self.holder, self.died_at = None, self.died_at or now
+        self._kill_lost(now, taken=pid is not None and pid not in self.lost)
+        if pid in self.children and pid != self.holder and pid not in self.lost:
+            self.holder = pid
             self.held.add(pid)
             if self.died_at is not None:
                 logger.info(
                     "worker process %d took the device %.2f s after the previous one was lost",
                     pid,
-                    time.monotonic() - self.died_at,
+                    now - self.died_at,
                 )
                 self.died_at = None
         if self.holder is not None and pid == self.holder and stalled:
@@ -142,6 +153,24 @@ class Supervisor:
                 self.holder,
             )
             self.children[self.holder].kill()
+
+    def _kill_lost(self, now: float, taken: bool) -> None:
+        """Kill the children that lost the device and still run: at once when another worker holds it (one process
+        on a GPU, always), else once they have had WAKE_S to notice by themselves."""
+        grace = max(WAKE_S, 3 * self.settings.lease_s)
+        for pid, since in list(self.lost.items()):
+            if pid not in self.children:
+                del self.lost[pid]
+            elif taken or now - since > grace:
+                logger.warning(
+                    "worker process %d lost the device %.1f s ago and still runs (late or hung): killing it, as %s",
+                    pid,
+                    now - since,
+                    "another worker holds the device" if taken else "it did not notice",
+                )
+                self.children[pid].send_signal(signal.SIGKILL)
+                self.killed_lost.add(pid)
+                del self.lost[pid]
 
     def _redis(self, call):  # type: ignore[no-untyped-def]
         """Run a Redis call; False when Redis is away (the supervisor just tries again next round)."""

@@ -1,5 +1,6 @@
--- Admit a job, atomically with the bounds: nothing is written when the queue (global bound) or the owner's
--- share of it (quota) is full, or when the job's model failed to load and is not tried again yet.
+-- Admit a request's jobs (one, or one per answer of `n`), atomically with the bounds: all or none. Nothing is
+-- written when the queue (global bound) or the owner's share of it (quota) has no room for them all, or when
+-- their model failed to load and is not tried again yet. They share everything but their id and spec.
 -- Fair order is self-clocked fair queuing over flows (a user's interactive jobs; their batch jobs): a job
 -- costs its flow `cost` (thousandths of a turn: 1000 / the user's weight, times ONELANE_BATCH_COST for batch),
 -- its start tag is max(virtual time, its flow's last finish tag), its finish tag start + cost, and the queue runs
@@ -13,100 +14,121 @@
 -- The job's dramatiq message (its doorbell), when given, is pushed here as dramatiq's enqueue would, unless one
 -- is pending already: an admitted job always has a message to wake the worker, and a consumer blocked on the
 -- queue wakes as this script ends.
--- ARG: id, owner, spec_json, ttl_s, result_ttl_s, watch_grace_s, max_queue, max_per_user (0: no bound),
---       max_tokens, message queue key, message hash key, message id, message ('' for no message),
+-- ARG: owner, ttl_s, result_ttl_s, watch_grace_s, max_queue, max_per_user (0: no bound),
+--       max_tokens, message queue key, message hash key, message id, message ('' for no message: one per request),
 --       model, class ('interactive' | 'batch'), cost, visitors key ('' for none), max_visitors, history (the
 --       digest of a chat's messages but the last, '' for none: a device whose prefix cache holds it is preferred),
 --       line ('1': a batch's line, admitted once only, and neither counted in its owner's quota nor listed),
---       ignore_eos ('1' or ''), prompt_chars, history_chars (of the messages but the last), for its ETA
+--       side ('1': a pooled job, read beside the batch: see claim.lua), ignore_eos ('1' or ''), prompt_chars, history_chars (of the messages but the last), for its ETA;
+--       then the jobs: id, spec_json, id, spec_json, ... (a batch's line: one)
 -- -> {'exists'} for a batch's line admitted before (nothing is written)
---    or {'ok', queued_at, deadline, position, what ETAs are forecast from (eta_snapshot in common.lua)}
---    or {'queue_full' | 'quota_exceeded' | 'address_quota' | 'address_visitors', the position whose start frees a
---    place, what ETAs are forecast from}
+--    or {'ok', queued_at, deadline, what ETAs are forecast from (eta_snapshot in common.lua), position, ...}
+--    (each job's position, in order)
+--    or {'queue_full' | 'quota_exceeded' | 'address_quota' | 'address_visitors', the position whose start frees
+--    room for them all, what ETAs are forecast from, the jobs waiting that count against that bound}
 --    or {'model_unavailable', retry_after_s, why}
-local id, owner, spec = ARG.id, ARG.owner, ARG.spec
+local owner = ARG.owner
 local ttl, result_ttl, grace = tonumber(ARG.ttl_s), tonumber(ARG.result_ttl_s), tonumber(ARG.watch_grace_s)
 local max_queue, max_per_user, max_tokens = tonumber(ARG.max_queue), tonumber(ARG.max_per_user), ARG.max_tokens
 local bell_queue, bell_messages, bell_id, bell = ARG.bell_queue, ARG.bell_messages, ARG.bell_id, ARG.bell
 local model, class, cost = ARG.model, ARG.class, tonumber(ARG.cost)
 local visitors, max_visitors, history = ARG.visitors, tonumber(ARG.max_visitors), ARG.history
 local line = ARG.line == '1'
+local jobs = ARG.jobs
+local n = #jobs / 2
 local t = now()
 local q = UQ .. owner
-local jkey = JOB .. id
 
-if line and redis.call('EXISTS', jkey) == 1 then return {'exists'} end
+if line and redis.call('EXISTS', JOB .. jobs[1]) == 1 then return {'exists'} end
 
 local why, retry = model_failure(model, t)
 if why then
   stat('rejected:model_unavailable')
   return {'model_unavailable', math.max(1, math.ceil(retry)), why}
 end
-if max_queue > 0 and redis.call('ZCARD', WAITING) >= max_queue then
-  -- a place frees when the next job starts
+-- a refusal: room for all n jobs frees when the job at `position` starts; `counted_` wait against the bound
+local function refusal(verdict, position, counted_)
+  return {verdict, position, eta_snapshot(t, position), counted_}
+end
+local waiting_all = redis.call('ZCARD', WAITING)
+if max_queue > 0 and waiting_all + n > max_queue then
+  -- room frees as the next jobs start
   stat('rejected:queue_full')
-  return {'queue_full', 1, eta_snapshot(t, 1)}
+  return refusal('queue_full', waiting_all + n - max_queue, waiting_all)
 end
 -- the owner's waiting jobs that count against their quota: a batch's lines do not (the batch bounds them itself)
 local function counted(queue)
-  local n = 0
+  local c = 0
   for _, other in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
-    if redis.call('HGET', JOB .. other, 'line') ~= '1' then n = n + 1 end
+    if redis.call('HGET', JOB .. other, 'line') ~= '1' then c = c + 1 end
   end
-  return n
+  return c
+end
+-- where the k-th of a queue's jobs stands in the whole queue (1: next to start)
+local function place(queue, k)
+  local job = redis.call('ZRANGE', queue, k - 1, k - 1)[1]
+  return (job and redis.call('ZRANK', QUEUE, job) or 0) + 1
 end
 
-if max_per_user > 0 and redis.call('ZCARD', q) >= max_per_user and counted(q) >= max_per_user then
-  -- a place frees when this user's first waiting job starts
-  local first = redis.call('ZRANGE', q, 0, 0)[1]
-  local ahead = redis.call('ZRANK', QUEUE, first) or 0
-  stat('rejected:quota_exceeded')
-  return {'quota_exceeded', ahead + 1, eta_snapshot(t, ahead + 1)}
+if max_per_user > 0 and redis.call('ZCARD', q) + n > max_per_user then
+  local mine = counted(q)
+  if mine + n > max_per_user then
+    -- room frees when this user's first waiting jobs start
+    stat('rejected:quota_exceeded')
+    return refusal('quota_exceeded', place(q, mine + n - max_per_user), mine)
+  end
 end
 if visitors ~= '' then
-  -- the address's visitors with jobs waiting (the others leave the set); a place frees when their first waiting
-  -- job starts (the quota), a visitor's turn when one of them has none left waiting (the bound on visitors)
-  local waiting, known, first, last = 0, false, math.huge, math.huge
+  -- the address's visitors with jobs waiting (the others leave the set); room frees when their first waiting
+  -- jobs start (the quota), a visitor's turn when one of them has none left waiting (the bound on visitors)
+  local waiting, known, ranks, last = 0, false, {}, math.huge
   for _, v in ipairs(redis.call('SMEMBERS', visitors)) do
-    local n = redis.call('ZCARD', UQ .. v)
-    if n == 0 then
+    local c = redis.call('ZCARD', UQ .. v)
+    if c == 0 then
       redis.call('SREM', visitors, v)
     else
-      waiting, known = waiting + n, known or v == owner
-      first = math.min(first, redis.call('ZRANK', QUEUE, redis.call('ZRANGE', UQ .. v, 0, 0)[1]) or 0)
+      waiting, known = waiting + c, known or v == owner
+      for _, job in ipairs(redis.call('ZRANGE', UQ .. v, 0, -1)) do
+        ranks[#ranks + 1] = redis.call('ZRANK', QUEUE, job) or 0
+      end
       last = math.min(last, redis.call('ZRANK', QUEUE, redis.call('ZRANGE', UQ .. v, -1, -1)[1]) or 0)
     end
   end
-  local verdict, ahead
-  if max_per_user > 0 and waiting >= max_per_user then
-    verdict, ahead = 'address_quota', first
-  elseif not known and redis.call('SCARD', visitors) >= max_visitors then
-    verdict, ahead = 'address_visitors', last
-  end
-  if verdict then
+  if max_per_user > 0 and waiting + n > max_per_user then
+    table.sort(ranks)
     stat('rejected:quota_exceeded')
-    return {verdict, ahead + 1, eta_snapshot(t, ahead + 1)}
+    return refusal('address_quota', (ranks[waiting + n - max_per_user] or 0) + 1, waiting)
+  elseif not known and redis.call('SCARD', visitors) >= max_visitors then
+    stat('rejected:quota_exceeded')
+    return refusal('address_visitors', last + 1, waiting)
   end
 end
 
 local deadline = t + ttl
 local life = math.ceil(ttl + result_ttl)
 local flow = flow_of(owner, class)
-local tag = math.max(virtual_time(), tonumber(redis.call('ZSCORE', TAGS, flow) or '0')) + cost
-local score = tag * TIE + redis.call('INCR', SEQ) % TIE
-redis.call('HSET', jkey, 'spec', spec, 'owner', owner, 'status', 'queued', 'queued_at', fmt(t),
-  'deadline', fmt(deadline), 'attempts', 0, 'prompt_tokens', 0, 'completion_tokens', 0, 'tag', tag, 'score', score,
-  'max_tokens', max_tokens, 'model', model, 'class', class, 'cost', cost)
-redis.call('HSET', jkey, 'prompt_chars', ARG.prompt_chars)
-if ARG.ignore_eos == '1' then redis.call('HSET', jkey, 'ignore_eos', '1') end
-if grace > 0 then redis.call('HSET', jkey, 'watched', grace) end
-if history ~= '' then redis.call('HSET', jkey, 'history', history, 'history_chars', ARG.history_chars) end
-if line then redis.call('HSET', jkey, 'line', '1') end
-redis.call('EXPIRE', jkey, life)
-redis.call('ZADD', TAGS, tag, flow)
-enqueue(id, owner, model, score, deadline, grace, t, life)
+for i = 1, n do
+  local id, spec = jobs[2 * i - 1], jobs[2 * i]
+  local jkey = JOB .. id
+  local tag = math.max(virtual_time(), tonumber(redis.call('ZSCORE', TAGS, flow) or '0')) + cost
+  local score = tag * TIE + redis.call('INCR', SEQ) % TIE
+  redis.call('HSET', jkey, 'spec', spec, 'owner', owner, 'status', 'queued', 'queued_at', fmt(t),
+    'deadline', fmt(deadline), 'attempts', 0, 'prompt_tokens', 0, 'completion_tokens', 0, 'tag', tag,
+    'score', score, 'max_tokens', max_tokens, 'model', model, 'class', class, 'cost', cost)
+  redis.call('HSET', jkey, 'prompt_chars', ARG.prompt_chars)
+  if ARG.ignore_eos == '1' then redis.call('HSET', jkey, 'ignore_eos', '1') end
+  if grace > 0 then redis.call('HSET', jkey, 'watched', grace) end
+  if history ~= '' then redis.call('HSET', jkey, 'history', history, 'history_chars', ARG.history_chars) end
+  if line then redis.call('HSET', jkey, 'line', '1') end
+  if ARG.side == '1' then redis.call('HSET', jkey, 'side', '1') end
+  redis.call('EXPIRE', jkey, life)
+  redis.call('ZADD', TAGS, tag, flow)
+  enqueue(id, owner, model, score, deadline, grace, t, life)
+  if not line then redis.call('ZADD', UJ .. owner, t, id) end
+  stat('admitted')
+  per_minute(t, 'admitted')
+end
 if not line then
-  redis.call('ZADD', UJ .. owner, t, id)
   redis.call('ZREMRANGEBYRANK', UJ .. owner, 0, -1001) -- a user's listing keeps the newest 1000
 end
 for _, k in ipairs({UJ .. owner, TAGS, SEQ, VTIME}) do extend(k, life) end
@@ -115,7 +137,9 @@ if visitors ~= '' then
   extend(visitors, life)
 end
 ring(bell_queue, bell_messages, bell_id, bell)
-stat('admitted')
-per_minute(t, 'admitted')
-local position = redis.call('ZRANK', QUEUE, id) + 1
-return {'ok', fmt(t), fmt(deadline), position, eta_snapshot(t, position)}
+local positions, last = {}, 0
+for i = 1, n do
+  positions[i] = redis.call('ZRANK', QUEUE, jobs[2 * i - 1]) + 1
+  last = math.max(last, positions[i])
+end
+return {'ok', fmt(t), fmt(deadline), eta_snapshot(t, last), unpack(positions)}

@@ -20,7 +20,8 @@
 --       the worker has loaded...
 -- -> {'started' | 'next', id, the job's fields as HGETALL gives them, jobs still waiting after it, the ids of the
 --    tokens its earlier runs generated (TOK), their text (OUT)},
---    {'switch' | 'load', head id, its model}, false when nothing waits, or 'lost' without the lease
+--    {'switch' | 'load', head id, its model[, 'side': a pooled job's]}, false when nothing waits, or 'lost' without
+--    the lease
 local result_ttl, run_life, device, worker = tonumber(ARG.result_ttl_s), tonumber(ARG.run_life_s), ARG.device, ARG.worker
 local want, active, switch_wait, affinity_s = ARG.want, ARG.active, tonumber(ARG.switch_wait_s), tonumber(ARG.affinity_s)
 local loaded = {}
@@ -94,7 +95,8 @@ local function next_for_me(skip)
   for _, id in ipairs(redis.call('ZRANGE', QUEUE, 0, 63)) do
     if id ~= skip then
       local f = redis.call('HMGET', JOB .. id, 'status', 'deadline', 'model', 'watched')
-      local mine = (active ~= '' and f[3] == active) or (active == '' and loaded[f[3]])
+      local side = redis.call('HGET', JOB .. id, 'side') == '1'
+      local mine = (active ~= '' and f[3] == active) or ((active == '' or side) and loaded[f[3]])
       local watched = f[4] and tonumber(redis.call('ZSCORE', WATCHED, id) or '0') > t
       if f[1] == 'queued' and t < tonumber(f[2]) and mine and (watched or not f[4]) and not elsewhere(id) then
         return id
@@ -107,7 +109,11 @@ end
 local head, model = first_live(QUEUE)
 if not head then return false end
 local pick = head
-if (active ~= '' and model ~= active) or (active == '' and not loaded[model]) then
+if redis.call('HGET', JOB .. head, 'side') == '1' then
+  -- a pooled job (embeddings, rerank) is read beside the batch, whatever model it runs: it needs its model loaded
+  -- (the worker loads it without draining the batch), not the batch's model
+  if not loaded[model] then return {'load', head, model, 'side'} end
+elseif (active ~= '' and model ~= active) or (active == '' and not loaded[model]) then
   pick = nil
   if may_pass(head) then
     if active ~= '' then

@@ -111,8 +111,8 @@ local function eta_snapshot(t, upto)
   local devices, running, waiting, models = {}, {}, {}, {}
   local function know(model)
     if model and not models[model] then
-      local m = redis.call('HMGET', MODEL .. model, 'pace', 'load_s')
-      models[model] = {pace = m[1] or '', load_s = tonumber(m[2] or '') or 0,
+      local m = redis.call('HMGET', MODEL .. model, 'pace', 'load_s', 'batching')
+      models[model] = {pace = m[1] or '', load_s = tonumber(m[2] or '') or 0, batching = m[3] or '',
         lengths = redis.call('LRANGE', LENGTHS .. model, 0, -1)}
     end
   end

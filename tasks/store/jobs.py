@@ -19,7 +19,15 @@ import redis
 from tasks import eta, keys
 from tasks.broker import Doorbell
 from tasks.connection import connect
-from tasks.errors import JobAlreadyEnded, JobNotFound, ModelUnavailable, QueueFull, QuotaExceeded
+from tasks.errors import (
+    InvalidRequest,
+    JobAlreadyEnded,
+    JobNotFound,
+    ModelUnavailable,
+    OnelaneError,
+    QueueFull,
+    QuotaExceeded,
+)
 from tasks.events import Event
 from tasks.job import Job, JobSpec, JobStatus, Timings, error_json, history_digest
 from tasks.scripts import Scripts, bell
@@ -92,24 +100,43 @@ class Store:
         outside the owner's quota and listing: the batch bounds its own lines in the queue (web/openai/batch_runner.py).
         Returns the job as admitted, with its position and ETA, without reading it back.
         """
-        s = self.settings
+        return self.admit_all([(job_id, spec)], ttl_s, quota, doorbell, address, line)[0]
+
+    def admit_all(
+        self,
+        jobs: list[tuple[str, JobSpec]],
+        ttl_s: float,
+        quota: int | None = None,
+        doorbell: Doorbell | None = None,
+        address: str | None = None,
+        line: bool = False,
+        param: str | None = None,
+    ) -> list[Job]:
+        """Admit a request's jobs (ids and specs: one per answer of `n`, alike but for their seed and place) as
+        `admit` does one, in one step: all, or none and QueueFull / QuotaExceeded. More jobs than the bounds
+        allow at all is InvalidRequest, naming `param` (the field that asked for them)."""
+        s, n = self.settings, len(jobs)
+        spec = jobs[0][1]
         grace = s.watch_grace_s if spec.watched else 0
         quota = 0 if line else quota or s.max_queued_per_user
+        for bound, what in ((quota, "your quota allows {} waiting jobs"), (s.max_queue, "the queue holds {} jobs")):
+            if n > 1 and 0 < bound < n:  # never admissible: no point in trying again later
+                raise InvalidRequest(f"this request asks for {n} answers; {what.format(bound)}", param=param)
         history = ""  # a chat's history so far: a worker whose prefix cache holds it may be preferred
         if spec.messages and len(spec.messages) > 1 and s.model_named(spec.model) is not None:
             history = history_digest(s.prefix_key(spec.model, spec.owner), spec.messages[:-1])
         texts = [spec.prompt] if spec.prompt is not None else [m.content for m in spec.messages or ()]
+        if spec.pooled is not None:  # (token ids count as a character each)
+            texts = [spec.pooled.query or "", *(t if isinstance(t, str) else " " * len(t) for t in spec.pooled.texts)]
         verdict, *rest = self.scripts.run(
             "admit",
-            id=job_id,
             owner=spec.owner,
-            spec=spec.model_dump_json(),
             ttl_s=ttl_s,
             result_ttl_s=s.result_ttl_s,
             watch_grace_s=grace,
             max_queue=s.max_queue,
             max_per_user=quota,
-            max_tokens=spec.params.max_tokens,
+            max_tokens=spec.new_tokens,
             **bell(doorbell),
             model=spec.model,
             **{"class": spec.priority},
@@ -118,37 +145,35 @@ class Store:
             max_visitors=VISITORS_PER_ADDRESS,
             history=history,
             line="1" if line else "",
+            side="1" if spec.pooled is not None else "",
             ignore_eos="1" if spec.params.ignore_eos else "",
             prompt_chars=sum(len(t) for t in texts),
             history_chars=sum(len(t) for t in texts[:-1]),
+            jobs=[part for job_id, one in jobs for part in (job_id, one.model_dump_json())],
         )
         if verdict == "exists":
-            return self.get(job_id)
+            return [self.get(jobs[0][0])]
         if verdict == "model_unavailable":
             raise ModelUnavailable(f"the model {spec.model!r} is unavailable: {rest[1]}", retry_after_s=rest[0])
-        if verdict != "ok":  # full: a place frees when the job at the position given starts
-            position, snapshot = rest
+        if verdict != "ok":  # no room: room for them all frees when the job at the position given starts
+            position, snapshot, waiting = rest
             retry_after_s = max(1, math.ceil(self._etas(snapshot, [int(position)], guess=True)[0] or 0))
-            kind, why = {
-                "queue_full": (QueueFull, f"the queue is full ({s.max_queue} jobs waiting)"),
-                "quota_exceeded": (QuotaExceeded, f"you already have {quota} jobs waiting"),
-                "address_quota": (QuotaExceeded, f"the browsers at your address already have {quota} jobs waiting"),
-                "address_visitors": (
-                    QuotaExceeded,
-                    f"{VISITORS_PER_ADDRESS} other browsers at your address already have jobs waiting",
-                ),
-            }[verdict]
+            kind, why = _refusal(verdict, n, int(waiting), quota, s.max_queue)
             raise kind(f"{why}; try again later", retry_after_s=retry_after_s)
-        queued_at, deadline, position, snapshot = rest
-        return Job(
-            id=job_id,
-            spec=spec,
-            status=JobStatus.QUEUED,
-            deadline=float(deadline),
-            timings=Timings(queued_at=float(queued_at)),
-            position=int(position),
-            eta_s=self._etas(snapshot, [int(position)])[0],
-        )
+        queued_at, deadline, snapshot, *positions = rest
+        etas = self._etas(snapshot, [int(p) for p in positions])
+        return [
+            Job(
+                id=job_id,
+                spec=one,
+                status=JobStatus.QUEUED,
+                deadline=float(deadline),
+                timings=Timings(queued_at=float(queued_at)),
+                position=int(position),
+                eta_s=eta_s,
+            )
+            for (job_id, one), position, eta_s in zip(jobs, positions, etas)
+        ]
 
     def keep_watching(self, job: Job) -> None:
         """Renew a watched, waiting job's lease: its client (a stream, or polling) is still there."""
@@ -267,3 +292,18 @@ class Store:
 
     def ping(self) -> bool:
         return bool(self.redis.ping())
+
+
+def _refusal(verdict: str, n: int, waiting: int, quota: int, max_queue: int) -> tuple[type[OnelaneError], str]:
+    """What admit.lua's refusal means, told truly for a request of `n` jobs: `waiting` count against the bound."""
+    asks = f"this request asks for {n} answers"
+    if verdict == "queue_full":
+        if n == 1:
+            return QueueFull, f"the queue is full ({max_queue} jobs waiting)"
+        return QueueFull, f"the queue has room for {max(max_queue - waiting, 0)} more jobs, and {asks}"
+    if verdict == "address_visitors":
+        return QuotaExceeded, f"{VISITORS_PER_ADDRESS} other browsers at your address already have jobs waiting"
+    whose = "you have" if verdict == "quota_exceeded" else "the browsers at your address have"
+    if n == 1:
+        return QuotaExceeded, f"{whose.replace('have', 'already have')} {quota} jobs waiting"
+    return QuotaExceeded, f"{whose} {waiting} jobs waiting, and {asks}; the quota is {quota} waiting jobs"

@@ -49,6 +49,7 @@ class ModelState:
     bytes: int | None = None  # its weights' size once loaded
     error: str | None = None  # why it failed to load
     retry_in_s: float | None = None  # when a failed model is tried again
+    batching: str | None = None  # `batched` or `alone` (one sequence at a time), as its last load found; None before
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,13 @@ class Readings:
             pipe.hmget(keys.device(name), "worker", "slots")
         return sum(int(slots or 0) for worker, slots in pipe.execute() if worker)
 
+    def batching(self, names: list[str]) -> dict[str, str | None]:
+        """How each model's sequences share the batch, as its last load found (`batched`, `alone`; None before)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.hget(keys.model(name), "batching")
+        return {name: shared_as(found) for name, found in zip(names, pipe.execute())}
+
     def waiting(self) -> int:
         """How many jobs wait."""
         return int(self.redis.zcard(keys.WAITING))
@@ -242,4 +250,10 @@ def _model_state(name: str, depth: int, record: dict[str, str], workers: list[De
         int(record["bytes"]) if record.get("bytes") else None,
         record.get("error") or None if state == "failed" else None,
         round(retry_at - now, 3) if state == "failed" else None,
+        shared_as(record.get("batching")),
     )
+
+
+def shared_as(batching: str | None) -> str | None:
+    """What users are told of a model's batching (worker/continuous.py's: `padded` and `unpadded` both batch)."""
+    return None if not batching else "alone" if batching == "alone" else "batched"

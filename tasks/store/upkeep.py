@@ -70,9 +70,11 @@ class Upkeep:
         """Push the worker's doorbell unless one is pending; True if pushed."""
         return bool(self.scripts.run("ring", **bell(doorbell)))
 
-    def drop_device(self, pid: int) -> bool:
-        """Free this device if the process `pid` (known dead) holds it."""
-        return bool(self.scripts.run("drop_lease", device=self.settings.device, field="pid", value=pid))
+    def drop_device(self, pid: int, died: bool = True) -> bool:
+        """Free this device if the process `pid` (known gone) holds it; `died`: it died under its jobs (not killed by
+        its supervisor for losing the device, which counts its lapsed runs only at their next hand-back)."""
+        scripts = self.scripts
+        return bool(scripts.run("drop_lease", device=self.settings.device, field="pid", value=pid, died=int(died)))
 
     def watch_device(self) -> tuple[int | None, list[str]]:
         """The pid holding this device, and the jobs ended as stalled (no progress for stall_s s) there."""

@@ -42,6 +42,8 @@ class BatchReport:
     cache_bytes: int = 0  # ... and what it holds now
     cache_entries: int = 0
     pace: str = "{}"  # JSON: each model's measured speed here, [step s, s per sequence, s per prompt token]
+    step_s: float = 0.0  # how long the step now on the device has run (0: none runs)
+    step_limit_s: float = 0.0  # ... and how long it may (0: until ONELANE_STALL_S), worker/step_watch.py
 
     NAMES: ClassVar[tuple[str, ...]] = ARGS["lease"][5:]  # what lease.lua takes of a report, by name
 
@@ -87,6 +89,7 @@ class Switch:
     head: str
     model: str
     load: bool
+    side: bool = False  # the head is a pooled job: its model loads beside the batch, which goes on
 
 
 class WorkerStore:
@@ -104,7 +107,8 @@ class WorkerStore:
 
     def renew_device(self, report: BatchReport | None = None) -> str:
         """Renew the lease this worker holds: 'ok'; 'lapsed' if it lapsed (the worker must stop: its jobs may have been
-        taken back); or the id of the worker that took it."""
+        taken back); or the id of the worker that took it. A refused renewal records that this worker woke after its
+        lease lapsed: a late heartbeat, which counts against none of its jobs (tasks/lua/housekeep.lua)."""
         return self._lease("renew", report)
 
     def _lease(self, mode: str, report: BatchReport | None) -> str:
@@ -153,11 +157,12 @@ class WorkerStore:
         )
         self._claim_token = ""  # answered
         if claimed == "lost":
+            self.renew_device()  # refused, as the claim was: it tells Redis this worker woke (it was late, not dead)
             raise LeaseLost(f"worker {self.worker} lost the lease of device {self.settings.device}")
         if not claimed:
             return None
         if claimed[0] in ("switch", "load"):
-            return Switch(claimed[1], claimed[2], load=claimed[0] == "load")
+            return Switch(claimed[1], claimed[2], load=claimed[0] == "load", side=claimed[3:] == ["side"])
         verdict, job_id, flat, behind, ids, text = claimed
         fields = dict(zip(flat[::2], flat[1::2]))
         delivered = Delivered(tuple(int(i) for i in ids.split(",") if i), text) if ids else None
@@ -168,8 +173,18 @@ class WorkerStore:
     def model_loading(self, name: str) -> None:
         self._model(name, state="loading", worker=self.worker)
 
-    def model_loaded(self, name: str, load_s: float, size: int) -> None:
-        self._model(name, state="loaded", worker=self.worker, load_s=f"{load_s:.3f}", bytes=size, error="", deaths=0)
+    def model_loaded(self, name: str, load_s: float, size: int, batching: str = "padded") -> None:
+        """`batching`: how its sequences share the batch (worker/continuous.py's Batching)."""
+        self._model(
+            name,
+            state="loaded",
+            worker=self.worker,
+            load_s=f"{load_s:.3f}",
+            bytes=size,
+            error="",
+            deaths=0,
+            batching=batching,
+        )
 
     def model_unloaded(self, name: str) -> None:
         self._model(name, state="unloaded", worker=self.worker)
@@ -285,7 +300,9 @@ class WorkerStore:
 
     def release_device(self) -> bool:
         """Free this device if this worker (stopped in good order: nothing of it runs on the device) holds it."""
-        return bool(self.scripts.run("drop_lease", device=self.settings.device, field="worker", value=self.worker))
+        return bool(
+            self.scripts.run("drop_lease", device=self.settings.device, field="worker", value=self.worker, died=0)
+        )
 
     def listen(self) -> Any:
         """A pub/sub subscribed to the ids of running jobs asked to stop, of running jobs a stream opened on, and to

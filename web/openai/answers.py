@@ -15,6 +15,15 @@ class Model(Answer):
     object: Literal["model"]
     created: int
     owned_by: str
+    kind: Literal["generate", "embed", "rerank"] = Field(
+        description="onelane's: what it serves: `generate` (chat and completions), `embed` (/v1/embeddings) or "
+        "`rerank` (/v1/rerank), as its folder's files say (docs/models.md)"
+    )
+    batching: Literal["batched", "alone"] | None = Field(
+        description="onelane's: `batched` (its jobs generate together in the batch) or `alone` (one at a time, in "
+        "the same queue: an architecture whose caches mlx-lm cannot batch, or whose batched answers differ from "
+        "its answers alone), as its last load found; null before it ever loaded (docs/models.md)"
+    )
 
 
 class ModelList(Answer):

@@ -14,7 +14,6 @@ size split, and more parsed.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,12 +21,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tasks.errors import InvalidRequest, OnelaneError
+from tasks.errors import InvalidJSON, InvalidRequest, OnelaneError
 from tasks.job import JobSpec
 from tasks.settings import Settings
 from web.openai.chat_schemas import ChatRequest, CompletionRequest
+from web.openai.pooling import EmbeddingRequest
 from web.openai.response_schemas import RESPONSE_NEUTRAL, ResponseRequest
 from web.openai.schemas import NEUTRAL, parse_openai
+from web.schemas import loads_checked
 
 #: For each endpoint a batch may address (tasks/batches.py ENDPOINTS), the request model its lines' bodies are, and
 #: its neutral fields.
@@ -35,6 +36,7 @@ REQUESTS: dict[str, tuple[type[BaseModel], dict[str, tuple[Any, ...]]]] = {
     "/v1/chat/completions": (ChatRequest, NEUTRAL),
     "/v1/completions": (CompletionRequest, NEUTRAL),
     "/v1/responses": (ResponseRequest, RESPONSE_NEUTRAL),
+    "/v1/embeddings": (EmbeddingRequest, {}),
 }
 
 
@@ -91,9 +93,9 @@ def read_lines(data: bytes, endpoint: str, owner: str, settings: Settings) -> tu
         if not raw.strip():
             continue
         try:
-            item = json.loads(raw)
-        except ValueError:
-            errors.append(LineError(index, None, "invalid_json", "the line is not JSON"))
+            item = loads_checked(raw, what="the line")
+        except InvalidJSON as exc:
+            errors.append(LineError(index, None, "invalid_json", exc.message))
             continue
         if not isinstance(item, dict):
             errors.append(LineError(index, None, "invalid_json", "the line is not a JSON object"))

@@ -46,6 +46,7 @@ from tasks.job import Job, JobSpec, JobStatus
 from tasks.store import Store
 from web.errors import job_error, openai_error
 from web.openai.bodies import ChatBody, CompletionBody
+from web.openai.pooling import embeddings_body
 from web.openai.response_body import snapshot
 from web.services import Services
 
@@ -238,6 +239,8 @@ def body_of(job: Job, endpoint: str) -> dict[str, Any]:
     """The answer the endpoint gives for a completed job."""
     if endpoint == "/v1/responses":
         return snapshot(job)
+    if endpoint == "/v1/embeddings":
+        return embeddings_body(job)
     return (ChatBody if endpoint == "/v1/chat/completions" else CompletionBody)(job).body(job)
 
 

@@ -75,12 +75,19 @@ def _answer(whole: Schema, chunk: Schema) -> Reply:
 def models() -> Response:
     current_owner()
     catalog = services().settings.catalog  # in the order the models file names them
-    return jsonify(
+    batching = services().store.readings.batching([m.name for m in catalog])
+    data = [
         {
-            "object": "list",
-            "data": [{"id": m.name, "object": "model", "created": 0, "owned_by": "onelane"} for m in catalog],
+            "id": m.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "onelane",
+            "kind": m.kind,
+            "batching": batching[m.name] if m.kind == "generate" else None,
         }
-    )
+        for m in catalog
+    ]
+    return jsonify({"object": "list", "data": data})
 
 
 @bp.post("/v1/chat/completions")
@@ -140,7 +147,7 @@ def _admit_and_respond(admission: tuple[JobSpec, float], view_class: type[ChatBo
     subscribes first, so that, once admitted, its events all arrive live and nothing is read back before the first
     token."""
     svc = services()
-    jobs, feeds = admit_all(svc.store, svc.hub, *admission, count=req.count())
+    jobs, feeds = admit_all(svc.store, svc.hub, *admission, count=req.count(), param=req.count_field())
     stories = [
         follow(svc.store, svc.hub, job, ping_s=svc.settings.sse_ping_s, environ=request.environ, feed=feed)
         for job, feed in zip(jobs, feeds)

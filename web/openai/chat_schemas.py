@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from tasks.errors import InvalidRequest
-from tasks.job import TOP_LOGPROBS_MOST, JobSpec, Message
+from tasks.job import NAME_PATTERN, TOP_LOGPROBS_MOST, JobSpec, Message
 from tasks.settings import Settings
 from tasks.structured import Constraint, Tool, ToolCall
 from web.openai.sampling import CHOICES_MOST, Sampling
@@ -46,7 +46,9 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
-    name: str | None = None
+    name: str | None = Field(
+        None, pattern=NAME_PATTERN, description="the participant's name, shown to the model with the message"
+    )
     tool_calls: list[ChatToolCall] | None = Field(None, description="an assistant's: the calls it made")
     tool_call_id: str | None = Field(None, max_length=256, description="a tool's: the call it answers")
     refusal: str | None = None  # an assistant's message sent back as it came
@@ -63,6 +65,7 @@ class ChatMessage(BaseModel):
             content=content,
             tool_calls=calls,
             tool_call_id=self.tool_call_id,
+            name=self.name,
         )
 
 
@@ -165,6 +168,9 @@ class CompletionRequest(Sampling):
 
     def count(self) -> int:
         return self.best_of or self.n or 1
+
+    def count_field(self) -> str:
+        return "best_of" if self.best_of else "n"
 
     def scoring(self) -> dict[str, Any]:
         # best_of's candidates are ranked by their log probabilities, shown or not; echo scores the prompt (the job

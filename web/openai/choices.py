@@ -3,8 +3,8 @@ and followed together.
 
 Each answer is a job of its own (its own seed, its own place in the batch, counted against quotas and the KV budget
 as one sequence), told by its spec's `choice` which request it belongs to: the first job's id names the group, and
-the worker reads their common prompt once for all of them. They are admitted all or none: a request answered with
-fewer choices than it asked for would be a silent change of meaning.
+the worker reads their common prompt once for all of them. They are admitted all or none, in one step
+(tasks/lua/admit.lua): a request answered with fewer choices than it asked for would be a silent change of meaning.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from collections.abc import Iterator
 from tasks.job import Choice, Job, JobSpec, new_job_id
 from tasks.logprobs import read_entries
 from tasks.store import Store
-from web.admission import admit
+from web.admission import admit_all as admit_jobs
 from web.feed import Feed, Hub
 from web.follow import Story, cancel_quietly
 
-NOT_ALL_ADMITTED = ("not_admitted", "another answer of the same request could not be admitted")
 ANOTHER_FAILED = ("choice_failed", "another answer of the same request did not complete")
 
 
@@ -50,23 +49,20 @@ def specs_of(spec: JobSpec, count: int, ids: list[str]) -> list[JobSpec]:
     ]
 
 
-def admit_all(store: Store, hub: Hub, spec: JobSpec, ttl_s: float, count: int) -> tuple[list[Job], list[Feed]]:
+def admit_all(
+    store: Store, hub: Hub, spec: JobSpec, ttl_s: float, count: int, param: str = "n"
+) -> tuple[list[Job], list[Feed]]:
     """Admit the request's `count` jobs, each with its feed subscribed before it exists (nothing is missed), all or
-    none: if one is refused (a full queue, a quota), those admitted are cancelled, and the refusal raised."""
+    none in one step (a refusal leaves nothing behind); more than the caller may ever have waiting is refused
+    naming `param`, the field that asked for them."""
     ids = [new_job_id() for _ in range(count)]
-    jobs: list[Job] = []
-    feeds: list[Feed] = []
+    feeds = [Feed(store, hub, job_id, replay=False) for job_id in ids]
     try:
-        for job_id, one in zip(ids, specs_of(spec, count, ids)):
-            feeds.append(Feed(store, hub, job_id, replay=False))
-            jobs.append(admit(one, ttl_s, job_id=job_id))
+        return admit_jobs(list(zip(ids, specs_of(spec, count, ids))), ttl_s, param), feeds
     except BaseException:
         for feed in feeds:
             feed.close()
-        for job in jobs:
-            cancel_quietly(store, job, NOT_ALL_ADMITTED)
         raise
-    return jobs, feeds
 
 
 def cancel_all(store: Store, jobs: list[Job], why: tuple[str, str]) -> None:

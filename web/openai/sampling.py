@@ -103,6 +103,10 @@ class Sampling(BaseModel):
         """How many jobs the request is: one per answer generated."""
         return self.n or 1
 
+    def count_field(self) -> str:
+        """The field that says how many answers it asks for."""
+        return "n"
+
     def scoring(self) -> dict[str, Any]:
         """The log probabilities its jobs record (SamplingParams' `logprobs`, `top_logprobs`, `prompt_logprobs`)."""
         return {}

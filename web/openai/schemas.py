@@ -87,7 +87,10 @@ def structure(
             raise InvalidRequest(
                 "onelane does not constrain an answer to both tools and a response format", param="response_format"
             )
-        return tools_constraint(tuple(tools), choice, parallel is not False), tuple(tools)
+        # a named function is called once (as vLLM does, and as a client that forces one reads it), unless the
+        # client asked for several calls itself; otherwise several, unless it asked for one
+        several = parallel is True if choice not in ("auto", "required") else parallel is not False
+        return tools_constraint(tuple(tools), choice, several), tuple(tools)
     if choice not in ("auto", "none"):
         raise InvalidRequest("tool_choice asks for a tool, but tools is empty", param="tool_choice")
     return (response_format.constraint() if response_format else None), ()
