@@ -202,8 +202,8 @@ def start_worker(settings: Settings, engine, redis_client: redis.Redis):  # type
         base, preloaded = (served, None) if served is not None else (settings, engine)
         # (idle, its threads look again every 50 ms: it stops at once at the end of the story)
         worker = GpuWorker(base.model_copy(update=overrides), preloaded, fatal.append, idle_wait_ms=50)
+        started.append(worker)  # (stopped at the end even if its start fails half-way: its threads hold the device)
         assert worker.start()
-        started.append(worker)
         return worker
 
     yield start

@@ -13,8 +13,9 @@ from tasks import keys
 from tests.helpers import claim_now, wait_ended, wait_event
 from tests.netproxy import Proxy
 
-BLIP_S = 2.5  # longer than the worker's Redis timeout (0.5 s), shorter than its lease (12 s)
-GREEDY = {"max_tokens": 4000, "ignore_eos": True, "temperature": 0}  # ~3 s of work alone: it outlasts the blip
+REDIS_TIMEOUT_S = 1.5  # the worker's: short, but not so short that a loaded machine's own delays trip it
+BLIP_S = 4.0  # longer than the worker's Redis timeout, shorter than its lease (20 s)
+GREEDY = {"max_tokens": 4000, "ignore_eos": True, "temperature": 0}  # ~3 s of work alone, more on a loaded machine
 
 
 @pytest.fixture
@@ -27,8 +28,8 @@ def proxy(redis_server) -> Iterator[Proxy]:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("cut", ["blackhole", "reset"])
 def test_a_worker_cut_off_from_redis_for_less_than_its_lease_loses_nothing(cut, proxy, jobs, store, start_worker):
-    start_worker(redis_url=proxy.url, lease_s=12, redis_timeout_s=0.5)
-    alone = wait_ended(store, jobs.submit("the same words", **GREEDY)["id"])  # the output with nothing cut
+    start_worker(redis_url=proxy.url, lease_s=20, redis_timeout_s=REDIS_TIMEOUT_S)
+    alone = wait_ended(store, jobs.submit("the same words", **GREEDY)["id"], timeout_s=90)  # nothing cut
     job = jobs.submit("the same words", **GREEDY)
     wait_event(store, job["id"], lambda e: e.type == "token")
 

@@ -135,7 +135,10 @@ class GpuWorker:
         if isinstance(engine, Engine):  # (an embedding model or a reranker holds no KV cache)
             self._log_memory(engine)
         self._threads[1].start()
-        self.housekeeper.round()  # recover what a dead worker left before the first claim
+        try:
+            self.housekeeper.round()  # recover what a dead worker left before the first claim
+        except redis.RedisError as exc:  # Redis slow or away: the housekeeper's next round (1 s) does it
+            logger.warning("first housekeeping round failed: %s", exc)
         self.housekeeper.start()
         self.worker.start()
         _name_os_threads(self.worker)
