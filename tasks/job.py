@@ -65,6 +65,21 @@ class Constraint(BaseModel):
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # a message's `name`, as OpenAI's API checks it
 
 
+class Picture(BaseModel):
+    """An image in a message (tasks/images.py): its digest, where it sits in the message's text (before the
+    character at `at`), and, once read at the door, its format and size. Its bytes travel with it to admission,
+    which keeps them in Redis under the digest; they are never part of the job's record."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    at: int = Field(0, ge=0)
+    mime: str | None = None
+    width: int | None = None
+    height: int | None = None
+    data: bytes | None = Field(None, exclude=True, repr=False)
+
+
 class Message(BaseModel):
     """One chat message: an assistant's may hold the tool calls it made; a tool's answers one of them. `name`
     tells participants of one role apart (worker/chat_prompt.py shows it to the model)."""
@@ -76,6 +91,20 @@ class Message(BaseModel):
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = Field(None, pattern=NAME_PATTERN)
+    images: tuple[Picture, ...] = ()  # in the order they come in the message
+
+    def parts(self) -> list[tuple[str, str]]:
+        """Its text and its images in order: ("text", words) and ("image", digest)."""
+        out: list[tuple[str, str]] = []
+        at = 0
+        for p in sorted(self.images, key=lambda p: p.at):
+            if p.at > at:
+                out.append(("text", self.content[at : p.at]))
+            out.append(("image", p.digest))
+            at = max(at, p.at)
+        if at < len(self.content) or not out:
+            out.append(("text", self.content[at:]))
+        return out
 
 
 def history_digest(cache_key: tuple[str, str], messages: Iterable[Message]) -> str:
@@ -83,7 +112,10 @@ def history_digest(cache_key: tuple[str, str], messages: Iterable[Message]) -> s
     worker, for the history a completed chat leaves in its prefix cache (its messages, then its answer), which
     finish.lua records against its device; and by a follow-up's admission (its messages but the last), to be
     steered there. The one way both name it."""
-    parts = [*cache_key, *(f"{m.role}\n{m.content}" for m in messages)]
+    parts = [
+        *cache_key,
+        *(f"{m.role}\n{m.content}" + "".join(f"\n{p.digest}@{p.at}" for p in m.images) for m in messages),
+    ]
     return hashlib.sha1("".join(f"{part}{HISTORY_SEP}" for part in parts).encode()).hexdigest()
 
 

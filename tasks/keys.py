@@ -35,6 +35,8 @@ ADDRESS_PREFIX = NS + "address:"  # set, in local mode: the browser visitors of 
 
 FILE_PREFIX = NS + "file:"  # hash, kept ONELANE_FILE_RETENTION: an uploaded file's record (tasks/files.py)
 FILE_DATA_PREFIX = NS + "file-data:"  # string, the same TTL: the file's bytes
+IMAGE_PREFIX = NS + "image:"  # string: an image's bytes by their SHA-256 (tasks/images.py), kept while a job holding it
+#                                may wait and run: its TTL + ONELANE_JOB_TIME_LIMIT, renewed by each admission holding it
 USER_FILES_PREFIX = NS + "files:"  # sorted set: one user's file ids by upload time (expired ids trimmed at upload)
 
 BATCH_PREFIX = NS + "batch:"  # hash: a batch's record (tasks/batches.py); kept its completion window + the retention
@@ -161,6 +163,10 @@ LUA_NAMES: dict[str, str | int] = {
 
 def file(file_id: str) -> str:
     return FILE_PREFIX + file_id
+
+
+def image(digest: str) -> str:
+    return IMAGE_PREFIX + digest
 
 
 def file_data(file_id: str) -> str:

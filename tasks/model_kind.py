@@ -4,7 +4,8 @@ where the files do not say), read without loading it: the web routes each reques
 - `embed`, an embedding model: sentence-transformers' `modules.json` names a Pooling module (Qwen3-Embedding,
   EmbeddingGemma), or the folder has `1_Pooling/config.json`;
 - `rerank`, a cross-encoder: the config's `architectures` name a sequence classifier (`…ForSequenceClassification`);
-- `generate`, anything else: a text generator, loaded by mlx_lm.load.
+- `generate`, anything else: a text generator, loaded by mlx_lm.load; one whose config has a `vision_config`
+  (`reads_images`) is a vision-language model, loaded by mlx-vlm, whose prompts may hold images.
 
 An embedding model and a reranker run no decode steps: their jobs are read in one forward pass each, beside the
 batch (worker/pooling.py), never in it.
@@ -43,6 +44,17 @@ def _kind_of(folder: str) -> Kind:
     if isinstance(architectures, list) and any(str(a).endswith("ForSequenceClassification") for a in architectures):
         return "rerank"
     return "generate"
+
+
+def reads_images(folder: str) -> bool:
+    """Whether the model in `folder` is a vision-language model (its config.json has a `vision_config`)."""
+    return _reads_images(str(Path(folder).resolve()))
+
+
+@lru_cache(maxsize=256)
+def _reads_images(folder: str) -> bool:
+    config = _read(Path(folder) / "config.json")
+    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
 
 
 def _pools(module: object) -> bool:

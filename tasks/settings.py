@@ -38,6 +38,9 @@ ENV_NAMES: dict[str, str] = {
     "max_tokens_limit": "ONELANE_MAX_TOKENS_LIMIT",
     "default_max_tokens": "ONELANE_DEFAULT_MAX_TOKENS",
     "max_prompt_chars": "ONELANE_MAX_PROMPT_CHARS",
+    "image_max_bytes": "ONELANE_IMAGE_MAX_BYTES",
+    "image_max_pixels": "ONELANE_IMAGE_MAX_PIXELS",
+    "max_images": "ONELANE_MAX_IMAGES",
     "max_batch": "ONELANE_MAX_BATCH",
     "kv_budget_tokens": "ONELANE_KV_BUDGET",
     "prefill_step": "ONELANE_PREFILL_STEP",
@@ -142,6 +145,11 @@ class Settings(BaseModel):
     max_tokens_limit: int = Field(4096, ge=1, le=1_000_000)
     default_max_tokens: int = Field(256, ge=1, le=1_000_000)
     max_prompt_chars: int = Field(32_000, ge=1, le=10_000_000)
+    # images in a prompt (tasks/images.py), for a model that reads them: each image's bytes and pixels, and how many
+    # one request holds (a request's body may grow by their base64 text, for a server that serves such a model)
+    image_max_bytes: int = Field(8 * 2**20, ge=1024, le=64 * 2**20)
+    image_max_pixels: int = Field(4096 * 4096, ge=64, le=100_000_000)
+    max_images: int = Field(4, ge=1, le=64)
     max_batch: int = Field(32, ge=1, le=256)
     kv_budget_tokens: int = Field(65_536, ge=1, le=100_000_000)
     prefill_step: int = Field(128, ge=16, le=65_536)

@@ -37,8 +37,12 @@ def create_app(settings: Settings | None = None) -> Flask:
     settings = settings or Settings.from_env()
     app = Flask(__name__)
     # The longest allowed prompt at 12 bytes a character (JSON writes an emoji as "\ud83d\ude00", a form as 4 %XX),
-    # plus 64 KiB for the rest (stop strings, message framing); larger bodies get a 413.
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_prompt_chars * 12 + 64 * 1024
+    # plus 64 KiB for the rest (stop strings, message framing), plus, where a model reads images, as many as a request
+    # may hold in base64; larger bodies get a 413.
+    images = (
+        settings.max_images * (settings.image_max_bytes * 4 // 3 + 4) if any(m.vision for m in settings.catalog) else 0
+    )
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_prompt_chars * 12 + 64 * 1024 + images
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.secret_key = settings.secret_key or _stored_secret(settings.var_dir / "secret_key")
     app.config.update(SESSION_COOKIE_SAMESITE="Lax", SESSION_COOKIE_HTTPONLY=True)

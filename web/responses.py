@@ -33,6 +33,17 @@ class TokenUsage(Answer):
 JOB_SPEC_FIELDS = {"model", "priority", "prompt", "messages", "params"}  # what a job's body shows of its spec
 
 
+class JobImage(Answer):
+    """An image a message held: its SHA-256, where it sat in the message's text, its format and size. (Its bytes are
+    not kept with the job.)"""
+
+    digest: str
+    at: int
+    mime: str | None
+    width: int | None
+    height: int | None
+
+
 class JobMessage(Answer):
     """A message of a job's conversation as it was sent: `tool_calls`, `tool_call_id` and `name` only where it has
     them."""
@@ -49,6 +60,9 @@ class JobMessage(Answer):
     )
     name: str | None = Field(
         None, exclude_if=lambda value: value is None, description="the participant's name, where it was given"
+    )
+    images: list[JobImage] = Field(
+        default_factory=list, exclude_if=lambda images: not images, description="a user's: the images it held"
     )
 
 

@@ -11,12 +11,14 @@ from flask import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tasks.errors import Forbidden, InvalidJSON, InvalidRequest, ModelNotFound, PromptTooLarge
-from tasks.job import JobSpec, Message, Pooled, Priority, ResponseFields, SamplingParams
+from tasks.images import checked
+from tasks.job import NAME_PATTERN, JobSpec, Message, Pooled, Priority, ResponseFields, SamplingParams
 from tasks.model_kind import NAMES, Kind
 from tasks.settings import Settings
-from tasks.structured import Constraint, Tool, json_constraint
+from tasks.structured import Constraint, Tool, ToolCall, json_constraint
 from tasks.users import User
 from web.body import raw as body_bytes
+from web.content import Content, read_content
 
 
 def int_is_a_float(value: Any) -> Any:
@@ -64,6 +66,30 @@ class ResponseFormat(BaseModel):
         return json_constraint(self.json_schema.schema_, "response_format.json_schema.schema")
 
 
+class SubmitMessage(BaseModel):
+    """A message of a /v1/jobs conversation: the job's own message record, whose content may also be parts of text
+    and images (as chat completions take it)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Content
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = Field(None, pattern=NAME_PATTERN)
+
+    def to_message(self, i: int) -> Message:
+        text, images = read_content(self.content, self.role, f"messages.{i}.content")
+        return Message(
+            role=self.role,
+            content=text,
+            tool_calls=tuple(self.tool_calls),
+            tool_call_id=self.tool_call_id,
+            name=self.name,
+            images=images,
+        )
+
+
 class SubmitJob(BaseModel):
     """POST /v1/jobs: exactly one of prompt or messages, plus sampling options; the model and the priority class
     default to the server's default model and the caller's own class."""
@@ -87,7 +113,7 @@ class SubmitJob(BaseModel):
         "guaranteed share; default: the caller's own class",
     )
     prompt: str | None = None
-    messages: list[Message] | None = Field(None, min_length=1)
+    messages: list[SubmitMessage] | None = Field(None, min_length=1)
     max_tokens: int | None = Field(None, ge=1, description="default: the server's ONELANE_DEFAULT_MAX_TOKENS")
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -205,30 +231,10 @@ def parse(model: type[BaseModel], body: dict[str, Any]) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        _refuse_images(body)
         errors = exc.errors()
         where = _field_path(errors[0]["loc"], body)
         message = "; ".join(f"{_field_path(e['loc'], body) or 'body'}: {e['msg']}" for e in errors[:5])
         raise InvalidRequest(message, param=where or None) from None
-
-
-IMAGE_PARTS = ("image_url", "input_image", "image")  # a chat's, a response's and Anthropic's picture
-
-
-def _refuse_images(body: dict[str, Any]) -> None:
-    """A message's image part, refused by name: said as pydantic's errors about the text parts it is not, nothing
-    would say "image". (mlx-lm's models read text.)"""
-    for field in ("messages", "input"):
-        items = body.get(field)
-        for i, item in enumerate(items if isinstance(items, list) else ()):
-            parts = item.get("content") if isinstance(item, dict) else None
-            for j, part in enumerate(parts if isinstance(parts, list) else ()):
-                if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
-                    raise InvalidRequest(
-                        f"{field}[{i}].content[{j}]: images are not supported by this model (a text-only model); "
-                        "send text parts only",
-                        param=f"{field}.{i}.content.{j}",
-                    )
 
 
 def _field_path(loc: tuple[int | str, ...], body: Any) -> str:
@@ -252,7 +258,7 @@ def to_spec(req: SubmitJob, owner: str, settings: Settings, watched: bool = Fals
         stop=tuple(req.stop or ()),
         ignore_eos=req.ignore_eos,
     )
-    messages = tuple(req.messages) if req.messages is not None else None
+    messages = tuple(m.to_message(i) for i, m in enumerate(req.messages)) if req.messages is not None else None
     return make_spec(
         owner,
         settings,
@@ -331,6 +337,8 @@ def make_spec(
         )
     if params.max_tokens > settings.max_tokens_limit:
         raise InvalidRequest(f"max_tokens may be at most {settings.max_tokens_limit}", param="max_tokens")
+    if messages and any(m.images for m in messages):
+        messages = _read_images(settings, model, messages)
     ttl_s = _ttl(settings, ttl_s)
     spec = JobSpec(
         owner=owner,
@@ -346,6 +354,20 @@ def make_spec(
         tools=tools,
     )
     return spec, ttl_s
+
+
+def _read_images(settings: Settings, model: str, messages: tuple[Message, ...]) -> tuple[Message, ...]:
+    """The messages' images, read and bounded (tasks/images.py), for a model that reads images; else a 400 that
+    names the model and those that do."""
+    config = settings.model_named(model)
+    if config is None or not config.vision:
+        seeing = ", ".join(f"'{m.name}'" for m in settings.catalog if m.vision)
+        raise InvalidRequest(
+            f"the model '{model}' reads text only: it cannot read the images in this request; "
+            + (f"models that read images: {seeing}" if seeing else "this server serves no model that reads images"),
+            param="messages",
+        )
+    return checked(messages, settings.image_max_bytes, settings.image_max_pixels, settings.max_images, "messages")
 
 
 def make_pooled_spec(

@@ -16,7 +16,9 @@ A step, in order:
    BatchGenerator draws one); its KV state holds every token but that last one;
 3. prefill: the sequences reading their prompts (at most `prefill_batch` at once, in order of arrival) read their
    next chunk of at most `prefill_step` tokens each, side by side (padded to the longest chunk); those with only
-   their last token left join the decode rows.
+   their last token left join the decode rows. A prompt with images reads beside them, one at a time, in chunks of
+   its input embeddings (its images as the vision model sees them, computed as it was inserted): the others go on
+   decoding while it reads, and it joins the decode rows as any other.
 
 Per sequence: its sampler, its logits processors (called with every token in its KV cache and the one being read),
 its stop tokens and its max_tokens.
@@ -65,6 +67,10 @@ class Row:
     stops: frozenset[int]
     generated: int = 0
     emits: bool = False  # whether the token it reads in the next decode step is one it drew (else: its prompt's)
+    # a prompt with images (worker/vision.py): the input embeddings of its unread tokens but the last, and their ids
+    # as the model knows them (its own `unread` names each image's tokens by the image's digest)
+    embeds: mx.array | None = None
+    ids: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,7 @@ class ContinuousBatch:
         self.work = Work()
         self._uids = 0
         self._waiting: deque[Row] = deque()  # inserted, not reading yet
+        self._seeing: deque[Row] = deque()  # prompts with images, inserted; the first reads (on its own cache)
         self._reading: list[Row] = []  # reading their prompts, side by side
         self._reading_cache: list[Any] = []  # their batched KV cache (one per layer), [] while none reads
         self._rows: list[Row] = []  # decode rows, in the order of `_cache`'s batch and of `_next`
@@ -120,7 +127,7 @@ class ContinuousBatch:
             self._wired = None
 
     def __len__(self) -> int:
-        return len(self._waiting) + len(self._reading) + len(self._rows)
+        return len(self._waiting) + len(self._seeing) + len(self._reading) + len(self._rows)
 
     # --- joining and leaving -------------------------------------------------------------------------------
 
@@ -133,9 +140,12 @@ class ContinuousBatch:
         stops: frozenset[int] = frozenset(),
         cache: list[Any] | None = None,
         cached: list[int] | None = None,
+        embeds: mx.array | None = None,
+        ids: list[int] | None = None,
     ) -> int:
         """A sequence that reads `prompt` (after the `cached` tokens its `cache` holds), then draws up to
-        `max_tokens`; returns its uid."""
+        `max_tokens`; returns its uid. With `embeds`, the input embeddings of the prompt's tokens but its last, and
+        `ids`, those tokens as the model knows them: a prompt with images."""
         if not prompt:
             raise ValueError("a sequence needs at least one token to read")
         if max_tokens <= 0:
@@ -143,11 +153,21 @@ class ContinuousBatch:
         uid, self._uids = self._uids, self._uids + 1
         own = cache if cache is not None else make_prompt_cache(self.model, self.max_kv_size)
         row = Row(uid, own, list(cached or []), list(prompt), max_tokens, sampler, tuple(processors), stops)
-        self._waiting.append(row)
+        if embeds is not None and len(prompt) > 1:
+            row.embeds, row.ids = embeds, list(ids or prompt)
+            self._seeing.append(row)
+        else:
+            self._waiting.append(row)
         return uid
 
     def find(self, uid: int) -> tuple[str, int] | None:
-        for where, rows in (("waiting", self._waiting), ("reading", self._reading), ("decoding", self._rows)):
+        places = (
+            ("waiting", self._waiting),
+            ("seeing", self._seeing),
+            ("reading", self._reading),
+            ("decoding", self._rows),
+        )
+        for where, rows in places:
             for i, row in enumerate(rows):
                 if row.uid == uid:
                     return where, i
@@ -159,8 +179,8 @@ class ContinuousBatch:
         if found is None:
             return None
         where, i = found
-        if where == "waiting":
-            row = self._waiting[i]
+        if where in ("waiting", "seeing"):
+            row = (self._waiting if where == "waiting" else self._seeing)[i]
             return _copy.deepcopy(row.cache or []), list(row.tokens)
         if where == "reading":
             return self._take(self._reading_cache, i, copy=True), list(self._reading[i].tokens)
@@ -171,6 +191,7 @@ class ContinuousBatch:
         kept = {uid: found for uid in uids if keep and (found := self.extract(uid)) is not None}
         gone = set(uids)
         self._waiting = deque(r for r in self._waiting if r.uid not in gone)
+        self._seeing = deque(r for r in self._seeing if r.uid not in gone)
         self._reading, self._reading_cache = self._filtered(self._reading, self._reading_cache, gone)
         stay = [i for i, r in enumerate(self._rows) if r.uid not in gone]
         if len(stay) < len(self._rows):
@@ -211,6 +232,7 @@ class ContinuousBatch:
             self.work.decode_s += time.perf_counter() - started
             started = time.perf_counter()
             self._prefill()
+            self._see()
             self.work.prefill_s += time.perf_counter() - started
         return emitted
 
@@ -312,6 +334,28 @@ class ContinuousBatch:
         self.work.padded_prefill = len(chunks) * longest
         self._to_decode([i for i, r in enumerate(self._reading) if len(r.unread) == 1])
 
+    def _see(self) -> None:
+        """The first prompt with images reads its next chunk, on its own cache, from its input embeddings; with only
+        its last token left, it joins the decode rows. (Alone: once nothing else runs.)"""
+        if not self._seeing or (self.batching == "alone" and (self._reading or self._rows)):
+            return
+        row = self._seeing[0]
+        assert row.embeds is not None and row.ids is not None and row.cache is not None
+        n = min(self.prefill_step, len(row.unread) - 1)
+        if n > 0:
+            self.model(mx.array([row.ids[:n]]), cache=row.cache, inputs_embeds=row.embeds[None, :n])
+            mx.eval([c.state for c in row.cache])
+            mx.clear_cache()
+            row.tokens += row.unread[:n]
+            del row.unread[:n], row.ids[:n]
+            row.embeds = row.embeds[n:]
+            self.work.prompt_tokens += n
+        if len(row.unread) == 1:
+            self._seeing.popleft()
+            row.embeds = row.ids = None
+            cache, row.cache = row.cache, None
+            self._join_decode([row], self._merge([cache]))
+
     def _own_cache(self, i: int) -> list[Any]:
         """A reader's KV cache, out of the batched one (a fresh one if it holds nothing yet: a one-token prompt)."""
         if not self._reading[i].tokens:
@@ -321,7 +365,7 @@ class ContinuousBatch:
     def _admit_readers(self) -> None:
         """Waiting sequences start reading, in order, while fewer than `prefill_batch` read."""
         n = min(self.prefill_batch - len(self._reading), len(self._waiting))
-        if n <= 0 or (self.batching == "alone" and (self._reading or self._rows)):
+        if n <= 0 or (self.batching == "alone" and (self._reading or self._rows or self._seeing)):
             return
         joining = [self._waiting.popleft() for _ in range(n)]
         merged = self._merge([r.cache or [] for r in joining])
@@ -341,6 +385,10 @@ class ContinuousBatch:
         moving = [self._reading[i] for i in indices]
         merged = self._merge([self._own_cache(i) for i in indices])
         self._reading, self._reading_cache = self._filtered(self._reading, self._reading_cache, {r.uid for r in moving})
+        self._join_decode(moving, merged)
+
+    def _join_decode(self, moving: list[Row], merged: list[Any]) -> None:
+        """Rows whose prompt is read but its last token join the decode rows, with their (merged) KV caches."""
         last = mx.array([r.unread.pop() for r in moving])
         if self._cache:
             for mine, theirs in zip(self._cache, merged):

@@ -16,7 +16,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,8 +210,11 @@ class Engine:
             self.model, self.prefill_step, min(self.max_batch, PREFILL_BATCH), self.max_kv_size, self.batching
         )
 
-    def prompt_tokens(self, spec: JobSpec) -> list[int]:
-        """The prompt as the model reads it; InvalidPrompt if that is no token at all."""
+    def prompt_tokens(self, spec: JobSpec, images: Mapping[str, bytes] | None = None) -> list[int]:
+        """The prompt as the model reads it; InvalidPrompt if that is no token at all. (`images`: the bytes of the
+        images its messages hold, by digest, for a model that reads them: worker/vision.py.)"""
+        if any(m.images for m in spec.messages or ()):  # (admitted under an older models file: the web checks it)
+            raise InvalidPrompt(f"the model {self.name} reads text only: it cannot read the images in this request")
         if spec.messages is not None:
             messages, tools = chat_input(spec.messages, spec.tools, self.tokenizer)
             extra = {"tools": tools} if tools else {}
@@ -244,6 +247,7 @@ class Engine:
         if params.penalized or params.logprobs:
             sampler = Draw(params, sampler, generated, self.vocab, self._fresh if params.logprobs else None)
         prompt = [*prompt, *generated]
+        embeds, ids = self.embeddings(prompt, cached if cache is not None else 0)
         uid = self._batch.insert(
             prompt[cached:],
             params.max_tokens - len(generated),
@@ -252,11 +256,18 @@ class Engine:
             frozenset() if params.ignore_eos else self.eos,
             cache,
             prompt[:cached] if cache is not None else None,
+            embeds,
+            ids,
         )
         self._uids.add(int(uid))
         if isinstance(sampler, Draw) and params.logprobs:
             self._draws[int(uid)] = sampler
         return int(uid)
+
+    def embeddings(self, prompt: list[int], cached: int) -> tuple[mx.array | None, list[int] | None]:
+        """For a prompt with images still to read (after its first `cached` tokens): the input embeddings of the rest
+        but its last token, and their ids as the model knows them (worker/vision.py); a text model reads ids."""
+        return None, None
 
     def extract(self, uid: int, keep: int) -> list[Any] | None:
         """A copy of a sequence's KV cache, cut to its first `keep` tokens (the sequence stays in the batch); None if

@@ -126,7 +126,11 @@ class ModelPool:
         started = time.perf_counter()
         try:
             prepare(config)  # a GGUF is imported into its folder the first time
-            if config.kind == "generate":
+            if config.kind == "generate" and config.vision:  # a vision-language model: mlx-vlm loads it
+                from worker.vision import VisionEngine
+
+                engine = VisionEngine.load(config, self._max_batch(config), self.settings.prefill_step, lock=self.lock)
+            elif config.kind == "generate":
                 engine = Engine.load(config, self._max_batch(config), self.settings.prefill_step, lock=self.lock)
             else:  # an embedding model or a reranker: no batch, no decode steps to time
                 engine = Pooler.load(config)

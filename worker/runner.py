@@ -218,8 +218,9 @@ class Runner:
         if isinstance(engine, Pooler):  # (admitted under an older models file: the web routes each kind)
             why = f"the model {job.spec.model} is {NAMES[engine.kind]}: it generates no text"
             return Head(job.id, [], 0, claim.solo, invalid=("model_unavailable", why))
+        digests = [p.digest for m in job.spec.messages or () for p in m.images]
         try:
-            tokens = engine.prompt_tokens(job.spec)
+            tokens = engine.prompt_tokens(job.spec, self.store.images(digests) if digests else None)
         except InvalidPrompt as exc:
             return Head(job.id, [], 0, claim.solo, invalid=(exc.type, exc.message))
         except Exception:  # the details are for the operator's log, not for the client

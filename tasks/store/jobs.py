@@ -128,6 +128,7 @@ class Store:
         texts = [spec.prompt] if spec.prompt is not None else [m.content for m in spec.messages or ()]
         if spec.pooled is not None:  # (token ids count as a character each)
             texts = [spec.pooled.query or "", *(t if isinstance(t, str) else " " * len(t) for t in spec.pooled.texts)]
+        self._keep_images(spec, math.ceil(ttl_s + s.job_time_limit_s))
         verdict, *rest = self.scripts.run(
             "admit",
             owner=spec.owner,
@@ -174,6 +175,18 @@ class Store:
             )
             for (job_id, one), position, eta_s in zip(jobs, positions, etas)
         ]
+
+    def _keep_images(self, spec: JobSpec, keep_s: int) -> None:
+        """Keep the bytes of the images a job's messages hold (before it is admitted: a worker may claim it at once)
+        for as long as it may wait and run; an image kept already lives on at least as long."""
+        pictures = {p.digest: p.data for m in spec.messages or () for p in m.images if p.data is not None}
+        if not pictures:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for digest, data in pictures.items():
+            pipe.set(keys.image(digest), data, ex=keep_s, nx=True)
+            pipe.expire(keys.image(digest), keep_s, gt=True)
+        pipe.execute()
 
     def keep_watching(self, job: Job) -> None:
         """Renew a watched, waiting job's lease: its client (a stream, or polling) is still there."""

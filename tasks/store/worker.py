@@ -101,6 +101,13 @@ class WorkerStore:
         self.worker = worker
         self._claim_token = ""  # the claim sent and not yet answered, if any
 
+    def images(self, digests: list[str]) -> dict[str, bytes]:
+        """The bytes of the images kept under these digests (one no longer kept is left out)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for digest in digests:
+            pipe.execute_command("GET", keys.image(digest), NEVER_DECODE=True)
+        return {d: data for d, data in zip(digests, pipe.execute()) if data is not None}
+
     def take_device(self, report: BatchReport | None = None) -> str:
         """Take this device's lease for this worker (or renew it): 'ok', or the id of the worker holding it."""
         return self._lease("take", report)

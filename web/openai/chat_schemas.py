@@ -11,15 +11,9 @@ from tasks.errors import InvalidRequest
 from tasks.job import NAME_PATTERN, TOP_LOGPROBS_MOST, JobSpec, Message
 from tasks.settings import Settings
 from tasks.structured import Constraint, Tool, ToolCall
+from web.content import Content, read_content
 from web.openai.sampling import CHOICES_MOST, Sampling
 from web.openai.schemas import STRICT, structure
-
-
-class TextPart(BaseModel):
-    model_config = STRICT
-
-    type: Literal["text"]
-    text: str
 
 
 class ToolCallFunction(BaseModel):
@@ -45,7 +39,7 @@ class ChatMessage(BaseModel):
     model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: Content | None = None
     name: str | None = Field(
         None, pattern=NAME_PATTERN, description="the participant's name, shown to the model with the message"
     )
@@ -54,7 +48,7 @@ class ChatMessage(BaseModel):
     refusal: str | None = None  # an assistant's message sent back as it came
 
     def to_message(self) -> Message:
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
+        content, images = read_content(self.content, self.role, "messages")
         calls = tuple(
             ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments) for c in self.tool_calls or ()
         )
@@ -66,6 +60,7 @@ class ChatMessage(BaseModel):
             tool_calls=calls,
             tool_call_id=self.tool_call_id,
             name=self.name,
+            images=images,
         )
 
 

@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag
 
+from tasks.errors import InvalidRequest
+from tasks.images import assemble
 from tasks.job import Job, Message
 from tasks.structured import ToolCall, call_id, read_calls
 from web.openai.schemas import STRICT
@@ -23,6 +25,17 @@ class InputContent(BaseModel):
     logprobs: list[Any] | None = None
 
 
+class InputImage(BaseModel):
+    """An image in a user's input message, for a model that reads images (tasks/images.py bounds it)."""
+
+    model_config = STRICT
+
+    type: Literal["input_image"]
+    image_url: str | None = Field(None, description="a data: URL (data:image/png;base64,…); http(s) is not fetched")
+    file_id: str | None = None  # (refused: an image is sent inline)
+    detail: Literal["auto", "low", "high"] | None = None
+
+
 class InputMessage(BaseModel):
     """One message of a response's `input` (an "easy input message", or an item of type `message`)."""
 
@@ -30,13 +43,26 @@ class InputMessage(BaseModel):
 
     type: Literal["message"] | None = None
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[InputContent]
+    content: str | list[InputContent | InputImage]
     id: str | None = None  # an earlier output item's, sent back as it came
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
     def to_message(self) -> Message:
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return Message(role="system" if self.role == "developer" else self.role, content=content)
+        parts = [("text", self.content)] if isinstance(self.content, str) else [_part(p) for p in self.content]
+        content, images = assemble(parts, "input")
+        if images and self.role != "user":
+            raise InvalidRequest("only a user's message may hold images", param="input")
+        return Message(role="system" if self.role == "developer" else self.role, content=content, images=images)
+
+
+def _part(part: InputContent | InputImage) -> tuple[str, str]:
+    if isinstance(part, InputContent):
+        return ("text", part.text)
+    if part.image_url is None:
+        raise InvalidRequest(
+            "an input_image is sent inline, as image_url (a data: URL); file_id is not read", param="input"
+        )
+    return ("image", part.image_url)
 
 
 class FunctionCallInput(BaseModel):

@@ -1,0 +1,112 @@
+"""Images in a prompt, as clients send them and as the server checks them, before any reaches the worker.
+
+An image comes inline, as a `data:` URL (`data:image/png;base64,…`). An `http(s)` URL is refused by name: a server
+that fetches any URL a client names is a hole into the network it sits in (SSRF), and onelane fetches none.
+
+Each image is checked at the door, by reading its header and then decoding it (Pillow), in the web process:
+- its bytes, at most ONELANE_IMAGE_MAX_BYTES;
+- its format, one of PNG, JPEG, WebP and GIF (what the content says, whatever the URL's MIME type claims);
+- its pixels, width × height at most ONELANE_IMAGE_MAX_PIXELS, read from the header before anything is decoded (a
+  decompression bomb, a few KiB that would decode to gigabytes, is refused without being decoded);
+- an animated image (GIF, WebP) is read as its first frame;
+- it decodes whole (a truncated or corrupt file is a 400, not a worker's failure).
+A request holds at most ONELANE_MAX_IMAGES images.
+
+What the job records is each image's digest (SHA-256 of its bytes) and its place in the message's text; the bytes
+go to Redis under that digest (tasks/keys.py `image`) for as long as the job may run, and the worker reads them from
+there. The digest is also what names the image in the prefix cache: a follow-up about the same image reads no
+pixels again.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import re
+import warnings
+
+from tasks.errors import InvalidRequest, PromptTooLarge
+from tasks.job import Message, Picture
+
+FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
+_DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(?:;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,")
+
+
+def picture(url: str, at: int, param: str) -> Picture:
+    """The image a content part's URL holds, at character `at` of its message's text (its bytes kept with it, not
+    recorded), or InvalidRequest naming `param`. Only its encoding is checked here; `checked` reads the image."""
+    if not isinstance(url, str) or not url:
+        raise InvalidRequest("an image part needs a URL: data:image/png;base64,…", param=param)
+    scheme = url.split(":", 1)[0].lower()
+    if scheme in ("http", "https"):
+        raise InvalidRequest(
+            "image URLs over http(s) are not fetched by this server (it fetches no URL a client names); "
+            "send the image inline, as a data: URL (data:image/png;base64,…)",
+            param=param,
+        )
+    match = _DATA_URL.match(url)
+    if scheme != "data" or match is None or match["b64"] is None:
+        raise InvalidRequest("an image is sent as a base64 data: URL (data:image/png;base64,…)", param=param)
+    try:
+        data = base64.b64decode(url[match.end() :], validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidRequest("the image's data: URL is not valid base64", param=param) from None
+    if not data:
+        raise InvalidRequest("the image is empty", param=param)
+    return Picture(digest=hashlib.sha256(data).hexdigest(), at=at, data=data)
+
+
+def assemble(parts: list[tuple[str, str]], param: str) -> tuple[str, tuple[Picture, ...]]:
+    """A message's text and images from its content parts in order: ("text", words) or ("image", url)."""
+    text, pictures = "", []
+    for kind, value in parts:
+        if kind == "image":
+            pictures.append(picture(value, len(text), param))
+        else:
+            text += value
+    return text, tuple(pictures)
+
+
+def checked(
+    messages: tuple[Message, ...], max_bytes: int, max_pixels: int, max_images: int, param: str
+) -> tuple[Message, ...]:
+    """The messages, each image read and bounded (see the module's docstring), its format and size recorded;
+    InvalidRequest (or PromptTooLarge for one too large) naming `param` otherwise."""
+    count = sum(len(m.images) for m in messages)
+    if count > max_images:
+        raise InvalidRequest(f"the request holds {count} images; this server takes at most {max_images}", param=param)
+    return tuple(
+        m.model_copy(update={"images": tuple(_read(p, max_bytes, max_pixels, param) for p in m.images)})
+        if m.images
+        else m
+        for m in messages
+    )
+
+
+def _read(p: Picture, max_bytes: int, max_pixels: int, param: str) -> Picture:
+    from PIL import Image  # (the web's only use of Pillow: imported when an image comes)
+
+    data = p.data or b""
+    if len(data) > max_bytes:
+        raise PromptTooLarge(f"an image has {len(data)} bytes; this server takes at most {max_bytes}", param=param)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data), formats=tuple(FORMATS))
+            width, height = image.size
+            if width * height > max_pixels:  # from the header: nothing decoded yet
+                raise PromptTooLarge(
+                    f"an image is {width}x{height} pixels; this server takes at most {max_pixels} pixels an image",
+                    param=param,
+                )
+            image.load()  # decoded whole (its first frame): a truncated or corrupt file fails here
+    except PromptTooLarge:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise PromptTooLarge("an image decodes to more pixels than this server takes", param=param) from None
+    except Exception:  # not an image of an accepted format, truncated, corrupt
+        accepted = ", ".join(FORMATS)
+        raise InvalidRequest(f"an image could not be read: it must be a whole {accepted} file", param=param) from None
+    return p.model_copy(update={"mime": FORMATS[str(image.format)], "width": width, "height": height})

@@ -1,0 +1,228 @@
+"""A vision-language model in the batch: mlx-vlm's model and processor, read as mlx-vlm's own generate reads them.
+
+A prompt with images is rendered by the processor's chat template (each image a `{"type": "image"}` part where the
+message holds it), then tokenized and its images prepared by the processor, which writes each image as its run of
+image tokens. Its input embeddings (the vision tower's features in place of those tokens, the rest the token
+embeddings) come from the model's `get_input_embeddings`, once, as the job joins; the batch reads them in chunks
+beside the others' decode steps (worker/continuous.py), and from then on the sequence decodes as any other, through
+the language model.
+
+What the batch and the prefix cache see of an image is its digest: the ids of its tokens are replaced by one id
+past the vocabulary that names the image (`keyed`), so that two prompts alike but for their image never share a
+cached prefix, and a follow-up about the same image, whose prefix is cached, reads no pixels again. The engine keeps
+the processor's output for the images it saw last (by their digests), from which a prompt's embeddings can be made
+again (a job handed back, a grammar's forced tokens read after its prompt).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
+
+from tasks.catalogue import ModelConfig
+from tasks.errors import InvalidPrompt
+from tasks.job import JobSpec
+from worker.chat_prompt import chat_input
+from worker.engine import Engine, with_dtype
+
+logger = logging.getLogger(__name__)
+
+KEPT = 64  # prompts' processed images kept, by their digests (the newest)
+NOT_INPUTS = ("input_ids", "attention_mask")  # what of mlx-vlm's prepared inputs is no image's
+
+
+class TextModel(nn.Module):
+    """A vision-language model's language model as the batch drives an mlx-lm model: token ids (or input
+    embeddings) in, logits out, its layers and its caches."""
+
+    def __init__(self, vlm: nn.Module) -> None:
+        super().__init__()
+        self.vlm = vlm
+
+    def __call__(self, inputs: mx.array, cache: Any = None, inputs_embeds: mx.array | None = None) -> mx.array:
+        out = self.vlm.language_model(inputs, inputs_embeds=inputs_embeds, cache=cache)
+        return getattr(out, "logits", out)
+
+    @property
+    def layers(self) -> list[nn.Module]:
+        return self.vlm.language_model.layers  # type: ignore[no-any-return]
+
+    def make_cache(self) -> list[Any]:
+        from mlx_lm.models.cache import KVCache
+
+        language = self.vlm.language_model
+        return language.make_cache() if hasattr(language, "make_cache") else [KVCache() for _ in self.layers]
+
+
+class VisionEngine(Engine):
+    """An engine whose prompts may hold images (see the module's docstring)."""
+
+    def __init__(self, vlm: nn.Module, processor: Any, tokenizer: Any, name: str, **options: Any) -> None:
+        super().__init__(TextModel(vlm), tokenizer, name, **options)
+        self.vlm, self.processor = vlm, processor
+        self.image_token = int(_image_token(vlm.config))
+        self._seen: OrderedDict[tuple[int, ...], dict[str, mx.array]] = OrderedDict()
+        self.images_read = 0  # images its vision tower read (a prefix-cache hit reads none)
+
+    @classmethod
+    def load(  # type: ignore[override]
+        cls, model: ModelConfig, max_batch: int = 1, prefill_step: int = 512, lock: Any = None
+    ) -> VisionEngine:
+        """Load a vision-language model's folder (or hub id) with mlx-vlm, and its tokenizer as mlx-lm wraps one."""
+        from mlx_lm.tokenizer_utils import load as load_tokenizer
+        from mlx_vlm import load as load_vlm
+
+        started = time.perf_counter()
+        vlm, processor = load_vlm(model.path, trust_remote_code=model.trust_remote_code, revision=model.revision)
+        dtype = with_dtype(vlm, model.dtype)
+        folder = Path(getattr(vlm.config, "_name_or_path", "") or model.path)
+        tokenizer = load_tokenizer(
+            folder if folder.is_dir() else _folder_of(model.path), eos_token_ids=_eos(vlm.config, processor)
+        )
+        logger.info(
+            "model %s loaded from %s in %.2f s (%s; reads images)",
+            model.name,
+            model.path,
+            time.perf_counter() - started,
+            dtype,
+        )
+        return cls(
+            vlm,
+            processor,
+            tokenizer,
+            model.name,
+            max_batch=max_batch,
+            prefill_step=prefill_step,
+            lock=lock,
+            max_kv_size=model.max_kv_size,
+        )
+
+    def prompt_tokens(self, spec: JobSpec, images: Mapping[str, bytes] | None = None) -> list[int]:
+        digests = [p.digest for m in spec.messages or () for p in sorted(m.images, key=lambda p: p.at)]
+        if not digests:
+            return super().prompt_tokens(spec)
+        missing = [d for d in digests if d not in (images or {})]
+        if missing:
+            raise InvalidPrompt("an image of the request is no longer kept (its job outlived it): send it again")
+        assert spec.messages is not None and images is not None
+        messages, tools = chat_input(spec.messages, spec.tools, self.tokenizer)
+        offset = len(messages) - len(spec.messages)  # (a system message telling of tools may come first)
+        for i, m in enumerate(spec.messages):
+            if m.images:
+                turn = messages[i + offset]
+                words = turn["content"] if turn["content"] != m.content else None
+                turn["content"] = _content(m.parts(), words)
+        extra = {"tools": tools} if tools else {}
+        # rendered and prepared as mlx-vlm's generate does (its processors leave the template to their tokenizer)
+        text = self.processor.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **extra
+        )
+        inputs = prepare_inputs(
+            self.processor,
+            images=[_image(images[d]) for d in digests],
+            prompts=text,
+            image_token_index=self.image_token,
+            add_special_tokens=should_add_special_tokens(self.vlm.config.model_type, self.processor),
+        )
+        keyed = self._keyed([int(t) for t in np.asarray(inputs["input_ids"])[0]], digests)
+        self._keep(self._runs(keyed), {k: v for k, v in inputs.items() if k not in NOT_INPUTS})
+        return keyed
+
+    def embeddings(self, prompt: list[int], cached: int) -> tuple[mx.array | None, list[int] | None]:
+        if not any(t >= self.vocab for t in prompt[cached:-1]):
+            return None, None
+        runs = self._runs(prompt)
+        kept = self._seen.get(runs)
+        if kept is None:
+            raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
+        self._seen.move_to_end(runs)
+        ids = [self.image_token if t >= self.vocab else t for t in prompt]
+        self.images_read += len(runs)
+        rest = {k: v for k, v in kept.items() if k != "pixel_values"}
+        out = self.vlm.get_input_embeddings(
+            mx.array([ids]), kept.get("pixel_values"), mask=mx.ones((1, len(ids)), dtype=mx.int32), **rest
+        )
+        embeds = getattr(out, "inputs_embeds", out)[0, cached:-1]
+        mx.eval(embeds)
+        return embeds, ids[cached:]
+
+    def _keep(self, runs: tuple[int, ...], inputs: dict[str, mx.array]) -> None:
+        self._seen[runs] = inputs
+        self._seen.move_to_end(runs)
+        while len(self._seen) > KEPT:
+            self._seen.popitem(last=False)
+
+    def _keyed(self, ids: list[int], digests: list[str]) -> list[int]:
+        """The ids with each image's tokens named by the image (an id past the vocabulary, from its digest): the
+        image tokens in order, split evenly among the images (each image is as many tokens)."""
+        at = [i for i, t in enumerate(ids) if t == self.image_token]
+        if not at or len(at) % len(digests):
+            raise InvalidPrompt("the model's processor wrote the images' tokens in a way onelane cannot follow")
+        each = len(at) // len(digests)
+        keyed = list(ids)
+        for n, i in enumerate(at):
+            keyed[i] = self.vocab + int(digests[n // each][:15], 16)
+        return keyed
+
+    def _runs(self, keyed: list[int]) -> tuple[int, ...]:
+        """A keyed prompt's images, in order: the id naming each run of image tokens (what its kept inputs are
+        found by)."""
+        runs: list[int] = []
+        before = -1
+        for t in keyed:
+            if t >= self.vocab and t != before:
+                runs.append(t)
+            before = t
+        return tuple(runs)
+
+
+def _content(parts: list[tuple[str, str]], words: str | None) -> list[dict[str, str]]:
+    """A message's content as a processor's chat template reads it: its images as image parts, in place (its words
+    whole after them where the turn's text was rewritten, a speaker's name before it say)."""
+    images = [{"type": "image"} for kind, _ in parts if kind == "image"]
+    if words is not None:
+        return [*images, {"type": "text", "text": words}]
+    return [{"type": "image"} if kind == "image" else {"type": "text", "text": value} for kind, value in parts]
+
+
+def _image(data: bytes) -> Any:
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(data))
+    image.seek(0)  # an animated image: its first frame
+    return image.convert("RGB")
+
+
+def _image_token(config: Any) -> int:
+    for name in ("image_token_index", "image_token_id"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    raise ValueError("the model's config names no image token (image_token_index)")
+
+
+def _eos(config: Any, processor: Any) -> list[int] | None:
+    text = getattr(config, "text_config", None)
+    for source in (config, text):
+        value = getattr(source, "eos_token_id", None)
+        if isinstance(value, int):
+            return [value]
+        if isinstance(value, list) and value:
+            return [int(v) for v in value]
+    return None
+
+
+def _folder_of(path: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(path, local_files_only=True))
