@@ -328,7 +328,7 @@ def make_spec(
     priority = _priority(settings, owner, priority)
     size = len(prompt) if prompt is not None else sum(_chars(m) for m in messages or ())
     param = "prompt" if prompt is not None else "messages"
-    if size == 0:  # nothing to generate from: refused here rather than failed by the worker
+    if size == 0 and not any(m.images for m in messages or ()):  # nothing to generate from: refused here
         raise InvalidRequest("the prompt is empty" if prompt is not None else "every message is empty", param=param)
     size += sum(len(t.description) + len(json.dumps(t.parameters)) for t in tools)  # told to the model too
     if size > settings.max_prompt_chars:

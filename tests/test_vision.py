@@ -1,0 +1,346 @@
+"""Images in the prompt through the one lane (issue 49): tiny random-weight vision-language models (tests/tiny_vision.py:
+Gemma 3 and SmolVLM) served from one models file beside a text model, by the real worker, through the official
+clients unchanged.
+
+An answer about an image is mlx-vlm's own (`mlx_vlm.generate`, greedy, that prompt alone), token for token, whether
+it runs alone or joins a batch that goes on decoding; a follow-up about the same image reads no pixels; what a
+hostile client can send (a URL to fetch, a decompression bomb, too many or too large images, not an image) is refused
+at the door by name.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import random
+import struct
+import threading
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from PIL import Image
+
+from tasks.settings import Settings
+from tests.helpers import openai_chunks, wait_batch
+from tests.test_hostile_models import serve
+from tests.test_openai_batches import by_custom_id, jsonl, submit
+from tests.tiny_vision import build_gemma3, build_idefics3
+
+pytestmark = pytest.mark.timeout(300)
+
+QUESTION = "What is this?"
+VISION = ("gemma", "smolvlm")
+
+
+def png(color: str | tuple[int, int, int], size: tuple[int, int] = (64, 48)) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", size, color).save(out, "PNG")
+    return out.getvalue()
+
+
+def data_url(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def ask(image: bytes, text: str = QUESTION) -> list[dict[str, Any]]:
+    return [{"type": "image_url", "image_url": {"url": data_url(image)}}, {"type": "text", "text": text}]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("vision")
+    return {"gemma": build_gemma3(root / "gemma"), "smolvlm": build_idefics3(root / "smolvlm")}
+
+
+@pytest.fixture
+def settings(settings: Settings, folders: dict[str, Path], demo_model: Path, tmp_path: Path) -> Settings:
+    """A text model (the default) and two vision-language models, in one models file."""
+    tables = {
+        "chat": {"path": str(demo_model), "default": True},
+        "gemma": {"path": str(folders["gemma"])},
+        "smolvlm": {"path": str(folders["smolvlm"])},
+    }
+    return serve(settings.model_copy(update={"max_batch": 4, "prefill_step": 16}), tmp_path, **tables)[0]
+
+
+@pytest.fixture
+def worker(settings: Settings, start_worker):  # type: ignore[no-untyped-def]
+    return start_worker(settings)
+
+
+@pytest.fixture(scope="module")
+def reference(folders: dict[str, Path]) -> Any:
+    """mlx-vlm's own greedy answer about an image, that prompt alone (as its generate and its server read it): its
+    tokens, written as onelane writes every model's tokens, with mlx-lm's streaming detokenizer (mlx-vlm's own keeps
+    the leading space of an answer's first word, which mlx-lm's, and so mlx_lm.server's, trims)."""
+    import mlx_vlm
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    loaded = {name: mlx_vlm.load(str(folder)) for name, folder in folders.items()}
+    tokenizers = {name: load_tokenizer(folder) for name, folder in folders.items()}
+
+    def text(model: str, ids: list[int]) -> str:
+        ends = loaded[model][0].config.eos_token_id
+        eos = set(ends) if isinstance(ends, list) else {ends}
+        detokenizer = tokenizers[model].detokenizer
+        detokenizer.reset()
+        for token in ids:
+            if token in eos:
+                break
+            detokenizer.add_token(token)
+        detokenizer.finalize()
+        return str(detokenizer.text)
+
+    def answer(model: str, image: bytes, max_tokens: int, turns: list[dict[str, Any]] | None = None) -> str:
+        vlm, processor = loaded[model]
+        messages = turns or [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+        prompt = processor.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        picture = Image.open(io.BytesIO(image)).convert("RGB")
+        out = mlx_vlm.generate(vlm, processor, prompt, image=[picture], max_tokens=max_tokens, temperature=0.0)
+        return text(model, list(out.token_ids))
+
+    return answer
+
+
+def test_the_openai_client_asks_about_an_image_and_gets_the_models_own_answer(worker, live_server, reference):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{live_server}/v1", api_key="unused", max_retries=0)
+    for model in VISION:
+        for color in ("red", "blue"):
+            answer = client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": ask(png(color))}],  # type: ignore[misc, list-item]
+                max_tokens=12,
+                temperature=0,
+            )
+            assert answer.choices[0].message.content == reference(model, png(color), 12), (model, color)
+    # and the two colors' answers differ: the image was read
+    red, blue = (reference("gemma", png(c), 12) for c in ("red", "blue"))
+    assert red != blue
+
+
+def test_an_image_joins_the_running_batch_without_draining_it(worker, live_server, store, reference):
+    # Given a long answer streaming on the vision model (text only)
+    long = {"model": "gemma", "prompt": "once upon a time", "max_tokens": 600, "ignore_eos": True, "stream": True}
+    with requests.post(f"{live_server}/v1/completions", json=long, stream=True, timeout=120) as stream:
+        chunks = openai_chunks(stream)
+        next(chunks)
+        streaming = stream.headers["x-onelane-job-id"]
+
+        # When two clients ask about images meanwhile
+        answers: dict[str, requests.Response] = {}
+
+        def about(color: str) -> None:
+            body = {"model": "gemma", "messages": [{"role": "user", "content": ask(png(color))}], "max_tokens": 12}
+            answers[color] = requests.post(
+                f"{live_server}/v1/chat/completions", json=body | {"temperature": 0}, timeout=120
+            )
+
+        threads = [threading.Thread(target=about, args=(c,)) for c in ("red", "green")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        # Then they were answered while the long answer still generated (the batch was not drained for them)
+        assert store.get(streaming).status.value == "in_progress"
+        for _ in chunks:
+            pass
+    assert store.get(streaming).usage.completion_tokens == 600
+    # And each is the model's own answer about its image
+    for color, reply in answers.items():
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["message"]["content"] == reference("gemma", png(color), 12)
+
+
+def test_a_follow_up_about_the_same_image_reads_no_pixels(worker, live_server, reference):
+    engine = lambda: worker.models.get_quietly("smolvlm")  # noqa: E731
+    first = [{"role": "user", "content": ask(png("red"))}]
+    body = {"model": "smolvlm", "max_tokens": 8, "temperature": 0}
+    reply = requests.post(f"{live_server}/v1/chat/completions", json=body | {"messages": first}, timeout=120).json()
+    assert engine().images_read == 1
+    said = reply["choices"][0]["message"]["content"]
+    turns = [*first, {"role": "assistant", "content": said}, {"role": "user", "content": "And its color?"}]
+
+    follow = requests.post(f"{live_server}/v1/chat/completions", json=body | {"messages": turns}, timeout=120).json()
+
+    assert engine().images_read == 1  # the image's prefix came from the cache
+    assert follow["usage"]["prompt_tokens_details"]["cached_tokens"] >= reply["usage"]["prompt_tokens"]
+    image_turn = [{"type": "image"}, {"type": "text", "text": QUESTION}]
+    expected = reference(
+        "smolvlm",
+        png("red"),
+        8,
+        [
+            {"role": "user", "content": image_turn},
+            {"role": "assistant", "content": [{"type": "text", "text": said}]},
+            {"role": "user", "content": [{"type": "text", "text": "And its color?"}]},
+        ],
+    )
+    assert follow["choices"][0]["message"]["content"] == expected
+    # while another image, in the same place, is read
+    other = [{"role": "user", "content": ask(png("blue"))}]
+    requests.post(f"{live_server}/v1/chat/completions", json=body | {"messages": other}, timeout=120).raise_for_status()
+    assert engine().images_read == 2
+
+
+def test_responses_jobs_and_batch_lines_take_images_too(worker, live_server, store, reference):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{live_server}/v1", api_key="unused", max_retries=0)
+    expected = reference("gemma", png("red"), 10)
+    # the Responses API's input_image
+    response = client.responses.create(
+        model="gemma",
+        input=[  # type: ignore[list-item]
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_image", "image_url": data_url(png("red")), "detail": "auto"},
+                    {"type": "input_text", "text": QUESTION},
+                ],
+            }
+        ],
+        max_output_tokens=10,
+        temperature=0,
+    )
+    assert response.output_text == expected
+    # /v1/jobs, whose messages take the same parts
+    job = {"model": "gemma", "messages": [{"role": "user", "content": ask(png("red"))}], "max_tokens": 10}
+    submitted = requests.post(f"{live_server}/v1/jobs", json=job, timeout=30)
+    assert submitted.status_code in (200, 201, 202), submitted.text
+    job_id = submitted.json()["id"]
+    from tests.helpers import wait_ended
+
+    done = wait_ended(store, job_id, timeout_s=120)
+    assert done["output"] == expected
+    shown = requests.get(f"{live_server}/v1/jobs/{job_id}", timeout=30).json()["messages"][0]
+    assert [(i["mime"], i["width"], i["height"], i["at"]) for i in shown["images"]] == [("image/png", 64, 48, 0)]
+    # a Batch API line
+    line = {
+        "custom_id": "img",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": "gemma",
+            "messages": [{"role": "user", "content": ask(png("red"))}],
+            "max_tokens": 10,
+            "temperature": 0,
+        },
+    }
+    batch = submit(client, jsonl(line))
+    record = wait_batch(store, batch.id, timeout_s=120)
+    lines = by_custom_id(client, record.output_file_id)
+    assert lines["img"]["response"]["body"]["choices"][0]["message"]["content"] == expected
+
+
+def bomb(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height RGB pixels, its data a few bytes."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    )
+
+
+def test_what_a_hostile_client_sends_is_refused_at_the_door_by_name(settings, live_server, store):
+    def chat(content: Any, model: str = "gemma", role: str = "user") -> requests.Response:
+        body = {"model": model, "messages": [{"role": role, "content": content}], "max_tokens": 4}
+        return requests.post(f"{live_server}/v1/chat/completions", json=body, timeout=30)
+
+    truncated = png("red")[:40]
+    refusals = [
+        (chat(ask(png("red")), model="chat"), 400, "the model 'chat' reads text only"),
+        (
+            chat([{"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest/meta-data"}}]),
+            400,
+            "not fetched",
+        ),
+        (chat([{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]), 400, "not fetched"),
+        (chat([{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}]), 400, "not valid base64"),
+        (chat([{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]), 400, "data: URL"),
+        (
+            chat([{"type": "image_url", "image_url": {"url": data_url(b"%PDF-1.4 not an image")}}]),
+            400,
+            "could not be read",
+        ),
+        (chat([{"type": "image_url", "image_url": {"url": data_url(truncated)}}]), 400, "could not be read"),
+        (
+            chat([{"type": "image_url", "image_url": {"url": data_url(bomb(10_000, 10_000))}}]),
+            413,
+            "10000x10000 pixels",
+        ),
+        (chat([{"type": "image_url", "image_url": {"url": data_url(bomb(30_000, 30_000))}}]), 413, "more pixels"),
+        (chat(ask(png("red")) * 5), 400, "at most 4"),
+        (chat(ask(png("red")), role="assistant"), 400, "only a user's message"),
+    ]
+    for reply, status, words in refusals:
+        assert reply.status_code == status, reply.text
+        assert words in reply.json()["error"]["message"], reply.text
+    assert "smolvlm" in refusals[0][0].json()["error"]["message"]  # it names the models that read images
+    assert store.redis.zcard("onelane:queue") == 0  # nothing was admitted
+
+
+def test_an_image_is_bounded_by_its_bytes_and_an_animation_read_as_its_first_frame(settings, live_server):
+    from tasks.errors import PromptTooLarge
+    from tasks.images import checked, picture
+    from tasks.job import Message
+
+    noise = Image.frombytes("RGB", (300, 300), random.Random(0).randbytes(300 * 300 * 3))
+    out = io.BytesIO()
+    noise.save(out, "PNG")
+    big = out.getvalue()
+    assert len(big) > 200_000  # larger than a text-only server's whole body (its limit: 32,000 characters' worth)
+    # a server serving a model that reads images takes a body that large: the image is refused for what it is
+    body = {"model": "chat", "messages": [{"role": "user", "content": ask(big)}], "max_tokens": 4}
+    reply = requests.post(f"{live_server}/v1/chat/completions", json=body, timeout=30)
+    assert reply.status_code == 400 and "reads text only" in reply.json()["error"]["message"]
+
+    def read(data: bytes, max_bytes: int = 8 * 2**20) -> Any:
+        message = Message(role="user", content="q", images=(picture(data_url(data), 0, "messages"),))
+        return checked((message,), max_bytes, 4096 * 4096, 4, "messages")[0].images[0]
+
+    with pytest.raises(PromptTooLarge, match="at most 100000"):
+        read(big, max_bytes=100_000)
+    gif = io.BytesIO()
+    frames = [Image.new("P", (8, 8), n) for n in range(2)]
+    frames[0].save(gif, "GIF", save_all=True, append_images=frames[1:])
+    assert (read(gif.getvalue()).mime, read(big).width) == ("image/gif", 300)
+
+
+def test_a_worker_killed_while_it_answers_about_an_image_loses_nothing(
+    settings, folders, tmp_path, worker_process, store, reference
+):
+    import os
+    import signal
+
+    from tasks.images import picture
+    from tasks.job import JobSpec, Message, SamplingParams, new_job_id
+    from tests.helpers import wait_ended, wait_event
+    from tests.test_recovery import wait_for_worker
+
+    # Given `onelane worker` answering about an image at length
+    _, env = serve(settings, tmp_path, gemma={"path": str(folders["gemma"])})
+    worker_process(**env)
+    first = wait_for_worker(store)
+    image = picture(data_url(png("red")), 0, "messages")
+    message = Message(role="user", content=QUESTION, images=(image,))
+    params = SamplingParams(max_tokens=3000, temperature=0, ignore_eos=True)  # seconds of work
+    spec = JobSpec(owner="u", model="gemma", messages=(message,), params=params)
+    alone = store.admit(new_job_id(), spec, 300)  # the answer with nothing cut
+    alone_output = wait_ended(store, alone.id, timeout_s=240)["output"]
+    job_id = new_job_id()
+    store.admit(job_id, spec, 300)
+    wait_event(store, job_id, lambda e: e.type == "token", timeout_s=60)
+    # When its worker is killed as it generates
+    os.kill(first.pid, signal.SIGKILL)
+    # Then the next worker reads the image again (its bytes are still kept) and goes on: the answer is the same
+    done = wait_ended(store, job_id, timeout_s=240)
+    assert (done["status"], done["attempts"], done["usage"]["completion_tokens"]) == ("completed", 2, 3000)
+    assert done["output"] == alone_output
