@@ -79,12 +79,22 @@ class Client:
         found = find(environ)
         return cls(found.url, environ.get("ONELANE_API_KEY") or None, found_by=found.how)
 
-    def submit(self, prompt: str | list[dict[str, str]], raw: bool = False, **fields: Any) -> dict[str, Any]:
-        """POST /v1/jobs: `prompt` as the user's turn of a chat, a whole conversation (its messages), or with `raw`
-        as text to continue; options left None are not sent (the server's defaults apply). An answer that must be
-        JSON: `response_format=json_format(schema)`."""
+    def submit(
+        self, prompt: str | list[dict[str, Any]], raw: bool = False, images: list[str] | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """POST /v1/jobs: `prompt` as the user's turn of a chat (after `images`, data: URLs, if any), a whole
+        conversation (its messages), or with `raw` as text to continue; options left None are not sent (the server's
+        defaults apply). An answer that must be JSON: `response_format=json_format(schema)`."""
+        if images and (raw or isinstance(prompt, list)):
+            raise ClientError("an image goes with a question (your turn of a chat), not with --raw text")
         if isinstance(prompt, list):
             text: dict[str, Any] = {"messages": prompt}
+        elif images:
+            parts = [
+                *({"type": "image_url", "image_url": {"url": url}} for url in images),
+                {"type": "text", "text": prompt},
+            ]
+            text = {"messages": [{"role": "user", "content": parts}]}
         else:
             text = {"prompt": prompt} if raw else {"messages": [{"role": "user", "content": prompt}]}
         body = {**text, **{k: v for k, v in fields.items() if v is not None}}

@@ -51,6 +51,14 @@ def job_options(command: Callable[..., None]) -> Callable[..., None]:
             "drawn under its grammar.",
         ),
         click.option("--json-object", is_flag=True, help="Answer with a JSON object (response_format json_object)."),
+        click.option(
+            "--image",
+            "images",
+            multiple=True,
+            type=click.Path(path_type=Path),  # (its own errors: one line)
+            callback=_read_images,
+            help="Ask about this image (PNG, JPEG, WebP, GIF; again for more), for a model that reads images.",
+        ),
         click.option("--wait", is_flag=True, help="When the server is overloaded (429/503), retry after Retry-After."),
         click.option("--json", "as_json", is_flag=True, help="Print the job as JSON (for scripts)."),
     ]
@@ -74,6 +82,22 @@ def _read_schema(ctx: click.Context, param: click.Parameter, path: Path | None) 
     if not isinstance(schema, dict):
         raise UsageError(f"--schema {path}: a JSON schema is a JSON object")
     return json_format(schema, re.sub(r"[^A-Za-z0-9_-]", "_", path.stem)[:64] or "schema")
+
+
+def _read_images(ctx: click.Context, param: click.Parameter, paths: tuple[Path, ...]) -> list[str] | None:
+    """--image FILE...: each image as a data: URL (the server reads and bounds it)."""
+    import base64
+    import mimetypes
+
+    urls = []
+    for path in paths:
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"--image {path}: {exc.strerror or exc}") from None
+        mime = mimetypes.guess_type(path.name)[0] or "image/png"
+        urls.append(f"data:{mime};base64,{base64.b64encode(data).decode()}")
+    return urls or None
 
 
 def answer_format(response_format: dict[str, Any] | None, json_object: bool) -> dict[str, Any] | None:

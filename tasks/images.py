@@ -72,14 +72,16 @@ def assemble(parts: list[tuple[str, str]], param: str) -> tuple[str, tuple[Pictu
 def checked(
     messages: tuple[Message, ...], max_bytes: int, max_pixels: int, max_images: int, param: str
 ) -> tuple[Message, ...]:
-    """The messages, each image read and bounded (see the module's docstring), its format and size recorded;
-    InvalidRequest (or PromptTooLarge for one too large) naming `param` otherwise."""
-    count = sum(len(m.images) for m in messages)
+    """The messages, each image they bring read and bounded (see the module's docstring), its format and size
+    recorded; InvalidRequest (or PromptTooLarge for one too large) naming `param` otherwise. An image of the history
+    a conversation resends from the server's own record (a follow-up, a previous response) comes without its bytes:
+    it was read when first sent, and counts no more."""
+    count = sum(1 for m in messages for p in m.images if p.data is not None)
     if count > max_images:
         raise InvalidRequest(f"the request holds {count} images; this server takes at most {max_images}", param=param)
     return tuple(
         m.model_copy(update={"images": tuple(_read(p, max_bytes, max_pixels, param) for p in m.images)})
-        if m.images
+        if any(p.data is not None for p in m.images)
         else m
         for m in messages
     )
@@ -88,7 +90,9 @@ def checked(
 def _read(p: Picture, max_bytes: int, max_pixels: int, param: str) -> Picture:
     from PIL import Image  # (the web's only use of Pillow: imported when an image comes)
 
-    data = p.data or b""
+    if p.data is None:  # (resent from the server's record: read when first sent)
+        return p
+    data = p.data
     if len(data) > max_bytes:
         raise PromptTooLarge(f"an image has {len(data)} bytes; this server takes at most {max_bytes}", param=param)
     try:

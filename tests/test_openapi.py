@@ -39,7 +39,7 @@ OPERATIONS = {
     ("/v1/jobs", "post"), ("/v1/jobs", "get"), ("/v1/jobs/{job_id}", "get"), ("/v1/jobs/{job_id}", "delete"),
     ("/v1/jobs/{job_id}/events", "get"), ("/v1/models", "get"), ("/v1/chat/completions", "post"),
     ("/v1/completions", "post"), ("/healthz", "get"), ("/readyz", "get"), ("/metrics", "get"),
-    ("/", "get"), ("/jobs", "post"), ("/jobs/{job_id}", "get"), ("/jobs/{job_id}/continue", "post"), ("/jobs", "get"),
+    ("/", "get"), ("/jobs", "post"), ("/jobs/{job_id}", "get"), ("/jobs/{job_id}/continue", "post"), ("/jobs/{job_id}/images/{digest}", "get"), ("/jobs", "get"),
     ("/login", "get"), ("/login", "post"),
     ("/queue", "get"), ("/queue.json", "get"), ("/queue/jobs/{job_id}/cancel", "post"), ("/openapi.json", "get"),
     ("/docs", "get"), ("/v1/responses", "post"), ("/v1/responses/{rid}", "get"), ("/v1/responses/{rid}/cancel", "post"),

@@ -285,6 +285,9 @@ def test_what_a_hostile_client_sends_is_refused_at_the_door_by_name(settings, li
         assert words in reply.json()["error"]["message"], reply.text
     assert "smolvlm" in refusals[0][0].json()["error"]["message"]  # it names the models that read images
     assert store.redis.zcard("onelane:queue") == 0  # nothing was admitted
+    # /v1/models says which models read images
+    listed = requests.get(f"{live_server}/v1/models", timeout=10).json()["data"]
+    assert {m["id"]: m["vision"] for m in listed} == {"chat": False, "gemma": True, "smolvlm": True}
 
 
 def test_an_image_is_bounded_by_its_bytes_and_an_animation_read_as_its_first_frame(settings, live_server):
@@ -344,3 +347,60 @@ def test_a_worker_killed_while_it_answers_about_an_image_loses_nothing(
     done = wait_ended(store, job_id, timeout_s=240)
     assert (done["status"], done["attempts"], done["usage"]["completion_tokens"]) == ("completed", 2, 3000)
     assert done["output"] == alone_output
+
+
+def test_the_web_page_attaches_an_image_shows_it_and_follows_up(worker, page, store, tmp_path, reference):
+    import re
+
+    from tests.helpers import wait_ended
+
+    picture = tmp_path / "red.png"
+    picture.write_bytes(png("red"))
+    # Given the form, When a question is sent with an image attached, to a model that reads images
+    page.goto("/")
+    page.fill("#prompt", QUESTION)
+    page.fill("#max_tokens", "8")
+    page.select_option("#model", "smolvlm")
+    page.set_input_files("#image", str(picture))
+    page.click("button[type=submit]")
+    page.wait_for_url(re.compile(r"/jobs/job_[\w-]+$"))
+    job_id = page.url.rsplit("/", 1)[1]
+    # Then its page shows the image in the user's turn, and the model's own answer about it
+    done = wait_ended(store, job_id, timeout_s=120)
+    assert done["output"] == reference("smolvlm", png("red"), 8)
+    page.reload()
+    shown = page.locator(".turn[data-role=user] img.attached")
+    assert shown.count() == 1
+    assert page.evaluate("(img) => img.naturalWidth", shown.element_handle()) == 64  # the image, served to its owner
+    # And a follow-up goes on from the image's prefix (no pixels read again)
+    # (SmolVLM: the tiny Gemma 3's 16-token sliding window has rotated past its image by the answer's end, and a
+    # window that rotated cannot be cut back to a shorter prefix: a real Gemma 3's window is 1,024 tokens)
+    engine = worker.models.get_quietly("smolvlm")
+    read = engine.images_read
+    page.fill("#follow-up", "And its color?")
+    page.click("#continue button[type=submit]")
+    page.wait_for_url(lambda url: re.search(r"/jobs/job_[\w-]+$", url) is not None and job_id not in url)
+    follow = page.url.rsplit("/", 1)[1]
+    assert follow != job_id
+    assert wait_ended(store, follow, timeout_s=120)["status"] == "completed"
+    assert engine.images_read == read
+    # while the image stays another user's to see: a new browser profile is a new visitor
+    other = page.context.browser.new_context(base_url=page.url.split("/jobs/")[0]).new_page()
+    digest = store.get(job_id).spec.messages[0].images[0].digest
+    assert other.goto(f"/jobs/{job_id}/images/{digest}").status == 404
+    other.context.close()
+
+
+def test_onelane_run_asks_about_an_image_file(worker, live_server, tmp_path, reference):
+    from tests.test_client import onelane
+
+    picture = tmp_path / "blue.png"
+    picture.write_bytes(png("blue"))
+    done = onelane(live_server, "run", "--model", "gemma", "--max-tokens", "8", "--image", str(picture), QUESTION)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip("\n") == reference("gemma", png("blue"), 8)
+    # a missing file, or an image with --raw text, is a one-line error before anything is sent
+    missing = onelane(live_server, "run", "--image", str(tmp_path / "nope.png"), QUESTION)
+    assert missing.returncode == 2 and "nope.png" in missing.stderr
+    raw = onelane(live_server, "run", "--raw", "--image", str(picture), QUESTION)
+    assert raw.returncode != 0 and "not with --raw" in raw.stderr

@@ -44,6 +44,7 @@ PATH = {
     "file_id": "the file's id (`file-…`)",
     "batch_id": "the batch's id (`batch_…`); another user's batch is 404, as one that does not exist",
     "rid": "the response's id (`resp_…`)",
+    "digest": "the image's SHA-256, in hexadecimal (as the job's messages name it)",
 }
 
 

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any, get_args
 
-from werkzeug.datastructures import MultiDict
+from werkzeug.datastructures import FileStorage, MultiDict
 
+from tasks.errors import InvalidRequest
 from tasks.job import Priority
 from tasks.settings import Settings
 from web.apidoc import Schema
@@ -39,6 +41,11 @@ def submit_form(s: Settings) -> Schema:
             "model": {"enum": [m.name for m in s.catalog]},
             "priority": {"enum": list(get_args(Priority))},
             "ignore_eos": {"type": "string", "description": "present (any value): generate to max_tokens"},
+            "image": {
+                "type": "string",
+                "format": "binary",
+                "description": "an image to ask about (PNG, JPEG, WebP, GIF), for a model that reads images",
+            },
         },
         ["prompt"],
     )
@@ -54,11 +61,20 @@ def _number(raw: str) -> int | float | str:
     return raw
 
 
-def submission(form: MultiDict[str, str]) -> dict[str, Any]:
-    """The form as the API's request body: numbers converted, empty fields omitted."""
+def submission(form: MultiDict[str, str], files: MultiDict[str, FileStorage] | None = None) -> dict[str, Any]:
+    """The form as the API's request body: numbers converted, empty fields omitted; an attached image goes before
+    the question, as a chat's image part."""
     text = form.get("prompt", "")
-    if form.get("raw") or not text.strip():  # (an empty one is refused by name, as a prompt)
-        fields: dict[str, Any] = {"prompt": text}
+    attached = files.get("image") if files else None
+    image = attached.read() if attached is not None and attached.filename else b""
+    if image and form.get("raw"):
+        raise InvalidRequest("an image goes with a question to the assistant, not with text to continue", param="image")
+    if image:
+        url = f"data:{attached.mimetype or 'image/png'};base64,{base64.b64encode(image).decode()}"  # type: ignore[union-attr]
+        content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]
+        fields: dict[str, Any] = {"messages": [{"role": "user", "content": content}]}
+    elif form.get("raw") or not text.strip():  # (an empty one is refused by name, as a prompt)
+        fields = {"prompt": text}
     else:  # the text is the user's turn of a chat, read through the model's chat template
         fields = {"messages": [{"role": "user", "content": text}]}
     for name in NUMBER_FIELDS:

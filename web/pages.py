@@ -25,7 +25,7 @@ from tasks.errors import (
 from tasks.job import Job
 from web import body, conversation, responses
 from web.admission import admit
-from web.apidoc import FORM, JSON, Reply, documented, reply
+from web.apidoc import FORM, JSON, MULTIPART, Reply, documented, reply
 from web.auth import check_csrf, csrf_token, current_owner, sign_in, signed_in, start_visit
 from web.errors import error_headers, status_for
 from web.forms import PRIORITIES, form, form_defaults, submission, submit_form
@@ -133,7 +133,7 @@ def index() -> Response:
     description="The job is watched by its page: closed before the job starts, it is cancelled. Refused, the form "
     "comes back filled in, with the message and the status the API would answer.",
     body=submit_form,
-    body_media=FORM,
+    body_media=MULTIPART,
     answers={
         303: Reply(
             "admitted: to the job's page, or (API keys, not signed in) to /login",
@@ -160,7 +160,7 @@ def submit() -> Response:
     values = {**form_defaults(), **form.to_dict()}
     try:
         owner = current_owner()  # and its CSRF token, before anything else is looked at
-        req = parse(SubmitJob, submission(form))
+        req = parse(SubmitJob, submission(form, request.files))
         job = admit(*to_spec(req, owner, svc.settings, watched=True))
     except OnelaneError as exc:
         return render_form(values, exc)
@@ -186,6 +186,32 @@ def job_page(job_id: str) -> Response | tuple[str, int]:
         return render_template("not_found.html", job_id=job_id), 404
     store.keep_watching(job)
     return render_job(job)
+
+
+@bp.get("/jobs/<job_id>/images/<digest>")
+@documented(
+    "jobImage",
+    "An image of a job's conversation",
+    "pages",
+    description="The bytes of an image the job's messages hold, while the server keeps them (as long as the job may "
+    "wait and run); the job's page shows it in its turn.",
+    answers={200: Reply("the image", {"image/*": {"type": "string", "format": "binary"}}), 303: SIGN_IN},
+    errors=[Unauthorized, Unavailable],
+    refusals=[JobNotFound],
+)
+def job_image(job_id: str, digest: str) -> Response | tuple[str, int]:
+    store = services().store
+    try:
+        job = store.get(job_id, current_owner())
+    except JobNotFound:
+        return render_template("not_found.html", job_id=job_id), 404
+    picture = next((p for m in job.spec.messages or () for p in m.images if p.digest == digest), None)
+    data = store.image(digest) if picture is not None else None
+    if picture is None or data is None:
+        return render_template("not_found.html", job_id=job_id), 404
+    answer = Response(data, mimetype=picture.mime or "application/octet-stream")
+    answer.headers.update({"Cache-Control": "private, max-age=3600", "X-Content-Type-Options": "nosniff"})
+    return answer
 
 
 def render_job(job: Job, error: OnelaneError | None = None, text: str = "") -> Response:

@@ -178,15 +178,21 @@ class Store:
 
     def _keep_images(self, spec: JobSpec, keep_s: int) -> None:
         """Keep the bytes of the images a job's messages hold (before it is admitted: a worker may claim it at once)
-        for as long as it may wait and run; an image kept already lives on at least as long."""
-        pictures = {p.digest: p.data for m in spec.messages or () for p in m.images if p.data is not None}
+        for as long as it may wait and run; an image kept already lives on at least as long (one a conversation
+        resends from the server's record, with no bytes, too, while it is still kept)."""
+        pictures = {p.digest: p.data for m in spec.messages or () for p in m.images}
         if not pictures:
             return
         pipe = self.redis.pipeline(transaction=False)
         for digest, data in pictures.items():
-            pipe.set(keys.image(digest), data, ex=keep_s, nx=True)
+            if data is not None:
+                pipe.set(keys.image(digest), data, ex=keep_s, nx=True)
             pipe.expire(keys.image(digest), keep_s, gt=True)
         pipe.execute()
+
+    def image(self, digest: str) -> bytes | None:
+        """The bytes of the image kept under `digest`, if still kept."""
+        return self.redis.execute_command("GET", keys.image(digest), NEVER_DECODE=True)  # type: ignore[no-any-return]
 
     def keep_watching(self, job: Job) -> None:
         """Renew a watched, waiting job's lease: its client (a stream, or polling) is still there."""

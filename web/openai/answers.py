@@ -19,6 +19,10 @@ class Model(Answer):
         description="onelane's: what it serves: `generate` (chat and completions), `embed` (/v1/embeddings) or "
         "`rerank` (/v1/rerank), as its folder's files say (docs/models.md)"
     )
+    vision: bool = Field(
+        description="onelane's: whether it reads images in its prompts (a vision-language model, loaded with mlx-vlm: "
+        "docs/models.md)"
+    )
     batching: Literal["batched", "alone"] | None = Field(
         description="onelane's: `batched` (its jobs generate together in the batch) or `alone` (one at a time, in "
         "the same queue: an architecture whose caches mlx-lm cannot batch, or whose batched answers differ from "

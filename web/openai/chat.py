@@ -83,6 +83,7 @@ def models() -> Response:
             "created": 0,
             "owned_by": "onelane",
             "kind": m.kind,
+            "vision": m.vision,  # reads images in its prompts
             "batching": batching[m.name] if m.kind == "generate" else None,
         }
         for m in catalog
