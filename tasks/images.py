@@ -1,7 +1,9 @@
 """Images in a prompt, as clients send them and as the server checks them, before any reaches the worker.
 
-An image comes inline, as a `data:` URL (`data:image/png;base64,…`). An `http(s)` URL is refused by name: a server
-that fetches any URL a client names is a hole into the network it sits in (SSRF), and onelane fetches none.
+An image comes inline, as a `data:` URL (`data:image/png;base64,…`). An `http(s)` URL is fetched by the web only
+from the hosts an operator lists (ONELANE_IMAGE_HOSTS; none by default), and refused by name otherwise: a server that
+fetches any URL a client names is a hole into the network it sits in (SSRF). A fetch follows no redirect, reads at
+most ONELANE_IMAGE_MAX_BYTES, and gives up after FETCH_TIMEOUT_S.
 
 Each image is checked at the door, by reading its header and then decoding it (Pillow), in the web process:
 - its bytes, at most ONELANE_IMAGE_MAX_BYTES;
@@ -30,6 +32,7 @@ import warnings
 from tasks.errors import InvalidRequest, PromptTooLarge
 from tasks.job import Message, Picture
 
+FETCH_TIMEOUT_S = 10.0
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
 _DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(?:;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,")
 
@@ -40,12 +43,8 @@ def picture(url: str, at: int, param: str) -> Picture:
     if not isinstance(url, str) or not url:
         raise InvalidRequest("an image part needs a URL: data:image/png;base64,…", param=param)
     scheme = url.split(":", 1)[0].lower()
-    if scheme in ("http", "https"):
-        raise InvalidRequest(
-            "image URLs over http(s) are not fetched by this server (it fetches no URL a client names); "
-            "send the image inline, as a data: URL (data:image/png;base64,…)",
-            param=param,
-        )
+    if scheme in ("http", "https"):  # fetched at the door, if its host is allowed (`checked`)
+        return Picture(digest=hashlib.sha256(url.encode()).hexdigest(), at=at, url=url)
     match = _DATA_URL.match(url)
     if scheme != "data" or match is None or match["b64"] is None:
         raise InvalidRequest("an image is sent as a base64 data: URL (data:image/png;base64,…)", param=param)
@@ -70,21 +69,73 @@ def assemble(parts: list[tuple[str, str]], param: str) -> tuple[str, tuple[Pictu
 
 
 def checked(
-    messages: tuple[Message, ...], max_bytes: int, max_pixels: int, max_images: int, param: str
+    messages: tuple[Message, ...],
+    max_bytes: int,
+    max_pixels: int,
+    max_images: int,
+    param: str,
+    hosts: tuple[str, ...] = (),
 ) -> tuple[Message, ...]:
     """The messages, each image they bring read and bounded (see the module's docstring), its format and size
     recorded; InvalidRequest (or PromptTooLarge for one too large) naming `param` otherwise. An image of the history
     a conversation resends from the server's own record (a follow-up, a previous response) comes without its bytes:
     it was read when first sent, and counts no more."""
-    count = sum(1 for m in messages for p in m.images if p.data is not None)
+    count = sum(1 for m in messages for p in m.images if p.data is not None or p.url is not None)
     if count > max_images:
         raise InvalidRequest(f"the request holds {count} images; this server takes at most {max_images}", param=param)
     return tuple(
-        m.model_copy(update={"images": tuple(_read(p, max_bytes, max_pixels, param) for p in m.images)})
-        if any(p.data is not None for p in m.images)
+        m.model_copy(
+            update={
+                "images": tuple(
+                    _read(_fetched(p, hosts, max_bytes, param), max_bytes, max_pixels, param) for p in m.images
+                )
+            }
+        )
+        if any(p.data is not None or p.url is not None for p in m.images)
         else m
         for m in messages
     )
+
+
+def allowed(host: str, hosts: tuple[str, ...]) -> bool:
+    """Whether `host` is one the operator lists (".example.com" stands for any host below example.com)."""
+    host = host.lower().rstrip(".")
+    return any(host == h or (h.startswith(".") and host.endswith(h)) for h in hosts)
+
+
+def _fetched(p: Picture, hosts: tuple[str, ...], max_bytes: int, param: str) -> Picture:
+    """An image named by an http(s) URL, fetched if its host is allowed; InvalidRequest otherwise."""
+    if p.url is None:
+        return p
+    from urllib.parse import urlsplit
+
+    import requests
+
+    host = urlsplit(p.url).hostname or ""
+    if not allowed(host, hosts):
+        told = f"only from {', '.join(hosts)}" if hosts else "from no host"
+        raise InvalidRequest(
+            f"image URLs are fetched {told} (ONELANE_IMAGE_HOSTS): {host or 'this URL'!r} is not one of them; "
+            "send the image inline, as a data: URL (data:image/png;base64,…)",
+            param=param,
+        )
+    try:
+        with requests.get(p.url, timeout=FETCH_TIMEOUT_S, stream=True, allow_redirects=False) as reply:
+            if reply.status_code != 200:
+                raise InvalidRequest(f"the image URL answered HTTP {reply.status_code}, not 200", param=param)
+            data = b""
+            for chunk in reply.iter_content(65536):
+                data += chunk
+                if len(data) > max_bytes:
+                    raise PromptTooLarge(
+                        f"the image at the URL has more than {max_bytes} bytes; this server takes at most that",
+                        param=param,
+                    )
+    except requests.RequestException:
+        raise InvalidRequest(
+            "the image URL could not be fetched (no answer in time, or no connection)", param=param
+        ) from None
+    return Picture(digest=hashlib.sha256(data).hexdigest(), at=p.at, data=data)
 
 
 def _read(p: Picture, max_bytes: int, max_pixels: int, param: str) -> Picture:

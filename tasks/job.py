@@ -78,6 +78,7 @@ class Picture(BaseModel):
     width: int | None = None
     height: int | None = None
     data: bytes | None = Field(None, exclude=True, repr=False)
+    url: str | None = Field(None, exclude=True)  # an http(s) URL to fetch at the door, if its host is allowed
 
 
 class Message(BaseModel):
@@ -135,6 +136,7 @@ class SamplingParams(BaseModel):
     max_tokens: int = Field(256, ge=0)  # 0: only with prompt_logprobs (a text scored, nothing generated)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, le=1_000_000)  # draw among the k likeliest tokens only (0: all)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
@@ -227,11 +229,19 @@ class JobSpec(BaseModel):
     choice: Choice | None = None
     # an embedding or rerank job's inputs (no prompt nor messages then): read beside the batch, nothing generated
     pooled: Pooled | None = None
+    # a count of its prompt's tokens only (Anthropic's count_tokens): read by the worker beside the batch, nothing
+    # generated; its usage's prompt_tokens is the count
+    count: bool = False
+
+    @property
+    def side(self) -> bool:
+        """Whether it is read beside the batch, taking no slot of it (a pooled job, a count)."""
+        return self.pooled is not None or self.count
 
     @property
     def new_tokens(self) -> int:
-        """The most tokens it may generate (none for a pooled job)."""
-        return 0 if self.pooled is not None else self.params.max_tokens
+        """The most tokens it may generate (none for a job read beside the batch)."""
+        return 0 if self.side else self.params.max_tokens
 
 
 class JobError(BaseModel):

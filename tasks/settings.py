@@ -41,6 +41,7 @@ ENV_NAMES: dict[str, str] = {
     "image_max_bytes": "ONELANE_IMAGE_MAX_BYTES",
     "image_max_pixels": "ONELANE_IMAGE_MAX_PIXELS",
     "max_images": "ONELANE_MAX_IMAGES",
+    "image_hosts": "ONELANE_IMAGE_HOSTS",
     "max_batch": "ONELANE_MAX_BATCH",
     "kv_budget_tokens": "ONELANE_KV_BUDGET",
     "prefill_step": "ONELANE_PREFILL_STEP",
@@ -150,6 +151,9 @@ class Settings(BaseModel):
     image_max_bytes: int = Field(8 * 2**20, ge=1024, le=64 * 2**20)
     image_max_pixels: int = Field(4096 * 4096, ge=64, le=100_000_000)
     max_images: int = Field(4, ge=1, le=64)
+    # the hosts whose http(s) image URLs the web may fetch (comma-separated names; ".example.com": any below it);
+    # none by default: an image comes inline, and a server that fetches any URL a client names is an SSRF hole
+    image_hosts: tuple[str, ...] = ()
     max_batch: int = Field(32, ge=1, le=256)
     kv_budget_tokens: int = Field(65_536, ge=1, le=100_000_000)
     prefill_step: int = Field(128, ge=16, le=65_536)
@@ -196,6 +200,17 @@ class Settings(BaseModel):
     # an answer under a grammar reads this many tokens or more that the grammar forces (a schema's fixed keys) in one
     # prefill, rather than drawing them one step each; 0: never
     fast_forward: int = Field(4, ge=0, le=4096)
+
+    @field_validator("image_hosts", mode="before")
+    @classmethod
+    def _hosts(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [h.strip().lower() for h in value.split(",") if h.strip()]
+        if isinstance(value, list | tuple):
+            bad = [h for h in value if not re.fullmatch(r"\.?[a-z0-9]([a-z0-9.-]*[a-z0-9])?", str(h))]
+            if bad:
+                raise ValueError(f"not a host name: {bad[0]!r} (names, comma-separated; '.example.com' for any below)")
+        return value
 
     @model_validator(mode="after")
     def _default_within_limit(self) -> Settings:

@@ -63,7 +63,9 @@ def settings(settings: Settings, folders: dict[str, Path], demo_model: Path, tmp
         "gemma": {"path": str(folders["gemma"])},
         "smolvlm": {"path": str(folders["smolvlm"])},
     }
-    return serve(settings.model_copy(update={"max_batch": 4, "prefill_step": 16}), tmp_path, **tables)[0]
+    # (image URLs may be fetched from this machine's loopback only: the stories' own image server)
+    update = {"max_batch": 4, "prefill_step": 16, "image_hosts": ("127.0.0.1",)}
+    return serve(settings.model_copy(update=update), tmp_path, **tables)[0]
 
 
 @pytest.fixture
@@ -260,9 +262,13 @@ def test_what_a_hostile_client_sends_is_refused_at_the_door_by_name(settings, li
         (
             chat([{"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest/meta-data"}}]),
             400,
-            "not fetched",
+            "fetched only from 127.0.0.1",
         ),
-        (chat([{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]), 400, "not fetched"),
+        (
+            chat([{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]),
+            400,
+            "fetched only from 127.0.0.1",
+        ),
         (chat([{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}]), 400, "not valid base64"),
         (chat([{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]), 400, "data: URL"),
         (
@@ -404,3 +410,61 @@ def test_onelane_run_asks_about_an_image_file(worker, live_server, tmp_path, ref
     assert missing.returncode == 2 and "nope.png" in missing.stderr
     raw = onelane(live_server, "run", "--raw", "--image", str(picture), QUESTION)
     assert raw.returncode != 0 and "not with --raw" in raw.stderr
+
+
+def test_an_image_url_is_fetched_only_from_the_hosts_the_operator_lists(settings, live_server, jobs):
+    import hashlib
+    import http.server
+
+    red = png("red")
+
+    class Images(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path == "/moved.png":
+                self.send_response(302)
+                self.send_header("Location", "http://169.254.169.254/latest/meta-data")
+                self.end_headers()
+                return
+            if self.path == "/huge.png":
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"\0" * (settings.image_max_bytes + 65536))
+                return
+            known = self.path == "/red.png"
+            self.send_response(200 if known else 404)
+            self.send_header("Content-Type", "image/png")
+            self.end_headers()
+            self.wfile.write(red if known else b"")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Images)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+
+        def job(url: str) -> requests.Response:
+            parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": QUESTION}]
+            body = {"model": "gemma", "messages": [{"role": "user", "content": parts}], "max_tokens": 4}
+            return requests.post(f"{live_server}/v1/jobs", json=body, timeout=30)
+
+        # a listed host's image is fetched at the door, and kept as any inline image
+        fetched = job(f"{base}/red.png")
+        assert fetched.status_code in (200, 201, 202), fetched.text
+        image = fetched.json()["messages"][0]["images"][0]
+        assert (image["digest"], image["mime"]) == (hashlib.sha256(red).hexdigest(), "image/png")
+        # a redirect is not followed, a missing image or one too large is refused, by name
+        for path, status, words in (
+            ("/moved.png", 422, "HTTP 302"),  # (/v1/jobs answers an invalid request 422)
+            ("/missing.png", 422, "HTTP 404"),
+            ("/huge.png", 413, "more than"),
+        ):
+            reply = job(f"{base}{path}")
+            assert reply.status_code == status and words in reply.json()["error"]["message"], reply.text
+        # a host not listed is never asked (the name alone refuses it)
+        reply = job(f"http://localhost:{server.server_port}/red.png")
+        assert reply.status_code == 422 and "'localhost' is not one of them" in reply.json()["error"]["message"]
+    finally:
+        server.shutdown()
+        server.server_close()

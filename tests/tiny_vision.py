@@ -26,6 +26,7 @@ differently for a red and a blue image. Both models have ordinary 1-D positions 
   checkpoint's), which would give every soft token the same direction: it is drawn from a seeded normal instead.
   config.json has a top-level hidden_size (the text model's): mlx-vlm divides the image features by its square root
   (2048 when absent, as in hub configs) before the text model multiplies every input embedding by sqrt(64).
+  `build_gemma3(folder, **sizes)` builds it bigger (a benchmark's model: bench/vision.py), same layout and seed.
 - `build_idefics3(folder)`: SmolVLM as HuggingFaceTB/SmolVLM-256M-Instruct ships it (Idefics 3:
   `Idefics3ForConditionalGeneration`, model_type "idefics3", 369 k parameters, keys `model.vision_model.*`,
   `model.connector.*`, `model.text_model.*`, `lm_head.weight`): a SigLIP-style tower (32x32 images, no splitting
@@ -171,26 +172,70 @@ GEMMA3_PROJECTION = "multi_modal_projector.mm_input_projection_weight"
 IDEFICS3_CONV = "vision_model.embeddings.patch_embedding.weight"
 
 
-def build_gemma3(folder: Path) -> Path:
-    """Write a tiny Gemma 3 vision-language model (the layout of google/gemma-3-4b-it) into `folder`; returns it."""
+def build_gemma3(folder: Path, **sizes: Any) -> Path:
+    """Write a tiny Gemma 3 vision-language model (the layout of google/gemma-3-4b-it) into `folder`; returns it.
+    `sizes` make it bigger (a benchmark's model; none: the tiny one, byte for byte): see gemma3_sizes."""
     import mlx.core as mx
     from mlx_vlm.models import gemma3
 
+    config, image_processor = gemma3_sizes(**sizes)
+    image_tokens = config["mm_tokens_per_image"]
     folder.mkdir(parents=True, exist_ok=True)
-    weights = _parameters(_seeded(lambda: gemma3.Model(_model_config(gemma3, GEMMA3))))
+    weights = _parameters(_seeded(lambda: gemma3.Model(_model_config(gemma3, config))))
     del weights["language_model.lm_head.weight"]  # tied: the checkpoint has none, sanitize copies embed_tokens
     shape = weights[GEMMA3_PROJECTION].shape  # (vision hidden, text hidden), initialised to ones
     weights[GEMMA3_PROJECTION] = mx.random.normal(shape, key=mx.random.key(SEED)) * shape[0] ** -0.5
     weights[GEMMA3_CONV] = _torch_conv(weights[GEMMA3_CONV])
     _save_weights(folder, weights)
-    _write_json(folder / "config.json", GEMMA3)
+    _write_json(folder / "config.json", config)
     _write_generation_config(folder, GEMMA3_EOS)
     named = dict(GEMMA3_NAMED, extra_special_tokens=GEMMA3_NAMED, processor_class="Gemma3Processor")
     _write_tokenizer(folder, GEMMA3_TOKENS, named, GEMMA3_CHAT_TEMPLATE)
-    processor = dict(image_seq_length=GEMMA3_IMAGE_TOKENS, processor_class="Gemma3Processor")
+    processor = dict(image_seq_length=image_tokens, processor_class="Gemma3Processor")
     _write_json(folder / "processor_config.json", processor)
-    _write_json(folder / "preprocessor_config.json", GEMMA3_IMAGE_PROCESSOR)
+    _write_json(folder / "preprocessor_config.json", image_processor)
     return folder
+
+
+#: what build_gemma3's `sizes` may set: the text model's sizes as its config names them, the vision tower's with a
+#: `vision_` prefix, and mm_tokens_per_image (the soft tokens an image becomes)
+GEMMA3_TEXT_SIZES = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "sliding_window", "sliding_window_pattern")  # fmt: skip
+GEMMA3_VISION_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "image_size",
+                       "patch_size")  # fmt: skip
+
+
+def gemma3_sizes(**sizes: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Gemma 3's config.json and preprocessor_config.json with `sizes` over GEMMA3's (none: GEMMA3 and
+    GEMMA3_IMAGE_PROCESSOR themselves): e.g. `hidden_size=256, head_dim=64, vision_image_size=224,
+    vision_patch_size=14, mm_tokens_per_image=64`. query_pre_attn_scalar follows head_dim, the top-level hidden_size
+    the text model's, the image processor's size the tower's image_size. The projector average-pools the tower's
+    (image_size / patch_size)^2 patches to mm_tokens_per_image, so that must be a square whose side divides theirs."""
+    if not sizes:
+        return GEMMA3, GEMMA3_IMAGE_PROCESSOR
+    text = {k: sizes.pop(k) for k in GEMMA3_TEXT_SIZES if k in sizes}
+    vision = {k: sizes.pop(f"vision_{k}") for k in GEMMA3_VISION_SIZES if f"vision_{k}" in sizes}
+    image_tokens = int(sizes.pop("mm_tokens_per_image", GEMMA3_IMAGE_TOKENS))
+    if sizes:
+        raise ValueError(
+            f"unknown Gemma 3 sizes {sorted(sizes)}: text {GEMMA3_TEXT_SIZES}, vision_* {GEMMA3_VISION_SIZES}, "
+            "mm_tokens_per_image"
+        )
+    if "head_dim" in text:
+        text["query_pre_attn_scalar"] = text["head_dim"]
+    text_config = dict(GEMMA3_TEXT, **text, mm_tokens_per_image=image_tokens)
+    vision_config = dict(GEMMA3_VISION, **vision)
+    size, patch = vision_config["image_size"], vision_config["patch_size"]
+    side = round(image_tokens**0.5)
+    if size % patch or side * side != image_tokens or (size // patch) % side:
+        raise ValueError(
+            f"image_size {size}, patch_size {patch}: {(size // patch) ** 2} patches do not pool to "
+            f"mm_tokens_per_image {image_tokens} (a square whose side divides {size // patch})"
+        )
+    config = dict(GEMMA3, text_config=text_config, vision_config=vision_config, hidden_size=text_config["hidden_size"])
+    config["mm_tokens_per_image"] = image_tokens
+    image_processor = dict(GEMMA3_IMAGE_PROCESSOR, image_seq_length=image_tokens, size=dict(height=size, width=size))
+    return config, image_processor
 
 
 def build_idefics3(folder: Path) -> Path:

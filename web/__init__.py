@@ -12,6 +12,7 @@ from tasks.grammar_check import CHECKS
 from tasks.job import JobStatus
 from tasks.settings import Settings
 from web import api, dashboard, docs, errors, health, pages, stream
+from web.anthropic import messages
 from web.openai import batch_runner, batches, chat, files, pooling, responses
 from web.services import EXTENSION, Services
 
@@ -60,6 +61,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         responses,
         files,
         batches,
+        messages,
         pages,
         docs,
         dashboard,

@@ -1,6 +1,7 @@
 """Who is asking, decided once per request.
 
-- `Authorization: Bearer <key>`: the user that key belongs to (401 for a wrong key). With no keys
+- `Authorization: Bearer <key>` (or `x-api-key: <key>`, as Anthropic's clients send it): the user that key belongs
+  to (401 for a wrong key). With no keys
   configured (single-user local mode) any bearer key is the local user, so OpenAI clients just work.
 - A browser: its signed session cookie. In local mode each browser is a visitor of its own
   (`web-<random>`), and the visitors of one client address share a quota (visitor_address); with keys configured
@@ -77,6 +78,8 @@ def visitor_address() -> str | None:
 def _identify() -> tuple[str, User | None]:
     settings = services().settings
     header = request.headers.get("Authorization")
+    if not header and request.headers.get("X-Api-Key"):  # Anthropic's clients send their key so
+        header = f"Bearer {request.headers['X-Api-Key']}"
     if header:
         scheme, _, key = header.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():

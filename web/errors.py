@@ -53,6 +53,21 @@ HEADERS: dict[type[errors.OnelaneError], tuple[str, Callable[[Any], str]]] = {
 REDIS_RETRY_AFTER_S = 5  # what a client is told to wait while Redis is unreachable
 OPENAI_BLUEPRINTS = ("openai", "pooling", "responses", "files", "batches")  # whose errors take OpenAI's shape
 OPENAI_CATEGORY = {401: "authentication_error", 429: "rate_limit_error"}
+ANTHROPIC_BLUEPRINTS = ("anthropic",)  # whose errors take Anthropic's shape
+#: Anthropic's error types by status; a 503 (the queue is full, the model unavailable) is its 529 `overloaded_error`
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+class ClientGone(Exception):
+    """The client hung up: nobody reads an answer (its job was cancelled). Answered 499, to no one."""
 
 
 def error_body(type_: str, message: str, param: str | None = None) -> dict[str, object]:
@@ -94,7 +109,10 @@ def _html_or_none(status: int, type_: str, message: str) -> Response | None:
 
 
 def _error_json(status: int, type_: str, message: str, param: str | None = None) -> Response:
-    if openai_shaped(request.blueprint):
+    if request.blueprint in ANTHROPIC_BLUEPRINTS:
+        status = shown_status(status, request.blueprint)
+        response = jsonify(anthropic_error(status, message))
+    elif openai_shaped(request.blueprint):
         status = shown_status(status, request.blueprint)
         response = jsonify(
             {"error": {"message": message, "type": openai_category(status), "param": param, "code": type_}}
@@ -120,15 +138,23 @@ def job_error(job: Job) -> errors.OnelaneError:
     return errors.JobDidNotComplete.of(job)
 
 
+def anthropic_error(status: int, message: str) -> dict[str, object]:
+    """Anthropic's error body (and a stream's `error` event's data) for an error answered with `status`."""
+    return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
+
+
 def openai_shaped(blueprint: str | None) -> bool:
     """Errors on this blueprint's routes take OpenAI's shape."""
     return blueprint in OPENAI_BLUEPRINTS
 
 
 def shown_status(status: int, blueprint: str | None) -> int:
-    """The status an error is answered with on this blueprint's routes: OpenAI's endpoints answer any invalid
-    request 400."""
-    return 400 if status == 422 and openai_shaped(blueprint) else status
+    """The status an error is answered with on this blueprint's routes: OpenAI's and Anthropic's endpoints answer any
+    invalid request 400; Anthropic's an overload (503) 529."""
+    anthropic = blueprint in ANTHROPIC_BLUEPRINTS
+    if status == 422 and (anthropic or openai_shaped(blueprint)):
+        return 400
+    return 529 if status == 503 and anthropic else status
 
 
 def openai_category(status: int) -> str:
@@ -185,6 +211,10 @@ def register(app: Flask) -> None:
         response = error_response(status_for(exc), exc.type, exc.message, exc.param)
         response.headers.update(error_headers(exc))
         return response
+
+    @app.errorhandler(ClientGone)
+    def client_gone(_: ClientGone) -> Response:  # nobody reads an answer: its job was cancelled
+        return Response(status=499)
 
     @app.errorhandler(redis.exceptions.ConnectionError)
     @app.errorhandler(redis.exceptions.TimeoutError)

@@ -24,11 +24,22 @@ from werkzeug.routing import Rule
 from tasks.settings import Settings
 from web import responses
 from web.apidoc import HEADERS, HTML, JSON, PATH, Operation, Reply, Schema, Text, operations_of
-from web.errors import header_names, meaning, openai_category, openai_shaped, shown_status, status_of, type_of
+from web.errors import (
+    ANTHROPIC_BLUEPRINTS,
+    ANTHROPIC_TYPES,
+    header_names,
+    meaning,
+    openai_category,
+    openai_shaped,
+    shown_status,
+    status_of,
+    type_of,
+)
 
 TAGS = [
     {"name": "jobs"},
     {"name": "openai", "description": "OpenAI-compatible"},
+    {"name": "anthropic", "description": "Anthropic's Messages API"},
     {"name": "health"},
     {
         "name": "pages",
@@ -173,11 +184,19 @@ class Writer:
         view's page, or either) and the headers they carry (required when every one of them does)."""
         content: dict[str, Schema] = {}
         if any(f.raised for f in group):
-            content[JSON] = responses.OpenAIError if openai_shaped(blueprint) else responses.Error
+            content[JSON] = (
+                responses.AnthropicError
+                if blueprint in ANTHROPIC_BLUEPRINTS
+                else responses.OpenAIError
+                if openai_shaped(blueprint)
+                else responses.Error
+            )
         if any(f.page for f in group):
             content[HTML] = {"type": "string"}
         parts = [self.failure(f, mixed=len(content) > 1) for f in group]
-        if openai_shaped(blueprint):
+        if blueprint in ANTHROPIC_BLUEPRINTS:
+            parts.insert(0, f"Anthropic's `type`: `{ANTHROPIC_TYPES.get(status, 'api_error')}`; onelane's reason:")
+        elif openai_shaped(blueprint):
             parts.insert(0, f"OpenAI's `type`: `{openai_category(status)}`; its `code`:")
         answer: dict[str, Any] = {
             "description": "\n\n".join(parts),  # a paragraph each

@@ -136,6 +136,18 @@ class OpenAIError(Answer):
     error: OpenAIErrorDetail
 
 
+class AnthropicErrorDetail(Answer):
+    type: str = Field(description="Anthropic's: invalid_request_error, authentication_error, overloaded_error, …")
+    message: str
+
+
+class AnthropicError(Answer):
+    """An error on the Messages API, in Anthropic's shape."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
 class QueuedEvent(Answer):
     """`queued`: where the job stands, sent again when its place changes, when its ETA moves by more than a second and
     a tenth, and at least every 5 s while it waits (no SSE id)."""

@@ -321,13 +321,15 @@ def make_spec(
     response: ResponseFields | None = None,
     constraint: Constraint | None = None,
     tools: tuple[Tool, ...] = (),
+    count: bool = False,
+    field: str = "messages",
 ) -> tuple[JobSpec, float]:
     """Apply the server's catalog and limits (model, prompt size, max_tokens, TTL) and the owner's default
     priority; every way in goes through here."""
     model = served_model(settings, model)
     priority = _priority(settings, owner, priority)
     size = len(prompt) if prompt is not None else sum(_chars(m) for m in messages or ())
-    param = "prompt" if prompt is not None else "messages"
+    param = "prompt" if prompt is not None else field  # (the request's name for its conversation)
     if size == 0 and not any(m.images for m in messages or ()):  # nothing to generate from: refused here
         raise InvalidRequest("the prompt is empty" if prompt is not None else "every message is empty", param=param)
     size += sum(len(t.description) + len(json.dumps(t.parameters)) for t in tools)  # told to the model too
@@ -338,7 +340,7 @@ def make_spec(
     if params.max_tokens > settings.max_tokens_limit:
         raise InvalidRequest(f"max_tokens may be at most {settings.max_tokens_limit}", param="max_tokens")
     if messages and any(m.images for m in messages):
-        messages = _read_images(settings, model, messages)
+        messages = _read_images(settings, model, messages, param)
     ttl_s = _ttl(settings, ttl_s)
     spec = JobSpec(
         owner=owner,
@@ -352,11 +354,12 @@ def make_spec(
         response=response,
         constraint=constraint,
         tools=tools,
+        count=count,
     )
     return spec, ttl_s
 
 
-def _read_images(settings: Settings, model: str, messages: tuple[Message, ...]) -> tuple[Message, ...]:
+def _read_images(settings: Settings, model: str, messages: tuple[Message, ...], param: str) -> tuple[Message, ...]:
     """The messages' images, read and bounded (tasks/images.py), for a model that reads images; else a 400 that
     names the model and those that do."""
     config = settings.model_named(model)
@@ -365,9 +368,16 @@ def _read_images(settings: Settings, model: str, messages: tuple[Message, ...]) 
         raise InvalidRequest(
             f"the model '{model}' reads text only: it cannot read the images in this request; "
             + (f"models that read images: {seeing}" if seeing else "this server serves no model that reads images"),
-            param="messages",
+            param=param,
         )
-    return checked(messages, settings.image_max_bytes, settings.image_max_pixels, settings.max_images, "messages")
+    return checked(
+        messages,
+        settings.image_max_bytes,
+        settings.image_max_pixels,
+        settings.max_images,
+        param,
+        settings.image_hosts,
+    )
 
 
 def make_pooled_spec(

@@ -25,7 +25,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
-from mlx_lm.sample_utils import apply_top_p, greedy_sampler
+from mlx_lm.sample_utils import apply_top_k, apply_top_p, greedy_sampler
 from mlx_lm.utils import dequantize_model
 
 from tasks.catalogue import DEMO_MODEL, ModelConfig
@@ -90,7 +90,7 @@ def make_sampler(params: SamplingParams, drawn: int = 0) -> Sampler:
     run's tokens), so its key is where that run's was."""
     if params.temperature == 0:
         return greedy_sampler
-    temp, top_p = params.temperature, params.top_p
+    temp, top_p, top_k = params.temperature, params.top_p, params.top_k
     key = mx.random.key(params.seed) if params.seed is not None else None
     if key is not None and drawn:
         for _ in range(drawn):
@@ -99,6 +99,8 @@ def make_sampler(params: SamplingParams, drawn: int = 0) -> Sampler:
 
     def sample(logprobs: mx.array) -> mx.array:
         nonlocal key
+        if 0 < top_k < logprobs.shape[-1]:
+            logprobs = apply_top_k(logprobs, top_k)
         if top_p < 1.0:
             logprobs = apply_top_p(logprobs, top_p)
         if key is None:

@@ -210,7 +210,7 @@ class Runner:
 
     def _measure(self, claim: Claim) -> Head:
         job = claim.job
-        if job.spec.pooled is not None:  # read beside the batch: it takes no slot nor KV budget
+        if job.spec.side:  # read beside the batch: it takes no slot nor KV budget
             return Head(job.id, [], 0, False, side=True)
         engine = self.models.get(job.spec.model) or self.models.load(job.spec.model)
         if engine is None:
@@ -245,7 +245,7 @@ class Runner:
         if head is None or head.id != job.id:
             head = self._measure(claim)
         if head.side:
-            self._take_pooled(job)
+            self._count(job) if job.spec.count else self._take_pooled(job)
             return
         if not self.batch and head.invalid is None:
             self._activate(job.spec.model)
@@ -307,12 +307,35 @@ class Runner:
         elif params.max_tokens == 0:  # its earlier run scored its prompt; only its ending was lost
             self.writer.end(Ending(job.id, JobStatus.COMPLETED, "length", None, len(head.tokens)))
             return
-        else:
-            self._place(run, head.tokens, params, self.models.prefix.fetch(key, [*head.tokens, *done]), done)
+        elif not self._place(run, head.tokens, params, self.models.prefix.fetch(key, [*head.tokens, *done]), done):
+            return
         if run.cached:
             logger.info("job %s: %d of its %d prompt tokens read before", job.id, run.cached, len(head.tokens))
         # its prompt and what of it is cached, recorded at once: estimates count only the prefill still to do
         self.writer.put_many([run.text(start.rest, resume_at=start.at)])
+
+    def _count(self, job: Job) -> None:
+        """A count of a prompt's tokens (Anthropic's count_tokens): its model's tokenizer reads it, nothing runs on
+        the device; it completes at once, its prompt_tokens the count."""
+        engine = self.models.get_quietly(job.spec.model) or self.models.load(job.spec.model, keep=self.active)
+        if not isinstance(engine, Engine):
+            why = "the model failed to load" if engine is None else f"the model {job.spec.model} generates no text"
+            self.writer.end(Ending(job.id, JobStatus.FAILED, error=("model_unavailable", why)))
+            return
+        digests = [p.digest for m in job.spec.messages or () for p in m.images]
+        self.writer.begin(job.id, live=False)
+        try:
+            tokens = engine.prompt_tokens(job.spec, self.store.images(digests) if digests else None)
+        except InvalidPrompt as exc:
+            self.writer.end(Ending(job.id, JobStatus.FAILED, error=(exc.type, exc.message)))
+            return
+        except Exception:  # the details are for the operator's log, not for the client
+            logger.exception("job %s: its prompt could not be prepared", job.id)
+            self.writer.end(Ending(job.id, JobStatus.FAILED, error=_generation_error(job.id)))
+            return
+        self.writer.end(Ending(job.id, JobStatus.COMPLETED, "stop", None, len(tokens)))
+        logger.info("job %s: counted (%d prompt tokens)", job.id, len(tokens))
+        self._look = True
 
     def _take_pooled(self, job: Job) -> None:
         """A started pooled job joins the side work (worker/pooling.py), or fails at once if its model cannot read
@@ -376,9 +399,10 @@ class Runner:
         self.batch.drop(run)
         self._place(run, scorer.prompt, params, Hit(scorer.cache, len(scorer.prompt) - 1), ())
 
-    def _place(self, run: Running, prompt: list[int], params: SamplingParams, hit: Hit, done: tuple[int, ...]) -> None:
+    def _place(self, run: Running, prompt: list[int], params: SamplingParams, hit: Hit, done: tuple[int, ...]) -> bool:
         """Put a run in the batch: into the engine, from what of its prompt is read already (`hit`), or held until
-        another answer of its request has read their common prompt (worker/choices.py)."""
+        another answer of its request has read their common prompt (worker/choices.py). False if its prompt cannot
+        be read (its images' embeddings could not be made: it failed)."""
         assert self.engine is not None
         choice = run.job.spec.choice if not done else None  # (a run after a requeue goes on from its own tokens)
         group = self.groups.get(choice.group) if choice else None
@@ -387,19 +411,27 @@ class Runner:
                 self.groups.hold(group, Held(run, prompt, params))
                 run.uid = self.batch.hold_uid()
                 self.batch.add(run)
-                return
+                return True
             if group.cache is not None:
                 hit = Hit(group.copy(), len(prompt) - 1)
-        run.uid = self.engine.insert(prompt, params, hit.cache, hit.tokens, generated=done, constraint=run.constraint)
+        try:
+            run.uid = self.engine.insert(
+                prompt, params, hit.cache, hit.tokens, generated=done, constraint=run.constraint
+            )
+        except InvalidPrompt as exc:  # (worker/vision.py: the images of its prompt are no longer held)
+            self.writer.end(Ending(run.job.id, JobStatus.FAILED, error=(exc.type, exc.message)))
+            self._look = True
+            return False
         timeline.mark(run.job.id, "joined")
         run.cached = min(hit.tokens, len(prompt))  # (of the prompt's)
         self.batch.add(run)
         if choice is None:
-            return
+            return True
         if group is None and hit.tokens < len(prompt) - 1:  # the first of its request: it reads the prompt
             self.groups.lead(choice.group, run, prompt)
         elif group is not None:
             self.groups.join(group, run)
+        return True
 
     def _read_prompts(self, uids: set[int]) -> None:
         """The groups whose leader made its first token in this step: their held runs join, their prompt read."""

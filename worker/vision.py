@@ -27,18 +27,24 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
 
 from tasks.catalogue import ModelConfig
 from tasks.errors import InvalidPrompt
-from tasks.job import JobSpec
+from tasks.job import JobSpec, Message, Picture
 from worker.chat_prompt import chat_input
 from worker.engine import Engine, with_dtype
 
 logger = logging.getLogger(__name__)
 
+#: what mlx-vlm's embeddings may carry beside them that the batch reads: a model whose images need more (positions
+#: that depend on the image, as Qwen2-VL's M-RoPE; cross-attention states; per-layer inputs) is not served yet
+READ = ("inputs_embeds", "attention_mask_4d", "attention_mask")
 KEPT = 64  # prompts' processed images kept, by their digests (the newest)
 NOT_INPUTS = ("input_ids", "attention_mask")  # what of mlx-vlm's prepared inputs is no image's
+
+
+class VisionUnsupported(Exception):
+    """A vision-language model whose images the batch cannot read yet (its message says why)."""
 
 
 class TextModel(nn.Module):
@@ -81,6 +87,7 @@ class VisionEngine(Engine):
         """Load a vision-language model's folder (or hub id) with mlx-vlm, and its tokenizer as mlx-lm wraps one."""
         from mlx_lm.tokenizer_utils import load as load_tokenizer
         from mlx_vlm import load as load_vlm
+        from PIL import Image
 
         started = time.perf_counter()
         vlm, processor = load_vlm(model.path, trust_remote_code=model.trust_remote_code, revision=model.revision)
@@ -96,7 +103,7 @@ class VisionEngine(Engine):
             time.perf_counter() - started,
             dtype,
         )
-        return cls(
+        engine = cls(
             vlm,
             processor,
             tokenizer,
@@ -106,8 +113,18 @@ class VisionEngine(Engine):
             lock=lock,
             max_kv_size=model.max_kv_size,
         )
+        # one image read as it loads: a model whose images the batch cannot read fails its load, saying why
+        probe = io.BytesIO()
+        Image.new("RGB", (32, 32), "gray").save(probe, "PNG")
+        picture = Picture(digest="0" * 64, at=0)
+        spec = JobSpec(owner="", model=model.name, messages=(Message(role="user", content="?", images=(picture,)),))
+        engine.embeddings(engine.prompt_tokens(spec, {picture.digest: probe.getvalue()}), 0)
+        engine.images_read = 0
+        return engine
 
     def prompt_tokens(self, spec: JobSpec, images: Mapping[str, bytes] | None = None) -> list[int]:
+        from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
+
         digests = [p.digest for m in spec.messages or () for p in sorted(m.images, key=lambda p: p.at)]
         if not digests:
             return super().prompt_tokens(spec)
@@ -152,7 +169,13 @@ class VisionEngine(Engine):
         out = self.vlm.get_input_embeddings(
             mx.array([ids]), kept.get("pixel_values"), mask=mx.ones((1, len(ids)), dtype=mx.int32), **rest
         )
-        embeds = getattr(out, "inputs_embeds", out)[0, cached:-1]
+        extra = [k for k, v in out.to_dict().items() if v is not None and k not in READ]
+        if extra:
+            raise VisionUnsupported(
+                f"its images come with {', '.join(extra)} beside their embeddings (positions or states that depend on "
+                "the image): onelane's batch does not read such a model's images yet"
+            )
+        embeds = out.inputs_embeds[0, cached:-1]
         mx.eval(embeds)
         return embeds, ids[cached:]
 

@@ -146,7 +146,7 @@ class Store:
             max_visitors=VISITORS_PER_ADDRESS,
             history=history,
             line="1" if line else "",
-            side="1" if spec.pooled is not None else "",
+            side="1" if spec.side else "",
             ignore_eos="1" if spec.params.ignore_eos else "",
             prompt_chars=sum(len(t) for t in texts),
             history_chars=sum(len(t) for t in texts[:-1]),

@@ -14,13 +14,19 @@ import math
 import queue
 import threading
 from collections.abc import Iterator
+from contextlib import closing
 
+from flask import request
+
+from tasks.events import Event, EventType
 from tasks.job import Choice, Job, JobSpec, new_job_id
 from tasks.logprobs import read_entries
 from tasks.store import Store
 from web.admission import admit_all as admit_jobs
+from web.errors import ClientGone, job_error
 from web.feed import Feed, Hub
-from web.follow import Story, cancel_quietly
+from web.follow import CLIENT_GONE, Gone, Story, cancel_quietly, follow
+from web.services import services
 
 ANOTHER_FAILED = ("choice_failed", "another answer of the same request did not complete")
 
@@ -123,3 +129,22 @@ def best_of(jobs: list[Job], n: int) -> list[Job]:
     with the highest log probability per token, as OpenAI defines it: the mean of their tokens' log probabilities
     (the sampler's distribution, tasks/job.py's SamplingParams). Best first; a tie keeps the order generated."""
     return sorted(jobs, key=mean_logprob, reverse=True)[:n]
+
+
+def run_one(admission: tuple[JobSpec, float], param: str) -> Job:
+    """Admit the job, follow it to its end (the connection watches it), and return it completed, read back whole;
+    or raise what its other ending means to the caller."""
+    svc = services()
+    (job,), (feed,) = admit_all(svc.store, svc.hub, *admission, count=1, param=param)
+    with closing(feed):
+        story = follow(svc.store, svc.hub, job, ping_s=svc.settings.sse_ping_s, environ=request.environ, feed=feed)
+        for item in story:
+            match item:
+                case Gone():
+                    cancel_all(svc.store, [job], CLIENT_GONE)
+                    raise ClientGone()
+                case Event(type=EventType.COMPLETED):
+                    break
+                case Event() if item.terminal:
+                    raise job_error(svc.store.get(job.id))
+    return svc.store.read([job.id])[job.id]

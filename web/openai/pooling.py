@@ -9,22 +9,18 @@ forward pass with other requests' (worker/pooling.py); nothing is generated.
 
 from __future__ import annotations
 
-from contextlib import closing
 from typing import Any, Literal
 
 from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, Field, model_validator
 
 from tasks.errors import InvalidRequest
-from tasks.events import Event, EventType
 from tasks.job import Job, JobSpec, Pooled
 from tasks.pooled import embeddings_of, floats, scores_of
 from tasks.settings import Settings
 from web.apidoc import documented, reply
 from web.auth import current_owner
-from web.errors import job_error
-from web.follow import CLIENT_GONE, Gone, follow
-from web.openai.choices import admit_all, cancel_all
+from web.openai.choices import run_one
 from web.openai.schemas import REQUEST_ERRORS, STRICT, parse_openai
 from web.responses import Answer
 from web.schemas import json_body, make_pooled_spec
@@ -155,7 +151,7 @@ class RerankList(Answer):
 def embeddings() -> Response:
     owner = current_owner()
     req: EmbeddingRequest = parse_openai(EmbeddingRequest, json_body(request))
-    job = _run(req.admission(owner, services().settings))
+    job = run_one(req.admission(owner, services().settings), "input")
     return _answer(job, embeddings_body(job))
 
 
@@ -200,7 +196,7 @@ def _rerank() -> Response:
     owner = current_owner()
     req: RerankRequest = parse_openai(RerankRequest, json_body(request))
     pooled = Pooled(kind="rerank", texts=req.texts(), query=req.query)
-    job = _run(make_pooled_spec(owner, services().settings, pooled, req.model))
+    job = run_one(make_pooled_spec(owner, services().settings, pooled, req.model), "documents")
     scores = scores_of(job.output)
     order = sorted(range(len(scores)), key=lambda n: (-scores[n], n))[: req.top_n]
     results = [
@@ -213,34 +209,6 @@ def _rerank() -> Response:
     ]
     body = {"id": f"rerank-{job.id}", "model": job.spec.model, "results": results, "usage": _usage(job)}
     return _answer(job, body)
-
-
-def _run(admission: tuple[JobSpec, float]) -> Job:
-    """Admit the job, follow it to its end (the connection watches it), and return it completed, read back whole;
-    or raise what its other ending means to the caller."""
-    svc = services()
-    (job,), (feed,) = admit_all(svc.store, svc.hub, *admission, count=1, param="input")
-    with closing(feed):
-        story = follow(svc.store, svc.hub, job, ping_s=svc.settings.sse_ping_s, environ=request.environ, feed=feed)
-        for item in story:
-            match item:
-                case Gone():
-                    cancel_all(svc.store, [job], CLIENT_GONE)
-                    raise ClientGone()
-                case Event(type=EventType.COMPLETED):
-                    break
-                case Event() if item.terminal:
-                    raise job_error(svc.store.get(job.id))
-    return svc.store.read([job.id])[job.id]
-
-
-class ClientGone(Exception):
-    """The client hung up: nobody reads an answer (its job was cancelled)."""
-
-
-@bp.errorhandler(ClientGone)
-def _gone(_: ClientGone) -> Response:
-    return Response(status=499)
 
 
 def _usage(job: Job) -> dict[str, int]:

@@ -264,6 +264,7 @@ class ResponseRequest(BaseModel):
             response=extra,
             constraint=constraint,
             tools=tools,
+            field="input",
         )
 
 

@@ -1,0 +1,57 @@
+"""The Messages API's answers as /openapi.json describes them (web/anthropic/body.py writes them)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from web.responses import Answer
+
+
+class MessageUsage(Answer):
+    input_tokens: int = Field(description="the prompt's tokens neither read from nor written to the prefix cache")
+    cache_creation_input_tokens: int = Field(
+        description="a request marking `cache_control`: the prompt's tokens the worker read and kept in its cache"
+    )
+    cache_read_input_tokens: int = Field(description="the prompt's tokens read from the worker's prefix cache")
+    output_tokens: int
+    service_tier: Literal["standard"]
+
+
+class TextContent(Answer):
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseContent(Answer):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any] = Field(description="the call's input, JSON of the tool's input_schema")
+
+
+class Message(Answer):
+    """The answer: words (one text block) or calls (one tool_use block each)."""
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[TextContent | ToolUseContent]
+    stop_reason: Literal["end_turn", "max_tokens", "tool_use"] | None
+    stop_sequence: None
+    usage: MessageUsage
+
+
+class TokenCount(Answer):
+    """The request's prompt in tokens, as the model reads it (its chat template, tools and all)."""
+
+    input_tokens: int
+
+
+class StreamEvent(Answer):
+    """One event of a streamed answer (`event: <type>`): message_start, content_block_start, content_block_delta,
+    content_block_stop, message_delta, message_stop, ping, or error."""
+
+    type: str
