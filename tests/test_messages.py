@@ -140,7 +140,7 @@ def test_errors_come_in_anthropics_shape_naming_what_is_not_honored(live_server,
         )
     assert err.value.status_code == 400
     assert err.value.body["type"] == "error" and err.value.body["error"]["type"] == "invalid_request_error"
-    assert "'thinking'" in err.value.body["error"]["message"]
+    assert "thinking of type 'enabled' is not supported" in err.value.body["error"]["message"]
     with pytest.raises(anthropic.NotFoundError) as missing:
         messages.messages.create(model="claude-sonnet-4-5", max_tokens=8, messages=ASK)
     assert missing.value.body["error"]["type"] == "not_found_error"
@@ -153,3 +153,60 @@ def test_errors_come_in_anthropics_shape_naming_what_is_not_honored(live_server,
     headers = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
     with httpx.stream("POST", f"{live_server}/v1/messages", json=body, headers=headers, timeout=30) as reply:
         assert reply.status_code == 200 and next(reply.iter_lines()) == "event: message_start"
+
+
+def test_a_request_shaped_as_claude_code_sends_it_is_answered(start_worker, live_server, model):
+    """What Claude Code 2.1.332 sends on every turn (read from the wire; its prompt cut short): adaptive thinking,
+    a context edit that clears thinking blocks, an effort, a deferred tool, a system turn among the messages, a
+    metadata user id of JSON text, the beta query and headers, streamed."""
+    start_worker()
+    body = {
+        "model": model,
+        "max_tokens": 32000,
+        "stream": True,
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332;"},
+            {"type": "text", "text": "You are an agent.", "cache_control": {"type": "ephemeral"}},
+        ],
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "<system-reminder>be brief</system-reminder>"},
+                    {"type": "text", "text": "list the files here"},
+                ],
+            },
+            {
+                "role": "system",
+                "content": [{"type": "text", "text": "The date is today.", "cache_control": {"type": "ephemeral"}}],
+            },
+        ],  # fmt: skip
+        "tools": [
+            {**WEATHER, "name": "Bash"},
+            {
+                "name": "DeferredToolPlaceholder",
+                "description": "d",
+                "input_schema": {"type": "object"},
+                "defer_loading": True,
+            },
+        ],  # fmt: skip
+        "metadata": {"user_id": json.dumps({"device_id": "0" * 64, "account_uuid": "", "session_id": "s"})},
+        "thinking": {"type": "adaptive", "display": "omitted"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"},
+        "temperature": 0,
+    }
+    headers = {
+        "x-api-key": "k",
+        "anthropic-version": "2023-06-01",
+        "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27",
+    }
+    body["max_tokens"] = 16
+    with httpx.stream("POST", f"{live_server}/v1/messages?beta=true", json=body, headers=headers, timeout=60) as reply:
+        assert reply.status_code == 200, reply.read()
+        kinds = [line.removeprefix("event: ") for line in reply.iter_lines() if line.startswith("event: ")]
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    # a deferred tool is not told to the model: asked for by name, it is refused as one not given
+    forced = {**body, "stream": False, "tool_choice": {"type": "tool", "name": "DeferredToolPlaceholder"}}
+    refused = httpx.post(f"{live_server}/v1/messages", json=forced, headers=headers, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"

@@ -30,8 +30,8 @@ from web.services import services
 
 bp = Blueprint("anthropic", __name__)
 
-#: Fields let through only with their neutral value (anything else would change the answer's meaning).
-NEUTRAL: dict[str, tuple[Any, ...]] = {"thinking": ({"type": "disabled"}, None)}
+#: Fields let through only with their neutral value (anything else would change the answer's meaning): none yet.
+NEUTRAL: dict[str, tuple[Any, ...]] = {}
 
 
 @bp.post("/v1/messages")

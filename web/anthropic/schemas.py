@@ -5,7 +5,15 @@ user's `text` and `image` blocks a user message (its images in place); each `too
 answering its `tool_use_id` (before the user's words, as Anthropic puts them first); an assistant's `text` its
 words and each `tool_use` block one of its calls. `tools` and `tool_choice` become the answer's grammar, as the
 OpenAI endpoints' (web/openai/schemas.py `structure`): `auto` (words or calls), `any` (calls), `tool` (that one),
-`none`. Any field onelane does not honor (`thinking`, `mcp_servers`, `container` …) is a 400 naming it.
+`none`. Any field onelane does not honor (`thinking` that must think, `mcp_servers`, `container` …) is a 400
+naming it.
+
+What coding agents send every turn is honored as a model that never thinks honors it (Claude Code's requests, read
+from the wire): `thinking` `adaptive` (the model may choose not to think: it never does) or `disabled`;
+`context_management` edits that clear thinking blocks (there are none); `output_config.effort` (a hint of how much to
+think: these models do not reason at a chosen depth, so every effort is the same answer); a tool with
+`defer_loading` is not told to the model (as Anthropic loads it only once a tool search finds it); a `system`
+message among the turns is a system message there.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from tasks.errors import InvalidRequest
 from tasks.images import assemble
@@ -112,7 +120,7 @@ Block = Annotated[
 class MessageParam(BaseModel):
     model_config = STRICT
 
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
     def blocks(self) -> list[Any]:
@@ -127,6 +135,8 @@ class ToolParam(BaseModel):
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
     cache_control: CacheControl | None = None
+    defer_loading: bool | None = None  # not told to the model until a tool search finds it
+    strict: bool | None = None  # (its input is always JSON of its schema)
 
     def tool(self) -> Tool:
         return Tool(name=self.name, description=self.description or "", parameters=self.input_schema)
@@ -159,7 +169,29 @@ class OutputConfig(BaseModel):
     model_config = STRICT
 
     format: OutputFormat | None = None
-    effort: None = None  # (onelane's models have no effort levels: any is a 400 naming it)
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None  # (the same answer at every effort)
+
+
+class Thinking(BaseModel):
+    """`adaptive` (the model may think, or not: these never do) or `disabled`; `enabled` (it must think) is
+    refused."""
+
+    model_config = STRICT
+
+    type: Literal["adaptive", "disabled"]
+    display: Literal["omitted", "summarized"] | None = None
+
+
+class ContextEdit(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["clear_thinking_20251015"]  # (no thinking blocks are ever made: clearing them changes nothing)
+
+
+class ContextManagement(BaseModel):
+    model_config = STRICT
+
+    edits: list[ContextEdit] = Field(default_factory=list)
 
 
 class CountRequest(BaseModel):
@@ -174,6 +206,15 @@ class CountRequest(BaseModel):
     tool_choice: ToolChoice | None = None
     cache_control: CacheControl | None = None  # the whole prompt marked for the cache
     output_config: OutputConfig | None = None
+    thinking: Thinking | None = None
+    context_management: ContextManagement | None = None
+
+    @field_validator("thinking", mode="before")
+    @classmethod
+    def _no_thinking(cls, value: Any) -> Any:
+        if isinstance(value, dict) and value.get("type") == "enabled":
+            raise ValueError("thinking of type 'enabled' is not supported by onelane: its models do not think")
+        return value
 
     def conversation(self) -> tuple[Message, ...]:
         """The job's messages (see the module's docstring)."""
@@ -186,7 +227,7 @@ class CountRequest(BaseModel):
         return tuple(turns)
 
     def structure(self) -> tuple[Any, tuple[Tool, ...]]:
-        tools = [t.tool() for t in self.tools or []]
+        tools = [t.tool() for t in self.tools or [] if not t.defer_loading]
         choice = self.tool_choice
         named = {"auto": "auto", "any": "required", "none": "none", "tool": choice.name if choice else None}
         if choice is not None and choice.type == "tool" and not choice.name:
@@ -269,6 +310,10 @@ class MessagesRequest(CountRequest):
 def _turns(m: MessageParam, param: str) -> list[Message]:
     """A message's blocks as the job's messages."""
     blocks = m.blocks()
+    if m.role == "system":
+        if any(not isinstance(b, TextBlock) for b in blocks):
+            raise InvalidRequest("a system turn holds text blocks only", param=param)
+        return [Message(role="system", content="".join(b.text for b in blocks))]
     if m.role == "assistant":
         if any(isinstance(b, ImageBlock | ToolResultBlock) for b in blocks):
             raise InvalidRequest("an assistant's turn holds text and tool_use blocks only", param=param)
