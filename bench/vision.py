@@ -114,8 +114,9 @@ def image_url(n: int) -> str:
     else:
         for r in range(max(WIDTH, HEIGHT), 0, -2 * step):
             draw.ellipse((WIDTH // 2 - r, HEIGHT // 2 - r, WIDTH // 2 + r, HEIGHT // 2 + r), fill=fore)
-            draw.ellipse((WIDTH // 2 - r + step, HEIGHT // 2 - r + step, WIDTH // 2 + r - step, HEIGHT // 2 + r - step),
-                         fill=back)  # fmt: skip
+            if r > step:  # (the ring's inside, when it has one)
+                draw.ellipse((WIDTH // 2 - r + step, HEIGHT // 2 - r + step, WIDTH // 2 + r - step, HEIGHT // 2 + r - step),
+                             fill=back)  # fmt: skip
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()

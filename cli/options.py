@@ -95,9 +95,17 @@ def _read_images(ctx: click.Context, param: click.Parameter, paths: tuple[Path, 
             data = path.read_bytes()
         except OSError as exc:
             raise UsageError(f"--image {path}: {exc.strerror or exc}") from None
-        mime = mimetypes.guess_type(path.name)[0] or "image/png"
+        mime = _sniffed(data) or mimetypes.guess_type(path.name)[0] or "image/png"
         urls.append(f"data:{mime};base64,{base64.b64encode(data).decode()}")
     return urls or None
+
+
+def _sniffed(data: bytes) -> str | None:
+    """An image's type, from its first bytes (a file's name may say otherwise)."""
+    for magic, mime in ((b"\x89PNG", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF8", "image/gif")):
+        if data.startswith(magic):
+            return mime
+    return "image/webp" if data[:4] == b"RIFF" and data[8:12] == b"WEBP" else None
 
 
 def answer_format(response_format: dict[str, Any] | None, json_object: bool) -> dict[str, Any] | None:

@@ -7,10 +7,12 @@ most ONELANE_IMAGE_MAX_BYTES, and gives up after FETCH_TIMEOUT_S.
 
 Each image is checked at the door, by reading its header and then decoding it (Pillow), in the web process:
 - its bytes, at most ONELANE_IMAGE_MAX_BYTES;
-- its format, one of PNG, JPEG, WebP and GIF (what the content says, whatever the URL's MIME type claims);
+- its format, one of PNG, JPEG, WebP and GIF, the one its data: URL says (a PNG sent as image/jpeg is refused, as
+  Anthropic's API refuses it);
 - its pixels, width × height at most ONELANE_IMAGE_MAX_PIXELS, read from the header before anything is decoded (a
   decompression bomb, a few KiB that would decode to gigabytes, is refused without being decoded);
-- an animated image (GIF, WebP) is read as its first frame;
+- a still image: an animated GIF or WebP is refused (as OpenAI's API takes "non-animated GIF" only), so that no
+  frame count reaches the decoder;
 - it decodes whole (a truncated or corrupt file is a 400, not a worker's failure).
 A request holds at most ONELANE_MAX_IMAGES images.
 
@@ -54,7 +56,13 @@ def picture(url: str, at: int, param: str) -> Picture:
         raise InvalidRequest("the image's data: URL is not valid base64", param=param) from None
     if not data:
         raise InvalidRequest("the image is empty", param=param)
-    return Picture(digest=hashlib.sha256(data).hexdigest(), at=at, data=data)
+    declared = (match["mime"] or "").lower()
+    if declared not in FORMATS.values():
+        accepted = ", ".join(FORMATS.values())
+        raise InvalidRequest(
+            f"an image's data: URL says {declared or 'no type'!r}; it must say one of {accepted}", param=param
+        )
+    return Picture(digest=hashlib.sha256(data).hexdigest(), at=at, mime=declared, data=data)
 
 
 def assemble(parts: list[tuple[str, str]], param: str) -> tuple[str, tuple[Picture, ...]]:
@@ -156,12 +164,19 @@ def _read(p: Picture, max_bytes: int, max_pixels: int, param: str) -> Picture:
                     f"an image is {width}x{height} pixels; this server takes at most {max_pixels} pixels an image",
                     param=param,
                 )
-            image.load()  # decoded whole (its first frame): a truncated or corrupt file fails here
-    except PromptTooLarge:
+            if getattr(image, "is_animated", False):  # (a second frame's header: the rest are not read)
+                raise InvalidRequest(
+                    "an image is animated (several frames); send a still image (PNG, JPEG, WebP or GIF)", param=param
+                )
+            image.load()  # decoded whole: a truncated or corrupt file fails here
+    except (PromptTooLarge, InvalidRequest):
         raise
     except Image.DecompressionBombError:  # (Pillow's own bound, past twice its default: 179 M pixels)
         raise PromptTooLarge("an image decodes to more pixels than this server takes", param=param) from None
     except Exception:  # not an image of an accepted format, truncated, corrupt
         accepted = ", ".join(FORMATS)
         raise InvalidRequest(f"an image could not be read: it must be a whole {accepted} file", param=param) from None
-    return p.model_copy(update={"mime": FORMATS[str(image.format)], "width": width, "height": height})
+    mime = FORMATS[str(image.format)]
+    if p.mime is not None and p.mime != mime:
+        raise InvalidRequest(f"an image's data: URL says {p.mime!r}, but the image is {mime}", param=param)
+    return p.model_copy(update={"mime": mime, "width": width, "height": height})

@@ -257,6 +257,11 @@ def test_what_a_hostile_client_sends_is_refused_at_the_door_by_name(settings, li
         return requests.post(f"{live_server}/v1/chat/completions", json=body, timeout=30)
 
     truncated = png("red")[:40]
+    frames = [Image.new("L", (4, 4), 0) for _ in range(10_000)]
+    for n, frame in enumerate(frames):  # (each unlike the one before: no frame is merged into another)
+        frame.putpixel((n % 4, n // 4 % 4), 255)
+    animated = io.BytesIO()
+    frames[0].save(animated, "GIF", save_all=True, append_images=frames[1:], duration=10)
     refusals = [
         (chat(ask(png("red")), model="chat"), 400, "the model 'chat' reads text only"),
         (
@@ -283,7 +288,19 @@ def test_what_a_hostile_client_sends_is_refused_at_the_door_by_name(settings, li
             "10000x10000 pixels",
         ),
         (chat([{"type": "image_url", "image_url": {"url": data_url(bomb(30_000, 30_000))}}]), 413, "more pixels"),
-        (chat(ask(png("red")) * 5), 400, "at most 4"),
+        (chat(ask(png("red")) * 50), 400, "the request holds 50 images; this server takes at most 4"),
+        (chat([{"type": "image_url", "image_url": {"url": data_url(bomb(40_000, 40_000))}}]), 413, "more pixels"),
+        (
+            chat([{"type": "image_url", "image_url": {"url": data_url(animated.getvalue(), "image/gif")}}]),
+            400,
+            "animated",
+        ),
+        (
+            chat([{"type": "image_url", "image_url": {"url": data_url(png("red"), "image/jpeg")}}]),
+            400,
+            "but the image is image/png",
+        ),
+        (chat([{"type": "image_url", "image_url": {"url": data_url(png("red"), "text/html")}}]), 400, "'text/html'"),
         (chat(ask(png("red")), role="assistant"), 400, "only a user's message"),
     ]
     for reply, status, words in refusals:
@@ -296,7 +313,7 @@ def test_what_a_hostile_client_sends_is_refused_at_the_door_by_name(settings, li
     assert {m["id"]: m["vision"] for m in listed} == {"chat": False, "gemma": True, "smolvlm": True}
 
 
-def test_an_image_is_bounded_by_its_bytes_and_an_animation_read_as_its_first_frame(settings, live_server):
+def test_an_image_is_bounded_by_its_bytes_and_a_still_gif_is_read(settings, live_server):
     from tasks.errors import PromptTooLarge
     from tasks.images import checked, picture
     from tasks.job import Message
@@ -311,16 +328,15 @@ def test_an_image_is_bounded_by_its_bytes_and_an_animation_read_as_its_first_fra
     reply = requests.post(f"{live_server}/v1/chat/completions", json=body, timeout=30)
     assert reply.status_code == 400 and "reads text only" in reply.json()["error"]["message"]
 
-    def read(data: bytes, max_bytes: int = 8 * 2**20) -> Any:
-        message = Message(role="user", content="q", images=(picture(data_url(data), 0, "messages"),))
+    def read(data: bytes, max_bytes: int = 8 * 2**20, mime: str = "image/png") -> Any:
+        message = Message(role="user", content="q", images=(picture(data_url(data, mime), 0, "messages"),))
         return checked((message,), max_bytes, 4096 * 4096, 4, "messages")[0].images[0]
 
     with pytest.raises(PromptTooLarge, match="at most 100000"):
         read(big, max_bytes=100_000)
-    gif = io.BytesIO()
-    frames = [Image.new("P", (8, 8), n) for n in range(2)]
-    frames[0].save(gif, "GIF", save_all=True, append_images=frames[1:])
-    assert (read(gif.getvalue()).mime, read(big).width) == ("image/gif", 300)
+    still = io.BytesIO()
+    Image.new("P", (8, 8), 3).save(still, "GIF")
+    assert (read(still.getvalue(), mime="image/gif").mime, read(big).width) == ("image/gif", 300)
 
 
 def test_a_worker_killed_while_it_answers_about_an_image_loses_nothing(

@@ -51,6 +51,7 @@ from mlx_lm.utils import maybe_set_recommended_wired_limit
 Sampler = Callable[[mx.array], mx.array]
 Processor = Callable[[mx.array, mx.array], mx.array]
 Batching = Literal["padded", "unpadded", "alone"]
+Embeds = Callable[[], mx.array]  # a prompt's input embeddings, computed when first read
 
 
 @dataclass
@@ -69,7 +70,7 @@ class Row:
     emits: bool = False  # whether the token it reads in the next decode step is one it drew (else: its prompt's)
     # a prompt with images (worker/vision.py): the input embeddings of its unread tokens but the last, and their ids
     # as the model knows them (its own `unread` names each image's tokens by the image's digest)
-    embeds: mx.array | None = None
+    embeds: mx.array | Embeds | None = None
     ids: list[int] | None = None
 
 
@@ -140,7 +141,7 @@ class ContinuousBatch:
         stops: frozenset[int] = frozenset(),
         cache: list[Any] | None = None,
         cached: list[int] | None = None,
-        embeds: mx.array | None = None,
+        embeds: Embeds | None = None,
         ids: list[int] | None = None,
     ) -> int:
         """A sequence that reads `prompt` (after the `cached` tokens its `cache` holds), then draws up to
@@ -340,6 +341,8 @@ class ContinuousBatch:
         if not self._seeing or (self.batching == "alone" and (self._reading or self._rows)):
             return
         row = self._seeing[0]
+        if callable(row.embeds):  # its first chunk: its images are read now (the vision tower's pass)
+            row.embeds = row.embeds()
         assert row.embeds is not None and row.ids is not None and row.cache is not None
         n = min(self.prefill_step, len(row.unread) - 1)
         if n > 0:

@@ -34,7 +34,7 @@ from tasks.job import JobSpec, SamplingParams
 from tasks.logprobs import TokenLogprob
 from tasks.settings import PREFILL_BATCH, physical_memory
 from worker.chat_prompt import chat_input
-from worker.continuous import Batching, ContinuousBatch, unmergeable
+from worker.continuous import Batching, ContinuousBatch, Embeds, unmergeable
 from worker.grammar import Constraint, Grammars
 from worker.logits import Draw, Recorded
 from worker.token_bytes import TokenBytes
@@ -266,7 +266,7 @@ class Engine:
             self._draws[int(uid)] = sampler
         return int(uid)
 
-    def embeddings(self, prompt: list[int], cached: int) -> tuple[mx.array | None, list[int] | None]:
+    def embeddings(self, prompt: list[int], cached: int) -> tuple[Embeds | None, list[int] | None]:
         """For a prompt with images still to read (after its first `cached` tokens): the input embeddings of the rest
         but its last token, and their ids as the model knows them (worker/vision.py); a text model reads ids."""
         return None, None

@@ -32,6 +32,7 @@ from tasks.catalogue import ModelConfig
 from tasks.errors import InvalidPrompt
 from tasks.job import JobSpec, Message, Picture
 from worker.chat_prompt import chat_input
+from worker.continuous import Embeds
 from worker.engine import Engine, with_dtype
 
 logger = logging.getLogger(__name__)
@@ -118,7 +119,9 @@ class VisionEngine(Engine):
         Image.new("RGB", (32, 32), "gray").save(probe, "PNG")
         picture = Picture(digest="0" * 64, at=0)
         spec = JobSpec(owner="", model=model.name, messages=(Message(role="user", content="?", images=(picture,)),))
-        engine.embeddings(engine.prompt_tokens(spec, {picture.digest: probe.getvalue()}), 0)
+        embed, _ = engine.embeddings(engine.prompt_tokens(spec, {picture.digest: probe.getvalue()}), 0)
+        assert embed is not None
+        embed()
         engine.images_read = 0
         return engine
 
@@ -155,7 +158,10 @@ class VisionEngine(Engine):
         self._keep(self._runs(keyed), {k: v for k, v in inputs.items() if k not in NOT_INPUTS})
         return keyed
 
-    def embeddings(self, prompt: list[int], cached: int) -> tuple[mx.array | None, list[int] | None]:
+    def embeddings(self, prompt: list[int], cached: int) -> tuple[Embeds | None, list[int] | None]:
+        """The prompt's input embeddings past its first `cached` tokens, but its last, computed when first read (its
+        vision tower's pass then, between two of the batch's steps, not as it joins: several image jobs joining at
+        once each cost a step of their own)."""
         if not any(t >= self.vocab for t in prompt[cached:-1]):
             return None, None
         runs = self._runs(prompt)
@@ -164,7 +170,10 @@ class VisionEngine(Engine):
             raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
         self._seen.move_to_end(runs)
         ids = [self.image_token if t >= self.vocab else t for t in prompt]
-        self.images_read += len(runs)
+        return lambda: self._embed(ids, kept, cached, len(runs)), ids[cached:]
+
+    def _embed(self, ids: list[int], kept: dict[str, mx.array], cached: int, images: int) -> mx.array:
+        self.images_read += images
         rest = {k: v for k, v in kept.items() if k != "pixel_values"}
         out = self.vlm.get_input_embeddings(
             mx.array([ids]), kept.get("pixel_values"), mask=mx.ones((1, len(ids)), dtype=mx.int32), **rest
@@ -177,7 +186,7 @@ class VisionEngine(Engine):
             )
         embeds = out.inputs_embeds[0, cached:-1]
         mx.eval(embeds)
-        return embeds, ids[cached:]
+        return embeds
 
     def _keep(self, runs: tuple[int, ...], inputs: dict[str, mx.array]) -> None:
         self._seen[runs] = inputs
