@@ -90,9 +90,9 @@ def build_embedding(folder: Path, pooling: str = "lasttoken", **shape: Any) -> P
 
     config = {**QWEN3_EMBEDDING, **shape}
     folder.mkdir(parents=True, exist_ok=True)
-    model = _seeded(lambda: qwen3_embedding.Model(qwen3_embedding.ModelConfig.from_dict(config)))
-    _save_weights(folder, {name.removeprefix("model."): w for name, w in _parameters(model).items()})
-    _write_json(folder / "config.json", config)
+    model = seeded(lambda: qwen3_embedding.Model(qwen3_embedding.ModelConfig.from_dict(config)))
+    save_weights(folder, {name.removeprefix("model."): w for name, w in parameters(model).items()})
+    write_json(folder / "config.json", config)
     _write_sentence_transformers(folder, pooling, config["hidden_size"])
     appended_end = _template(
         [_seq("A", 0), _special(PAD, 0)], [_seq("A", 0), _special(PAD, 0), _seq("B", 1), _special(PAD, 1)]
@@ -108,11 +108,11 @@ def build_reranker(folder: Path, family: str = "xlm-roberta") -> Path:
         raise ValueError(f"unknown reranker family {family!r}: one of {sorted(RERANKERS)}")
     folder.mkdir(parents=True, exist_ok=True)
     config = RERANKERS[family]
-    model = _seeded(lambda: _classifier(config))
+    model = seeded(lambda: _classifier(config))
     prefix = HUB_PREFIX[family]
-    weights = {(n if n.startswith("classifier.") else prefix + n): w for n, w in _parameters(model).items()}
-    _save_weights(folder, weights)
-    _write_json(folder / "config.json", config)
+    weights = {(n if n.startswith("classifier.") else prefix + n): w for n, w in parameters(model).items()}
+    save_weights(folder, weights)
+    write_json(folder / "config.json", config)
     _write_reranker_tokenizer(folder, family)
     return folder
 
@@ -140,7 +140,7 @@ def _classifier(config: dict[str, Any]) -> Any:
     return module.SequenceClassificationModel(module.ModelConfig.from_dict(config))
 
 
-def _seeded(make: Callable[[], Any]) -> Any:
+def seeded(make: Callable[[], Any]) -> Any:
     """`make()`'s model, initialised under SEED, in float32."""
     import mlx.core as mx
 
@@ -150,13 +150,13 @@ def _seeded(make: Callable[[], Any]) -> Any:
     return model
 
 
-def _parameters(model: Any) -> dict[str, Any]:
+def parameters(model: Any) -> dict[str, Any]:
     from mlx.utils import tree_flatten
 
     return dict(tree_flatten(model.parameters()))
 
 
-def _save_weights(folder: Path, weights: dict[str, Any]) -> None:
+def save_weights(folder: Path, weights: dict[str, Any]) -> None:
     import mlx.core as mx
 
     mx.save_safetensors(str(folder / "model.safetensors"), dict(sorted(weights.items())), metadata={"format": "pt"})
@@ -169,15 +169,15 @@ def _write_sentence_transformers(folder: Path, pooling: str, width: int) -> None
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
         {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
     ]
-    _write_json(folder / "modules.json", modules)
+    write_json(folder / "modules.json", modules)
     modes = {key: name == pooling for name, key in POOLING_KEYS.items()}
     (folder / "1_Pooling").mkdir(exist_ok=True)
-    _write_json(
+    write_json(
         folder / "1_Pooling" / "config.json",
         {"word_embedding_dimension": width, **modes, "include_prompt": True},
     )
     prompts = {"query": "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"}
-    _write_json(
+    write_json(
         folder / "config_sentence_transformers.json",
         {
             "__version__": {"sentence_transformers": "3.4.1", "transformers": "4.51.3", "pytorch": "2.6.0"},
@@ -186,7 +186,7 @@ def _write_sentence_transformers(folder: Path, pooling: str, width: int) -> None
             "similarity_fn_name": "cosine",
         },
     )
-    _write_json(folder / "sentence_bert_config.json", {"max_seq_length": MAX_LENGTH, "do_lower_case": False})
+    write_json(folder / "sentence_bert_config.json", {"max_seq_length": MAX_LENGTH, "do_lower_case": False})
 
 
 def _write_tokenizer(
@@ -202,7 +202,7 @@ def _write_tokenizer(
         shutil.copy(SHIPPED_DEMO_MODEL / "chat_template.jinja", folder / "chat_template.jinja")
     else:
         config.pop("chat_template", None)
-    _write_json(folder / "tokenizer_config.json", config)
+    write_json(folder / "tokenizer_config.json", config)
 
 
 def _template(single: list[dict[str, Any]], pair: list[dict[str, Any]]) -> dict[str, Any]:
@@ -221,5 +221,5 @@ def _special(token: str, type_id: int) -> dict[str, Any]:
     return {"SpecialToken": {"id": token, "type_id": type_id}}
 
 
-def _write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")

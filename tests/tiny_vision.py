@@ -56,6 +56,7 @@ from types import ModuleType
 from typing import Any
 
 from tasks.catalogue import SHIPPED_DEMO_MODEL
+from tests.tiny_kinds import parameters, save_weights, seeded, write_json
 
 DEMO_VOCAB = 2048  # the demo tokenizer's
 SEED = 11
@@ -181,19 +182,19 @@ def build_gemma3(folder: Path, **sizes: Any) -> Path:
     config, image_processor = gemma3_sizes(**sizes)
     image_tokens = config["mm_tokens_per_image"]
     folder.mkdir(parents=True, exist_ok=True)
-    weights = _parameters(_seeded(lambda: gemma3.Model(_model_config(gemma3, config))))
+    weights = parameters(seeded(lambda: gemma3.Model(_model_config(gemma3, config))))
     del weights["language_model.lm_head.weight"]  # tied: the checkpoint has none, sanitize copies embed_tokens
     shape = weights[GEMMA3_PROJECTION].shape  # (vision hidden, text hidden), initialised to ones
     weights[GEMMA3_PROJECTION] = mx.random.normal(shape, key=mx.random.key(SEED)) * shape[0] ** -0.5
     weights[GEMMA3_CONV] = _torch_conv(weights[GEMMA3_CONV])
-    _save_weights(folder, weights)
-    _write_json(folder / "config.json", config)
+    save_weights(folder, weights)
+    write_json(folder / "config.json", config)
     _write_generation_config(folder, GEMMA3_EOS)
     named = dict(GEMMA3_NAMED, extra_special_tokens=GEMMA3_NAMED, processor_class="Gemma3Processor")
     _write_tokenizer(folder, GEMMA3_TOKENS, named, GEMMA3_CHAT_TEMPLATE)
     processor = dict(image_seq_length=image_tokens, processor_class="Gemma3Processor")
-    _write_json(folder / "processor_config.json", processor)
-    _write_json(folder / "preprocessor_config.json", image_processor)
+    write_json(folder / "processor_config.json", processor)
+    write_json(folder / "preprocessor_config.json", image_processor)
     return folder
 
 
@@ -243,17 +244,17 @@ def build_idefics3(folder: Path) -> Path:
     from mlx_vlm.models import idefics3
 
     folder.mkdir(parents=True, exist_ok=True)
-    weights = _parameters(_seeded(lambda: idefics3.Model(_model_config(idefics3, IDEFICS3))))
+    weights = parameters(seeded(lambda: idefics3.Model(_model_config(idefics3, IDEFICS3))))
     weights[IDEFICS3_CONV] = _torch_conv(weights[IDEFICS3_CONV])
     weights = {_idefics3_hub_key(name): weight for name, weight in weights.items()}
-    _save_weights(folder, weights)
-    _write_json(folder / "config.json", IDEFICS3)
+    save_weights(folder, weights)
+    write_json(folder / "config.json", IDEFICS3)
     _write_generation_config(folder, IDEFICS3_EOS)
     settings = dict(bos_token=START, eos_token="<end_of_utterance>", processor_class="Idefics3Processor")
     _write_tokenizer(folder, IDEFICS3_TOKENS, settings, IDEFICS3_CHAT_TEMPLATE, prepend_bos=False)
     processor = dict(image_seq_len=IDEFICS3_IMAGE_TOKENS, processor_class="Idefics3Processor")
-    _write_json(folder / "processor_config.json", processor)
-    _write_json(folder / "preprocessor_config.json", IDEFICS3_IMAGE_PROCESSOR)
+    write_json(folder / "processor_config.json", processor)
+    write_json(folder / "preprocessor_config.json", IDEFICS3_IMAGE_PROCESSOR)
     return folder
 
 
@@ -278,37 +279,15 @@ def _model_config(module: ModuleType, config: dict[str, Any]) -> Any:
     return update_module_configs(module.ModelConfig.from_dict(config), module, config, ["text", "vision"])
 
 
-def _seeded(make: Callable[[], Any]) -> Any:
-    """`make()`'s model, initialised under SEED, in float32."""
-    import mlx.core as mx
-
-    mx.random.seed(SEED)
-    model = make()
-    model.set_dtype(mx.float32)
-    return model
-
-
-def _parameters(model: Any) -> dict[str, Any]:
-    from mlx.utils import tree_flatten
-
-    return dict(tree_flatten(model.parameters()))
-
-
 def _torch_conv(weight: Any) -> Any:
     """An MLX (out, kh, kw, in) convolution kernel in torch's (out, in, kh, kw) layout, as the hub stores it."""
     return weight.transpose(0, 3, 1, 2)
 
 
-def _save_weights(folder: Path, weights: dict[str, Any]) -> None:
-    import mlx.core as mx
-
-    mx.save_safetensors(str(folder / "model.safetensors"), dict(sorted(weights.items())), metadata={"format": "pt"})
-
-
 def _write_generation_config(folder: Path, eos: int | list[int]) -> None:
     """Greedy by default (do_sample false): mlx-vlm takes its sampling defaults from this file."""
     config = dict(bos_token_id=DEMO_IDS[BOS], eos_token_id=eos, pad_token_id=DEMO_IDS[PAD], do_sample=False)
-    _write_json(folder / "generation_config.json", config)
+    write_json(folder / "generation_config.json", config)
 
 
 def _write_tokenizer(
@@ -333,9 +312,5 @@ def _write_tokenizer(
     config = json.loads((SHIPPED_DEMO_MODEL / "tokenizer_config.json").read_text())
     config.update(bos_token=BOS, eos_token=END, pad_token=PAD, add_bos_token=prepend_bos)
     config.update(settings, model_max_length=MAX_LENGTH, chat_template=chat_template)
-    _write_json(folder / "tokenizer_config.json", config)
-    _write_json(folder / "chat_template.json", {"chat_template": chat_template})
-
-
-def _write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    write_json(folder / "tokenizer_config.json", config)
+    write_json(folder / "chat_template.json", {"chat_template": chat_template})
