@@ -484,3 +484,23 @@ def test_an_image_url_is_fetched_only_from_the_hosts_the_operator_lists(settings
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_an_answer_about_an_image_may_be_held_to_a_schema(worker, live_server):
+    import json
+
+    # (a grammar reads each sequence's tokens as it decodes: the image's, named past the vocabulary, among them)
+    schema = {"type": "object", "properties": {"color": {"enum": ["red", "blue"]}}, "required": ["color"]}
+    body = {
+        "model": "gemma",
+        "messages": [{"role": "user", "content": ask(png("red"), "Which color? Answer in JSON.")}],
+        "max_tokens": 40,
+        "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "color", "schema": schema}},
+    }
+    reply = requests.post(f"{live_server}/v1/chat/completions", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()["choices"][0]
+    assert answer["message"]["content"].lstrip().startswith("{")
+    if answer["finish_reason"] == "stop":
+        assert json.loads(answer["message"]["content"])["color"] in ("red", "blue")

@@ -7,9 +7,11 @@ embeddings) come from the model's `get_input_embeddings`, once, as the job joins
 beside the others' decode steps (worker/continuous.py), and from then on the sequence decodes as any other, through
 the language model.
 
-What the batch and the prefix cache see of an image is its digest: the ids of its tokens are replaced by one id
-past the vocabulary that names the image (`keyed`), so that two prompts alike but for their image never share a
-cached prefix, and a follow-up about the same image, whose prefix is cached, reads no pixels again. The engine keeps
+What the batch and the prefix cache see of an image is its digest: the ids of its tokens are replaced by ids past the
+vocabulary made from it (`keyed`: two 28-bit pieces of its SHA-256 in turn, so that an image's run of tokens names it
+by 56 bits while every id stays a 32-bit integer, as the batch's arrays hold them), so that two prompts alike but for
+their image never share a cached prefix, and a follow-up about the same image, whose prefix is cached, reads no
+pixels again. The engine keeps
 the processor's output for the images it saw last (by their digests), from which a prompt's embeddings can be made
 again (a job handed back, a grammar's forced tokens read after its prompt).
 """
@@ -78,7 +80,8 @@ class VisionEngine(Engine):
         super().__init__(TextModel(vlm), tokenizer, name, **options)
         self.vlm, self.processor = vlm, processor
         self.image_token = int(_image_token(vlm.config))
-        self._seen: OrderedDict[tuple[int, ...], dict[str, mx.array]] = OrderedDict()
+        # the processed inputs of the prompts seen last (and how many images each holds), by their images' ids
+        self._seen: OrderedDict[tuple[int, ...], tuple[dict[str, mx.array], int]] = OrderedDict()
         self.images_read = 0  # images its vision tower read (a prefix-cache hit reads none)
 
     @classmethod
@@ -155,7 +158,7 @@ class VisionEngine(Engine):
             add_special_tokens=should_add_special_tokens(self.vlm.config.model_type, self.processor),
         )
         keyed = self._keyed([int(t) for t in np.asarray(inputs["input_ids"])[0]], digests)
-        self._keep(self._runs(keyed), {k: v for k, v in inputs.items() if k not in NOT_INPUTS})
+        self._keep(_images(keyed, self.vocab), ({k: v for k, v in inputs.items() if k not in NOT_INPUTS}, len(digests)))
         return keyed
 
     def embeddings(self, prompt: list[int], cached: int) -> tuple[Embeds | None, list[int] | None]:
@@ -164,13 +167,14 @@ class VisionEngine(Engine):
         once each cost a step of their own)."""
         if not any(t >= self.vocab for t in prompt[cached:-1]):
             return None, None
-        runs = self._runs(prompt)
-        kept = self._seen.get(runs)
-        if kept is None:
+        key = _images(prompt, self.vocab)
+        found = self._seen.get(key)
+        if found is None:
             raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
-        self._seen.move_to_end(runs)
+        self._seen.move_to_end(key)
+        kept, images = found
         ids = [self.image_token if t >= self.vocab else t for t in prompt]
-        return lambda: self._embed(ids, kept, cached, len(runs)), ids[cached:]
+        return lambda: self._embed(ids, kept, cached, images), ids[cached:]
 
     def _embed(self, ids: list[int], kept: dict[str, mx.array], cached: int, images: int) -> mx.array:
         self.images_read += images
@@ -188,9 +192,9 @@ class VisionEngine(Engine):
         mx.eval(embeds)
         return embeds
 
-    def _keep(self, runs: tuple[int, ...], inputs: dict[str, mx.array]) -> None:
-        self._seen[runs] = inputs
-        self._seen.move_to_end(runs)
+    def _keep(self, key: tuple[int, ...], inputs: tuple[dict[str, mx.array], int]) -> None:
+        self._seen[key] = inputs
+        self._seen.move_to_end(key)
         while len(self._seen) > KEPT:
             self._seen.popitem(last=False)
 
@@ -203,19 +207,14 @@ class VisionEngine(Engine):
         each = len(at) // len(digests)
         keyed = list(ids)
         for n, i in enumerate(at):
-            keyed[i] = self.vocab + int(digests[n // each][:15], 16)
+            digest, k = digests[n // each], n % each
+            keyed[i] = self.vocab + int(digest[7 * (k % 2) : 7 * (k % 2) + 7], 16)
         return keyed
 
-    def _runs(self, keyed: list[int]) -> tuple[int, ...]:
-        """A keyed prompt's images, in order: the id naming each run of image tokens (what its kept inputs are
-        found by)."""
-        runs: list[int] = []
-        before = -1
-        for t in keyed:
-            if t >= self.vocab and t != before:
-                runs.append(t)
-            before = t
-        return tuple(runs)
+
+def _images(keyed: list[int], vocab: int) -> tuple[int, ...]:
+    """A keyed prompt's images' ids, in order (what its kept inputs are found by)."""
+    return tuple(t for t in keyed if t >= vocab)
 
 
 def _content(parts: list[tuple[str, str]], words: str | None) -> list[dict[str, str]]:
