@@ -54,6 +54,7 @@ class Event:
     cached_tokens: int = 0
     logprobs: str = ""
     prompt_logprobs: str = ""
+    stop_sequence: str | None = None  # a completed job's: the stop string it ended at, if it did
 
     @classmethod
     def decode(cls, index: int, raw: str | dict[str, Any]) -> Event:

@@ -288,6 +288,7 @@ class Job(BaseModel):
     attempts: int = 0
     output: str = ""
     finish_reason: Literal["stop", "length", "cancelled"] | None = None
+    stop_sequence: str | None = None  # the stop string it ended at, if it did (finish_reason `stop`)
     error: JobError | None = None
     usage: Usage = Usage()
     position: int | None = None
@@ -324,6 +325,7 @@ class Job(BaseModel):
             logprobs=logprobs,
             prompt_logprobs=fields.get("prompt_logprobs", ""),
             finish_reason=fields.get("finish_reason") or None,
+            stop_sequence=fields.get("stop_sequence") or None,
             error=JobError.model_validate_json(error) if error else None,
             usage=Usage(
                 prompt_tokens=int(fields.get("prompt_tokens", 0)),

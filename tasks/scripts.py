@@ -33,7 +33,7 @@ ARGS: dict[str, tuple[str, ...]] = {
     "drop_lease": ("device", "field", "value", "died"),
     "failed_models": ("retry_s", "result_ttl_s", "max_deaths", "*models"),
     "finish": ("id", "status", "finish_reason", "error", "prompt_tokens", "completion_tokens", "result_ttl_s",
-               "worker", "stop_seen_at", "cached_tokens", "history"),
+               "worker", "stop_seen_at", "cached_tokens", "history", "stop_sequence"),
     "housekeep": ("max_attempts", "ttl_s", "result_ttl_s", "limit", *BELL),
     "live": ("id",),
     "lease": ("device", "worker", "pid", "lease_ms", "mode", "batch", "slots", "tok_s", "steps", "decode_s",

@@ -210,3 +210,24 @@ def test_a_request_shaped_as_claude_code_sends_it_is_answered(start_worker, live
     forced = {**body, "stream": False, "tool_choice": {"type": "tool", "name": "DeferredToolPlaceholder"}}
     refused = httpx.post(f"{live_server}/v1/messages", json=forced, headers=headers, timeout=60)
     assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_stop_sequence_hit_is_told_by_name(start_worker, live_server, model):
+    start_worker()
+    messages = sdk(live_server)
+    ask = {"model": model, "max_tokens": 40, "messages": ASK, "extra_body": {"temperature": 0}}
+    free = messages.messages.create(**ask).content[0].text
+    words = free.split()
+    stop = words[len(words) // 2]  # a word of the answer's middle: it stops at its first appearance
+    cut = messages.messages.create(**ask, stop_sequences=["never said", stop])
+    assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", stop)
+    assert cut.content[0].text == free[: free.index(stop)]
+    with messages.messages.stream(**ask, stop_sequences=[stop]) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence, final.content[0].text) == (
+        "stop_sequence",
+        stop,
+        cut.content[0].text,
+    )
+    # no stop sequence hit: end_turn or max_tokens, and none told
+    assert messages.messages.create(**ask).stop_sequence is None

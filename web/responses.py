@@ -86,6 +86,7 @@ class Job(Answer):
     deadline: float = Field(description="when it expires if it has not started (seconds since the epoch)")
     output: str = Field(description="the text generated so far")
     finish_reason: Literal["stop", "length", "cancelled"] | None
+    stop_sequence: str | None = Field(None, description="the stop string it ended at, if it ended at one")
     error: JobError | None = Field(description="why it did not complete: expired, client_gone, worker_crashed, …")
     usage: TokenUsage
     timings: Timings

@@ -58,6 +58,7 @@ class Ending:
     stop_seen_at: int | None = None
     cached_tokens: int = 0  # of the prompt's: read from the prefix cache, not prefilled
     history: str = ""  # when the prefix cache kept its KV state: the digest of the conversation it holds
+    stop_sequence: str = ""  # the stop string it ended at, if it did
 
 
 @dataclass(frozen=True)

@@ -663,6 +663,7 @@ class Runner:
                 r.stop_seen_at,
                 r.cached,
                 history=r.history() if kept else "",
+                stop_sequence=(r.stops.matched or "") if status is JobStatus.COMPLETED else "",
             )
         )
         logger.info("job %s: %s (%s, %d tokens)", r.job.id, status.value, reason or error and error[0], r.tokens)

@@ -13,15 +13,17 @@ class StopMatcher:
     def __init__(self, stops: tuple[str, ...] | list[str]) -> None:
         self.stops = [s for s in stops if s]
         self._held = ""
+        self.matched: str | None = None  # the stop string hit, once one is (the first in the text)
 
     def feed(self, text: str) -> tuple[str, bool]:
         if not self.stops:
             return text, False
         buffer = self._held + text
-        hits = [i for i in (buffer.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for i, s in ((buffer.find(s), s) for s in self.stops) if i >= 0]
         if hits:
             self._held = ""
-            return buffer[: min(hits)], True
+            at, self.matched = min(hits, key=lambda hit: hit[0])
+            return buffer[:at], True
         keep = self._longest_partial(buffer)
         self._held = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep], False

@@ -91,9 +91,10 @@ local function finish(id, status, finish_reason, error_json_, result_ttl, t)
   redis.call('HSET', jkey, 'status', status, 'finished_at', fmt(t))
   if finish_reason ~= '' then redis.call('HSET', jkey, 'finish_reason', finish_reason) end
   if error_json_ ~= '' then redis.call('HSET', jkey, 'error', error_json_) end
-  local n = redis.call('HMGET', jkey, 'prompt_tokens', 'completion_tokens', 'cached_tokens')
+  local n = redis.call('HMGET', jkey, 'prompt_tokens', 'completion_tokens', 'cached_tokens', 'stop_sequence')
   emit(id, cjson.encode({type = status, finish_reason = finish_reason ~= '' and finish_reason or nil,
-    prompt_tokens = tonumber(n[1]) or 0, completion_tokens = tonumber(n[2]) or 0, cached_tokens = tonumber(n[3]) or 0}))
+    prompt_tokens = tonumber(n[1]) or 0, completion_tokens = tonumber(n[2]) or 0, cached_tokens = tonumber(n[3]) or 0,
+    stop_sequence = n[4] or nil}))
   for _, k in ipairs({jkey, OUT .. id, LP .. id, EV .. id}) do redis.call('EXPIRE', k, result_ttl) end
   redis.call('DEL', TOK .. id) -- no run follows
   settle_if_idle()

@@ -5,7 +5,8 @@
 -- ARG: id, status, finish_reason, error_json, prompt_tokens, completion_tokens, result_ttl_s, worker_id,
 --       stop_seen_at (tokens generated when the worker heard it must stop; '' if it did not), cached_tokens,
 --       history ('' or, when the worker's prefix cache kept a chat's KV state: the digest of the conversation it
---       holds, its messages then its answer, as history_digest in tasks/job.py names it)
+--       holds, its messages then its answer, as history_digest in tasks/job.py names it), stop_sequence (the stop
+--       string it ended at, or '')
 -- That history is recorded against the job's device, so that its follow-up (which resends it) is steered there.
 -- -> 1 if ended (now or before, so), 0 if it was not running here, -1 if nobody asked to cancel it
 local id, status, reason, err = ARG.id, ARG.status, ARG.finish_reason, ARG.error
@@ -21,6 +22,7 @@ local t = now()
 redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens, 'completion_tokens', completion_tokens,
   'cached_tokens', ARG.cached_tokens or 0)
 if ARG.stop_seen_at ~= '' then redis.call('HSET', jkey, 'stop_seen_at', ARG.stop_seen_at) end
+if ARG.stop_sequence ~= '' and status == 'completed' then redis.call('HSET', jkey, 'stop_sequence', ARG.stop_sequence) end
 local started = tonumber(redis.call('HGET', jkey, 'started_at'))
 if started then observe('job_duration', t - started) end
 local j = redis.call('HMGET', jkey, 'model', 'max_tokens', 'ignore_eos', 'prompt_chars')

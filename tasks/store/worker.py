@@ -262,6 +262,7 @@ class WorkerStore:
         stop_seen_at: int | None = None,
         cached_tokens: int = 0,
         history: str = "",
+        stop_sequence: str = "",
         pipe: Any = None,
     ) -> Any:
         """End a job this worker runs; false if it was not running there (it has its one terminal state). `history`:
@@ -284,6 +285,7 @@ class WorkerStore:
             stop_seen_at=seen,
             cached_tokens=cached_tokens,
             history=history,
+            stop_sequence=stop_sequence,
         )
 
     def hand_back(self, job_id: str, why: str = "worker_crashed", shared: bool = False, pipe: Any = None) -> Any:

@@ -39,8 +39,8 @@ class Message(Answer):
     role: Literal["assistant"]
     model: str
     content: list[TextContent | ToolUseContent]
-    stop_reason: Literal["end_turn", "max_tokens", "tool_use"] | None
-    stop_sequence: None
+    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None
+    stop_sequence: str | None = Field(description="the stop sequence it ended at, if it did")
     usage: MessageUsage
 
 

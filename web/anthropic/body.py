@@ -41,8 +41,11 @@ def usage(u: Usage, cached: bool, kept: bool = True) -> dict[str, Any]:
     }
 
 
-def stop_reason(finish_reason: str | None, calls: bool) -> str | None:
-    """An answer that ended by making calls stops with `tool_use`, as Anthropic's."""
+def stop_reason(finish_reason: str | None, calls: bool, stop_sequence: str | None = None) -> str | None:
+    """An answer that ended by making calls stops with `tool_use`, one that ended at a stop string with
+    `stop_sequence`, as Anthropic's."""
+    if finish_reason == "stop" and stop_sequence:
+        return "stop_sequence"
     return "tool_use" if calls and finish_reason == "stop" else STOP_REASONS.get(finish_reason or "")
 
 
@@ -73,7 +76,8 @@ class MessageBody:
         content += [self._tool_use(i, name, _input(arguments)) for i, (name, arguments) in enumerate(calls)]
         return {
             **self._envelope(content),
-            "stop_reason": stop_reason(job.finish_reason, bool(calls)),
+            "stop_reason": stop_reason(job.finish_reason, bool(calls), job.stop_sequence),
+            "stop_sequence": job.stop_sequence,
             "usage": usage(job.usage, self.cached, self.kept),
         }
 
@@ -115,7 +119,10 @@ class MessageBody:
         )
         delta = {
             "type": "message_delta",
-            "delta": {"stop_reason": stop_reason(end.finish_reason, made), "stop_sequence": None},
+            "delta": {
+                "stop_reason": stop_reason(end.finish_reason, made, end.stop_sequence),
+                "stop_sequence": end.stop_sequence,
+            },
             "usage": usage(counts, self.cached, self.kept),
         }
         return [
