@@ -3,6 +3,8 @@ streamed (a cut stream resumed with `starting_after`), and foreground ones, whol
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 import requests
@@ -171,7 +173,8 @@ def test_a_foreground_response_cannot_be_cancelled_by_id_and_other_jobs_are_not_
         ({"input": []}, "input"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
-        ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"reasoning": {"effort": "huge"}}, "reasoning.effort"),
+        ({"include": ["file_search_call.results"]}, "include"),
     ],
 )
 def test_what_onelane_cannot_honour_is_refused_naming_the_field(client, extra, param):
@@ -221,3 +224,40 @@ def test_a_background_response_that_waits_past_its_ttl_is_failed_expired(make_ap
     assert done["usage"]["output_tokens"] == 0
     stream = client.get(f"/v1/responses/{created['id']}?stream=true").get_data(as_text=True)
     assert stream.rstrip().splitlines()[-2] == "event: response.failed"
+
+
+def test_a_request_shaped_as_codex_cli_sends_it_is_answered(live_server, worker):
+    """What Codex CLI 0.171.0 sends on every turn (read from the wire, its prompt cut short; its hosted web search
+    and tool namespaces turned off in its config, as onelane runs no hosted tool): reasoning with a summary asked
+    for, its encrypted content included, store false, a prompt cache key, its own client metadata, strict function
+    tools, developer messages, streamed."""
+    body = {
+        "model": MODEL,
+        "stream": True,
+        "store": False,
+        "tool_choice": "auto",
+        "parallel_tool_calls": True,
+        "reasoning": {"summary": "auto"},
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "01a22483-d235-75f1-af38-9ba5b934dc87",
+        "client_metadata": {"session_id": "s", "x-codex-turn-metadata": json.dumps({"turn_id": "t", "model": MODEL})},
+        "tools": [
+            {
+                "type": "function",
+                "name": "exec_command",
+                "description": "Runs a command",
+                "strict": False,
+                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+            }
+        ],
+        "input": [
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list the files here"}]},
+        ],
+        "max_output_tokens": 16,
+    }
+    with requests.post(f"{live_server}/v1/responses", json=body, stream=True, timeout=60) as answer:
+        assert answer.status_code == 200, answer.text
+        events = [line.decode().removeprefix("event: ") for line in answer.iter_lines() if line.startswith(b"event: ")]
+    assert events[0] == "response.created" and events[-1] in ("response.completed", "response.incomplete")
+    assert not any("reasoning" in e for e in events)  # no reasoning is made

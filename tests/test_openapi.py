@@ -47,7 +47,8 @@ OPERATIONS = {
     ("/v1/files", "post"), ("/v1/files", "get"), ("/v1/files/{file_id}", "get"), ("/v1/files/{file_id}/content", "get"),
     ("/v1/files/{file_id}", "delete"),
     ("/v1/batches", "post"), ("/v1/batches", "get"), ("/v1/batches/{batch_id}", "get"),
-    ("/v1/batches/{batch_id}/cancel", "post"), ("/v1/embeddings", "post"), ("/v1/rerank", "post"),
+    ("/v1/batches/{batch_id}/cancel", "post"), ("/v1/embeddings", "post"), ("/v1/rerank", "post"), ("/v1/messages", "post"),
+    ("/v1/messages/count_tokens", "post"),
     ("/v2/rerank", "post"),
 }  # fmt: skip
 TAKE_INPUT = {("/v1/jobs", "post"), ("/v1/jobs", "get"), ("/v1/chat/completions", "post"), ("/v1/completions", "post"),

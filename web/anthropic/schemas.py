@@ -276,7 +276,7 @@ class MessagesRequest(CountRequest):
     stream: bool = False
     temperature: float | None = Field(None, ge=0.0, le=1.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=1)
+    top_k: int | None = Field(None, ge=1, le=1_000_000)
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
 

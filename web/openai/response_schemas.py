@@ -85,7 +85,21 @@ class FunctionChoice(BaseModel):
     name: str
 
 
-OUTPUT_LOGPROBS = "message.output_text.logprobs"  # the one `include` onelane knows
+OUTPUT_LOGPROBS = "message.output_text.logprobs"  # the `include` onelane fills
+# what a model that does not reason has none of: included, it adds nothing (Codex CLI asks for it every turn)
+REASONING_CONTENT = "reasoning.encrypted_content"
+INCLUDES = (OUTPUT_LOGPROBS, REASONING_CONTENT)
+
+
+class Reasoning(BaseModel):
+    """How much a reasoning model should think, and what summary of it to give. onelane's models do not reason: any
+    effort gives the same answer, and no reasoning item (nor its summary) is made; accepted, as coding agents send it
+    every turn."""
+
+    model_config = STRICT
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
 
 
 class ResponseRequest(BaseModel):
@@ -120,6 +134,12 @@ class ResponseRequest(BaseModel):
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = Field(None, description="accepted; onelane's prefix cache needs no key")
+    reasoning: Reasoning | None = Field(None, description="accepted; the models do not reason (no reasoning items)")
+    client_metadata: dict[str, str] | None = Field(
+        None,
+        description="a client's own notes (Codex CLI's): accepted, not echoed",
+        json_schema_extra={"maxProperties": 32},
+    )
     text: TextOptions | None = None
     tools: list[FunctionTool] | None = Field(
         None, max_length=128, description="functions the model may call (no built-in tools: they are refused)"
@@ -132,9 +152,9 @@ class ResponseRequest(BaseModel):
     ignore_eos: bool = Field(False, description="an extension, as on the chat endpoint: generate to the limit")
     include: list[str] | None = Field(
         None,
-        description=f"`{OUTPUT_LOGPROBS}`: each output_text part's `logprobs` (and each text delta's); no other "
-        "value is supported",
-        json_schema_extra={"anyOf": [{"type": "array", "items": {"enum": [OUTPUT_LOGPROBS]}}, {"type": "null"}]},
+        description=f"`{OUTPUT_LOGPROBS}`: each output_text part's `logprobs` (and each text delta's); "
+        f"`{REASONING_CONTENT}`: nothing (no reasoning is made); no other value is supported",
+        json_schema_extra={"anyOf": [{"type": "array", "items": {"enum": list(INCLUDES)}}, {"type": "null"}]},
     )
     top_logprobs: int | None = Field(
         None,
@@ -149,9 +169,17 @@ class ResponseRequest(BaseModel):
     @field_validator("include", mode="before")
     @classmethod
     def _known(cls, value: Any) -> Any:
-        unknown = [v for v in value if v != OUTPUT_LOGPROBS] if isinstance(value, list) else []
+        unknown = [v for v in value if v not in INCLUDES] if isinstance(value, list) else []
         if unknown:
-            raise ValueError(f"onelane does not support include {reprlib.repr(unknown[0])} (only {OUTPUT_LOGPROBS})")
+            known = " or ".join(INCLUDES)
+            raise ValueError(f"onelane does not support include {reprlib.repr(unknown[0])} (only {known})")
+        return value
+
+    @field_validator("client_metadata")
+    @classmethod
+    def _bounded_notes(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None and (len(value) > 32 or any(len(k) > 64 or len(v) > 4096 for k, v in value.items())):
+            raise ValueError("client_metadata takes up to 32 pairs, keys up to 64 and values up to 4096 characters")
         return value
 
     @field_validator("input")
@@ -277,7 +305,6 @@ RESPONSE_ECHO: dict[str, Any] = {
 }
 #: Responses fields onelane takes only with their neutral value (anything else: 400 naming the field).
 RESPONSE_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "reasoning": (None,),
     "conversation": (None,),
     "prompt": (None,),
     "max_tool_calls": (None,),
