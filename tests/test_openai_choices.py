@@ -453,9 +453,9 @@ def test_a_value_out_of_range_is_a_bad_request_naming_its_field(jobs, store, mod
 
 def test_an_unknown_include_is_named_in_the_message(jobs, model):
     error = jobs.client.post(
-        "/v1/responses", json={"model": model, **RESPONSE, "include": ["reasoning.encrypted_content"]}
+        "/v1/responses", json={"model": model, **RESPONSE, "include": ["file_search_call.results"]}
     )
-    assert "reasoning.encrypted_content" in error.get_json()["error"]["message"]
+    assert "file_search_call.results" in error.get_json()["error"]["message"]
 
 
 def test_raw_stream_of_n_has_every_index_then_done(live_server, model, worker):

@@ -80,7 +80,8 @@ def test_200_concurrent_submits_never_exceed_the_bounds(live_server, store):
         error = r.json()["error"]["type"]
         assert (r.status_code, error) in {(429, "quota_exceeded"), (503, "queue_full")}, r.text
         assert r.headers["Retry-After"].isdigit() and int(r.headers["Retry-After"]) >= 1
-    assert Counter(r.status_code for _, r in results)[429] >= 60  # alice's 60 beyond her quota
+    # alice's 60 beyond her quota are all refused (429, or 503 when the queue filled before her quota was looked at)
+    assert sum(1 for user, r in results if user == "alice" and r.status_code != 202) == 60
     # rejected submissions left nothing behind
     assert store.redis.zcard(keys.WAITING) == 50
     assert len(store.redis.keys(keys.JOB_PREFIX + "*")) == 50

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from web.responses import Answer
 
@@ -51,7 +51,10 @@ class TokenCount(Answer):
 
 
 class StreamEvent(Answer):
-    """One event of a streamed answer (`event: <type>`): message_start, content_block_start, content_block_delta,
-    content_block_stop, message_delta, message_stop, ping, or error."""
+    """One event's data in a streamed answer (its `event:` line names the same type): message_start,
+    content_block_start, content_block_delta, content_block_stop, message_delta, message_stop, ping, or error; each
+    with Anthropic's fields for it."""
+
+    model_config = ConfigDict(extra="allow")
 
     type: str

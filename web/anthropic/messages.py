@@ -30,6 +30,16 @@ from web.services import services
 
 bp = Blueprint("anthropic", __name__)
 
+#: A streamed answer's events, as /openapi.json describes them: each an `event:` line and its JSON `data:`.
+STREAM = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string", "contentMediaType": JSON, "contentSchema": answers.StreamEvent},
+    },
+    "required": ["event", "data"],
+}
+
 #: Fields let through only with their neutral value (anything else would change the answer's meaning): none yet.
 NEUTRAL: dict[str, tuple[Any, ...]] = {}
 
@@ -50,7 +60,7 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {}
     answers={
         200: Reply(
             "the whole message (`stream` false), or its events",
-            {JSON: answers.Message, SSE: answers.StreamEvent},
+            {JSON: answers.Message, SSE: STREAM},
             {"x-onelane-job-id": True},
         )
     },
