@@ -17,8 +17,8 @@ A step, in order:
 3. prefill: the sequences reading their prompts (at most `prefill_batch` at once, in order of arrival) read their
    next chunk of at most `prefill_step` tokens each, side by side (padded to the longest chunk); those with only
    their last token left join the decode rows. A prompt with images reads beside them, one at a time, in chunks of
-   its input embeddings (its images as the vision model sees them, computed as it was inserted): the others go on
-   decoding while it reads, and it joins the decode rows as any other.
+   its input embeddings (its images as the vision model sees them, computed as its first chunk is read): the others
+   go on decoding while it reads, and it joins the decode rows as any other.
 
 Per sequence: its sampler, its logits processors (called with every token in its KV cache and the one being read),
 its stop tokens and its max_tokens.
@@ -145,8 +145,9 @@ class ContinuousBatch:
         ids: list[int] | None = None,
     ) -> int:
         """A sequence that reads `prompt` (after the `cached` tokens its `cache` holds), then draws up to
-        `max_tokens`; returns its uid. With `embeds`, the input embeddings of the prompt's tokens but its last, and
-        `ids`, those tokens as the model knows them: a prompt with images."""
+        `max_tokens`; returns its uid. With `embeds`, what computes the input embeddings of the prompt's tokens but its
+        last (called as its first chunk is read), and `ids`, those tokens as the model knows them: a prompt with
+        images."""
         if not prompt:
             raise ValueError("a sequence needs at least one token to read")
         if max_tokens <= 0:
