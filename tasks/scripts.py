@@ -38,7 +38,7 @@ ARGS: dict[str, tuple[str, ...]] = {
     "live": ("id",),
     "lease": ("device", "worker", "pid", "lease_ms", "mode", "batch", "slots", "tok_s", "steps", "decode_s",
               "prefill_s", "prefill_tokens", "models", "active", "loading", "cache_lookups", "cache_hits",
-              "cache_tokens", "cache_bytes", "cache_entries", "pace", "step_s", "step_limit_s"),
+              "cache_tokens", "cache_disk_hits", "cache_disk_tokens", "cache_bytes", "cache_entries", "pace", "step_s", "step_limit_s"),
     "model_failed": ("model", "message", "retry_s", "result_ttl_s", "worker"),
     "position": ("limit", "*ids"),
     "recover": ("max_attempts", "ttl_s", "result_ttl_s", "id", "worker", "why", "shared"),

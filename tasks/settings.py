@@ -65,7 +65,9 @@ ENV_NAMES: dict[str, str] = {
     "openblas": "ONELANE_OPENBLAS",
     "gemv": "ONELANE_GEMV",
     "prefix_cache_bytes": "ONELANE_PREFIX_CACHE",
-    "prefix_cache_saved_bytes": "ONELANE_PREFIX_CACHE_SAVED",
+    "prefix_cache_disk_bytes": "ONELANE_PREFIX_CACHE_DISK",
+    "prefix_cache_disk_owner_bytes": "ONELANE_PREFIX_CACHE_DISK_OWNER",
+    "prefix_cache_dir": "ONELANE_PREFIX_CACHE_DIR",
     "prefix_cache_shared": "ONELANE_PREFIX_CACHE_SHARED",
     "cache_affinity_s": "ONELANE_CACHE_AFFINITY_S",
     "file_retention_s": "ONELANE_FILE_RETENTION",
@@ -182,8 +184,12 @@ class Settings(BaseModel):
     gemv: bool = True
     # the worker's prefix cache (worker/prefix_cache.py): KV states kept for prompts that start the same way; 0: off
     prefix_cache_bytes: int = Field(default_factory=lambda: physical_memory() // 10, ge=0, le=2**50)
-    # what of it a worker stopping in good order writes to disk for the next one (the newest entries); 0: nothing
-    prefix_cache_saved_bytes: int = Field(256 * 2**20, ge=0, le=2**50)
+    # its disk tier (worker/prefix_disk.py): every entry also written to a folder as it is made, read back after a
+    # crash or by another worker sharing the folder; at most this many bytes of files (0: none), and at most
+    # ..._OWNER of them a user's (or, shared, everyone's); the least recently used go first
+    prefix_cache_disk_bytes: int = Field(8 * 2**30, ge=0, le=2**50)
+    prefix_cache_disk_owner_bytes: int = Field(2 * 2**30, ge=1, le=2**50)
+    prefix_cache_dir: Path | None = None  # its folder (None: ONELANE_VAR_DIR/prefix-cache), may be shared by hosts
     file_retention_s: int = Field(7 * 86400, ge=60, le=30 * 86400)  # an uploaded file (/v1/files) is kept this long
     max_file_bytes: int = Field(32 * 2**20, ge=1024, le=512 * 2**20)  # the largest file /v1/files takes
     max_batch_lines: int = Field(50_000, ge=1, le=1_000_000)  # the most requests one batch's input file holds
@@ -239,7 +245,14 @@ class Settings(BaseModel):
                 raise ValueError(f"ONELANE_MODELS_FILE: only one model may be the default, not {', '.join(defaults)}")
         return self
 
-    @field_validator("models_memory", "prefix_cache_bytes", "prefix_cache_saved_bytes", "max_file_bytes", mode="before")
+    @field_validator(
+        "models_memory",
+        "prefix_cache_bytes",
+        "prefix_cache_disk_bytes",
+        "prefix_cache_disk_owner_bytes",
+        "max_file_bytes",
+        mode="before",
+    )
     @classmethod
     def _bytes(cls, value: object) -> object:
         return parse_bytes(value)
@@ -312,6 +325,11 @@ class Settings(BaseModel):
                 shown = "<secret>" if field in SECRETS else repr(raw.get(field))
                 problems.append(f"{name}={shown}: {error['msg']}")
             raise SettingsError("invalid configuration: " + "; ".join(problems)) from None
+
+    @property
+    def prefix_cache_folder(self) -> Path:
+        """Where the prefix cache's disk tier keeps its files."""
+        return self.prefix_cache_dir or self.var_dir / "prefix-cache"
 
     @property
     def embedded_redis_dir(self) -> Path:

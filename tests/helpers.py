@@ -164,3 +164,16 @@ def chat_line(
         **body,
     }
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": request}
+
+
+def finished(engine: Any, prompt: str | list[int], max_tokens: int = 4) -> tuple[list[int], Any]:
+    """A prompt's tokens, and the KV state (with its tokens) it ended with, `max_tokens` tokens later."""
+    from tasks.job import SamplingParams
+
+    tokens = list(engine.tokenizer.encode(prompt)) if isinstance(prompt, str) else list(prompt)
+    uid = engine.insert(tokens, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    with engine.lock:
+        while True:
+            ended = [t.kv for t in engine.step() if t.uid == uid and t.finish_reason]
+            if ended:
+                return tokens, ended[0]

@@ -1,10 +1,9 @@
 """A newcomer's first trial, as the README leads it (issue 47): a Hugging Face id on a machine that cannot download
 it says why in one line and the server is not ready; an image sent to a text-only model is refused as an image; a
-short trial's stop writes no more of the prefix cache than ONELANE_PREFIX_CACHE_SAVED."""
+short trial writes no more of the prefix cache to disk than ONELANE_PREFIX_CACHE_DISK."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -87,35 +86,34 @@ def ask(jobs, store, n: int) -> None:  # type: ignore[no-untyped-def]
     assert wait_ended(store, job["id"])["status"] == "completed"
 
 
-def saved(folder: Path) -> tuple[list[dict[str, object]], int]:
-    """What a stop wrote of the prefix cache: its index (newest first), and all its bytes."""
-    return json.loads((folder / "index.json").read_text()), sum(f.stat().st_size for f in folder.iterdir())
+def written(folder: Path) -> list[Path]:
+    """The prefix cache's files, the newest first."""
+    return sorted(folder.glob("*.safetensors"), key=lambda f: f.stat().st_mtime, reverse=True)
 
 
-def test_a_stop_writes_at_most_ONELANE_PREFIX_CACHE_SAVED_of_the_prefix_cache_the_newest_entries(
+def test_a_short_trial_writes_at_most_ONELANE_PREFIX_CACHE_DISK_of_the_prefix_cache_the_newest_entries(
     jobs, store, start_worker
 ):
-    # Given a short trial: three chats, their states in the prefix cache, saved whole at a stop under a roomy bound
+    # Given a short trial: three chats, their states written to disk under a roomy bound
     first = start_worker()
     for n in range(3):
         ask(jobs, store, n)
     first.stop()
-    everything, _ = saved(first._prefix_folder)
+    folder = first.settings.prefix_cache_folder
+    everything = written(folder)
     assert len(everything) == 3
-    newest = first._prefix_folder / str(everything[0]["file"])
-    bound = int(newest.stat().st_size * 1.5) + 4096  # the newest entry and its line of the index, not two entries
+    bound = int(everything[0].stat().st_size * 1.5)  # the newest entry, not two
 
-    # When the next worker (which reads them back) stops with ONELANE_PREFIX_CACHE_SAVED at that bound
-    second = start_worker(prefix_cache_saved_bytes=bound)
-    assert len(second.models.prefix) == 3
+    # When the next worker, with ONELANE_PREFIX_CACHE_DISK at that bound, answers one more
+    second = start_worker(prefix_cache_disk_bytes=bound)
+    ask(jobs, store, 3)
     second.stop()
 
-    # Then it wrote at most the bound: the most recently used entry alone
-    index, nbytes = saved(second._prefix_folder)
-    assert nbytes <= bound, (nbytes, bound)
-    assert [item["tokens"] for item in index] == [everything[0]["tokens"]]
-    # And with 0 it writes nothing
-    third = start_worker(prefix_cache_saved_bytes=0)
-    assert len(third.models.prefix) == 1
+    # Then the folder holds at most the bound: the newest entry alone
+    (newest,) = written(folder)
+    assert newest.stat().st_size <= bound and newest not in everything
+    # And with 0 nothing more is written
+    third = start_worker(prefix_cache_disk_bytes=0)
+    ask(jobs, store, 4)
     third.stop()
-    assert not third._prefix_folder.exists()
+    assert written(folder) == [newest]

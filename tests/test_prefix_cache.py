@@ -1,6 +1,6 @@
 """The prefix cache: a chat's next turn, which resends the whole history, prefills only what is new; a hit changes
 no output; entries stay within their byte cap, their model, and (unless shared) their owner; a job cut short leaves
-none; a restart in good order keeps them."""
+none; a restart keeps them (the disk tier: tests/test_prefix_disk.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from tasks.catalogue import ModelConfig
 from tasks.users import User
-from tests.helpers import BUSY, JobsClient, claim_now, wait_ended, wait_event
+from tests.helpers import BUSY, JobsClient, claim_now, finished, wait_ended, wait_event
 
 SYSTEM = "You answer questions about queues, GPUs and the people who wait for them, briefly and kindly. " * 12
 GREEDY = {"max_tokens": 24, "ignore_eos": True}
@@ -55,19 +55,6 @@ def test_a_follow_up_turn_reads_its_history_from_the_cache_and_writes_what_it_wo
     miss = ask(jobs, store, turns(first), **params)
     assert miss["usage"]["cached_tokens"] == 0
     assert miss["output"] == hit["output"]
-
-
-def finished(engine, prompt: str) -> tuple[list[int], Any]:  # type: ignore[no-untyped-def]
-    """A prompt's tokens, and the KV state (with its tokens) it ended with, 4 tokens later."""
-    from tasks.job import SamplingParams
-
-    tokens = list(engine.tokenizer.encode(prompt))
-    uid = engine.insert(tokens, SamplingParams(max_tokens=4, ignore_eos=True))
-    with engine.lock:
-        while True:
-            ended = [t.kv for t in engine.step() if t.uid == uid and t.finish_reason]
-            if ended:
-                return tokens, ended[0]
 
 
 def test_a_prompt_reads_the_entry_that_holds_most_of_it_trimmed_to_what_they_share(engine):
@@ -176,23 +163,27 @@ def test_the_same_name_loaded_with_other_options_is_another_model(demo_model):
     assert plain != ModelConfig(name="m", path=str(demo_model), model_config={"rope_theta": 1e4}).cache_key()
 
 
-def test_a_restart_in_good_order_keeps_the_entries_and_a_crash_loses_them_harmlessly(jobs, store, start_worker):
-    first_worker = start_worker()
+@pytest.mark.parametrize("disk", [True, False], ids=["disk-tier", "no-disk-tier"])
+def test_a_restart_reads_the_entries_from_the_disk_tier_unless_it_is_off(disk, jobs, store, start_worker):
+    # Given a first turn answered, its state in the prefix cache
+    options = {} if disk else {"prefix_cache_disk_bytes": 0}
+    first_worker = start_worker(**options)
     first = ask(jobs, store, FIRST, **GREEDY)
-    first_worker.stop()  # a deploy: the entries are saved on the way down
+    first_worker.stop()  # a deploy
 
-    second_worker = start_worker()
-    assert len(second_worker.models.prefix) >= 1
+    # When the next worker starts, its RAM empty, and the follow-up turn comes
+    second_worker = start_worker(**options)
+    assert len(second_worker.models.prefix) == 0
     follow_up = ask(jobs, store, turns(first), **GREEDY)
-    assert follow_up["usage"]["cached_tokens"] > 0
 
-    # nothing saved is loaded twice: a worker that starts after a crash (no save) begins cold
-    second_worker.stop()
-    folder = second_worker._prefix_folder
-    for saved in folder.glob("*"):
-        saved.unlink()
-    third = start_worker()
-    assert len(third.models.prefix) == 0
+    # Then it reads its history from disk (and keeps it in RAM again), or, with the disk tier off, prefills it all
+    counters = second_worker.models.prefix.counters
+    if disk:
+        assert follow_up["usage"]["cached_tokens"] >= 0.8 * follow_up["usage"]["prompt_tokens"]
+        assert (counters.disk_hits, counters.disk_tokens) == (1, follow_up["usage"]["cached_tokens"])
+    else:
+        assert follow_up["usage"]["cached_tokens"] == 0 and counters.disk_hits == 0
+        assert not second_worker.settings.prefix_cache_folder.exists()
 
 
 def test_cached_tokens_are_reported_as_openai_does_and_counted_in_metrics(live_server, store, start_worker, jobs):

@@ -192,6 +192,11 @@ COUNTERS = {
     "prefix_cache_lookups": ("Prompts looked up in the prefix cache as their job joined the batch.", "cache_lookups"),
     "prefix_cache_hits": ("Lookups that found a cached prefix of the prompt.", "cache_hits"),
     "prefix_cache_tokens": ("Prompt tokens read from the prefix cache instead of prefilled.", "cache_tokens"),
+    "prefix_cache_disk_hits": (
+        "Prefix-cache hits read from its disk tier (after a restart or a crash).",
+        "cache_disk_hits",
+    ),
+    "prefix_cache_disk_tokens": ("Prompt tokens read from the prefix cache's disk tier.", "cache_disk_tokens"),
     "cache_affinity_passes": (
         "Times a worker left a follow-up turn to the device whose prefix cache holds its history.",
         "affinity_passes",

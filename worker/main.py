@@ -130,7 +130,7 @@ class GpuWorker:
         ensure_model(s)
         with self.models.lock:
             engine = self.models.load(s.model_name)
-            self._load_prefix_cache()
+            self._start_disk_tier()
         self._renew(self._report())  # tell the batch's size and the models at once (for ETAs)
         if isinstance(engine, Engine):  # (an embedding model or a reranker holds no KV cache)
             self._log_memory(engine)
@@ -157,7 +157,8 @@ class GpuWorker:
         with self.models.lock:  # the runner is out of its loop: the batch drained, or was handed back
             self.runner.writer.wait_idle()
             self.runner.writer.close()
-            self._save_prefix_cache()
+            if self.models.prefix.disk is not None:
+                self.models.prefix.disk.close()  # what it has queued is written
         self.broker.close()
         self.down.set()
         if release:
@@ -191,41 +192,24 @@ class GpuWorker:
                 physical_memory() / 2**20,
             )
 
-    @property
-    def _prefix_folder(self) -> Path:
-        return self.settings.var_dir / "prefix-cache" / self.settings.device
-
-    def _save_prefix_cache(self) -> None:
-        """Keep the prefix cache's entries for the next worker on this device (a restart in good order)."""
-        prefix = self.models.prefix
-        if not prefix.enabled or not len(prefix):
+    def _start_disk_tier(self) -> None:
+        """List the prefix cache's files (what workers before this one wrote, crashed or not) and start writing."""
+        disk = self.models.prefix.disk
+        if disk is None:
             return
         started = time.perf_counter()
         try:
-            saved, nbytes = prefix.save(
-                self._prefix_folder, self.models.served_keys(), self.settings.prefix_cache_saved_bytes
-            )
-        except OSError as exc:  # a full disk costs the next worker a cold start, nothing more
-            logger.warning("prefix cache: could not save to %s: %s", self._prefix_folder, exc)
+            disk.start()
+        except OSError as exc:  # an unwritable folder costs warm restarts, nothing more
+            logger.warning("prefix cache: no disk tier in %s: %s", disk.folder, exc)
+            self.models.prefix.disk = None
             return
         logger.info(
-            "prefix cache: %d entries (%.1f MiB) saved in %.2f s", saved, nbytes / 2**20, time.perf_counter() - started
-        )
-
-    def _load_prefix_cache(self) -> None:
-        """Take back what the worker before this one on this device saved as it stopped."""
-        prefix = self.models.prefix
-        if not prefix.enabled:
-            return
-        started = time.perf_counter()
-        loaded = prefix.load(self._prefix_folder, self.models.served_keys())
-        if loaded:
-            self._log_prefix_cache("loaded", loaded, started)
-
-    def _log_prefix_cache(self, done: str, entries: int, started: float) -> None:
-        mib = self.models.prefix.nbytes / 2**20
-        logger.info(
-            "prefix cache: %d entries (%.1f MiB) %s in %.2f s", entries, mib, done, time.perf_counter() - started
+            "prefix cache: %d entries (%.1f MiB) on disk in %s, listed in %.2f s",
+            len(disk),
+            disk.nbytes / 2**20,
+            disk.folder,
+            time.perf_counter() - started,
         )
 
     def _take_device(self) -> bool:
@@ -339,6 +323,8 @@ class GpuWorker:
             cache_lookups=now_cache.lookups - before.lookups,
             cache_hits=now_cache.hits - before.hits,
             cache_tokens=now_cache.cached_tokens - before.cached_tokens,
+            cache_disk_hits=now_cache.disk_hits - before.disk_hits,
+            cache_disk_tokens=now_cache.disk_tokens - before.disk_tokens,
             cache_bytes=prefix.nbytes,
             cache_entries=len(prefix),
             pace=json.dumps({model: speed.as_list() for model, speed in runner.pace.speeds().items()}),

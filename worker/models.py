@@ -29,6 +29,7 @@ from worker.load_error import explain
 from worker.pace import Pace, fit, probe
 from worker.pooling import Pooler
 from worker.prefix_cache import PrefixCache
+from worker.prefix_disk import DiskTier
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,8 @@ class ModelPool:
     ) -> None:
         self.store = store
         s = store.settings
-        self.prefix = PrefixCache(s.prefix_cache_bytes)  # of every model's KV states
+        disk = DiskTier(s.prefix_cache_folder, s.prefix_cache_disk_bytes, s.prefix_cache_disk_owner_bytes)
+        self.prefix = PrefixCache(s.prefix_cache_bytes, disk if s.prefix_cache_disk_bytes else None)  # KV states
         self.on_change = on_change  # told when a model loaded or left (the worker reports it in its lease)
         self.pace = Pace()  # how fast each model's steps go here (the runner's loop times them; a load, before)
         self._batching: dict[str, Verdict] = {}  # how each model's sequences share the batch, as its load found

@@ -13,38 +13,36 @@ its own server, but its public methods can neither refresh, list nor remove one 
   part, trimmed back to their common part; at least one token is left to prefill (the batch needs one to start from);
 - a hit refreshes its entry (a system prompt that every request hits stays); past the byte cap the least recently
   used go; an entry makes its own prefixes redundant (a hit on them reads it, trimmed); a model's entries go with it;
-- counters for /metrics; and saving the hottest entries (up to ONELANE_PREFIX_CACHE_SAVED bytes) when the worker
-  stops in good order, loading them when it starts (mlx-lm's save_prompt_cache / load_prompt_cache, one safetensors
-  file an entry).
+- counters for /metrics;
+- a disk tier (worker/prefix_disk.py, ONELANE_PREFIX_CACHE_DISK): every entry is also written to a folder as it is
+  made, and a prompt that the disk holds more of than RAM does reads it from there (it then stays in RAM, the hot
+  tier), so a session outlives a crash of its worker.
 
-Only sequences that ended as their generation meant to (EOS, a stop string, max_tokens) become entries: a job cut
-short (cancelled, failed, over time, handed back) leaves none, so no later job trusts a state nobody finished.
+An entry is frozen as it is taken: contiguous copies of its KV state, computed at once (a lazy slice would keep the
+whole batch's buffers alive, and the disk's writer thread must find nothing left to compute).
+
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import logging
-import os
-import shutil
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
-from mlx_lm.models.cache import can_trim_prompt_cache, load_prompt_cache, save_prompt_cache, trim_prompt_cache
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
-from worker.prefix_index import SortedSequences, Tokens
+from worker.prefix_disk import DiskTier
+from worker.prefix_index import SortedSequences, Tokens, nearest
 
 logger = logging.getLogger(__name__)
 
 # a shorter cached prefix is not worth copying an entry for: it is prefilled like the rest. A chat template's opening
 # is worth it: SmolLM2's (its default system message, then the user's turn) is about 20 tokens of a short question's ~50
 MIN_HIT_TOKENS = 16
-INDEX = "index.json"
 
 Key = tuple[str, str]  # the model as loaded (ModelConfig.cache_key) and the scope (Settings.cache_scope)
 Name = tuple[Key, Tokens]  # an entry's: its key and its tokens
@@ -65,6 +63,8 @@ class CacheCounters:
     lookups: int = 0
     hits: int = 0
     cached_tokens: int = 0
+    disk_hits: int = 0  # of the hits, those read from the disk tier
+    disk_tokens: int = 0  # ... and the prompt tokens they read
 
 
 @dataclass(frozen=True)
@@ -77,10 +77,11 @@ class Entry:
 
 class PrefixCache:
     """KV states by key (the model as loaded, and the owner or '' when shared: Settings.prefix_key) and token
-    sequence, at most `max_bytes` of them (0: no cache)."""
+    sequence, at most `max_bytes` of them (0: no cache), and in `disk` (None: RAM only)."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, disk: DiskTier | None = None) -> None:
         self.max_bytes = max_bytes
+        self.disk = disk if max_bytes > 0 else None
         self.counters = CacheCounters()
         self._entries: OrderedDict[Name, Entry] = OrderedDict()  # the least recently used first
         self._held: dict[Key, SortedSequences] = {}  # each key's token sequences, for the lookup
@@ -103,17 +104,30 @@ class PrefixCache:
         return (key, tuple(tokens)) in self._entries
 
     def fetch(self, key: Key, tokens: list[int]) -> Hit:
-        """The longest cached prefix of `tokens` under `key`, as a cache of its own; at least one token is left to
-        prefill."""
+        """The longest cached prefix of `tokens` under `key`, in RAM or on disk, as a cache of its own; at least one
+        token is left to prefill."""
         if not self.enabled:
             return Hit(None, 0)
         self.counters.lookups += 1
-        found = self._nearest(key, tuple(tokens))
+        prompt = tuple(tokens)
+        found = self._nearest(key, prompt)
+        on_disk = self.disk.nearest(key, prompt, MIN_HIT_TOKENS) if self.disk is not None else None
+        if on_disk is not None and on_disk[1] > (found[1] if found else 0):
+            cache = self.disk.read(on_disk[0]) if self.disk is not None else None
+            if cache is not None:
+                name, reach = on_disk
+                self.counters.disk_hits += 1
+                self.counters.disk_tokens += reach
+                if not self._keep(name, cache):  # (bigger than RAM's cap: this hit has it alone)
+                    return self._hit(name, reach, cache)
+                found = on_disk
         if found is None:
             return Hit(None, 0)
         name, reach = found
         self._entries.move_to_end(name)  # a hit refreshes its entry
-        cache = copy.deepcopy(self._entries[name].cache)
+        return self._hit(name, reach, copy.deepcopy(self._entries[name].cache))
+
+    def _hit(self, name: Name, reach: int, cache: list[Any]) -> Hit:
         if reach < len(name[1]):
             trim_prompt_cache(cache, len(name[1]) - reach)
         self.counters.hits += 1
@@ -121,32 +135,33 @@ class PrefixCache:
         return Hit(cache, reach)
 
     def _nearest(self, key: Key, prompt: Tokens) -> tuple[Name, int] | None:
-        """The entry under `key` that holds the most of `prompt` but its last token, and how many it holds: of
-        equals the shortest (the least to copy and trim); one that goes on past them only if it can be trimmed."""
+        """The entry in RAM under `key` that holds the most of `prompt` but its last token, and how many."""
         held = self._held.get(key)
         if held is None:
             return None
-        reach = min(held.most_shared(prompt), len(prompt) - 1)
-        if reach < MIN_HIT_TOKENS:
-            return None
-        best = min(held.starting_with(prompt[:reach]), key=len)
-        if len(best) == reach or can_trim_prompt_cache(self._entries[(key, best)].cache):
-            return (key, best), reach
-        within = [s for s in held.prefixes_of(prompt) if len(s) >= MIN_HIT_TOKENS]  # (no trimming needed)
-        return ((key, within[-1]), len(within[-1])) if within else None
+        found = nearest(
+            held, prompt, lambda tokens: can_trim_prompt_cache(self._entries[(key, tokens)].cache), MIN_HIT_TOKENS
+        )
+        return ((key, found[0]), found[1]) if found else None
 
     def insert(self, key: Key, tokens: list[int], cache: list[Any]) -> bool:
-        """Keep a finished sequence's KV state (`cache` holds exactly `tokens`), evicting the least recently used
-        entries past the byte cap; whether it was kept (an entry bigger than the whole cap is not)."""
+        """Keep a finished sequence's KV state (`cache` holds exactly `tokens`), in RAM (evicting the least recently
+        used entries past the byte cap) and on disk; whether RAM kept it (an entry bigger than the whole cap is
+        not)."""
         if not self.enabled or not tokens:
             return False
-        # made now, not when first read: a lazy slice would keep the whole batch's buffers alive
-        mx.eval([leaf for c in cache for _, leaf in tree_flatten(c.state) if isinstance(leaf, mx.array)])
+        name = (key, tuple(tokens))
+        cache = _frozen(cache)
+        if self.disk is not None:
+            self.disk.write(name, cache, can_trim_prompt_cache(cache))
+        return self._keep(name, cache)
+
+    def _keep(self, name: Name, cache: list[Any]) -> bool:
         nbytes = sum(c.nbytes for c in cache)
         if nbytes > self.max_bytes:
             return False
-        name = (key, tuple(tokens))
         self._remove(name)  # (the same sequence again: the newer state takes its place, as the newest)
+        key = name[0]
         if can_trim_prompt_cache(cache):  # a prompt its prefixes would serve reads this one, trimmed
             for prefix in self._held.get(key, SortedSequences()).prefixes_of(name[1]):
                 self._remove((key, prefix))
@@ -175,65 +190,17 @@ class PrefixCache:
         if not self._held[key]:
             del self._held[key]
 
-    # --- across a restart in good order ------------------------------------------------------------------------
 
-    def save(self, folder: Path, models: dict[str, str], max_bytes: int) -> tuple[int, int]:
-        """Write the entries of the loaded models (`models`: name -> model key), most recently used first, to
-        `folder` (replacing what it held), those that fit within `max_bytes` of files (ONELANE_PREFIX_CACHE_SAVED:
-        the cache itself may hold gigabytes, which a restart need not wait for); returns how many, and their bytes."""
-        shutil.rmtree(folder, ignore_errors=True)
-        served = set(models.values())
-        newest_first = [(name, entry) for name, entry in reversed(self._entries.items()) if name[0][0] in served]
-        if max_bytes <= 0 or not newest_first:
-            return 0, 0
-        folder.mkdir(parents=True, exist_ok=True)
-        os.chmod(folder, 0o700)  # users' prompts, as the model saw them
-        kept: list[dict[str, Any]] = []
-        written = 2  # the index's brackets
-        for ((model, scope), tokens), entry in newest_first:
-            item = {"file": f"{len(kept):06d}.safetensors", "model": model, "scope": scope, "tokens": list(tokens)}
-            listed = len(json.dumps(item)) + 2  # its line of the index, with a separator
-            if written + listed + _state_bytes(entry.cache) > max_bytes:  # (the file's arrays: less than the file)
-                continue
-            file = folder / item["file"]
-            save_prompt_cache(str(file), entry.cache)
-            size = file.stat().st_size + listed
-            if written + size > max_bytes:  # its header tipped it over
-                file.unlink()
-                continue
-            written += size
-            kept.append(item)
-        (folder / INDEX).write_text(json.dumps(kept))
-        if len(kept) < len(newest_first):
-            logger.info(
-                "prefix cache: %d entries not saved, past ONELANE_PREFIX_CACHE_SAVED (%.1f MiB)",
-                len(newest_first) - len(kept),
-                max_bytes / 2**20,
-            )
-        return len(kept), written
-
-    def load(self, folder: Path, models: dict[str, str]) -> int:
-        """Take back what `save` wrote, for the models still served with the same load options (most recently
-        used last, so they stay the newest), then delete it: a crash later must not load it again. Returns how
-        many entries were loaded."""
-        index = folder / INDEX
-        if not index.exists():
-            return 0
-        loaded = 0
-        try:
-            for item in reversed(json.loads(index.read_text())):
-                if item["model"] not in models.values():
-                    continue
-                cache = load_prompt_cache(str(folder / item["file"]))
-                self.insert((item["model"], item["scope"]), item["tokens"], cache)
-                loaded += 1
-        except (OSError, ValueError, KeyError) as exc:  # a damaged save is only a colder start
-            logger.warning("prefix cache: could not load %s (%s); starting with what loaded", folder, exc)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        return loaded
+def _frozen(cache: list[Any]) -> list[Any]:
+    """A KV state's contiguous copy, computed now (a cache whose class cannot be remade from its state, as none of
+    mlx-lm's is, is kept as it is, computed)."""
+    try:
+        frozen = [type(c).from_state(tree_map(_contiguous, c.state)) for c in cache]
+    except (TypeError, ValueError, AttributeError):
+        frozen = cache
+    mx.eval([leaf for c in frozen for _, leaf in tree_flatten(c.state) if isinstance(leaf, mx.array)])
+    return frozen
 
 
-def _state_bytes(cache: list[Any]) -> int:
-    """The bytes of the arrays a cache's file holds (its state: the tokens it holds, not its allocated room)."""
-    return sum(leaf.nbytes for c in cache for _, leaf in tree_flatten(c.state) if isinstance(leaf, mx.array))
+def _contiguous(leaf: Any) -> Any:
+    return mx.contiguous(leaf) if isinstance(leaf, mx.array) else leaf

@@ -10,6 +10,7 @@ of every entry in Python took 25 ms, and with no trie of a dict a token (mlx-lm'
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
+from collections.abc import Callable
 
 Tokens = tuple[int, ...]
 
@@ -58,3 +59,19 @@ class SortedSequences:
         """The sequences that `tokens` begins with and goes on past (they stand before it, not together)."""
         before = self._sorted[: bisect_left(self._sorted, tokens)]
         return [s for s in before if len(s) < len(tokens) and tokens[len(s) - 1] == s[-1] and tokens[: len(s)] == s]
+
+
+def nearest(
+    held: SortedSequences, prompt: Tokens, trimmable: Callable[[Tokens], bool], least: int
+) -> tuple[Tokens, int] | None:
+    """Of `held`, the sequence that holds the most of `prompt` but its last token (at least `least` of them), and
+    how many it holds: of equals the shortest (the least to copy and trim); one that goes on past them only if its
+    state can be trimmed back."""
+    reach = min(held.most_shared(prompt), len(prompt) - 1)
+    if reach < least:
+        return None
+    best = min(held.starting_with(prompt[:reach]), key=len)
+    if len(best) == reach or trimmable(best):
+        return best, reach
+    within = [s for s in held.prefixes_of(prompt) if len(s) >= least]  # (no trimming needed)
+    return (within[-1], len(within[-1])) if within else None

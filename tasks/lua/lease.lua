@@ -11,7 +11,7 @@
 -- ARG: device, worker_id, pid, lease_ms, mode ('take' or 'renew'), and the worker's report (all '' when it
 -- reports nothing): batch, slots, tok_s, steps, decode_s, prefill_s, prefill_tokens, models, active, loading,
 -- cache_lookups, cache_hits, cache_tokens (the prefix cache's lookups, hits and prompt tokens read from it since
--- the last report), cache_bytes, cache_entries (what it holds now), pace (JSON: each model's measured speed,
+-- the last report), cache_disk_hits, cache_disk_tokens (of those, the ones read from its disk tier), cache_bytes, cache_entries (what it holds now), pace (JSON: each model's measured speed,
 -- worker/pace.py), step_s and step_limit_s (how long the step on the device has run, and may: stall.lua)
 --   ->  'ok', 'lapsed', or the id of the worker that holds it
 local device, worker, pid, lease_ms = ARG.device, ARG.worker, ARG.pid, tonumber(ARG.lease_ms)
@@ -45,6 +45,8 @@ if ARG.batch ~= '' then
   stat('cache_lookups', tonumber(ARG.cache_lookups))
   stat('cache_hits', tonumber(ARG.cache_hits))
   stat('cache_tokens', tonumber(ARG.cache_tokens))
+  stat('cache_disk_hits', tonumber(ARG.cache_disk_hits))
+  stat('cache_disk_tokens', tonumber(ARG.cache_disk_tokens))
   redis.call('HSET', key, 'cache_bytes', ARG.cache_bytes, 'cache_entries', ARG.cache_entries)
   redis.call('HSET', key, 'step_s', ARG.step_s, 'step_limit', ARG.step_limit_s)
   -- each model's pace as measured here, on the device and on the model (where it outlives the lease, for ETAs)

@@ -39,6 +39,8 @@ class BatchReport:
     cache_lookups: int = 0  # prefix cache: lookups, hits and prompt tokens they saved since the last report
     cache_hits: int = 0
     cache_tokens: int = 0
+    cache_disk_hits: int = 0  # ... of those, read from its disk tier
+    cache_disk_tokens: int = 0
     cache_bytes: int = 0  # ... and what it holds now
     cache_entries: int = 0
     pace: str = "{}"  # JSON: each model's measured speed here, [step s, s per sequence, s per prompt token]

@@ -1,0 +1,347 @@
+"""The prefix cache's disk tier (worker/prefix_cache.py keeps RAM, the hot tier): every entry is also written to a
+folder as it is made, so a worker started after a crash (SIGKILL, a power cut), or on another host that shares the
+folder, reads a session's history from disk instead of prefilling it again.
+
+- one file an entry, in mlx-lm's prompt-cache format (save_prompt_cache / load_prompt_cache: safetensors) whose
+  metadata says what it holds (this format's name, the model as loaded, the scope, the tokens, whether it can be
+  trimmed), named by the BLAKE2b digest of its whole content;
+- written under a temporary name, flushed to the disk, then renamed: a reader sees a whole file or none; a
+  temporary file a killed writer left is removed once it is an hour old (another host may be writing it now);
+- read back only if its content still has the digest its name says and its metadata names the entry looked up: a
+  torn or damaged file of ours is removed, a foreign one (another program's, another format's) is passed over and
+  left alone; neither is ever loaded into the model;
+- bounded: at most ONELANE_PREFIX_CACHE_DISK bytes in all and ONELANE_PREFIX_CACHE_DISK_OWNER a scope (an owner, or
+  '' when sharing is on), the least recently used (a file's mtime, refreshed by a hit) removed first; an entry makes
+  its own prefixes redundant there too;
+- the files of other workers sharing the folder are seen when it changes (its mtime), at the next lookup.
+
+A writer thread does the writing, so the batch never waits for the disk. It only serialises arrays the device
+thread has already computed (PrefixCache freezes an entry first): it runs no computation of its own. A worker killed
+before its writer finished loses that entry alone (the turn before it is on disk).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+
+from worker.prefix_index import SortedSequences, Tokens, nearest
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "onelane-prefix-cache/1"
+FILE = re.compile(r"^[0-9a-f]{32}\.safetensors$")  # an entry: its content's digest
+TEMPORARY = ".tmp-"
+STALE_TEMPORARY_S = 3600.0
+MAX_HEADER = 256 * 2**20  # a safetensors header longer than this is not ours (ours: the tokens, ~7 bytes each)
+PENDING = 16  # entries waiting for the writer; past that a new one is not written (counted)
+
+Key = tuple[str, str]  # the model as loaded and the scope (worker/prefix_cache.py)
+Name = tuple[Key, Tokens]
+
+
+@dataclass
+class Stored:
+    """An entry's file, its size and when it was last used (its mtime)."""
+
+    path: Path
+    nbytes: int
+    used: float
+    trimmable: bool
+
+
+@dataclass
+class DiskCounters:
+    """Counted since the worker started; never decreasing."""
+
+    written: int = 0  # entries written
+    not_written: int = 0  # entries offered while the writer was PENDING behind, or past a bound alone
+    passed_over: int = 0  # files seen torn, damaged or foreign
+
+
+class DiskTier:
+    """The folder's entries by name; `write` queues one for the writer thread, `nearest` and `read` look one up."""
+
+    def __init__(self, folder: Path, max_bytes: int, owner_bytes: int) -> None:
+        self.folder = folder
+        self.max_bytes = max_bytes
+        self.owner_bytes = min(owner_bytes, max_bytes)
+        self.counters = DiskCounters()
+        self._lock = threading.Lock()  # the index: the writer adds, the device thread looks up
+        self._files: dict[Name, Stored] = {}
+        self._held: dict[Key, SortedSequences] = {}
+        self._names: dict[str, Name] = {}  # file name -> the entry it holds
+        self._foreign: set[str] = set()  # files passed over, not read again
+        self._stamp = -1  # the folder's mtime when last listed
+        self._pending: queue.Queue[tuple[Name, list[Any], bool] | None] = queue.Queue(PENDING)
+        self._writer: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Make the folder (only this user may read it: users' prompts, as the model saw them), list what it holds
+        (within the bounds), and start the writer."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.folder, 0o700)
+        self._list()
+        with self._lock:  # (the bounds may have been lowered since the files were written)
+            for scope in {key[1] for key in self._held}:
+                self._evict(scope)
+        self._writer = threading.Thread(target=self._write_all, name="prefix-disk", daemon=True)
+        self._writer.start()
+
+    def close(self) -> None:
+        """Write what is queued, then stop the writer."""
+        if self._writer is not None:
+            self._pending.put(None)
+            self._writer.join()
+            self._writer = None
+
+    def flush(self) -> None:
+        """Wait until every entry queued so far is written (or refused)."""
+        self._pending.join()
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(s.nbytes for s in self._files.values())
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    # --- the device thread -----------------------------------------------------------------------------------------
+
+    def write(self, name: Name, cache: list[Any], trimmable: bool) -> None:
+        """Queue a finished sequence's KV state (frozen: nothing of it is left to compute) for the writer (once
+        started)."""
+        if self._writer is None:
+            return
+        try:
+            self._pending.put_nowait((name, cache, trimmable))
+        except queue.Full:
+            self.counters.not_written += 1
+
+    def nearest(self, key: Key, prompt: Tokens, least: int) -> tuple[Name, int] | None:
+        """The entry on disk under `key` that holds the most of `prompt` but its last token, and how many."""
+        self._list()
+        with self._lock:
+            held = self._held.get(key)
+            if held is None:
+                return None
+            found = nearest(held, prompt, lambda tokens: self._files[(key, tokens)].trimmable, least)
+        return ((key, found[0]), found[1]) if found else None
+
+    def read(self, name: Name) -> list[Any] | None:
+        """The entry's KV state, loaded from its file, if the file is whole and holds it; else None (and the file
+        is forgotten: removed if it was ours and torn)."""
+        with self._lock:
+            stored = self._files.get(name)
+        if stored is None:
+            return None
+        try:
+            if _digest(stored.path) != stored.path.stem:
+                logger.warning("prefix cache: %s is torn or damaged; removed", stored.path.name)
+                self._forget(name, unlink=True)
+                self.counters.passed_over += 1
+                return None
+            cache, metadata = load_prompt_cache(str(stored.path), return_metadata=True)
+            if _identity(metadata) != (name, stored.trimmable):
+                raise ValueError("it holds another entry than its metadata said when listed")
+            mx.eval([leaf for c in cache for _, leaf in tree_flatten(c.state) if isinstance(leaf, mx.array)])
+            os.utime(stored.path)  # a hit refreshes its entry (for every worker sharing the folder)
+        except FileNotFoundError:  # another worker sharing the folder removed it
+            self._forget(name)
+            return None
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+            logger.warning("prefix cache: passed over %s (%s)", stored.path.name, exc)
+            self._forget(name)
+            with self._lock:
+                self._foreign.add(stored.path.name)
+            self.counters.passed_over += 1
+            return None
+        stored.used = time.time()
+        return cache
+
+    # --- the writer thread -----------------------------------------------------------------------------------------
+
+    def _write_all(self) -> None:
+        while True:
+            item = self._pending.get()
+            try:
+                if item is None:
+                    return
+                self._write_one(*item)
+            except Exception:  # a full or read-only disk costs a later cold start, nothing more
+                logger.exception("prefix cache: could not write an entry to %s", self.folder)
+                self.counters.not_written += 1
+            finally:
+                self._pending.task_done()
+
+    def _write_one(self, name: Name, cache: list[Any], trimmable: bool) -> None:
+        (model, scope), tokens = name
+        temporary = self.folder / f"{TEMPORARY}{uuid.uuid4().hex}.safetensors"
+        metadata = {
+            "format": FORMAT,
+            "model": model,
+            "scope": scope,
+            "tokens": ",".join(map(str, tokens)),
+            "trimmable": "1" if trimmable else "0",
+        }
+        try:
+            save_prompt_cache(str(temporary), cache, metadata)
+            nbytes = temporary.stat().st_size
+            if nbytes > self.owner_bytes:
+                self.counters.not_written += 1
+                return
+            with open(temporary, "rb") as f:
+                os.fsync(f.fileno())
+            path = self.folder / f"{_digest(temporary)}.safetensors"
+            os.replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
+        _sync_folder(self.folder)
+        with self._lock:
+            self._add(path.name, name, Stored(path, nbytes, time.time(), trimmable))
+            if trimmable:  # its prefixes are read from it, trimmed
+                for prefix in self._held[name[0]].prefixes_of(tokens):
+                    self._remove((name[0], prefix), unlink=True)
+            self._evict(scope)
+        self.counters.written += 1
+
+    def _evict(self, scope: str) -> None:
+        """Remove the least recently used files past the scope's bound, then past the folder's."""
+        for bound, of_scope in ((self.owner_bytes, True), (self.max_bytes, False)):
+            mine = sorted(
+                (s.used, n) for n, s in self._files.items() if not of_scope or n[0][1] == scope
+            )  # the oldest first
+            total = sum(self._files[n].nbytes for _, n in mine)
+            for _, n in mine:
+                if total <= bound:
+                    break
+                total -= self._files[n].nbytes
+                self._remove(n, unlink=True)
+
+    # --- the index -------------------------------------------------------------------------------------------------
+
+    def _list(self) -> None:
+        """Take in the files other workers wrote (and forget those they removed) since the folder last changed."""
+        try:
+            stamp = os.stat(self.folder).st_mtime_ns
+        except OSError:
+            return
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        now, present = time.time(), {}
+        for entry in os.scandir(self.folder):
+            if FILE.match(entry.name):
+                present[entry.name] = entry
+            elif entry.name.startswith(TEMPORARY):
+                try:
+                    if now - entry.stat().st_mtime > STALE_TEMPORARY_S:  # its writer was killed
+                        os.unlink(entry.path)
+                except OSError:
+                    pass
+        with self._lock:
+            self._foreign &= set(present)
+            for gone in set(self._names) - set(present):
+                self._remove(self._names[gone])
+            new = [e for n, e in present.items() if n not in self._names and n not in self._foreign]
+        for entry in new:
+            try:
+                name, trimmable = _identity(_header(Path(entry.path)))
+                stat = entry.stat()
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                logger.warning("prefix cache: passed over %s (%s)", entry.name, exc)
+                with self._lock:
+                    self._foreign.add(entry.name)
+                self.counters.passed_over += 1
+                continue
+            with self._lock:
+                self._add(entry.name, name, Stored(Path(entry.path), stat.st_size, stat.st_mtime, trimmable))
+
+    def _add(self, file: str, name: Name, stored: Stored) -> None:
+        old = self._files.get(name)
+        if old is not None and old.path != stored.path:
+            self._remove(name, unlink=True)  # (the same sequence again: the newer state takes its place)
+        elif old is None:
+            self._held.setdefault(name[0], SortedSequences()).add(name[1])
+        self._files[name] = stored
+        self._names[file] = name
+
+    def _remove(self, name: Name, unlink: bool = False) -> None:
+        stored = self._files.pop(name, None)
+        if stored is None:
+            return
+        self._names.pop(stored.path.name, None)
+        held = self._held[name[0]]
+        held.remove(name[1])
+        if not held:
+            del self._held[name[0]]
+        if unlink:
+            stored.path.unlink(missing_ok=True)
+
+    def _forget(self, name: Name, unlink: bool = False) -> None:
+        with self._lock:
+            self._remove(name, unlink)
+
+
+def _digest(path: Path) -> str:
+    """The BLAKE2b digest (128 bits, hex) of a file's whole content."""
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while chunk := f.read(8 * 2**20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _header(path: Path) -> dict[str, str]:
+    """A safetensors file's metadata, read from its header alone."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        if not 0 < size <= MAX_HEADER:
+            raise ValueError("not a safetensors file")
+        header = json.loads(f.read(size))
+    metadata = header.get("__metadata__")
+    if not isinstance(metadata, dict):
+        raise ValueError("no metadata")
+    # save_prompt_cache flattens [metadata, classes, scalars]: ours are the first's ("0.model", ...)
+    return {k[2:]: v for k, v in metadata.items() if k.startswith("0.")}
+
+
+def _identity(metadata: dict[str, Any]) -> tuple[Name, bool]:
+    """The entry a file's metadata names, and whether it can be trimmed; ValueError if it is not ours."""
+    if metadata.get("format") != FORMAT:
+        raise ValueError(f"not {FORMAT}")
+    tokens = tuple(int(t) for t in str(metadata["tokens"]).split(",")) if metadata["tokens"] else ()
+    if not tokens:
+        raise ValueError("no tokens")
+    return ((str(metadata["model"]), str(metadata["scope"])), tokens), metadata["trimmable"] == "1"
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make a rename in `folder` durable (POSIX: the folder's entry is data of its own)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
