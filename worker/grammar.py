@@ -52,14 +52,26 @@ class Grammars:
         self._hf = tokenizer._tokenizer  # mlx-lm's TokenizerWrapper wraps a Hugging Face fast tokenizer
         self._eos = sorted(eos)
         self._tokenizer: llguidance.LLTokenizer | None = None
+        self._unreadable = ""  # why llguidance could not read the tokenizer, once it failed
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
         self.times = MaskTimes()
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
+        """llguidance's reading of the model's tokenizer; GrammarError if it cannot read it (it panics, a
+        BaseException, on a token over 1,024 bytes: caught here, or it would end the worker's thread)."""
         if self._tokenizer is None:
-            self._tokenizer = llguidance.hf.from_tokenizer(self._hf, eos_token=self._eos)
+            if self._unreadable:
+                raise GrammarError(self._unreadable)
+            try:
+                self._tokenizer = llguidance.hf.from_tokenizer(self._hf, eos_token=self._eos)
+            except (KeyboardInterrupt, SystemExit, GeneratorExit):
+                raise
+            except BaseException as exc:  # noqa: BLE001 (pyo3's PanicException derives from BaseException)
+                logger.warning("llguidance cannot read this model's tokenizer: %s", exc)
+                self._unreadable = "this model's tokenizer cannot be read by the grammar engine (llguidance)"
+                raise GrammarError(self._unreadable) from None
         return self._tokenizer
 
     def matcher(self, grammar: str) -> llguidance.LLMatcher:

@@ -29,7 +29,7 @@ from worker.load_error import explain
 from worker.pace import Pace, fit, probe
 from worker.pooling import Pooler
 from worker.prefix_cache import PrefixCache
-from worker.prefix_disk import DiskTier
+from worker.prefix_disk import DiskTier, weights_digest
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +161,11 @@ class ModelPool:
         config = self.settings.model_named(name)
         if config is not None:
             engine.configure(self._max_batch(config), self.settings.prefill_step)
+            if self.prefix.disk is not None and isinstance(engine, Engine):  # (its entries on disk: these weights')
+                try:
+                    self.prefix.disk.serve(config.cache_key(), weights_digest(engine.model))
+                except (AttributeError, TypeError, ValueError) as exc:  # (weights it cannot read: RAM only)
+                    logger.warning("model %s: its prefix-cache entries stay in RAM (%s)", name, exc)
         self._engines[name] = engine
         self._loaded = tuple(self._engines.items())
         self._bytes[name] = size_in_memory(engine)

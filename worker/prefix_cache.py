@@ -113,14 +113,14 @@ class PrefixCache:
         found = self._nearest(key, prompt)
         on_disk = self.disk.nearest(key, prompt, MIN_HIT_TOKENS) if self.disk is not None else None
         if on_disk is not None and on_disk[1] > (found[1] if found else 0):
-            cache = self.disk.read(on_disk[0]) if self.disk is not None else None
+            held, reach = on_disk
+            cache = self.disk.read(key, held) if self.disk is not None else None
             if cache is not None:
-                name, reach = on_disk
                 self.counters.disk_hits += 1
                 self.counters.disk_tokens += reach
-                if not self._keep(name, cache):  # (bigger than RAM's cap: this hit has it alone)
-                    return self._hit(name, reach, cache)
-                found = on_disk
+                if not self._keep((key, held), cache):  # (bigger than RAM's cap: this hit has it alone)
+                    return self._hit((key, held), reach, cache)
+                found = (key, held), reach
         if found is None:
             return Hit(None, 0)
         name, reach = found
@@ -152,12 +152,13 @@ class PrefixCache:
             return False
         name = (key, tuple(tokens))
         cache = _frozen(cache)
-        if self.disk is not None:
-            self.disk.write(name, cache, can_trim_prompt_cache(cache))
-        return self._keep(name, cache)
-
-    def _keep(self, name: Name, cache: list[Any]) -> bool:
         nbytes = sum(c.nbytes for c in cache)
+        if self.disk is not None:
+            self.disk.write(name, cache, can_trim_prompt_cache(cache), nbytes)
+        return self._keep(name, cache, nbytes)
+
+    def _keep(self, name: Name, cache: list[Any], nbytes: int | None = None) -> bool:
+        nbytes = sum(c.nbytes for c in cache) if nbytes is None else nbytes
         if nbytes > self.max_bytes:
             return False
         self._remove(name)  # (the same sequence again: the newer state takes its place, as the newest)

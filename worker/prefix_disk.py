@@ -3,8 +3,9 @@ folder as it is made, so a worker started after a crash (SIGKILL, a power cut), 
 folder, reads a session's history from disk instead of prefilling it again.
 
 - one file an entry, in mlx-lm's prompt-cache format (save_prompt_cache / load_prompt_cache: safetensors) whose
-  metadata says what it holds (this format's name, the model as loaded, the scope, the tokens, whether it can be
-  trimmed), named by the BLAKE2b digest of its whole content;
+  metadata says what it holds (this format's name, the model as loaded and a digest of its weights, the scope, the
+  tokens, whether it can be trimmed), named by the BLAKE2b digest of its whole content; a model retrained in place
+  (the same path and options, other weights) reads none of its old entries;
 - written under a temporary name, flushed to the disk, then renamed: a reader sees a whole file or none; a
   temporary file a killed writer left is removed once it is an hour old (another host may be writing it now);
 - read back only if its content still has the digest its name says and its metadata names the entry looked up: a
@@ -49,6 +50,7 @@ TEMPORARY = ".tmp-"
 STALE_TEMPORARY_S = 3600.0
 MAX_HEADER = 256 * 2**20  # a safetensors header longer than this is not ours (ours: the tokens, ~7 bytes each)
 PENDING = 16  # entries waiting for the writer; past that a new one is not written (counted)
+PENDING_BYTES = 2**30  # ... and their bytes, unless the queue is empty
 
 Key = tuple[str, str]  # the model as loaded and the scope (worker/prefix_cache.py)
 Name = tuple[Key, Tokens]
@@ -87,7 +89,9 @@ class DiskTier:
         self._names: dict[str, Name] = {}  # file name -> the entry it holds
         self._foreign: set[str] = set()  # files passed over, not read again
         self._stamp = -1  # the folder's mtime when last listed
-        self._pending: queue.Queue[tuple[Name, list[Any], bool] | None] = queue.Queue(PENDING)
+        self._pending: queue.Queue[tuple[Name, list[Any], bool, int] | None] = queue.Queue(PENDING)
+        self._pending_bytes = 0  # the KV states queued (the RAM tier may have let them go meanwhile)
+        self._weights: dict[str, str] = {}  # each served model's key -> the digest of its weights (weights_digest)
         self._writer: threading.Thread | None = None
 
     def start(self) -> None:
@@ -123,29 +127,57 @@ class DiskTier:
 
     # --- the device thread -----------------------------------------------------------------------------------------
 
-    def write(self, name: Name, cache: list[Any], trimmable: bool) -> None:
-        """Queue a finished sequence's KV state (frozen: nothing of it is left to compute) for the writer (once
-        started)."""
-        if self._writer is None:
+    def serve(self, model: str, weights: str) -> None:
+        """Read and write the entries of `model` (its cache key) as those of the weights whose digest is `weights`."""
+        self._weights[model] = weights
+
+    def write(self, name: Name, cache: list[Any], trimmable: bool, nbytes: int) -> None:
+        """Queue a finished sequence's KV state (frozen: nothing of it is left to compute; `nbytes` of arrays) for
+        the writer (once started, for a model it serves). What waits for the writer is bounded: PENDING entries,
+        and PENDING_BYTES of them unless the queue is empty."""
+        key = self._on_disk(name[0])
+        if self._writer is None or key is None:
+            return
+        with self._lock:
+            crowded = self._pending_bytes > 0 and self._pending_bytes + nbytes > PENDING_BYTES
+            if not crowded:
+                self._pending_bytes += nbytes
+        if crowded:
+            self.counters.not_written += 1
             return
         try:
-            self._pending.put_nowait((name, cache, trimmable))
+            self._pending.put_nowait(((key, name[1]), cache, trimmable, nbytes))
         except queue.Full:
+            with self._lock:
+                self._pending_bytes -= nbytes
             self.counters.not_written += 1
 
-    def nearest(self, key: Key, prompt: Tokens, least: int) -> tuple[Name, int] | None:
-        """The entry on disk under `key` that holds the most of `prompt` but its last token, and how many."""
+    def nearest(self, key: Key, prompt: Tokens, least: int) -> tuple[Tokens, int] | None:
+        """The entry on disk under `key` that holds the most of `prompt` but its last token (its tokens), and how
+        many."""
+        disk_key = self._on_disk(key)
+        if disk_key is None:
+            return None
         self._list()
         with self._lock:
-            held = self._held.get(key)
+            held = self._held.get(disk_key)
             if held is None:
                 return None
-            found = nearest(held, prompt, lambda tokens: self._files[(key, tokens)].trimmable, least)
-        return ((key, found[0]), found[1]) if found else None
+            found = nearest(held, prompt, lambda tokens: self._files[(disk_key, tokens)].trimmable, least)
+        return found
 
-    def read(self, name: Name) -> list[Any] | None:
-        """The entry's KV state, loaded from its file, if the file is whole and holds it; else None (and the file
-        is forgotten: removed if it was ours and torn)."""
+    def _on_disk(self, key: Key) -> Key | None:
+        """The key a model's entries have on disk: its cache key and its weights' digest (None: not served)."""
+        weights = self._weights.get(key[0])
+        return (f"{key[0]}@{weights}", key[1]) if weights else None
+
+    def read(self, key: Key, tokens: Tokens) -> list[Any] | None:
+        """The KV state of the entry `tokens` under `key`, loaded from its file, if the file is whole and holds it;
+        else None (and the file is forgotten: removed if it was ours and torn)."""
+        disk_key = self._on_disk(key)
+        if disk_key is None:
+            return None
+        name = (disk_key, tokens)
         with self._lock:
             stored = self._files.get(name)
         if stored is None:
@@ -182,11 +214,14 @@ class DiskTier:
             try:
                 if item is None:
                     return
-                self._write_one(*item)
+                self._write_one(*item[:3])
             except Exception:  # a full or read-only disk costs a later cold start, nothing more
                 logger.exception("prefix cache: could not write an entry to %s", self.folder)
                 self.counters.not_written += 1
             finally:
+                if item is not None:
+                    with self._lock:
+                        self._pending_bytes -= item[3]
                 self._pending.task_done()
 
     def _write_one(self, name: Name, cache: list[Any], trimmable: bool) -> None:
@@ -298,6 +333,18 @@ class DiskTier:
     def _forget(self, name: Name, unlink: bool = False) -> None:
         with self._lock:
             self._remove(name, unlink)
+
+
+def weights_digest(model: Any) -> str:
+    """A digest of a loaded model's weights that tells a model retrained in place from the one before: every
+    parameter's name, shape, type, and its first and last 64 values (a pass over all the weights would cost a large
+    model seconds at every load)."""
+    h = hashlib.blake2b(digest_size=8)
+    for name, array in sorted(tree_flatten(model.parameters()), key=lambda item: item[0]):
+        flat = array.reshape(-1)
+        h.update(f"{name}:{array.shape}:{array.dtype};".encode())
+        h.update(memoryview(mx.concatenate([flat[:64], flat[-64:]]).astype(mx.float32)))
+    return h.hexdigest()
 
 
 def _digest(path: Path) -> str:

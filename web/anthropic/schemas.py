@@ -174,12 +174,13 @@ class OutputConfig(BaseModel):
 
 class Thinking(BaseModel):
     """`adaptive` (the model may think, or not: these never do) or `disabled`; `enabled` (it must think) is
-    refused."""
+    refused. `display` (how thinking would be shown, `updates` as Claude Code asks for streaming JSON) shows
+    nothing: there is none."""
 
     model_config = STRICT
 
     type: Literal["adaptive", "disabled"]
-    display: Literal["omitted", "summarized"] | None = None
+    display: Literal["omitted", "summarized", "updates"] | None = None
 
 
 class ContextEdit(BaseModel):
