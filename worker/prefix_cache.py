@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -114,8 +115,12 @@ class PrefixCache:
         on_disk = self.disk.nearest(key, prompt, MIN_HIT_TOKENS) if self.disk is not None else None
         if on_disk is not None and on_disk[1] > (found[1] if found else 0):
             held, reach = on_disk
+            started = time.perf_counter()
             cache = self.disk.read(key, held) if self.disk is not None else None
             if cache is not None:
+                logger.info(
+                    "prefix cache: %d tokens read from disk in %.3f s", len(held), time.perf_counter() - started
+                )
                 self.counters.disk_hits += 1
                 self.counters.disk_tokens += reach
                 if not self._keep((key, held), cache):  # (bigger than RAM's cap: this hit has it alone)
