@@ -73,6 +73,8 @@ CANCELS = NS + "cancels"  # pub/sub: ids of running jobs asked to stop, for the 
 LIVE = NS + "live"  # pub/sub: ids of running jobs a stream opened on, for the worker's listener (worker/output.py)
 MINUTE_PREFIX = NS + "minute:"  # hash, kept MINUTE_TTL_S: what happened in one minute (jobs ended by status, tokens,
 #                                 queue waits), for the dashboard's plots of the last hour
+SERVICE = NS + "service"  # sorted set: each flow's service, the token units its ended jobs were charged (fair order,
+#                           tasks/lua/common.lua charge_used), for /metrics; the SERVICE_KEPT most served, kept SERVICE_TTL_S
 FAILURES = NS + "failures"  # list: the newest FAILURES_KEPT failed or expired job ids, living as long as the newest
 #                             one's record
 
@@ -81,6 +83,8 @@ MODEL_RECORD_TTL_S = 7 * 86400  # a model's record (keys.model) outlives no week
 WORKER_RECORD_TTL_S = 3600  # a worker that wakes later than this after its lease lapsed was hung, not late
 FAILURES_KEPT = 50
 LENGTHS_KEPT = 100
+SERVICE_KEPT = 1000
+SERVICE_TTL_S = 30 * 86400
 HOLDERS_KEPT = 8
 
 
@@ -156,7 +160,8 @@ LUA_NAMES: dict[str, str | int] = {
     "SEQ": SEQUENCE, "DEVICE": DEVICE_PREFIX, "DEVICES": DEVICES, "STATS": STATS, "CANCELS": CANCELS,
     "LIVE": LIVE, "MQ": MODEL_QUEUE_PREFIX, "MODEL": MODEL_PREFIX, "BLOCKED": BLOCKED, "MINUTE": MINUTE_PREFIX,
     "FAILURES": FAILURES, "AFFINITY": AFFINITY_PREFIX, "MINUTE_TTL": MINUTE_TTL_S, "FAILURES_KEPT": FAILURES_KEPT,
-    "MODEL_RECORD_TTL": MODEL_RECORD_TTL_S, "LENGTHS_KEPT": LENGTHS_KEPT, "WORKER": WORKER_PREFIX,
+    "MODEL_RECORD_TTL": MODEL_RECORD_TTL_S, "LENGTHS_KEPT": LENGTHS_KEPT, "SERVICE": SERVICE,
+    "SERVICE_KEPT": SERVICE_KEPT, "SERVICE_TTL": SERVICE_TTL_S, "WORKER": WORKER_PREFIX,
     "HOLDERS": HOLDERS_PREFIX, "WORKER_RECORD_TTL": WORKER_RECORD_TTL_S, "HOLDERS_KEPT": HOLDERS_KEPT,
 }  # fmt: skip
 

@@ -24,7 +24,7 @@ BELL = ("bell_queue", "bell_messages", "bell_id", "bell")  # a job's dramatiq me
 #: Each script's arguments, by name, in the order they are sent.
 ARGS: dict[str, tuple[str, ...]] = {
     "admit": ("owner", "ttl_s", "result_ttl_s", "watch_grace_s", "max_queue", "max_per_user", "max_tokens", *BELL,
-              "model", "class", "cost", "visitors", "max_visitors", "history", "line", "side", "ignore_eos", "prompt_chars",
+              "model", "class", "share", "prompt_weight", "output_weight", "visitors", "max_visitors", "history", "line", "side", "ignore_eos", "prompt_chars",
               "history_chars", "*jobs"),
     "append": ("id", "text", "prompt_tokens", "worker", "from_n", "from_b", "cached_tokens", "ids", "lp", "prompt_lp"),
     "cancel": ("id", "owner", "result_ttl_s", "error"),

@@ -33,6 +33,8 @@ ENV_NAMES: dict[str, str] = {
     "model_switch_wait_s": "ONELANE_MODEL_SWITCH_WAIT_S",
     "model_retry_s": "ONELANE_MODEL_RETRY_S",
     "batch_cost": "ONELANE_BATCH_COST",
+    "fair_prompt_weight": "ONELANE_FAIR_PROMPT_WEIGHT",
+    "fair_output_weight": "ONELANE_FAIR_OUTPUT_WEIGHT",
     "job_ttl_s": "ONELANE_JOB_TTL",
     "result_ttl_s": "ONELANE_RESULT_TTL",
     "max_tokens_limit": "ONELANE_MAX_TOKENS_LIMIT",
@@ -143,6 +145,11 @@ class Settings(BaseModel):
     model_switch_wait_s: float = Field(10.0, ge=0, le=3600)
     model_retry_s: float = Field(60.0, gt=0, le=86400)
     batch_cost: int = Field(10, ge=1, le=1000)
+    # the fair order charges a flow what its jobs cost the device, in token units: a prompt token read (not from a
+    # prefix cache) at this weight, a generated token at the next (on the default model here, at a batch of 8, one
+    # costs the device about 4 prompt tokens' time: docs/operating.md)
+    fair_prompt_weight: float = Field(1.0, ge=0.001, le=1000)
+    fair_output_weight: float = Field(4.0, ge=0.001, le=1000)
     job_ttl_s: float = Field(600.0, gt=0, le=7 * 86400)
     result_ttl_s: int = Field(3600, ge=1, le=30 * 86400)
     max_tokens_limit: int = Field(4096, ge=1, le=1_000_000)

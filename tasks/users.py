@@ -43,8 +43,8 @@ def read_keys_file(path: str) -> list[dict[str, object]]:
     return [{"name": name, **entry} for name, entry in table.items()]
 
 
-def turn_cost(user: User | None, priority: Priority, batch_cost: int) -> int:
-    """What a job costs its owner's turns, in thousandths of an interactive turn of a user of weight 1: a batch job
-    `batch_cost` turns, shared by the owner's weight (an owner not configured, as in local mode, weighs 1)."""
-    cost = batch_cost if priority == "batch" else 1
-    return max(1, round(1000 * cost / (user.weight if user else 1)))
+def turn_share(user: User | None, priority: Priority, batch_cost: int) -> float:
+    """What a token of a job's costs its owner's flow, against one of an interactive job of a user of weight 1: a
+    batch job's `batch_cost` times, shared by the owner's weight (an owner not configured, as in local mode, weighs
+    1). The tokens are priced by the fair order (tasks/lua/common.lua estimate_units and charge_used)."""
+    return (batch_cost if priority == "batch" else 1) / (user.weight if user else 1)

@@ -261,7 +261,8 @@ def test_a_newcomer_waits_behind_at_most_one_job_of_each_user_whether_or_not_hea
 
 
 def test_batch_work_waits_for_interactive_work_but_is_not_starved(settings, store, start_worker):
-    s = settings.model_copy(update={"batch_cost": 4})
+    batch_cost = 4
+    s = settings.model_copy(update={"batch_cost": batch_cost})
     fair = Store(store.redis, s)
     batch = [admit(fair, "night", s.model_name, n, priority="batch") for n in range(3)]
     interactive = [admit(fair, "day", s.model_name, n) for n in range(10)]
@@ -269,8 +270,10 @@ def test_batch_work_waits_for_interactive_work_but_is_not_starved(settings, stor
 
     order = run_order(fair, batch + interactive)
 
-    # the first batch job runs after at most batch_cost - 1 interactive ones, then one per batch_cost turns
-    assert [order.index(b) for b in batch] == [3, 8, 12]
+    # the first batch job runs after at most batch_cost - 1 interactive ones, then about one per batch_cost turns
+    # (charged in tokens, as they used them: a job's tokens cost batch_cost times as much, give or take a quantum)
+    places = [order.index(b) for b in batch]
+    assert places[0] == 3 and all(b - a <= batch_cost + 1 for a, b in zip(places, places[1:])), places
 
 
 def test_a_user_of_weight_two_gets_two_turns_to_one(settings, store, start_worker):

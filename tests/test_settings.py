@@ -11,7 +11,7 @@ from tasks import keys
 from tasks.catalogue import DEFAULT_MODEL
 from tasks.errors import SettingsError
 from tasks.settings import ENV_NAMES, Settings
-from tasks.users import turn_cost
+from tasks.users import turn_share
 from tests.helpers import claim_now
 
 
@@ -126,7 +126,7 @@ def test_a_keys_file_gives_users_weights_and_a_class(tmp_path):
     )
     s = Settings.from_env({"ONELANE_API_KEYS_FILE": str(tmp_path / "keys.toml")})
     turns = [("a", "interactive"), ("b", "interactive"), ("b", "batch")]
-    assert [turn_cost(s.user_named(name), kind, s.batch_cost) for name, kind in turns] == [333, 1000, 10000]
+    assert [turn_share(s.user_named(name), kind, s.batch_cost) for name, kind in turns] == [1 / 3, 1, 10]
     assert s.user_named("b").priority == "batch"  # type: ignore[union-attr]
     (tmp_path / "keys.toml").write_text('[users.a]\nkey = "ka"\nweight = 0\n')
     with pytest.raises(SettingsError, match="ONELANE_API_KEYS_FILE: users.a.weight"):

@@ -134,6 +134,7 @@ class _Collector:
         snap = self.store.readings.snapshot()
         yield from _gauges(snap)
         yield from _counters(snap.stats)
+        yield from _service(snap)
         yield from _histograms(snap.stats)
 
 
@@ -208,6 +209,18 @@ COUNTERS = {
         "passed_head",
     ),
 }
+
+
+def _service(snap: Snapshot) -> Iterator[Metric]:
+    service = CounterMetricFamily(
+        "onelane_flow_service_tokens",
+        "Token units each flow's ended jobs used: prompt tokens read (not from a prefix cache) times "
+        "ONELANE_FAIR_PROMPT_WEIGHT, plus generated tokens times ONELANE_FAIR_OUTPUT_WEIGHT (the fair order's charge).",
+        labels=["flow"],
+    )
+    for flow, units in snap.service:
+        service.add_metric([flow], units)
+    yield service
 
 
 def _counters(stats: dict[str, str]) -> Iterator[Metric]:

@@ -2,11 +2,12 @@
 -- written when the queue (global bound) or the owner's share of it (quota) has no room for them all, or when
 -- their model failed to load and is not tried again yet. They share everything but their id and spec.
 -- Fair order is self-clocked fair queuing over flows (a user's interactive jobs; their batch jobs): a job
--- costs its flow `cost` (thousandths of a turn: 1000 / the user's weight, times ONELANE_BATCH_COST for batch),
+-- costs its flow what it costs the device, in token units (estimate_units in common.lua, at the prompt and output
+-- weights, times the owner's `share`: 1 / weight, and ONELANE_BATCH_COST for batch; settled as it ends: charge_used),
 -- its start tag is max(virtual time, its flow's last finish tag), its finish tag start + cost, and the queue runs
--- in finish-tag order (admission order on ties). So flows take turns in proportion to their weights, FIFO
--- within a flow; a batch job waits behind ONELANE_BATCH_COST turns of every interactive flow at most, and an
--- idle flow earns no credit.
+-- in finish-tag order (admission order on ties). So flows share the device's work in proportion to their weights,
+-- FIFO within a flow; batch work gets about 1 / ONELANE_BATCH_COST of it against each interactive flow, and an idle
+-- flow earns no credit.
 -- In local mode the browser visitors of one client address (`visitors`, the key of their set; '' otherwise)
 -- share one quota, and at most `max_visitors` of them have jobs waiting (each visitor is a flow of its own): an
 -- address minting identities takes no more of the queue than one user and a few turns (see web/auth.py).
@@ -16,7 +17,7 @@
 -- queue wakes as this script ends.
 -- ARG: owner, ttl_s, result_ttl_s, watch_grace_s, max_queue, max_per_user (0: no bound),
 --       max_tokens, message queue key, message hash key, message id, message ('' for no message: one per request),
---       model, class ('interactive' | 'batch'), cost, visitors key ('' for none), max_visitors, history (the
+--       model, class ('interactive' | 'batch'), share, prompt_weight, output_weight, visitors key ('' for none), max_visitors, history (the
 --       digest of a chat's messages but the last, '' for none: a device whose prefix cache holds it is preferred),
 --       line ('1': a batch's line, admitted once only, and neither counted in its owner's quota nor listed),
 --       side ('1': a pooled job, read beside the batch: see claim.lua), ignore_eos ('1' or ''), prompt_chars, history_chars (of the messages but the last), for its ETA;
@@ -31,7 +32,7 @@ local owner = ARG.owner
 local ttl, result_ttl, grace = tonumber(ARG.ttl_s), tonumber(ARG.result_ttl_s), tonumber(ARG.watch_grace_s)
 local max_queue, max_per_user, max_tokens = tonumber(ARG.max_queue), tonumber(ARG.max_per_user), ARG.max_tokens
 local bell_queue, bell_messages, bell_id, bell = ARG.bell_queue, ARG.bell_messages, ARG.bell_id, ARG.bell
-local model, class, cost = ARG.model, ARG.class, tonumber(ARG.cost)
+local model, class, share = ARG.model, ARG.class, tonumber(ARG.share)
 local visitors, max_visitors, history = ARG.visitors, tonumber(ARG.max_visitors), ARG.history
 local line = ARG.line == '1'
 local jobs = ARG.jobs
@@ -107,6 +108,12 @@ end
 local deadline = t + ttl
 local life = math.ceil(ttl + result_ttl)
 local flow = flow_of(owner, class)
+local cached_chars = 0
+if history ~= '' and redis.call('EXISTS', AFFINITY .. history) == 1 then cached_chars = tonumber(ARG.history_chars) or 0 end
+local units = estimate_units(model, tonumber(ARG.prompt_chars) or 0, cached_chars, tonumber(max_tokens),
+  ARG.ignore_eos == '1', tonumber(ARG.prompt_weight), tonumber(ARG.output_weight))
+local cost = math.max(1, math.floor(units * share + 0.5))
+local price = ARG.prompt_weight .. ',' .. ARG.output_weight .. ',' .. ARG.share
 for i = 1, n do
   local id, spec = jobs[2 * i - 1], jobs[2 * i]
   local jkey = JOB .. id
@@ -114,7 +121,7 @@ for i = 1, n do
   local score = tag * TIE + redis.call('INCR', SEQ) % TIE
   redis.call('HSET', jkey, 'spec', spec, 'owner', owner, 'status', 'queued', 'queued_at', fmt(t),
     'deadline', fmt(deadline), 'attempts', 0, 'prompt_tokens', 0, 'completion_tokens', 0, 'tag', tag,
-    'score', score, 'max_tokens', max_tokens, 'model', model, 'class', class, 'cost', cost)
+    'score', score, 'max_tokens', max_tokens, 'model', model, 'class', class, 'cost', cost, 'price', price)
   redis.call('HSET', jkey, 'prompt_chars', ARG.prompt_chars)
   if ARG.ignore_eos == '1' then redis.call('HSET', jkey, 'ignore_eos', '1') end
   if grace > 0 then redis.call('HSET', jkey, 'watched', grace) end

@@ -1,6 +1,12 @@
 -- Shared by every onelane script: tasks/scripts.py writes, in front of it, the constants (every key name and
 -- prefix of tasks/keys.py, and the other facts Python and Lua share) and the script's ARG, its arguments by name.
-local TIE = 1048576 -- queue score = finish tag (in thousandths of a turn) * TIE + admission counter (mod TIE)
+local TIE = 1048576 -- queue score = finish tag (in token units) * TIE + admission counter (mod TIE); a score is
+-- exact below 2^53, so tags are for 2^33 token units of service (the virtual time restarts when the queue is idle)
+local PROMPT_STEP = 16 -- a prompt's tokens read are counted in steps of this many (estimate_units, charge_used)
+
+local function in_steps(tokens)
+  return math.ceil(tokens / PROMPT_STEP) * PROMPT_STEP
+end
 
 local function now()
   local t = redis.call('TIME')
@@ -76,6 +82,92 @@ local function settle_if_idle()
   redis.call('DEL', TAGS)
 end
 
+local function tag_of(score)
+  return math.floor(tonumber(score) / TIE)
+end
+
+-- A flow is what takes turns: a user's interactive jobs, or their batch jobs ("user|batch").
+local function flow_of(owner, class)
+  if class == 'batch' then return owner .. '|batch' end
+  return owner
+end
+
+-- Fair order charges a job what it costs the device, in token units (tasks/users.py): its prompt's tokens not read
+-- from a prefix cache at the prompt weight, and its generated tokens at the output weight, times its owner's share
+-- (1 / weight, and ONELANE_BATCH_COST for batch work). Before it runs that is an estimate: its prompt's characters
+-- (less its history's, when a device's prefix cache holds that) at the model's recent characters per token (4 when
+-- none is known), and its answer's tokens: max_tokens if it ignores EOS, else the median length of the model's
+-- recent answers, at most max_tokens. A prompt's tokens count in steps of PROMPT_STEP, estimated and used: two
+-- jobs that differ by less (two short questions, whose estimates miss their template's tokens) cost the same, and
+-- keep their admission order; a long prompt's cost is its length within a few per cent.
+local function estimate_units(model, prompt_chars, cached_chars, max_tokens, ignore_eos, w_prompt, w_output)
+  local chars, tokens, lengths = 0, 0, {}
+  for _, entry in ipairs(redis.call('LRANGE', LENGTHS .. model, 0, -1)) do
+    local done, _, how, pc, pt = string.match(entry, '([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)')
+    if pt and tonumber(pt) and tonumber(pc) and tonumber(pt) > 0 then
+      chars, tokens = chars + tonumber(pc), tokens + tonumber(pt)
+    end
+    if how and how ~= 'i' and tonumber(done) then lengths[#lengths + 1] = tonumber(done) end
+  end
+  local per_token = (chars > 0 and tokens > 0) and chars / tokens or 4
+  local answer = max_tokens
+  if not ignore_eos and #lengths > 0 then
+    table.sort(lengths)
+    answer = math.min(max_tokens, lengths[math.floor((#lengths + 1) / 2)])
+  end
+  return w_prompt * in_steps(math.max(prompt_chars - cached_chars, 1) / per_token) + w_output * answer
+end
+
+-- Move the waiting jobs of a flow that stand behind `tag` (admitted after the job of that tag) by `delta`.
+local function move_flow(owner, class, tag, delta)
+  local flow, moved = flow_of(owner, class), nil
+  local waiting = redis.call('ZRANGE', UQ .. owner, 0, -1, 'WITHSCORES')
+  for i = 1, #waiting, 2 do
+    local other = waiting[i]
+    local o = redis.call('HMGET', JOB .. other, 'class', 'model', 'tag')
+    if flow_of(owner, o[1]) == flow and tonumber(o[3]) and tonumber(o[3]) > tag then
+      local moved_tag = math.max(tonumber(o[3]) + delta, 0)
+      local score = moved_tag * TIE + tonumber(waiting[i + 1]) % TIE
+      redis.call('HSET', JOB .. other, 'tag', moved_tag, 'score', score)
+      redis.call('ZADD', QUEUE, 'XX', score, other)
+      redis.call('ZADD', UQ .. owner, 'XX', score, other)
+      if o[2] then redis.call('ZADD', MQ .. o[2], 'XX', score, other) end
+      moved = other
+    end
+  end
+  if moved then redis.call('PUBLISH', MOVED, moved) end
+end
+
+-- A job that ran is charged, as it ends, what it used: the tokens it read and generated, at the prices it was
+-- admitted with. The difference from what it was charged before (its estimate) moves its flow's waiting jobs, and
+-- the flow's next tag, by as much: a flow whose answers ran long waits longer for its next turn, one whose ran short
+-- or that read its prompt from a cache, less. A job that never ran is never charged: drop() refunds its estimate.
+local function charge_used(id)
+  local jkey = JOB .. id
+  local f = redis.call('HMGET', jkey, 'owner', 'class', 'tag', 'cost', 'price', 'prompt_tokens', 'cached_tokens',
+    'completion_tokens', 'started_at')
+  if not (f[1] and f[3] and f[4] and f[5] and f[9]) then return end
+  local wp, wo, share = string.match(f[5], '([^,]+),([^,]+),([^,]+)')
+  local read = in_steps(math.max((tonumber(f[6]) or 0) - (tonumber(f[7]) or 0), 0))
+  local units = tonumber(wp) * read + tonumber(wo) * (tonumber(f[8]) or 0)
+  local used = math.floor(units * tonumber(share) + 0.5)
+  local delta = used - tonumber(f[4])
+  redis.call('HSET', jkey, 'cost', used)
+  redis.call('ZINCRBY', SERVICE, math.floor(units + 0.5), flow_of(f[1], f[2]))
+  local served = redis.call('ZCARD', SERVICE)
+  if served > SERVICE_KEPT then redis.call('ZREMRANGEBYRANK', SERVICE, 0, served - SERVICE_KEPT - 1) end
+  redis.call('EXPIRE', SERVICE, SERVICE_TTL)
+  if delta == 0 then return end
+  move_flow(f[1], f[2], tonumber(f[3]), delta)
+  local flow = flow_of(f[1], f[2])
+  local next_tag = tonumber(redis.call('ZSCORE', TAGS, flow) or f[3]) + delta
+  if next_tag > virtual_time() then
+    redis.call('ZADD', TAGS, next_tag, flow)
+  else
+    redis.call('ZREM', TAGS, flow)
+  end
+end
+
 -- End a job. Every key of an ended job lives for result_ttl seconds from now. The terminal event carries the
 -- finish reason and token counts, so that a stream can close without reading the job back.
 local function finish(id, status, finish_reason, error_json_, result_ttl, t)
@@ -88,6 +180,7 @@ local function finish(id, status, finish_reason, error_json_, result_ttl, t)
     redis.call('EXPIRE', FAILURES, result_ttl)
   end
   redis.call('ZREM', IN_PROGRESS, id)
+  charge_used(id)
   redis.call('HSET', jkey, 'status', status, 'finished_at', fmt(t))
   if finish_reason ~= '' then redis.call('HSET', jkey, 'finish_reason', finish_reason) end
   if error_json_ ~= '' then redis.call('HSET', jkey, 'error', error_json_) end
@@ -98,10 +191,6 @@ local function finish(id, status, finish_reason, error_json_, result_ttl, t)
   for _, k in ipairs({jkey, OUT .. id, LP .. id, EV .. id}) do redis.call('EXPIRE', k, result_ttl) end
   redis.call('DEL', TOK .. id) -- no run follows
   settle_if_idle()
-end
-
-local function tag_of(score)
-  return math.floor(tonumber(score) / TIE)
 end
 
 -- What ETAs are forecast from (tasks/eta.py), as JSON, read in one go: the live devices (their slots, the model
@@ -172,12 +261,6 @@ local function dequeue(id, owner, model)
   redis.call('PUBLISH', MOVED, id)
 end
 
--- A flow is what takes turns: a user's interactive jobs, or their batch jobs ("user|batch").
-local function flow_of(owner, class)
-  if class == 'batch' then return owner .. '|batch' end
-  return owner
-end
-
 -- The start tag of a flow's next job is the finish tag of the last of its jobs that still counts: waiting, or
 -- running. A job that left without running (cancelled, expired, its client gone) thus costs its flow no future
 -- turn. A flow is kept only while that tag is above the virtual time (where a new flow starts anyway).
@@ -203,10 +286,12 @@ local function settle_tag(owner, class)
   end
 end
 
--- End a waiting job that will never run.
+-- End a waiting job that will never run: it costs its flow nothing, so the flow's jobs behind it move up by its
+-- estimate, and the flow's next tag falls back (settle_tag).
 local function drop(id, status, finish_reason, error_json_, result_ttl, t)
-  local f = redis.call('HMGET', JOB .. id, 'owner', 'model', 'class')
+  local f = redis.call('HMGET', JOB .. id, 'owner', 'model', 'class', 'tag', 'cost')
   dequeue(id, f[1], f[2])
+  if f[1] and tonumber(f[4]) and tonumber(f[5]) then move_flow(f[1], f[3], tonumber(f[4]), -tonumber(f[5])) end
   if f[1] then settle_tag(f[1], f[3]) end
   finish(id, status, finish_reason, error_json_, result_ttl, t)
 end

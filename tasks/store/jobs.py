@@ -35,7 +35,7 @@ from tasks.settings import PREFILL_BATCH, Settings
 from tasks.store.readings import Readings
 from tasks.store.upkeep import Upkeep
 from tasks.store.worker import WorkerStore
-from tasks.users import turn_cost
+from tasks.users import turn_share
 
 VISITORS_PER_ADDRESS = 4  # local mode: browser visitors of one client address that may have jobs waiting at once
 
@@ -141,7 +141,9 @@ class Store:
             **bell(doorbell),
             model=spec.model,
             **{"class": spec.priority},
-            cost=turn_cost(s.user_named(spec.owner), spec.priority, s.batch_cost),
+            share=turn_share(s.user_named(spec.owner), spec.priority, s.batch_cost),
+            prompt_weight=s.fair_prompt_weight,
+            output_weight=s.fair_output_weight,
             visitors=keys.address_visitors(address) if address else "",
             max_visitors=VISITORS_PER_ADDRESS,
             history=history,

@@ -61,6 +61,7 @@ class Snapshot:
     workers: list[DeviceLease]
     models: list[ModelState]
     devices: tuple[str, ...] = ()  # every device seen, with a live worker or not
+    service: tuple[tuple[str, float], ...] = ()  # each flow's service: token units its ended jobs used (keys.SERVICE)
 
 
 @dataclass(frozen=True)
@@ -127,12 +128,13 @@ class Readings:
         pipe.zcard(keys.QUEUE)
         pipe.zrange(keys.IN_PROGRESS, 0, -1)
         pipe.hgetall(keys.STATS)
+        pipe.zrange(keys.SERVICE, 0, -1, withscores=True)
         for name in catalog:
             pipe.zcard(keys.model_queue(name))
             pipe.hgetall(keys.model(name))
         for name in devices:
             pipe.hgetall(keys.device(name))
-        now_parts, depth, running, stats, *rest = pipe.execute()
+        now_parts, depth, running, stats, service, *rest = pipe.execute()
         per_model, leases = rest[: 2 * len(catalog)], rest[2 * len(catalog) :]
         now = now_parts[0] + now_parts[1] / 1e6
         pipe = self.redis.pipeline(transaction=False)
@@ -167,7 +169,7 @@ class Readings:
             _model_state(name, int(n), record, workers, now)
             for name, n, record in zip(catalog, per_model[::2], per_model[1::2])
         ]
-        return Snapshot(now, int(depth), len(running), stats, workers, models, tuple(devices))
+        return Snapshot(now, int(depth), len(running), stats, workers, models, tuple(devices), tuple(service))
 
     def board(self, reveal: Callable[[str], bool]) -> Board:
         """What the queue dashboard shows, read in a few pipelines. A waiting job's record (its prompt) is read

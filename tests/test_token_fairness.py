@@ -1,0 +1,99 @@
+"""Fair in what the device spends (issue 51): a flow is charged in token units, its prompt's tokens read and its
+answer's generated (each at its weight), estimated at admission and settled as the job ends, so a user of long
+prompts and long answers takes fewer turns than one of short questions; a job is charged only what it used."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks import keys
+from tasks.job import JobStatus
+from tests.helpers import claim_now
+
+USERS = [{"name": "alice", "key": "ka" * 8}, {"name": "bob", "key": "kb" * 8}, {"name": "carol", "key": "kc" * 8}]
+LONG = "word " * 1600  # 8,000 characters: about 2,000 tokens
+
+
+@pytest.fixture
+def settings(settings):  # type: ignore[no-untyped-def]
+    users = settings.model_validate({"users": [*USERS[:2], {**USERS[2], "weight": 2}]}).users
+    return settings.model_copy(update={"users": users, "max_queue": 100, "max_queued_per_user": 50})
+
+
+def auth(user: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {('k' + user[0]) * 8}"}
+
+
+def submit(client, user: str, prompt: str, max_tokens: int) -> str:  # type: ignore[no-untyped-def]
+    reply = client.post(
+        "/v1/jobs",
+        json={"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True},
+        headers=auth(user),
+    )
+    assert reply.status_code == 202, reply.get_json()
+    return reply.get_json()["id"]
+
+
+def order(store) -> list[str]:  # type: ignore[no-untyped-def]
+    return store.redis.zrange(keys.QUEUE, 0, -1)
+
+
+def test_a_user_of_long_prompts_and_answers_takes_fewer_turns_than_one_of_short_questions(jobs, store):
+    # Given alice's jobs of 2,000-token prompts and 512-token answers, then bob's of short questions and answers
+    long = [submit(jobs.client, "alice", LONG, 512) for _ in range(3)]
+    short = [submit(jobs.client, "bob", f"question {n}?", 64) for n in range(12)]
+
+    # Then bob's run first, as many as fit in what one of alice's costs (2,000 + 4 x 512 token units: about 13 of
+    # bob's 4 + 4 x 64), alice's one each that many, where a job-counting order would alternate
+    queue = order(store)
+    assert queue.index(long[0]) >= 10, queue
+    assert [j for j in queue if j in long] == long and [j for j in queue if j in short] == short
+
+
+def test_equal_jobs_still_take_turns_and_a_weight_of_2_takes_two_for_one(jobs, store):
+    a = [submit(jobs.client, "alice", "the same question", 32) for _ in range(4)]
+    b = [submit(jobs.client, "bob", "the same question", 32) for _ in range(4)]
+    c = [submit(jobs.client, "carol", "the same question", 32) for _ in range(8)]
+    owner = {**dict.fromkeys(a, "a"), **dict.fromkeys(b, "b"), **dict.fromkeys(c, "c")}
+    # (each costs 16 + 4 x 32 token units; carol's, of weight 2, half that: ties keep admission order)
+    assert "".join(owner[j] for j in order(store)) == "c" + "abcc" * 3 + "abc"
+
+
+def test_a_job_is_charged_what_it_used_and_its_flows_waiting_jobs_move_by_the_difference(jobs, store):
+    # Given alice's three jobs that may write 512 tokens each, the first running, and bob's questions between them
+    long = [submit(jobs.client, "alice", "tell me a story", 512) for _ in range(3)]
+    assert store.for_worker("w1").take_device() == "ok"
+    started = claim_now(store, "w1")
+    assert started is not None and started.id == long[0]
+    short = [submit(jobs.client, "bob", f"question {n}?", 64) for n in range(16)]
+    before = order(store)
+    assert before.index(long[1]) >= 6, before.index(long[1])
+
+    # When alice's first ends having written 8 tokens (a short story: EOS came early)
+    worker = store.for_worker("w1")
+    assert worker.finish(long[0], JobStatus.COMPLETED, finish_reason="stop", prompt_tokens=20, completion_tokens=8)
+
+    # Then it was charged 32 + 4 x 8 units (its 20 prompt tokens count as 2 steps of 16), not its estimate, and her
+    # next job moved ahead of bob's
+    assert int(store.redis.hget(keys.job(long[0]), "cost")) == 32 + 4 * 8
+    after = order(store)
+    assert after.index(long[1]) == 0
+    assert [j for j in after if j in short] == short  # bob's own order is his
+    # And the flow's service is counted in token units, for /metrics
+    assert store.redis.zscore(keys.SERVICE, "alice") == 32 + 4 * 8
+    metrics = jobs.client.get("/metrics").get_data(as_text=True)
+    assert 'onelane_flow_service_tokens_total{flow="alice"} 64.0' in metrics
+
+
+def test_a_job_that_never_ran_is_charged_nothing(jobs, store):
+    # Given alice's long job ahead of her short one, and bob's questions
+    first = submit(jobs.client, "alice", LONG, 512)
+    second = submit(jobs.client, "alice", "short?", 8)
+    for n in range(8):
+        submit(jobs.client, "bob", f"question {n}?", 8)
+    assert order(store).index(second) == 9
+    # When the long one is cancelled before it starts
+    assert jobs.client.delete(f"/v1/jobs/{first}", headers=auth("alice")).status_code in (200, 202)
+    # Then nothing is charged for it, and her next job moves up as if it had never been sent
+    assert store.redis.zscore(keys.SERVICE, "alice") is None
+    assert order(store).index(second) == 0
