@@ -71,15 +71,11 @@ local function virtual_time()
 end
 
 -- When nothing waits or runs, everybody starts equal again (as start-time fair queuing does when its server
--- goes idle): the virtual time moves up to the highest next tag, and the table of next tags is emptied.
+-- goes idle): the virtual time and the table of next tags start again from nothing (which also keeps the tags
+-- far below where a score stops being exact).
 local function settle_if_idle()
   if redis.call('ZCARD', QUEUE) > 0 or redis.call('ZCARD', IN_PROGRESS) > 0 then return end
-  local top = redis.call('ZRANGE', TAGS, -1, -1, 'WITHSCORES')[2]
-  if top and tonumber(top) > virtual_time() then
-    redis.call('SET', VTIME, top, 'KEEPTTL')
-    if redis.call('TTL', VTIME) < 0 then redis.call('EXPIRE', VTIME, 86400) end
-  end
-  redis.call('DEL', TAGS)
+  redis.call('DEL', VTIME, TAGS)
 end
 
 local function tag_of(score)
