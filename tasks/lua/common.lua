@@ -114,15 +114,16 @@ local function estimate_units(model, prompt_chars, cached_chars, max_tokens, ign
   return w_prompt * in_steps(math.max(prompt_chars - cached_chars, 1) / per_token) + w_output * answer
 end
 
--- Move the waiting jobs of a flow that stand behind `tag` (admitted after the job of that tag) by `delta`.
+-- Move the waiting jobs of a flow that stand behind `tag` (admitted after the job of that tag) by `delta`, never
+-- below the virtual time: a refund does not put a job ahead of where a job admitted now would stand.
 local function move_flow(owner, class, tag, delta)
-  local flow, moved = flow_of(owner, class), nil
+  local flow, moved, floor = flow_of(owner, class), nil, virtual_time()
   local waiting = redis.call('ZRANGE', UQ .. owner, 0, -1, 'WITHSCORES')
   for i = 1, #waiting, 2 do
     local other = waiting[i]
     local o = redis.call('HMGET', JOB .. other, 'class', 'model', 'tag')
     if flow_of(owner, o[1]) == flow and tonumber(o[3]) and tonumber(o[3]) > tag then
-      local moved_tag = math.max(tonumber(o[3]) + delta, 0)
+      local moved_tag = math.max(tonumber(o[3]) + delta, math.min(floor, tonumber(o[3])))
       local score = moved_tag * TIE + tonumber(waiting[i + 1]) % TIE
       redis.call('HSET', JOB .. other, 'tag', moved_tag, 'score', score)
       redis.call('ZADD', QUEUE, 'XX', score, other)
