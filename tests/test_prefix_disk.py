@@ -256,7 +256,6 @@ def test_a_model_retrained_in_place_reads_none_of_its_old_entries(engine, tmp_pa
     first.insert(KEY, kv.tokens, kv.cache)
     first.disk.flush()
     retrained = engine.model.parameters()["model"]["norm"]["weight"] * 1.5  # (one vector changed is enough)
-    assert weights_digest(engine.model) == first.disk._weights[KEY[0]]
 
     # When a worker serving the new weights looks the prompt up, Then it reads nothing; the old weights' worker does
     import mlx.core as mx

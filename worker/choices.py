@@ -12,11 +12,9 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-import mlx.core as mx
-from mlx.utils import tree_flatten
-
 from tasks.job import SamplingParams
 from worker.batch import Running
+from worker.prefix_disk import compute_state
 
 
 @dataclass
@@ -69,7 +67,7 @@ class Groups:
     def release(group: Group, cache: list[Any] | None) -> list[Held]:
         """The prompt is read (`cache`: its KV state, None if it could not be had): the held runs go on."""
         if cache is not None:  # made now, not when first read: a lazy slice would keep the batch's buffers alive
-            mx.eval([leaf for c in cache for _, leaf in tree_flatten(c.state) if isinstance(leaf, mx.array)])
+            compute_state(cache)
         group.leader, group.cache = None, cache
         held, group.held = group.held, []
         return held

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_map
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
-from worker.prefix_disk import DiskTier
+from worker.prefix_disk import DiskTier, compute_state
 from worker.prefix_index import SortedSequences, Tokens, nearest
 
 logger = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ def _frozen(cache: list[Any]) -> list[Any]:
         frozen = [type(c).from_state(tree_map(_contiguous, c.state)) for c in cache]
     except (TypeError, ValueError, AttributeError):
         frozen = cache
-    mx.eval([leaf for c in frozen for _, leaf in tree_flatten(c.state) if isinstance(leaf, mx.array)])
+    compute_state(frozen)
     return frozen
 
 

@@ -191,7 +191,7 @@ class DiskTier:
             cache, metadata = load_prompt_cache(str(stored.path), return_metadata=True)
             if _identity(metadata) != (name, stored.trimmable):
                 raise ValueError("it holds another entry than its metadata said when listed")
-            mx.eval([leaf for c in cache for _, leaf in tree_flatten(c.state) if isinstance(leaf, mx.array)])
+            compute_state(cache)
             os.utime(stored.path)  # a hit refreshes its entry (for every worker sharing the folder)
         except FileNotFoundError:  # another worker sharing the folder removed it
             self._forget(name)
@@ -333,6 +333,11 @@ class DiskTier:
     def _forget(self, name: Name, unlink: bool = False) -> None:
         with self._lock:
             self._remove(name, unlink)
+
+
+def compute_state(cache: list[Any]) -> None:
+    """Compute a KV cache's state arrays now (not when first read: a lazy slice keeps the batch's buffers alive)."""
+    mx.eval([leaf for c in cache for _, leaf in tree_flatten(c.state) if isinstance(leaf, mx.array)])
 
 
 def weights_digest(model: Any) -> str:
