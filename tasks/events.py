@@ -22,7 +22,7 @@ class EventType(str, Enum):
     TOKEN = "token"  # text, n: what it wrote and how many tokens that is; logprobs (their entries, if the job asked
     #                  for them) and prompt_logprobs (its prompt's, in its first, if it asked: tasks/logprobs.py)
     REQUEUED = "requeued"  # attempt: the run it is waiting for now; completion_tokens: what it keeps (its next run
-    #                        goes on from there)
+    #                        goes on from there); reason: worker_crashed, generation_error, stopping or preempted
     # the terminal events are the job's terminal statuses, and carry finish_reason, prompt_tokens, completion_tokens
     # and cached_tokens
     COMPLETED = JobStatus.COMPLETED.value
@@ -55,6 +55,7 @@ class Event:
     logprobs: str = ""
     prompt_logprobs: str = ""
     stop_sequence: str | None = None  # a completed job's: the stop string it ended at, if it did
+    reason: str = ""  # a requeued job's: why its run ended
 
     @classmethod
     def decode(cls, index: int, raw: str | dict[str, Any]) -> Event:
@@ -83,5 +84,5 @@ _FIELDS = frozenset(Event.__dataclass_fields__) - {"index", "type"}
 _OWN_FIELDS = {
     EventType.STARTED: ("queued_s",),
     EventType.TOKEN: ("text", "n"),
-    EventType.REQUEUED: ("attempt", "completion_tokens"),
+    EventType.REQUEUED: ("attempt", "completion_tokens", "reason"),
 }

@@ -286,6 +286,7 @@ class Job(BaseModel):
     deadline: float
     timings: Timings
     attempts: int = 0
+    preemptions: int = 0  # the times it was set aside for interactive work (a batch-class job)
     output: str = ""
     finish_reason: Literal["stop", "length", "cancelled"] | None = None
     stop_sequence: str | None = None  # the stop string it ended at, if it did (finish_reason `stop`)
@@ -321,6 +322,7 @@ class Job(BaseModel):
                 finished_at=num("finished_at"),
             ),
             attempts=int(fields.get("attempts", 0)),
+            preemptions=int(fields.get("preemptions", 0)),
             output=output,
             logprobs=logprobs,
             prompt_logprobs=fields.get("prompt_logprobs", ""),

@@ -29,7 +29,7 @@ ARGS: dict[str, tuple[str, ...]] = {
     "append": ("id", "text", "prompt_tokens", "worker", "from_n", "from_b", "cached_tokens", "ids", "lp", "prompt_lp"),
     "cancel": ("id", "owner", "result_ttl_s", "error"),
     "claim": ("result_ttl_s", "run_life_s", "device", "worker", "token", "want", "active", "switch_wait_s",
-              "affinity_s", "*loaded"),
+              "affinity_s", "urgent", "*loaded"),
     "drop_lease": ("device", "field", "value", "died"),
     "failed_models": ("retry_s", "result_ttl_s", "max_deaths", "*models"),
     "finish": ("id", "status", "finish_reason", "error", "prompt_tokens", "completion_tokens", "result_ttl_s",

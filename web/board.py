@@ -61,8 +61,27 @@ def board_view(who: Viewer) -> dict[str, Any]:
         "batches": _batches(who),
         "minutes": [_minute(m, snap.now) for m in board.minutes],
         "prefix_cache": _prefix_cache(snap.stats),
+        "fairness": _fairness(board, who),
         "local_api": _local_api(board, who),
     }
+
+
+def _fairness(board: Board, who: Viewer) -> dict[str, Any]:
+    """Each flow's service, in the token units the fair order charges (the most served first: the viewer's own
+    flows named, another user's only for an admin), and how many times batch work was set aside for interactive."""
+    flows = []
+    for flow, units in sorted(board.snapshot.service, key=lambda f: -f[1]):
+        owner, _, kind = flow.partition("|")
+        seen = who.sees(owner)
+        flows.append(
+            {
+                "owner": owner if seen else None,
+                "mine": owner == who.name,
+                "priority": kind or "interactive",
+                "tokens": round(units),
+            }
+        )
+    return {"flows": flows, "preemptions": int(board.snapshot.stats.get("preempted", 0))}
 
 
 def _local_api(board: Board, who: Viewer) -> dict[str, Any] | None:
@@ -248,6 +267,7 @@ def board_schema() -> dict[str, Any]:
         "failures": {"type": "array"},
         "minutes": {"type": "array"},
         "prefix_cache": {"type": "object"},
+        "fairness": {"type": "object", "description": "each flow's service in token units, and preemptions"},
         "batches": {"type": "object"},
         "local_api": {"type": ["object", "null"], "description": "local mode: the API user's jobs, counted"},
     }

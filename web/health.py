@@ -184,7 +184,14 @@ def _gauges(snap: Snapshot) -> Iterator[Metric]:
 COUNTERS = {
     "jobs_admitted": ("Jobs admitted into the queue.", "admitted"),
     "tokens_generated": ("Tokens generated.", "tokens"),
-    "jobs_requeued": ("Jobs put back after their worker died.", "requeued"),
+    "jobs_requeued": (
+        "Jobs put back in the queue before they ended (their worker died or stopped, or preempted).",
+        "requeued",
+    ),
+    "jobs_preempted": (
+        "Batch-class jobs set aside for interactive work (resumed later, not counted as attempts).",
+        "preempted",
+    ),
     "worker_restarts": ("Worker processes restarted.", "worker_restarts"),
     "batch_steps": ("Steps of the batch (one token for every generating job).", "batch_steps"),
     "decode_seconds": ("Seconds spent in decode steps.", "decode_seconds"),

@@ -91,6 +91,7 @@ class Job(Answer):
     usage: TokenUsage
     timings: Timings
     attempts: int = Field(description="how many times a worker started it")
+    preemptions: int = Field(description="how many times it was set aside for interactive work (batch class)")
 
     @classmethod
     def of(cls, job: record.Job) -> dict[str, Any]:
@@ -173,12 +174,16 @@ class TokenEvent(Answer):
 
 
 class RequeuedEvent(Answer):
-    """`requeued`: its worker stopped; the job is back at the front of the queue, keeping its output and the
+    """`requeued`: its run ended before the job did; the job is back in the queue, keeping its output and the
     `completion_tokens` written so far: its next run goes on from there."""
 
     index: int
     attempt: int
     completion_tokens: int
+    reason: str = Field(
+        description="worker_crashed, generation_error (its batch's step failed), stopping (its worker stopped in good "
+        "order) or preempted (a batch-class job set aside for interactive work; not counted as an attempt)"
+    )
 
 
 class Health(Answer):

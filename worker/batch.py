@@ -97,9 +97,11 @@ class Batch:
     def drop(self, r: Running) -> None:
         del self.by_uid[r.uid], self.by_job[r.job.id]
 
-    def kv_tokens_with(self, cost: int) -> int:
-        """The KV cache the batch may come to hold, in tokens, with one more job of `cost` tokens in it (0: none)."""
-        return (len(self) + (1 if cost else 0)) * max([cost, *(r.cost for r in self.by_uid.values())])
+    def kv_tokens_with(self, cost: int, without: tuple[Running, ...] = ()) -> int:
+        """The KV cache the batch may come to hold, in tokens, with one more job of `cost` tokens in it (0: none),
+        and without the runs `without`."""
+        costs = [r.cost for r in self.by_uid.values() if r not in without]
+        return (len(costs) + (1 if cost else 0)) * max([cost, *costs])
 
     @property
     def solo(self) -> bool:

@@ -69,6 +69,7 @@ class Runner:
         # the loop's view of the queue (its thread alone uses these):
         self._look = True  # it may hold a job that can join now: set when it moves or a job leaves, cleared by `_fill`
         self._head: Head | None = None  # its head, measured, waiting for room in the batch
+        self._set_aside: list[str] = []  # batch-class jobs taken out for an interactive one: handed back once it joins
         self.writer = OutputWriter(store, on_stop=self.request_stop, on_fatal=on_fatal)
         self.groups = Groups()  # the requests of several answers with a run in the batch (worker/choices.py)
         self.scoring: dict[str, tuple[Running, Scorer, SamplingParams]] = {}  # runs reading their prompt to score it
@@ -156,6 +157,9 @@ class Runner:
                 go_on = self._on_head(claim)
             if not go_on:
                 break
+        for job_id in self._set_aside:  # (after the claim: it comes before them in the queue, whatever their scores)
+            self.writer.hand_back(job_id, "preempted")
+        self._set_aside.clear()
         self._look = False
         return started
 
@@ -172,7 +176,10 @@ class Runner:
             want = self._head.id if self._head and self._fits(self._head) else None
         try:
             claim = self.store.claim_next(
-                want=want, active=self.active if self.batch else "", loaded=self.models.names()
+                want=want,
+                active=self.active if self.batch else "",
+                loaded=self.models.names(),
+                urgent=self._urgent(),
             )
         except redis.RedisError as exc:
             logger.warning("cannot claim: %s", exc)
@@ -202,11 +209,79 @@ class Runner:
         return False
 
     def _on_head(self, claim: Claim) -> bool:
-        """The head, not claimed: measure it (once), and claim it by name if it fits now; else it waits until a job
-        leaves the batch."""
+        """The head, not claimed: measure it (once), and claim it by name if it fits now, or once batch-class work
+        is set aside for it (an interactive job); else it waits until a job leaves the batch."""
         if self._head is None or self._head.id != claim.job.id:
             self._head = self._measure(claim)
-        return self._fits(self._head)
+        return self._fits(self._head) or self._preempt_for(claim.job, self._head)
+
+    # --- preemption: interactive work never waits behind batch work ------------------------------------------
+
+    def _victims(self) -> list[Running]:
+        """The batch-class runs that may be set aside, the cheapest first (the fewest KV tokens to keep and read
+        again): in the engine, not stopping, not one of several answers, set aside fewer than ONELANE_PREEMPT_LIMIT
+        times."""
+        limit = self.store.settings.preempt_limit
+        if not limit or self.batch.solo or self._deferred:
+            return []
+        runs = [
+            r
+            for r in self.batch.by_uid.values()
+            if r.job.spec.priority == "batch"
+            and r.uid >= 0
+            and r.stop_seen_at is None
+            and r.job.preemptions < limit
+            and r.job.spec.choice is None
+            and r.job.id not in self.scoring
+            and r.job.id not in self._set_aside
+        ]
+        return sorted(runs, key=lambda r: r.prompt_tokens + r.tokens)
+
+    def _urgent(self) -> bool:
+        """Whether the batch has no room and holds batch-class work to set aside for an interactive job: the claim
+        then names the first interactive job waiting, not a batch-class head (tasks/lua/claim.lua)."""
+        if self._set_aside:  # (room was made for one: it is claimed next)
+            return True
+        if not self.batch or self.engine is None:
+            return False
+        full = len(self.batch) >= self.engine.max_batch or (self._head is not None and not self._fits(self._head))
+        return full and bool(self._victims())
+
+    def _preempt_for(self, job: Job, head: Head) -> bool:
+        """Make room for an interactive head by setting batch-class runs aside, the cheapest first, as few as it
+        takes; False (none set aside) if even all of them would not make room."""
+        if job.spec.priority == "batch" or head.solo or head.side or head.invalid is not None or not self.batch:
+            return False
+        assert self.engine is not None
+        chosen: list[Running] = []
+        for r in self._victims():
+            chosen.append(r)
+            left = len(self.batch) - len(chosen)
+            if left < self.engine.max_batch and self.batch.kv_tokens_with(head.cost, tuple(chosen)) <= self.budget:
+                break
+        else:
+            return False
+        for r in chosen:
+            self._preempt(r, head.id)
+        return True
+
+    def _preempt(self, r: Running, for_job: str) -> None:
+        """Set a run aside: its KV state to the prefix cache (where its byte budget allows), out of the batch; it is
+        handed back to the queue once the job it made room for has joined (_fill), not counted as an attempt, and
+        its next run goes on from its tokens, as after any hand-back (worker/resume.py)."""
+        assert self.engine is not None
+        kv = self.engine.remove([r.uid], keep=True).get(r.uid)
+        kept = kv is not None and self.models.prefix.insert(r.cache_key, kv.tokens, kv.cache)
+        self.batch.drop(r)
+        self._set_aside.append(r.job.id)
+        logger.info(
+            "job %s: set aside for interactive job %s after %d tokens (preemption %d; its KV state %s)",
+            r.job.id,
+            for_job,
+            r.tokens,
+            r.job.preemptions + 1,
+            "kept" if kept else "not kept",
+        )
 
     def _measure(self, claim: Claim) -> Head:
         job = claim.job

@@ -15,9 +15,12 @@
 -- A claim is sent again with the same `token` when its answer was lost (a dropped connection, a Redis restart): if
 -- it had started a job that still runs here, the answer is that job again, not a second one; else a job started
 -- and never answered would stay in progress, run by nobody, for as long as its worker lives.
+-- Interactive work does not wait behind batch work: when the worker says it could set a batch-class job aside for
+-- it (`urgent`: its batch has no room, and holds a job it may preempt), the first interactive job of the batch's
+-- model waiting in time (a bounded look) goes ahead of the batch-class head.
 -- ARG: result_ttl_s, run_life_s, device, worker_id, token (this claim's, kept until it is answered), want ('' for
---       none), active (the model the batch runs; '' when the batch is empty), switch_wait_s, affinity_s, the models
---       the worker has loaded...
+--       none), active (the model the batch runs; '' when the batch is empty), switch_wait_s, affinity_s, urgent
+--       ('1' or ''), the models the worker has loaded...
 -- -> {'started' | 'next', id, the job's fields as HGETALL gives them, jobs still waiting after it, the ids of the
 --    tokens its earlier runs generated (TOK), their text (OUT)},
 --    {'switch' | 'load', head id, its model[, 'side': a pooled job's]}, false when nothing waits, or 'lost' without
@@ -127,6 +130,22 @@ elseif (active ~= '' and model ~= active) or (active == '' and not loaded[model]
     end
   end
   if not pick then return {active ~= '' and 'switch' or 'load', head, model} end
+end
+-- The first interactive job of the batch's model that may run now, within the first 64 of the fair order.
+local function first_interactive()
+  for _, id in ipairs(redis.call('ZRANGE', QUEUE, 0, 63)) do
+    local f = redis.call('HMGET', JOB .. id, 'status', 'deadline', 'model', 'class', 'side', 'solo', 'watched')
+    local watched = not f[7] or tonumber(redis.call('ZSCORE', WATCHED, id) or '0') > t
+    if f[1] == 'queued' and t < tonumber(f[2]) and f[3] == active and f[4] ~= 'batch' and f[5] ~= '1'
+      and f[6] ~= '1' and watched then
+      return id
+    end
+  end
+  return nil
+end
+
+if ARG.urgent ~= '' and active ~= '' and redis.call('HGET', JOB .. pick, 'class') == 'batch' then
+  pick = first_interactive() or pick
 end
 if elsewhere(pick) then
   stat('affinity_passes')

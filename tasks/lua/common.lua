@@ -382,12 +382,18 @@ local function release(id, max_attempts, ttl, result_ttl, why, shared)
     return 'cancelled'
   end
   local attempts = tonumber(f[2])
-  if why == 'stopping' then
+  local uncounted = why == 'stopping' or why == 'preempted' -- (its run ended by the worker's choice, not a failure)
+  if uncounted then
     attempts = attempts - 1
     redis.call('HSET', jkey, 'attempts', attempts)
   end
+  if why == 'preempted' then
+    redis.call('HINCRBY', jkey, 'preemptions', 1)
+    stat('preempted')
+    per_minute(t, 'preempted')
+  end
   local solo = shared and (why == 'generation_error' or attempts >= max_attempts)
-  if attempts >= max_attempts and not solo and why ~= 'stopping' then
+  if attempts >= max_attempts and not solo and not uncounted then
     local story = why == 'worker_crashed' and 'the worker died while running this job, ' .. attempts .. ' times'
       or 'generation failed while running this job, ' .. attempts .. ' times; the worker logged the error'
     finish(id, 'failed', '', error_json(why, story), result_ttl, t)
@@ -401,7 +407,7 @@ local function release(id, max_attempts, ttl, result_ttl, why, shared)
   for _, k in ipairs({jkey, OUT .. id, LP .. id, TOK .. id, EV .. id}) do redis.call('EXPIRE', k, life) end
   enqueue(id, f[4], f[8], f[5], deadline, tonumber(f[7] or '0') or 0, t, life)
   local kept = tonumber(redis.call('HGET', jkey, 'completion_tokens') or '0') or 0
-  emit(id, '{"type":"requeued","attempt":' .. attempts .. ',"completion_tokens":' .. kept .. '}')
+  emit(id, '{"type":"requeued","attempt":' .. attempts .. ',"completion_tokens":' .. kept .. ',"reason":"' .. why .. '"}')
   stat('requeued')
   return 'requeued'
 end

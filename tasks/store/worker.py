@@ -136,13 +136,18 @@ class WorkerStore:
         )
 
     def claim_next(
-        self, want: str | None = None, active: str = "", loaded: tuple[str, ...] | None = None
+        self,
+        want: str | None = None,
+        active: str = "",
+        loaded: tuple[str, ...] | None = None,
+        urgent: bool = False,
     ) -> Claim | Switch | None:
         """Atomically start the next job for this worker if it is `want` (any job: "*"); else tell which job is next,
         unclaimed (the worker measures it, and names it when it fits). The next job is the fair order's head, or a
         job of the model the batch runs (`active`; '' for an empty batch) or of a `loaded` one, within the switch
         bound (see tasks/lua/claim.lua); past it, a Switch. None when nothing waits. `loaded` defaults to every
-        model served (a worker that keeps them all).
+        model served (a worker that keeps them all). `urgent`: the batch has no room and holds batch-class work
+        this worker may set aside: an interactive job of the batch's model goes ahead of a batch-class head.
 
         Raises LeaseLost if this worker no longer holds the device (it must stop: another worker took over).
         """
@@ -162,6 +167,7 @@ class WorkerStore:
             active=active,
             switch_wait_s=s.model_switch_wait_s,
             affinity_s=s.cache_affinity_s,
+            urgent="1" if urgent else "",
             loaded=loaded,
         )
         self._claim_token = ""  # answered

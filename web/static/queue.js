@@ -186,11 +186,13 @@ class Dashboard {
       ["Failures, 1 h", hour("failed")],
       ["Workers", `${live.filter((w) => w.state === "ok").length} / ${b.workers.length}`],
       ["Prefix cache hits", b.prefix_cache.hit_rate == null ? "–" : `${Math.round(b.prefix_cache.hit_rate * 100)}%`],
+      ["Preemptions", b.fairness.preemptions],
     ].map(([label, value]) => el("div", { className: "tile" }, el("span", { textContent: label }),
       el("strong", { textContent: value }))));
     this.renderRunning(b.running, admin);
     this.renderWaiting(b.waiting, admin);
     this.renderWorkers(b);
+    this.renderService(b.fairness);
     this.renderBatches(b.batches, admin, b.now);
     this.renderFailures(b.failures, admin, b.now);
     this.plots();
@@ -251,6 +253,13 @@ class Dashboard {
     this.$("workers").replaceChildren(table(columns, b.workers, "No worker has been seen: start one (onelane worker)"));
     const models = b.models.map((m) => `${m.name} ${m.state}, ${m.waiting} waiting`);
     this.$("models").textContent = `Models: ${models.join(" · ")}`;
+  }
+
+  renderService(f) {
+    const who = (x) => (x.owner == null ? el("span", { className: "hint", textContent: "another user" })
+      : x.mine ? `${x.owner} (you)` : x.owner);
+    const columns = [["User", who], ["Class", (x) => x.priority], ["Tokens", (x) => x.tokens.toLocaleString("en")]];
+    this.$("service").replaceChildren(table(columns, f.flows, "No job has ended yet."));
   }
 
   renderBatches(b, admin, now) {
