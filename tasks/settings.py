@@ -47,7 +47,7 @@ ENV_NAMES: dict[str, str] = {
     "max_batch": "ONELANE_MAX_BATCH",
     "kv_budget_tokens": "ONELANE_KV_BUDGET",
     "prefill_step": "ONELANE_PREFILL_STEP",
-    "prefill_budget": "ONELANE_PREFILL_BUDGET",
+    "decode_floor": "ONELANE_DECODE_FLOOR",
     "preempt_limit": "ONELANE_PREEMPT_LIMIT",
     "max_queue": "ONELANE_MAX_QUEUE",
     "max_queued_per_user": "ONELANE_MAX_QUEUED_PER_USER",
@@ -168,9 +168,10 @@ class Settings(BaseModel):
     max_batch: int = Field(32, ge=1, le=256)
     kv_budget_tokens: int = Field(65_536, ge=1, le=100_000_000)
     prefill_step: int = Field(128, ge=16, le=65_536)
-    # the most prompt tokens all prompts together read in one step while other jobs decode (0: no bound but
-    # PREFILL_BATCH prompts of ONELANE_PREFILL_STEP each): a long prompt cannot slow the streams below a floor
-    prefill_budget: int = Field(256, ge=0, le=1_000_000)
+    # the tokens per second every generating job keeps while prompts are read beside it: a step that reads prompts
+    # takes at most 1 / this (their chunks shrink to fit, to 16 tokens each at least); 0: no floor (chunks of
+    # ONELANE_PREFILL_STEP, whatever the others wait)
+    decode_floor: float = Field(4.0, ge=0, le=1000)
     # how many times a batch-class job may be set aside for interactive work that finds no slot free (0: never)
     preempt_limit: int = Field(2, ge=0, le=100)
     max_queue: int = Field(256, ge=1, le=10_000_000)

@@ -16,7 +16,10 @@ A step, in order:
    BatchGenerator draws one); its KV state holds every token but that last one;
 3. prefill: the sequences reading their prompts (at most `prefill_batch` at once, in order of arrival) read their
    next chunk of at most `prefill_step` tokens each, side by side (padded to the longest chunk); those with only
-   their last token left join the decode rows. A prompt with images reads beside them, one at a time, in chunks of
+   their last token left join the decode rows. While rows decode, with a `decode_floor` (tokens per second), the
+   chunks are sized so that a step takes at most 1 / decode_floor: after each such step they grow or shrink by the
+   ratio of that bound to the step's time (at most doubling; 16 tokens at least, so that a prompt always
+   progresses), so a long prompt read beside the streams slows them to the floor at worst, however many arrive. A prompt with images reads beside them, one at a time, in chunks of
    its input embeddings (its images as the vision model sees them, computed as its first chunk is read): the others
    go on decoding while it reads, and it joins the decode rows as any other.
 
@@ -48,6 +51,7 @@ from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import maybe_set_recommended_wired_limit
 
+MIN_CHUNK = 16  # the fewest prompt tokens a reader reads in a step, however far its step runs past the floor
 Sampler = Callable[[mx.array], mx.array]
 Processor = Callable[[mx.array, mx.array], mx.array]
 Batching = Literal["padded", "unpadded", "alone"]
@@ -105,9 +109,12 @@ class ContinuousBatch:
         prefill_batch: int,
         max_kv_size: int | None,
         batching: Batching = "padded",
+        decode_floor: float = 0.0,
     ) -> None:
         self.model, self.prefill_step, self.max_kv_size = model, prefill_step, max_kv_size
         self.batching = batching
+        self.decode_floor = decode_floor  # tokens/s the decode rows keep while prompts are read (0: no floor)
+        self.chunk = prefill_step  # a reader's chunk while rows decode (fitted to the floor after each such step)
         self.prefill_batch = 1 if batching == "alone" else prefill_batch
         self.work = Work()
         self._uids = 0
@@ -229,14 +236,23 @@ class ContinuousBatch:
         """One step (see the module's docstring); returns the tokens drawn in the step before, as now read."""
         with mx.stream(generation_stream):
             self.work.steps += 1
-            started = time.perf_counter()
-            emitted = self._decode() if self._rows else []
+            began = started = time.perf_counter()
+            decoding = bool(self._rows)
+            emitted = self._decode() if decoding else []
             self.work.decode_s += time.perf_counter() - started
             started = time.perf_counter()
-            self._prefill()
-            self._see()
+            cap = self.chunk if decoding and self.decode_floor else self.prefill_step
+            read = self._prefill(cap) + self._see(cap)
             self.work.prefill_s += time.perf_counter() - started
+        if read and decoding and self.decode_floor:
+            self._fit_chunk(time.perf_counter() - began)
         return emitted
+
+    def _fit_chunk(self, step_s: float) -> None:
+        """After a step that read prompts while rows decoded: the next such step's chunks, in proportion to how far
+        this one was from the floor's bound (1 / decode_floor s), at most doubling, within MIN_CHUNK..prefill_step."""
+        scaled = int(self.chunk * min(2.0, 1 / (self.decode_floor * max(step_s, 1e-6))))
+        self.chunk = max(MIN_CHUNK, min(self.prefill_step, scaled))
 
     def _decode(self) -> list[Emitted]:
         reading, rows = self._next, self._rows
@@ -302,14 +318,15 @@ class ContinuousBatch:
             logits = processor(context, logits)
         return logits
 
-    def _prefill(self) -> None:
-        """Read a chunk of each reading prompt; those with only their last token left become decode rows."""
+    def _prefill(self, cap: int) -> int:
+        """Read a chunk of at most `cap` tokens of each reading prompt; those with only their last token left become
+        decode rows. Returns the tokens read (padding included)."""
         self._admit_readers()
         self._to_decode([i for i, r in enumerate(self._reading) if len(r.unread) == 1])
         if not self._reading:
             self.work.padded_prefill = 0
-            return
-        chunks = [r.unread[: min(self.prefill_step, len(r.unread) - 1)] for r in self._reading]
+            return 0
+        chunks = [r.unread[: min(cap, len(r.unread) - 1)] for r in self._reading]
         if self.batching == "unpadded":
             shortest = min(len(c) for c in chunks)
             chunks = [c[:shortest] for c in chunks]
@@ -335,17 +352,19 @@ class ContinuousBatch:
         self.work.prompt_tokens += sum(lengths)
         self.work.padded_prefill = len(chunks) * longest
         self._to_decode([i for i, r in enumerate(self._reading) if len(r.unread) == 1])
+        return self.work.padded_prefill
 
-    def _see(self) -> None:
-        """The first prompt with images reads its next chunk, on its own cache, from its input embeddings; with only
-        its last token left, it joins the decode rows. (Alone: once nothing else runs.)"""
+    def _see(self, cap: int) -> int:
+        """The first prompt with images reads its next chunk (at most `cap` tokens), on its own cache, from its input
+        embeddings; with only its last token left, it joins the decode rows. (Alone: once nothing else runs.)
+        Returns the tokens read."""
         if not self._seeing or (self.batching == "alone" and (self._reading or self._rows)):
-            return
+            return 0
         row = self._seeing[0]
         if callable(row.embeds):  # its first chunk: its images are read now (the vision tower's pass)
             row.embeds = row.embeds()
         assert row.embeds is not None and row.ids is not None and row.cache is not None
-        n = min(self.prefill_step, len(row.unread) - 1)
+        n = min(cap, len(row.unread) - 1)
         if n > 0:
             self.model(mx.array([row.ids[:n]]), cache=row.cache, inputs_embeds=row.embeds[None, :n])
             mx.eval([c.state for c in row.cache])
@@ -359,6 +378,7 @@ class ContinuousBatch:
             row.embeds = row.ids = None
             cache, row.cache = row.cache, None
             self._join_decode([row], self._merge([cache]))
+        return max(n, 0)
 
     def _own_cache(self, i: int) -> list[Any]:
         """A reader's KV cache, out of the batched one (a fresh one if it holds nothing yet: a one-token prompt)."""

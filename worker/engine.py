@@ -164,6 +164,7 @@ class Engine:
         self.name = name
         self._max_batch = max_batch
         self.prefill_step = prefill_step
+        self.decode_floor = 0.0  # tokens/s its decoding sequences keep while prompts are read (0: none; configure)
         self.lock = lock or threading.Lock()  # the device's: every engine of a worker shares one
         self.max_kv_size = max_kv_size  # tokens of KV cache a sequence keeps (None: all of them)
         self._done = Counters()  # the work of the batches before this one
@@ -197,9 +198,10 @@ class Engine:
         """Sequences at once: the configured batch, or one for a model whose sequences run alone."""
         return 1 if self.batching == "alone" else self._max_batch
 
-    def configure(self, max_batch: int, prefill_step: int) -> None:
-        """Size the batch (it starts afresh: call it while nothing runs)."""
-        self._max_batch, self.prefill_step = max_batch, prefill_step
+    def configure(self, max_batch: int, prefill_step: int, decode_floor: float = 0.0) -> None:
+        """Size the batch, and the floor of tokens per second its decoding sequences keep while prompts are read
+        (it starts afresh: call it while nothing runs)."""
+        self._max_batch, self.prefill_step, self.decode_floor = max_batch, prefill_step, decode_floor
         self.reset()
 
     def share(self, batching: Batching) -> None:
@@ -209,7 +211,12 @@ class Engine:
 
     def _new_batch(self) -> ContinuousBatch:
         return ContinuousBatch(
-            self.model, self.prefill_step, min(self.max_batch, PREFILL_BATCH), self.max_kv_size, self.batching
+            self.model,
+            self.prefill_step,
+            min(self.max_batch, PREFILL_BATCH),
+            self.max_kv_size,
+            self.batching,
+            decode_floor=self.decode_floor,
         )
 
     def prompt_tokens(self, spec: JobSpec, images: Mapping[str, bytes] | None = None) -> list[int]:

@@ -160,7 +160,7 @@ class ModelPool:
     def _adopt(self, name: str, engine: Engine, load_s: float) -> None:
         config = self.settings.model_named(name)
         if config is not None:
-            engine.configure(self._max_batch(config), self.settings.prefill_step)
+            engine.configure(self._max_batch(config), self.settings.prefill_step, self.settings.decode_floor)
             if self.prefix.disk is not None and isinstance(engine, Engine):  # (its entries on disk: these weights')
                 try:
                     self.prefix.disk.serve(config.cache_key(), weights_digest(engine.model))

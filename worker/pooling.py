@@ -88,7 +88,7 @@ class Pooler:
         )
         return cls(config.name, model, tokenizer, config.kind, max_length)
 
-    def configure(self, max_batch: int, prefill_step: int) -> None:
+    def configure(self, max_batch: int, prefill_step: int, decode_floor: float = 0.0) -> None:
         """(As an engine's: a pooler's passes are bounded by PASS_TOKENS.)"""
 
     def close(self) -> None:

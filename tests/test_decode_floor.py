@@ -1,0 +1,56 @@
+"""A long prompt cannot starve the streams (issue 51): while rows decode, a step that reads prompts beside them is fitted
+to the decode floor (ONELANE_DECODE_FLOOR tokens/s: a step of at most 1 / floor s), its chunks shrinking to fit, to
+16 tokens at least; every decoding row still gets its token in every step. With nothing decoding, prompts read in
+whole chunks of ONELANE_PREFILL_STEP."""
+
+from __future__ import annotations
+
+from mlx_lm.sample_utils import make_sampler
+
+from worker.continuous import MIN_CHUNK, ContinuousBatch
+
+greedy = make_sampler(0.0)
+STEP = 128
+LONG = 1000
+
+
+def read_long_prompt_beside_a_stream(model, floor: float) -> tuple[int, list[int]]:  # type: ignore[no-untyped-def]
+    """Steps until a long prompt, inserted while a stream decodes, makes its first token; the stream's tokens in each
+    of those steps."""
+    batch = ContinuousBatch(model, STEP, 8, None, decode_floor=floor)
+    stream = batch.insert([1, 2, 3], 10_000, greedy)
+    while not any(e.uid == stream for e in batch.step()):  # the stream decodes
+        pass
+    long = batch.insert([(7 * n) % 500 + 1 for n in range(LONG)], 4, greedy)
+    per_step = []
+    for steps in range(1, 2 * LONG):
+        emitted = batch.step()
+        per_step.append(sum(e.uid == stream for e in emitted))
+        if any(e.uid == long for e in emitted):
+            return steps, per_step
+    raise AssertionError("the long prompt made no token")
+
+
+def test_a_long_prompt_read_beside_a_stream_is_cut_to_fit_the_floor_and_the_stream_decodes_every_step(demo_engine):
+    # With no floor, the long prompt reads in chunks of the prefill step: a handful of steps
+    unbounded, _ = read_long_prompt_beside_a_stream(demo_engine.model, floor=0)
+    assert unbounded <= LONG // STEP + 3
+
+    # With a floor no step can meet (1,000 tokens/s: 1 ms), its chunks shrink to the least, 16 tokens, and the
+    # stream gets its token in every step the prompt is read
+    steps, per_step = read_long_prompt_beside_a_stream(demo_engine.model, floor=1000)
+    assert steps >= LONG // MIN_CHUNK - 2 * STEP // MIN_CHUNK
+    assert all(n == 1 for n in per_step[:-2]), per_step
+
+
+def test_with_nothing_decoding_a_prompt_reads_in_whole_chunks_whatever_the_floor(demo_engine):
+    batch = ContinuousBatch(demo_engine.model, STEP, 8, None, decode_floor=1000)
+    long = batch.insert(list(range(1, LONG + 1)), 1, greedy)
+    steps = next(n for n in range(1, 100) if any(e.uid == long for e in batch.step()))
+    assert steps <= LONG // STEP + 3
+
+
+def test_the_workers_engine_keeps_the_configured_floor(settings, start_worker):
+    worker = start_worker(decode_floor=2.5)
+    engine = worker.models.get(settings.model_name)
+    assert engine.decode_floor == 2.5 and engine._batch.decode_floor == 2.5
