@@ -54,3 +54,13 @@ def test_the_workers_engine_keeps_the_configured_floor(settings, start_worker):
     worker = start_worker(decode_floor=2.5)
     engine = worker.models.get(settings.model_name)
     assert engine.decode_floor == 2.5 and engine._batch.decode_floor == 2.5
+
+
+def test_a_question_beside_a_stream_reads_whole_in_one_step_whatever_the_floor(demo_engine):
+    batch = ContinuousBatch(demo_engine.model, STEP, 8, None, decode_floor=1000)
+    stream = batch.insert([1, 2, 3], 10_000, greedy)
+    while not any(e.uid == stream for e in batch.step()):
+        pass
+    question = batch.insert(list(range(1, STEP)), 1, greedy)  # a prompt of one chunk
+    steps = next(n for n in range(1, 100) if any(e.uid == question for e in batch.step()))
+    assert steps <= 3  # read in one step, its last token decoded with the stream's in the next

@@ -17,9 +17,11 @@ A step, in order:
 3. prefill: the sequences reading their prompts (at most `prefill_batch` at once, in order of arrival) read their
    next chunk of at most `prefill_step` tokens each, side by side (padded to the longest chunk); those with only
    their last token left join the decode rows. While rows decode, with a `decode_floor` (tokens per second), the
-   chunks are sized so that a step takes at most 1 / decode_floor: after each such step they grow or shrink by the
-   ratio of that bound to the step's time (at most doubling; 16 tokens at least, so that a prompt always
-   progresses), so a long prompt read beside the streams slows them to the floor at worst, however many arrive. A prompt with images reads beside them, one at a time, in chunks of
+   chunks of long prompts are sized so that a step takes at most 1 / decode_floor: after each such step they grow
+   or shrink by the ratio of that bound to the step's time (at most doubling; 16 tokens at least, so that a prompt
+   always progresses), so long prompts read beside the streams slow them to the floor at worst, however many
+   arrive. A prompt of one chunk (`prefill_step` tokens or fewer: a question) reads whole in one step: a crowd of
+   questions arriving may slow the streams for the steps that read them, not longer. A prompt with images reads beside them, one at a time, in chunks of
    its input embeddings (its images as the vision model sees them, computed as its first chunk is read): the others
    go on decoding while it reads, and it joins the decode rows as any other.
 
@@ -326,7 +328,13 @@ class ContinuousBatch:
         if not self._reading:
             self.work.padded_prefill = 0
             return 0
-        chunks = [r.unread[: min(cap, len(r.unread) - 1)] for r in self._reading]
+        # a prompt within one chunk of the prefill step reads whole (a question is never cut for the floor's sake);
+        # beside such, a long prompt reads as many tokens as their padding costs anyway
+        whole = [len(r.unread) - 1 for r in self._reading if len(r.unread) - 1 <= self.prefill_step]
+        cap = max([cap, *whole]) if self.batching == "padded" else cap
+        chunks = [
+            r.unread[: len(r.unread) - 1 if len(r.unread) - 1 <= self.prefill_step else cap] for r in self._reading
+        ]
         if self.batching == "unpadded":
             shortest = min(len(c) for c in chunks)
             chunks = [c[:shortest] for c in chunks]
