@@ -2,7 +2,7 @@
 
     ./dev.sh bench compare_servers [--model smollm2|demo|random|PATH] [--workload stream|ignore-eos]
                                    [--levels 1,8,32] [--rounds 3] [--plain 5 --streamed 2] [--max-tokens N]
-                                   [--no-engine] [--no-prefix-cache] [--no-overload]
+                                   [--no-engine] [--no-prefix-cache] [--no-overload] [--peer-blas shim|stock|both]
 
 A full default run (the default model, the streaming workload at 1, 8 and 32 clients, 3 rounds, the bare engine's
 figure, the overload probe):
@@ -12,8 +12,16 @@ figure, the overload probe):
 `--model smollm2` (the default) is SmolLM2-135M-Instruct imported from its GGUF as float32 into the run's folder,
 the folder both servers load; `demo` is worker/demo; `random` a random model of `--size`.
 
-1. Inside one bench_env, both servers up side by side (each idle while the other is measured): `onelane worker`
-   (supervised) and `onelane web` as subprocesses, queue bounds of 1000 so nothing is rejected; and mlx_lm.server.
+`--peer-blas` is the BLAS mlx_lm.server runs on (bench/mlx_server.py). `shim` (the default): the preload onelane's
+worker gets, Debian's OpenBLAS with onelane's shim (worker/blas_shim.c) ahead of it, so that the ratio is the queue's
+and its scheduler's, not the shim's; the peer is listed as `mlx_lm.server+shim`. `stock`: OpenBLAS alone, listed as
+`mlx_lm.server` (the comparison before this option). `both`: the two peers up side by side, each measured in every
+round, and the ratios printed against each (and the shim's own effect on the peer, one peer over the other). The
+report names the BLAS each side ran on, read from the running processes (their memory maps and LD_PRELOAD).
+
+1. Inside one bench_env, the servers up side by side (each idle while another is measured): `onelane worker`
+   (supervised) and `onelane web` as subprocesses, queue bounds of 1000 so nothing is rejected; and mlx_lm.server
+   (two of them with `--peer-blas both`).
    For each of `--rounds` rounds and each level, closed-loop clients through POST /v1/chat/completions against one
    server, then the other, the order rotating, so a disturbance of this shared machine falls on both alike:
    - `--workload stream` (the default; issue 33's, what a chat UI sees): each client sends `--plain` plain and
@@ -29,7 +37,8 @@ the folder both servers load; `demo` is worker/demo; `random` a random model of 
 2. The onelane web restarted with ONELANE_MAX_QUEUE=16 (and 16 per user) for the overload probe: 64 clients at
    once, 1000 tokens each, 3 s client timeout; the jobs are read back from Redis to see what the worker did for
    clients that had gone, and a 1-token request is sent right after they gave up.
-3. onelane stopped (worker included), then the same probe against mlx_lm.server.
+3. onelane stopped (worker included), then the same probe against mlx_lm.server (with two, each alone: the first
+   is stopped once probed).
 4. Each round's figures, then per level the median over the rounds with min-max, and the ratios onelane/peer.
 
 Loopback only; every loop is bounded in count and time; every process started here is stopped before the
@@ -40,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import statistics
 import time
@@ -60,9 +70,11 @@ from bench.harness import (
     rotated,
 )
 from bench.mlx_server import (
+    BLAS_CHOICES,
     body,
     listen_overflows,
     load_level,
+    loaded_blas,
     mlx_level_lines,
     mlx_server,
     overload_lines,
@@ -96,7 +108,8 @@ from bench.openai_load import (
     post_chat,
     stream_once,
 )
-from bench.report import ms, pct
+from bench.proc import group_members
+from bench.report import ms, pct, span
 from bench.streaming_load import MAX_TOKENS as STREAM_MAX_TOKENS
 from bench.streaming_load import (
     MIN_LEVEL_REQUESTS,
@@ -122,6 +135,8 @@ BIG_QUEUE = 1000  # the main levels: a bound no level reaches
 OVERLOAD_QUEUE = 16  # the overload probe: onelane sheds the rest
 TTFT_REQUESTS = 16  # sequential streams at 1 client, per server
 LOG_NEEDLES = ("Traceback", " ERROR ", " CRITICAL ")
+PEER_NAMES = {"stock": "mlx_lm.server", "shim": "mlx_lm.server+shim"}  # by --peer-blas
+PEER = "mlx_lm.server"  # how streaming_load's and mlx_server's printed lines name the peer (see renamed)
 
 
 # --- onelane -------------------------------------------------------------------------------------------------
@@ -200,7 +215,7 @@ def table(
     ttft: tuple[float | None, float | None],
     over: tuple[OverloadRow, OverloadRow] | None,
 ) -> list[str]:
-    """One table; each cell is `onelane | mlx_lm.server`."""
+    """One table; each cell is `onelane | the peer`."""
     body = [level_cells(name, a, b, ttft) for name, a, b in rows]
     if over is not None:
         body.append(["overload", *[""] * 5, *(pair(x, y) for x, y in zip(astuple(over[0]), astuple(over[1])))])
@@ -239,22 +254,23 @@ def verdict(
     ol_probe: dict[str, Any] | None,
     ab: Abandoned | None,
     mlx_probe: dict[str, Any] | None,
+    peer: str = PEER,
 ) -> list[str]:
-    """Where each is ahead, worded from the figures measured above."""
+    """Where each is ahead, worded from the figures measured above (`peer`: the mlx_lm.server compared with)."""
     lines = []
     for name, a, b in rows:
         each = spreads.get(name) or []
         if each:
             ratio = statistics.median(each)
-            who = "onelane" if ratio > 1.05 else "mlx_lm.server" if ratio < 1 / 1.05 else "neither (within 5%)"
+            who = "onelane" if ratio > 1.05 else peer if ratio < 1 / 1.05 else "neither (within 5%)"
             lines.append(
-                f"c={name}: {who} ahead on throughput: onelane/mlx_lm.server median {ratio:.2f}x (min "
+                f"c={name}: {who} ahead on throughput: onelane/{peer} median {ratio:.2f}x (min "
                 f"{min(each):.2f}, max {max(each):.2f}, n={len(each)}; {a['tps']:.0f} vs {b['tps']:.0f} "
                 f"tok/s); latency p50 {ms(a['p50'])} vs {ms(b['p50'])} ms, p99 {ms(a['p99'])} vs "
                 f"{ms(b['p99'])} ms"
             )
     lines.append(
-        "Both batch: mlx_lm.server up to 32 sequences per decode step (--decode-concurrency 32), onelane up "
+        f"Both batch: {peer} up to 32 sequences per decode step (--decode-concurrency 32), onelane up "
         "to ONELANE_MAX_BATCH jobs in its one worker's continuous batch."
     )
     if ol_probe is not None and mlx_probe is not None and ab is not None:
@@ -262,12 +278,12 @@ def verdict(
         mlx_rej = [o for o in mlx_probe["outcomes"] if o.status in (429, 503)]
         lines.append(
             f"Overload: onelane refused {len(rej)} of {OVERLOAD_CLIENTS} at once "
-            f"({sum(1 for o in rej if o.retry_after)} with Retry-After); mlx_lm.server refused {len(mlx_rej)} "
+            f"({sum(1 for o in rej if o.retry_after)} with Retry-After); {peer} refused {len(mlx_rej)} "
             f"and took every request it could accept (listen backlog aside)."
         )
         lines.append(
             f"Work for departed clients: onelane spent {ab.tokens} tokens on jobs whose client timed out "
-            f"({ab.started_after_gone} of those jobs started after the client had gone); mlx_lm.server "
+            f"({ab.started_after_gone} of those jobs started after the client had gone); {peer} "
             f"finished {mlx_probe['write_errors']} answers nobody read "
             f"({mlx_probe['write_errors'] * OVERLOAD_TOKENS} tokens)."
         )
@@ -275,28 +291,43 @@ def verdict(
         if fa is not None and fb is not None:
             lines.append(
                 f"The next user's 1-token request right after the burst: {fa.latency:.2f} s on onelane "
-                f"({'ok' if fa.ok else fa.error}), {fb.latency:.2f} s on mlx_lm.server "
+                f"({'ok' if fa.ok else fa.error}), {fb.latency:.2f} s on {peer} "
                 f"({'ok' if fb.ok else fb.error})."
             )
     return lines
 
 
+def renamed(lines: list[str], peer: str) -> list[str]:
+    """Lines printed by streaming_load's and mlx_server's helpers, which name the peer `mlx_lm.server`, naming
+    `peer` (e.g. mlx_lm.server+shim) instead."""
+    return lines if peer == PEER else [line.replace(PEER, peer) for line in lines]
+
+
 # --- main ----------------------------------------------------------------------------------------------------
 
 
-def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Both servers up; every level `--rounds` times on each (and on the bare engine), the order rotating; TTFT;
-    then the overload probes (onelane's with mlx_lm.server idle, mlx_lm.server's once onelane is stopped)."""
+def measure(
+    settings: Settings, args: argparse.Namespace
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[int, list[MixLevel]]]:
+    """The servers up (onelane, and mlx_lm.server on each BLAS of --peer-blas); every level `--rounds` times on
+    each (and on the bare engine), the order rotating; TTFT; then the overload probes (onelane's with the peers
+    idle, each peer's once onelane is stopped). Returns onelane's figures, each peer's by name, the bare engine's."""
     folder = Path(settings.var_dir)
     store = Store.connect(settings)
     sized = stack_env(args, settings)
-    ol, base = results(args.levels)
+    ol, peers, engine_levels = results(args.levels, peer_blas(args))
     engine = None if args.workload != "stream" or args.no_engine else bare_engine(settings.model_path)
+    if engine is not None:
+        ol["engine_blas"] = loaded_blas([os.getpid()])
     try:
-        with (
-            contextlib.ExitStack() as onelane,
-            mlx_server(settings.model_path, folder / "mlx-server.log") as server,
-        ):
+        with contextlib.ExitStack() as onelane, contextlib.ExitStack() as peer_servers:
+            servers, own = {}, {}
+            for blas in peer_blas(args):
+                name = PEER_NAMES[blas]
+                log = folder / ("mlx-server.log" if len(peers) == 1 else f"mlx-server-{blas}.log")
+                own[name] = peer_servers.enter_context(contextlib.ExitStack())  # (to stop it on its own)
+                servers[name] = own[name].enter_context(mlx_server(settings.model_path, log, blas=blas, var_dir=folder))
+                peers[name]["blas"] = loaded_blas([servers[name].process.pid])
             worker = onelane.enter_context(
                 onelane_worker(settings, folder / "worker.log", **queue_bounds(BIG_QUEUE), **sized)
             )
@@ -304,7 +335,10 @@ def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any
             started = time.monotonic()
             with onelane_web(settings, port, folder / "web.log", ready="/readyz", **queue_bounds(BIG_QUEUE), **sized):
                 ol["ready_s"] = time.monotonic() - started
-                sides = Sides(args, settings, store, f"http://127.0.0.1:{port}", server, engine, ol, base)
+                ol["blas"] = loaded_blas(sorted(group_members(worker.pid)))  # (ready: its worker has the model)
+                sides = Sides(
+                    args, settings, store, f"http://127.0.0.1:{port}", servers, engine, ol, peers, engine_levels
+                )
                 sides.warm_up()
                 sides.rounds()
                 sides.ttft()
@@ -312,15 +346,22 @@ def measure(settings: Settings, args: argparse.Namespace) -> tuple[dict[str, Any
             if not args.no_overload:
                 ol["overload"], ol["abandoned"] = onelane_overload_phase(settings, store, sized)
             ol["alive"] = worker.poll() is None
-            onelane.close()  # onelane stopped: mlx_lm.server's probe runs alone
+            onelane.close()  # onelane stopped: each mlx_lm.server's probe runs alone (the other one idle)
             if not args.no_overload:
-                base["overload"] = overload_probe(server)
+                for name, server in servers.items():  # each alone: one probed, then stopped, then the next
+                    peers[name]["overload"] = overload_probe(server)
+                    own[name].close()
         ol["log_problems"] = {
             name: matching_lines(folder / name, LOG_NEEDLES) for name in ("worker.log", "web.log", "web-overload.log")
         }
     finally:
         store.redis.close()
-    return ol, base
+    return ol, peers, engine_levels
+
+
+def peer_blas(args: argparse.Namespace) -> tuple[str, ...]:
+    """The BLAS of each mlx_lm.server to compare with: --peer-blas, `both` being stock and shim."""
+    return BLAS_CHOICES if args.peer_blas == "both" else (args.peer_blas,)
 
 
 def stack_env(args: argparse.Namespace, settings: Settings) -> dict[str, str]:
@@ -331,39 +372,53 @@ def stack_env(args: argparse.Namespace, settings: Settings) -> dict[str, str]:
     return sized
 
 
-def results(levels: list[int]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Where onelane's figures and the peer's (and the bare engine's) go, empty."""
+def results(
+    levels: list[int], blases: Sequence[str]
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[int, list[MixLevel]]]:
+    """Where onelane's figures go, each peer's (by its name, for each of `blases`), and the bare engine's, empty."""
     ol: dict[str, Any] = {
         "levels": {c: [] for c in levels},
         "unsettled": [],
         "overload": None,
         "abandoned": None,
         "ttft": [],
+        "blas": "?",
+        "engine_blas": None,
     }
-    base: dict[str, Any] = {"levels": {c: [] for c in levels}, "unsettled": [], "overload": None, "ttft": []}
-    base["engine"] = {c: [] for c in levels}  # the bare engine's levels (stream workload)
-    return ol, base
+    peers = {
+        PEER_NAMES[blas]: {
+            "levels": {c: [] for c in levels},
+            "unsettled": [],
+            "overload": None,
+            "ttft": [],
+            "asked": blas,
+            "blas": "?",
+        }
+        for blas in blases
+    }
+    return ol, peers, {c: [] for c in levels}
 
 
 @dataclass
 class Sides:
-    """Both servers up, and the bare engine if there is one: each level of each round on every side, the order
-    rotating, the figures into `ol` (onelane's) and `base` (mlx_lm.server's and the bare engine's)."""
+    """The servers up, and the bare engine if there is one: each level of each round on every side, the order
+    rotating, the figures into `ol` (onelane's), `peers` (each mlx_lm.server's, by name) and `engine_levels`."""
 
     args: argparse.Namespace
     settings: Settings
     store: Store
     url: str  # onelane's
-    server: Any  # mlx_server.Server
+    servers: dict[str, Any]  # mlx_server.Server, by the peer's name
     engine: Any
     ol: dict[str, Any]
-    base: dict[str, Any]
+    peers: dict[str, dict[str, Any]]
+    engine_levels: dict[int, list[MixLevel]]
 
     def __post_init__(self) -> None:
         self.stream = self.args.workload == "stream"
         self.model = self.settings.model_name
         self.send_ol = http_sender(self.url, self.args.max_tokens, {"model": self.model})
-        self.send_mlx = http_sender(self.server.url, self.args.max_tokens, {})
+        self.send_mlx = {name: http_sender(s.url, self.args.max_tokens, {}) for name, s in self.servers.items()}
 
     def warm_up(self) -> None:
         for prompt in PROMPTS[:2]:  # warm-up, as the baseline's
@@ -374,7 +429,11 @@ class Sides:
             self.engine_level([[PROMPTS[0]], [PROMPTS[1]]], frozenset(), 8)
 
     def rounds(self) -> None:
-        sides = (self.on_onelane, self.on_mlx, *([self.on_engine] if self.engine is not None else []))
+        sides = (
+            self.on_onelane,
+            *(functools.partial(self.on_mlx, name) for name in self.servers),
+            *([self.on_engine] if self.engine is not None else []),
+        )
         for r in range(self.args.rounds):
             for n, clients in enumerate(self.args.levels):
                 for side in rotated(sides, r + n):
@@ -395,19 +454,20 @@ class Sides:
         if not settle_queue(self.store):
             self.ol["unsettled"].append(clients)
 
-    def on_mlx(self, clients: int, r: int) -> None:
+    def on_mlx(self, name: str, clients: int, r: int) -> None:
+        server = self.servers[name]
         if self.stream:
             ask, at = self.asks(clients, r)
-            level = counted(lambda: http_level("mlx_lm.server", ask, at, self.send_mlx))
+            level = counted(lambda: http_level(name, ask, at, self.send_mlx[name]))
         else:
-            level = load_level(self.server, clients, self.args.max_tokens, self.args.requests)
-        self.base["levels"][clients].append(level)
-        if not settle(self.server):
-            self.base["unsettled"].append(clients)
+            level = load_level(server, clients, self.args.max_tokens, self.args.requests)
+        self.peers[name]["levels"][clients].append(level)
+        if not settle(server):
+            self.peers[name]["unsettled"].append(clients)
 
     def on_engine(self, clients: int, r: int) -> None:
         ask, at = self.asks(clients, r)
-        self.base["engine"][clients].append(self.engine_level(ask, at, self.args.max_tokens))
+        self.engine_levels[clients].append(self.engine_level(ask, at, self.args.max_tokens))
 
     def engine_level(self, ask: list[list[str]], at: frozenset[int], max_tokens: int) -> MixLevel:
         return engine_level(self.engine, ask, at, max_tokens, self.args.batch, self.settings.prefill_step)
@@ -418,8 +478,9 @@ class Sides:
             prompt, max_tokens = PROMPTS[i % len(PROMPTS)], self.args.max_tokens
             request = onelane_body(self.model, prompt, max_tokens, stream=True)
             self.ol["ttft"].append(stream_once(self.url, request, REQUEST_TIMEOUT_S))
-            peer = {**body(prompt, max_tokens, self.server.eos), "stream": True}
-            self.base["ttft"].append(stream_once(self.server.url, peer, REQUEST_TIMEOUT_S))
+            for name, server in self.servers.items():
+                peer = {**body(prompt, max_tokens, server.eos), "stream": True}
+                self.peers[name]["ttft"].append(stream_once(server.url, peer, REQUEST_TIMEOUT_S))
 
 
 def onelane_overload_phase(settings: Settings, store: Store, sized: dict[str, str]) -> tuple[dict[str, Any], Any]:
@@ -469,74 +530,125 @@ def ratios(a: list[Level], b: list[Level]) -> list[float]:
     return [x["tps"] / y["tps"] for x, y in zip(map(level_stats, a), map(level_stats, b)) if x["tps"] and y["tps"]]
 
 
-def report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any], load: float, wall: float) -> None:
+def report(
+    args: argparse.Namespace,
+    ol: dict[str, Any],
+    peers: dict[str, dict[str, Any]],
+    engine: dict[int, list[MixLevel]],
+    load: float,
+    wall: float,
+) -> None:
+    """The ignore-eos workload: each round's levels, TTFT, the overload probes, then one table per peer."""
     levels = args.levels
     print(
-        f"onelane vs mlx_lm.server: model {model_label(args)}, max_tokens {args.max_tokens}, temperature 0, every answer "
-        f"forced to max_tokens (onelane: ignore_eos; mlx_lm.server: logit_bias against EOS), non-streaming levels, "
-        f"{args.rounds} rounds alternating the servers; {os.cpu_count()} CPUs, load average {load:.2f} before, "
-        f"{os.getloadavg()[0]:.2f} after"
+        f"onelane vs {' and '.join(peers)}: model {model_label(args)}, max_tokens {args.max_tokens}, temperature 0, "
+        f"every answer forced to max_tokens (onelane: ignore_eos; mlx_lm.server: logit_bias against EOS), "
+        f"non-streaming levels, {args.rounds} rounds alternating the servers; {os.cpu_count()} CPUs, load average "
+        f"{load:.2f} before, {os.getloadavg()[0]:.2f} after"
     )
     print(
         f"onelane: ONELANE_MAX_BATCH={args.batch}; worker (supervised) + web (gunicorn gevent), ready in "
-        f"{ol['ready_s']:.1f} s. mlx_lm.server: --decode-concurrency 32 (its default)."
+        f"{ol['ready_s']:.1f} s. {' and '.join(peers)}: --decode-concurrency 32 (its default)."
     )
+    print("\n".join(blas_lines(ol, peers)))
     for r in range(args.rounds):
         print(f"\n-- round {r + 1}")
         for clients in levels:
             print("\n".join(onelane_level_lines(ol["levels"][clients][r], args.max_tokens)))
-            print("\n".join(mlx_level_lines(base["levels"][clients][r])))
-    warn_unsettled(ol, base, levels)
+            for name, peer in peers.items():
+                print("\n".join(renamed(mlx_level_lines(peer["levels"][clients][r]), name)))
+    warn_unsettled(ol, peers, levels)
     print()
     print(ttft_line("onelane", ol["ttft"]))
-    print(ttft_line("mlx_lm.server", base["ttft"]))
-    overload_report(ol, base)
-    print()
-    side_by_side(args, ol, base)
+    for name, peer in peers.items():
+        print(ttft_line(name, peer["ttft"]))
+    overload_report(ol, peers)
+    for name, peer in peers.items():
+        print()
+        side_by_side(args, ol, name, peer)
+    if len(peers) > 1:
+        print()
+        print("\n".join(peer_ratio_lines(args.levels, ol, peers, lambda level: level_stats(level)["tps"])))
     closing(ol, wall)
 
 
-def warn_unsettled(ol: dict[str, Any], base: dict[str, Any], levels: list[int]) -> None:
+def blas_lines(ol: dict[str, Any], peers: dict[str, dict[str, Any]]) -> list[str]:
+    """The BLAS each side ran on, read from its processes (bench/mlx_server.py loaded_blas)."""
+    lines = [f"BLAS, read from each running process: onelane's worker: {ol['blas']}"]
+    for name, peer in peers.items():
+        lines.append(f"  {name} (--peer-blas {peer['asked']}): {peer['blas']}")
+    if ol["engine_blas"] is not None:
+        lines.append(f"  bare engine (this process): {ol['engine_blas']}")
+    if any(peer["asked"] == "shim" for peer in peers.values()) and not Settings.from_env().gemv:
+        lines.append(
+            "  WARNING: ONELANE_GEMV=false: onelane's worker sends no product to sgemv, mlx_lm.server's shim does "
+            "(its built-in default, products of 1 to 4 rows)"
+        )
+    return lines
+
+
+def peer_ratio_lines(levels: list[int], ol: dict[str, Any], peers: dict[str, dict[str, Any]], tps: Any) -> list[str]:
+    """With more than one peer: per level, onelane's tokens/s over each peer's, and each peer's over the first's
+    (with --peer-blas both: what the shim does for mlx_lm.server), round by round, as median (min-max)."""
+    first, *others = peers
+    lines = ["tokens/s ratios against each peer, round by round, median (min-max) over the rounds:"]
+    for c in levels:
+        a = ol["levels"][c]
+        cells = [
+            f"onelane/{name} {span(Row.ratios(a, peer['levels'][c], tps), '{:.2f}')}x" for name, peer in peers.items()
+        ]
+        cells += [
+            f"{name}/{first} {span(Row.ratios(peers[name]['levels'][c], peers[first]['levels'][c], tps), '{:.2f}')}x"
+            for name in others
+        ]
+        lines.append(f"  c={c}: " + "; ".join(cells))
+    return lines
+
+
+def warn_unsettled(ol: dict[str, Any], peers: dict[str, dict[str, Any]], levels: list[int]) -> None:
     """The levels after which a server was still busy SETTLE_S later."""
     for clients in levels:
         if clients in ol["unsettled"]:
             print(f"onelane c={clients}: WARNING: queue not empty {SETTLE_S:.0f} s after a level ended")
-        if clients in base["unsettled"]:
-            print(f"mlx_lm.server c={clients}: WARNING: still generating {SETTLE_S:.0f} s after a level ended")
+        for name, peer in peers.items():
+            if clients in peer["unsettled"]:
+                print(f"{name} c={clients}: WARNING: still generating {SETTLE_S:.0f} s after a level ended")
 
 
-def side_by_side(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any]) -> None:
-    """The ignore-eos workload's medians over the rounds in one table, then where each server is ahead."""
-    rows = [(str(c), over_rounds(ol["levels"][c]), over_rounds(base["levels"][c])) for c in args.levels]
+def side_by_side(args: argparse.Namespace, ol: dict[str, Any], name: str, peer: dict[str, Any]) -> None:
+    """The ignore-eos workload's medians over the rounds in one table, onelane against the peer `name`, then where
+    each server is ahead."""
+    rows = [(str(c), over_rounds(ol["levels"][c]), over_rounds(peer["levels"][c])) for c in args.levels]
 
     def p50_ttft(series: list[Streamed]) -> float | None:
         firsts = [s.ttft for s in series if s.ttft is not None and s.error is None]
         return pct(firsts, 50) if firsts else None
 
     over = None
-    if ol["overload"] is not None and base["overload"] is not None:
+    if ol["overload"] is not None and peer["overload"] is not None:
         over = (
             overload_row(ol["overload"], ol["abandoned"].tokens),
-            overload_row(base["overload"], base["overload"]["write_errors"] * OVERLOAD_TOKENS),
+            overload_row(peer["overload"], peer["overload"]["write_errors"] * OVERLOAD_TOKENS),
         )
     print(
-        f"side by side, each cell `onelane | mlx_lm.server`, medians over {args.rounds} rounds (tok for gone "
-        "clients: onelane = completion tokens of jobs whose client timed out, from Redis; mlx_lm.server = answers "
-        f"finished for closed sockets x {OVERLOAD_TOKENS}, from its log)"
+        f"side by side, each cell `onelane | {name}` ({name}: {peer['blas']}), medians over {args.rounds} rounds "
+        f"(tok for gone clients: onelane = completion tokens of jobs whose client timed out, from Redis; {name} = "
+        f"answers finished for closed sockets x {OVERLOAD_TOKENS}, from its log)"
     )
-    print("\n".join(table(rows, (p50_ttft(ol["ttft"]), p50_ttft(base["ttft"])), over)))
+    print("\n".join(table(rows, (p50_ttft(ol["ttft"]), p50_ttft(peer["ttft"])), over)))
     print()
-    spreads = {str(c): ratios(ol["levels"][c], base["levels"][c]) for c in args.levels}
-    print("\n".join(verdict(rows, spreads, ol["overload"], ol["abandoned"], base["overload"])))
+    spreads = {str(c): ratios(ol["levels"][c], peer["levels"][c]) for c in args.levels}
+    print("\n".join(verdict(rows, spreads, ol["overload"], ol["abandoned"], peer["overload"], name)))
 
 
-def overload_report(ol: dict[str, Any], base: dict[str, Any]) -> None:
+def overload_report(ol: dict[str, Any], peers: dict[str, dict[str, Any]]) -> None:
     if ol["overload"] is not None:
         print()
         print("\n".join(onelane_overload_lines(ol["overload"], ol["abandoned"])))
-    if base["overload"] is not None:
-        print()
-        print("\n".join(overload_lines(base["overload"])))
+    for name, peer in peers.items():
+        if peer["overload"] is not None:
+            print()
+            print("\n".join(f"{name} {line}" for line in overload_lines(peer["overload"])))
 
 
 def closing(ol: dict[str, Any], wall: float) -> None:
@@ -552,38 +664,53 @@ def closing(ol: dict[str, Any], wall: float) -> None:
     print(f"total {time.monotonic() - wall:.1f} s")
 
 
-def stream_report(args: argparse.Namespace, ol: dict[str, Any], base: dict[str, Any], load: float, wall: float) -> None:
-    """The streaming workload: each round's levels, the overload probes, then per level the medians and ratios."""
+def stream_report(
+    args: argparse.Namespace,
+    ol: dict[str, Any],
+    peers: dict[str, dict[str, Any]],
+    engine: dict[int, list[MixLevel]],
+    load: float,
+    wall: float,
+) -> None:
+    """The streaming workload: each round's levels, the overload probes, then per level and per peer the medians
+    and ratios."""
     levels = args.levels
     n = args.plain + args.streamed
     print(
-        f"onelane vs mlx_lm.server, streaming workload: model {model_label(args)}; closed-loop clients, each sending "
-        f"{args.plain} plain and {args.streamed} streamed chat requests (requests {sorted(i + 1 for i in streamed_at(args.plain, args.streamed))} "
+        f"onelane vs {' and '.join(peers)}, streaming workload: model {model_label(args)}; closed-loop clients, each "
+        f"sending {args.plain} plain and {args.streamed} streamed chat requests (requests {sorted(i + 1 for i in streamed_at(args.plain, args.streamed))} "
         f"of {n} stream; at a level of fewer than {MIN_LEVEL_REQUESTS} requests in all, each client sends its {n} again, until it has) of prompts of its own, temperature 0, natural stops, max_tokens {args.max_tokens}, a fresh "
         f"connection each; {args.rounds} rounds, the order rotating; {os.cpu_count()} CPUs, load average {load:.2f} "
         f"before, {os.getloadavg()[0]:.2f} after"
     )
     print(
         f"onelane: ONELANE_MAX_BATCH={args.batch}, prefix cache {'off' if args.no_prefix_cache else 'on'}; worker "
-        f"(supervised) + web (gunicorn gevent), ready in {ol['ready_s']:.1f} s. mlx_lm.server: --decode-concurrency 32 "
-        "(its default), its prompt cache on. "
+        f"(supervised) + web (gunicorn gevent), ready in {ol['ready_s']:.1f} s. {' and '.join(peers)}: "
+        "--decode-concurrency 32 (its default), its prompt cache on. "
         + ("No bare engine (--no-engine)." if args.no_engine else "Bare engine: this process, the same batch bound.")
     )
+    print("\n".join(blas_lines(ol, peers)))
     print("TTFT: from sending the request (connecting included) to the first non-empty content chunk.")
-    engine = base["engine"]
     for r in range(args.rounds):
         print(f"\n-- round {r + 1}")
         for clients in levels:
-            for side in (ol["levels"][clients], base["levels"][clients], engine[clients]):
+            for side in (ol["levels"][clients], *(p["levels"][clients] for p in peers.values()), engine[clients]):
                 if len(side) > r:
                     print("\n".join(mix_level_lines(side[r])))
-    warn_unsettled(ol, base, levels)
-    overload_report(ol, base)
-    rows = [Row(c, ol["levels"][c], base["levels"][c], engine[c]) for c in levels]
-    print(f"\nper level over {args.rounds} rounds: median (min-max); ratios round by round")
-    print("\n".join(summary_lines(rows, args.rounds)))
-    print()
-    print("\n".join(markdown(rows)))
+    warn_unsettled(ol, peers, levels)
+    overload_report(ol, peers)
+    for i, (name, peer) in enumerate(peers.items()):
+        # (the bare engine's lines, queue efficiency, do not depend on the peer: with the first peer only)
+        rows = [Row(c, ol["levels"][c], peer["levels"][c], engine[c] if i == 0 else []) for c in levels]
+        print(
+            f"\nonelane vs {name} (BLAS: {peer['blas']}), per level over {args.rounds} rounds: median (min-max); ratios round by round"
+        )
+        print("\n".join(renamed(summary_lines(rows, args.rounds), name)))
+        print()
+        print("\n".join(markdown(rows)))
+    if len(peers) > 1:
+        print()
+        print("\n".join(peer_ratio_lines(levels, ol, peers, lambda level: level.tps)))
     print()
     closing(ol, wall)
 
@@ -601,8 +728,8 @@ def main() -> None:
         preload_openblas()  # the bare engine runs in this process: on the BLAS onelane's workers get
     wall, load = time.monotonic(), os.getloadavg()[0]
     with bench_env(args.size, None if args.model == "random" else args.model) as settings:
-        ol, base = measure(settings, args)
-    (stream_report if stream else report)(args, ol, base, load, wall)
+        ol, peers, engine = measure(settings, args)
+    (stream_report if stream else report)(args, ol, peers, engine, load, wall)
 
 
 def parse_args() -> argparse.Namespace:
@@ -640,6 +767,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--no-prefix-cache", action="store_true", help="onelane with ONELANE_PREFIX_CACHE=0")
     parser.add_argument("--no-overload", action="store_true")
     parser.add_argument("--batch", type=int, default=Settings().max_batch, help="onelane's ONELANE_MAX_BATCH")
+    parser.add_argument(
+        "--peer-blas",
+        default="shim",
+        choices=[*BLAS_CHOICES, "both"],
+        help="mlx_lm.server's BLAS: shim (the default: OpenBLAS with onelane's shim ahead of it, the preload onelane's "
+        "worker gets; listed as mlx_lm.server+shim), stock (OpenBLAS alone; listed as mlx_lm.server), or both (two "
+        "peers, each in every round)",
+    )
     args = parser.parse_args()
     args.levels = [int(c) for c in args.levels.split(",")]
     if args.max_tokens is None:

@@ -1,6 +1,7 @@
 """mlx_lm.server (it ships with mlx-lm) as the baseline: started on the demo model, driven through
 /v1/chat/completions, probed with an overload burst, and printed. EOS is pushed down with logit_bias (it has no
-ignore_eos), so every answer is max_tokens long."""
+ignore_eos), so every answer is max_tokens long. Its BLAS is chosen (`blas`: stock OpenBLAS, or with onelane's shim
+ahead of it, as onelane's worker has) and read back from the running process (`loaded_blas`)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from bench import openai_load as load
 from bench.harness import START_S, answers, free_port, poll_until, spawn
 from bench.proc import proc_cpu, wait_idle
 from bench.report import summary
-from worker.blas import worker_env
+from worker.blas import SHIM_PREFIX, worker_env
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Server:
     process: subprocess.Popen[bytes]
     log_path: Path
     eos: int | None  # the EOS token its requests push down, if any
+    blas: str = ""  # what it asked for: "stock" or "shim" (see mlx_server); what it got is loaded_blas(pid)
 
 
 def eos_id(model_path: str) -> int:
@@ -52,19 +54,32 @@ def body(prompt: str, max_tokens: int, eos: int | None) -> dict[str, Any]:
     return request
 
 
+BLAS_CHOICES = ("stock", "shim")
+
+
 @contextmanager
-def mlx_server(model_path: str, log_path: Path, allow_eos: bool = False) -> Iterator[Server]:
+def mlx_server(
+    model_path: str, log_path: Path, allow_eos: bool = False, blas: str = "stock", var_dir: Path | None = None
+) -> Iterator[Server]:
     """`python -m mlx_lm server` on a free loopback port, answering and warm (two short completions) when yielded.
 
     It gets OpenBLAS preloaded on Linux when present, as onelane's workers do (MLX's bundled BLAS is several times
-    slower: a user who serves on a Linux CPU would preload it too), but not onelane's shim (worker/blas_shim.c),
-    which sends one-row products to the matrix-vector routine: that is onelane's own work, what it is measured with.
+    slower: a user who serves on a Linux CPU would preload it too; worker/blas.py worker_env, so ONELANE_OPENBLAS
+    in this environment applies to it too). `blas`: "stock" (the default) preloads OpenBLAS alone; "shim" puts
+    onelane's shim (worker/blas_shim.c, built into `var_dir`/lib, the log's folder unless given: the same file as a
+    worker's whose ONELANE_VAR_DIR that is) ahead of it, exactly the preload onelane's worker gets, so that a
+    comparison measures the servers and not the shim. The shim then runs at its built-in default, products of 1 to
+    4 rows to OpenBLAS's sgemv, which is what the worker does with ONELANE_GEMV on (the default); mlx_lm.server
+    cannot be told ONELANE_GEMV=false.
     """
+    if blas not in BLAS_CHOICES:
+        raise ValueError(f"blas must be one of {BLAS_CHOICES}, not {blas!r}")
     port = free_port()
     cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", model_path, "--host", "127.0.0.1", "--port", str(port)]
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # (this process may have the shim preloaded)
-    with spawn(cmd, log_path, worker_env(env, shim=False)) as process:
-        server = Server(f"http://127.0.0.1:{port}", process, log_path, None if allow_eos else eos_id(model_path))
+    env["ONELANE_VAR_DIR"] = str(var_dir or log_path.parent)  # (where worker_env builds the shim; mlx-lm ignores it)
+    with spawn(cmd, log_path, worker_env(env, shim=blas == "shim")) as process:
+        server = Server(f"http://127.0.0.1:{port}", process, log_path, None if allow_eos else eos_id(model_path), blas)
 
         def up() -> bool:
             if process.poll() is not None:
@@ -78,6 +93,30 @@ def mlx_server(model_path: str, log_path: Path, allow_eos: bool = False) -> Iter
             if not outcome.ok:
                 raise RuntimeError(f"warm-up request failed: {outcome.error}")
         yield server
+
+
+def loaded_blas(pids: Sequence[int]) -> str:
+    """Which BLAS the processes `pids` run on, read from /proc (their memory maps, and their LD_PRELOAD): "OpenBLAS
+    + onelane's shim", "OpenBLAS, no shim" or "MLX's own BLAS (no OpenBLAS loaded)", of the first that maps OpenBLAS
+    (e.g. a supervisor's worker), else of the first; "unknown (no /proc)" where that cannot be read."""
+    seen = []
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text(errors="replace")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        openblas = next((line.split()[-1] for line in maps.splitlines() if "libopenblas" in line), None)
+        shim = any(SHIM_PREFIX in line for line in maps.splitlines())
+        preload = next((e.decode(errors="replace")[11:] for e in environ if e.startswith(b"LD_PRELOAD=")), "")
+        preloaded = " ".join(Path(p).name for p in preload.split()) or "nothing"
+        if openblas is None:
+            seen.append(f"MLX's own BLAS (no OpenBLAS loaded; LD_PRELOAD {preloaded})")
+        else:
+            kind = "OpenBLAS + onelane's shim" if shim else "OpenBLAS, no shim"
+            seen.append(f"{kind} ({Path(openblas).parent.name}/{Path(openblas).name}; LD_PRELOAD {preloaded})")
+            return seen[-1]
+    return seen[0] if seen else "unknown (no /proc)"
 
 
 def load_level(server: Server, clients: int, max_tokens: int, requests: int = load.MIN_REQUESTS) -> load.Level:
