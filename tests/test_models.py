@@ -266,7 +266,7 @@ def test_batch_work_waits_for_interactive_work_but_is_not_starved(settings, stor
     fair = Store(store.redis, s)
     batch = [admit(fair, "night", s.model_name, n, priority="batch") for n in range(3)]
     interactive = [admit(fair, "day", s.model_name, n) for n in range(10)]
-    start_worker(batch_cost=4)
+    start_worker(batch_cost=4, preempt_limit=0)  # (the share alone: a preempted job's start moves; test_preemption)
 
     order = run_order(fair, batch + interactive)
 

@@ -8,22 +8,24 @@ alone first (one more forward over the model's weights per join, ~65 ms on SmolL
 decode step at 8 sequences takes ~100 ms); here it costs a row (bench/join_cost.py measures both).
 
 A step, in order:
-1. decode: the tokens waiting to be read (each generating sequence's last draw; each newcomer's last prompt token)
-   go through the model together; the draws for the next step are started on the device (not waited for);
-2. the tokens drawn in the step before are read: a sequence's token is emitted, and it ends on a stop token (its KV
-   state, which holds every token it emitted, is given back) or at its max_tokens: a sequence whose draw being read
-   is its last leaves before step 1, so that no forward pass draws it a token nobody reads (mlx-lm's
-   BatchGenerator draws one); its KV state holds every token but that last one;
-3. prefill: the sequences reading their prompts (at most `prefill_batch` at once, in order of arrival) read their
+1. read: the tokens the decode rows drew in the step before (computed by now: the loop handled the step's output
+   meanwhile) are read and emitted; a sequence whose token is a stop token or its max_tokens-th leaves now, its
+   KV state (every token but that last one) given back, so that no forward pass draws it a token nobody reads
+   (mlx-lm's BatchGenerator draws one);
+2. prefill: the sequences reading their prompts (at most `prefill_batch` at once, in order of arrival) read their
    next chunk of at most `prefill_step` tokens each, side by side (padded to the longest chunk); those with only
    their last token left join the decode rows. While rows decode, with a `decode_floor` (tokens per second), the
    chunks of long prompts are sized so that a step takes at most 1 / decode_floor: after each such step they grow
    or shrink by the ratio of that bound to the step's time (at most doubling; 16 tokens at least, so that a prompt
    always progresses), so long prompts read beside the streams slow them to the floor at worst, however many
    arrive. A prompt of one chunk (`prefill_step` tokens or fewer: a question) reads whole in one step: a crowd of
-   questions arriving may slow the streams for the steps that read them, not longer. A prompt with images reads beside them, one at a time, in chunks of
-   its input embeddings (its images as the vision model sees them, computed as its first chunk is read): the others
-   go on decoding while it reads, and it joins the decode rows as any other.
+   questions arriving may slow the streams for the steps that read them, not longer. A prompt with images reads
+   beside them, one at a time, in chunks of its input embeddings (its images as the vision model sees them,
+   computed as its first chunk is read): the others go on decoding while it reads, and it joins the decode rows as
+   any other;
+3. decode: what each decode row reads next (its token just read; a newcomer's last prompt token) goes through the
+   model together, and the draws are started on the device, not waited for. A newcomer's first token is thus
+   drawn in the very step its prompt is read, and emitted at the start of the next one.
 
 Per sequence: its sampler, its logits processors (called with every token in its KV cache and the one being read),
 its stop tokens and its max_tokens.
@@ -73,7 +75,6 @@ class Row:
     processors: Sequence[Processor]
     stops: frozenset[int]
     generated: int = 0
-    emits: bool = False  # whether the token it reads in the next decode step is one it drew (else: its prompt's)
     # a prompt with images (worker/vision.py): the input embeddings of its unread tokens but the last, and their ids
     # as the model knows them (its own `unread` names each image's tokens by the image's digest)
     embeds: mx.array | Embeds | None = None
@@ -240,12 +241,16 @@ class ContinuousBatch:
             self.work.steps += 1
             began = started = time.perf_counter()
             decoding = bool(self._rows)
-            emitted = self._decode() if decoding else []
+            emitted = self._read() if decoding else []
             self.work.decode_s += time.perf_counter() - started
             started = time.perf_counter()
             cap = self.chunk if decoding and self.decode_floor else self.prefill_step
             read = self._prefill(cap) + self._see(cap)
             self.work.prefill_s += time.perf_counter() - started
+            started = time.perf_counter()
+            if self._rows:
+                self._draw()
+            self.work.decode_s += time.perf_counter() - started
         if read and decoding and self.decode_floor:
             self._fit_chunk(time.perf_counter() - began)
         return emitted
@@ -256,47 +261,30 @@ class ContinuousBatch:
         scaled = int(self.chunk * min(2.0, 1 / (self.decode_floor * max(step_s, 1e-6))))
         self.chunk = max(MIN_CHUNK, min(self.prefill_step, scaled))
 
-    def _decode(self) -> list[Emitted]:
-        reading, rows = self._next, self._rows
-        assert reading is not None
-        # the rows whose draw being read is their last (max_tokens): they leave before the forward pass, which would
-        # draw them a token nobody reads; their KV state holds every token but that last one
-        leaving = {
-            i: self._take(self._cache, i, copy=len(rows) > 1)
-            for i, r in enumerate(rows)
-            if r.emits and r.generated + 1 >= r.max_tokens
-        }
-        if leaving:
-            self._keep_rows([i for i in range(len(rows)) if i not in leaving])
-        if self._rows:
-            self._draw()
-        read = reading.tolist()  # drawn in the step before (or a prompt's last token): computed by now
-        emitted, gone = [], set()
-        for i, (row, token) in enumerate(zip(rows, read)):
-            if i in leaving:
-                row.generated += 1
-                reason = "stop" if token in row.stops else "length"
-                emitted.append(Emitted(row.uid, token, reason, leaving[i], list(row.tokens)))
-                continue
-            row.tokens.append(token)
-            if not row.emits:  # its prompt's last token: its first draw is read in the next step
-                row.emits = True
-                continue
+    def _read(self) -> list[Emitted]:
+        """The tokens the decode rows drew in the step before (computed by now): each is emitted; a row whose token
+        is a stop token or its max_tokens-th leaves, its KV state (which holds every token but that last one)
+        given back, before any forward pass draws it a token nobody reads; the others read theirs in this step's."""
+        assert self._next is not None
+        drawn = self._next.tolist()
+        emitted, stay = [], []
+        for i, (row, token) in enumerate(zip(self._rows, drawn)):
             row.generated += 1
-            if token not in row.stops:
+            reason = "stop" if token in row.stops else "length" if row.generated >= row.max_tokens else None
+            if reason is None:
                 emitted.append(Emitted(row.uid, token))
+                stay.append(i)
                 continue
-            j = next(j for j, r in enumerate(self._rows) if r.uid == row.uid)
-            emitted.append(Emitted(row.uid, token, "stop", self._take(self._cache, j, len(self._rows) > 1), row.tokens))
-            gone.add(row.uid)
+            cache = self._take(self._cache, i, copy=len(self._rows) > 1)
+            emitted.append(Emitted(row.uid, token, reason, cache, list(row.tokens)))
         self.work.generated_tokens += len(emitted)
-        if gone:
-            self._keep_rows([j for j, r in enumerate(self._rows) if r.uid not in gone])
+        if len(stay) < len(self._rows):
+            self._keep_rows(stay)
         return emitted
 
     def _draw(self) -> None:
         """The decode rows' next tokens, started on the device (not waited for): the forward pass over what each
-        reads next, its logits processors, its sampler."""
+        reads (its last draw, or a newcomer's last prompt token), its logits processors, its sampler."""
         reading = self._next
         assert reading is not None
         logits = self.model(reading[:, None], cache=self._cache)[:, -1, :]
@@ -310,6 +298,8 @@ class ContinuousBatch:
             drawn = mx.concatenate([s(logprobs[i : i + 1]) for i, s in enumerate(samplers)])
         mx.async_eval(drawn)
         self._next = drawn
+        for row, token in zip(self._rows, reading.tolist()):  # (known already: draws read, or prompts' tokens)
+            row.tokens.append(token)
 
     def _processed(self, i: int, logits: mx.array, reading: mx.array) -> mx.array:
         row = self._rows[i]
