@@ -6,7 +6,10 @@ a job ends, its slot frees, and the next waiting job in fair order joins, if the
 prefill (the part of its prompt a prefix cache does not hold); a job of another model waits for the batch to drain
 (jobs of the running model may go ahead of it for ONELANE_MODEL_SWITCH_WAIT_S, as claim.lua lets them) and for its
 model to load. A job's expected length is what recent answers of its model suggest: answers stop by themselves
-before max_tokens more often than not.
+before max_tokens more often than not. Interactive work does not wait behind batch work (worker/runner.py): when a
+batch is full and holds a batch-class job set aside fewer than ONELANE_PREEMPT_LIMIT times, the first interactive
+job of its model within the first 64 waiting takes its slot between two steps, and the batch-class job goes back to
+the front of the line, keeping its tokens.
 
 The snapshot it reads is taken in one Lua call (eta_snapshot in tasks/lua/common.lua); everything here is plain
 arithmetic on it, so a forecast costs Redis one round trip whatever the queue's length.
@@ -16,12 +19,14 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import Any
 
 from tasks.settings import PREFILL_BATCH
 
 LIMIT = 1000  # waiting jobs played forward; the start of one further back is extrapolated from theirs
+LOOK = 64  # how far into the fair order a claim looks for a job that goes ahead of the head (claim.lua)
 # a pace before any step of the model was measured (a worker times a model's steps as it loads it: so, of a model
 # never loaded yet): step s, per sequence, per token
 FALLBACK = (0.05, 0.005, 0.0005)
@@ -97,13 +102,26 @@ class Waiting:
     ignore_eos: bool
     prompt_chars: int
     cached_chars: int  # of its prompt, what a device's prefix cache probably holds (its history)
+    batch: bool = False  # a batch-class job: an interactive one may set it aside when it runs (preemption)
+    preemptions: int = 0  # the times it was set aside so far
+    interactive: bool = True  # it may take a batch-class job's slot (not a batch, side or solo job)
+    prompt_tokens: int = 0  # its prompt in tokens, when known (a run the forecast set aside); else from prompt_chars
+    kept: bool = False  # its prompt and tokens so far are in a prefix cache (a run the forecast set aside)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Run:
     left: float  # tokens
     model: str
     kv: int  # the KV tokens it may come to hold: prompt + max_tokens
+    job: Waiting  # what it goes back to the queue as, should it be set aside
+    prompt: int = 0  # its prompt's tokens
+    done: float = 0.0  # the tokens it has generated (in all its runs)
+
+    @property
+    def tokens(self) -> float:
+        """What setting it aside costs: the KV state it holds, to keep and to read again (worker/runner.py)."""
+        return self.prompt + self.done
 
 
 @dataclass
@@ -157,6 +175,9 @@ class Snapshot:
                 bool(w["ignore_eos"]),
                 int(w["prompt_chars"]),
                 int(w["cached_chars"]),
+                bool(w.get("batch")),
+                int(w.get("preemptions") or 0),
+                bool(w.get("interactive", not w.get("batch"))),
             )
             for w in _list(data, "waiting")
         ]
@@ -178,17 +199,49 @@ def padded(prompts: list[int]) -> int:
 @dataclass(frozen=True)
 class Rules:
     """The settings a forecast plays by: the worker's slots when none reports them, its KV budget, the switch wait,
-    and the most prompt tokens one step reads (a job joins between two steps)."""
+    the most prompt tokens one step reads (a job joins between two steps), and how many times a batch-class job may
+    be set aside for interactive work (ONELANE_PREEMPT_LIMIT; 0: never)."""
 
     slots: int
     kv_budget: int
     switch_wait_s: float
     step_prefill: int = 128 * PREFILL_BATCH
+    preempt_limit: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A forecast: when each waiting job should start (`starts`, in seconds from now), and in which turn of the
+    play it starts (`turns`), both in fair order."""
+
+    starts: list[float]
+    turns: list[int]
+    in_order: bool = True  # they start in fair order (the common case: each one's position is its rank)
+
+    def eta(self, position: int) -> float:
+        return eta_at(self.starts, position)
+
+    def position(self, rank: int) -> int:
+        """1 + the jobs that start before the job at `rank` in the fair order (1: its head): its rank, less the jobs
+        ahead of it that start after it (it passes them: an interactive job that takes a batch-class job's slot, a
+        job of the batch's model that passes a head waiting for its own model). A rank past those played forward
+        is itself."""
+        if self.in_order or rank > len(self.turns):
+            return rank
+        turn, start = self.turns[rank - 1], self.starts[rank - 1]
+        return rank - sum(1 for j in range(rank - 1) if self.turns[j] > turn and self.starts[j] > start)
 
 
 def forecast(snapshot: Snapshot, rules: Rules) -> list[float]:
     """When each of the snapshot's waiting jobs should start, in seconds from now, in fair order."""
-    return _Forecast(snapshot, rules).run()
+    return plan(snapshot, rules).starts
+
+
+def plan(snapshot: Snapshot, rules: Rules) -> Plan:
+    """The forecast, with the order the snapshot's waiting jobs start in."""
+    play = _Forecast(snapshot, rules)
+    starts = play.run()
+    return Plan(starts, play.turns, all(turn == n for n, turn in enumerate(play.turns)))
 
 
 def eta_at(starts: list[float], position: int) -> float:
@@ -223,8 +276,11 @@ class _Forecast:
             # a job joins between two steps: after the one going on now, which may be reading prompts (at most
             # step_prefill tokens of them)
             device.step_ends = min(device.busy_s, self.rules.step_prefill * speed.per_prompt_token_s)
-        self.waiting = deque(enumerate(snapshot.waiting))
+        self.waiting = deque(enumerate(snapshot.waiting))  # (the index of a job set aside in the play: -1)
+        self.asked = len(snapshot.waiting)  # the snapshot's waiting jobs not started yet
         self.starts = [0.0] * len(snapshot.waiting)
+        self.turns = [0] * len(snapshot.waiting)
+        self.turn = 0
         self.blocked = snapshot.blocked
         self.blocked_since = -snapshot.blocked_s  # (sim time: 0 is now)
         self.t = 0.0
@@ -268,37 +324,62 @@ class _Forecast:
         elif done > 1 and float(r["generating_s"]) > 0 and model not in device.seen:
             step_s = float(r["generating_s"]) / (done - 1)  # (its first token came with its prompt)
             device.seen[model] = Speed(step_s, 0.0, step_s * FALLBACK[2] / FALLBACK[0])
-        device.runs.append(_Run(left, model, prompt + max_tokens))
+        # what it goes back to the queue as, should it be set aside (its tokens so far are added then)
+        job = Waiting(
+            f"running:{len(device.runs)}:{r.get('device') or ''}",
+            model,
+            max_tokens,
+            0,
+            bool(r["ignore_eos"]),
+            int(r["prompt_chars"]),
+            0,
+            bool(r.get("batch")),
+            int(r.get("preemptions") or 0),
+            False,
+            prompt,
+        )
+        device.runs.append(_Run(left, model, prompt + max_tokens, job, prompt, float(done)))
 
     def run(self) -> list[float]:
-        while self.waiting:
+        while self.asked:
             self._join()
-            if not self.waiting:
+            if not self.asked:
                 break
             if not self._advance():  # nothing runs and nothing could join: it cannot be played on
                 break
         for index, _ in self.waiting:  # (only when nothing moves: start them now)
-            self.starts[index] = self.t
+            if index >= 0:
+                self.starts[index], self.turns[index] = self.t, self.turn
+                self.turn += 1
         return self.starts
 
     def _join(self) -> None:
-        """Every waiting job that can join a batch now joins it, in fair order."""
+        """Every waiting job that can join a batch now joins it, in fair order; an interactive one may take a
+        batch-class job's slot."""
         progress = True
-        while progress and self.waiting:
+        while progress and self.asked:
             progress = False
             for device in self.devices.values():
                 picked = self._pick(device)
                 if picked is not None:
                     self._start(device, picked)
-                    progress = True
-                    if not self.waiting:
-                        return
+                elif (urgent := self._urgent(device)) is not None:
+                    self._start(device, *urgent)
+                else:
+                    continue
+                progress = True
+                if not self.asked:
+                    return
+
+    def _cap(self, device: _Device, model: str) -> int:
+        """The jobs the device's batch holds at most (one, of a model whose jobs run alone)."""
+        known = self.models.get(device.model if device.runs else model)
+        return 1 if known is not None and known.alone else device.slots
 
     def _pick(self, device: _Device) -> int | None:
         """Where in the waiting line the next job this device takes now stands, if any."""
         _, head = self.waiting[0]
-        batch_model = self.models.get(device.model if device.runs else head.model)
-        if len(device.runs) >= (1 if batch_model is not None and batch_model.alone else device.slots):
+        if len(device.runs) >= self._cap(device, head.model):
             return None
         if not device.runs or device.model == head.model:
             return 0 if self._fits(device, head) else None
@@ -312,16 +393,50 @@ class _Forecast:
                 return place if self._fits(device, job) else None
         return None
 
-    def _fits(self, device: _Device, job: Waiting) -> bool:
-        if not device.runs:
+    def _urgent(self, device: _Device) -> tuple[int, list[_Run]] | None:
+        """When no job may join the device's batch as it is: the first interactive job of its model within the
+        first LOOK waiting, and the batch-class runs it sets aside to make room (the cheapest first, as few as it
+        takes; none if it fits as it is), if the batch holds any that may be (worker/runner.py, claim.lua)."""
+        victims = sorted(
+            (r for r in device.runs if r.job.batch and r.job.preemptions < self.rules.preempt_limit),
+            key=lambda r: r.tokens,
+        )
+        if not victims:
+            return None
+        _, head = self.waiting[0]
+        if head.model != device.model:  # (as in _pick) the head waits for its model: for the switch wait, at most
+            if self.blocked != head.id:
+                self.blocked, self.blocked_since = head.id, self.t
+            if self.t - self.blocked_since >= self.rules.switch_wait_s:  # then the batch drains
+                return None
+        place = next(
+            (
+                p
+                for p, (_, job) in enumerate(islice(self.waiting, LOOK))
+                if job.interactive and job.model == device.model
+            ),
+            None,
+        )
+        if place is None:
+            return None
+        job, cap = self.waiting[place][1], self._cap(device, device.model)
+        for n in range(len(victims) + 1):
+            if len(device.runs) - n < cap and self._fits(device, job, victims[:n]):
+                return place, victims[:n]
+        return None
+
+    def _fits(self, device: _Device, job: Waiting, without: list[_Run] | None = None) -> bool:
+        runs = [r for r in device.runs if r not in (without or ())]
+        if not runs:
             return True
         cost = self._prompt_tokens(job) + job.max_tokens
-        return (len(device.runs) + 1) * max(cost, *(r.kv for r in device.runs)) <= self.rules.kv_budget
+        return (len(runs) + 1) * max(cost, *(r.kv for r in runs)) <= self.rules.kv_budget
 
     def _prompt_tokens(self, job: Waiting) -> int:
-        return max(int(job.prompt_chars / self.lengths(job.model).chars_per_token), 1) + job.done
+        return (job.prompt_tokens or max(int(job.prompt_chars / self.lengths(job.model).chars_per_token), 1)) + job.done
 
-    def _start(self, device: _Device, place: int) -> None:
+    def _start(self, device: _Device, place: int, set_aside: list[_Run] | None = None) -> None:
+        """The job at `place` joins the device's batch; the runs `set_aside` leave it for the front of the line."""
         index, job = self.waiting[place]
         del self.waiting[place]
         if not device.runs and job.model not in device.loaded:  # it loads first
@@ -330,15 +445,25 @@ class _Forecast:
             device.loaded.add(job.model)
         speed, lengths = self.speed(device, job.model), self.lengths(job.model)
         # into an empty batch once its model is loaded; into a running one between two steps
-        self.starts[index] = self.t + device.busy_s if not device.runs else max(self.t, device.step_ends)
-        uncached = max(self._prompt_tokens(job) - int(job.cached_chars / lengths.chars_per_token), 1)
+        start = self.t + device.busy_s if not device.runs else max(self.t, device.step_ends)
+        if index >= 0:
+            self.starts[index], self.turns[index] = start, self.turn
+            self.turn += 1
+            self.asked -= 1
+        for r in reversed(set_aside or []):  # back to the queue at their old places: the front, with their tokens
+            device.runs.remove(r)
+            back = replace(r.job, done=int(r.done), preemptions=r.job.preemptions + 1, kept=True)
+            self.waiting.appendleft((-1, back))
+        cached = self._prompt_tokens(job) if job.kept else int(job.cached_chars / lengths.chars_per_token)
+        uncached = max(self._prompt_tokens(job) - cached, 1)
         if device.joining_at != self.t or len(device.joining) == PREFILL_BATCH:  # read side by side, padded
             device.joining, device.joining_at = [], self.t
         before = padded(device.joining)
         device.joining.append(uncached)
         device.busy_s += (padded(device.joining) - before) * speed.per_prompt_token_s
         left = lengths.left(job.max_tokens, job.done, job.ignore_eos)
-        device.runs.append(_Run(left, job.model, self._prompt_tokens(job) + job.max_tokens))
+        prompt = self._prompt_tokens(job) - job.done
+        device.runs.append(_Run(left, job.model, prompt + job.done + job.max_tokens, job, prompt, float(job.done)))
 
     def _advance(self) -> bool:
         """Play time on to the next job's end (on any device); False if nothing runs."""
@@ -358,6 +483,7 @@ class _Forecast:
             steps = (dt - owed) / self.speed(device, device.model).step(len(device.runs))
             for r in device.runs:
                 r.left -= steps
+                r.done += steps
             device.runs = [r for r in device.runs if r.left > 1e-6]
         self.t += dt
         return True

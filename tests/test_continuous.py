@@ -32,7 +32,7 @@ def greedy_alone(engine: Any, prompt: list[int], n: int) -> list[int]:
     return out
 
 
-def test_a_prompt_joining_a_decoding_batch_reads_its_last_token_in_the_next_decode_step(engine):
+def test_a_prompt_joining_a_decoding_batch_reads_its_last_token_as_a_row_of_the_same_steps_decode_pass(engine):
     # Given a batch decoding one sequence
     prompts = [engine.prompt_tokens(JobSpec(owner="t", model="m", prompt=p)) for p in ("a job waits", "then ends ok")]
     model = Counted(engine.model)
@@ -53,9 +53,9 @@ def test_a_prompt_joining_a_decoding_batch_reads_its_last_token_in_the_next_deco
         for e in batch.step():
             made[e.uid].append(e.token)
         steps.append(list(model.calls))
-    # Then the step it joins reads its prompt but its last token beside the decoding sequence's, and the next step
-    # reads that token as a second row of the decode pass: no forward pass of its own
-    assert steps[0] == [(1, 1), (1, len(prompts[1]) - 1)]
+    # Then the step it joins reads its prompt but its last token, and its decode pass reads that token as a second
+    # row beside the decoding sequence's: no forward pass of its own, and its first token drawn in that very step
+    assert steps[0] == [(1, len(prompts[1]) - 1), (2, 1)]
     assert steps[1] == [(2, 1)]
     assert all(len(calls) == 1 for calls in steps[1:-1])
     # and each sequence makes the tokens it makes alone

@@ -10,8 +10,11 @@ from typing import Any
 import pytest
 
 from tasks import keys
-from tasks.eta import Lengths, Rules, Snapshot, eta_at, forecast
-from tests.helpers import BUSY, EventStream, wait_event
+from tasks.eta import Lengths, Rules, Snapshot, eta_at, forecast, plan
+from tasks.job import JobSpec, SamplingParams
+from tasks.store import Store
+from tasks.store.jobs import Standing
+from tests.helpers import BUSY, EventStream, claim_now, wait_event
 from tests.test_stream import measured_pace
 from web.feed import REFRESH_S
 from web.follow import RETELL_S
@@ -109,6 +112,93 @@ def test_a_job_of_another_model_waits_for_the_batch_to_drain_and_its_model_to_lo
     taken = snapshot(running=running, waiting=[{"model": "other", "max_tokens": 10}, {"max_tokens": 10}], slots=4)
     assert forecast(taken, Rules(4, 65536, 10.0)) == pytest.approx([2.0 + 5.0, 0.0], abs=0.01)
     assert forecast(taken, Rules(4, 65536, 0.0)) == pytest.approx([2.0 + 5.0, 2.0 + 5.0 + 1.0], abs=0.01)
+
+
+BATCH = {"batch": True, "interactive": False}  # a batch-class job, as the snapshot tells it
+PREEMPT = Rules(1, 65536, 10.0, preempt_limit=2)
+
+
+def test_an_interactive_job_takes_a_batch_jobs_slot_at_the_next_step_and_the_batch_job_goes_on_later():
+    # one slot, held by a batch job with 20 tokens left; behind it wait a batch job, then an interactive one
+    taken = snapshot(running=[{"max_tokens": 30, "done": 10, **BATCH}], waiting=[{**BATCH}, {}])
+    # without preemption the interactive job waits for both: 2 s, then 1 s
+    assert forecast(taken, RULES) == pytest.approx([2.0, 3.0], abs=0.01)
+    # with it, it starts now; the batch job set aside goes back to the front keeping its tokens (20 left: 1 s of the
+    # interactive job's, then 2 s), and only then the waiting batch job starts
+    played = plan(taken, PREEMPT)
+    assert played.starts == pytest.approx([3.0, 0.0], abs=0.01)
+    assert [played.position(rank) for rank in (1, 2)] == [1, 1]  # nobody starts before it: its rank was 2
+
+    # a full batch of four: each interactive job starts after the step going on (a batch job reads its prompt:
+    # 0.5 s), not when batch jobs end (9.5 s)
+    reading = {"max_tokens": 100, "prompt_tokens": 700, "age": 0.2, **BATCH}
+    taken = snapshot(running=[reading] + [{"max_tokens": 100, "done": 10, **BATCH}] * 3, waiting=[{}] * 2, slots=4)
+    assert forecast(taken, Rules(4, 65536, 10.0)) == pytest.approx([9.5, 9.5], abs=0.01)
+    assert forecast(taken, Rules(4, 65536, 10.0, preempt_limit=2)) == pytest.approx([0.5, 0.5], abs=0.01)
+
+    # a batch full by the KV budget (room for two runs of 100 tokens), not by its slots, too
+    taken = snapshot(running=[{"max_tokens": 100, **BATCH}] * 2, waiting=[{"max_tokens": 100}], slots=4)
+    assert forecast(taken, Rules(4, 300, 10.0)) == pytest.approx([10.0], abs=0.01)
+    assert forecast(taken, Rules(4, 300, 10.0, preempt_limit=2)) == pytest.approx([0.0], abs=0.01)
+
+
+def test_the_batch_job_set_aside_is_the_cheapest():
+    # two slots: a batch job with a long prompt and 90 tokens to go, another with a short one and 10; the interactive
+    # job (1 s) sets the second aside (the fewest tokens to keep): it goes on at 1 s, ends at 2 s, and the batch job
+    # waiting takes its slot then (had the first been set aside, both slots would free at 1 s)
+    running = [{"max_tokens": 100, "done": 10, "prompt_tokens": 1000, **BATCH}, {"max_tokens": 60, "done": 50, **BATCH}]
+    taken = snapshot(running=running, waiting=[{}, {**BATCH}], slots=2)
+    assert forecast(taken, Rules(2, 65536, 10.0)) == pytest.approx([1.0, 2.0], abs=0.01)
+    assert forecast(taken, Rules(2, 65536, 10.0, preempt_limit=2)) == pytest.approx([0.0, 2.0], abs=0.01)
+
+
+def test_a_job_is_set_aside_only_if_it_is_batch_work_set_aside_fewer_times_than_the_limit():
+    def starts(running: dict[str, Any], waiting: dict[str, Any] | None = None, limit: int = 2) -> list[float]:
+        taken = snapshot(running=[{"max_tokens": 20, **running}], waiting=[waiting or {}])
+        return forecast(taken, Rules(1, 65536, 10.0, preempt_limit=limit))
+
+    assert starts(BATCH) == pytest.approx([0.0])  # it may be: the interactive job starts now
+    assert starts(BATCH, limit=0) == pytest.approx([2.0])  # preemption is off
+    assert starts({**BATCH, "preemptions": 2}) == pytest.approx([2.0])  # it was set aside as often as it may be
+    assert starts({**BATCH, "preemptions": 1}) == pytest.approx([0.0])
+    assert starts({}) == pytest.approx([2.0])  # interactive work is never set aside
+    assert starts(BATCH, BATCH) == pytest.approx([2.0])  # batch work takes no batch job's slot
+    assert starts(BATCH, {"interactive": False}) == pytest.approx([2.0])  # nor a side or solo job
+    assert starts(BATCH, {"model": "other"}) == pytest.approx([2.0 + 5.0])  # nor one of another model
+
+
+def test_the_snapshot_tells_batch_work_and_preemptions_and_the_forecast_plays_them(store):
+    # Given one slot (the tests' batch of 1) at 10 ms a step, held by a batch job with 98 tokens to go (about 1 s),
+    # a batch job waiting, and an interactive job admitted behind it
+    store.redis.hset(keys.model(store.settings.model_name), "pace", "[0.01, 0, 0.001]")
+    batch = JobSpec(owner="a", model=store.settings.model_name, prompt="p", priority="batch",
+                    params=SamplingParams(max_tokens=100, ignore_eos=True))  # fmt: skip
+    store.admit("job_running", batch, 60)
+    assert store.for_worker("w").take_device() == "ok" and claim_now(store, "w").id == "job_running"
+    store.for_worker("w").append("job_running", (1, 2), "ab", 10)
+    store.admit("job_batch", batch.model_copy(update={"params": SamplingParams(max_tokens=1)}), 60)
+    spec = JobSpec(owner="b", model=store.settings.model_name, prompt="q", params=SamplingParams(max_tokens=100))
+    asked = store.admit("job_asked", spec, 60)
+    assert store.redis.zrank(keys.QUEUE, "job_asked") == 1  # second in the fair order
+
+    # Then the snapshot tells which work is batch work, and the interactive job starts at the next step, first
+    raw, *_ = store.scripts.run("position", limit=10, ids=["job_asked"])
+    taken = Snapshot.parse(raw)
+    assert [(w.id, w.batch, w.interactive) for w in taken.waiting] == [
+        ("job_batch", True, False),
+        ("job_asked", False, True),
+    ]
+    assert [(r.get("batch"), r.get("preemptions", 0)) for r in taken.running] == [(True, 0)]
+    assert (asked.position, asked.eta_s) == (1, 0.0)
+
+    # And where batch work is never set aside, it waits its turn: the running job's 98 tokens, then the batch job's
+    never = Store(store.redis, store.settings.model_copy(update={"preempt_limit": 0}))
+    assert never.standing(asked) == Standing(2, pytest.approx(0.98 + 0.011, abs=0.005))
+    # once the running job was set aside as often as it may be, it waits for the running job to end (and then takes
+    # the slot of the batch job that took the slot first)
+    store.redis.hset(keys.job("job_running"), "preemptions", store.settings.preempt_limit)
+    assert Snapshot.parse(store.scripts.run("position", limit=10, ids=["job_asked"])[0]).running[0]["preemptions"] == 2
+    assert store.standing(asked) == Standing(2, pytest.approx(0.98, abs=0.005))
 
 
 def test_a_position_beyond_those_played_forward_is_extrapolated():

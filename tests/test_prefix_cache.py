@@ -290,5 +290,8 @@ def test_a_running_jobs_estimate_counts_only_the_prefill_still_to_do(cached, sto
     )  # as the worker does when it joins the batch
 
     behind = store.admit("job_next", spec.model_copy(update={"owner": "b"}), 60)
+    # (less what of its prefill it has done since it started: the forecast counts that time as read, and a loaded
+    # machine can take tens of milliseconds between the claim and this admission)
+    reading_s = time.time() - float(store.redis.hget(keys.job("job_long"), "started_at"))
     expected = (4000 - cached) / 1000 + 10 * 0.01
-    assert behind.position == 1 and behind.eta_s == pytest.approx(expected, abs=0.05)
+    assert behind.position == 1 and expected - reading_s - 0.05 <= behind.eta_s <= expected + 0.05

@@ -193,7 +193,10 @@ end
 -- What ETAs are forecast from (tasks/eta.py), as JSON, read in one go: the live devices (their slots, the model
 -- their batch runs, the models they hold, their measured pace), the running jobs, the first `upto` waiting jobs in
 -- fair order, what is known of each of their models (measured pace, last load time, the lengths of recent answers),
--- and the head that jobs of a ready model are passing over (claim.lua), since when.
+-- and the head that jobs of a ready model are passing over (claim.lua), since when. For preemption (claim.lua's
+-- first_interactive, worker/runner.py): a batch-class job (running or waiting) says `batch` and, once set aside,
+-- its `preemptions`; a waiting job that may take a batch-class job's slot says nothing, one that may not (a batch,
+-- side or solo job) `interactive = false` (each written only when so: the common case costs no bytes).
 local function eta_snapshot(t, upto)
   local devices, running, waiting, models = {}, {}, {}, {}
   local function know(model)
@@ -213,19 +216,24 @@ local function eta_snapshot(t, upto)
   end
   for _, id in ipairs(redis.call('ZRANGE', IN_PROGRESS, 0, -1)) do
     local f = redis.call('HMGET', JOB .. id, 'model', 'device', 'max_tokens', 'completion_tokens', 'prompt_tokens',
-      'cached_tokens', 'started_at', 'ignore_eos', 'prompt_chars', 'first_token_at')
+      'cached_tokens', 'started_at', 'ignore_eos', 'prompt_chars', 'first_token_at', 'class', 'preemptions')
     know(f[1])
     running[#running + 1] = {model = f[1] or '', device = f[2] or '', max_tokens = num(f[3]), done = num(f[4]),
       prompt_tokens = num(f[5]), cached_tokens = num(f[6]), age = t - (tonumber(f[7] or '') or t),
-      ignore_eos = f[8] == '1', prompt_chars = num(f[9]), generating_s = t - (tonumber(f[10] or '') or t)}
+      ignore_eos = f[8] == '1', prompt_chars = num(f[9]), generating_s = t - (tonumber(f[10] or '') or t),
+      batch = f[11] == 'batch' or nil, preemptions = num(f[12]) > 0 and num(f[12]) or nil}
   end
   for _, id in ipairs(upto > 0 and redis.call('ZRANGE', QUEUE, 0, upto - 1) or {}) do
     local f = redis.call('HMGET', JOB .. id, 'model', 'max_tokens', 'completion_tokens', 'ignore_eos', 'prompt_chars',
-      'history_chars', 'history')
+      'history_chars', 'history', 'class', 'preemptions', 'side', 'solo')
     know(f[1])
     local hit = f[7] and redis.call('EXISTS', AFFINITY .. f[7]) == 1 -- a device's prefix cache holds its history
-    waiting[#waiting + 1] = {id = id, model = f[1] or '', max_tokens = num(f[2]), done = num(f[3]),
+    local w = {id = id, model = f[1] or '', max_tokens = num(f[2]), done = num(f[3]),
       ignore_eos = f[4] == '1', prompt_chars = num(f[5]), cached_chars = hit and num(f[6]) or 0}
+    if f[8] == 'batch' or f[10] == '1' or f[11] == '1' then w.interactive = false end
+    if f[8] == 'batch' then w.batch = true end
+    if num(f[9]) > 0 then w.preemptions = num(f[9]) end
+    waiting[#waiting + 1] = w
   end
   local b = redis.call('HMGET', BLOCKED, 'id', 'since')
   return cjson.encode({devices = devices, running = running, waiting = waiting, models = models,

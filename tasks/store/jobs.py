@@ -42,8 +42,8 @@ VISITORS_PER_ADDRESS = 4  # local mode: browser visitors of one client address t
 
 @dataclass(frozen=True)
 class Standing:
-    """Where a waiting job stands: position 1 starts at the next free slot; eta_s is when it should start, in seconds
-    from now (tasks/eta.py)."""
+    """Where a waiting job stands: position is 1 + the jobs that start before it (1: it starts at the next free slot,
+    or takes a batch-class job's); eta_s is when it should start, in seconds from now (tasks/eta.py)."""
 
     position: int | None
     eta_s: float | None
@@ -160,11 +160,11 @@ class Store:
             raise ModelUnavailable(f"the model {spec.model!r} is unavailable: {rest[1]}", retry_after_s=rest[0])
         if verdict != "ok":  # no room: room for them all frees when the job at the position given starts
             position, snapshot, waiting = rest
-            retry_after_s = max(1, math.ceil(self._etas(snapshot, [int(position)], guess=True)[0] or 0))
+            retry_after_s = max(1, math.ceil(self._standings(snapshot, [int(position)], guess=True)[0][1] or 0))
             kind, why = _refusal(verdict, n, int(waiting), quota, s.max_queue)
             raise kind(f"{why}; try again later", retry_after_s=retry_after_s)
-        queued_at, deadline, snapshot, *positions = rest
-        etas = self._etas(snapshot, [int(p) for p in positions])
+        queued_at, deadline, snapshot, *ranks = rest
+        standings = self._standings(snapshot, [int(rank) for rank in ranks])
         return [
             Job(
                 id=job_id,
@@ -172,10 +172,10 @@ class Store:
                 status=JobStatus.QUEUED,
                 deadline=float(deadline),
                 timings=Timings(queued_at=float(queued_at)),
-                position=int(position),
+                position=position,
                 eta_s=eta_s,
             )
-            for (job_id, one), position, eta_s in zip(jobs, positions, etas)
+            for (job_id, one), (position, eta_s) in zip(jobs, standings)
         ]
 
     def _keep_images(self, spec: JobSpec, keep_s: int) -> None:
@@ -286,25 +286,28 @@ class Store:
         return self.get(job_id, owner)
 
     def standing(self, job: Job) -> Standing:
-        """Position and ETA of a waiting job: its rank in the fair order, and when it should start."""
+        """Position and ETA of a waiting job: 1 + the jobs that start before it, and when it should start."""
         return self.standings([job.id])[0]
 
     def standings(self, job_ids: list[str]) -> list[Standing]:
         """The standing of each job, in one call (Standing(None, None) for a job that does not wait)."""
-        snapshot, *positions = self.scripts.run("position", limit=eta.LIMIT, ids=job_ids)
-        waiting = [int(p) for p in positions if p]
-        etas = iter(self._etas(snapshot, waiting))
-        return [Standing(int(p), next(etas)) if p else Standing(None, None) for p in positions]
+        snapshot, *ranks = self.scripts.run("position", limit=eta.LIMIT, ids=job_ids)
+        standings = iter(self._standings(snapshot, [int(rank) for rank in ranks if rank]))
+        return [Standing(*next(standings)) if rank else Standing(None, None) for rank in ranks]
 
-    def _etas(self, snapshot: str, positions: list[int], guess: bool = False) -> list[float | None]:
-        """When the jobs at `positions` should start, forecast from a snapshot a script took (tasks/eta.py); None
-        while no worker holds a device (unless a `guess` will do: as if one took it now)."""
+    def _standings(self, snapshot: str, ranks: list[int], guess: bool = False) -> list[tuple[int, float | None]]:
+        """Where the jobs at `ranks` in the fair order stand, forecast from a snapshot a script took (tasks/eta.py):
+        1 + the jobs that start before each (its rank, less the jobs ahead of it that it passes: eta.Plan.position),
+        and when it should start; while no worker holds a device, its rank and no ETA (unless a `guess` will do: as
+        if one took it now)."""
         s, taken = self.settings, eta.Snapshot.parse(snapshot)
-        if not positions or not (taken.devices or guess):
-            return [None] * len(positions)
-        rules = eta.Rules(s.max_batch, s.kv_budget_tokens, s.model_switch_wait_s, s.prefill_step * PREFILL_BATCH)
-        starts = eta.forecast(taken, rules)
-        return [eta.eta_at(starts, p) for p in positions]
+        if not ranks or not (taken.devices or guess):
+            return [(rank, None) for rank in ranks]
+        rules = eta.Rules(
+            s.max_batch, s.kv_budget_tokens, s.model_switch_wait_s, s.prefill_step * PREFILL_BATCH, s.preempt_limit
+        )
+        played = eta.plan(taken, rules)
+        return [(played.position(rank), played.eta(rank)) for rank in ranks]
 
     def events(self, job_id: str, start: int = 0) -> list[Event]:
         """The job's durable events from index `start` on."""
