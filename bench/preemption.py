@@ -66,6 +66,7 @@ class Order:
     interactive: list[Streamed] = field(default_factory=list)
     fill_s: float | None = None  # from the first batch job sent until the batch was full and the rest waited
     batch_class: int = 0  # batch jobs whose record holds the batch class
+    preempted: list[int] = field(default_factory=list)  # each batch job's preemptions, by its record
     alive: bool = True
 
     def ttft(self, q: float) -> float | None:
@@ -154,6 +155,7 @@ def run(model: str, args: argparse.Namespace, name: str, limit: int) -> Order:
                 for thread in batch_threads + ask_threads:  # (each request is bounded by --timeout)
                     thread.join(args.timeout + 60)
                 order.batch_class = _batch_class(store, [o.job_id for o in order.batch if o.job_id])
+                order.preempted = _preemptions(store, [o.job_id for o in order.batch if o.job_id])
                 order.alive = stack.alive
             finally:
                 store.redis.close()
@@ -199,6 +201,14 @@ def _batch_class(store: Store, ids: list[str]) -> int:
     return sum(1 for cls in pipe.execute() if cls == "batch")
 
 
+def _preemptions(store: Store, ids: list[str]) -> list[int]:
+    """How many times each of these jobs was set aside for interactive work, by its record."""
+    pipe = store.redis.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.hget(keys.job(job_id), "preemptions")
+    return [int(n or 0) for n in pipe.execute()]
+
+
 def ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.0f}"
 
@@ -214,18 +224,22 @@ def order_lines(o: Order) -> list[str]:
     tokens = [x.completion_tokens for x in ok]
     fill = "did not fill" if o.fill_s is None else f"full {o.fill_s:.1f} s after the first batch job was sent"
     return [
-        f"    batch {fill}; interactive: TTFT p50 {ms(o.ttft(50))} ms, p99 {ms(o.ttft(99))} ms, max "
+        f"    batch {fill}; interactive: TTFT p50 {ms(o.ttft(50))} ms, p90 {ms(o.ttft(90))} ms, p99 {ms(o.ttft(99))} ms, max "
         f"{ms(o.ttft(100))} ms; answer p50 {ms(o.answer(50))} ms "
         f"({sum(1 for s in o.interactive if s.error is None)} of {len(o.interactive)} answered)",
         f"    batch jobs: total {secs(o.batch_total())} s (first sent to last answered), mean completion "
         f"{secs(o.batch_mean())} s, {len(ok)} of {len(o.batch)} answered, tokens each "
         f"{min(tokens, default=0)}-{max(tokens, default=0)}, {o.batch_class} in the batch class by their records; "
         f"failed {sum(failed.values())} ({kinds})" + ("" if o.alive else "; ! a process of the stack had exited"),
+        f"    preemptions: {sum(o.preempted)} in all; batch jobs set aside 0 / 1 / 2+ times: "
+        f"{sum(1 for n in o.preempted if n == 0)} / {sum(1 for n in o.preempted if n == 1)} / "
+        f"{sum(1 for n in o.preempted if n >= 2)}",
     ]
 
 
 FIGURES: list[tuple[str, Callable[[Order], float | None], float, str]] = [  # label, figure, scale, format
     ("interactive TTFT p50 (ms)", lambda o: o.ttft(50), 1e3, "{:.0f}"),
+    ("interactive TTFT p90 (ms)", lambda o: o.ttft(90), 1e3, "{:.0f}"),
     ("interactive TTFT p99 (ms)", lambda o: o.ttft(99), 1e3, "{:.0f}"),
     ("interactive TTFT max (ms)", lambda o: o.ttft(100), 1e3, "{:.0f}"),
     ("interactive answer p50 (ms)", lambda o: o.answer(50), 1e3, "{:.0f}"),
