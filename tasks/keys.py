@@ -50,15 +50,15 @@ BATCH_LOCK_PREFIX = NS + "batch-lock:"  # string, a few seconds: who runs the ba
 USER_BATCHES_PREFIX = NS + "batches:"  # sorted set: one user's batch ids by creation time (expired ids trimmed)
 BATCHES = NS + "batches"  # sorted set: the batches not ended yet, by creation time (the runners' work list)
 
-QUEUE = NS + "queue"  # sorted set: every waiting job id by its fair-queuing finish tag: the run order
+QUEUE = NS + "queue"  # sorted set: every waiting job id by its fair-queuing tag (common.lua queue_score): the run order
 WAITING = NS + "waiting"  # sorted set: every waiting job id by its deadline
 WATCHED = NS + "watched"  # sorted set: waiting watched job ids by when their watcher's lease lapses
-VIRTUAL_TIME = NS + "vtime"  # string: the finish tag of the job claimed last
+VIRTUAL_TIME = NS + "vtime"  # string: the start tag of the job claimed last
 NEXT_TAGS = NS + "next-tags"  # sorted set: flow (user, or "user|batch") by the start tag its next job gets at the
 #                               earliest (kept only while above the virtual time: a flow with nothing waiting or
 #                               just run has none)
 BLOCKED = NS + "blocked"  # hash: the head job that jobs of a loaded model went ahead of (id), and since when
-SEQUENCE = NS + "seq"  # string: admission counter, breaks ties between equal start tags
+SEQUENCE = NS + "seq"  # string: admission counter, breaks ties between equal tags
 QUEUE_MOVED = NS + "queue-moved"  # pub/sub: "the queue changed, recompute your position"
 IN_PROGRESS = NS + "in-progress"  # sorted set: running job ids by started_at
 DEVICE_PREFIX = NS + "device:"  # hash with a short TTL: the lease of the worker that owns a device

@@ -8,7 +8,7 @@ import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -148,10 +148,10 @@ class Settings(BaseModel):
     model_retry_s: float = Field(60.0, gt=0, le=86400)
     batch_cost: int = Field(10, ge=1, le=1000)
     # the fair order charges a flow what its jobs cost the device, in token units: a prompt token read (not from a
-    # prefix cache) at this weight, a generated token at the next (on the default model here, at a batch of 8, one
-    # costs the device about 4 prompt tokens' time: docs/operating.md)
+    # prefix cache) at this weight, a generated token at the next: "auto" is what one cost the device against a
+    # prompt token, at a full batch, as the model's workers measured it (4 until they have: docs/operating.md)
     fair_prompt_weight: float = Field(1.0, ge=0.001, le=1000)
-    fair_output_weight: float = Field(4.0, ge=0.001, le=1000)
+    fair_output_weight: Annotated[float, Field(ge=0.001, le=1000)] | Literal["auto"] = "auto"
     job_ttl_s: float = Field(600.0, gt=0, le=7 * 86400)
     result_ttl_s: int = Field(3600, ge=1, le=30 * 86400)
     max_tokens_limit: int = Field(4096, ge=1, le=1_000_000)

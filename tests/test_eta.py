@@ -11,7 +11,7 @@ import pytest
 
 from tasks import keys
 from tasks.eta import Lengths, Rules, Snapshot, eta_at, forecast, plan
-from tasks.job import JobSpec, SamplingParams
+from tasks.job import JobSpec, JobStatus, SamplingParams
 from tasks.store import Store
 from tasks.store.jobs import Standing
 from tests.helpers import BUSY, EventStream, claim_now, wait_event
@@ -169,15 +169,20 @@ def test_a_job_is_set_aside_only_if_it_is_batch_work_set_aside_fewer_times_than_
 
 def test_the_snapshot_tells_batch_work_and_preemptions_and_the_forecast_plays_them(store):
     # Given one slot (the tests' batch of 1) at 10 ms a step, held by a batch job with 98 tokens to go (about 1 s),
-    # a batch job waiting, and an interactive job admitted behind it
+    # a batch job waiting, and an interactive job admitted behind it (its user's last answer was long: 2,000 tokens)
     store.redis.hset(keys.model(store.settings.model_name), "pace", "[0.01, 0, 0.001]")
     batch = JobSpec(owner="a", model=store.settings.model_name, prompt="p", priority="batch",
                     params=SamplingParams(max_tokens=100, ignore_eos=True))  # fmt: skip
+    spec = JobSpec(owner="b", model=store.settings.model_name, prompt="q", params=SamplingParams(max_tokens=100))
     store.admit("job_running", batch, 60)
-    assert store.for_worker("w").take_device() == "ok" and claim_now(store, "w").id == "job_running"
+    store.admit("job_long", spec.model_copy(update={"params": SamplingParams(max_tokens=2000)}), 60)
+    assert store.for_worker("w").take_device() == "ok" and claim_now(store, "w").id == "job_long"
+    assert claim_now(store, "w").id == "job_running"
+    store.for_worker("w").finish(
+        "job_long", JobStatus.COMPLETED, finish_reason="length", prompt_tokens=1, completion_tokens=2000
+    )
     store.for_worker("w").append("job_running", (1, 2), "ab", 10)
     store.admit("job_batch", batch.model_copy(update={"params": SamplingParams(max_tokens=1)}), 60)
-    spec = JobSpec(owner="b", model=store.settings.model_name, prompt="q", params=SamplingParams(max_tokens=100))
     asked = store.admit("job_asked", spec, 60)
     assert store.redis.zrank(keys.QUEUE, "job_asked") == 1  # second in the fair order
 

@@ -1,13 +1,18 @@
 """Fair in what the device spends (issue 51): a flow is charged in token units, its prompt's tokens read and its
-answer's generated (each at its weight), estimated at admission and settled as the job ends, so a user of long
-prompts and long answers takes fewer turns than one of short questions; a job is charged only what it used."""
+answer's generated (each at its weight: the output weight, by default, as the device measured it), estimated at
+admission and settled as the job ends, so a user of long prompts and long answers takes fewer turns than one of
+short questions; a job is charged only what it used. The queue runs in start-tag order: a flow's next job waits for
+what its last one cost, its first job for nothing."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from tasks import keys
 from tasks.job import JobStatus
+from tasks.store.worker import BatchReport
 from tests.helpers import claim_now
 
 USERS = [{"name": "alice", "key": "ka" * 8}, {"name": "bob", "key": "kb" * 8}, {"name": "carol", "key": "kc" * 8}]
@@ -41,12 +46,14 @@ def order(store) -> list[str]:  # type: ignore[no-untyped-def]
 def test_a_user_of_long_prompts_and_answers_takes_fewer_turns_than_one_of_short_questions(jobs, store):
     # Given alice's jobs of 2,000-token prompts and 512-token answers, then bob's of short questions and answers
     long = [submit(jobs.client, "alice", LONG, 512) for _ in range(3)]
-    short = [submit(jobs.client, "bob", f"question {n}?", 64) for n in range(12)]
+    short = [submit(jobs.client, "bob", f"question {n}?", 64) for n in range(20)]
 
-    # Then bob's run first, as many as fit in what one of alice's costs (2,000 + 4 x 512 token units: about 13 of
-    # bob's 4 + 4 x 64), alice's one each that many, where a job-counting order would alternate
+    # Then alice's first runs first (nobody has been served yet), and her next only after as many of bob's as fit in
+    # what her first costs (2,000 + 4 x 512 token units: about 15 of bob's 16 + 4 x 64), where a job-counting order
+    # would alternate
     queue = order(store)
-    assert queue.index(long[0]) >= 10, queue
+    assert queue.index(long[0]) == 0
+    assert 13 <= queue.index(long[1]) <= 17, queue.index(long[1])
     assert [j for j in queue if j in long] == long and [j for j in queue if j in short] == short
 
 
@@ -56,7 +63,7 @@ def test_equal_jobs_still_take_turns_and_a_weight_of_2_takes_two_for_one(jobs, s
     c = [submit(jobs.client, "carol", "the same question", 32) for _ in range(8)]
     owner = {**dict.fromkeys(a, "a"), **dict.fromkeys(b, "b"), **dict.fromkeys(c, "c")}
     # (each costs 16 + 4 x 32 token units; carol's, of weight 2, half that: ties keep admission order)
-    assert "".join(owner[j] for j in order(store)) == "c" + "abcc" * 3 + "abc"
+    assert "".join(owner[j] for j in order(store)) == "abcc" * 4
 
 
 def test_a_job_is_charged_what_it_used_and_its_flows_waiting_jobs_move_by_the_difference(jobs, store):
@@ -74,10 +81,10 @@ def test_a_job_is_charged_what_it_used_and_its_flows_waiting_jobs_move_by_the_di
     assert worker.finish(long[0], JobStatus.COMPLETED, finish_reason="stop", prompt_tokens=20, completion_tokens=8)
 
     # Then it was charged 32 + 4 x 8 units (its 20 prompt tokens count as 2 steps of 16), not its estimate, and her
-    # next job moved ahead of bob's
+    # next job moved up to just behind bob's first (which cost 64 + 4 x 64 units, more than her first)
     assert int(store.redis.hget(keys.job(long[0]), "cost")) == 32 + 4 * 8
     after = order(store)
-    assert after.index(long[1]) == 0
+    assert after.index(long[1]) == 1 and after[0] == short[0]
     assert [j for j in after if j in short] == short  # bob's own order is his
     # And the flow's service is counted in token units, for /metrics
     assert store.redis.zscore(keys.SERVICE, "alice") == 32 + 4 * 8
@@ -97,3 +104,24 @@ def test_a_job_that_never_ran_is_charged_nothing(jobs, store):
     # Then nothing is charged for it, and her next job moves up as if it had never been sent
     assert store.redis.zscore(keys.SERVICE, "alice") is None
     assert order(store).index(second) == 0
+
+
+def test_the_output_weight_auto_is_what_a_token_cost_the_device_as_its_worker_measured_it(jobs, store):
+    # Given no pace measured yet: a generated token is charged 4 prompt tokens
+    first = submit(jobs.client, "alice", "a question", 100)
+    assert store.redis.hget(keys.job(first), "price").split(",")[1] == "4"
+    # When a worker with a batch of 8 reports the model's pace: a step's fixed cost 80 ms, 10 ms a sequence, 2 ms a
+    # prompt token (so a token of a full batch costs 10 + 80 / 8 = 20 ms: 10 prompt tokens' time)
+    pace = json.dumps({store.settings.model_name: [0.08, 0.01, 0.002]})
+    report = BatchReport(
+        batch=8, slots=8, tokens_per_s=1.0, steps=1, decode_s=0, prefill_s=0, prefill_tokens=0, pace=pace
+    )
+    assert store.for_worker("w1").take_device(report) == "ok"
+    # Then a job admitted now is priced and charged at 10 a generated token
+    second = submit(jobs.client, "alice", "a question", 100)
+    assert store.redis.hget(keys.job(second), "price").split(",")[1] == "10"
+    cost = lambda job_id: int(store.redis.hget(keys.job(job_id), "cost"))  # noqa: E731
+    assert cost(second) - cost(first) == (10 - 4) * 100
+    # And /metrics tells what a token costs now
+    metrics = jobs.client.get("/metrics").get_data(as_text=True)
+    assert f'onelane_model_token_cost{{model="{store.settings.model_name}"}} 10.0' in metrics

@@ -172,12 +172,21 @@ def _gauges(snap: Snapshot) -> Iterator[Metric]:
         labels=["model", "state"],
     )
     depth = GaugeMetricFamily("onelane_model_queue_depth", "Jobs waiting for each model.", labels=["model"])
+    cost = GaugeMetricFamily(
+        "onelane_model_token_cost",
+        "What a generated token costs the device against a prompt token read, at a full batch, as measured (the fair "
+        "order's output weight 'auto'); a model is listed once its pace is known.",
+        labels=["model"],
+    )
     for m in snap.models:
         for name in MODEL_STATES:
             state.add_metric([m.name, name], 1.0 if m.state == name else 0.0)
         depth.add_metric([m.name], m.queue_depth)
+        if m.token_cost is not None:
+            cost.add_metric([m.name], m.token_cost)
     yield state
     yield depth
+    yield cost
 
 
 #: The plain counters /metrics exposes: name -> (help, the keys.STATS field the scripts or Upkeep.count add to).
@@ -222,7 +231,8 @@ def _service(snap: Snapshot) -> Iterator[Metric]:
     service = CounterMetricFamily(
         "onelane_flow_service_tokens",
         "Token units each flow's ended jobs used: prompt tokens read (not from a prefix cache) times "
-        "ONELANE_FAIR_PROMPT_WEIGHT, plus generated tokens times ONELANE_FAIR_OUTPUT_WEIGHT (the fair order's charge).",
+        "ONELANE_FAIR_PROMPT_WEIGHT, plus generated tokens times ONELANE_FAIR_OUTPUT_WEIGHT (the fair order's charge; "
+        "'auto': as the worker measured it, onelane_model_token_cost).",
         labels=["flow"],
     )
     for flow, units in snap.service:

@@ -1,7 +1,11 @@
 -- Shared by every onelane script: tasks/scripts.py writes, in front of it, the constants (every key name and
 -- prefix of tasks/keys.py, and the other facts Python and Lua share) and the script's ARG, its arguments by name.
-local TIE = 1048576 -- queue score = finish tag (in token units) * TIE + admission counter (mod TIE); a score is
--- exact below 2^53, so tags are for 2^33 token units of service (the virtual time restarts when the queue is idle)
+local TIE = 1048576 -- queue score = place (in token units: queue_score) * TIE + admission counter (mod TIE); a
+-- score is exact below 2^53, so tags are for 2^33 token units of service (the virtual time restarts when the queue
+-- is idle)
+local TOKEN_COST = 4 -- the output weight 'auto' before the model's pace is known (ONELANE_FAIR_OUTPUT_WEIGHT) ...
+local TOKEN_COST_LEAST = 1 -- ... and the bounds of what it is measured to be (lease.lua)
+local TOKEN_COST_MOST = 100
 local PROMPT_STEP = 16 -- a prompt's tokens read are counted in steps of this many (estimate_units, charge_used)
 
 local function in_steps(tokens)
@@ -78,8 +82,16 @@ local function settle_if_idle()
   redis.call('DEL', VTIME, TAGS)
 end
 
-local function tag_of(score)
-  return math.floor(tonumber(score) / TIE)
+-- A waiting job's place in the queue, then admission order: an interactive job's start tag, a batch job's finish
+-- tag (start tag + cost), so that batch work yields to the interactive work that is as far along as it.
+local function queue_score(tag, class, cost, seq)
+  return (tag + (class == 'batch' and cost or 0)) * TIE + seq % TIE
+end
+
+-- What a generated token costs the device against a prompt token read, at a full batch, as the model's workers
+-- measured it (lease.lua), or TOKEN_COST before they have.
+local function token_cost(model)
+  return tonumber(redis.call('HGET', MODEL .. model, 'token_cost') or '') or TOKEN_COST
 end
 
 -- A flow is what takes turns: a user's interactive jobs, or their batch jobs ("user|batch").
@@ -124,7 +136,7 @@ local function move_flow(owner, class, tag, delta)
     local o = redis.call('HMGET', JOB .. other, 'class', 'model', 'tag')
     if flow_of(owner, o[1]) == flow and tonumber(o[3]) and tonumber(o[3]) > tag then
       local moved_tag = math.max(tonumber(o[3]) + delta, math.min(floor, tonumber(o[3])))
-      local score = moved_tag * TIE + tonumber(waiting[i + 1]) % TIE
+      local score = tonumber(waiting[i + 1]) + (moved_tag - tonumber(o[3])) * TIE
       redis.call('HSET', JOB .. other, 'tag', moved_tag, 'score', score)
       redis.call('ZADD', QUEUE, 'XX', score, other)
       redis.call('ZADD', UQ .. owner, 'XX', score, other)
@@ -266,22 +278,23 @@ local function dequeue(id, owner, model)
   redis.call('PUBLISH', MOVED, id)
 end
 
--- The start tag of a flow's next job is the finish tag of the last of its jobs that still counts: waiting, or
--- running. A job that left without running (cancelled, expired, its client gone) thus costs its flow no future
--- turn. A flow is kept only while that tag is above the virtual time (where a new flow starts anyway).
+-- The start tag of a flow's next job is the finish tag (start tag + cost) of the last of its jobs that still
+-- counts: waiting, or running. A job that left without running (cancelled, expired, its client gone) thus costs its
+-- flow no future turn. A flow is kept only while that tag is above the virtual time (where a new flow starts anyway).
 local function settle_tag(owner, class)
   local flow, last = flow_of(owner, class), nil
-  local waiting = redis.call('ZRANGE', UQ .. owner, 0, -1, 'WITHSCORES')
-  for i = #waiting - 1, 1, -2 do -- the flow's newest waiting job (the owner's other flow may be in between)
-    if flow_of(owner, redis.call('HGET', JOB .. waiting[i], 'class')) == flow then
-      last = tag_of(waiting[i + 1])
+  local waiting = redis.call('ZRANGE', UQ .. owner, 0, -1)
+  for i = #waiting, 1, -1 do -- the flow's newest waiting job (the owner's other flow may be in between)
+    local f = redis.call('HMGET', JOB .. waiting[i], 'class', 'tag', 'cost')
+    if flow_of(owner, f[1]) == flow and tonumber(f[2]) then
+      last = tonumber(f[2]) + (tonumber(f[3]) or 0)
       break
     end
   end
   for _, id in ipairs(redis.call('ZRANGE', IN_PROGRESS, 0, -1)) do
-    local f = redis.call('HMGET', JOB .. id, 'owner', 'class', 'tag')
+    local f = redis.call('HMGET', JOB .. id, 'owner', 'class', 'tag', 'cost')
     if f[1] == owner and flow_of(owner, f[2]) == flow and tonumber(f[3]) then
-      last = math.max(last or 0, tonumber(f[3]))
+      last = math.max(last or 0, tonumber(f[3]) + (tonumber(f[4]) or 0))
     end
   end
   if last and last > virtual_time() then
@@ -332,7 +345,7 @@ end
 local EXPIRED = 'the job waited past its deadline and was never started'
 local CLIENT_GONE = 'the client left before the job started'
 
--- Start a waiting job on `worker`: it leaves the queue, and the virtual time moves to its finish tag (never
+-- Start a waiting job on `worker`: it leaves the queue, and the virtual time moves to its start tag (never
 -- back: a requeued job keeps its old tag). A job that goes ahead of the head of the fair order (its model is ready,
 -- the head's is not) moves it no further than the head's start tag: else a newcomer would land behind every job
 -- of the head's flow that the passing jobs' tags overtook, where in fair order it lands behind one of each flow.
@@ -343,8 +356,7 @@ local function start(id, worker, device, run_life, t)
   local f = redis.call('HMGET', jkey, 'owner', 'tag', 'model')
   local tag, head = tonumber(f[2]), redis.call('ZRANGE', QUEUE, 0, 0)[1]
   if head and head ~= id then
-    local h = redis.call('HMGET', JOB .. head, 'tag', 'cost')
-    tag = math.min(tag, tonumber(h[1]) - (tonumber(h[2]) or 0))
+    tag = math.min(tag, tonumber(redis.call('HGET', JOB .. head, 'tag')))
   end
   dequeue(id, f[1], f[3])
   local vtime = math.max(virtual_time(), tag)

@@ -49,10 +49,18 @@ if ARG.batch ~= '' then
   stat('cache_disk_tokens', tonumber(ARG.cache_disk_tokens))
   redis.call('HSET', key, 'cache_bytes', ARG.cache_bytes, 'cache_entries', ARG.cache_entries)
   redis.call('HSET', key, 'step_s', ARG.step_s, 'step_limit', ARG.step_limit_s)
-  -- each model's pace as measured here, on the device and on the model (where it outlives the lease, for ETAs)
+  -- each model's pace as measured here, on the device and on the model (where it outlives the lease, for ETAs),
+  -- and what a generated token costs there against a prompt token read, at a full batch: its sequence's share of
+  -- a step and a step's fixed cost over the slots (the fair order's output weight 'auto': admit.lua)
   redis.call('HSET', key, 'pace', ARG.pace)
+  local slots = math.max(tonumber(ARG.slots) or 1, 1)
   for model, speed in pairs(cjson.decode(ARG.pace)) do
     redis.call('HSET', MODEL .. model, 'pace', cjson.encode(speed))
+    local step, sequence, prompt = tonumber(speed[1]), tonumber(speed[2]), tonumber(speed[3])
+    if step and sequence and prompt and prompt > 0 then
+      local cost = math.min(math.max((sequence + step / slots) / prompt, TOKEN_COST_LEAST), TOKEN_COST_MOST)
+      redis.call('HSET', MODEL .. model, 'token_cost', string.format('%.2f', cost))
+    end
     redis.call('EXPIRE', MODEL .. model, MODEL_RECORD_TTL)
   end
 end

@@ -50,6 +50,9 @@ class ModelState:
     error: str | None = None  # why it failed to load
     retry_in_s: float | None = None  # when a failed model is tried again
     batching: str | None = None  # `batched` or `alone` (one sequence at a time), as its last load found; None before
+    token_cost: float | None = (
+        None  # a generated token's cost in prompt tokens read, as measured (lease.lua); None before
+    )
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,7 @@ def _model_state(name: str, depth: int, record: dict[str, str], workers: list[De
         record.get("error") or None if state == "failed" else None,
         round(retry_at - now, 3) if state == "failed" else None,
         shared_as(record.get("batching")),
+        float(record["token_cost"]) if record.get("token_cost") else None,
     )
 
 
