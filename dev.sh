@@ -51,7 +51,7 @@ agents() {  # npm's agent clients in .tools/agents (installed again when AGENT_C
 openblas() {  # MLX's Linux CPU build bundles a slow BLAS; the worker preloads Debian's OpenBLAS when present
     [ "$(uname)" = Linux ] || return 0
     ls /usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0 >/dev/null 2>&1 || apt_install libopenblas0-pthread || true
-    command -v cc >/dev/null 2>&1 || apt_install gcc libc6-dev || true  # builds worker/blas_shim.c (worker/blas.py)
+    command -v cc >/dev/null 2>&1 || apt_install gcc libc6-dev || true  # builds worker/blas/shim.c (worker/blas/)
 }
 
 command="${1:-}"

@@ -87,7 +87,7 @@ def main() -> None:
     library = openblas_path()
     if library is None:
         sys.exit("OpenBLAS not found: apt-get install libopenblas0-pthread")
-    from worker.demo_model import make_demo_model
+    from worker.demo_build.model import make_demo_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model = str(make_demo_model(Path(tmp) / "model", size=args.size))

@@ -13,7 +13,7 @@ figure, the overload probe):
 the folder both servers load; `demo` is worker/demo; `random` a random model of `--size`.
 
 `--peer-blas` is the BLAS mlx_lm.server runs on (bench/mlx_server.py). `shim` (the default): the preload onelane's
-worker gets, Debian's OpenBLAS with onelane's shim (worker/blas_shim.c) ahead of it, so that the ratio is the queue's
+worker gets, Debian's OpenBLAS with onelane's shim (worker/blas/shim.c) ahead of it, so that the ratio is the queue's
 and its scheduler's, not the shim's; the peer is listed as `mlx_lm.server+shim`. `stock`: OpenBLAS alone, listed as
 `mlx_lm.server` (the comparison before this option). `both`: the two peers up side by side, each measured in every
 round, and the ratios printed against each (and the shim's own effect on the peer, one peer over the other). The

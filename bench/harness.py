@@ -59,7 +59,7 @@ def private_redis() -> Iterator[tuple[Path, str]]:
 def bench_env(size: str = "tiny", model: str | None = None, **overrides: object) -> Iterator[Settings]:
     """A fresh Redis and a model: `model` as a benchmark's `--model` names it (see model_folder), or a random demo
     model of `size`; yields Settings pointing at both (their folder is `var_dir`)."""
-    from worker.demo_model import make_demo_model
+    from worker.demo_build.model import make_demo_model
 
     with private_redis() as (folder, url):
         path = model_folder(model, folder) if model else make_demo_model(folder / f"model-{size}", size=size)

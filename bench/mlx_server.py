@@ -64,9 +64,9 @@ def mlx_server(
     """`python -m mlx_lm server` on a free loopback port, answering and warm (two short completions) when yielded.
 
     It gets OpenBLAS preloaded on Linux when present, as onelane's workers do (MLX's bundled BLAS is several times
-    slower: a user who serves on a Linux CPU would preload it too; worker/blas.py worker_env, so ONELANE_OPENBLAS
+    slower: a user who serves on a Linux CPU would preload it too; worker/blas/ worker_env, so ONELANE_OPENBLAS
     in this environment applies to it too). `blas`: "stock" (the default) preloads OpenBLAS alone; "shim" puts
-    onelane's shim (worker/blas_shim.c, built into `var_dir`/lib, the log's folder unless given: the same file as a
+    onelane's shim (worker/blas/shim.c, built into `var_dir`/lib, the log's folder unless given: the same file as a
     worker's whose ONELANE_VAR_DIR that is) ahead of it, exactly the preload onelane's worker gets, so that a
     comparison measures the servers and not the shim. The shim then runs at its built-in default, products of 1 to
     4 rows to OpenBLAS's sgemv, which is what the worker does with ONELANE_GEMV on (the default); mlx_lm.server

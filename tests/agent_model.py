@@ -138,7 +138,7 @@ def make_agent_model(path: Path, seed: int = 0, steps: int = 100, batch: int = 8
     import numpy as np
     from mlx_lm.models import llama
 
-    from worker.demo_model import llama_config, save, train_tokenizer
+    from worker.demo_build.model import llama_config, save, train_tokenizer
 
     started = time.perf_counter()
     examples = _examples(seed, 128)

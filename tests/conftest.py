@@ -24,7 +24,7 @@ IN_CI = bool(os.environ.get("CI"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The stories' in-process workers multiply matrices on OpenBLAS, as every real worker does (worker/blas.py):
+    """The stories' in-process workers multiply matrices on OpenBLAS, as every real worker does (worker/blas/):
     the same results, several times faster. The test run starts itself again with it preloaded, its output given
     back first (the worker processes the stories start get an environment without it, and preload it themselves)."""
     capture = config.pluginmanager.getplugin("capturemanager")
@@ -57,7 +57,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedR
 
 @pytest.fixture(scope="session")
 def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from worker.demo_model import make_demo_model
+    from worker.demo_build.model import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("models") / "demo")
 

@@ -121,7 +121,7 @@ def llama_gguf(
 
 
 # --- tiny models of each architecture, as llama.cpp's converter writes them (with the gguf package's GGUFWriter) ---
-# Written from HF-named float weights, independently of worker/gguf_archs.py: the names below are llama.cpp's
+# Written from HF-named float weights, independently of worker/gguf/archs.py: the names below are llama.cpp's
 # (gguf-py's tensor_mapping.py) and mlx-lm's, the conversions convert_hf_to_gguf.py's.
 
 ATTENTION = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",

@@ -1,4 +1,4 @@
-"""The worker's BLAS: OpenBLAS preloaded, and ahead of it worker/blas_shim.c, which keeps a fork from stopping
+"""The worker's BLAS: OpenBLAS preloaded, and ahead of it worker/blas/shim.c, which keeps a fork from stopping
 OpenBLAS's threads under a product, and sends products of 1 to 4 rows (a decode step of 1 to 4 sequences) to
 OpenBLAS's matrix-vector routine. Each story runs MLX in a process started with the worker's environment, as the
 worker runs, and checks every product against numpy in float64."""

@@ -8,7 +8,7 @@ from bench.harness import generate
 from tasks.catalogue import SHIPPED_DEMO_MODEL
 from tasks.job import JobSpec, Message, SamplingParams
 from tasks.settings import Settings
-from worker import demo_corpus
+from worker.demo_build import corpus as demo_corpus
 
 MAX_BYTES = 10 * 1024 * 1024
 
@@ -69,7 +69,7 @@ def test_without_worker_demo_a_random_model_is_built_under_var(monkeypatch, tmp_
 def test_the_training_script_writes_a_model_mlx_lm_loads(tmp_path):  # type: ignore[no-untyped-def]
     from mlx_lm import load
 
-    from worker.train_demo import VOCAB_SIZE, train_demo_model
+    from worker.demo_build.train import VOCAB_SIZE, train_demo_model
 
     report = train_demo_model(tmp_path / "demo", steps=2, batch=1, compiled=False)
     tokenizer = load(str(tmp_path / "demo"))[1]

@@ -18,7 +18,7 @@ from mlx_lm.utils import load_model
 
 from tests.gguf_files import hf_config, hf_weights, write_arch_gguf
 from worker.gguf import GgufError, import_gguf
-from worker.gguf_header import TENSOR_TYPES
+from worker.gguf.header import TENSOR_TYPES
 
 PROMPT = [1, 5, 9, 2, 7, 30, 3, 11, 4, 6]  # (positions past 0, where a rope on the wrong rows shows)
 

@@ -44,7 +44,7 @@ LONG = {"max_tokens": 2400, "ignore_eos": True, "temperature": 1.0, "seed": 7}
 
 @pytest.fixture(scope="module")
 def slow_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from worker.demo_model import make_demo_model
+    from worker.demo_build.model import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("models") / "small", size="small")
 

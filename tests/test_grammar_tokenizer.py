@@ -9,7 +9,7 @@ import pytest
 def test_a_tokenizer_llguidance_cannot_read_is_a_grammar_error_every_time():
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-    from worker.demo_model import train_tokenizer
+    from worker.demo_build.model import train_tokenizer
     from worker.grammar import GrammarError, Grammars
 
     # Given a model's tokenizer holding one token of 1,100 bytes

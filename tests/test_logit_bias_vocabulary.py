@@ -18,7 +18,7 @@ def padded_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     import mlx.core as mx
     from mlx_lm.models import llama
 
-    from worker.demo_model import SIZES, llama_config, save, train_tokenizer
+    from worker.demo_build.model import SIZES, llama_config, save, train_tokenizer
 
     tokenizer = train_tokenizer(TEXTS, vocab_size=300)
     config = {**llama_config(SIZES["tiny"], tokenizer), "vocab_size": len(tokenizer) + PADDING}

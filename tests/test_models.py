@@ -23,7 +23,7 @@ from tests.helpers import wait_ended
 
 @pytest.fixture(scope="session")
 def mini_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from worker.demo_model import make_demo_model
+    from worker.demo_build.model import make_demo_model
 
     return make_demo_model(tmp_path_factory.mktemp("models") / "mini", size="mini")
 

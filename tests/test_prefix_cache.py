@@ -140,7 +140,7 @@ def test_a_job_cut_short_leaves_no_entry(cut, jobs, store, start_worker):
 
 
 def test_an_entry_never_crosses_models(settings, demo_model, tmp_path, make_app, store, start_worker):
-    from worker.demo_model import make_demo_model
+    from worker.demo_build.model import make_demo_model
 
     other = make_demo_model(tmp_path / "other", seed=1)  # the same architecture and tokenizer, other weights
     catalog = (ModelConfig(name="tiny", path=str(demo_model), default=True), ModelConfig(name="other", path=str(other)))

@@ -56,7 +56,7 @@ def ensure_model(settings: Settings) -> str:
     """The model to serve; with none configured and the shipped demo model missing, a random one is built under
     var/ on first use."""
     if settings.model is None and not settings.models and not (Path(settings.model_path) / "config.json").exists():
-        from worker.demo_model import make_demo_model
+        from worker.demo_build.model import make_demo_model
 
         logger.info(
             "ONELANE_MODEL is unset and worker/demo is missing: building a random demo model (its output is noise)"

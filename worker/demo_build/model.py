@@ -3,7 +3,7 @@
 
 A random model's output is noise, but it loads through the normal `mlx_lm.load` path and generates on the CPU in
 milliseconds: the tests use it, and the worker builds one when the shipped, trained demo model (worker/demo/,
-made by worker/train_demo.py) is missing.
+made by worker/demo_build/train.py) is missing.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Train the shipped demo model (worker/demo/): a small llama that writes English words, trained offline.
 
-It learns the prose of Python's help pages (worker/demo_corpus.py) with a BPE tokenizer of its own, as plain
+It learns the prose of Python's help pages (worker/demo_build/corpus.py) with a BPE tokenizer of its own, as plain
 text and as ChatML conversations (a user says a sentence or a heading, the assistant goes on), so both raw and
 chat prompts get words back. `onelane make-demo-model worker/demo --train` remakes it (about 8 minutes on two
 shared cores with OpenBLAS); the seed is fixed, so it comes out the same up to floating-point rounding.
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from worker import demo_corpus
-from worker.demo_model import llama_config, save, train_tokenizer
+from worker.demo_build import corpus as demo_corpus
+from worker.demo_build.model import llama_config, save, train_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-/* Preloaded ahead of OpenBLAS into the worker (worker/blas.py builds it). Two things, both about the OpenBLAS that
+/* Preloaded ahead of OpenBLAS into the worker (worker/blas/ builds it). Two things, both about the OpenBLAS that
  * Debian 12 ships (0.3.21):
  *
  * 1. Fork safety. OpenBLAS stops its thread pool before every fork() (a pthread_atfork handler), even while another

@@ -3,7 +3,7 @@
 supervisor sets it for the worker processes it starts, and a worker started otherwise starts itself again with it.
 ONELANE_OPENBLAS=false turns it off (bench/blas.py measures the effect).
 
-Ahead of OpenBLAS goes worker/blas_shim.c, built here with the system's C compiler into ONELANE_VAR_DIR/lib on
+Ahead of OpenBLAS goes worker/blas/shim.c, built here with the system's C compiler into ONELANE_VAR_DIR/lib on
 first use. It keeps a fork() from stopping OpenBLAS's threads under a product that is under way (which leaves the
 product waiting for ever), and it sends products of 1 to 4 rows (a decode step of 1 to 4 sequences) to OpenBLAS's
 matrix-vector routine, which this OpenBLAS's sgemm does not do; ONELANE_GEMV=false leaves the products to sgemm. See
@@ -26,7 +26,7 @@ from pathlib import Path
 from tasks.settings import Settings
 
 logger = logging.getLogger(__name__)
-SHIM_SOURCE = Path(__file__).with_name("blas_shim.c")
+SHIM_SOURCE = Path(__file__).with_name("shim.c")
 SHIM_PREFIX = "blas_shim-"
 
 CANDIDATES = (
@@ -47,7 +47,7 @@ def openblas_path() -> str | None:
 
 
 def shim_library(var_dir: Path) -> str | None:
-    """worker/blas_shim.c built into `var_dir`/lib (once per version of the source), or None where no C compiler
+    """worker/blas/shim.c built into `var_dir`/lib (once per version of the source), or None where no C compiler
     is found or the build fails (then the worker goes without it, and says so)."""
     source = SHIM_SOURCE.read_bytes()
     target = var_dir.resolve() / "lib" / f"{SHIM_PREFIX}{hashlib.sha256(source).hexdigest()[:12]}.so"
@@ -56,7 +56,7 @@ def shim_library(var_dir: Path) -> str | None:
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         logger.warning(
-            "no C compiler (cc): going without worker/blas_shim.c (a slower decode, and a fork() in the worker "
+            "no C compiler (cc): going without worker/blas/shim.c (a slower decode, and a fork() in the worker "
             "may stop a product for ever)"
         )
         return None

@@ -1,5 +1,5 @@
 """A GGUF model's tokenizer as transformers writes it (tokenizer.json, tokenizer_config.json with the chat template),
-from the vocabulary the file carries (checked by worker/gguf_model.py): byte-level BPE built here and split as the
+from the vocabulary the file carries (checked by worker/gguf/model.py): byte-level BPE built here and split as the
 file's `tokenizer.ggml.pre` says (GPT-2's regex, SmolLM's digits, or the regex transformers keeps for that name:
 Qwen 2's, Llama 3's…); SentencePiece by transformers' own GGUF builders, which know Gemma's and Phi-3's quirks.
 """
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from worker.gguf_header import GgufError, Header, shown
+from worker.gguf.header import GgufError, Header, shown
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.gguf_header import GgufError, Header
+from worker.gguf.header import GgufError, Header
 
 TENSOR = "rope_freqs.weight"
 LLAMA3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}

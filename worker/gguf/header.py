@@ -5,7 +5,7 @@ bound on the lies a file can tell (MLX's crashed the process on a key of 2^60 by
 an alignment of 0). So every count and length is checked against the bytes left in the file, and against bounds of
 its own, before anything is allocated for it; every tensor's data must lie within the file, in a type onelane
 imports. The header is read through the file, a field at a time (a model's weights, gigabytes after it, are never
-read here); the tensors are then read from the places checked here and nowhere else (worker/gguf_tensors.py).
+read here); the tensors are then read from the places checked here and nowhere else (worker/gguf/tensors.py).
 Anything wrong is a GgufError naming what was found, and the file by its name only.
 """
 
@@ -35,7 +35,7 @@ SMALLEST_ENTRY = 8 + 1 + 4 + 1  # a metadata entry: key length, a 1-byte key, it
 SMALLEST_TENSOR = 8 + 1 + 4 + 8 + 4 + 8  # a tensor's record: name length, a 1-byte name, 1 dimension, type, offset
 
 #: The ggml tensor types onelane imports, with their block: (name, elements per block, bytes per block); the gguf
-#: package (llama.cpp's) dequantizes each of them (worker/gguf_tensors.py).
+#: package (llama.cpp's) dequantizes each of them (worker/gguf/tensors.py).
 TENSOR_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 30: ("BF16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
                 6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 10: ("Q2_K", 256, 84),
                 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210)}  # fmt: skip

@@ -1,14 +1,14 @@
 """Import a GGUF file (llama.cpp's format, what Ollama keeps in its blobs) into a model folder that mlx_lm.load reads:
 weights renamed to mlx-lm's layout, config.json from the file's metadata, and a tokenizer (tokenizer.json,
 tokenizer_config.json with the chat template) built from the vocabulary it carries. The architectures are those of
-worker/gguf_archs.py (llama, mistral, qwen2, qwen3, gemma, gemma2, phi3); the tensor types those of
-worker/gguf_header.py (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q2_K to Q6_K).
+worker/gguf/archs.py (llama, mistral, qwen2, qwen3, gemma, gemma2, phi3); the tensor types those of
+worker/gguf/header.py (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q2_K to Q6_K).
 
 A GGUF file may come from anywhere, and readers that trust it crash or allocate without bound on the lies a file can
 tell. So the file is read in three steps, each trusting only what the one before checked: its header, by onelane's
-own bounded reader (worker/gguf_header.py); what that header says, against the model its architecture is
-(worker/gguf_model.py; worker/gguf_tokenizer.py writes the tokenizer); then its tensors, from the places the header
-checked, in a process of its own (worker/gguf_tensors.py: numpy, the gguf package's dequantizers, MLX), so that a
+own bounded reader (worker/gguf/header.py); what that header says, against the model its architecture is
+(worker/gguf/model.py; worker/gguf/tokenizer.py writes the tokenizer); then its tensors, from the places the header
+checked, in a process of its own (worker/gguf/tensors.py: numpy, the gguf package's dequantizers, MLX), so that a
 crash there, or a model too big for memory, is a refusal here, not a dead worker.
 """
 
@@ -24,10 +24,10 @@ import sys
 from pathlib import Path
 
 from tasks.catalogue import DEFAULT_MODEL_GGUF, DEFAULT_MODEL_INSTALL, ModelConfig
-from worker import gguf_model, gguf_rope
-from worker.gguf_header import GgufError, read_header
-from worker.gguf_tensors import REFUSED
-from worker.gguf_tokenizer import write_tokenizer
+from worker.gguf import model as gguf_model
+from worker.gguf import rope as gguf_rope
+from worker.gguf.header import GgufError, read_header
+from worker.gguf.tokenizer import write_tokenizer
 
 __all__ = ["GgufError", "import_gguf", "locate", "prepare", "read_tensors"]
 
@@ -100,9 +100,11 @@ def import_gguf(source: Path, folder: Path, dtype: str | None = None) -> Path:
 
 
 def read_tensors(source: Path, path: Path, dtype: str | None) -> None:
-    """Have the tensors read into the safetensors file `path`, in a process of its own (worker/gguf_tensors.py): a
+    """Have the tensors read into the safetensors file `path`, in a process of its own (worker/gguf/tensors.py): a
     file that crashes native code there (nothing to catch) takes that process down, and is refused here."""
-    command = [sys.executable, "-m", "worker.gguf_tensors", str(source), str(path), *([dtype] if dtype else [])]
+    from worker.gguf.tensors import REFUSED  # not at the top: `-m worker.gguf.tensors` would find itself imported
+
+    command = [sys.executable, "-m", "worker.gguf.tensors", str(source), str(path), *([dtype] if dtype else [])]
     limit = TIME_LIMIT_S + 60 * source.stat().st_size / 2**30
     try:
         done = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=limit)

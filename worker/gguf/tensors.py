@@ -1,13 +1,13 @@
-"""The tensors of a GGUF import, in a process of its own (worker/gguf.py starts it). The process reads and checks the
-file's header itself (worker/gguf_header.py, worker/gguf_model.py: it trusts no caller), then reads each tensor from
-the place checked there and nowhere else: F32, F16 and BF16 as they are; Q4_0, Q4_1 and Q8_0 repacked bit for bit as
-MLX's affine quantized weights (their blocks are groups of 32 with a scale and an offset already); every other type
-dequantized by the gguf package (llama.cpp's own numpy dequantizers) and quantized again by MLX, to the bits
+"""The tensors of a GGUF import, in a process of its own (worker/gguf/__init__.py starts it). The process reads and
+checks the file's header itself (worker/gguf/header.py, worker/gguf/model.py: it trusts no caller), then reads each
+tensor from the place checked there and nowhere else: F32, F16 and BF16 as they are; Q4_0, Q4_1 and Q8_0 repacked bit
+for bit as MLX's affine quantized weights (their blocks are groups of 32 with a scale and an offset already); every
+other type dequantized by the gguf package (llama.cpp's own numpy dequantizers) and quantized again by MLX, to the bits
 STORED_BITS gives. With a dtype, every weight is written dequantized, from the file's own values. Tensors are put back
-in mlx-lm's layout (worker/gguf_archs.py) and written in one safetensors file. Native code runs here only: should it
+in mlx-lm's layout (worker/gguf/archs.py) and written in one safetensors file. Native code runs here only: should it
 crash, or a model not fit in memory, this process dies, not the worker or the command that asked.
 
-`python -m worker.gguf_tensors SOURCE TARGET [DTYPE]`: exits 0 once TARGET is written; REFUSED with the reason on
+`python -m worker.gguf.tensors SOURCE TARGET [DTYPE]`: exits 0 once TARGET is written; REFUSED with the reason on
 stdout when the file cannot be imported.
 """
 
@@ -19,9 +19,9 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from worker.gguf_archs import Arch
-from worker.gguf_header import GgufError, Tensor, read_header, shown
-from worker.gguf_model import GROUP_SIZE, STORED_BITS, architecture, check, target
+from worker.gguf.archs import Arch
+from worker.gguf.header import GgufError, Tensor, read_header, shown
+from worker.gguf.model import GROUP_SIZE, STORED_BITS, architecture, check, target
 
 REFUSED = 2
 FLOATS = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}  # (numpy has no bfloat16: its bits, viewed by MLX)

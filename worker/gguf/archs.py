@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.gguf_header import GgufError, described
+from worker.gguf.header import GgufError, described
 
 #: A part: (mlx-lm's name under `model.layers.N.`, its dims in GGUF's order, as names of the sizes in `sizes()`).
 Part = tuple[str, tuple[str, ...]]
@@ -58,7 +58,7 @@ TOP: dict[str, Part] = {
     "output_norm.weight": ("model.norm.weight", ("hidden",)),
     "output.weight": ("lm_head.weight", ("hidden", "vocab")),  # absent when tied to the embedding
 }
-SKIPPED = ("rope_freqs.weight",)  # Llama 3's rope divisors: config.json's rope_scaling instead (worker/gguf_rope.py)
+SKIPPED = ("rope_freqs.weight",)  # Llama 3's rope divisors: config.json's rope_scaling instead (worker/gguf/rope.py)
 
 
 @dataclass(frozen=True)

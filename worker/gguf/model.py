@@ -1,5 +1,5 @@
 """What a GGUF must hold to be imported, checked on its header before anything reads its tensors: a model of one of
-the architectures in worker/gguf_archs.py, and mlx-lm's config.json for it, built from what was checked.
+the architectures in worker/gguf/archs.py, and mlx-lm's config.json for it, built from what was checked.
 
 A model is its metadata's shape (width, layers, heads) and one tensor per part of each layer, every one of the shape
 that metadata gives; a vocabulary as long as its embedding, merges of its own tokens, special tokens within it.
@@ -13,8 +13,8 @@ import re
 from collections import Counter
 from typing import Any
 
-from worker.gguf_archs import ARCHS, SKIPPED, Arch, extras, positive, sizes, whole
-from worker.gguf_header import GgufError, Header, described, shown
+from worker.gguf.archs import ARCHS, SKIPPED, Arch, extras, positive, sizes, whole
+from worker.gguf.header import GgufError, Header, described, shown
 
 GROUP_SIZE = 32  # MLX's group of the stored quantized weights: the block of Q4_0, Q4_1, Q8_0, a K-quant's sub-block
 #: The bits each quantized type is stored in as MLX affine weights: Q4_0, Q4_1 and Q8_0 exactly as they are (their
