@@ -52,6 +52,10 @@ class Speed:
     def step(self, sequences: int) -> float:
         return self.step_s + self.per_sequence_s * sequences
 
+    def as_list(self) -> list[float]:
+        """As a worker reports it (worker/pace.py), and `parse` reads it back."""
+        return [round(self.step_s, 6), round(self.per_sequence_s, 6), round(self.per_prompt_token_s, 7)]
+
 
 @dataclass(frozen=True)
 class Lengths:

@@ -11,6 +11,7 @@ An entry's last name may start with `*`: the arguments from there on, as a Lua l
 
 from __future__ import annotations
 
+from enum import IntEnum
 from importlib import resources
 from typing import Any
 
@@ -47,8 +48,29 @@ ARGS: dict[str, tuple[str, ...]] = {
     "watch": ("id",),
 }  # fmt: skip
 
-#: The facts the scripts share with Python: every key name and prefix, and the bounds kept with them (tasks/keys.py).
-CONSTANTS: dict[str, str | int] = dict(keys.LUA_NAMES)
+
+class Appended(IntEnum):
+    """What append.lua answers."""
+
+    GO_ON = 0
+    STOP = 1  # cancelled, or no longer this worker's
+    GAP = 2  # it did not follow what Redis holds of the output: nothing appended
+
+
+class Finished(IntEnum):
+    """What finish.lua answers."""
+
+    ENDED = 1  # now, or before, so
+    NOT_HERE = 0  # it was not running on this worker
+    NOT_ASKED = -1  # `cancelled`, which nobody asked for: not ended
+
+
+#: The facts the scripts share with Python: every key name and prefix, and the bounds kept with them (tasks/keys.py),
+#: and the scripts' replies by name (APPENDED_STOP, FINISHED_ENDED, ...).
+CONSTANTS: dict[str, str | int] = {
+    **keys.LUA_NAMES,
+    **{f"{type(r).__name__.upper()}_{r.name}": int(r) for reply in (Appended, Finished) for r in reply},
+}
 
 
 def bell(doorbell: Doorbell | None) -> dict[str, str | bytes]:

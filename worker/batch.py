@@ -14,7 +14,7 @@ from worker.output import Text
 from worker.stops import StopMatcher
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Running:
     """A job in the batch, as the loop follows it."""
 
@@ -50,7 +50,16 @@ class Running:
         log probabilities' entries if it records them; its answer grows by it."""
         if text:
             self.answer.append(text)
-        return Text(self.job.id, text, self.prompt_tokens, ids, self.cached, resume_at, logprobs, prompt_logprobs)
+        return Text(
+            job_id=self.job.id,
+            text=text,
+            prompt_tokens=self.prompt_tokens,
+            ids=ids,
+            cached_tokens=self.cached,
+            resume_at=resume_at,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+        )
 
     def history(self) -> str:
         """The digest of the conversation its KV state holds once it ends (its messages, then its answer, as its

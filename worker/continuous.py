@@ -93,15 +93,23 @@ class Emitted:
 
 
 @dataclass
-class Work:
-    """Counted since the batch was made; never decreasing."""
+class Counters:
+    """Work done since a batch (or an engine, or a worker) was made; never decreasing."""
 
     steps: int = 0
     generated_tokens: int = 0
     prompt_tokens: int = 0
     decode_s: float = 0.0
     prefill_s: float = 0.0
-    padded_prefill: int = 0  # the last step's prompt tokens, padded to its longest chunk
+
+    def __add__(self, other: Counters) -> Counters:
+        return Counters(
+            steps=self.steps + other.steps,
+            generated_tokens=self.generated_tokens + other.generated_tokens,
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            decode_s=self.decode_s + other.decode_s,
+            prefill_s=self.prefill_s + other.prefill_s,
+        )
 
 
 class ContinuousBatch:
@@ -119,7 +127,8 @@ class ContinuousBatch:
         self.decode_floor = decode_floor  # tokens/s the decode rows keep while prompts are read (0: no floor)
         self.chunk = prefill_step  # a reader's chunk while rows decode (fitted to the floor after each such step)
         self.prefill_batch = 1 if batching == "alone" else prefill_batch
-        self.work = Work()
+        self.work = Counters()
+        self.padded_prefill = 0  # the last step's prompt tokens, padded to its longest chunk
         self._uids = 0
         self._waiting: deque[Row] = deque()  # inserted, not reading yet
         self._seeing: deque[Row] = deque()  # prompts with images, inserted; the first reads (on its own cache)
@@ -316,7 +325,7 @@ class ContinuousBatch:
         self._admit_readers()
         self._to_decode([i for i, r in enumerate(self._reading) if len(r.unread) == 1])
         if not self._reading:
-            self.work.padded_prefill = 0
+            self.padded_prefill = 0
             return 0
         # a prompt within one chunk of the prefill step reads whole (a question is never cut for the floor's sake);
         # beside such, a long prompt reads as many tokens as their padding costs anyway
@@ -348,9 +357,9 @@ class ContinuousBatch:
             row.tokens += chunk
             del row.unread[: len(chunk)]
         self.work.prompt_tokens += sum(lengths)
-        self.work.padded_prefill = len(chunks) * longest
+        self.padded_prefill = len(chunks) * longest
         self._to_decode([i for i, r in enumerate(self._reading) if len(r.unread) == 1])
-        return self.work.padded_prefill
+        return self.padded_prefill
 
     def _see(self, cap: int) -> int:
         """The first prompt with images reads its next chunk (at most `cap` tokens), on its own cache, from its input

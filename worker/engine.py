@@ -12,6 +12,7 @@ tokens (none for ignore_eos: the shared tokenizer is never changed).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
@@ -34,7 +35,7 @@ from tasks.job import JobSpec, SamplingParams
 from tasks.logprobs import TokenLogprob
 from tasks.settings import PREFILL_BATCH, physical_memory
 from worker.chat_prompt import chat_input
-from worker.continuous import Batching, ContinuousBatch, Embeds, unmergeable
+from worker.continuous import Batching, ContinuousBatch, Counters, Embeds, unmergeable
 from worker.grammar import Constraint, Grammars
 from worker.logits import Draw, Recorded
 from worker.token_bytes import TokenBytes
@@ -62,26 +63,6 @@ class Token:
     finish_reason: str | None  # "stop" (EOS), "length" (max_tokens) or None
     kv: KV | None = None
     logprob: str | None = None  # its log probability's entry (tasks/logprobs.py), if its sequence asked for them
-
-
-@dataclass(frozen=True)
-class Counters:
-    """What the engine did since it was made; never decreasing."""
-
-    steps: int = 0
-    generated_tokens: int = 0
-    prompt_tokens: int = 0
-    decode_s: float = 0.0
-    prefill_s: float = 0.0
-
-    def __add__(self, other: Counters) -> Counters:
-        return Counters(
-            self.steps + other.steps,
-            self.generated_tokens + other.generated_tokens,
-            self.prompt_tokens + other.prompt_tokens,
-            self.decode_s + other.decode_s,
-            self.prefill_s + other.prefill_s,
-        )
 
 
 def make_sampler(params: SamplingParams, drawn: int = 0) -> Sampler:
@@ -311,14 +292,13 @@ class Engine:
         return self._done + self._live()
 
     def _live(self) -> Counters:
-        w = self._batch.work
-        return Counters(w.steps, w.generated_tokens, w.prompt_tokens, w.decode_s, w.prefill_s)
+        return dataclasses.replace(self._batch.work)  # (a copy: the batch counts on)
 
     @property
     def padded_prefill(self) -> int:
         """Prompt tokens the last step read, padded to its longest chunk (as the device paid for them: the
         worker's pace)."""
-        return self._batch.work.padded_prefill
+        return self._batch.padded_prefill
 
     def step(self) -> list[Token]:
         """One step: a token for every generating sequence, and a chunk of prefill for joining ones."""

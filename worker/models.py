@@ -23,7 +23,8 @@ from tasks.housekeeping import log_death
 from tasks.settings import Settings
 from tasks.store import WorkerStore
 from worker.batching import Verdict, choose
-from worker.engine import Counters, Engine
+from worker.continuous import Counters
+from worker.engine import Engine
 from worker.gguf import prepare
 from worker.load_error import explain
 from worker.pace import Pace, fit, probe

@@ -34,6 +34,7 @@ from typing import Any
 import redis
 
 from tasks.job import JobStatus
+from tasks.scripts import Appended, Finished
 from tasks.store import WorkerStore
 from worker import timeline
 
@@ -45,7 +46,7 @@ RETRY_S = (0.05, 1.0)  # the wait before sending again what Redis did not take: 
 WRITE_PATIENCE_S = 30.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Ending:
     """How a job ended, recorded after its last output."""
 
@@ -61,7 +62,7 @@ class Ending:
     stop_sequence: str = ""  # the stop string it ended at, if it did
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Text:
     """A job's new text and the tokens it is made of: from one step, as the loop hands it over, or from a window's
     steps, as the writer sends it. A run's first Text says where its output starts (`resume_at`: tokens and UTF-8
@@ -83,14 +84,14 @@ class Text:
     def __add__(self, later: Text) -> Text:
         """This text, then `later`'s (the writer sends a window's texts of one job as one)."""
         return Text(
-            self.job_id,
-            self.text + later.text,
-            later.prompt_tokens,
-            self.ids + later.ids,
-            later.cached_tokens,
-            self.resume_at,
-            self.logprobs + later.logprobs,
-            self.prompt_logprobs or later.prompt_logprobs,
+            job_id=self.job_id,
+            text=self.text + later.text,
+            prompt_tokens=later.prompt_tokens,
+            ids=self.ids + later.ids,
+            cached_tokens=later.cached_tokens,
+            resume_at=self.resume_at,
+            logprobs=self.logprobs + later.logprobs,
+            prompt_logprobs=self.prompt_logprobs or later.prompt_logprobs,
         )
 
 
@@ -352,7 +353,19 @@ class OutputWriter:
                 pipe=pipe,
             )
         elif isinstance(op, Ending):
-            self.store.finish(**vars(op), pipe=pipe)  # (an Ending has finish()'s arguments, by name)
+            self.store.finish(
+                op.job_id,
+                op.status,
+                finish_reason=op.finish_reason,
+                error=op.error,
+                prompt_tokens=op.prompt_tokens,
+                completion_tokens=op.completion_tokens,
+                stop_seen_at=op.stop_seen_at,
+                cached_tokens=op.cached_tokens,
+                history=op.history,
+                stop_sequence=op.stop_sequence,
+                pipe=pipe,
+            )
         elif isinstance(op, _HandBack):
             self.store.hand_back(op.job_id, op.why, op.shared, pipe=pipe)
 
@@ -361,18 +374,18 @@ class OutputWriter:
         if isinstance(result, Exception):  # the script failed (a bug, not Redis away): the operator's to see
             logger.error("job %s: %s failed: %s", op.job_id, type(op).__name__.strip("_").lower(), result)
         if isinstance(op, _Append):
-            if result == 1:  # cancelled, or no longer this worker's
+            if result == Appended.STOP:
                 self.on_stop(op.job_id)
-            elif result == 2:  # sent in order, so a gap means what came before it was lost: say so
+            elif result == Appended.GAP:  # sent in order, so a gap means what came before it was lost: say so
                 logger.error("job %s: a write did not follow what Redis holds of its output; dropped", op.job_id)
             return
         self._written.pop(op.job_id, None)  # the run is over
-        if isinstance(op, Ending) and (result == -1 or isinstance(result, Exception)):
+        if isinstance(op, Ending) and (result == Finished.NOT_ASKED or isinstance(result, Exception)):
             # not ended: say, `cancelled`, which nobody asked for. Never made up: the job goes back to the queue
             logger.error("job %s: its ending was refused (%s); handing it back", op.job_id, result)
             self._unsent.append(_HandBack(op.job_id, "worker_crashed", False))
             return
-        if isinstance(op, Ending) and result == 0:
+        if isinstance(op, Ending) and result == Finished.NOT_HERE:
             logger.warning("job %s: taken away from this worker (presumed dead); its outcome was dropped", op.job_id)
         elif isinstance(op, _HandBack):
             logger.info("job %s: handed back: %s", op.job_id, result[1] if result else "not running here")

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.sample_utils import greedy_sampler
 
+from tasks.eta import Speed
 from tasks.settings import PREFILL_BATCH
 from worker.continuous import Batching, ContinuousBatch
 
@@ -40,18 +40,6 @@ PROBE_FILL_S = 1.5  # no more sequences join the probe's batch after this long (
 LONG = 1 << 20  # the probe's sequences' max_tokens: none ends by itself
 
 Step = tuple[int, int, float]  # sequences that generated a token, prompt tokens read (padded), seconds
-
-
-@dataclass(frozen=True)
-class Speed:
-    """A model's measured pace on this device (seconds): a step's fixed cost, per sequence, per prompt token."""
-
-    step_s: float
-    per_sequence_s: float
-    per_prompt_token_s: float
-
-    def as_list(self) -> list[float]:
-        return [round(self.step_s, 6), round(self.per_sequence_s, 6), round(self.per_prompt_token_s, 7)]
 
 
 class Pace:
@@ -149,7 +137,7 @@ def _timed(batch: ContinuousBatch, count: int, least_s: float = 0.0) -> list[Ste
     while len(steps) < PROBE_MOST:
         started = time.perf_counter()
         n = len(batch.step())
-        steps.append((n, batch.work.padded_prefill, time.perf_counter() - started))
+        steps.append((n, batch.padded_prefill, time.perf_counter() - started))
         spent = time.perf_counter() - began
         if (len(steps) >= count and spent >= least_s) or (len(steps) >= 2 and spent > PROBE_S):
             break

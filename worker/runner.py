@@ -335,7 +335,7 @@ class Runner:
         if head.invalid is None:
             head.invalid = self._unfit(job)
         if head.invalid is not None:
-            self.writer.end(Ending(job.id, JobStatus.FAILED, error=head.invalid))
+            self.writer.end(Ending(job_id=job.id, status=JobStatus.FAILED, error=head.invalid))
             return
         assert self.engine is not None
         params, done = _sampling(job), claim.delivered.ids if claim.delivered else ()
@@ -343,7 +343,7 @@ class Runner:
         try:
             constraint = self._constraint(job, done)
         except GrammarError as exc:  # admission checked it without the tokenizer; this tokenizer cannot
-            self.writer.end(Ending(job.id, JobStatus.FAILED, error=("invalid_schema", str(exc)[:500])))
+            self.writer.end(Ending(job_id=job.id, status=JobStatus.FAILED, error=("invalid_schema", str(exc)[:500])))
             return
         complete = constraint is not None and constraint.done  # its earlier run completed the grammar
         start = (
@@ -354,19 +354,29 @@ class Runner:
         if done:
             logger.info("job %s: goes on from the %d tokens its earlier runs generated", job.id, len(done))
         if start.ended:  # its earlier run generated it whole: only its ending was lost
-            self.writer.put_many([Text(job.id, start.rest, len(head.tokens), resume_at=start.at)])
-            self.writer.end(Ending(job.id, JobStatus.COMPLETED, start.ended, None, len(head.tokens), len(done)))
+            self.writer.put_many(
+                [Text(job_id=job.id, text=start.rest, prompt_tokens=len(head.tokens), resume_at=start.at)]
+            )
+            self.writer.end(
+                Ending(
+                    job_id=job.id,
+                    status=JobStatus.COMPLETED,
+                    finish_reason=start.ended,
+                    prompt_tokens=len(head.tokens),
+                    completion_tokens=len(done),
+                )
+            )
             return
         limit_s = self.store.settings.job_time_limit_s
         key = self.store.settings.prefix_key(job.spec.model, job.owner)
         run = Running(
-            job,
-            0,
-            len(head.tokens),
-            head.cost,
-            time.monotonic() + limit_s,
-            start.detokenizer,
-            start.stops,
+            job=job,
+            uid=0,
+            prompt_tokens=len(head.tokens),
+            cost=head.cost,
+            deadline=time.monotonic() + limit_s,
+            detokenizer=start.detokenizer,
+            stops=start.stops,
             solo=head.solo,
             tokens=len(done),
             cache_key=key,
@@ -380,7 +390,11 @@ class Runner:
             run.uid = self.batch.hold_uid()  # in the batch, not in the engine, while it is read
             self.batch.add(run)
         elif params.max_tokens == 0:  # its earlier run scored its prompt; only its ending was lost
-            self.writer.end(Ending(job.id, JobStatus.COMPLETED, "length", None, len(head.tokens)))
+            self.writer.end(
+                Ending(
+                    job_id=job.id, status=JobStatus.COMPLETED, finish_reason="length", prompt_tokens=len(head.tokens)
+                )
+            )
             return
         elif not self._place(run, head.tokens, params, self.models.prefix.fetch(key, [*head.tokens, *done]), done):
             return
@@ -395,20 +409,22 @@ class Runner:
         engine = self.models.get_quietly(job.spec.model) or self.models.load(job.spec.model, keep=self.active)
         if not isinstance(engine, Engine):
             why = "the model failed to load" if engine is None else f"the model {job.spec.model} generates no text"
-            self.writer.end(Ending(job.id, JobStatus.FAILED, error=("model_unavailable", why)))
+            self.writer.end(Ending(job_id=job.id, status=JobStatus.FAILED, error=("model_unavailable", why)))
             return
         digests = [p.digest for m in job.spec.messages or () for p in m.images]
         self.writer.begin(job.id, live=False)
         try:
             tokens = engine.prompt_tokens(job.spec, self.store.images(digests) if digests else None)
         except InvalidPrompt as exc:
-            self.writer.end(Ending(job.id, JobStatus.FAILED, error=(exc.type, exc.message)))
+            self.writer.end(Ending(job_id=job.id, status=JobStatus.FAILED, error=(exc.type, exc.message)))
             return
         except Exception:  # the details are for the operator's log, not for the client
             logger.exception("job %s: its prompt could not be prepared", job.id)
-            self.writer.end(Ending(job.id, JobStatus.FAILED, error=_generation_error(job.id)))
+            self.writer.end(Ending(job_id=job.id, status=JobStatus.FAILED, error=_generation_error(job.id)))
             return
-        self.writer.end(Ending(job.id, JobStatus.COMPLETED, "stop", None, len(tokens)))
+        self.writer.end(
+            Ending(job_id=job.id, status=JobStatus.COMPLETED, finish_reason="stop", prompt_tokens=len(tokens))
+        )
         logger.info("job %s: counted (%d prompt tokens)", job.id, len(tokens))
         self._look = True
 
@@ -420,13 +436,17 @@ class Runner:
             "job %s: started (owner %s, model %s, attempt %d, pooled)", job.id, job.owner, job.spec.model, job.attempts
         )
         if not isinstance(pooler, Pooler):
-            self.writer.end(Ending(job.id, JobStatus.FAILED, error=("model_unavailable", "the model failed to load")))
+            self.writer.end(
+                Ending(job_id=job.id, status=JobStatus.FAILED, error=("model_unavailable", "the model failed to load"))
+            )
             return
         self.writer.begin(job.id, live=False)
         try:
             self.side.add(job, pooler)
         except InvalidRequest as exc:
-            self.writer.end(Ending(job.id, JobStatus.FAILED, error=(exc.type, exc.message, exc.param or "")))
+            self.writer.end(
+                Ending(job_id=job.id, status=JobStatus.FAILED, error=(exc.type, exc.message, exc.param or ""))
+            )
 
     def _side_step(self) -> None:
         """One pass of pooled work; the jobs it completed are answered (their vectors or scores, as one text)."""
@@ -436,20 +456,24 @@ class Runner:
             try:
                 output = run.output()
             except InvalidRequest as exc:
-                self.writer.end(Ending(run.job.id, JobStatus.FAILED, error=(exc.type, exc.message, exc.param or "")))
+                self.writer.end(
+                    Ending(job_id=run.job.id, status=JobStatus.FAILED, error=(exc.type, exc.message, exc.param or ""))
+                )
                 continue
-            self.writer.put_many([Text(run.job.id, output, run.tokens)])
-            self.writer.end(Ending(run.job.id, JobStatus.COMPLETED, "stop", None, run.tokens))
+            self.writer.put_many([Text(job_id=run.job.id, text=output, prompt_tokens=run.tokens)])
+            self.writer.end(
+                Ending(job_id=run.job.id, status=JobStatus.COMPLETED, finish_reason="stop", prompt_tokens=run.tokens)
+            )
             logger.info("job %s: completed (%d inputs, %d tokens read)", run.job.id, len(run.sequences), run.tokens)
         for run in failed:
-            self.writer.end(Ending(run.job.id, JobStatus.FAILED, error=_generation_error(run.job.id)))
+            self.writer.end(Ending(job_id=run.job.id, status=JobStatus.FAILED, error=_generation_error(run.job.id)))
         self._look = self._look or bool(done or failed)
 
     def _drop_side_stopped(self) -> None:
         while not self._side_stops.empty():  # this loop is the only reader
             job_id = self._side_stops.get_nowait()
             if self.side.drop(job_id) is not None:
-                self.writer.end(Ending(job_id, JobStatus.CANCELLED, "cancelled"))
+                self.writer.end(Ending(job_id=job_id, status=JobStatus.CANCELLED, finish_reason="cancelled"))
                 logger.info("job %s: cancelled (pooled)", job_id)
 
     def _score(self) -> None:
@@ -494,7 +518,7 @@ class Runner:
                 prompt, params, hit.cache, hit.tokens, generated=done, constraint=run.constraint
             )
         except InvalidPrompt as exc:  # (worker/vision.py: the images of its prompt are no longer held)
-            self.writer.end(Ending(run.job.id, JobStatus.FAILED, error=(exc.type, exc.message)))
+            self.writer.end(Ending(job_id=run.job.id, status=JobStatus.FAILED, error=(exc.type, exc.message)))
             self._look = True
             return False
         timeline.mark(run.job.id, "joined")
@@ -729,14 +753,14 @@ class Runner:
             self._place(held.run, held.prompt, held.params, Hit(None, 0), ())
         self.writer.end(
             Ending(
-                r.job.id,
-                status,
-                reason,
-                error,
-                r.prompt_tokens,
-                r.tokens,
-                r.stop_seen_at,
-                r.cached,
+                job_id=r.job.id,
+                status=status,
+                finish_reason=reason,
+                error=error,
+                prompt_tokens=r.prompt_tokens,
+                completion_tokens=r.tokens,
+                stop_seen_at=r.stop_seen_at,
+                cached_tokens=r.cached,
                 history=r.history() if kept else "",
                 stop_sequence=(r.stops.matched or "") if status is JobStatus.COMPLETED else "",
             )

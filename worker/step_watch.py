@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from worker.pace import Speed
+from tasks.eta import Speed
 
 FLOOR_S = 15.0
 TIMES = 10.0

@@ -8,15 +8,16 @@
 --       holds, its messages then its answer, as history_digest in tasks/job.py names it), stop_sequence (the stop
 --       string it ended at, or '')
 -- That history is recorded against the job's device, so that its follow-up (which resends it) is steered there.
--- -> 1 if ended (now or before, so), 0 if it was not running here, -1 if nobody asked to cancel it
+-- -> FINISHED_ENDED (now or before, so), FINISHED_NOT_HERE if it was not running here, FINISHED_NOT_ASKED if it
+--    says `cancelled` and nobody asked to cancel it
 local id, status, reason, err = ARG.id, ARG.status, ARG.finish_reason, ARG.error
 local prompt_tokens, completion_tokens = ARG.prompt_tokens, ARG.completion_tokens
 local result_ttl = tonumber(ARG.result_ttl_s)
 local jkey = JOB .. id
 local f = redis.call('HMGET', jkey, 'status', 'worker', 'cancel_requested')
-if f[1] == status and f[2] == ARG.worker then return 1 end
-if f[1] ~= 'in_progress' or f[2] ~= ARG.worker then return 0 end
-if status == 'cancelled' and not f[3] then return -1 end
+if f[1] == status and f[2] == ARG.worker then return FINISHED_ENDED end
+if f[1] ~= 'in_progress' or f[2] ~= ARG.worker then return FINISHED_NOT_HERE end
+if status == 'cancelled' and not f[3] then return FINISHED_NOT_ASKED end
 if status == 'cancelled' and err == '' then err = redis.call('HGET', jkey, 'cancel_error') or '' end
 local t = now()
 redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens, 'completion_tokens', completion_tokens,
@@ -42,4 +43,4 @@ if ARG.history ~= '' then
   redis.call('SET', AFFINITY .. ARG.history, redis.call('HGET', jkey, 'device'), 'EX', result_ttl)
 end
 finish(id, status, reason, err, result_ttl, t)
-return 1
+return FINISHED_ENDED
