@@ -3,7 +3,7 @@ both closed-loop, on one onelane; the fair order counting jobs against the fair 
 
     ./dev.sh bench fairness [--model smollm2|demo|PATH] [--seconds 180] [--clients 16] [--batch 4]
                             [--long-prompt 2000] [--long-answer 512] [--short-answer 64] [--weights 1,1]
-                            [--rounds 1]
+                            [--rounds 1] [--only-tokens]
 
 Each order gets a fresh stack (Redis, worker, web) with ONELANE_MAX_BATCH=--batch, so that jobs queue and the order
 decides who runs. User `long` keeps --clients requests in flight, each a prompt of about --long-prompt tokens and an
@@ -377,11 +377,15 @@ def main() -> None:
         "--weights", default="1,1", help="the long user's and the short user's weights, whole numbers 1-100"
     )
     parser.add_argument("--rounds", type=int, default=1, help="both orders this many times, alternating which first")
+    parser.add_argument(
+        "--only-tokens", action="store_true", help="the token order alone (a longer window for the weights' check)"
+    )
     args = parser.parse_args()
     weights = tuple(int(w) if w.strip().isdigit() else 0 for w in args.weights.split(","))
     if len(weights) != 2 or not all(1 <= w <= 100 for w in weights) or args.rounds < 1:
         parser.error("--weights takes two whole numbers from 1 to 100, --rounds at least 1")
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in ORDERS}
+    orders = ORDERS[1:] if args.only_tokens else ORDERS
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in orders}
     with tempfile.TemporaryDirectory(prefix="onelane-bench-model-") as tmp:
         model = str(model_folder(args.model, Path(tmp)))
         print(
@@ -391,7 +395,7 @@ def main() -> None:
             flush=True,
         )
         for r in range(args.rounds):
-            for name, token_order in ORDERS if r % 2 == 0 else ORDERS[::-1]:
+            for name, token_order in orders if r % 2 == 0 else orders[::-1]:
                 got = run(model, args, weights, token_order)  # type: ignore[arg-type]
                 runs[name].append(got)
                 print(f"\nround {r + 1}: " + "\n".join(run_lines(name, got, args, weights)), flush=True)  # type: ignore[arg-type]

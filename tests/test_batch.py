@@ -129,7 +129,10 @@ def test_claims_follow_the_fair_order_with_several_slots(jobs, store, start_work
     done = {job_id: wait_ended(store, job_id) for job_id in ids}
 
     order = sorted(ids, key=lambda job_id: done[job_id]["timings"]["started_at"])
-    assert [owner[j][0] for j in order] == list("abcabcaaaa")
+    # one turn each, then a second each (which of the three goes first depends on when the first turns' answers
+    # were charged: as they end), then alice's rest
+    turns = [owner[j][0] for j in order]
+    assert turns[:3] == list("abc") and sorted(turns[3:6]) == list("abc") and turns[6:] == list("aaaa"), turns
     assert overlap(list(done.values())) == 2
 
 

@@ -1,8 +1,8 @@
 """Fair in what the device spends (issue 51): a flow is charged in token units, its prompt's tokens read and its
-answer's generated (each at its weight: the output weight, by default, as the device measured it), estimated at
-admission and settled as the job ends, so a user of long prompts and long answers takes fewer turns than one of
-short questions; a job is charged only what it used. The queue runs in start-tag order: a flow's next job waits for
-what its last one cost, its first job for nothing."""
+answer's generated (each at its weight: the output weight, by default, as the device measured it): its prompt as
+it is admitted, its answer's tokens as they are generated, what it used settled as it ends. So a user of long
+prompts and long answers takes fewer turns than one of short questions, and a job is charged only what it used.
+The queue runs in start-tag order: a flow's next job waits for what its last ones cost, its first job for nothing."""
 
 from __future__ import annotations
 
@@ -44,17 +44,28 @@ def order(store) -> list[str]:  # type: ignore[no-untyped-def]
 
 
 def test_a_user_of_long_prompts_and_answers_takes_fewer_turns_than_one_of_short_questions(jobs, store):
-    # Given alice's jobs of 2,000-token prompts and 512-token answers, then bob's of short questions and answers
+    # Given alice's jobs of 2,000-token prompts and 512-token answers, then bob's short questions
     long = [submit(jobs.client, "alice", LONG, 512) for _ in range(3)]
-    short = [submit(jobs.client, "bob", f"question {n}?", 64) for n in range(20)]
-
-    # Then alice's first runs first (nobody has been served yet), and her next only after as many of bob's as fit in
-    # what her first costs (2,000 + 4 x 512 token units: about 15 of bob's 16 + 4 x 64), where a job-counting order
-    # would alternate
+    short = [submit(jobs.client, "bob", f"question {n}?", 64) for n in range(40)]
+    # Then alice's first runs first (nobody has been served yet), her next after as many of bob's as fit in her
+    # first's prompt (2,000 token units: all 40 of bob's prompts of 16)
     queue = order(store)
-    assert queue.index(long[0]) == 0
-    assert 13 <= queue.index(long[1]) <= 17, queue.index(long[1])
+    assert queue.index(long[0]) == 0 and queue.index(long[1]) == 41
     assert [j for j in queue if j in long] == long and [j for j in queue if j in short] == short
+
+    # When her first runs and generates its answer, charged as it comes: 32 tokens at a time, 4 units each
+    assert store.for_worker("w1").take_device() == "ok" and claim_now(store, "w1").id == long[0]
+    writer, tag = store.for_worker("w1"), lambda j: int(store.redis.hget(keys.job(j), "tag"))
+    before = tag(long[1])
+    writer.append(long[0], (7,) * 31, "x" * 31, 2000, start=(0, 0))
+    assert tag(long[1]) == before  # (less than a step: not yet)
+    writer.append(long[0], (7,), "x", 2000, start=(31, 31))
+    assert tag(long[1]) == before + 4 * 32
+    writer.append(long[0], (7,) * 480, "x" * 480, 2000, start=(32, 32))
+    # Then her next jobs moved back by its whole answer's cost as it was generated, behind bob's
+    assert tag(long[1]) == before + 4 * 512
+    assert int(store.redis.hget(keys.job(long[0]), "cost")) == 2000 + 4 * 512
+    assert tag(long[2]) - tag(long[1]) == 2000  # (her waiting one's prompt: its answer is charged as it comes)
 
 
 def test_equal_jobs_still_take_turns_and_a_weight_of_2_takes_two_for_one(jobs, store):
@@ -62,34 +73,37 @@ def test_equal_jobs_still_take_turns_and_a_weight_of_2_takes_two_for_one(jobs, s
     b = [submit(jobs.client, "bob", "the same question", 32) for _ in range(4)]
     c = [submit(jobs.client, "carol", "the same question", 32) for _ in range(8)]
     owner = {**dict.fromkeys(a, "a"), **dict.fromkeys(b, "b"), **dict.fromkeys(c, "c")}
-    # (each costs 16 + 4 x 32 token units; carol's, of weight 2, half that: ties keep admission order)
-    assert "".join(owner[j] for j in order(store)) == "abcc" * 4
+    # (each is charged 16 token units for its prompt as it is admitted; carol's, of weight 2, half that: ties keep
+    # admission order)
+    assert "".join(owner[j] for j in order(store)) == "abcc" * 4  # (charged their prompts' 16 units each, for now)
 
 
 def test_a_job_is_charged_what_it_used_and_its_flows_waiting_jobs_move_by_the_difference(jobs, store):
-    # Given alice's three jobs that may write 512 tokens each, the first running, and bob's questions between them
+    # Given alice's three jobs that may write 512 tokens each, the first running, and bob's questions
     long = [submit(jobs.client, "alice", "tell me a story", 512) for _ in range(3)]
     assert store.for_worker("w1").take_device() == "ok"
     started = claim_now(store, "w1")
     assert started is not None and started.id == long[0]
     short = [submit(jobs.client, "bob", f"question {n}?", 64) for n in range(16)]
-    before = order(store)
-    assert before.index(long[1]) >= 6, before.index(long[1])
+    tag = lambda j: int(store.redis.hget(keys.job(j), "tag"))  # noqa: E731
+    before = tag(long[1])
 
-    # When alice's first ends having written 8 tokens (a short story: EOS came early)
+    # When alice's first ends having written 40 tokens and read a prompt of 20 (a short story: EOS came early)
     worker = store.for_worker("w1")
-    assert worker.finish(long[0], JobStatus.COMPLETED, finish_reason="stop", prompt_tokens=20, completion_tokens=8)
+    worker.append(long[0], (7,) * 40, "x" * 40, 20, start=(0, 0))  # (charged as they came: 32 or more at a time)
+    assert tag(long[1]) == before + 4 * 40
+    assert worker.finish(long[0], JobStatus.COMPLETED, finish_reason="stop", prompt_tokens=20, completion_tokens=40)
 
-    # Then it was charged 32 + 4 x 8 units (its 20 prompt tokens count as 2 steps of 16), not its estimate, and her
-    # next job moved up to just behind bob's first (which cost 64 + 4 x 64 units, more than her first)
-    assert int(store.redis.hget(keys.job(long[0]), "cost")) == 32 + 4 * 8
+    # Then it was charged 32 + 4 x 40 units (its 20 prompt tokens count as 2 steps of 16), and her next job moved by
+    # what it was charged in all, less its prompt's estimate of 16, which it had been placed behind
+    assert int(store.redis.hget(keys.job(long[0]), "cost")) == 32 + 4 * 40
+    assert tag(long[1]) == before + (32 + 4 * 40) - 16
     after = order(store)
-    assert after.index(long[1]) == 1 and after[0] == short[0]
     assert [j for j in after if j in short] == short  # bob's own order is his
     # And the flow's service is counted in token units, for /metrics
-    assert store.redis.zscore(keys.SERVICE, "alice") == 32 + 4 * 8
+    assert store.redis.zscore(keys.SERVICE, "alice") == 32 + 4 * 40
     metrics = jobs.client.get("/metrics").get_data(as_text=True)
-    assert 'onelane_flow_service_tokens_total{flow="alice"} 64.0' in metrics
+    assert 'onelane_flow_service_tokens_total{flow="alice"} 192.0' in metrics
 
 
 def test_a_job_that_never_ran_is_charged_nothing(jobs, store):
@@ -98,7 +112,7 @@ def test_a_job_that_never_ran_is_charged_nothing(jobs, store):
     second = submit(jobs.client, "alice", "short?", 8)
     for n in range(8):
         submit(jobs.client, "bob", f"question {n}?", 8)
-    assert order(store).index(second) == 9
+    assert order(store).index(second) == 9  # (behind the first's prompt: 2,000 units, all 8 of bob's)
     # When the long one is cancelled before it starts
     assert jobs.client.delete(f"/v1/jobs/{first}", headers=auth("alice")).status_code in (200, 202)
     # Then nothing is charged for it, and her next job moves up as if it had never been sent
@@ -117,11 +131,16 @@ def test_the_output_weight_auto_is_what_a_token_cost_the_device_as_its_worker_me
         batch=8, slots=8, tokens_per_s=1.0, steps=1, decode_s=0, prefill_s=0, prefill_tokens=0, pace=pace
     )
     assert store.for_worker("w1").take_device(report) == "ok"
-    # Then a job admitted now is priced and charged at 10 a generated token
+    # Then a job admitted now is priced at 10 a generated token
     second = submit(jobs.client, "alice", "a question", 100)
     assert store.redis.hget(keys.job(second), "price").split(",")[1] == "10"
+    # And charged so as its tokens come
+    assert claim_now(store, "w1").id == first and claim_now(store, "w1").id == second
     cost = lambda job_id: int(store.redis.hget(keys.job(job_id), "cost"))  # noqa: E731
-    assert cost(second) - cost(first) == (10 - 4) * 100
+    charged = {j: cost(j) for j in (first, second)}
+    for job_id in (first, second):
+        store.for_worker("w1").append(job_id, (7,) * 32, "x" * 32, 4, start=(0, 0))
+    assert (cost(first) - charged[first], cost(second) - charged[second]) == (4 * 32, 10 * 32)
     # And /metrics tells what a token costs now
     metrics = jobs.client.get("/metrics").get_data(as_text=True)
     assert f'onelane_model_token_cost{{model="{store.settings.model_name}"}} 10.0' in metrics

@@ -5,13 +5,14 @@
 -- connection of its own): what is there already is not appended again, and a write that starts beyond what is
 -- there (its predecessor has not arrived yet) appends nothing and says so (2): the writer's own retry, sent in
 -- order, brings both. So no text is doubled, lost or reordered.
--- With no token (n = 0, during a long prefill), it records that the job is making progress.
+-- With no token (n = 0, during a long prefill), it records that the job is making progress. The tokens are charged
+-- to the job's flow as they come (charge_running in common.lua).
 -- The ids of the tokens counted go on the job's token record (TOK), in step with its completion tokens: a run after
 -- a requeue reads them and goes on from there.
 -- ARG: id, text, prompt_tokens, worker_id, from_n, from_b ('' for both: at the end, unchecked), cached_tokens (of
 --       the prompt's, read from the prefix cache), ids (the ids of the tokens the text is made of, each followed by
 --       ','; their number is the tokens counted)
---   ->  1 to stop, 0 to go on, 2 if it did not line up (nothing appended)
+--   ->  APPENDED_STOP, APPENDED_GO_ON, or APPENDED_GAP if it did not line up (nothing appended)
 local id, text, prompt_tokens = ARG.id, ARG.text, ARG.prompt_tokens
 local lp, prompt_lp = ARG.lp or '', ARG.prompt_lp or ''
 local _, n = string.gsub(ARG.ids, ',', ',')
@@ -19,10 +20,10 @@ local from_n, from_b = tonumber(ARG.from_n), tonumber(ARG.from_b)
 local jkey = JOB .. id
 local f = redis.call('HMGET', jkey, 'status', 'cancel_requested', 'first_token_at', 'worker', 'queued_at', 'device',
   'completion_tokens')
-if f[1] ~= 'in_progress' or f[4] ~= ARG.worker then return 1 end
+if f[1] ~= 'in_progress' or f[4] ~= ARG.worker then return APPENDED_STOP end
 local skip_n, skip_b = 0, 0
 if from_n then skip_n, skip_b = (tonumber(f[7]) or 0) - from_n, redis.call('STRLEN', OUT .. id) - from_b end
-if skip_n < 0 or skip_b < 0 then return 2 end
+if skip_n < 0 or skip_b < 0 then return APPENDED_GAP end
 n, text = math.max(n - skip_n, 0), string.sub(text, skip_b + 1)
 local t = now()
 if redis.call('EXISTS', DEVICE .. f[6]) == 1 then -- a lapsed lease is not recreated (without its TTL)
@@ -46,7 +47,7 @@ if n > 0 then
     end
     if redis.call('APPEND', LP .. id, lp) == #lp then same_life(LP .. id, id) end
   end
-  redis.call('HINCRBY', jkey, 'completion_tokens', n)
+  charge_running(id, redis.call('HINCRBY', jkey, 'completion_tokens', n))
   stat('tokens', n)
   redis.call('HSET', jkey, 'last_token_at', fmt(t))
   per_minute(t, 'tokens', n)
@@ -62,5 +63,5 @@ if text ~= '' or lp ~= '' or prompt_lp ~= '' then
   emit(id, cjson.encode({type = 'token', text = text, n = n, logprobs = lp ~= '' and lp or nil,
     prompt_logprobs = prompt_lp ~= '' and prompt_lp or nil}))
 end
-if f[2] then return 1 end
-return 0
+if f[2] then return APPENDED_STOP end
+return APPENDED_GO_ON

@@ -7,6 +7,7 @@ local TOKEN_COST = 4 -- the output weight 'auto' before the model's pace is know
 local TOKEN_COST_LEAST = 1 -- ... and the bounds of what it is measured to be (lease.lua)
 local TOKEN_COST_MOST = 100
 local PROMPT_STEP = 16 -- a prompt's tokens read are counted in steps of this many (estimate_units, charge_used)
+local CHARGE_STEP = 32 -- a running job's generated tokens are charged to its flow in steps of this many (charge_running)
 
 local function in_steps(tokens)
   return math.ceil(tokens / PROMPT_STEP) * PROMPT_STEP
@@ -102,9 +103,11 @@ end
 
 -- Fair order charges a job what it costs the device, in token units (tasks/users.py): its prompt's tokens not read
 -- from a prefix cache at the prompt weight, and its generated tokens at the output weight, times its owner's share
--- (1 / weight, and ONELANE_BATCH_COST for batch work). Before it runs that is an estimate: its prompt's characters
--- (less its history's, when a device's prefix cache holds that) at the model's recent characters per token (4 when
--- none is known), and its answer's tokens: max_tokens if it ignores EOS, else the median length of the model's
+-- (1 / weight, and ONELANE_BATCH_COST for batch work). Its prompt is charged as it is admitted, its generated tokens
+-- as they are generated (charge_running), and what it used settled as it ends (charge_used); the estimate of its
+-- whole cost places a batch job (queue_score). The estimate, in two parts, prompt and answer: its prompt's
+-- characters (less its history's, when a device's prefix cache holds that) at the model's recent characters per
+-- token (4 when none is known), and its answer's tokens: max_tokens if it ignores EOS, else the median length of the model's
 -- recent answers, at most max_tokens. A prompt's tokens count in steps of PROMPT_STEP, estimated and used: two
 -- jobs that differ by less (two short questions, whose estimates miss their template's tokens) cost the same, and
 -- keep their admission order; a long prompt's cost is its length within a few per cent.
@@ -123,7 +126,7 @@ local function estimate_units(model, prompt_chars, cached_chars, max_tokens, ign
     table.sort(lengths)
     answer = math.min(max_tokens, lengths[math.floor((#lengths + 1) / 2)])
   end
-  return w_prompt * in_steps(math.max(prompt_chars - cached_chars, 1) / per_token) + w_output * answer
+  return w_prompt * in_steps(math.max(prompt_chars - cached_chars, 1) / per_token), w_output * answer
 end
 
 -- Move the waiting jobs of a flow that stand behind `tag` (admitted after the job of that tag) by `delta`, never
@@ -147,8 +150,23 @@ local function move_flow(owner, class, tag, delta)
   if moved then redis.call('PUBLISH', MOVED, moved) end
 end
 
+-- Charge `delta` token units (its share applied) to the flow of a job of `owner` and `class` whose start tag is
+-- `tag`: the flow's waiting jobs behind it, and its next tag, move by as much (back, for a refund).
+local function charge_flow(owner, class, tag, delta)
+  if delta == 0 then return end
+  move_flow(owner, class, tag, delta)
+  local flow = flow_of(owner, class)
+  local next_tag = tonumber(redis.call('ZSCORE', TAGS, flow) or tag) + delta
+  if next_tag > virtual_time() then
+    redis.call('ZADD', TAGS, next_tag, flow)
+  else
+    redis.call('ZREM', TAGS, flow)
+  end
+end
+
 -- A job that ran is charged, as it ends, what it used: the tokens it read and generated, at the prices it was
--- admitted with. The difference from what it was charged before (its estimate) moves its flow's waiting jobs, and
+-- admitted with. The difference from what it was charged before (its prompt's estimate and the tokens charged as
+-- they came) moves its flow's waiting jobs, and
 -- the flow's next tag, by as much: a flow whose answers ran long waits longer for its next turn, one whose ran short
 -- or that read its prompt from a cache, less. A job that never ran is never charged: drop() refunds its estimate.
 local function charge_used(id)
@@ -166,15 +184,22 @@ local function charge_used(id)
   local served = redis.call('ZCARD', SERVICE)
   if served > SERVICE_KEPT then redis.call('ZREMRANGEBYRANK', SERVICE, 0, served - SERVICE_KEPT - 1) end
   redis.call('EXPIRE', SERVICE, SERVICE_TTL)
-  if delta == 0 then return end
-  move_flow(f[1], f[2], tonumber(f[3]), delta)
-  local flow = flow_of(f[1], f[2])
-  local next_tag = tonumber(redis.call('ZSCORE', TAGS, flow) or f[3]) + delta
-  if next_tag > virtual_time() then
-    redis.call('ZADD', TAGS, next_tag, flow)
-  else
-    redis.call('ZREM', TAGS, flow)
-  end
+  charge_flow(f[1], f[2], tonumber(f[3]), delta)
+end
+
+-- A running job's generated tokens are charged as they come, CHARGE_STEP at a time, at the price it was admitted
+-- with: a flow that holds slots with long answers pays as it is served, and its next jobs wait for that, where an
+-- estimate of the whole answer made before the job ran would hold them back from the start. `generated`: its
+-- completion tokens now (a run after a requeue goes on counting).
+local function charge_running(id, generated)
+  local jkey = JOB .. id
+  local f = redis.call('HMGET', jkey, 'owner', 'class', 'tag', 'cost', 'price', 'charged_tokens')
+  local charged = tonumber(f[6]) or 0
+  if not (f[1] and f[3] and f[4] and f[5]) or generated - charged < CHARGE_STEP then return end
+  local _, wo, share = string.match(f[5], '([^,]+),([^,]+),([^,]+)')
+  local delta = math.floor(tonumber(wo) * (generated - charged) * tonumber(share) + 0.5)
+  redis.call('HSET', jkey, 'cost', tonumber(f[4]) + delta, 'charged_tokens', generated)
+  charge_flow(f[1], f[2], tonumber(f[3]), delta)
 end
 
 -- End a job. Every key of an ended job lives for result_ttl seconds from now. The terminal event carries the
@@ -304,12 +329,15 @@ local function settle_tag(owner, class)
   end
 end
 
--- End a waiting job that will never run: it costs its flow nothing, so the flow's jobs behind it move up by its
--- estimate, and the flow's next tag falls back (settle_tag).
+-- End a waiting job that will not run again: it costs its flow nothing more, so the flow's jobs behind it move up
+-- by what it was charged, and the flow's next tag falls back (settle_tag).
 local function drop(id, status, finish_reason, error_json_, result_ttl, t)
   local f = redis.call('HMGET', JOB .. id, 'owner', 'model', 'class', 'tag', 'cost')
   dequeue(id, f[1], f[2])
-  if f[1] and tonumber(f[4]) and tonumber(f[5]) then move_flow(f[1], f[3], tonumber(f[4]), -tonumber(f[5])) end
+  if f[1] and tonumber(f[4]) and tonumber(f[5]) then
+    move_flow(f[1], f[3], tonumber(f[4]), -tonumber(f[5]))
+    redis.call('HSET', JOB .. id, 'cost', 0) -- (refunded: a job that ran before is charged what it used as it ends)
+  end
   if f[1] then settle_tag(f[1], f[3]) end
   finish(id, status, finish_reason, error_json_, result_ttl, t)
 end
