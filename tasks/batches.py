@@ -5,7 +5,7 @@ A line moves from keys.batch_lines (JSON: its index, custom_id and job spec, in 
 -> result line) once its job ended: each move is one transaction, a line's job id is a function of the batch and the
 line (`job_id_of`), and the job is admitted once only (Store.admit's `line`). A runner that dies between two moves
 leaves its successor nothing to do twice: every line ends in exactly one result. The runner is
-web/openai/batch_runner.py.
+web/openai/batches/runner.py.
 
 Every key lives the batch's completion window plus ONELANE_FILE_RETENTION; at the end the lines and results go (the
 results into the batch's files) and the record lives as long as its files.
@@ -37,7 +37,7 @@ LOCK_S = 10  # a round holds its batch at most this long (it takes milliseconds;
 
 
 class BatchRecord(BaseModel):
-    """A batch, with its request counts (live while it runs; web/openai/file_answers.py Batch.of: as OpenAI's `batch`
+    """A batch, with its request counts (live while it runs; web/openai/batches/answers.py Batch.of: as OpenAI's `batch`
     object shows it)."""
 
     model_config = ConfigDict(frozen=True)

@@ -22,7 +22,7 @@ from tasks.settings import Settings
 
 
 class FileRecord(BaseModel):
-    """An uploaded file (web/openai/file_answers.py FileObject.of: as OpenAI's `file` object shows it)."""
+    """An uploaded file (web/openai/batches/answers.py FileObject.of: as OpenAI's `file` object shows it)."""
 
     model_config = ConfigDict(frozen=True)
 

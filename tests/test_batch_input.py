@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from web.openai.batch_input import NotJsonl, read_lines
+from web.openai.batches.input import NotJsonl, read_lines
 
 CHAT = "/v1/chat/completions"
 
@@ -95,6 +95,6 @@ def test_a_file_with_no_json_object_is_refused_whole(settings, data):
 def test_every_endpoint_a_batch_may_address_has_its_request_model_and_the_client_offers_each() -> None:
     from cli.batch import BATCH_ENDPOINTS
     from tasks.batches import ENDPOINTS
-    from web.openai.batch_input import REQUESTS
+    from web.openai.batches.input import REQUESTS
 
     assert set(REQUESTS) == set(ENDPOINTS) == set(BATCH_ENDPOINTS)

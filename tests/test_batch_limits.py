@@ -12,7 +12,7 @@ import tracemalloc
 import pytest
 
 from tasks import keys
-from web.openai import batch_input
+from web.openai.batches import input as batch_input
 
 MiB = 1 << 20
 KEY = {"Authorization": "Bearer anything"}  # local mode: any key is the local user's

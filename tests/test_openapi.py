@@ -32,7 +32,7 @@ from tasks.settings import Settings
 from tests.helpers import wait_ended
 from web import openapi
 from web.errors import meaning
-from web.openai.chat_schemas import ChatRequest, CompletionRequest
+from web.openai.chat.schemas import ChatRequest, CompletionRequest
 from web.schemas import SubmitJob
 
 OPERATIONS = {

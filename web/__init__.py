@@ -13,7 +13,12 @@ from tasks.job import JobStatus
 from tasks.settings import Settings
 from web import api, dashboard, docs, errors, health, pages, stream
 from web.anthropic import messages
-from web.openai import batch_runner, batches, chat, files, pooling, responses
+from web.openai.batches import file_routes as files
+from web.openai.batches import routes as batches
+from web.openai.batches import runner as batch_runner
+from web.openai.chat import routes as chat
+from web.openai.pooling import routes as pooling
+from web.openai.responses import routes as responses
 from web.services import EXTENSION, Services
 
 

@@ -1,5 +1,6 @@
 """What the API answers, as pydantic models: /openapi.json documents every response with them. The OpenAI
-endpoints' answers are in web/openai/answers.py, response_answers.py and file_answers.py, on the same `Answer`.
+endpoints' answers are in web/openai/chat/answers.py, responses/answers.py and batches/answers.py, on the same
+`Answer`.
 
 A job's body is built here (`Job.of`); the other handlers build theirs with jsonify, and tests/test_openapi.py fuzzes
 the app with schemathesis and checks that every answer conforms, so these models cannot drift from what is sent.

@@ -97,7 +97,8 @@ class Store:
         job's dramatiq message, is enqueued in the same step. `address`, for a local-mode browser visitor: its
         client address, whose visitors share the quota, at most VISITORS_PER_ADDRESS of them with jobs waiting.
         A batch's `line` is admitted once only (a job of that id, admitted before, is returned as it stands),
-        outside the owner's quota and listing: the batch bounds its own lines in the queue (web/openai/batch_runner.py).
+        outside the owner's quota and listing: the batch bounds its own lines in the queue
+        (web/openai/batches/runner.py).
         Returns the job as admitted, with its position and ETA, without reading it back.
         """
         return self.admit_all([(job_id, spec)], ttl_s, quota, doorbell, address, line)[0]

@@ -2,8 +2,8 @@
 request's tools and format become its answer's grammar.
 
 Unsupported fields get a 400 rather than being silently ignored; a few are let through with their neutral value.
-The requests themselves: web/openai/chat_schemas.py (chat and completions, on web/openai/sampling.py),
-web/openai/response_schemas.py (the Responses API) and web/openai/batches.py (the Batch API).
+The requests themselves: web/openai/chat/schemas.py (chat and completions, on web/openai/chat/sampling.py),
+web/openai/responses/schemas.py (the Responses API) and web/openai/batches/routes.py (the Batch API).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from tasks.errors import (
@@ -47,6 +47,21 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 TIERS: dict[str, Priority | None] = {"auto": None, "default": None, "flex": "batch", "priority": "interactive"}
 
 STRICT = ConfigDict(extra="forbid", strict=True)  # as OpenAI: `true` is not 1, "0.5" is not 0.5
+
+
+class FunctionDefinition(BaseModel):
+    model_config = STRICT
+
+    name: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    def tool(self) -> Tool:
+        if self.parameters is None:
+            return Tool(name=self.name, description=self.description or "")
+        return Tool(name=self.name, description=self.description or "", parameters=self.parameters)
+
 
 #: What a request that generates may be answered instead (/openapi.json): refused, or its job ended otherwise.
 REQUEST_ERRORS = (

@@ -1,6 +1,7 @@
-"""OpenAI's wire formats for a job's answer, as the chat and completions endpoints give it (web/openai/chat.py) and a
-batch's result lines (web/openai/batch_runner.py): chat.completion and text_completion, whole or streamed; their usage;
-and a page of an OpenAI list. The Responses API's object is web/openai/response_body.py's.
+"""OpenAI's wire formats for a job's answer, as the chat and completions endpoints give it
+(web/openai/chat/routes.py) and a batch's result lines (web/openai/batches/runner.py): chat.completion and
+text_completion, whole or streamed; their usage; and a page of an OpenAI list. The Responses API's object is
+web/openai/responses/body.py's.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from tasks.job import Job, Usage
 from tasks.logprobs import TokenLogprob, read_entries, read_prompt
 from tasks.structured import CallReader, Delta, call_id, read_calls
 from web.openai import logprobs as openai_logprobs
+from web.openai.body import makes_calls
+from web.openai.chat.sampling import Sampling
 from web.openai.logprobs import Offsets
-from web.openai.sampling import Sampling
 
 
 class ChatBody:
@@ -192,20 +194,4 @@ def usage_object(u: Usage) -> dict[str, Any]:
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.total_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-    }
-
-
-def makes_calls(job: Job) -> bool:
-    """The job's answer may hold tool calls (its request gave tools the model may call)."""
-    return job.spec.constraint is not None and job.spec.constraint.kind == "tools"
-
-
-def list_page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
-    """One page of an OpenAI list, with its cursors."""
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": has_more,
     }

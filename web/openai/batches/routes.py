@@ -1,8 +1,8 @@
 """OpenAI's Batch API on the queue: /v1/batches (create, retrieve, list, cancel).
 
 A batch runs an uploaded JSONL file (/v1/files, purpose `batch`) against one endpoint. Its lines are read and checked
-here, as the endpoint checks a request (web/openai/batch_input.py); a line that cannot run is an error line at once,
-and the rest become batch-class jobs as the queue drains (web/openai/batch_runner.py). Its status:
+here, as the endpoint checks a request (web/openai/batches/input.py); a line that cannot run is an error line at once,
+and the rest become batch-class jobs as the queue drains (web/openai/batches/runner.py). Its status:
 
     in_progress -> finalizing -> completed     (every line has its result, in the output or the error file)
     in_progress -> cancelling -> cancelled     (POST .../cancel: what completed is kept, the rest are error lines)
@@ -35,10 +35,10 @@ from tasks.errors import (
 from web.apidoc import documented, reply
 from web.auth import current_owner
 from web.limits import LIMIT, LIST_LIMIT_MAX, after, list_limit
-from web.openai.batch_input import NotJsonl, TooManyLines, read_lines
-from web.openai.batch_runner import batch_runner, refused_line
-from web.openai.bodies import list_page
-from web.openai.file_answers import Batch, BatchList
+from web.openai.batches.answers import Batch, BatchList
+from web.openai.batches.input import NotJsonl, TooManyLines, read_lines
+from web.openai.batches.runner import batch_runner, refused_line
+from web.openai.body import list_page
 from web.openai.schemas import STRICT, bounded_metadata, parse_openai
 from web.schemas import json_body
 from web.services import services

@@ -11,9 +11,8 @@ from tasks.errors import InvalidRequest
 from tasks.job import TOP_LOGPROBS_MOST, JobSpec, Message, Priority, ResponseFields, SamplingParams
 from tasks.settings import Settings
 from tasks.structured import Constraint, Tool, json_constraint
-from web.openai.chat_schemas import FunctionDefinition
-from web.openai.response_input import InputItem, turns_of
-from web.openai.schemas import STRICT, TIERS, bounded_metadata, structure
+from web.openai.responses.input import InputItem, turns_of
+from web.openai.schemas import STRICT, TIERS, FunctionDefinition, bounded_metadata, structure
 from web.schemas import int_is_a_float, make_spec
 
 

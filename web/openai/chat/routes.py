@@ -3,7 +3,7 @@
 Each request is a job in the same queue (same bounds, quotas, fairness, TTL), or one job per answer with `n` or
 `best_of` (web/openai/choices.py). The client's connection is the watcher: a client that hangs up, streaming or not,
 gets its jobs cancelled (skipped if they still wait, stopped within a step if they run). The requests' models are in
-web/openai/chat_schemas.py, their answers' wire formats in web/openai/bodies.py.
+web/openai/chat/schemas.py, their answers' wire formats in web/openai/chat/body.py.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from web.apidoc import JSON, SSE, Reply, Schema, documented, reply
 from web.auth import current_owner
 from web.errors import job_error, openai_error
 from web.follow import CLIENT_GONE, Gone, Ping, Queued, Story, aside, follow
-from web.openai import answers
-from web.openai.bodies import ChatBody, CompletionBody, total_usage, usage_object
-from web.openai.chat_schemas import ChatRequest, CompletionRequest
+from web.openai.chat import answers
+from web.openai.chat.body import ChatBody, CompletionBody, total_usage, usage_object
+from web.openai.chat.sampling import Sampling
+from web.openai.chat.schemas import ChatRequest, CompletionRequest
 from web.openai.choices import ANOTHER_FAILED, admit_all, best_of, cancel_all, merged
-from web.openai.sampling import Sampling
 from web.openai.schemas import REQUEST_ERRORS, parse_openai
 from web.schemas import json_body
 from web.services import services

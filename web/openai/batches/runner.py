@@ -45,9 +45,9 @@ from tasks.files import FileStore
 from tasks.job import Job, JobSpec, JobStatus
 from tasks.store import Store
 from web.errors import job_error, openai_error
-from web.openai.bodies import ChatBody, CompletionBody
-from web.openai.pooling import embeddings_body
-from web.openai.response_body import snapshot
+from web.openai.chat.body import ChatBody, CompletionBody
+from web.openai.pooling.routes import embeddings_body
+from web.openai.responses.body import snapshot
 from web.services import Services
 
 logger = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ def error_result(batch_id: str, line: PendingLine, code: str, message: str, job_
 
 
 def refused_line(batch_id: str, index: int, custom_id: str | None, code: str, message: str) -> Result:
-    """A line the endpoint refused as it was read (web/openai/batch_input.py's LineError)."""
+    """A line the endpoint refused as it was read (web/openai/batches/input.py's LineError)."""
     return _line(batch_id, index, custom_id, None, {"code": code, "message": message, "line": index + 1}, False, None)
 
 

@@ -14,8 +14,8 @@ from tasks.errors import FileNotFound, Forbidden, InvalidParameter, InvalidReque
 from web.apidoc import MULTIPART, documented, reply
 from web.auth import current_owner
 from web.limits import LIMIT, ORDER, after, list_limit, oldest_first
-from web.openai.bodies import list_page
-from web.openai.file_answers import FileDeleted, FileList, FileObject
+from web.openai.batches.answers import FileDeleted, FileList, FileObject
+from web.openai.body import list_page
 from web.services import services
 
 bp = Blueprint("files", __name__)

@@ -1,5 +1,5 @@
 """A response's stream: its events, numbered from its job's durable log, so that every stream of one response numbers
-them the same (web/openai/responses.py serves it)."""
+them the same (web/openai/responses/routes.py serves it)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from tasks.structured import CallReader, Delta
 from web import sse
 from web.follow import CLIENT_GONE, Story, cancel_quietly, with_asides
 from web.openai import logprobs as openai_logprobs
-from web.openai.bodies import makes_calls
-from web.openai.response_body import (
+from web.openai.body import makes_calls
+from web.openai.responses.body import (
     call_state,
     function_call,
     item_id,

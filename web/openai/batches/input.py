@@ -1,8 +1,8 @@
 """A Batch API input file, read line by line into the jobs it asks for, and the lines it cannot be.
 
 Each line of the JSONL file is `{"custom_id", "method": "POST", "url", "body"}`; its body is checked exactly as the
-endpoint `url` checks a request (the same request models and server limits: web/openai/chat_schemas.py,
-response_schemas.py), and becomes a job of the batch class that nobody watches. A line that cannot be one (not JSON,
+endpoint `url` checks a request (the same request models and server limits: web/openai/chat/schemas.py,
+responses/schemas.py), and becomes a job of the batch class that nobody watches. A line that cannot be one (not JSON,
 no custom_id, a custom_id seen before, another method, a url that is not the batch's endpoint, a body the endpoint
 refuses, `stream`) is an error line with its custom_id, never the whole batch's failure; only a file in which no line
 is a JSON object is refused whole (NotJsonl), and one of more lines than a batch takes (TooManyLines) before any line
@@ -24,9 +24,9 @@ from pydantic import BaseModel
 from tasks.errors import InvalidJSON, InvalidRequest, OnelaneError
 from tasks.job import JobSpec
 from tasks.settings import Settings
-from web.openai.chat_schemas import ChatRequest, CompletionRequest
-from web.openai.pooling import EmbeddingRequest
-from web.openai.response_schemas import RESPONSE_NEUTRAL, ResponseRequest
+from web.openai.chat.schemas import ChatRequest, CompletionRequest
+from web.openai.pooling.routes import EmbeddingRequest
+from web.openai.responses.schemas import RESPONSE_NEUTRAL, ResponseRequest
 from web.openai.schemas import NEUTRAL, parse_openai
 from web.schemas import loads_checked
 

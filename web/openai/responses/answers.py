@@ -1,4 +1,4 @@
-"""What the Responses API answers, as pydantic models: the response object (web/openai/response_body.py builds
+"""What the Responses API answers, as pydantic models: the response object (web/openai/responses/body.py builds
 it), its input items, and its stream's events."""
 
 from __future__ import annotations

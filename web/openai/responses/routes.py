@@ -43,12 +43,12 @@ from web.errors import job_error
 from web.feed import Feed
 from web.follow import CLIENT_GONE, Gone, Story, cancel_quietly, follow
 from web.limits import CANCEL_WAIT_S, LIMIT, ORDER, after, list_limit, oldest_first
-from web.openai.bodies import list_page
-from web.openai.response_answers import InputItemList, OpenAIResponse, ResponseStreamEvent
-from web.openai.response_body import PREFIX, items_of, snapshot, status_of
-from web.openai.response_input import conversation_of, input_of
-from web.openai.response_schemas import RESPONSE_NEUTRAL, ResponseRequest
-from web.openai.response_stream import ResponseStream
+from web.openai.body import list_page
+from web.openai.responses.answers import InputItemList, OpenAIResponse, ResponseStreamEvent
+from web.openai.responses.body import PREFIX, items_of, snapshot, status_of
+from web.openai.responses.input import conversation_of, input_of
+from web.openai.responses.schemas import RESPONSE_NEUTRAL, ResponseRequest
+from web.openai.responses.stream import ResponseStream
 from web.openai.schemas import REQUEST_ERRORS, parse_openai
 from web.schemas import json_body
 from web.services import services

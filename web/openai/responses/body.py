@@ -1,5 +1,6 @@
-"""The Responses API's object for a job, as its endpoints (web/openai/responses.py) and a batch's result lines give
-it: its status (the job's, as web/openai/responses.py tells), its output items, its input items, its usage."""
+"""The Responses API's object for a job, as its endpoints (web/openai/responses/routes.py) and a batch's result
+lines give it: its status (the job's, as web/openai/responses/routes.py tells), its output items, its input items,
+its usage."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from tasks.job import Job, JobStatus, Message, ResponseFields
 from tasks.logprobs import read_entries
 from tasks.structured import CallReader, ToolCall, call_id, render_call
 from web.openai import logprobs as openai_logprobs
-from web.openai.bodies import makes_calls
-from web.openai.response_schemas import RESPONSE_ECHO
+from web.openai.body import makes_calls
+from web.openai.responses.schemas import RESPONSE_ECHO
 
 PREFIX = "resp_"
 TIER_NAMES = {"batch": "flex", "interactive": "default"}

@@ -1,5 +1,5 @@
 """The requests of /v1/chat/completions and /v1/completions: their messages and tools, and what each adds to the
-sampling fields both share (web/openai/sampling.py)."""
+sampling fields both share (web/openai/chat/sampling.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from tasks.job import NAME_PATTERN, TOP_LOGPROBS_MOST, JobSpec, Message
 from tasks.settings import Settings
 from tasks.structured import Constraint, Tool, ToolCall
 from web.content import Content, read_content
-from web.openai.sampling import CHOICES_MOST, Sampling
-from web.openai.schemas import STRICT, structure
+from web.openai.chat.sampling import CHOICES_MOST, Sampling
+from web.openai.schemas import STRICT, FunctionDefinition, structure
 
 
 class ToolCallFunction(BaseModel):
@@ -62,20 +62,6 @@ class ChatMessage(BaseModel):
             name=self.name,
             images=images,
         )
-
-
-class FunctionDefinition(BaseModel):
-    model_config = STRICT
-
-    name: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-    def tool(self) -> Tool:
-        if self.parameters is None:
-            return Tool(name=self.name, description=self.description or "")
-        return Tool(name=self.name, description=self.description or "", parameters=self.parameters)
 
 
 class ChatTool(BaseModel):
