@@ -81,6 +81,8 @@ class Served:
     cut_in_prefill: int = 0  # started by the deadline, no token by then: not counted
     in_prefill: list[tuple[int, float]] = field(default_factory=list)  # each such job's (prompt tokens, s in the batch)
     errors: Counter[str] = field(default_factory=Counter)  # failed in the window: the client's error, or the job's
+    runs: list[tuple[float, float | None]] = field(default_factory=list)  # each run's start and first token, s before
+    #                                                                       the deadline (None: none by then)
 
 
 @dataclass
@@ -157,6 +159,9 @@ def tally(jobs: list[Job], deadline: float, end: End) -> Served:
     served = Served()
     for job in jobs:
         t, usage = job.timings, job.usage
+        if t.started_at is not None and t.started_at <= deadline:
+            first = t.first_token_at if t.first_token_at is not None and t.first_token_at <= deadline else None
+            served.runs.append((deadline - t.started_at, None if first is None else deadline - first))
         if job.status is JobStatus.COMPLETED and t.finished_at is not None and t.finished_at <= deadline:
             served.prompt += usage.prompt_tokens - usage.cached_tokens
             served.generated += usage.completion_tokens
@@ -314,6 +319,11 @@ def run_lines(name: str, got: dict[str, Any], args: argparse.Namespace, weights:
             f"{s.prompt:>7} prompt tokens read, "
             f"{s.generated:>7.0f} generated, {got['seconds'][u]:7.1f} device-s ({got['shares'][u]:.0%}){errors}"
         )
+    long_runs = sorted(got["served"]["long"].runs, reverse=True)
+    lines.append(
+        "  long's jobs: started, first token (s into the window): "
+        + ", ".join(f"{args.seconds - a:.0f}/{'-' if b is None else f'{args.seconds - b:.0f}'}" for a, b in long_runs)
+    )
     lines.append(
         f"  Jain's index of device-seconds over weight: {got['jain']:.3f} ({got['jain_unread']:.3f} if the jobs cut "
         f"in their prefill had had their most); {ratio_line(got['ratio'], weights)}"
