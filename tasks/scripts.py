@@ -49,7 +49,7 @@ ARGS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 
 
-class Appended(IntEnum):
+class AppendReply(IntEnum):
     """What append.lua answers."""
 
     GO_ON = 0
@@ -57,7 +57,7 @@ class Appended(IntEnum):
     GAP = 2  # it did not follow what Redis holds of the output: nothing appended
 
 
-class Finished(IntEnum):
+class FinishReply(IntEnum):
     """What finish.lua answers."""
 
     ENDED = 1  # now, or before, so
@@ -67,9 +67,10 @@ class Finished(IntEnum):
 
 #: The facts the scripts share with Python: every key name and prefix, and the bounds kept with them (tasks/keys.py),
 #: and the scripts' replies by name (APPENDED_STOP, FINISHED_ENDED, ...).
+REPLIES: dict[str, type[IntEnum]] = {"APPENDED": AppendReply, "FINISHED": FinishReply}
 CONSTANTS: dict[str, str | int] = {
     **keys.LUA_NAMES,
-    **{f"{type(r).__name__.upper()}_{r.name}": int(r) for reply in (Appended, Finished) for r in reply},
+    **{f"{prefix}_{r.name}": int(r) for prefix, reply in REPLIES.items() for r in reply},
 }
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import redis
 
 from tasks.job import JobStatus
-from tasks.scripts import Appended, Finished
+from tasks.scripts import AppendReply, FinishReply
 from tasks.store import WorkerStore
 from worker import timeline
 
@@ -374,18 +374,18 @@ class OutputWriter:
         if isinstance(result, Exception):  # the script failed (a bug, not Redis away): the operator's to see
             logger.error("job %s: %s failed: %s", op.job_id, type(op).__name__.strip("_").lower(), result)
         if isinstance(op, _Append):
-            if result == Appended.STOP:
+            if result == AppendReply.STOP:
                 self.on_stop(op.job_id)
-            elif result == Appended.GAP:  # sent in order, so a gap means what came before it was lost: say so
+            elif result == AppendReply.GAP:  # sent in order, so a gap means what came before it was lost: say so
                 logger.error("job %s: a write did not follow what Redis holds of its output; dropped", op.job_id)
             return
         self._written.pop(op.job_id, None)  # the run is over
-        if isinstance(op, Ending) and (result == Finished.NOT_ASKED or isinstance(result, Exception)):
+        if isinstance(op, Ending) and (result == FinishReply.NOT_ASKED or isinstance(result, Exception)):
             # not ended: say, `cancelled`, which nobody asked for. Never made up: the job goes back to the queue
             logger.error("job %s: its ending was refused (%s); handing it back", op.job_id, result)
             self._unsent.append(_HandBack(op.job_id, "worker_crashed", False))
             return
-        if isinstance(op, Ending) and result == Finished.NOT_HERE:
+        if isinstance(op, Ending) and result == FinishReply.NOT_HERE:
             logger.warning("job %s: taken away from this worker (presumed dead); its outcome was dropped", op.job_id)
         elif isinstance(op, _HandBack):
             logger.info("job %s: handed back: %s", op.job_id, result[1] if result else "not running here")

@@ -132,7 +132,7 @@ end
 -- Move the waiting jobs of a flow that stand behind `tag` (admitted after the job of that tag) by `delta`, never
 -- below the virtual time: a refund does not put a job ahead of where a job admitted now would stand.
 local function move_flow(owner, class, tag, delta)
-  local flow, moved, floor = flow_of(owner, class), nil, virtual_time()
+  local flow, moved, n, floor = flow_of(owner, class), nil, 0, virtual_time()
   local waiting = redis.call('ZRANGE', UQ .. owner, 0, -1, 'WITHSCORES')
   for i = 1, #waiting, 2 do
     local other = waiting[i]
@@ -144,10 +144,11 @@ local function move_flow(owner, class, tag, delta)
       redis.call('ZADD', QUEUE, 'XX', score, other)
       redis.call('ZADD', UQ .. owner, 'XX', score, other)
       if o[2] then redis.call('ZADD', MQ .. o[2], 'XX', score, other) end
-      moved = other
+      moved, n = other, n + 1
     end
   end
-  if moved then redis.call('PUBLISH', MOVED, moved) end
+  -- (no position changed when every waiting job moved alike: one user's alone, as their answers are charged)
+  if moved and redis.call('ZCARD', QUEUE) > n then redis.call('PUBLISH', MOVED, moved) end
 end
 
 -- Charge `delta` token units (its share applied) to the flow of a job of `owner` and `class` whose start tag is
