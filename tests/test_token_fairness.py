@@ -144,3 +144,20 @@ def test_the_output_weight_auto_is_what_a_token_cost_the_device_as_its_worker_me
     # And /metrics tells what a token costs now
     metrics = jobs.client.get("/metrics").get_data(as_text=True)
     assert f'onelane_model_token_cost{{model="{store.settings.model_name}"}} 10.0' in metrics
+
+
+def test_a_job_handed_back_and_then_cancelled_is_charged_what_it_used_once(jobs, store):
+    # Given alice's job that ran 40 tokens of a 20-token prompt (charged as they came), then went back to the queue,
+    # and her next job behind it
+    first = submit(jobs.client, "alice", "tell me a story", 512)
+    writer = store.for_worker("w1")
+    assert writer.take_device() == "ok" and claim_now(store, "w1").id == first
+    writer.append(first, (7,) * 40, "x" * 40, 20, start=(0, 0))
+    assert writer.hand_back(first, "worker_crashed")
+    second = submit(jobs.client, "alice", "tell me another", 512)
+    tag = int(store.redis.hget(keys.job(second), "tag"))
+    # When the first is cancelled while it waits
+    assert jobs.client.delete(f"/v1/jobs/{first}", headers=auth("alice")).status_code in (200, 202)
+    # Then it is charged what it used, once: 32 + 4 x 40 units, where it had been charged 16 + 4 x 40
+    assert store.redis.zscore(keys.SERVICE, "alice") == 32 + 4 * 40
+    assert int(store.redis.hget(keys.job(second), "tag")) == tag + (32 + 4 * 40) - (16 + 4 * 40)

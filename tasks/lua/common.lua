@@ -170,11 +170,13 @@ end
 -- they came) moves its flow's waiting jobs, and
 -- the flow's next tag, by as much: a flow whose answers ran long waits longer for its next turn, one whose ran short
 -- or that read its prompt from a cache, less. A job that never ran is never charged: drop() refunds its estimate.
+-- (A job that ran, went back to the queue and ends there has no start any more, but its tokens tell that it ran.)
 local function charge_used(id)
   local jkey = JOB .. id
   local f = redis.call('HMGET', jkey, 'owner', 'class', 'tag', 'cost', 'price', 'prompt_tokens', 'cached_tokens',
     'completion_tokens', 'started_at')
-  if not (f[1] and f[3] and f[4] and f[5] and f[9]) then return end
+  if not (f[1] and f[3] and f[4] and f[5]) then return end
+  if not f[9] and (tonumber(f[6]) or 0) == 0 and (tonumber(f[8]) or 0) == 0 then return end
   local wp, wo, share = string.match(f[5], '([^,]+),([^,]+),([^,]+)')
   local read = in_steps(math.max((tonumber(f[6]) or 0) - (tonumber(f[7]) or 0), 0))
   local units = tonumber(wp) * read + tonumber(wo) * (tonumber(f[8]) or 0)
@@ -330,14 +332,16 @@ local function settle_tag(owner, class)
   end
 end
 
--- End a waiting job that will not run again: it costs its flow nothing more, so the flow's jobs behind it move up
--- by what it was charged, and the flow's next tag falls back (settle_tag).
+-- End a waiting job that will not run again. One that never ran costs its flow nothing: the flow's jobs behind it
+-- move up by what it was charged, and the flow's next tag falls back (settle_tag). One that ran before (it went back
+-- to the queue) is charged what it used, as it ends (charge_used, in finish).
 local function drop(id, status, finish_reason, error_json_, result_ttl, t)
-  local f = redis.call('HMGET', JOB .. id, 'owner', 'model', 'class', 'tag', 'cost')
+  local f = redis.call('HMGET', JOB .. id, 'owner', 'model', 'class', 'tag', 'cost', 'prompt_tokens',
+    'completion_tokens')
   dequeue(id, f[1], f[2])
-  if f[1] and tonumber(f[4]) and tonumber(f[5]) then
+  local ran = (tonumber(f[6]) or 0) > 0 or (tonumber(f[7]) or 0) > 0
+  if f[1] and tonumber(f[4]) and tonumber(f[5]) and not ran then
     move_flow(f[1], f[3], tonumber(f[4]), -tonumber(f[5]))
-    redis.call('HSET', JOB .. id, 'cost', 0) -- (refunded: a job that ran before is charged what it used as it ends)
   end
   if f[1] then settle_tag(f[1], f[3]) end
   finish(id, status, finish_reason, error_json_, result_ttl, t)
