@@ -151,6 +151,17 @@ local function move_flow(owner, class, tag, delta)
   if moved and redis.call('ZCARD', QUEUE) > n then redis.call('PUBLISH', MOVED, moved) end
 end
 
+-- A job's price, as admit.lua wrote it: its prompt weight, its output weight, its owner's share.
+local function price_of(price)
+  local wp, wo, share = string.match(price, '([^,]+),([^,]+),([^,]+)')
+  return tonumber(wp), tonumber(wo), tonumber(share)
+end
+
+-- Whether a job has run: it has a start, or tokens (a job handed back to the queue keeps them, not its start).
+local function has_run(started_at, prompt_tokens, completion_tokens)
+  return started_at ~= nil or (tonumber(prompt_tokens) or 0) > 0 or (tonumber(completion_tokens) or 0) > 0
+end
+
 -- Charge `delta` token units (its share applied) to the flow of a job of `owner` and `class` whose start tag is
 -- `tag`: the flow's waiting jobs behind it, and its next tag, move by as much (back, for a refund).
 local function charge_flow(owner, class, tag, delta)
@@ -175,12 +186,11 @@ local function charge_used(id)
   local jkey = JOB .. id
   local f = redis.call('HMGET', jkey, 'owner', 'class', 'tag', 'cost', 'price', 'prompt_tokens', 'cached_tokens',
     'completion_tokens', 'started_at')
-  if not (f[1] and f[3] and f[4] and f[5]) then return end
-  if not f[9] and (tonumber(f[6]) or 0) == 0 and (tonumber(f[8]) or 0) == 0 then return end
-  local wp, wo, share = string.match(f[5], '([^,]+),([^,]+),([^,]+)')
+  if not (f[1] and f[3] and f[4] and f[5] and has_run(f[9] or nil, f[6], f[8])) then return end
+  local wp, wo, share = price_of(f[5])
   local read = in_steps(math.max((tonumber(f[6]) or 0) - (tonumber(f[7]) or 0), 0))
-  local units = tonumber(wp) * read + tonumber(wo) * (tonumber(f[8]) or 0)
-  local used = math.floor(units * tonumber(share) + 0.5)
+  local units = wp * read + wo * (tonumber(f[8]) or 0)
+  local used = math.floor(units * share + 0.5)
   local delta = used - tonumber(f[4])
   redis.call('HSET', jkey, 'cost', used)
   redis.call('ZINCRBY', SERVICE, math.floor(units + 0.5), flow_of(f[1], f[2]))
@@ -199,8 +209,8 @@ local function charge_running(id, generated)
   local f = redis.call('HMGET', jkey, 'owner', 'class', 'tag', 'cost', 'price', 'charged_tokens')
   local charged = tonumber(f[6]) or 0
   if not (f[1] and f[3] and f[4] and f[5]) or generated - charged < CHARGE_STEP then return end
-  local _, wo, share = string.match(f[5], '([^,]+),([^,]+),([^,]+)')
-  local delta = math.floor(tonumber(wo) * (generated - charged) * tonumber(share) + 0.5)
+  local _, wo, share = price_of(f[5])
+  local delta = math.floor(wo * (generated - charged) * share + 0.5)
   redis.call('HSET', jkey, 'cost', tonumber(f[4]) + delta, 'charged_tokens', generated)
   charge_flow(f[1], f[2], tonumber(f[3]), delta)
 end
@@ -339,8 +349,7 @@ local function drop(id, status, finish_reason, error_json_, result_ttl, t)
   local f = redis.call('HMGET', JOB .. id, 'owner', 'model', 'class', 'tag', 'cost', 'prompt_tokens',
     'completion_tokens')
   dequeue(id, f[1], f[2])
-  local ran = (tonumber(f[6]) or 0) > 0 or (tonumber(f[7]) or 0) > 0
-  if f[1] and tonumber(f[4]) and tonumber(f[5]) and not ran then
+  if f[1] and tonumber(f[4]) and tonumber(f[5]) and not has_run(nil, f[6], f[7]) then
     move_flow(f[1], f[3], tonumber(f[4]), -tonumber(f[5]))
   end
   if f[1] then settle_tag(f[1], f[3]) end
