@@ -389,7 +389,7 @@ def test_the_web_page_attaches_an_image_shows_it_and_follows_up(worker, page, st
     job_id = page.url.rsplit("/", 1)[1]
     # Then its page shows the image in the user's turn, and the model's own answer about it
     done = wait_ended(store, job_id, timeout_s=120)
-    assert done["output"] == reference("smolvlm", png("red"), 8)
+    assert (done["status"], done["output"]) == ("completed", reference("smolvlm", png("red"), 8))
     page.reload()
     shown = page.locator(".turn[data-role=user] img.attached")
     assert shown.count() == 1
