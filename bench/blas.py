@@ -26,7 +26,7 @@ def probe(model: str, tokens: int) -> dict[str, object]:
 
     from bench.harness import generate
     from tasks.job import JobSpec, SamplingParams
-    from worker.engine import Engine
+    from worker.batch.engine import Engine
 
     a = mx.random.normal((1024, 1024))
     mx.eval(a @ a)

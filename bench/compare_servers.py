@@ -28,7 +28,7 @@ report names the BLAS each side ran on, read from the running processes (their m
      `--streamed` streamed requests of its own prompts back to back (temperature 0, natural stops, max_tokens 32,
      each on a fresh connection); per level: completion tokens/s over the wall, the streamed requests' time to the
      first content chunk (p50/p90/p99), failures by kind (connection resets counted, not retried). With the bare
-     engine in the rotation (unless `--no-engine`): worker/engine.py's Engine in this process, on OpenBLAS as the
+     engine in the rotation (unless `--no-engine`): worker/batch/engine.py's Engine in this process, on OpenBLAS as the
      worker, the same clients' prompts with every client's sequence in its batch (ONELANE_MAX_BATCH and
      ONELANE_PREFILL_STEP as onelane's worker gets them): queue efficiency = onelane's tokens/s over its.
    - `--workload ignore-eos` (the earlier one): `--requests` non-streaming requests per level, every answer forced
@@ -500,8 +500,8 @@ def onelane_overload_phase(settings: Settings, store: Store, sized: dict[str, st
 
 
 def bare_engine(model_path: str) -> Any:
-    """worker/engine.py's Engine on the model folder, in this process (on OpenBLAS: see main)."""
-    from worker.engine import Engine
+    """worker/batch/engine.py's Engine on the model folder, in this process (on OpenBLAS: see main)."""
+    from worker.batch.engine import Engine
 
     return Engine.load(model_path)
 

@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="which of " + ", ".join(DTYPES))
     args = parser.parse_args()
     preload_openblas()
-    from worker.engine import Engine
+    from worker.batch.engine import Engine
     from worker.gguf import import_gguf, locate
 
     batches = [int(b) for b in args.batches.split(",")]

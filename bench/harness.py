@@ -333,7 +333,7 @@ class InProcess:
 
     def __init__(self, settings: Settings) -> None:
         from tasks.broker import make_broker
-        from worker.engine import Engine
+        from worker.batch.engine import Engine
 
         self.settings = settings
         self.engine = Engine.load(settings.model_path)
@@ -368,7 +368,7 @@ class Chunk:
 
 
 def generate(engine: Any, spec: JobSpec) -> Iterator[Chunk]:
-    """One job alone on `engine` (worker/engine.py), start to end, a chunk per token, holding the device's lock as the
+    """One job alone on `engine` (worker/batch/engine.py), start to end, a chunk per token, holding the device's lock as the
         worker's runner does: the baseline of the benchmarks (and the tests' way to run a model without a worker). An answer
     under a grammar draws every token under its mask (no fast-forward) and ends where the grammar does."""
     with engine.lock:

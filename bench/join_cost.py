@@ -1,5 +1,5 @@
 """What a sequence joining a decoding batch costs: mlx-lm's BatchGenerator (as mlx_lm.server runs it) against the
-worker's engine (worker/continuous.py), on the same model, prompts and batch, alternating run by run.
+worker's engine (worker/batch/forward.py), on the same model, prompts and batch, alternating run by run.
 
     ./dev.sh bench join_cost [--model smollm2|demo|PATH] [--batches 1,8] [--joins 1,2] [--runs 5]
 
@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     preload_openblas()
-    from worker.engine import Engine
+    from worker.batch.engine import Engine
 
     with tempfile.TemporaryDirectory(prefix="onelane-model-") as tmp:
         engine = Engine.load(str(model_folder(args.model, Path(tmp))), max_batch=64, prefill_step=2048)

@@ -144,7 +144,7 @@ def main() -> None:
     parser.add_argument("--pause", type=float, default=0.1, help="idle seconds before every run, both ways")
     args = parser.parse_args()
     preload_openblas()  # measure direct generation as workers run it
-    from worker.engine import Engine
+    from worker.batch.engine import Engine
 
     with bench_env("tiny", max_queue=1000, max_queued_per_user=1000) as settings:
         params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, temperature=1.0, seed=SEED)

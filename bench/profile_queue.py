@@ -16,7 +16,7 @@ tokens), each on a fresh connection, after one untimed round to warm up. The pre
    gunicorn process), Redis, and this process's clients; from /proc/<pid>/task/<tid>/stat before and after the load.
 2. The step time with and without the queue around the engine: the worker's own steps (worker/timeline.py: the
    engine's step, the rest of the step in Python, the gap to the next step) against the same prompts, in the same
-   order, driven straight through worker/engine.py's Engine in this process, `--clients` at a time (one joins the
+   order, driven straight through worker/batch/engine.py's Engine in this process, `--clients` at a time (one joins the
    moment one ends), once the stack is stopped; per-step ms by batch size, and the queue efficiency: the stack's
    tokens/s over the bare engine's. Then a client's slot between two of its jobs (last token -> its end in Redis
    -> [DONE] -> the next request -> admitted -> claimed -> joined): what keeps the batch below the clients' number.
@@ -271,7 +271,7 @@ def bare_engine(settings: Settings, prompts: list[str], clients: int, max_tokens
     """The same prompts, in the same order, straight through the Engine: `clients` at a time, the next one joining
     the moment one ends."""
     from tasks.job import JobSpec, Message, SamplingParams
-    from worker.engine import Engine
+    from worker.batch.engine import Engine
 
     engine = Engine.load(settings.model_path)
     engine.configure(settings.max_batch, settings.prefill_step)

@@ -204,7 +204,7 @@ class _Live:
 def engine_level(
     engine: Any, clients: list[list[str]], at: frozenset[int], max_tokens: int, max_batch: int, prefill_step: int
 ) -> MixLevel:
-    """The same clients on worker/engine.py's Engine alone, in this process, holding its lock as the worker does:
+    """The same clients on worker/batch/engine.py's Engine alone, in this process, holding its lock as the worker does:
     every client's first request inserted together, and each client's next one as soon as its last ended (closed
     loop, no queue, no web, no Redis). Batch and prefill chunk as onelane's worker gets them. TTFT here: from the
     insert (the prompt tokenized) to the sequence's first token."""

@@ -6,7 +6,7 @@ a job ends, its slot frees, and the next waiting job in fair order joins, if the
 prefill (the part of its prompt a prefix cache does not hold); a job of another model waits for the batch to drain
 (jobs of the running model may go ahead of it for ONELANE_MODEL_SWITCH_WAIT_S, as claim.lua lets them) and for its
 model to load. A job's expected length is what recent answers of its model suggest: answers stop by themselves
-before max_tokens more often than not. Interactive work does not wait behind batch work (worker/runner.py): when a
+before max_tokens more often than not. Interactive work does not wait behind batch work (worker/batch/preemption.py): when a
 batch is full and holds a batch-class job set aside fewer than ONELANE_PREEMPT_LIMIT times, the first interactive
 job of its model within the first 64 waiting takes its slot between two steps, and the batch-class job goes back to
 the front of the line, keeping its tokens.
@@ -94,7 +94,7 @@ class Model:
     pace: Speed | None
     load_s: float
     lengths: Lengths
-    alone: bool = False  # its jobs run one at a time (worker/batching.py)
+    alone: bool = False  # its jobs run one at a time (worker/batch/sharing.py)
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class _Run:
 
     @property
     def tokens(self) -> float:
-        """What setting it aside costs: the KV state it holds, to keep and to read again (worker/runner.py)."""
+        """What setting it aside costs: the KV state it holds, to keep and to read again (worker/batch/preemption.py)."""
         return self.prompt + self.done
 
 
@@ -400,7 +400,7 @@ class _Forecast:
     def _urgent(self, device: _Device) -> tuple[int, list[_Run]] | None:
         """When no job may join the device's batch as it is: the first interactive job of its model within the
         first LOOK waiting, and the batch-class runs it sets aside to make room (the cheapest first, as few as it
-        takes; none if it fits as it is), if the batch holds any that may be (worker/runner.py, claim.lua)."""
+        takes; none if it fits as it is), if the batch holds any that may be (worker/batch/preemption.py, claim.lua)."""
         victims = sorted(
             (r for r in device.runs if r.job.batch and r.job.preemptions < self.rules.preempt_limit),
             key=lambda r: r.tokens,

@@ -117,7 +117,7 @@ def _told(client: str) -> list[str]:
 
 
 def prompt(messages: tuple[Message, ...], tools: tuple[Tool, ...], tokenizer) -> str:  # type: ignore[no-untyped-def]
-    """The prompt as the worker renders it (worker/engine.py `prompt_tokens`), as text."""
+    """The prompt as the worker renders it (worker/batch/engine.py `prompt_tokens`), as text."""
     from worker.chat_prompt import chat_input
 
     turns, native = chat_input(messages, tools, tokenizer)

@@ -73,14 +73,14 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_engine(demo_model: Path):  # type: ignore[no-untyped-def]
-    from worker.engine import Engine
+    from worker.batch.engine import Engine
 
     return Engine.load(str(demo_model))
 
 
 @pytest.fixture(scope="session")
 def smollm2_engine(smollm2: Path):  # type: ignore[no-untyped-def]
-    from worker.engine import Engine
+    from worker.batch.engine import Engine
 
     return Engine.load(str(smollm2))  # (dtype "auto": float32 on a CPU, as the worker loads it)
 

@@ -25,7 +25,7 @@ from tests.tiny_archs import Sweep, architectures, build_all
 STALL_S = 20.0
 
 #: what onelane does wrong with each today, as seen running this file (none: every architecture's answers are its own,
-#: batched or alone as worker/batching.py finds them at load)
+#: batched or alone as worker/batch/sharing.py finds them at load)
 FAILING: dict[str, str] = {}
 
 ARCHS = [

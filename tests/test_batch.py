@@ -180,7 +180,7 @@ def watch_batch(worker, engine, monkeypatch) -> list[tuple[set[str], int]]:  # t
 def test_a_failing_batch_step_fails_only_the_guilty_job_and_costs_the_others_no_attempt(
     jobs, store, start_worker, monkeypatch
 ):
-    import worker.engine as engine_module
+    import worker.batch.engine as engine_module
 
     make = engine_module.make_sampler
 

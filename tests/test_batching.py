@@ -1,5 +1,5 @@
 """How a model's sequences share the batch is found as it loads, by trying its batched forward pass against its own
-alone (worker/batching.py): a llama-shaped model batches with padded prompt reads, a state-space model with unpadded
+alone (worker/batch/sharing.py): a llama-shaped model batches with padded prompt reads, a state-space model with unpadded
 ones, a model whose caches mlx-lm cannot merge or whose batched step fails runs alone; one at a time, in order."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 from mlx_lm.sample_utils import make_sampler
 
 from tests.tiny_archs import build
-from worker.batching import choose
-from worker.continuous import ContinuousBatch
+from worker.batch.forward import ContinuousBatch
+from worker.batch.sharing import choose
 
 greedy = make_sampler(0.0)
 

@@ -78,7 +78,7 @@ def test_a_worker_process_reads_its_own_settings_without_the_cli():
 
     # Then it refuses the setting by name, with the worker's own imports done and the command line never imported
     assert done.returncode == 1 and "ONELANE_LOG_LEVEL='loud'" in done.stderr and "Traceback" not in done.stderr
-    assert {"worker.engine", "tasks.settings"} <= modules
+    assert {"worker.batch.engine", "tasks.settings"} <= modules
     assert "cli" not in {m.split(".")[0] for m in modules}
 
 

@@ -1,12 +1,12 @@
-"""The continuous batch (worker/continuous.py): a joining prompt costs its prefill and a row, not a pass of its own."""
+"""The continuous batch (worker/batch/forward.py): a joining prompt costs its prefill and a row, not a pass of its own."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from tasks.job import JobSpec, SamplingParams
-from worker.continuous import ContinuousBatch
-from worker.engine import make_sampler
+from worker.batch.forward import ContinuousBatch
+from worker.batch.sampling import make_sampler
 
 
 class Counted:

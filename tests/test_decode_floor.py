@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from mlx_lm.sample_utils import make_sampler
 
-from worker.continuous import MIN_CHUNK, ContinuousBatch
+from worker.batch.forward import MIN_CHUNK, ContinuousBatch
 
 greedy = make_sampler(0.0)
 STEP = 128

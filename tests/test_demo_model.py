@@ -15,7 +15,7 @@ MAX_BYTES = 10 * 1024 * 1024
 
 @pytest.fixture(scope="module")
 def shipped():  # type: ignore[no-untyped-def]
-    from worker.engine import Engine
+    from worker.batch.engine import Engine
 
     return Engine.load(str(SHIPPED_DEMO_MODEL))
 
@@ -89,15 +89,15 @@ def test_a_model_too_big_for_a_quarter_of_memory_as_float32_stays_as_stored(monk
     import mlx.core as mx
     from mlx_lm import load
 
-    from worker import engine
+    from worker.batch import dtypes
 
     # Given the bfloat16 demo model on a machine where, as float32, it would take just over a quarter of the memory
     model = load(str(SHIPPED_DEMO_MODEL))[0]
-    monkeypatch.setattr(engine, "physical_memory", lambda: 4 * engine.float32_bytes(model) - 4)
+    monkeypatch.setattr(dtypes, "physical_memory", lambda: 4 * dtypes.float32_bytes(model) - 4)
     # When it is given dtype "auto", then its weights stay bfloat16
-    assert engine.with_dtype(model, "auto") == "as stored"
+    assert dtypes.with_dtype(model, "auto") == "as stored"
     assert model.model.layers[0].mlp.down_proj.weight.dtype == mx.bfloat16
     # and with a quarter that holds them, they become float32
-    monkeypatch.setattr(engine, "physical_memory", lambda: 4 * engine.float32_bytes(model))
-    assert engine.with_dtype(model, "auto") == "float32"
+    monkeypatch.setattr(dtypes, "physical_memory", lambda: 4 * dtypes.float32_bytes(model))
+    assert dtypes.with_dtype(model, "auto") == "float32"
     assert model.model.layers[0].mlp.down_proj.weight.dtype == mx.float32

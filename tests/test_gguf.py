@@ -18,7 +18,7 @@ from tasks.catalogue import DEFAULT_MODEL, DEFAULT_MODEL_GGUF, ModelConfig
 from tasks.job import JobSpec, Message, SamplingParams
 from tasks.settings import Settings
 from tests.helpers import wait_ended
-from worker.engine import Engine
+from worker.batch.engine import Engine
 from worker.gguf import GgufError, import_gguf, locate
 
 NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}

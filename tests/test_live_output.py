@@ -22,7 +22,7 @@ STEP_S = 0.1
 def engine():  # type: ignore[no-untyped-def]
     """The shipped demo model, which writes words token by token (the random one's tokens give text only at its
     end, and a token without text writes no event)."""
-    from worker.engine import Engine
+    from worker.batch.engine import Engine
 
     return Engine.load(str(SHIPPED_DEMO_MODEL))
 

@@ -72,7 +72,7 @@ def run_order(store: Store, ids: list[str]) -> list[str]:
 
 
 def alone(path: Path, prompt: str, tokens: int) -> str:
-    from worker.engine import Engine
+    from worker.batch.engine import Engine
 
     spec = JobSpec(owner="t", model="x", prompt=prompt, params=SamplingParams(max_tokens=tokens, ignore_eos=True))
     return "".join(chunk.text for chunk in generate(Engine.load(str(path)), spec))
@@ -171,7 +171,7 @@ def test_a_job_asking_an_embedding_model_or_a_reranker_for_text_fails_in_words_n
 
 
 def test_only_one_thread_ever_steps_and_no_two_steps_overlap(served, start_worker, monkeypatch):
-    from worker.engine import Engine
+    from worker.batch.engine import Engine
 
     spans: list[tuple[float, float, int, str]] = []
     step = Engine.step

@@ -25,7 +25,7 @@ def settings(settings):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def engine():  # type: ignore[no-untyped-def]
-    from worker.engine import Engine
+    from worker.batch.engine import Engine
 
     return Engine.load(str(SHIPPED_DEMO_MODEL))
 

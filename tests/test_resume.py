@@ -19,14 +19,14 @@ from tasks.job import SamplingParams
 from tasks.store import Delivered
 from tests.helpers import wait_ended, wait_event
 from tests.test_recovery import wait_for_worker
-from worker.engine import make_sampler
+from worker.batch.sampling import make_sampler
 from worker.resume import resume
 
 
 @pytest.fixture(scope="module")
 def engine():  # type: ignore[no-untyped-def]
     """The shipped demo model, which writes words (the random one's tokens give text only at its end)."""
-    from worker.engine import Engine
+    from worker.batch.engine import Engine
 
     return Engine.load(str(SHIPPED_DEMO_MODEL))
 

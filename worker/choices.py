@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.job import SamplingParams
-from worker.batch import Running
+from worker.batch.runs import Running
 from worker.prefix_disk import compute_state
 
 

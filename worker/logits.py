@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import weakref
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
 from tasks.job import SamplingParams
+from worker.batch.sampling import Sampler
 
-Sampler = Callable[[mx.array], mx.array]
 BLOCK = 256  # top_k reads the row in blocks of this many tokens
 _vocabularies: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # by tokenizer
 

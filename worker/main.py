@@ -1,7 +1,7 @@
 """The worker process: take the device's lease, load the default model, then consume the GPU queue (other models
 load on demand: worker/models.py).
 
-One dramatiq worker thread with prefetch 1 runs the batch (worker/runner.py): the only thread that touches MLX.
+One dramatiq worker thread with prefetch 1 runs the batch (worker/batch/loop.py): the only thread that touches MLX.
 A heartbeat thread renews the device lease and reports the batch; a listener hears cancels and queue moves; a
 housekeeping thread (tasks/housekeeping.py, which every web process runs too) ends jobs that must not run,
 recovers jobs of dead workers and re-rings a lost doorbell.
@@ -38,11 +38,11 @@ from tasks.housekeeping import Housekeeper
 from tasks.settings import LOG_FORMAT, Settings, physical_memory
 from tasks.store import BatchReport, Store
 from worker import actors
+from worker.batch.engine import Engine
+from worker.batch.loop import Runner
 from worker.blas import preload_openblas
-from worker.engine import Engine
 from worker.models import ModelPool
 from worker.prefix_cache import CacheCounters
-from worker.runner import Runner
 
 logger = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from tasks.catalogue import ModelConfig
 from tasks.housekeeping import log_death
 from tasks.settings import Settings
 from tasks.store import WorkerStore
-from worker.batching import Verdict, choose
-from worker.continuous import Counters
-from worker.engine import Engine
+from worker.batch.engine import Engine
+from worker.batch.forward import Counters
+from worker.batch.sharing import Verdict, choose
 from worker.gguf import prepare
 from worker.load_error import explain
 from worker.pace import Pace, fit, probe
@@ -182,7 +182,7 @@ class ModelPool:
         )
 
     def _try_batching(self, name: str, engine: Engine) -> None:
-        """How the model's sequences share the batch (worker/batching.py), found before its first job (once a
+        """How the model's sequences share the batch (worker/batch/sharing.py), found before its first job (once a
         process: a model evicted and loaded again shares it as before)."""
         known = self._batching.get(name)
         if known is not None:

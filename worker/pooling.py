@@ -25,8 +25,8 @@ from tasks.errors import InvalidRequest
 from tasks.job import Job, Pooled
 from tasks.model_kind import NAMES, Kind
 from tasks.pooled import embeddings_output, scores_output
-from worker.continuous import Counters
-from worker.engine import with_dtype
+from worker.batch.dtypes import with_dtype
+from worker.batch.forward import Counters
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""How a model's sequences share the batch, found as it loads, before its first job (worker/continuous.py's
+"""How a model's sequences share the batch, found as it loads, before its first job (worker/batch/forward.py's
 `Batching`): the architecture's batched forward pass is tried against its own forward pass alone, and the first way
 that gives each sequence the logits it has alone is kept.
 
@@ -25,7 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from worker.continuous import Batching, ContinuousBatch, unmergeable
+from worker.batch.forward import Batching, ContinuousBatch, unmergeable
 
 logger = logging.getLogger(__name__)
 

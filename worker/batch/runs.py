@@ -1,4 +1,5 @@
-"""The batch as the runner's loop follows it: its jobs, the head it measures, what a step brought (worker/runner.py)."""
+"""A job's bookkeeping while it is in the batch: its run, the head the loop measures, what a step brought
+(worker/batch/__init__.py lists the batch's layers)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from tasks.job import Job, Message, history_digest
 from tasks.store import Delivered
-from worker.engine import KV
+from worker.batch.engine import KV
 from worker.grammar import Constraint
 from worker.output import Text
 from worker.stops import StopMatcher

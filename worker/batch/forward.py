@@ -30,7 +30,7 @@ A step, in order:
 Per sequence: its sampler, its logits processors (called with every token in its KV cache and the one being read),
 its stop tokens and its max_tokens.
 
-How a model's sequences share the batch (`Batching`, decided as the model loads: worker/batching.py):
+How a model's sequences share the batch (`Batching`, decided as the model loads: worker/batch/sharing.py):
 - `padded`: as above; prompts read side by side are padded to the longest chunk (the caches mask the padding);
 - `unpadded`: prompts read side by side read as many tokens each, the shortest chunk's, so that no padding goes
   through a layer whose state it would change (a Mamba or linear-attention state, a convolution's window: mlx-lm's
@@ -55,8 +55,9 @@ from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import maybe_set_recommended_wired_limit
 
+from worker.batch.sampling import Sampler
+
 MIN_CHUNK = 16  # the fewest prompt tokens a reader reads in a step, however far its step runs past the floor
-Sampler = Callable[[mx.array], mx.array]
 Processor = Callable[[mx.array, mx.array], mx.array]
 Batching = Literal["padded", "unpadded", "alone"]
 Embeds = Callable[[], mx.array]  # a prompt's input embeddings, computed when first read

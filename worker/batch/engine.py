@@ -1,6 +1,6 @@
 """The model, loaded once per process, and the one continuous batch every job goes through.
 
-worker/continuous.py does the batching: each `step()` advances every generating sequence by one token in one forward
+worker/batch/forward.py does the batching: each `step()` advances every generating sequence by one token in one forward
 pass, and prefills joining prompts in bounded chunks alongside. A batch of one is the serial case: with `max_batch=1`
 a sequence joins only when the previous one has left. Sequences join and leave at any step.
 
@@ -17,33 +17,28 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
-from mlx_lm.sample_utils import apply_top_k, apply_top_p, greedy_sampler
-from mlx_lm.utils import dequantize_model
 
 from tasks.catalogue import DEMO_MODEL, ModelConfig
 from tasks.errors import InvalidPrompt
 from tasks.job import JobSpec, SamplingParams
 from tasks.logprobs import TokenLogprob
-from tasks.settings import PREFILL_BATCH, physical_memory
+from tasks.settings import PREFILL_BATCH
+from worker.batch.dtypes import with_dtype
+from worker.batch.forward import Batching, ContinuousBatch, Counters, Embeds, unmergeable
+from worker.batch.sampling import Sampler, Scorer, make_sampler
 from worker.chat_prompt import chat_input
-from worker.continuous import Batching, ContinuousBatch, Counters, Embeds, unmergeable
 from worker.grammar import Constraint, Grammars
 from worker.logits import Draw, Recorded
 from worker.token_bytes import TokenBytes
 
 logger = logging.getLogger(__name__)
-QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding)
-
-Sampler = Callable[[mx.array], mx.array]
 
 
 @dataclass(frozen=True)
@@ -63,67 +58,6 @@ class Token:
     finish_reason: str | None  # "stop" (EOS), "length" (max_tokens) or None
     kv: KV | None = None
     logprob: str | None = None  # its log probability's entry (tasks/logprobs.py), if its sequence asked for them
-
-
-def make_sampler(params: SamplingParams, drawn: int = 0) -> Sampler:
-    """The sampler of one sequence. A seeded one draws from its own key, split at every token, so its output
-    depends on its seed and prompt only; `drawn`: the tokens it already sampled (a run that goes on from an earlier
-    run's tokens), so its key is where that run's was."""
-    if params.temperature == 0:
-        return greedy_sampler
-    temp, top_p, top_k = params.temperature, params.top_p, params.top_k
-    key = mx.random.key(params.seed) if params.seed is not None else None
-    if key is not None and drawn:
-        for _ in range(drawn):
-            key, _ = mx.random.split(key)
-        mx.eval(key)
-
-    def sample(logprobs: mx.array) -> mx.array:
-        nonlocal key
-        if 0 < top_k < logprobs.shape[-1]:
-            logprobs = apply_top_k(logprobs, top_k)
-        if top_p < 1.0:
-            logprobs = apply_top_p(logprobs, top_p)
-        if key is None:
-            return mx.random.categorical(logprobs * (1 / temp))
-        key, draw = mx.random.split(key)
-        return mx.random.categorical(logprobs * (1 / temp), key=draw)
-
-    return sample
-
-
-class Scorer:
-    """A prompt read outside the batch, a chunk at a time (`advance`, between the batch's steps, so that a long one
-    stalls no one), recording each token's log probability (tasks/logprobs.py entries; the first's is None: nothing
-    predicts it) and the `top` likeliest at its place, as the model gives them (no penalty or bias: they apply to
-    what is generated). Once `done`: `entries` (one JSON list) and `cache`, the KV state of the prompt's first
-    len - 1 tokens, for the sequence to generate from (its last is read as its first step)."""
-
-    def __init__(self, engine: Engine, prompt: list[int], top: int) -> None:
-        self.engine, self.prompt, self.top = engine, prompt, top
-        self.cache = make_prompt_cache(engine.model, engine.max_kv_size)
-        self._entries = [TokenLogprob(engine.token_bytes[prompt[0]], None).encode()]
-        self._at = 0
-
-    @property
-    def done(self) -> bool:
-        return self._at >= len(self.prompt) - 1
-
-    @property
-    def entries(self) -> str:
-        return "[" + ",".join(self._entries) + "]"
-
-    def advance(self) -> None:
-        """Read the next chunk of the prompt (each token predicts the next); nothing once done (a one-token prompt
-        is done at once: nothing of it is read here, its token is the sequence's first step)."""
-        if self.done:
-            return
-        e, at = self.engine, self._at
-        chunk = self.prompt[at : min(at + e.prefill_step, len(self.prompt) - 1)]
-        logits = e.model(mx.array([chunk]), cache=self.cache)[0].astype(mx.float32)
-        rows = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        self._entries += e.entries(rows, self.prompt[at + 1 : at + 1 + len(chunk)], self.top)
-        self._at += len(chunk)
 
 
 class Engine:
@@ -149,7 +83,7 @@ class Engine:
         self.lock = lock or threading.Lock()  # the device's: every engine of a worker shares one
         self.max_kv_size = max_kv_size  # tokens of KV cache a sequence keeps (None: all of them)
         self._done = Counters()  # the work of the batches before this one
-        # how its sequences share the batch: `alone` if a cache cannot be merged, else as worker/batching.py finds
+        # how its sequences share the batch: `alone` if a cache cannot be merged, else as worker/batch/sharing.py finds
         self.batching: Batching = "alone" if unmergeable(model) else "padded"
         self.kv_bytes_per_token, self.vocab = _measure(model)
         self.token_bytes = TokenBytes(tokenizer)
@@ -381,41 +315,6 @@ class Engine:
         self._uids.clear()
         self._draws.clear()
         self._fresh.clear()
-
-
-def with_dtype(model: nn.Module, dtype: str) -> str:
-    """Give a loaded model's weights the dtype its config asks (see ModelConfig.dtype); says what they are now.
-    "auto" makes every weight float32 on the CPU, and keeps them as stored on a GPU. On the CPU, quantized matmuls do
-    not batch (bench/dtypes.py on SmolLM2-135M, 2 cores: 4-bit 3.8 tok/s alone and 3.9 at 8, float32 14.8 and 63.9),
-    and half-precision ones have no BLAS under them (worker/demo, stored as bfloat16: a decode step of 32 sequences
-    56 ms, 10 ms as float32; reading 8 prompts of 41 tokens 396 ms, 36 ms as float32). But
-    "auto" keeps them as stored where float32 would take more than a quarter of this machine's memory."""
-    quantized = any(isinstance(m, QUANTIZED) for _, m in model.named_modules())
-    if dtype == "auto":
-        half = any(v.dtype in (mx.float16, mx.bfloat16) for _, v in tree_flatten(model.parameters()))
-        dtype = "float32" if (quantized or half) and mx.default_device() == mx.cpu else "stored"
-        if dtype == "float32" and (wide := float32_bytes(model)) > physical_memory() // 4:
-            dtype = "stored"
-            logger.warning(
-                "model weights kept as stored: as float32 (faster on the CPU) they would take %.1f GiB, over a quarter "
-                'of this machine\'s memory; set dtype = "float32" in the models file to have them anyway',
-                wide / 2**30,
-            )
-    if dtype == "stored":
-        return "as stored, quantized" if quantized else "as stored"
-    if quantized:
-        dequantize_model(model)
-    model.set_dtype(getattr(mx, dtype))
-    mx.eval(model.parameters())
-    return dtype + (", dequantized" if quantized else "")
-
-
-def float32_bytes(model: nn.Module) -> int:
-    """What a model's weights would take as float32: its floating-point arrays, and its quantized matrices unpacked
-    (their scales and biases, which go once dequantized, counted too: an overestimate by a few %)."""
-    floating = sum(v.size for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating))
-    packed = sum(m.weight.size * (32 // m.bits) for _, m in model.named_modules() if isinstance(m, QUANTIZED))
-    return 4 * (floating + packed)
 
 
 def _measure(model) -> tuple[int, int]:  # type: ignore[no-untyped-def]

@@ -1,0 +1,92 @@
+"""The batch's work beside it: pooled jobs (embeddings, rerank: worker/pooling.py), read a pass at a time between
+the batch's steps, and token counts (Anthropic's count_tokens), which the tokenizer alone answers."""
+
+from __future__ import annotations
+
+import logging
+
+from tasks.errors import InvalidPrompt, InvalidRequest
+from tasks.job import Job, JobStatus
+from worker.batch.engine import Engine
+from worker.batch.state import NO_STEP, RunnerState, generation_error
+from worker.output import Ending, Text
+from worker.pooling import Pooler
+
+logger = logging.getLogger(__name__)
+
+
+class Pooled(RunnerState):
+    """Pooled jobs and token counts: they take no slot in the batch, nor KV budget."""
+
+    def _count(self, job: Job) -> None:
+        """A count of a prompt's tokens (Anthropic's count_tokens): its model's tokenizer reads it, nothing runs on
+        the device; it completes at once, its prompt_tokens the count."""
+        engine = self.models.get_quietly(job.spec.model) or self.models.load(job.spec.model, keep=self.active)
+        if not isinstance(engine, Engine):
+            why = "the model failed to load" if engine is None else f"the model {job.spec.model} generates no text"
+            self.writer.end(Ending(job_id=job.id, status=JobStatus.FAILED, error=("model_unavailable", why)))
+            return
+        digests = [p.digest for m in job.spec.messages or () for p in m.images]
+        self.writer.begin(job.id, live=False)
+        try:
+            tokens = engine.prompt_tokens(job.spec, self.store.images(digests) if digests else None)
+        except InvalidPrompt as exc:
+            self.writer.end(Ending(job_id=job.id, status=JobStatus.FAILED, error=(exc.type, exc.message)))
+            return
+        except Exception:  # the details are for the operator's log, not for the client
+            logger.exception("job %s: its prompt could not be prepared", job.id)
+            self.writer.end(Ending(job_id=job.id, status=JobStatus.FAILED, error=generation_error(job.id)))
+            return
+        self.writer.end(
+            Ending(job_id=job.id, status=JobStatus.COMPLETED, finish_reason="stop", prompt_tokens=len(tokens))
+        )
+        logger.info("job %s: counted (%d prompt tokens)", job.id, len(tokens))
+        self._look = True
+
+    def _take_pooled(self, job: Job) -> None:
+        """A started pooled job joins the side work (worker/pooling.py), or fails at once if its model cannot read
+        its inputs."""
+        pooler = self.models.pooler(job.spec.model) or self.models.load(job.spec.model, keep=self.active)
+        logger.info(
+            "job %s: started (owner %s, model %s, attempt %d, pooled)", job.id, job.owner, job.spec.model, job.attempts
+        )
+        if not isinstance(pooler, Pooler):
+            self.writer.end(
+                Ending(job_id=job.id, status=JobStatus.FAILED, error=("model_unavailable", "the model failed to load"))
+            )
+            return
+        self.writer.begin(job.id, live=False)
+        try:
+            self.side.add(job, pooler)
+        except InvalidRequest as exc:
+            self.writer.end(
+                Ending(job_id=job.id, status=JobStatus.FAILED, error=(exc.type, exc.message, exc.param or ""))
+            )
+
+    def _side_step(self) -> None:
+        """One pass of pooled work; the jobs it completed are answered (their vectors or scores, as one text)."""
+        done, failed = self.side.step()
+        self._last_step = NO_STEP  # (the pass is no part of the batch's step it comes before)
+        for run in done:
+            try:
+                output = run.output()
+            except InvalidRequest as exc:
+                self.writer.end(
+                    Ending(job_id=run.job.id, status=JobStatus.FAILED, error=(exc.type, exc.message, exc.param or ""))
+                )
+                continue
+            self.writer.put_many([Text(job_id=run.job.id, text=output, prompt_tokens=run.tokens)])
+            self.writer.end(
+                Ending(job_id=run.job.id, status=JobStatus.COMPLETED, finish_reason="stop", prompt_tokens=run.tokens)
+            )
+            logger.info("job %s: completed (%d inputs, %d tokens read)", run.job.id, len(run.sequences), run.tokens)
+        for run in failed:
+            self.writer.end(Ending(job_id=run.job.id, status=JobStatus.FAILED, error=generation_error(run.job.id)))
+        self._look = self._look or bool(done or failed)
+
+    def _drop_side_stopped(self) -> None:
+        while not self._side_stops.empty():  # this loop is the only reader
+            job_id = self._side_stops.get_nowait()
+            if self.side.drop(job_id) is not None:
+                self.writer.end(Ending(job_id=job_id, status=JobStatus.CANCELLED, finish_reason="cancelled"))
+                logger.info("job %s: cancelled (pooled)", job_id)

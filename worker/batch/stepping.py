@@ -1,0 +1,173 @@
+"""One step of the batch on the device, and what it brought: each job's token turned into text (up to a stop
+string), the jobs that ended, the answers whose grammar forces several tokens at once, and the prompts scored."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from tasks.logprobs import TokenLogprob
+from tasks.settings import PREFILL_BATCH
+from worker import timeline
+from worker.batch.engine import KV, Token
+from worker.batch.recovery import Recovery
+from worker.batch.runs import Finished, Running, StepResult
+from worker.batch.sampling import sampling
+from worker.batch.state import generation_error
+from worker.prefix_cache import Hit
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_S = 1.0  # how often a job that makes no token (its prompt is read) tells it progresses (at most)
+PAUSE_S = 5.0  # a gap this long between two steps is a pause (the batch was empty), not a slow step
+
+
+class Stepping(Recovery):
+    """The batch's step, and its tokens' way to text and endings."""
+
+    def _step(self) -> None:
+        """One step of the batch: every job's new text in one hand-over, then the endings of the jobs that ended
+        (after their last text), then those over their time limit."""
+        assert self.engine is not None
+        self._timed_step(time.perf_counter())
+        began = timeline.clock()
+        self._score()
+        n = len(self.batch)
+        self.watch.start(self.pace.speed(self.active), n, self.engine.prefill_step * min(n, PREFILL_BATCH))
+        try:
+            tokens = self.engine.step()
+        except Exception:  # the batch's state cannot be trusted: start it afresh, and find the cause
+            logger.exception("a batch step failed with %d job(s) in the batch", len(self.batch))
+            self._step_failed()
+            return
+        finally:
+            self.watch.stop()
+        timeline.stepped(began, len(tokens), self.engine.padded_prefill, lambda: self._job_ids(tokens))
+        self._last_step = (self.active, len(tokens), self.engine.padded_prefill, self._last_step[3])
+        result = StepResult()
+        for token in tokens:
+            self._advance(token, result)
+        self._read_prompts({t.uid for t in tokens if t.finish_reason is None})
+        self._fast_forward(tokens, result)
+        self._progress(result, {token.uid for token in tokens})
+        self.writer.put_many(result.texts)
+        for f in result.finished:
+            self._end(f.run, f.reason, in_engine=f.in_engine, kv=f.kv)
+        self._end_overdue()
+        self._release_deferred()
+        timeline.step_ended()
+
+    def _job_ids(self, tokens: list[Token]) -> list[str]:
+        """The jobs of a step's tokens (for a benchmark's timeline: worker/timeline.py)."""
+        return [r.job.id for t in tokens if (r := self.batch.by_uid.get(t.uid)) is not None]
+
+    def _timed_step(self, now: float) -> None:
+        """The step before this one, timed as the loop lives it: from its start to this one's (its output, the
+        jobs that joined or left between the two). A step after a pause (nothing ran) starts the clock afresh."""
+        model, n, prefill, started = self._last_step
+        if model == self.active and 0 < now - started < PAUSE_S:
+            self.pace.observe(model, n, prefill, now - started)
+        self._last_step = (self.active, 0, 0, now)
+
+    def _advance(self, token: Token, result: StepResult) -> None:
+        """One job's token: its text (up to a stop string, if one is hit), and whether it ended."""
+        r = self.batch.by_uid.get(token.uid)
+        if r is None:  # dropped meanwhile
+            return
+        r.tokens += 1
+        r.ids.append(token.token)
+        r.proven = True
+        if r.constraint is not None and r.constraint.error:  # (never, unless its mask was not applied)
+            logger.error("job %s: its answer left its grammar: %s", r.job.id, r.constraint.error)
+            self._end(r, None, error=generation_error(r.job.id))
+            return
+        # its grammar complete: nothing may follow (the engine already drew the end; it is not waited for)
+        ends = "stop" if r.constraint is not None and r.constraint.done else token.finish_reason
+        if token.finish_reason != "stop":  # the EOS token itself is not text
+            r.detokenizer.add_token(token.token)
+        if ends:
+            r.detokenizer.finalize()
+        text, hit = r.stops.feed(r.detokenizer.last_segment)
+        if ends and not hit:
+            text += r.stops.flush()
+        result.texts.append(r.text(text, (token.token,), logprobs=(token.logprob,) if token.logprob else ()))
+        if hit or ends:  # a stop string or a complete grammar: the engine may not have ended the sequence
+            in_engine = token.finish_reason is None
+            result.finished.append(Finished(r, "stop" if hit else ends, in_engine=in_engine, kv=token.kv))
+
+    def _fast_forward(self, tokens: list[Token], result: StepResult) -> None:
+        """An answer whose grammar now forces several tokens (a schema's fixed keys and punctuation) takes them at
+        once: they are its output as if drawn, and it goes on with them read as prompt, in one prefill chunk
+        rather than a step each. (Its sampler's key moves past them, as past any token: a resumed run agrees.)"""
+        least = self.store.settings.fast_forward
+        if not least:
+            return
+        ending = {f.run.uid for f in result.finished}
+        for token in tokens:
+            r = self.batch.by_uid.get(token.uid)
+            if r is None or r.constraint is None or token.uid in ending:
+                continue
+            forced = r.constraint.forced(r.job.spec.params.max_tokens - r.tokens)
+            if len(forced) < least:
+                continue
+            kv = self.engine.remove([r.uid], keep=True)[r.uid]  # type: ignore[union-attr]
+            before, limit = len(result.finished), r.job.spec.params.max_tokens
+            for t in forced:  # one by one: the grammar is complete (done) at the last of them, not before
+                r.constraint.take([t])
+                entry = self._forced_entry(r, t)
+                self._advance(Token(r.uid, t, "length" if r.tokens + 1 == limit else None, logprob=entry), result)
+                if len(result.finished) > before:  # it ended on them (its grammar, a stop string, max_tokens)
+                    break
+            else:
+                self._rejoin(r, kv, tuple(forced))
+
+    def _forced_entry(self, r: Running, token: int) -> str | None:
+        """A forced token's log probability's entry: under its grammar's mask it was the only token allowed (0)."""
+        params = r.job.spec.params
+        if not params.logprobs:
+            return None
+        raw = self.engine.token_bytes[token]  # type: ignore[union-attr]
+        return TokenLogprob(raw, 0.0, ((raw, 0.0),) if params.top_logprobs else ()).encode()
+
+    def _rejoin(self, r: Running, kv: KV, forced: tuple[int, ...]) -> None:
+        """A fast-forwarded run joins the batch again under a new uid, its KV state and forced tokens as prompt."""
+        assert self.engine is not None
+        prompt, generated = kv.tokens[: r.prompt_tokens], tuple(kv.tokens[r.prompt_tokens :])
+        self.batch.drop(r)
+        r.uid = self.engine.insert(
+            prompt, sampling(r.job), kv.cache, len(kv.tokens), generated=generated + forced, constraint=r.constraint
+        )
+        self.batch.add(r)
+
+    def _progress(self, result: StepResult, advanced: set[int]) -> None:
+        """The jobs that made no token in this step (their prompts are being read, a chunk a step) tell that they
+        progress, now and then: a long prefill is not a stall."""
+        now, every_s = time.monotonic(), min(PROGRESS_S, self.store.settings.stall_s / 4)
+        for r in self.batch.by_uid.values():
+            if r.uid in advanced:
+                r.progressed_at = now
+            elif now - r.progressed_at >= every_s:
+                r.progressed_at = now
+                result.texts.append(r.text(""))
+
+    def _score(self) -> None:
+        """Read a chunk of the prompt of the first job that scores its prompt (echo); once read, its log
+        probabilities are written, and it ends (max_tokens 0) or goes on to generate, its prompt's KV state read."""
+        if not self.scoring:
+            return
+        job_id, (run, scorer, params) = next(iter(self.scoring.items()))
+        try:
+            scorer.advance()
+        except Exception:  # read outside the batch, with a KV cache of its own: its failure is its own alone
+            logger.exception("job %s: reading its prompt to score it failed", job_id)
+            self._end(run, None, error=generation_error(job_id))
+            return
+        if not scorer.done:
+            return
+        del self.scoring[job_id]
+        self.writer.put_many([run.text("", prompt_logprobs=scorer.entries)])
+        if params.max_tokens == 0:
+            self._end(run, "length")
+            return
+        self.batch.drop(run)
+        self._place(run, scorer.prompt, params, Hit(scorer.cache, len(scorer.prompt) - 1), ())
