@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from mlx_lm.sample_utils import make_sampler
 
-from worker.batch.forward import MIN_CHUNK, ContinuousBatch
+from worker.batch.forward import ContinuousBatch
+from worker.batch.rows import MIN_CHUNK
 
 greedy = make_sampler(0.0)
 STEP = 128

@@ -23,7 +23,7 @@ from tasks.housekeeping import log_death
 from tasks.settings import Settings
 from tasks.store import WorkerStore
 from worker.batch.engine import Engine
-from worker.batch.forward import Counters
+from worker.batch.rows import Counters
 from worker.batch.sharing import Verdict, choose
 from worker.gguf import prepare
 from worker.load_error import explain

@@ -23,7 +23,8 @@ from mlx_lm.sample_utils import greedy_sampler
 
 from tasks.eta import Speed
 from tasks.settings import PREFILL_BATCH
-from worker.batch.forward import Batching, ContinuousBatch
+from worker.batch.forward import ContinuousBatch
+from worker.batch.rows import Batching
 
 WINDOW = 1024  # steps per model
 REFIT = 64  # steps between two fits of a model's pace for the loop's own use (worker/step_watch.py)

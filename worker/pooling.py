@@ -26,7 +26,7 @@ from tasks.job import Job, Pooled
 from tasks.model_kind import NAMES, Kind
 from tasks.pooled import embeddings_output, scores_output
 from worker.batch.dtypes import with_dtype
-from worker.batch.forward import Counters
+from worker.batch.rows import Counters
 
 logger = logging.getLogger(__name__)
 

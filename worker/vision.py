@@ -35,7 +35,7 @@ from tasks.errors import InvalidPrompt
 from tasks.job import JobSpec, Message, Picture
 from worker.batch.dtypes import with_dtype
 from worker.batch.engine import Engine
-from worker.batch.forward import Embeds
+from worker.batch.rows import Embeds
 from worker.chat_prompt import chat_input
 
 logger = logging.getLogger(__name__)

@@ -31,8 +31,10 @@ from tasks.job import JobSpec, SamplingParams
 from tasks.logprobs import TokenLogprob
 from tasks.settings import PREFILL_BATCH
 from worker.batch.dtypes import with_dtype
-from worker.batch.forward import Batching, ContinuousBatch, Counters, Embeds, unmergeable
+from worker.batch.forward import ContinuousBatch
+from worker.batch.rows import Batching, Counters, Embeds
 from worker.batch.sampling import Sampler, Scorer, make_sampler
+from worker.batch.sharing import unmergeable
 from worker.chat_prompt import chat_input
 from worker.grammar import Constraint, Grammars
 from worker.logits import Draw, Recorded

@@ -45,9 +45,8 @@ from __future__ import annotations
 import copy as _copy
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -55,62 +54,8 @@ from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import maybe_set_recommended_wired_limit
 
+from worker.batch.rows import MIN_CHUNK, Batching, Counters, Embeds, Emitted, Processor, Row
 from worker.batch.sampling import Sampler
-
-MIN_CHUNK = 16  # the fewest prompt tokens a reader reads in a step, however far its step runs past the floor
-Processor = Callable[[mx.array, mx.array], mx.array]
-Batching = Literal["padded", "unpadded", "alone"]
-Embeds = Callable[[], mx.array]  # a prompt's input embeddings, computed when first read
-
-
-@dataclass
-class Row:
-    """One sequence: what it has read (`tokens`, its KV cache's), what it has still to read, and how it draws."""
-
-    uid: int
-    cache: list[Any] | None  # its own KV cache until it joins a batched one
-    tokens: list[int]  # the tokens its KV cache holds
-    unread: list[int]  # prompt tokens still to read (its last one is read as its first decode row)
-    max_tokens: int
-    sampler: Sampler
-    processors: Sequence[Processor]
-    stops: frozenset[int]
-    generated: int = 0
-    # a prompt with images (worker/vision.py): the input embeddings of its unread tokens but the last, and their ids
-    # as the model knows them (its own `unread` names each image's tokens by the image's digest)
-    embeds: mx.array | Embeds | None = None
-    ids: list[int] | None = None
-
-
-@dataclass(frozen=True)
-class Emitted:
-    """A token a sequence drew, and, if it was its last, why (`stop`, `length`) and its KV state with its tokens."""
-
-    uid: int
-    token: int
-    finish_reason: str | None = None
-    cache: list[Any] | None = None
-    tokens: list[int] | None = None
-
-
-@dataclass
-class Counters:
-    """Work done since a batch (or an engine, or a worker) was made; never decreasing."""
-
-    steps: int = 0
-    generated_tokens: int = 0
-    prompt_tokens: int = 0
-    decode_s: float = 0.0
-    prefill_s: float = 0.0
-
-    def __add__(self, other: Counters) -> Counters:
-        return Counters(
-            steps=self.steps + other.steps,
-            generated_tokens=self.generated_tokens + other.generated_tokens,
-            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
-            decode_s=self.decode_s + other.decode_s,
-            prefill_s=self.prefill_s + other.prefill_s,
-        )
 
 
 class ContinuousBatch:
@@ -445,8 +390,3 @@ class ContinuousBatch:
         if self.batching != "alone":
             return [c.extract(i) for c in cache]
         return _copy.deepcopy(cache) if copy else cache
-
-
-def unmergeable(model: nn.Module) -> list[str]:
-    """The kinds of `model`'s caches that mlx-lm cannot merge into a batched one (its sequences must run alone)."""
-    return sorted({type(c).__name__ for c in make_prompt_cache(model) if not hasattr(c, "merge")})
