@@ -63,7 +63,9 @@ def test_the_counters_the_scripts_write_are_the_ones_metrics_reads() -> None:
     written = set(re.findall(r"\bstat\('([\w:]+)'[,)]", text)) | set(re.findall(r"STATS, '(\w+)'", text))
     written |= {f"h:{name}" for name in re.findall(r"\bobserve\('(\w+)'", text)}
     python = Path(__file__).parent.parent
-    written |= set(re.findall(r'upkeep\.count\("(\w+)"\)', "".join(p.read_text() for p in python.glob("worker/**/*.py"))))
+    written |= set(
+        re.findall(r'upkeep\.count\("(\w+)"\)', "".join(p.read_text() for p in python.glob("worker/**/*.py")))
+    )
     # ... and what /metrics reads (web/health.py), by name: each one the other side knows
     read = {field for _, field in COUNTERS.values()} | {f"rejected:{r}" for r in REJECTED}
     read |= {f"h:{name}" for name in HISTOGRAMS}
