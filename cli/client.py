@@ -192,7 +192,7 @@ class Client:
 
     def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         with self._request(method, path, timeout=(CONNECT_TIMEOUT_S, 30.0), **kwargs) as response:
-            return response.json()  # type: ignore[no-any-return]
+            return response.json()  # type: ignore[no-any-return]  # (requests types json() as Any)
 
     def _request(
         self, method: str, path: str, headers: dict[str, str] | None = None, **kwargs: Any

@@ -129,7 +129,8 @@ def jobs(limit: int, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(listed, indent=2))
         return
-    fixed = {"no_wrap": True}  # the id and the figures stay whole; the model and the prompt give way, cut short
+    # the id and the figures stay whole; the model and the prompt give way, cut short
+    fixed: dict[str, Any] = {"no_wrap": True}
     table = Table(
         Column("id", **fixed),
         Column("status", **fixed),

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from typing import cast
 
 import click
 
@@ -77,7 +78,8 @@ def up(host: str | None, port: int | None) -> None:
             if dead == [web] and _port_taken(host, port):  # taken between the check and gunicorn's bind
                 raise click.ClickException(f"the web could not listen: {_port_in_use(port, 'up')}; stopping everything")
             if dead:
-                raise click.ClickException(f"{dead[0].args[3]} exited; stopping everything")
+                name = cast(list[str], dead[0].args)[3]  # (Popen types its args as any command; these are _onelane's)
+                raise click.ClickException(f"{name} exited; stopping everything")
     finally:
         url.forget(record)
         for child in children:

@@ -13,11 +13,12 @@ results into the batch's files) and the record lives as long as its files.
 
 from __future__ import annotations
 
+import builtins
 import json
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import redis
 from pydantic import BaseModel, ConfigDict
@@ -146,7 +147,7 @@ class BatchStore:
         life = max(1, record.expires_at - int(time.time())) + self.settings.file_retention_s
         bid = record.id
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(keys.batch(bid), mapping=record.fields())
+        pipe.hset(keys.batch(bid), mapping=record.fields())  # type: ignore[arg-type]  # (redis-py wants Mapping[EncodableT, ...], invariant in its key)
         for start in range(0, len(lines), 1000):
             pipe.rpush(keys.batch_lines(bid), *(line.encode() for line in lines[start : start + 1000]))
         if errors:
@@ -177,7 +178,7 @@ class BatchStore:
 
     def list(self, owner: str, limit: int, after: str | None = None) -> tuple[list[BatchRecord], bool]:
         """The owner's batches, newest first, from the one after `after`; and whether more follow."""
-        ids = self.redis.zrevrange(keys.user_batches(owner), 0, -1)
+        ids = cast(list[str], self.redis.zrevrange(keys.user_batches(owner), 0, -1))  # (decode_responses: str replies)
         if after is not None:
             ids = ids[ids.index(after) + 1 :] if after in ids else []
         records = []
@@ -208,7 +209,7 @@ class BatchStore:
                 except redis.WatchError:  # it changed meanwhile: read it again
                     continue
 
-    def unended(self) -> list[BatchRecord]:
+    def unended(self) -> builtins.list[BatchRecord]:
         """Every batch not ended, oldest first, whoever's (the dashboard's view: it shows only what one may see)."""
         out = []
         for batch_id in self.active():
@@ -220,9 +221,9 @@ class BatchStore:
 
     # --- the runner's verbs ---------------------------------------------------------------------------------------
 
-    def active(self) -> list[str]:
+    def active(self) -> builtins.list[str]:
         """The batches not ended, oldest first."""
-        return list(self.redis.zrange(keys.BATCHES, 0, -1))
+        return list(cast(list[str], self.redis.zrange(keys.BATCHES, 0, -1)))  # (decode_responses: str replies)
 
     def lock(self, batch_id: str) -> Any:
         """A lock on the batch's round (redis-py's Lock: released only by its holder)."""
@@ -230,9 +231,9 @@ class BatchStore:
 
     def running(self, batch_id: str) -> dict[str, PendingLine]:
         """The batch's lines admitted and not collected yet, by job id."""
-        return {
-            job_id: PendingLine.decode(raw) for job_id, raw in self.redis.hgetall(keys.batch_running(batch_id)).items()
-        }
+        # (decode_responses: str replies)
+        running = cast(dict[str, str], self.redis.hgetall(keys.batch_running(batch_id)))
+        return {job_id: PendingLine.decode(raw) for job_id, raw in running.items()}
 
     def in_flight(self) -> int:
         """Every batch's lines admitted and not collected yet (waiting, running, or just ended)."""
@@ -243,7 +244,7 @@ class BatchStore:
 
     def next_line(self, batch_id: str) -> PendingLine | None:
         """The first line not admitted yet (it stays first until `admitted`)."""
-        raw = self.redis.lindex(keys.batch_lines(batch_id), 0)
+        raw = cast(str | None, self.redis.lindex(keys.batch_lines(batch_id), 0))  # (decode_responses: str replies)
         return PendingLine.decode(raw) if raw is not None else None
 
     def admitted(self, batch_id: str, line: PendingLine) -> None:
@@ -261,7 +262,7 @@ class BatchStore:
         self._keep(pipe, batch_id, [result])
         pipe.execute()
 
-    def collect(self, batch_id: str, results: list[Result]) -> None:
+    def collect(self, batch_id: str, results: builtins.list[Result]) -> None:
         """Lines whose jobs ended: their results kept (a line's first result only), the lines no longer running."""
         if not results:
             return
@@ -271,23 +272,25 @@ class BatchStore:
         pipe.publish(keys.batch_channel(batch_id), "collected")
         pipe.execute()
 
-    def remaining(self, batch_id: str) -> list[PendingLine]:
+    def remaining(self, batch_id: str) -> builtins.list[PendingLine]:
         """Every line not admitted yet."""
-        return [PendingLine.decode(raw) for raw in self.redis.lrange(keys.batch_lines(batch_id), 0, -1)]
+        lines = cast(list[str], self.redis.lrange(keys.batch_lines(batch_id), 0, -1))  # (decode_responses: str replies)
+        return [PendingLine.decode(raw) for raw in lines]
 
-    def drop_remaining(self, batch_id: str, results: list[Result]) -> None:
+    def drop_remaining(self, batch_id: str, results: builtins.list[Result]) -> None:
         """The lines never admitted end with `results` (a stopped batch's)."""
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(keys.batch_lines(batch_id))
         self._keep(pipe, batch_id, results)
         pipe.execute()
 
-    def results(self, batch_id: str) -> tuple[list[str], list[str]]:
+    def results(self, batch_id: str) -> tuple[builtins.list[str], builtins.list[str]]:
         """The output and error lines, each in file order."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(keys.batch_output(batch_id))
         pipe.hgetall(keys.batch_errors(batch_id))
-        return tuple([lines[k] for k in sorted(lines, key=int)] for lines in pipe.execute())  # type: ignore[return-value]
+        output, errors = ([lines[k] for k in sorted(lines, key=int)] for lines in pipe.execute())
+        return output, errors
 
     def set_status(self, batch_id: str, status: str) -> None:
         pipe = self.redis.pipeline(transaction=True)
@@ -315,7 +318,7 @@ class BatchStore:
         }
         fields.update({k: v for k, v in (("output_file_id", output_file_id), ("error_file_id", error_file_id)) if v})
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(keys.batch(batch_id), mapping=fields)
+        pipe.hset(keys.batch(batch_id), mapping=fields)  # type: ignore[arg-type]  # (redis-py wants Mapping[EncodableT, ...], invariant in its key)
         pipe.expire(keys.batch(batch_id), max(self.settings.file_retention_s, keep_s or 0))
         pipe.delete(
             *(k(batch_id) for k in (keys.batch_lines, keys.batch_running, keys.batch_output, keys.batch_errors))
@@ -328,7 +331,7 @@ class BatchStore:
         """Off the runners' list (a batch whose record is gone)."""
         self.redis.zrem(keys.BATCHES, batch_id)
 
-    def _keep(self, pipe: Any, batch_id: str, results: list[Result]) -> None:
+    def _keep(self, pipe: Any, batch_id: str, results: builtins.list[Result]) -> None:
         life = self._life(batch_id)
         for r in results:
             key = keys.batch_output(batch_id) if r.ok else keys.batch_errors(batch_id)

@@ -50,7 +50,7 @@ class BlockingRedisBroker(RedisBroker):
         return _BlockingConsumer
 
 
-class _BlockingConsumer(_RedisConsumer):  # type: ignore[misc]
+class _BlockingConsumer(_RedisConsumer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.queue_key = keys.dramatiq_queue(self.broker.namespace, self.queue_name)
@@ -131,7 +131,7 @@ def make_broker(settings: Settings, worker: bool = True) -> RedisBroker:
     return broker
 
 
-def run_next_message(job_id: str) -> dramatiq.Message:  # type: ignore[type-arg]
+def run_next_message(job_id: str) -> dramatiq.Message[Any]:
     return dramatiq.Message(queue_name=QUEUE_NAME, actor_name=ACTOR_NAME, args=(job_id,), kwargs={}, options={})
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from typing import cast
 
 import redis
 from pydantic import BaseModel, ConfigDict
@@ -82,7 +83,8 @@ class FileStore:
         return record
 
     def get(self, file_id: str, owner: str) -> FileRecord:
-        return _record(file_id, owner, self.redis.hgetall(keys.file(file_id)))
+        fields = cast(dict[str, str], self.redis.hgetall(keys.file(file_id)))  # (decode_responses: str replies)
+        return _record(file_id, owner, fields)
 
     def content(self, file_id: str, owner: str) -> bytes:
         pipe = self.redis.pipeline(transaction=False)
@@ -109,7 +111,8 @@ class FileStore:
         """Up to `limit` of the owner's files, newest first (or oldest), from the one after `after`, of `purpose`
         only if given; and whether more follow. `after` must be one of the owner's files (InvalidParameter)."""
         key = keys.user_files(owner)
-        ids = self.redis.zrange(key, 0, -1) if ascending else self.redis.zrevrange(key, 0, -1)
+        # (decode_responses: str replies)
+        ids = cast(list[str], self.redis.zrange(key, 0, -1) if ascending else self.redis.zrevrange(key, 0, -1))
         if after is not None:
             if after not in ids:
                 raise InvalidParameter("after must be the id of one of your files", param="after")

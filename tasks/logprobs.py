@@ -8,6 +8,7 @@ each followed by a newline (keys.logprobs), in step with the tokens counted; its
 
 from __future__ import annotations
 
+import builtins
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ class TokenLogprob:
 
     bytes: bytes
     logprob: float | None
-    top: tuple[tuple[bytes, float], ...] = ()
+    top: tuple[tuple[builtins.bytes, float], ...] = ()  # (`bytes` here is the field above)
 
     def encode(self) -> str:
         return json.dumps([self.bytes.hex(), self.logprob, [[b.hex(), lp] for b, lp in self.top]])

@@ -19,7 +19,14 @@ from typing import Any
 from tasks.errors import InvalidRequest
 
 #: keywords whose value is one schema
-ONE = ("items", "additionalProperties", "additionalItems", "unevaluatedProperties", "unevaluatedItems", "not")
+ONE: tuple[str, ...] = (
+    "items",
+    "additionalProperties",
+    "additionalItems",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "not",
+)
 ONE += ("if", "then", "else", "contains", "propertyNames")
 #: keywords whose value is a list of schemas
 MANY = ("anyOf", "oneOf", "allOf", "prefixItems")

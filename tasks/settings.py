@@ -330,7 +330,7 @@ class Settings(BaseModel):
                 field = str(error["loc"][0])
                 name = ENV_NAMES.get(field, field)
                 if field in ("models", "users") and len(error["loc"]) > 1:  # an entry of a file: name it
-                    entry = raw[field][error["loc"][1]]  # type: ignore[index]
+                    entry = raw[field][error["loc"][1]]  # type: ignore[index]  # (a list of entries, loc[1] an index)
                     where = ".".join(str(part) for part in error["loc"][2:])
                     file = ENV_NAMES["models_file" if field == "models" else "api_keys_file"]
                     problems.append(

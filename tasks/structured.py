@@ -25,7 +25,11 @@ from typing import Any, Literal
 
 from tasks.errors import InvalidRequest
 from tasks.grammar_check import checked
-from tasks.job import Constraint, Tool, ToolCall
+
+# (re-exported, `as` themselves: the web imports them from here)
+from tasks.job import Constraint as Constraint
+from tasks.job import Tool as Tool
+from tasks.job import ToolCall as ToolCall
 from tasks.schema_limits import LIMITS, check_schema
 
 CALL_OPEN = '<tool_call>\n{"name": "'

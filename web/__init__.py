@@ -49,7 +49,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         settings.max_images * (settings.image_max_bytes * 4 // 3 + 4) if any(m.vision for m in settings.catalog) else 0
     )
     app.config["MAX_CONTENT_LENGTH"] = settings.max_prompt_chars * 12 + 64 * 1024 + images
-    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.json.sort_keys = False  # type: ignore[attr-defined]  # (typed as JSONProvider; it is the DefaultJSONProvider)
     app.secret_key = settings.secret_key or _stored_secret(settings.var_dir / "secret_key")
     app.config.update(SESSION_COOKIE_SAMESITE="Lax", SESSION_COOKIE_HTTPONLY=True)
     svc = app.extensions[EXTENSION] = Services.start(settings)

@@ -55,7 +55,8 @@ def user_for_key(key: str) -> User | None:
 def current_user() -> User | None:
     """The configured user behind this request, if any (None in local mode)."""
     current_owner()
-    return g.get("onelane_user")
+    user: User | None = g.get("onelane_user")
+    return user
 
 
 def current_owner() -> str:

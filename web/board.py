@@ -154,7 +154,8 @@ def _running(board: Board, who: Viewer) -> dict[str, Any]:
 
 def _waiting(board: Board, who: Viewer) -> dict[str, Any]:
     """The viewer's waiting jobs named, in queue order; everyone else's counted per user, in order of their first."""
-    now, rows, others = board.snapshot.now, [], {}
+    now, rows = board.snapshot.now, []
+    others: dict[str, int] = {}
     for entry in board.waiting:
         if not who.sees(entry.owner):
             others[entry.owner] = others.get(entry.owner, 0) + 1

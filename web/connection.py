@@ -14,7 +14,7 @@ CLOSED = select.POLLHUP | select.POLLERR | select.POLLNVAL
 
 def client_connected(environ: dict[str, Any]) -> bool:
     """False once the peer closed its end (EOF or an error); True while open or when we cannot tell."""
-    sock = environ.get("gunicorn.socket") or environ.get("werkzeug.socket")
+    sock: socket.socket | None = environ.get("gunicorn.socket") or environ.get("werkzeug.socket")
     if sock is None:
         return True
     try:

@@ -9,6 +9,7 @@ import logging
 
 from flask import Response, jsonify, redirect, render_template, url_for
 from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.wrappers import Response as BaseResponse  # what redirect() returns (flask's Response is one)
 
 from tasks.errors import Forbidden, JobAlreadyEnded, JobNotFound, Unauthorized, Unavailable
 from tasks.job import JobStatus
@@ -43,10 +44,10 @@ CANCELLED = {
     answers={200: webpage("the dashboard"), 303: SIGN_IN},
     errors=[Unauthorized, Unavailable],
 )
-def page() -> Response | str:
+def page() -> BaseResponse | str:
     start_visit()
     if services().settings.keys_required and not signed_in():
-        return redirect(url_for("pages.login"), code=303)  # type: ignore[return-value]
+        return redirect(url_for("pages.login"), code=303)
     return render_template("queue.html", board=board_view(viewer()), poll_ms=POLL_MS, csrf_token=csrf_token)
 
 

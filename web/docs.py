@@ -8,6 +8,7 @@ from typing import Any
 
 from flask import Response, current_app, jsonify, redirect, render_template, request, url_for
 from markupsafe import Markup, escape
+from werkzeug.wrappers import Response as BaseResponse  # what redirect() returns (flask's Response is one)
 
 from tasks.errors import Unauthorized
 from web import openapi
@@ -35,14 +36,14 @@ def document() -> dict[str, Any]:
     extensions = current_app.extensions
     if "onelane_openapi" not in extensions:
         extensions["onelane_openapi"] = openapi.build(current_app, services().settings)
-    return extensions["onelane_openapi"]  # type: ignore[no-any-return]
+    return extensions["onelane_openapi"]  # type: ignore[no-any-return]  # (Flask's extensions hold Any)
 
 
 @bp.before_request
-def _users_only() -> Response | None:
+def _users_only() -> BaseResponse | None:
     """With API keys configured, the document is for users, as /v1/models is (it names the served models)."""
     if request.endpoint == "docs.docs" and services().settings.keys_required and not signed_in():
-        return redirect(url_for("pages.login"), code=303)  # type: ignore[return-value]
+        return redirect(url_for("pages.login"), code=303)
     current_owner()  # Unauthorized (401) without a key or a signed-in browser; nobody in local mode
     return None
 

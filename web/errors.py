@@ -178,7 +178,8 @@ def status_for(exc: errors.OnelaneError) -> int:
 def type_of(kind: type[Exception]) -> str:
     """The machine-readable type an error class is answered with (OpenAI's `code`)."""
     if issubclass(kind, HTTPException):
-        return http_type(kind.code or 500, kind.name)
+        code = kind.code or 500  # (`name` is a property of an instance: of the class, it is the property itself)
+        return http_type(code, HTTP_STATUS_CODES.get(code))
     return kind.type if issubclass(kind, errors.OnelaneError) else "internal_error"
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,7 +81,7 @@ def follow(
     ping_s: float = 15.0,
     environ: dict[str, Any] | None = None,
     feed: Feed | None = None,
-) -> Iterator[Story]:
+) -> Generator[Story, None, None]:
     """Yield the job's story, ending after exactly one terminal event:
 
     - Queued while it waits, when its place changes, its ETA moves, and at least every RETELL_S;
@@ -137,8 +137,8 @@ class _Follower:
         self.next_ping = time.monotonic() + ping_s
 
     def run(self) -> Iterator[Story]:
-        if self.shown is not None:
-            yield Queued(self.shown.position, self.shown.eta_s)  # type: ignore[arg-type]
+        if self.shown is not None and self.shown.position is not None:  # (as admitted: see __init__)
+            yield Queued(self.shown.position, self.shown.eta_s)
         while True:
             item = self.feed.get(timeout_s=self._timeout())
             if item is None:

@@ -70,7 +70,7 @@ def submission(form: MultiDict[str, str], files: MultiDict[str, FileStorage] | N
     if image and form.get("raw"):
         raise InvalidRequest("an image goes with a question to the assistant, not with text to continue", param="image")
     if image:
-        url = f"data:{attached.mimetype or 'image/png'};base64,{base64.b64encode(image).decode()}"  # type: ignore[union-attr]
+        url = f"data:{attached.mimetype or 'image/png'};base64,{base64.b64encode(image).decode()}"  # type: ignore[union-attr]  # (an image is attached's)
         content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]
         fields: dict[str, Any] = {"messages": [{"role": "user", "content": content}]}
     elif form.get("raw") or not text.strip():  # (an empty one is refused by name, as a prompt)

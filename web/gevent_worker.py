@@ -26,7 +26,7 @@ from web.errors import error_body
 LINGER_S, LINGER_BYTES = 1.0, 1 << 20  # at most this long, and this much, read of what the client still sends
 
 
-class JsonErrorsWorker(GeventWorker):  # type: ignore[misc]
+class JsonErrorsWorker(GeventWorker):  # type: ignore[misc]  # (gunicorn is untyped: GeventWorker is Any)
     """GeventWorker whose own error answers are JSON, and which quits once however many times it is told."""
 
     _quitting = False

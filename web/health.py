@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from importlib import resources
 
 from flask import Blueprint, Response, jsonify
@@ -102,7 +102,7 @@ def _worker(w: DeviceLease) -> dict[str, object]:
     }
 
 
-def _not_ready(reason: str, state: dict[str, object]) -> Response:
+def _not_ready(reason: str, state: Mapping[str, object]) -> Response:
     response = error_response(503, "unavailable", reason)
     body = response.get_json()
     body.update(state)
@@ -148,7 +148,7 @@ def _gauges(snap: Snapshot) -> Iterator[Metric]:
         age.add_metric([w.device], w.heartbeat_age_s)
     yield age
     yield GaugeMetricFamily("onelane_workers_alive", "Workers holding a device lease.", value=len(snap.workers))
-    batch = {
+    batch: dict[str, tuple[str, Callable[[DeviceLease], float]]] = {
         "batch_size": ("Jobs in the device's batch, as its worker last reported.", lambda w: w.batch),
         "batch_slots": ("The most jobs the device's batch holds (ONELANE_MAX_BATCH).", lambda w: w.slots),
         "batch_occupancy_ratio": (

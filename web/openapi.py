@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apispec import APISpec
 from flask import Flask
@@ -35,6 +35,9 @@ from web.errors import (
     status_of,
     type_of,
 )
+
+if TYPE_CHECKING:  # (the models models_json_schema takes, and keys its refs by)
+    from pydantic._internal._dataclasses import PydanticDataclass
 
 TAGS = [
     {"name": "jobs"},
@@ -261,7 +264,9 @@ class Failure:
         return Failure(self.kind, self.note, self.raised or not page, self.page or page)
 
 
-def _refer(value: Any, refs: dict[tuple[type[BaseModel], JsonSchemaMode], dict[str, Any]]) -> Any:
+def _refer(
+    value: Any, refs: dict[tuple[type[BaseModel] | type[PydanticDataclass], JsonSchemaMode], dict[str, Any]]
+) -> Any:
     """`value` with each Component replaced by its $ref."""
     if isinstance(value, Component):
         return refs[(value.model, value.mode)]

@@ -8,6 +8,7 @@ from typing import Any
 
 from flask import Response, redirect, render_template, request, url_for
 from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.wrappers import Response as BaseResponse  # what redirect() returns (flask's Response is one)
 
 from tasks.errors import (
     Forbidden,
@@ -41,12 +42,12 @@ REFUSED = [ModelNotFound, QuotaExceeded, QueueFull, ModelUnavailable]
 
 
 @bp.before_request
-def _visit() -> Response | None:
+def _visit() -> BaseResponse | None:
     # A browser gets its own identity before anything is looked up; a POST must already have one (and its CSRF token).
     if request.method in ("GET", "HEAD"):
         start_visit()
     if services().settings.keys_required and not signed_in() and request.endpoint != "pages.login":
-        return redirect(url_for("pages.login"), code=303)  # type: ignore[return-value]
+        return redirect(url_for("pages.login"), code=303)
     return None
 
 
@@ -104,7 +105,7 @@ def render_form(values: dict[str, str], error: OnelaneError | None = None) -> Re
         413: webpage("the key is too long"),
     },
 )
-def login() -> Response | tuple[str, int]:
+def login() -> BaseResponse | tuple[str, int]:
     """With API keys configured, a browser signs in once with its key."""
     if request.method == "GET":
         return render_template("login.html", error=None), 200
@@ -116,7 +117,7 @@ def login() -> Response | tuple[str, int]:
         return render_template("login.html", error="That API key is too long."), 413
     if sign_in(body.form(request).get("key", "")) is None:
         return render_template("login.html", error="That API key is not valid."), 401
-    return redirect(url_for("pages.index"), code=303)  # type: ignore[return-value]
+    return redirect(url_for("pages.index"), code=303)
 
 
 @bp.get("/")
@@ -149,7 +150,7 @@ def index() -> Response:
     ],
     errors=[Unavailable],
 )
-def submit() -> Response:
+def submit() -> BaseResponse:
     """Admit the form's job as watched (skipped if its page is closed before it starts), then show its page."""
     svc = services()
     try:
@@ -263,7 +264,7 @@ CONTINUE_REFUSED = [
     errors=[Unauthorized, Forbidden, *CONTINUE_REFUSED, Unavailable],
     refusals=CONTINUE_REFUSED,
 )
-def continue_job(job_id: str) -> Response:
+def continue_job(job_id: str) -> BaseResponse:
     """Continue a completed chat with the user's next message: a new, watched job carrying the whole history. A form
     is sent to the new job's page; the page's script (asking for JSON) gets the new job, to follow it in place."""
     svc = services()
@@ -280,7 +281,7 @@ def continue_job(job_id: str) -> Response:
         return _refused(job, exc, text)
     url = url_for("pages.job_page", job_id=new.id)
     if not _asks_json():
-        return redirect(url, code=303)  # type: ignore[return-value]
+        return redirect(url, code=303)
     answer = {
         "job": responses.Job.of(new),
         "url": url,

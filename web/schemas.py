@@ -244,7 +244,10 @@ def _field_path(loc: tuple[int | str, ...], body: Any) -> str:
         if not isinstance(body, dict | list) or isinstance(body, list) is not isinstance(part, int):
             break
         path.append(str(part))
-        body = body.get(part) if isinstance(body, dict) else body[part] if part < len(body) else None
+        if isinstance(body, dict):
+            body = body.get(part)
+        elif isinstance(part, int):  # (always, for a list: see above)
+            body = body[part] if part < len(body) else None
     return ".".join(path)
 
 
@@ -278,7 +281,7 @@ def served_model(settings: Settings, name: str | None, kind: Kind = "generate") 
     or ModelNotFound; one of another kind is an InvalidRequest that says which models are of its kind."""
     of_kind = [m.name for m in settings.catalog if m.kind == kind]
     if name is None:
-        if settings.model_named(settings.model_name).kind == kind:  # type: ignore[union-attr]
+        if settings.model_named(settings.model_name).kind == kind:  # type: ignore[union-attr]  # (the default model is in the catalog)
             return settings.model_name
         if not of_kind:
             raise InvalidRequest(f"this server serves no {NAMES[kind].split(' ', 1)[1]}", param="model")

@@ -19,7 +19,7 @@ from tasks.settings import Settings
 logger = logging.getLogger(__name__)
 
 
-class _Gunicorn(BaseApplication):  # type: ignore[misc]
+class _Gunicorn(BaseApplication):  # type: ignore[misc]  # (gunicorn is untyped: BaseApplication is Any)
     def __init__(self, settings: Settings, options: dict[str, Any]) -> None:
         self.settings = settings
         self.options = options

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import dramatiq
+from dramatiq.brokers.redis import RedisBroker
 from flask import current_app
 
 from tasks.background import Background
@@ -29,7 +29,7 @@ B = TypeVar("B", bound=Background)
 class Services:
     settings: Settings
     store: Store
-    broker: dramatiq.Broker
+    broker: RedisBroker
     hub: Hub  # the process's one pub/sub connection, for every open stream
     housekeeper: Housekeeper  # expires jobs on time even while no worker runs
     files: FileStore  # uploaded files (/v1/files)
@@ -65,4 +65,4 @@ class Services:
 
 def services() -> Services:
     """The current app's services."""
-    return current_app.extensions[EXTENSION]  # type: ignore[no-any-return]
+    return current_app.extensions[EXTENSION]  # type: ignore[no-any-return]  # (Flask's extensions hold Any)

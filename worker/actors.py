@@ -13,7 +13,7 @@ from worker.batch.loop import Runner
 logger = logging.getLogger(__name__)
 
 
-def declare(broker: dramatiq.Broker, runner: Runner, stopping: threading.Event) -> dramatiq.Actor:  # type: ignore[type-arg]
+def declare(broker: dramatiq.Broker, runner: Runner, stopping: threading.Event) -> dramatiq.Actor[[str], None]:
     """Declare `run_next` on `broker`: no retries (a retry could generate twice), no time limit of its own (a
     message may run several jobs; each job has the runner's time limit)."""
 
@@ -21,4 +21,4 @@ def declare(broker: dramatiq.Broker, runner: Runner, stopping: threading.Event) 
         if not runner.run_waiting(stopping):
             logger.debug("message for %s: nothing left to run", job_id)
 
-    return dramatiq.actor(run_next, actor_name=ACTOR_NAME, queue_name=QUEUE_NAME, broker=broker, max_retries=0)
+    return dramatiq.actor(actor_name=ACTOR_NAME, queue_name=QUEUE_NAME, broker=broker, max_retries=0)(run_next)

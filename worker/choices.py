@@ -77,13 +77,13 @@ class Groups:
         (returned: they read the prompt on their own); a group with no job left in the batch is forgotten."""
         choice = run.job.spec.choice
         group = self._by_id.get(choice.group) if choice else None
-        if group is None or run.job.id not in group.members:
+        if choice is None or group is None or run.job.id not in group.members:
             return []
         group.members.discard(run.job.id)
         group.held = [h for h in group.held if h.run is not run]
         released = self.release(group, None) if group.leader is run else []
         if not group.members:
-            del self._by_id[choice.group]  # type: ignore[union-attr]
+            del self._by_id[choice.group]
         return released
 
     def clear(self) -> None:

@@ -18,12 +18,16 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import llguidance
 import llguidance.hf
 import mlx.core as mx
 import numpy as np
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +52,7 @@ class MaskTimes:
 class Grammars:
     """One model's grammars: the tokenizer llguidance reads, built once, and its compiled matchers by digest."""
 
-    def __init__(self, tokenizer, eos: frozenset[int]) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, tokenizer: TokenizerWrapper, eos: frozenset[int]) -> None:
         self._hf = tokenizer._tokenizer  # mlx-lm's TokenizerWrapper wraps a Hugging Face fast tokenizer
         self._eos = sorted(eos)
         self._tokenizer: llguidance.LLTokenizer | None = None
@@ -125,7 +129,7 @@ class Constraint:
         # drawn last, and so does the mask (else the device would wait for the mask, every step)
         mx.async_eval(logits)
         if self._started:  # (reading the token waits for the step that drew it: not the mask's time)
-            token = int(context[-1].item())
+            token = int(context[-1].item())  # type: ignore[arg-type]  # (item() of an integer array: never complex)
             started = time.perf_counter()
             self.matcher.consume_token(token)
         else:

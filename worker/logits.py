@@ -12,7 +12,7 @@ from __future__ import annotations
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -101,9 +101,10 @@ class Recorded:
     def row(self, i: int) -> tuple[float, list[tuple[int, float]]]:
         """Row i's token's log probability, and its alternatives (ids and log probabilities, in no order)."""
         if self._lists is None:
-            ids = self.ids.tolist() if self.ids is not None else None
-            values = self.values.tolist() if self.values is not None else None
-            self._lists = (self.chosen.tolist(), ids or [], values or [])
+            top_ids = self.ids.tolist() if self.ids is not None else None
+            top_values = self.values.tolist() if self.values is not None else None
+            lists = (self.chosen.tolist(), top_ids or [], top_values or [])
+            self._lists = cast(tuple[list[Any], list[Any], list[Any]], lists)  # (tolist of arrays: lists, not scalars)
         chosen, ids, values = self._lists
         return chosen[i], list(zip(ids[i], values[i])) if ids else []
 

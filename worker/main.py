@@ -393,7 +393,7 @@ def _dump_stacks_after(seconds: float) -> None:
     """Every thread's stack to stderr in `seconds`, unless called again first (faulthandler's timer: its thread runs
     while the interpreter is held)."""
     with contextlib.suppress(AttributeError, ValueError, OSError):  # no stderr to write to: no stacks
-        faulthandler.dump_traceback_later(seconds, exit=False, file=sys.__stderr__)
+        faulthandler.dump_traceback_later(seconds, exit=False, file=sys.__stderr__)  # type: ignore[arg-type]  # (None: AttributeError, suppressed)
 
 
 def main() -> None:

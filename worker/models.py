@@ -14,6 +14,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -43,7 +44,9 @@ def size_on_disk(config: ModelConfig) -> int:
 
 def size_in_memory(engine: Engine) -> int:
     """The weights' size once loaded."""
-    return sum(a.nbytes for _, a in tree_flatten(engine.model.parameters()))
+    # (a list: mlx types tree_flatten's result as a list or a dict)
+    parameters = cast(list[tuple[str, mx.array]], tree_flatten(engine.model.parameters()))
+    return sum(a.nbytes for _, a in parameters)
 
 
 class ModelPool:
@@ -136,7 +139,7 @@ class ModelPool:
             elif config.kind == "generate":
                 engine = Engine.load(config, self._max_batch(config), self.settings.prefill_step, lock=self.lock)
             else:  # an embedding model or a reranker: no batch, no decode steps to time
-                engine = Pooler.load(config)
+                engine = cast(Engine, Pooler.load(config))  # (it stands in for one in the pool: see Pooler)
         except Exception as exc:  # a missing folder, a bad adapter, an unknown architecture, out of memory...
             failure = explain(exc, config)
             if failure.cause is None:

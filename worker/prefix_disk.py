@@ -34,7 +34,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -182,6 +182,7 @@ class DiskTier:
             stored = self._files.get(name)
         if stored is None:
             return None
+        cache: list[Any]  # (load_prompt_cache is untyped)
         try:
             if _digest(stored.path) != stored.path.stem:
                 logger.warning("prefix cache: %s is torn or damaged; removed", stored.path.name)
@@ -337,7 +338,9 @@ class DiskTier:
 
 def compute_state(cache: list[Any]) -> None:
     """Compute a KV cache's state arrays now (not when first read: a lazy slice keeps the batch's buffers alive)."""
-    mx.eval([leaf for c in cache for _, leaf in tree_flatten(c.state) if isinstance(leaf, mx.array)])
+    # (lists: mlx types tree_flatten's result as a list or a dict)
+    flat = (cast(list[tuple[str, Any]], tree_flatten(c.state)) for c in cache)
+    mx.eval([leaf for leaves in flat for _, leaf in leaves if isinstance(leaf, mx.array)])
 
 
 def weights_digest(model: Any) -> str:
@@ -345,10 +348,12 @@ def weights_digest(model: Any) -> str:
     parameter's name, shape, type, and its first and last 64 values (a pass over all the weights would cost a large
     model seconds at every load)."""
     h = hashlib.blake2b(digest_size=8)
-    for name, array in sorted(tree_flatten(model.parameters()), key=lambda item: item[0]):
+    # (a list: mlx types tree_flatten's result as a list or a dict)
+    flat_parameters = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
+    for name, array in sorted(flat_parameters, key=lambda item: item[0]):
         flat = array.reshape(-1)
         h.update(f"{name}:{array.shape}:{array.dtype};".encode())
-        h.update(memoryview(mx.concatenate([flat[:64], flat[-64:]]).astype(mx.float32)))
+        h.update(memoryview(mx.concatenate([flat[:64], flat[-64:]]).astype(mx.float32)))  # type: ignore[arg-type]  # (mx.array has the buffer protocol; its stubs do not say so)
     return h.hexdigest()
 
 

@@ -23,6 +23,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Literal, TypeVar
 
 import redis
 
@@ -31,6 +33,7 @@ from tasks.store import Store
 from worker.blas import worker_env
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CHECK_S = 0.1  # how often dead children are reaped (no Redis involved)
 WATCH_EVERY = 5  # look at the device in Redis every 5th check: 2 commands/s
@@ -172,7 +175,8 @@ class Supervisor:
                 self.killed_lost.add(pid)
                 del self.lost[pid]
 
-    def _redis(self, call):  # type: ignore[no-untyped-def]
+    # (Callable[..., T]: the lambdas it is given bind a loop variable as a default argument)
+    def _redis(self, call: Callable[..., T]) -> T | Literal[False]:
         """Run a Redis call; False when Redis is away (the supervisor just tries again next round)."""
         try:
             return call()

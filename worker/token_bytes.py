@@ -47,11 +47,11 @@ class TokenBytes:
 
     def _read(self, token: int) -> bytes:
         if self._map is None or token >= len(self._map):
-            return self._tokenizer.decode([token]).encode()
+            return self._tokenizer.decode([token]).encode()  # type: ignore[no-any-return]  # (mlx-lm's tokenizer wrapper and its tokenmap are untyped)
         raw = self._map[token]
         if self._kind == "spm":
-            return raw.replace(SPM_SPACE, b" ")
+            return raw.replace(SPM_SPACE, b" ")  # type: ignore[no-any-return]  # (mlx-lm's tokenizer wrapper and its tokenmap are untyped)
         if self._kind == "bpe":
             table = _bpe_bytes()
             return b"".join(bytes([table[c]]) if c in table else c.encode() for c in raw)
-        return self._tokenizer.decode([token]).encode()
+        return self._tokenizer.decode([token]).encode()  # type: ignore[no-any-return]  # (mlx-lm's tokenizer wrapper and its tokenmap are untyped)

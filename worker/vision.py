@@ -56,16 +56,16 @@ class TextModel(nn.Module):
     embeddings) in, logits out, its layers and its caches."""
 
     def __init__(self, vlm: nn.Module) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # (mlx's Module.__init__ is unannotated)
         self.vlm = vlm
 
     def __call__(self, inputs: mx.array, cache: Any = None, inputs_embeds: mx.array | None = None) -> mx.array:
         out = self.vlm.language_model(inputs, inputs_embeds=inputs_embeds, cache=cache)
-        return getattr(out, "logits", out)
+        return getattr(out, "logits", out)  # type: ignore[no-any-return]  # (mlx-vlm's language models are untyped)
 
     @property
     def layers(self) -> list[nn.Module]:
-        return self.vlm.language_model.layers  # type: ignore[no-any-return]
+        return self.vlm.language_model.layers  # type: ignore[no-any-return]  # (mlx-vlm's language models are untyped)
 
     def make_cache(self) -> list[Any]:
         from mlx_lm.models.cache import KVCache
@@ -86,7 +86,7 @@ class VisionEngine(Engine):
         self.images_read = 0  # images its vision tower read (a prefix-cache hit reads none)
 
     @classmethod
-    def load(  # type: ignore[override]
+    def load(  # type: ignore[override]  # (from a ModelConfig only, not also a path as Engine.load)
         cls, model: ModelConfig, max_batch: int = 1, prefill_step: int = 512, lock: Any = None
     ) -> VisionEngine:
         """Load a vision-language model's folder (or hub id) with mlx-vlm, and its tokenizer as mlx-lm wraps one."""
@@ -189,7 +189,7 @@ class VisionEngine(Engine):
                 f"its images come with {', '.join(extra)} beside their embeddings (positions or states that depend on "
                 "the image): onelane's batch does not read such a model's images yet"
             )
-        embeds = out.inputs_embeds[0, cached:-1]
+        embeds: mx.array = out.inputs_embeds[0, cached:-1]
         mx.eval(embeds)
         return embeds
 

@@ -9,10 +9,12 @@ list at keys.events(id). Every change that must not interleave with another is o
 
 from __future__ import annotations
 
+import builtins
 import math
 import time
 from dataclasses import dataclass
 from functools import cached_property
+from typing import cast
 
 import redis
 
@@ -24,7 +26,7 @@ from tasks.errors import (
     JobAlreadyEnded,
     JobNotFound,
     ModelUnavailable,
-    OnelaneError,
+    Overloaded,
     QueueFull,
     QuotaExceeded,
 )
@@ -195,7 +197,7 @@ class Store:
 
     def image(self, digest: str) -> bytes | None:
         """The bytes of the image kept under `digest`, if still kept."""
-        return self.redis.execute_command("GET", keys.image(digest), NEVER_DECODE=True)  # type: ignore[no-any-return]
+        return self.redis.execute_command("GET", keys.image(digest), NEVER_DECODE=True)  # type: ignore[no-any-return]  # (execute_command's reply is Any: here bytes or None)
 
     def keep_watching(self, job: Job) -> None:
         """Renew a watched, waiting job's lease: its client (a stream, or polling) is still there."""
@@ -254,7 +256,8 @@ class Store:
 
     def list(self, owner: str, limit: int = 50) -> list[Job]:
         """The owner's most recent jobs, newest first."""
-        ids = self.redis.zrevrange(keys.user_jobs(owner), 0, limit - 1)
+        # (decode_responses: str replies)
+        ids = cast(list[str], self.redis.zrevrange(keys.user_jobs(owner), 0, limit - 1))
         jobs = []
         for job_id in ids:
             try:
@@ -290,13 +293,15 @@ class Store:
         """Position and ETA of a waiting job: 1 + the jobs that start before it, and when it should start."""
         return self.standings([job.id])[0]
 
-    def standings(self, job_ids: list[str]) -> list[Standing]:
+    def standings(self, job_ids: builtins.list[str]) -> builtins.list[Standing]:
         """The standing of each job, in one call (Standing(None, None) for a job that does not wait)."""
         snapshot, *ranks = self.scripts.run("position", limit=eta.LIMIT, ids=job_ids)
         standings = iter(self._standings(snapshot, [int(rank) for rank in ranks if rank]))
         return [Standing(*next(standings)) if rank else Standing(None, None) for rank in ranks]
 
-    def _standings(self, snapshot: str, ranks: list[int], guess: bool = False) -> list[tuple[int, float | None]]:
+    def _standings(
+        self, snapshot: str, ranks: builtins.list[int], guess: bool = False
+    ) -> builtins.list[tuple[int, float | None]]:
         """Where the jobs at `ranks` in the fair order stand, forecast from a snapshot a script took (tasks/eta.py):
         1 + the jobs that start before each (its rank, less the jobs ahead of it that it passes: eta.Plan.position),
         and when it should start; while no worker holds a device, its rank and no ETA (unless a `guess` will do: as
@@ -310,16 +315,16 @@ class Store:
         played = eta.plan(taken, rules)
         return [(played.position(rank), played.eta(rank)) for rank in ranks]
 
-    def events(self, job_id: str, start: int = 0) -> list[Event]:
+    def events(self, job_id: str, start: int = 0) -> builtins.list[Event]:
         """The job's durable events from index `start` on."""
-        raw = self.redis.lrange(keys.events(job_id), start, -1)
+        raw = cast(list[str], self.redis.lrange(keys.events(job_id), start, -1))  # (decode_responses: str replies)
         return [Event.decode(start + n, event) for n, event in enumerate(raw)]
 
     def ping(self) -> bool:
         return bool(self.redis.ping())
 
 
-def _refusal(verdict: str, n: int, waiting: int, quota: int, max_queue: int) -> tuple[type[OnelaneError], str]:
+def _refusal(verdict: str, n: int, waiting: int, quota: int, max_queue: int) -> tuple[type[Overloaded], str]:
     """What admit.lua's refusal means, told truly for a request of `n` jobs: `waiting` count against the bound."""
     asks = f"this request asks for {n} answers"
     if verdict == "queue_full":

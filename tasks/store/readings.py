@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import redis
 
@@ -124,7 +125,7 @@ class Readings:
 
     def snapshot(self) -> Snapshot:
         """Everything /readyz and /metrics report, read in two pipelines."""
-        devices = sorted(self.redis.smembers(keys.DEVICES))
+        devices = sorted(cast(set[str], self.redis.smembers(keys.DEVICES)))  # (decode_responses: str replies)
         catalog = [m.name for m in self.settings.catalog]
         pipe = self.redis.pipeline(transaction=False)
         pipe.time()
@@ -218,7 +219,7 @@ class Readings:
 
     def live_slots(self) -> int:
         """The slots of every live worker's batch (its ONELANE_MAX_BATCH, as its lease reports it)."""
-        devices = list(self.redis.smembers(keys.DEVICES))
+        devices = list(cast(set[str], self.redis.smembers(keys.DEVICES)))  # (decode_responses: str replies)
         pipe = self.redis.pipeline(transaction=False)
         for name in devices:
             pipe.hmget(keys.device(name), "worker", "slots")

@@ -220,7 +220,7 @@ class WorkerStore:
 
     def _model(self, name: str, **fields: object) -> None:
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(keys.model(name), mapping=fields)  # type: ignore[arg-type]
+        pipe.hset(keys.model(name), mapping=fields)  # type: ignore[arg-type]  # (its values are str, int or float; `object` is wider)
         pipe.expire(keys.model(name), keys.MODEL_RECORD_TTL_S)
         pipe.execute()
 
@@ -264,7 +264,7 @@ class WorkerStore:
         status: JobStatus,
         *,
         finish_reason: str | None = None,
-        error: tuple[str, str] | None = None,
+        error: tuple[str, ...] | None = None,  # (type, message[, the request field at fault])
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
         stop_seen_at: int | None = None,

@@ -13,7 +13,7 @@ import hashlib
 import math
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import closing
 
 from flask import request
@@ -77,7 +77,7 @@ def cancel_all(store: Store, jobs: list[Job], why: tuple[str, str]) -> None:
         cancel_quietly(store, job, why)
 
 
-def merged(stories: list[Iterator[Story]]) -> Iterator[tuple[int, Story]]:
+def merged(stories: list[Generator[Story, None, None]]) -> Generator[tuple[int, Story], None, None]:
     """The items of every story as they come, each with its story's place, until each story ended.
 
     Each story is read on a thread of its own (a greenlet under gevent, as the web runs): each keeps its own job's
@@ -89,7 +89,7 @@ def merged(stories: list[Iterator[Story]]) -> Iterator[tuple[int, Story]]:
     inbox: queue.Queue[tuple[int, Story | BaseException | None]] = queue.Queue()
     stop = threading.Event()
 
-    def read(index: int, story: Iterator[Story]) -> None:
+    def read(index: int, story: Generator[Story, None, None]) -> None:
         try:
             for item in story:
                 inbox.put((index, item))
@@ -98,7 +98,7 @@ def merged(stories: list[Iterator[Story]]) -> Iterator[tuple[int, Story]]:
         except Exception as exc:  # (raised where it is read)
             inbox.put((index, exc))
         finally:
-            story.close()  # type: ignore[attr-defined]
+            story.close()
             inbox.put((index, None))
 
     for index, story in enumerate(stories):

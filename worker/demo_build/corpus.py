@@ -35,7 +35,8 @@ def _is_prose(paragraph: str) -> bool:
 
 
 def _sections(page: str) -> list[Section]:
-    sections, title, paragraphs = [], "", []
+    sections, title = [], ""
+    paragraphs: list[str] = []
     for block in re.split(r"\n\s*\n", page):
         lines = textwrap.dedent(block.strip("\n")).rstrip().split("\n")
         if len(lines) == 2 and _UNDERLINE.match(lines[1].strip()):

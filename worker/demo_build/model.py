@@ -11,6 +11,11 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (the functions below import them when called: slow imports)
+    import mlx.nn as nn
+    from transformers import PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +43,7 @@ Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. Punctuation: , . ; : ! ? ( ) [ ] { } "
 """
 
 
-def train_tokenizer(texts: list[str], vocab_size: int):  # -> transformers.PreTrainedTokenizerFast
+def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer of `vocab_size` tokens learnt from `texts`, with the ChatML template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -61,7 +66,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):  # -> transformers.PreTr
     )
 
 
-def llama_config(size: dict[str, int], tokenizer) -> dict[str, object]:  # type: ignore[no-untyped-def]
+def llama_config(size: dict[str, int], tokenizer: PreTrainedTokenizerFast) -> dict[str, object]:
     """The config.json of a llama model of `size` over `tokenizer`'s vocabulary."""
     return {
         "model_type": "llama",
@@ -74,7 +79,7 @@ def llama_config(size: dict[str, int], tokenizer) -> dict[str, object]:  # type:
     }
 
 
-def save(path: Path, model, tokenizer, config: dict[str, object]) -> Path:  # type: ignore[no-untyped-def]
+def save(path: Path, model: nn.Module, tokenizer: PreTrainedTokenizerFast, config: dict[str, object]) -> Path:
     """Write the model's weights, its config and its tokenizer to `path`, as `mlx_lm.load` reads them."""
     from mlx_lm.utils import save_config, save_model
 

@@ -14,9 +14,14 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from worker.demo_build import corpus as demo_corpus
 from worker.demo_build.model import llama_config, save, train_tokenizer
+
+if TYPE_CHECKING:  # (the functions below import them when called: slow imports)
+    import mlx.optimizers as optim
+    from transformers import PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +66,7 @@ def _chat(user: str, assistant: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
 
 
-def token_stream(tokenizer, docs: list[Document]) -> tuple[list[int], list[bool]]:  # type: ignore[no-untyped-def]
+def token_stream(tokenizer: PreTrainedTokenizerFast, docs: list[Document]) -> tuple[list[int], list[bool]]:
     """The documents as one stream of tokens, and which of them the model learns to write: all of plain text, and
     of a conversation its answer only (the prompt, exactly as the served chat template renders it, is given)."""
     tokens: list[int] = []
@@ -70,7 +75,7 @@ def token_stream(tokenizer, docs: list[Document]) -> tuple[list[int], list[bool]
         if isinstance(doc, str):
             parts = [(doc, True)]
         else:
-            prompt = tokenizer.apply_chat_template(doc[:1], add_generation_prompt=True, tokenize=False)
+            prompt = cast(str, tokenizer.apply_chat_template(doc[:1], add_generation_prompt=True, tokenize=False))
             parts = [(prompt, False), (doc[1]["content"] + "<|im_end|>\n", True)]
         for text, learn in parts:
             ids = tokenizer.encode(text, add_special_tokens=False)
@@ -79,7 +84,7 @@ def token_stream(tokenizer, docs: list[Document]) -> tuple[list[int], list[bool]
     return tokens, learnt
 
 
-def _optimizer(steps: int, learning_rate: float):  # type: ignore[no-untyped-def]
+def _optimizer(steps: int, learning_rate: float) -> optim.AdamW:
     """AdamW with a linear warm-up over a tenth of the steps, then a cosine decay."""
     import mlx.optimizers as optim
 
@@ -117,7 +122,9 @@ def train_demo_model(
     config = llama_config(ARCHITECTURE, tokenizer)
     mx.random.seed(seed)
     model = llama.Model(llama.ModelArgs.from_dict(config))
-    parameters = sum(p.size for _, p in tree_flatten(model.parameters()))
+    # (a list: mlx types tree_flatten's result as a list or a dict)
+    flat = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
+    parameters = sum(p.size for _, p in flat)
     logger.info("training %.2f M parameters on %d tokens for %d steps", parameters / 1e6, len(data), steps)
 
     def loss_fn(model: nn.Module, x: mx.array, y: mx.array, w: mx.array) -> mx.array:
@@ -130,7 +137,7 @@ def train_demo_model(
     def update(x: mx.array, y: mx.array, w: mx.array) -> mx.array:
         loss, grads = loss_and_grad(model, x, y, w)
         optimizer.update(model, optim.clip_grad_norm(grads, 1.0)[0])
-        return loss
+        return loss  # type: ignore[no-any-return]  # (nn.value_and_grad's function is untyped)
 
     step = partial(mx.compile, inputs=state, outputs=state)(update) if compiled else update
 
@@ -141,7 +148,7 @@ def train_demo_model(
         sequences = mx.array(np.stack([data[w] for w in windows]))
         loss = step(sequences[:, :-1], sequences[:, 1:], mx.array(np.stack([weights[w][1:] for w in windows])))
         mx.eval(state, loss)
-        losses.append(loss.item())
+        losses.append(loss.item())  # type: ignore[arg-type]  # (item() of a float32 scalar: a float)
         if n % 100 == 0 or n == steps:
             logger.info(
                 "step %d/%d: loss %.3f (%.0f s)",

@@ -139,8 +139,8 @@ def _check_vocabulary(meta: dict[str, Any], config: dict[str, Any]) -> None:
         token = config.get(f"{kind}_token_id") if key not in meta else whole(meta, key, least=0)
         if token is not None and token >= vocab:
             raise GgufError(f"its {key} {token} is not in its vocabulary of {vocab} tokens")
-    for key, kind in (("tokenizer.chat_template", str), ("tokenizer.ggml.pre", str), ("tokenizer.ggml.add_bos_token", bool)):  # fmt: skip
-        if key in meta and not isinstance(meta[key], kind):
+    for key, expected in (("tokenizer.chat_template", str), ("tokenizer.ggml.pre", str), ("tokenizer.ggml.add_bos_token", bool)):  # fmt: skip
+        if key in meta and not isinstance(meta[key], expected):
             raise GgufError(f"its {key} is {described(meta[key])}")
 
 

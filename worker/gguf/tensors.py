@@ -90,6 +90,7 @@ def _repacked(blocks: np.ndarray, kind: str, shape: tuple[int, ...]) -> dict[str
     rows = blocks.shape[0]
     blocks = blocks.reshape(rows, -1, {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}[kind])
     d = np.ascontiguousarray(blocks[..., 0:2]).view("<f2")[..., 0]
+    q: np.ndarray  # each value's code: uint8, or a nibble in the blocks' type
     if kind == "Q8_0":
         q = (np.ascontiguousarray(blocks[..., 2:34]).view(np.int8).astype(np.int16) + 128).astype(np.uint8)
         bias, packed = d * np.float16(-128), q.reshape(rows, -1)

@@ -102,7 +102,7 @@ def read_lines(data: bytes, endpoint: str, owner: str, settings: Settings) -> tu
             continue
         objects += 1
         outcome = _line(index, item, endpoint, owner, settings, seen)
-        (lines if isinstance(outcome, Line) else errors).append(outcome)  # type: ignore[arg-type]
+        (lines if isinstance(outcome, Line) else errors).append(outcome)  # type: ignore[arg-type]  # (each to its list: mypy does not narrow through the choice)
     if not objects:
         raise NotJsonl("no line of the file is a JSON object: a batch's input is JSONL, one request a line")
     return lines, errors

@@ -208,7 +208,7 @@ def start(app: Flask, svc: Services) -> BatchRunner:
 
 def batch_runner() -> BatchRunner:
     """The current app's batch runner."""
-    return current_app.extensions[EXTENSION]  # type: ignore[no-any-return]
+    return current_app.extensions[EXTENSION]  # type: ignore[no-any-return]  # (Flask's extensions hold Any)
 
 
 # --- result lines -------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ web/openai/chat/schemas.py, their answers' wire formats in web/openai/chat/body.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import closing
 
 from flask import Blueprint, Response, jsonify, request
@@ -167,7 +167,9 @@ def _admit_and_respond(admission: tuple[JobSpec, float], view_class: type[ChatBo
         close()
 
 
-def _respond(jobs: list[Job], views: list[ChatBody], req: Sampling, stories: list[Iterator[Story]]) -> Response:
+def _respond(
+    jobs: list[Job], views: list[ChatBody], req: Sampling, stories: list[Generator[Story, None, None]]
+) -> Response:
     """The whole answer, once every job completed: each read back whole (its text and log probabilities), as a
     batch's line is; best_of's best `n`, best first."""
     store = services().store
@@ -196,7 +198,7 @@ def _respond(jobs: list[Job], views: list[ChatBody], req: Sampling, stories: lis
     return response
 
 
-def _stream(jobs: list[Job], views: list[ChatBody], stories: list[Iterator[Story]]) -> Iterator[str]:
+def _stream(jobs: list[Job], views: list[ChatBody], stories: list[Generator[Story, None, None]]) -> Iterator[str]:
     """OpenAI's SSE: `data: {chunk}` lines (the answers' interleaved as they come, each with its index), queue
     positions as comments, `data: [DONE]` at the end. A client that leaves before the end has every job cancelled.
     If a job's worker dies mid-answer, its next run goes on from the tokens written (worker/resume.py), and so does

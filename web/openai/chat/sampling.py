@@ -8,6 +8,7 @@ import reprlib
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
+from pydantic.config import JsonDict
 
 from tasks.errors import InvalidRequest
 from tasks.job import LOGIT_BIAS_MOST, JobSpec, Message, Priority, SamplingParams
@@ -18,7 +19,7 @@ from web.schemas import ResponseFormat, int_is_a_float, make_spec, stops_schema
 
 CHOICES_MOST = 16  # answers one request may ask for (`n`, `best_of`): each is a job, and counts as one
 TOKEN_ID = re.compile(r"0|[1-9][0-9]{0,9}")  # a token id as `logit_bias` names it: an integer, as a string
-LOGIT_BIAS_SCHEMA = {
+LOGIT_BIAS_SCHEMA: JsonDict = {
     "anyOf": [
         {
             "type": "object",

@@ -9,6 +9,7 @@ forward pass with other requests' (worker/pooling.py); nothing is generated.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from flask import Blueprint, Response, jsonify, request
@@ -18,7 +19,7 @@ from tasks.errors import InvalidRequest
 from tasks.job import Job, JobSpec, Pooled
 from tasks.pooled import embeddings_of, floats, scores_of
 from tasks.settings import Settings
-from web.apidoc import documented, reply
+from web.apidoc import View, documented, reply
 from web.auth import current_owner
 from web.openai.choices import run_one
 from web.openai.schemas import REQUEST_ERRORS, STRICT, parse_openai
@@ -166,7 +167,7 @@ def embeddings_body(job: Job) -> dict[str, Any]:
     return {"object": "list", "data": data, "model": job.spec.model, "usage": _usage(job)}
 
 
-def _documented_rerank(operation_id: str, summary: str) -> Any:
+def _documented_rerank(operation_id: str, summary: str) -> Callable[[View], View]:
     return documented(
         operation_id,
         summary,

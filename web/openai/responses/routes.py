@@ -224,7 +224,7 @@ def cancel(rid: str) -> Response:
     """Cancel a response: queued, it never runs; running, it stops within a step. Again, or once it ended: the
     response as it is."""
     job = _own(rid)
-    if not job.spec.response.background:  # type: ignore[union-attr]
+    if not job.spec.response.background:  # type: ignore[union-attr]  # (_own finds only jobs with a response)
         raise InvalidRequest("only a background response can be cancelled (a foreground one ends with its request)")
     try:
         job = services().store.cancel(job.id, job.owner, wait_s=CANCEL_WAIT_S)
