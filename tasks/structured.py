@@ -132,7 +132,7 @@ def render_call(call: ToolCall) -> str:
 
 
 @dataclass
-class Delta:
+class Piece:
     """What a piece of an answer adds: text, or a call begun (its `name`), or more of a call's `arguments`."""
 
     index: int = 0  # the call's, among the answer's calls
@@ -153,11 +153,11 @@ class CallReader:
     _text: bool | None = None  # the answer is words (True), calls (False), or not known yet (None)
     calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments) of each call begun
 
-    def feed(self, text: str, final: bool = False) -> list[Delta]:
+    def feed(self, text: str, final: bool = False) -> list[Piece]:
         self._seen += text
         return list(self._read(final))
 
-    def _read(self, final: bool) -> Iterator[Delta]:
+    def _read(self, final: bool) -> Iterator[Piece]:
         if self._text is None:
             head = self._seen[: len(CALL_OPEN)]
             if CALL_OPEN.startswith(head) and not final and len(head) < len(CALL_OPEN):
@@ -165,7 +165,7 @@ class CallReader:
             self._text = not self._seen.startswith(CALL_OPEN)
         if self._text:
             if self._at < len(self._seen):
-                yield Delta(text=self._seen[self._at :])
+                yield Piece(text=self._seen[self._at :])
                 self._at = len(self._seen)
             return
         while True:
@@ -180,7 +180,7 @@ class CallReader:
                 self._at += name_end + len(CALL_ARGS)
                 self._in_call = True
                 self.calls.append((name, ""))
-                yield Delta(index=len(self.calls) - 1, name=name)
+                yield Piece(index=len(self.calls) - 1, name=name)
             rest = self._seen[self._at :]
             end = rest.find(CALL_CLOSE)
             told = rest[:end] if end >= 0 else rest if final else rest[: max(0, len(rest) - len(CALL_CLOSE))]
@@ -188,7 +188,7 @@ class CallReader:
                 name, arguments = self.calls[-1]
                 self.calls[-1] = (name, arguments + told)
                 self._at += len(told)
-                yield Delta(index=len(self.calls) - 1, arguments=told)
+                yield Piece(index=len(self.calls) - 1, arguments=told)
             if end < 0:
                 return
             self._at += len(CALL_CLOSE)

@@ -22,7 +22,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tasks.errors import Unavailable
 from tasks.job import JobStatus
-from tasks.store import DeviceLease, Snapshot, Store
+from tasks.store import DeviceLease, Reading, Store
 from web import responses
 from web.apidoc import TEXT, documented, reply
 from web.errors import error_response
@@ -138,7 +138,7 @@ class _Collector:
         yield from _histograms(snap.stats)
 
 
-def _gauges(snap: Snapshot) -> Iterator[Metric]:
+def _gauges(snap: Reading) -> Iterator[Metric]:
     yield GaugeMetricFamily("onelane_queue_depth", "Jobs waiting to run.", value=snap.queue_depth)
     yield GaugeMetricFamily("onelane_jobs_in_progress", "Jobs generating now.", value=snap.in_progress)
     age = GaugeMetricFamily(
@@ -227,7 +227,7 @@ COUNTERS = {
 }
 
 
-def _service(snap: Snapshot) -> Iterator[Metric]:
+def _service(snap: Reading) -> Iterator[Metric]:
     service = CounterMetricFamily(
         "onelane_flow_service_tokens",
         "Token units each flow's ended jobs used: prompt tokens read (not from a prefix cache) times "

@@ -100,15 +100,15 @@ class Grammars:
                 self._compiled.popitem(last=False)
         return compiled.deep_copy()
 
-    def constrain(self, grammar: str, generated: tuple[int, ...] = ()) -> Constraint:
+    def constrain(self, grammar: str, generated: tuple[int, ...] = ()) -> GrammarMatcher:
         """The logits processor of one sequence, its matcher past the tokens an earlier run `generated`."""
         matcher = self.matcher(grammar)
         if generated and not matcher.consume_tokens(list(generated)):
             raise GrammarError(f"an earlier run's tokens do not follow the grammar: {matcher.get_error()}")
-        return Constraint(matcher, self.tokenizer.vocab_size, self.times)
+        return GrammarMatcher(matcher, self.tokenizer.vocab_size, self.times)
 
 
-class Constraint:
+class GrammarMatcher:
     """One sequence's matcher, as the logits processor mlx-lm calls before each of the sequence's samples.
 
     mlx-lm calls it with the tokens so far: at its first call the sequence has sampled nothing yet (its context ends

@@ -25,7 +25,7 @@ from tasks.settings import Settings
 from tasks.store import WorkerStore
 from worker.batch.engine import Engine
 from worker.batch.rows import Counters
-from worker.batch.sharing import Verdict, choose
+from worker.batch.sharing import Trial, choose
 from worker.gguf import prepare
 from worker.load_error import explain
 from worker.pace import Pace, fit, probe
@@ -63,7 +63,7 @@ class ModelPool:
         self.prefix = PrefixCache(s.prefix_cache_bytes, disk if s.prefix_cache_disk_bytes else None)  # KV states
         self.on_change = on_change  # told when a model loaded or left (the worker reports it in its lease)
         self.pace = Pace()  # how fast each model's steps go here (the runner's loop times them; a load, before)
-        self._batching: dict[str, Verdict] = {}  # how each model's sequences share the batch, as its load found
+        self._batching: dict[str, Trial] = {}  # how each model's sequences share the batch, as its load found
         self.settings: Settings = store.settings
         self.lock = engine.lock if engine is not None else threading.Lock()
         self._engines: OrderedDict[str, Engine] = OrderedDict()
@@ -194,7 +194,7 @@ class ModelPool:
         try:
             verdict = choose(engine.model, engine.vocab, engine.max_kv_size)
         except Exception as exc:  # the trial's own alone runs failed: its jobs will say so, one at a time
-            verdict = Verdict("alone", f"the trial failed ({type(exc).__name__})", 0.0)
+            verdict = Trial("alone", f"the trial failed ({type(exc).__name__})", 0.0)
             logger.warning("model %s: the batching trial failed", name, exc_info=True)
         self._batching[name] = verdict
         engine.share(verdict.batching)

@@ -9,7 +9,7 @@ Every change that must not interleave with another is one Lua script, run by nam
 """
 
 from tasks.store.jobs import Standing, Store
-from tasks.store.readings import Board, DeviceLease, Minute, ModelState, Readings, Snapshot, Waiting
+from tasks.store.readings import Board, BoardEntry, DeviceLease, Minute, ModelState, Reading, Readings
 from tasks.store.upkeep import Upkeep
 from tasks.store.worker import BatchReport, Claim, Delivered, Switch, WorkerStore
 
@@ -22,11 +22,11 @@ __all__ = [
     "Minute",
     "ModelState",
     "Readings",
-    "Snapshot",
+    "Reading",
     "Standing",
     "Store",
     "Switch",
     "Upkeep",
-    "Waiting",
+    "BoardEntry",
     "WorkerStore",
 ]

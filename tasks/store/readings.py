@@ -57,7 +57,7 @@ class ModelState:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class Reading:
     now: float
     queue_depth: int
     in_progress: int
@@ -97,7 +97,7 @@ class Minute:
 
 
 @dataclass(frozen=True)
-class Waiting:
+class BoardEntry:
     """A waiting job on the dashboard: its owner and place, and the job itself only where it may be shown."""
 
     id: str
@@ -110,9 +110,9 @@ class Waiting:
 class Board:
     """The queue as the dashboard shows it."""
 
-    snapshot: Snapshot
+    snapshot: Reading
     running: list[Job]  # by start
-    waiting: list[Waiting]  # the first BOARD_WAITING in queue order; snapshot.queue_depth counts them all
+    waiting: list[BoardEntry]  # the first BOARD_WAITING in queue order; snapshot.queue_depth counts them all
     failures: list[Job]  # failed or expired, newest first
     minutes: list[Minute]  # the last BOARD_MINUTES, oldest first, the current one last
 
@@ -123,7 +123,7 @@ class Readings:
     def __init__(self, client: redis.Redis, settings: Settings) -> None:
         self.redis, self.settings = client, settings
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self) -> Reading:
         """Everything /readyz and /metrics report, read in two pipelines."""
         devices = sorted(cast(set[str], self.redis.smembers(keys.DEVICES)))  # (decode_responses: str replies)
         catalog = [m.name for m in self.settings.catalog]
@@ -173,7 +173,7 @@ class Readings:
             _model_state(name, int(n), record, workers, now)
             for name, n, record in zip(catalog, per_model[::2], per_model[1::2])
         ]
-        return Snapshot(now, int(depth), len(running), stats, workers, models, tuple(devices), tuple(service))
+        return Reading(now, int(depth), len(running), stats, workers, models, tuple(devices), tuple(service))
 
     def board(self, reveal: Callable[[str], bool]) -> Board:
         """What the queue dashboard shows, read in a few pipelines. A waiting job's record (its prompt) is read
@@ -194,7 +194,7 @@ class Readings:
         shown = {job_id for job_id, owner in zip(waiting, owners) if owner and reveal(owner)}
         jobs = self._records([*running, *shown, *failed])
         queue = [
-            Waiting(job_id, owner, n, jobs.get(job_id))
+            BoardEntry(job_id, owner, n, jobs.get(job_id))
             for n, (job_id, owner) in enumerate(zip(waiting, owners), 1)
             if owner
         ]

@@ -17,7 +17,7 @@ from typing import Any
 
 from tasks.events import Event
 from tasks.job import Job, Usage
-from tasks.structured import CallReader, Delta, read_calls
+from tasks.structured import CallReader, Piece, read_calls
 from web import sse
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
@@ -137,7 +137,7 @@ class MessageBody:
         piece = {"type": "content_block_delta", "index": self.blocks - 1, "delta": {"type": "text_delta", "text": text}}
         return [*opened, sse.event("content_block_delta", piece)]
 
-    def _delta(self, d: Delta) -> list[str]:
+    def _delta(self, d: Piece) -> list[str]:
         if d.name is not None:
             return self._open("tool_use", self._tool_use(d.index, d.name, {}))
         if d.arguments:

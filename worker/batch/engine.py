@@ -36,7 +36,7 @@ from worker.batch.rows import Batching, Counters, Embeds
 from worker.batch.sampling import Sampler, Scorer, make_sampler
 from worker.batch.sharing import unmergeable
 from worker.chat_prompt import chat_input
-from worker.grammar import Constraint, Grammars
+from worker.grammar import GrammarMatcher, Grammars
 from worker.logits import Draw, Recorded
 from worker.token_bytes import TokenBytes
 
@@ -162,7 +162,7 @@ class Engine:
         cache: list[Any] | None = None,
         cached: int = 0,
         generated: tuple[int, ...] = (),
-        constraint: Constraint | None = None,
+        constraint: GrammarMatcher | None = None,
     ) -> int:
         """Add a sequence to the batch; it prefills over the next steps, then generates. Returns its uid. With
         `cache`, a KV cache holding the first `cached` tokens, only the rest is prefilled. `generated`: tokens an

@@ -12,12 +12,12 @@ from tasks.job import Job, JobStatus, SamplingParams
 from tasks.model_kind import NAMES
 from tasks.store import Claim
 from worker import timeline
-from worker.batch.pooled import Pooled
+from worker.batch.pooled import SideJobs
 from worker.batch.runs import Head, Running
 from worker.batch.sampling import sampling
 from worker.batch.state import generation_error
 from worker.choices import Held
-from worker.grammar import Constraint, GrammarError
+from worker.grammar import GrammarError, GrammarMatcher
 from worker.logits import vocabulary
 from worker.output import Ending, Text
 from worker.pooling import Pooler
@@ -27,7 +27,7 @@ from worker.resume import Resumption, fresh, resume
 logger = logging.getLogger(__name__)
 
 
-class Joining(Pooled):
+class Joining(SideJobs):
     """How a job comes into the batch, and the model the batch runs."""
 
     def _measure(self, claim: Claim) -> Head:
@@ -219,7 +219,7 @@ class Joining(Pooled):
             return "invalid_request", why, "logit_bias"
         return None
 
-    def _constraint(self, job: Job, done: tuple[int, ...]) -> Constraint | None:
+    def _constraint(self, job: Job, done: tuple[int, ...]) -> GrammarMatcher | None:
         """The job's grammar's matcher (None: its answer is free), past the tokens its earlier runs generated."""
         if job.spec.constraint is None:
             return None

@@ -15,8 +15,8 @@ from worker.pooling import Pooler
 logger = logging.getLogger(__name__)
 
 
-class Pooled(RunnerState):
-    """Pooled jobs and token counts: they take no slot in the batch, nor KV budget."""
+class SideJobs(RunnerState):
+    """SideJobs jobs and token counts: they take no slot in the batch, nor KV budget."""
 
     def _count(self, job: Job) -> None:
         """A count of a prompt's tokens (Anthropic's count_tokens): its model's tokenizer reads it, nothing runs on

@@ -10,7 +10,7 @@ from typing import Any
 from tasks.job import Job, Message, history_digest
 from tasks.store import Delivered
 from worker.batch.engine import KV
-from worker.grammar import Constraint
+from worker.grammar import GrammarMatcher
 from worker.output import Text
 from worker.stops import StopMatcher
 
@@ -32,7 +32,7 @@ class Running:
     progressed_at: float = field(default_factory=time.monotonic)  # when it last made a token, or told it progressed
     cached: int = 0  # prompt tokens read from the prefix cache
     cache_key: tuple[str, str] = ("", "")  # where its KV state goes in the prefix cache once it ends as meant
-    constraint: Constraint | None = None  # its grammar's matcher, when its answer must follow one
+    constraint: GrammarMatcher | None = None  # its grammar's matcher, when its answer must follow one
     answer: list[str] = field(default_factory=list)  # its output's text as Redis holds it: earlier runs', then its own
     prompt: list[int] = field(default_factory=list)  # its prompt's tokens ...
     ids: list[int] = field(default_factory=list)  # ... and those it generated (earlier runs', then its own): to rejoin

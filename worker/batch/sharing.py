@@ -46,7 +46,7 @@ LOW_PRECISION_TOLERANCE = 0.1
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Trial:
     batching: Batching
     why: str  # what the trial saw, for the log and the model's record
     seconds: float
@@ -64,12 +64,12 @@ class _Scripted:
         return mx.array([self.script[len(self.seen) - 1]], dtype=mx.uint32)
 
 
-def choose(model: nn.Module, vocab: int, max_kv_size: int | None = None) -> Verdict:
+def choose(model: nn.Module, vocab: int, max_kv_size: int | None = None) -> Trial:
     """The way `model`'s sequences share a batch (see the module's docstring)."""
     started = time.perf_counter()
     kinds = unmergeable(model)
     if kinds:
-        return Verdict("alone", f"mlx-lm cannot merge its caches ({', '.join(kinds)})", time.perf_counter() - started)
+        return Trial("alone", f"mlx-lm cannot merge its caches ({', '.join(kinds)})", time.perf_counter() - started)
     rng = np.random.default_rng(0)
     prompts = [[int(t) for t in rng.integers(1, vocab, n)] for n in LENGTHS]
     scripts = [[int(t) for t in rng.integers(1, vocab, DRAWS)] for _ in LENGTHS]
@@ -92,7 +92,7 @@ def choose(model: nn.Module, vocab: int, max_kv_size: int | None = None) -> Verd
         batching = "unpadded"
     if found.get("padded", tolerance + 1) <= tolerance and not found.get("padded", 0) > 10 * found.get("unpadded", 1):
         batching = "padded"  # (unless unpadded reads are ten times closer: a wrong cache within the tolerance)
-    return Verdict(batching, "; ".join(seen), time.perf_counter() - started)
+    return Trial(batching, "; ".join(seen), time.perf_counter() - started)
 
 
 def _run(

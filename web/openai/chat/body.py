@@ -11,7 +11,7 @@ from typing import Any
 from tasks.events import Event
 from tasks.job import Job, Usage
 from tasks.logprobs import TokenLogprob, read_entries, read_prompt
-from tasks.structured import CallReader, Delta, call_id, read_calls
+from tasks.structured import CallReader, Piece, call_id, read_calls
 from web.openai import logprobs as openai_logprobs
 from web.openai.body import makes_calls
 from web.openai.chat.sampling import Sampling
@@ -104,7 +104,7 @@ class ChatBody:
             "function": {"name": name, "arguments": arguments},
         }
 
-    def _delta(self, d: Delta) -> dict[str, Any]:
+    def _delta(self, d: Piece) -> dict[str, Any]:
         if d.name is not None:
             return {"tool_calls": [{"index": d.index, **self._call(d.index, d.name, "")}]}
         if d.arguments:

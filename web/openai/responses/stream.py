@@ -9,7 +9,7 @@ from typing import Any
 from tasks.events import Event, EventType
 from tasks.job import Job
 from tasks.logprobs import TokenLogprob, read_entries
-from tasks.structured import CallReader, Delta
+from tasks.structured import CallReader, Piece
 from web import sse
 from web.follow import CLIENT_GONE, Story, cancel_quietly, with_asides
 from web.openai import logprobs as openai_logprobs
@@ -107,7 +107,7 @@ class ResponseStream:
                 for delta in self.reader.feed(event.text):
                     yield from self._told(delta)
 
-    def _told(self, delta: Delta) -> Iterator[str]:
+    def _told(self, delta: Piece) -> Iterator[str]:
         """What a piece of an answer that may hold calls tells: words, a call begun, or more of its arguments."""
         if delta.name is not None:
             yield from self._close("completed")
