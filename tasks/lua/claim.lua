@@ -92,21 +92,28 @@ local function elsewhere(id)
   return d[1] ~= false and (tonumber(d[2]) or 0) < (tonumber(d[3]) or 0)
 end
 
--- The first job after `skip` in the fair order that this worker may run now: waiting, in time, of a model it
--- runs, and not left to another device (a bounded look).
-local function next_for_me(skip)
+-- Whether a waiting job may run now: queued, in time, and its watcher (if it has one) still there.
+local function ready(id)
+  local f = redis.call('HMGET', JOB .. id, 'status', 'deadline', 'watched')
+  return f[1] == 'queued' and t < tonumber(f[2]) and (not f[3] or tonumber(redis.call('ZSCORE', WATCHED, id) or '0') > t)
+end
+
+-- The first job among the first 64 of the fair order that may run now and that `fits` (a bounded look).
+local function first_ready(fits)
   for _, id in ipairs(redis.call('ZRANGE', QUEUE, 0, 63)) do
-    if id ~= skip then
-      local f = redis.call('HMGET', JOB .. id, 'status', 'deadline', 'model', 'watched')
-      local side = redis.call('HGET', JOB .. id, 'side') == '1'
-      local mine = (active ~= '' and f[3] == active) or ((active == '' or side) and loaded[f[3]])
-      local watched = f[4] and tonumber(redis.call('ZSCORE', WATCHED, id) or '0') > t
-      if f[1] == 'queued' and t < tonumber(f[2]) and mine and (watched or not f[4]) and not elsewhere(id) then
-        return id
-      end
-    end
+    if ready(id) and fits(id) then return id end
   end
   return nil
+end
+
+-- The first job after `skip` that this worker may run now: of a model it runs, and not left to another device.
+local function next_for_me(skip)
+  return first_ready(function(id)
+    if id == skip then return false end
+    local f = redis.call('HMGET', JOB .. id, 'model', 'side')
+    local mine = (active ~= '' and f[1] == active) or ((active == '' or f[2] == '1') and loaded[f[1]])
+    return mine and not elsewhere(id)
+  end)
 end
 
 local head, model = first_live(QUEUE)
@@ -131,17 +138,13 @@ elseif (active ~= '' and model ~= active) or (active == '' and not loaded[model]
   end
   if not pick then return {active ~= '' and 'switch' or 'load', head, model} end
 end
--- The first interactive job of the batch's model that may run now, within the first 64 of the fair order.
+-- The first interactive job of the batch's model that may run now and may take a batch-class job's slot (not a
+-- pooled job, nor one that must run alone).
 local function first_interactive()
-  for _, id in ipairs(redis.call('ZRANGE', QUEUE, 0, 63)) do
-    local f = redis.call('HMGET', JOB .. id, 'status', 'deadline', 'model', 'class', 'side', 'solo', 'watched')
-    local watched = not f[7] or tonumber(redis.call('ZSCORE', WATCHED, id) or '0') > t
-    if f[1] == 'queued' and t < tonumber(f[2]) and f[3] == active and f[4] ~= 'batch' and f[5] ~= '1'
-      and f[6] ~= '1' and watched then
-      return id
-    end
-  end
-  return nil
+  return first_ready(function(id)
+    local f = redis.call('HMGET', JOB .. id, 'model', 'class', 'side', 'solo')
+    return f[1] == active and f[2] ~= 'batch' and f[3] ~= '1' and f[4] ~= '1'
+  end)
 end
 
 if ARG.urgent ~= '' and active ~= '' and redis.call('HGET', JOB .. pick, 'class') == 'batch' then
