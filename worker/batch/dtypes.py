@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -24,7 +25,7 @@ def with_dtype(model: nn.Module, dtype: str) -> str:
     "auto" keeps them as stored where float32 would take more than a quarter of this machine's memory."""
     quantized = any(isinstance(m, QUANTIZED) for _, m in model.named_modules())
     if dtype == "auto":
-        half = any(v.dtype in (mx.float16, mx.bfloat16) for _, v in tree_flatten(model.parameters()))
+        half = any(v.dtype in (mx.float16, mx.bfloat16) for _, v in _weights(model))
         dtype = "float32" if (quantized or half) and mx.default_device() == mx.cpu else "stored"
         if dtype == "float32" and (wide := float32_bytes(model)) > physical_memory() // 4:
             dtype = "stored"
@@ -45,6 +46,11 @@ def with_dtype(model: nn.Module, dtype: str) -> str:
 def float32_bytes(model: nn.Module) -> int:
     """What a model's weights would take as float32: its floating-point arrays, and its quantized matrices unpacked
     (their scales and biases, which go once dequantized, counted too: an overestimate by a few %)."""
-    floating = sum(v.size for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating))
-    packed = sum(m.weight.size * (32 // m.bits) for _, m in model.named_modules() if isinstance(m, QUANTIZED))
+    floating = sum(v.size for _, v in _weights(model) if mx.issubdtype(v.dtype, mx.floating))
+    packed = sum(int(m.weight.size) * (32 // int(m.bits)) for _, m in model.named_modules() if isinstance(m, QUANTIZED))
     return 4 * (floating + packed)
+
+
+def _weights(model: nn.Module) -> list[tuple[str, mx.array]]:
+    """A model's arrays by name (tree_flatten is typed for any tree: a model's parameters are arrays)."""
+    return cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))

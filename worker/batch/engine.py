@@ -19,11 +19,13 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from tasks.catalogue import DEMO_MODEL, ModelConfig
 from tasks.errors import InvalidPrompt
@@ -68,11 +70,11 @@ class Engine:
 
     def __init__(
         self,
-        model,
-        tokenizer,
+        model: nn.Module,
+        tokenizer: TokenizerWrapper,
         name: str,
         max_batch: int = 1,
-        prefill_step: int = 512,  # type: ignore[no-untyped-def]
+        prefill_step: int = 512,
         lock: threading.Lock | None = None,
         max_kv_size: int | None = None,
     ) -> None:
@@ -151,7 +153,7 @@ class Engine:
             raise InvalidPrompt("the prompt is empty once tokenized: there is nothing to continue")
         return tokens
 
-    def detokenizer(self):  # type: ignore[no-untyped-def]
+    def detokenizer(self) -> Any:  # (mlx-lm's streaming detokenizers share no typed base)
         """A streaming detokenizer of its own for one sequence."""
         return self.tokenizer.detokenizer
 
@@ -202,7 +204,8 @@ class Engine:
         if found is None or len(found[1]) < keep:
             return None
         cache, tokens = found
-        if len(tokens) > keep and trim_prompt_cache(cache, len(tokens) - keep) != len(tokens) - keep:
+        cut = len(tokens) - keep
+        if cut and cast(int, trim_prompt_cache(cache, cut)) != cut:  # (it returns the count: typed List[Any])
             return None
         return cache
 
@@ -264,7 +267,7 @@ class Engine:
             return
         draws, rows, tokens = zip(*self._fresh)
         self._fresh.clear()
-        recorded = Recorded.of(mx.concatenate(rows), mx.concatenate(tokens), max(d.top for d in draws))
+        recorded = Recorded.of(mx.concatenate(list(rows)), mx.concatenate(list(tokens)), max(d.top for d in draws))
         recorded.start()
         for i, draw in enumerate(draws):
             draw.recorded.append((recorded, i))
@@ -319,7 +322,7 @@ class Engine:
         self._fresh.clear()
 
 
-def _measure(model) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+def _measure(model: nn.Module) -> tuple[int, int]:
     """Bytes of KV cache one token takes, and the size of the vocabulary the model scores, measured on a short
     forward pass: what the caches hold for those tokens (a KV cache allocates ahead in steps of 256 tokens; that
     room is not counted), divided by their number; the width of its logits."""

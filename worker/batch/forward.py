@@ -46,7 +46,7 @@ import copy as _copy
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -221,7 +221,7 @@ class ContinuousBatch:
         is a stop token or its max_tokens-th leaves, its KV state (which holds every token but that last one)
         given back, before any forward pass draws it a token nobody reads; the others read theirs in this step's."""
         assert self._next is not None
-        drawn = self._next.tolist()
+        drawn = cast(list[int], self._next.tolist())  # (a vector of token ids: tolist is typed for any shape)
         emitted, stay = [], []
         for i, (row, token) in enumerate(zip(self._rows, drawn)):
             row.generated += 1
@@ -253,7 +253,8 @@ class ContinuousBatch:
             drawn = mx.concatenate([s(logprobs[i : i + 1]) for i, s in enumerate(samplers)])
         mx.async_eval(drawn)
         self._next = drawn
-        for row, token in zip(self._rows, reading.tolist()):  # (known already: draws read, or prompts' tokens)
+        read = cast(list[int], reading.tolist())  # (known already: draws read, or prompts' tokens)
+        for row, token in zip(self._rows, read):
             row.tokens.append(token)
 
     def _processed(self, i: int, logits: mx.array, reading: mx.array) -> mx.array:

@@ -56,7 +56,8 @@ class Joining(SideJobs):
         one that must run alone waits for the batch to drain."""
         if not self.batch or head.side:
             return True
-        room = len(self.batch) < self.engine.max_batch and not self.batch.solo  # type: ignore[union-attr]
+        assert self.engine is not None  # (a batch with jobs in it has its model's engine)
+        room = len(self.batch) < self.engine.max_batch and not self.batch.solo
         return room and not head.solo and self.batch.kv_tokens_with(head.cost) <= self.budget
 
     def _join(self, claim: Claim) -> None:

@@ -56,7 +56,8 @@ class _Scripted:
     """A sampler that keeps the log-probabilities it is given and draws the tokens of its script, in turn."""
 
     def __init__(self, script: list[int]) -> None:
-        self.script, self.seen, self.dtype = script, [], mx.float32  # type: ignore[var-annotated]
+        self.script, self.dtype = script, mx.float32
+        self.seen: list[mx.array] = []
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         self.dtype = logprobs.dtype
@@ -77,15 +78,15 @@ def choose(model: nn.Module, vocab: int, max_kv_size: int | None = None) -> Tria
     alone = [seen[0] for seen, _ in runs]
     tolerance = TOLERANCE.get(runs[0][1], LOW_PRECISION_TOLERANCE)
     seen, found = [], {}
-    for batching in ("padded", "unpadded"):
+    for way in ("padded", "unpadded"):
         try:
-            together = _run(model, prompts, scripts, batching, max_kv_size)[0]
+            together = _run(model, prompts, scripts, way, max_kv_size)[0]
         except Exception as exc:  # an architecture whose batched step fails: it is not batched that way
-            seen.append(f"{batching}: its step fails ({type(exc).__name__}: {str(exc)[:120]})")
+            seen.append(f"{way}: its step fails ({type(exc).__name__}: {str(exc)[:120]})")
             continue
-        found[batching] = _apart(alone, together)
-        seen.append(f"{batching}: {found[batching]:.2g} nats from its logits alone")
-        if found[batching] <= tolerance / 10:  # as alone, to the precision's own noise: no need to look further
+        found[way] = _apart(alone, together)
+        seen.append(f"{way}: {found[way]:.2g} nats from its logits alone")
+        if found[way] <= tolerance / 10:  # as alone, to the precision's own noise: no need to look further
             break
     batching: Batching = "alone"
     if found.get("unpadded", tolerance + 1) <= tolerance:

@@ -93,7 +93,8 @@ class Stepping(Recovery):
         result.texts.append(r.text(text, (token.token,), logprobs=(token.logprob,) if token.logprob else ()))
         if hit or ends:  # a stop string or a complete grammar: the engine may not have ended the sequence
             in_engine = token.finish_reason is None
-            result.finished.append(Finished(r, "stop" if hit else ends, in_engine=in_engine, kv=token.kv))
+            reason = "stop" if hit or ends is None else ends
+            result.finished.append(Finished(r, reason, in_engine=in_engine, kv=token.kv))
 
     def _fast_forward(self, tokens: list[Token], result: StepResult) -> None:
         """An answer whose grammar now forces several tokens (a schema's fixed keys and punctuation) takes them at
@@ -110,7 +111,8 @@ class Stepping(Recovery):
             forced = r.constraint.forced(r.job.spec.params.max_tokens - r.tokens)
             if len(forced) < least:
                 continue
-            kv = self.engine.remove([r.uid], keep=True)[r.uid]  # type: ignore[union-attr]
+            assert self.engine is not None
+            kv = self.engine.remove([r.uid], keep=True)[r.uid]
             before, limit = len(result.finished), r.job.spec.params.max_tokens
             for t in forced:  # one by one: the grammar is complete (done) at the last of them, not before
                 r.constraint.take([t])
@@ -126,7 +128,8 @@ class Stepping(Recovery):
         params = r.job.spec.params
         if not params.logprobs:
             return None
-        raw = self.engine.token_bytes[token]  # type: ignore[union-attr]
+        assert self.engine is not None
+        raw = self.engine.token_bytes[token]
         return TokenLogprob(raw, 0.0, ((raw, 0.0),) if params.top_logprobs else ()).encode()
 
     def _rejoin(self, r: Running, kv: KV, forced: tuple[int, ...]) -> None:
