@@ -12,10 +12,9 @@ from tasks.job import Job, JobStatus, SamplingParams
 from tasks.model_kind import NAMES
 from tasks.store import Claim
 from worker import timeline
-from worker.batch.pooled import SideJobs
 from worker.batch.runs import Head, Running
 from worker.batch.sampling import sampling
-from worker.batch.state import generation_error
+from worker.batch.state import RunnerState, generation_error
 from worker.choices import Held
 from worker.grammar import GrammarError, GrammarMatcher
 from worker.logits import vocabulary
@@ -27,7 +26,7 @@ from worker.resume import Resumption, fresh, resume
 logger = logging.getLogger(__name__)
 
 
-class Joining(SideJobs):
+class Joining(RunnerState):
     """How a job comes into the batch, and the model the batch runs."""
 
     def _measure(self, claim: Claim) -> Head:
@@ -67,9 +66,6 @@ class Joining(SideJobs):
         self._head = None
         if head is None or head.id != job.id:
             head = self._measure(claim)
-        if head.side:
-            self._count(job) if job.spec.count else self._take_pooled(job)
-            return
         if not self.batch and head.invalid is None:
             self._activate(job.spec.model)
         logger.info(

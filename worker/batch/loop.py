@@ -21,6 +21,7 @@ import redis
 
 from tasks.errors import LeaseLost
 from tasks.store import Claim, Switch
+from worker.batch.pooled import SideJobs
 from worker.batch.preemption import Preemption
 from worker.batch.state import NO_STEP
 from worker.batch.stepping import Stepping
@@ -31,7 +32,7 @@ SETTLE_S = 0.05  # how long a step waits for the endings before it to be recorde
 SETTLE_IDLE_S = 1.0  # ... with nothing in the batch
 
 
-class Runner(Stepping, Preemption):
+class Runner(Stepping, Preemption, SideJobs):
     """Runs jobs for one worker process, through its verbs of the store (bound to its id: the device's lease holder).
 
     One thread runs the loop (`run_waiting`) and owns everything here; other threads only call `request_stop`, set
@@ -89,7 +90,7 @@ class Runner(Stepping, Preemption):
             if isinstance(claim, Switch):
                 go_on = self._on_switch(claim)
             elif claim.started:
-                self._join(claim)
+                self._start(claim)
                 started += 1
                 go_on = bool(claim.behind)  # nothing else waits: no need to ask again until the queue moves
             else:
@@ -101,6 +102,16 @@ class Runner(Stepping, Preemption):
         self._set_aside.clear()
         self._look = False
         return started
+
+    def _start(self, claim: Claim) -> None:
+        """A started job: pooled work and token counts beside the batch (worker/batch/pooled.py), the rest into it."""
+        job = claim.job
+        if not job.spec.side:
+            self._join(claim)
+            return
+        if self._head is not None and self._head.id == job.id:
+            self._head = None
+        self._count(job) if job.spec.count else self._take_pooled(job)
 
     def _has_slot(self) -> bool:
         """Whether a job may be claimed: any job into an empty batch; else the head, if it fits (_fits)."""

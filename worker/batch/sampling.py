@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import apply_top_k, apply_top_p, greedy_sampler
 
 from tasks.job import Job, SamplingParams
 from tasks.logprobs import TokenLogprob
-
-if TYPE_CHECKING:
-    from worker.batch.engine import Engine
+from worker.token_bytes import TokenBytes
 
 Sampler = Callable[[mx.array], mx.array]
 
@@ -61,6 +60,17 @@ def sampling(job: Job) -> SamplingParams:
     return params.model_copy(update={"seed": seed})
 
 
+class Reader(Protocol):
+    """What a Scorer reads a prompt with: a model as the engine holds it (worker/batch/engine.py's Engine)."""
+
+    model: nn.Module
+    max_kv_size: int | None
+    prefill_step: int
+    token_bytes: TokenBytes
+
+    def entries(self, rows: mx.array, tokens: list[int], top: int) -> list[str]: ...
+
+
 class Scorer:
     """A prompt read outside the batch, a chunk at a time (`advance`, between the batch's steps, so that a long one
     stalls no one), recording each token's log probability (tasks/logprobs.py entries; the first's is None: nothing
@@ -68,7 +78,7 @@ class Scorer:
     what is generated). Once `done`: `entries` (one JSON list) and `cache`, the KV state of the prompt's first
     len - 1 tokens, for the sequence to generate from (its last is read as its first step)."""
 
-    def __init__(self, engine: Engine, prompt: list[int], top: int) -> None:
+    def __init__(self, engine: Reader, prompt: list[int], top: int) -> None:
         self.engine, self.prompt, self.top = engine, prompt, top
         self.cache = make_prompt_cache(engine.model, engine.max_kv_size)
         self._entries = [TokenLogprob(engine.token_bytes[prompt[0]], None).encode()]

@@ -10,7 +10,7 @@ from tasks.logprobs import TokenLogprob
 from tasks.settings import PREFILL_BATCH
 from worker import timeline
 from worker.batch.engine import KV, Token
-from worker.batch.recovery import Recovery
+from worker.batch.leaving import Leaving
 from worker.batch.runs import Finished, Running, StepResult
 from worker.batch.sampling import sampling
 from worker.batch.state import generation_error
@@ -22,7 +22,7 @@ PROGRESS_S = 1.0  # how often a job that makes no token (its prompt is read) tel
 PAUSE_S = 5.0  # a gap this long between two steps is a pause (the batch was empty), not a slow step
 
 
-class Stepping(Recovery):
+class Stepping(Leaving):
     """The batch's step, and its tokens' way to text and endings."""
 
     def _step(self) -> None:
