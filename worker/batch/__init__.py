@@ -5,7 +5,8 @@ Its layers, from the job to the device (each file's docstring says more):
 - `loop.py`: the loop (`Runner`): claims jobs in fair order, steps the batch, records one outcome per job. Its
   parts, each a side of the same loop: `joining.py` (a claimed job measured and placed), `preemption.py` (batch
   work set aside for interactive work), `stepping.py` (a step's tokens turned into text and endings), `leaving.py`
-  (a job's end, and a failed step's cause looked for), `pooled.py` (embeddings, rerank and token counts beside it).
+  (a job's end, and a failed step's cause looked for), `pooled.py` (embeddings, rerank and token counts beside it),
+  all over `state.py` (what the loop holds), each a class the `Runner` is made of, stacked as they use each other.
 - `runs.py`: a job's bookkeeping while it is in the batch (`Running`): its tokens, text, stops, deadline.
 - `engine.py`: one model, loaded (`Engine`): prompts to tokens, sequences in and out, a step's tokens drawn;
   `sampling.py` (how a token is drawn, and a prompt scored), `dtypes.py` (the load-time dtype policy).
