@@ -131,26 +131,9 @@ class ModelPool:
         self.store.model_loading(name)
         started = time.perf_counter()
         try:
-            prepare(config)  # a GGUF is imported into its folder the first time
-            if config.kind == "generate" and config.vision:  # a vision-language model: mlx-vlm loads it
-                from worker.vision import VisionEngine
-
-                engine = VisionEngine.load(config, self._max_batch(config), self.settings.prefill_step, lock=self.lock)
-            elif config.kind == "generate":
-                engine = Engine.load(config, self._max_batch(config), self.settings.prefill_step, lock=self.lock)
-            else:  # an embedding model or a reranker: no batch, no decode steps to time
-                engine = cast(Engine, Pooler.load(config))  # (it stands in for one in the pool: see Pooler)
+            engine = self._read(config)
         except Exception as exc:  # a missing folder, a bad adapter, an unknown architecture, out of memory...
-            failure = explain(exc, config)
-            if failure.cause is None:
-                logger.exception("model %s failed to load from %s", name, config.path)
-            else:  # a known cause, said in one line (its traceback only at debug level)
-                logger.error("model %s failed to load: %s", name, failure.cause)
-                logger.debug("model %s: the load's traceback", name, exc_info=True)
-            self.loading = ""
-            failed = self.store.model_failed(name, failure.reason)
-            logger.warning("model %s: %d waiting job(s) failed (model_unavailable)", name, failed)
-            self.on_change()
+            self._failed(config, exc)
             return None
         if isinstance(engine, Engine):
             self._try_batching(name, engine)
@@ -160,6 +143,32 @@ class ModelPool:
         self._make_room(0, keep=name, also=keep)  # the estimate may have been low: the budget holds the measured size
         self.on_change()
         return engine
+
+    def _read(self, config: ModelConfig) -> Engine:
+        """A served model read from its folder (a GGUF imported into it the first time), by the library of its
+        kind."""
+        prepare(config)
+        if config.kind == "generate" and config.vision:  # a vision-language model: mlx-vlm loads it
+            from worker.vision import VisionEngine
+
+            return VisionEngine.load(config, self._max_batch(config), self.settings.prefill_step, lock=self.lock)
+        if config.kind == "generate":
+            return Engine.load(config, self._max_batch(config), self.settings.prefill_step, lock=self.lock)
+        # an embedding model or a reranker: no batch, no decode steps to time
+        return cast(Engine, Pooler.load(config))  # (it stands in for one in the pool: see Pooler)
+
+    def _failed(self, config: ModelConfig, exc: Exception) -> None:
+        """A load failed: said in the log (a known cause in one line), the model marked failed, its jobs failed."""
+        name, failure = config.name, explain(exc, config)
+        if failure.cause is None:
+            logger.exception("model %s failed to load from %s", name, config.path)
+        else:  # a known cause, said in one line (its traceback only at debug level)
+            logger.error("model %s failed to load: %s", name, failure.cause)
+            logger.debug("model %s: the load's traceback", name, exc_info=True)
+        self.loading = ""
+        failed = self.store.model_failed(name, failure.reason)
+        logger.warning("model %s: %d waiting job(s) failed (model_unavailable)", name, failed)
+        self.on_change()
 
     def _adopt(self, name: str, engine: Engine, load_s: float) -> None:
         config = self.settings.model_named(name)

@@ -20,7 +20,9 @@ from worker.demo_build import corpus as demo_corpus
 from worker.demo_build.model import llama_config, save, train_tokenizer
 
 if TYPE_CHECKING:  # (the functions below import them when called: slow imports)
+    import mlx.nn as nn
     import mlx.optimizers as optim
+    import numpy as np
     from transformers import PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
@@ -108,8 +110,6 @@ def train_demo_model(
     the training step compiled (MLX's CPU build compiles it with a C++ compiler: half a minute here, which a run
     of a few steps does not win back)."""
     import mlx.core as mx
-    import mlx.nn as nn
-    import mlx.optimizers as optim
     import numpy as np
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
@@ -126,38 +126,8 @@ def train_demo_model(
     flat = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
     parameters = sum(p.size for _, p in flat)
     logger.info("training %.2f M parameters on %d tokens for %d steps", parameters / 1e6, len(data), steps)
-
-    def loss_fn(model: nn.Module, x: mx.array, y: mx.array, w: mx.array) -> mx.array:
-        return (nn.losses.cross_entropy(model(x), y) * w).sum() / w.sum()
-
-    loss_and_grad = nn.value_and_grad(model, loss_fn)
-    optimizer = _optimizer(steps, learning_rate)
-    state = [model.state, optimizer.state]
-
-    def update(x: mx.array, y: mx.array, w: mx.array) -> mx.array:
-        loss, grads = loss_and_grad(model, x, y, w)
-        optimizer.update(model, optim.clip_grad_norm(grads, 1.0)[0])
-        return loss  # type: ignore[no-any-return]  # (nn.value_and_grad's function is untyped)
-
-    step = partial(mx.compile, inputs=state, outputs=state)(update) if compiled else update
-
-    rng = np.random.default_rng(seed)
-    losses: list[float] = []
-    for n in range(1, steps + 1):
-        windows = [slice(s, s + SEQ_LEN + 1) for s in rng.integers(0, len(data) - SEQ_LEN - 1, batch)]
-        sequences = mx.array(np.stack([data[w] for w in windows]))
-        loss = step(sequences[:, :-1], sequences[:, 1:], mx.array(np.stack([weights[w][1:] for w in windows])))
-        mx.eval(state, loss)
-        losses.append(loss.item())  # type: ignore[arg-type]  # (item() of a float32 scalar: a float)
-        if n % 100 == 0 or n == steps:
-            logger.info(
-                "step %d/%d: loss %.3f (%.0f s)",
-                n,
-                steps,
-                sum(losses[-50:]) / len(losses[-50:]),
-                time.perf_counter() - started,
-            )
-
+    fit = Fit(steps=steps, batch=batch, seed=seed, learning_rate=learning_rate, compiled=compiled, started=started)
+    losses = _fit(model, data, weights, fit)
     model.set_dtype(mx.bfloat16)
     save(path, model, tokenizer, {**config, "torch_dtype": "bfloat16"})
     size = sum(f.stat().st_size for f in Path(path).iterdir() if f.is_file())
@@ -166,3 +136,49 @@ def train_demo_model(
     )
     logger.info("demo model written to %s: %s", path, report)
     return report
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fit:
+    """How the model is trained: steps of `batch` windows drawn with `seed`, at `learning_rate`."""
+
+    steps: int
+    batch: int
+    seed: int
+    learning_rate: float
+    compiled: bool
+    started: float  # (perf_counter: the training's start, for its log)
+
+
+def _fit(model: nn.Module, data: np.ndarray, weights: np.ndarray, fit: Fit) -> list[float]:
+    """Train `model` on windows of the token stream `data`, each token's loss weighted by `weights`; the losses."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+    import numpy as np
+
+    def loss_fn(model: nn.Module, x: mx.array, y: mx.array, w: mx.array) -> mx.array:
+        return (nn.losses.cross_entropy(model(x), y) * w).sum() / w.sum()
+
+    loss_and_grad = nn.value_and_grad(model, loss_fn)
+    optimizer = _optimizer(fit.steps, fit.learning_rate)
+    state = [model.state, optimizer.state]
+
+    def update(x: mx.array, y: mx.array, w: mx.array) -> mx.array:
+        loss, grads = loss_and_grad(model, x, y, w)
+        optimizer.update(model, optim.clip_grad_norm(grads, 1.0)[0])
+        return loss  # type: ignore[no-any-return]  # (nn.value_and_grad's function is untyped)
+
+    step = partial(mx.compile, inputs=state, outputs=state)(update) if fit.compiled else update
+    rng = np.random.default_rng(fit.seed)
+    losses: list[float] = []
+    for n in range(1, fit.steps + 1):
+        windows = [slice(s, s + SEQ_LEN + 1) for s in rng.integers(0, len(data) - SEQ_LEN - 1, fit.batch)]
+        sequences = mx.array(np.stack([data[w] for w in windows]))
+        loss = step(sequences[:, :-1], sequences[:, 1:], mx.array(np.stack([weights[w][1:] for w in windows])))
+        mx.eval(state, loss)
+        losses.append(loss.item())  # type: ignore[arg-type]  # (item() of a float32 scalar: a float)
+        if n % 100 == 0 or n == fit.steps:
+            mean, took = sum(losses[-50:]) / len(losses[-50:]), time.perf_counter() - fit.started
+            logger.info("step %d/%d: loss %.3f (%.0f s)", n, fit.steps, mean, took)
+    return losses
