@@ -14,7 +14,7 @@ import math
 import time
 from dataclasses import dataclass
 from functools import cached_property
-from typing import cast
+from typing import Any, NoReturn, cast
 
 import redis
 
@@ -120,52 +120,30 @@ class Store:
         allow at all is InvalidRequest, naming `param` (the field that asked for them)."""
         s, n = self.settings, len(jobs)
         spec = jobs[0][1]
-        grace = s.watch_grace_s if spec.watched else 0
         quota = 0 if line else quota or s.max_queued_per_user
         for bound, what in ((quota, "your quota allows {} waiting jobs"), (s.max_queue, "the queue holds {} jobs")):
             if n > 1 and 0 < bound < n:  # never admissible: no point in trying again later
                 raise InvalidRequest(f"this request asks for {n} answers; {what.format(bound)}", param=param)
-        history = ""  # a chat's history so far: a worker whose prefix cache holds it may be preferred
-        if spec.messages and len(spec.messages) > 1 and s.model_named(spec.model) is not None:
-            history = history_digest(s.prefix_key(spec.model, spec.owner), spec.messages[:-1])
-        texts = [spec.prompt] if spec.prompt is not None else [m.content for m in spec.messages or ()]
-        if spec.pooled is not None:  # (token ids count as a character each)
-            texts = [spec.pooled.query or "", *(t if isinstance(t, str) else " " * len(t) for t in spec.pooled.texts)]
         self._keep_images(spec, math.ceil(ttl_s + s.job_time_limit_s))
         verdict, *rest = self.scripts.run(
             "admit",
-            owner=spec.owner,
+            **self._spec_args(spec),
             ttl_s=ttl_s,
             result_ttl_s=s.result_ttl_s,
-            watch_grace_s=grace,
             max_queue=s.max_queue,
             max_per_user=quota,
-            max_tokens=spec.new_tokens,
             **bell(doorbell),
-            model=spec.model,
-            **{"class": spec.priority},
-            share=turn_share(s.user_named(spec.owner), spec.priority, s.batch_cost),
             prompt_weight=s.fair_prompt_weight,
             output_weight=s.fair_output_weight,
             visitors=keys.address_visitors(address) if address else "",
             max_visitors=VISITORS_PER_ADDRESS,
-            history=history,
             line="1" if line else "",
-            side="1" if spec.side else "",
-            ignore_eos="1" if spec.params.ignore_eos else "",
-            prompt_chars=sum(len(t) for t in texts),
-            history_chars=sum(len(t) for t in texts[:-1]),
             jobs=[part for job_id, one in jobs for part in (job_id, one.model_dump_json())],
         )
         if verdict == "exists":
             return [self.get(jobs[0][0])]
-        if verdict == "model_unavailable":
-            raise ModelUnavailable(f"the model {spec.model!r} is unavailable: {rest[1]}", retry_after_s=rest[0])
-        if verdict != "ok":  # no room: room for them all frees when the job at the position given starts
-            position, snapshot, waiting = rest
-            retry_after_s = max(1, math.ceil(self._standings(snapshot, [int(position)], guess=True)[0][1] or 0))
-            kind, why = _refusal(verdict, n, int(waiting), quota, s.max_queue)
-            raise kind(f"{why}; try again later", retry_after_s=retry_after_s)
+        if verdict != "ok":
+            self._refuse(verdict, rest, spec.model, n, quota)
         queued_at, deadline, snapshot, *ranks = rest
         standings = self._standings(snapshot, [int(rank) for rank in ranks])
         return [
@@ -180,6 +158,40 @@ class Store:
             )
             for (job_id, one), (position, eta_s) in zip(jobs, standings)
         ]
+
+    def _spec_args(self, spec: JobSpec) -> dict[str, Any]:
+        """What the admit script reads of a request's spec: its owner, model, class and turn share, its answer's
+        tokens, and its prompt: its chat's history so far (a digest: a worker whose prefix cache holds it may be
+        preferred), its characters, and those of its history."""
+        s, history = self.settings, ""
+        if spec.messages and len(spec.messages) > 1 and s.model_named(spec.model) is not None:
+            history = history_digest(s.prefix_key(spec.model, spec.owner), spec.messages[:-1])
+        texts = [spec.prompt] if spec.prompt is not None else [m.content for m in spec.messages or ()]
+        if spec.pooled is not None:  # (token ids count as a character each)
+            texts = [spec.pooled.query or "", *(t if isinstance(t, str) else " " * len(t) for t in spec.pooled.texts)]
+        return {
+            "owner": spec.owner,
+            "watch_grace_s": s.watch_grace_s if spec.watched else 0,
+            "max_tokens": spec.new_tokens,
+            "model": spec.model,
+            "class": spec.priority,
+            "share": turn_share(s.user_named(spec.owner), spec.priority, s.batch_cost),
+            "history": history,
+            "side": "1" if spec.side else "",
+            "ignore_eos": "1" if spec.params.ignore_eos else "",
+            "prompt_chars": sum(len(t) for t in texts),
+            "history_chars": sum(len(t) for t in texts[:-1]),
+        }
+
+    def _refuse(self, verdict: str, rest: list[Any], model: str, n: int, quota: int) -> NoReturn:
+        """Admission's refusal, raised: the model is unavailable, or no room (room for all `n` jobs frees when the
+        job at the position given starts)."""
+        if verdict == "model_unavailable":
+            raise ModelUnavailable(f"the model {model!r} is unavailable: {rest[1]}", retry_after_s=rest[0])
+        position, snapshot, waiting = rest
+        retry_after_s = max(1, math.ceil(self._standings(snapshot, [int(position)], guess=True)[0][1] or 0))
+        kind, why = _refusal(verdict, n, int(waiting), quota, self.settings.max_queue)
+        raise kind(f"{why}; try again later", retry_after_s=retry_after_s)
 
     def _keep_images(self, spec: JobSpec, keep_s: int) -> None:
         """Keep the bytes of the images a job's messages hold (before it is admitted: a worker may claim it at once)
