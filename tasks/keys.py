@@ -70,7 +70,8 @@ HOLDERS_PREFIX = NS + "holders:"  # list, kept WORKER_RECORD_TTL_S: the last HOL
 DEVICES = NS + "devices"  # set: device names seen, for health checks
 STATS = NS + "stats"  # hash: counters and histogram buckets behind /metrics
 CANCELS = NS + "cancels"  # pub/sub: ids of running jobs asked to stop, for the worker's listener
-LIVE = NS + "live"  # pub/sub: ids of running jobs a stream opened on, for the worker's listener (worker/output.py)
+LIVE = NS + "live"  # pub/sub: ids of running jobs a stream opened on, for the worker's listener (worker/listener.py),
+#                     which tells its output writer (worker/output.py)
 MINUTE_PREFIX = NS + "minute:"  # hash, kept MINUTE_TTL_S: what happened in one minute (jobs ended by status, tokens,
 #                                 queue waits), for the dashboard's plots of the last hour
 SERVICE = NS + "service"  # sorted set: each flow's service, the token units its ended jobs were charged (fair order,

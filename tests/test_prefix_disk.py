@@ -97,9 +97,9 @@ def test_a_torn_or_damaged_file_is_removed_never_loaded(damage, engine, tmp_path
     damage(path)
 
     # When another worker looks up what its header says it holds
-    from worker.prefix_disk import _header
+    from worker.prefix_file import header
 
-    said = [int(t) for t in _header(path)["tokens"].split(",")]
+    said = [int(t) for t in header(path)["tokens"].split(",")]
     second = tier(tmp_path)
     hit = second.fetch(KEY, said + [1, 2])
 
@@ -193,12 +193,12 @@ def conversation(words: int) -> list[dict[str, str]]:
 
 def disk_files_holding(folder: Path, tokens: int, timeout_s: float = 60.0) -> None:
     """Wait until the folder holds an entry file of at least `tokens` tokens (the worker's writer wrote it)."""
-    from worker.prefix_disk import FILE, _header
+    from worker.prefix_file import FILE, header
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for path in folder.glob("*.safetensors") if folder.exists() else ():
-            if FILE.match(path.name) and len(_header(path)["tokens"].split(",")) >= tokens:
+            if FILE.match(path.name) and len(header(path)["tokens"].split(",")) >= tokens:
                 return
         time.sleep(0.05)
     raise AssertionError(f"no entry of {tokens} tokens written to {folder}")
@@ -248,7 +248,7 @@ def test_a_temporary_file_a_killed_writer_left_is_removed_once_an_hour_old(tmp_p
 
 
 def test_a_model_retrained_in_place_reads_none_of_its_old_entries(engine, tmp_path):
-    from worker.prefix_disk import weights_digest
+    from worker.prefix_file import weights_digest
 
     # Given an entry on disk of a model whose weights were then retrained at the same path, with the same options
     first = tier(tmp_path, weights=weights_digest(engine.model))

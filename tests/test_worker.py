@@ -464,7 +464,7 @@ def test_a_stalled_worker_writes_every_threads_stack_and_says_how_late_its_lease
     # Given a worker whose heartbeat renews its 6 s lease every 2 s (the stacks are due 4 s into a round), just after
     # a renewal
     warned = Heard("to renew the device lease")
-    logging.getLogger("worker.main").addHandler(warned)
+    logging.getLogger("worker.heartbeat").addHandler(warned)
     start_worker(lease_s=6)
     lease_renewed(store)
 
@@ -475,9 +475,9 @@ def test_a_stalled_worker_writes_every_threads_stack_and_says_how_late_its_lease
     try:
         assert warned.event.wait(10), "no warning of the late renewal"
     finally:
-        logging.getLogger("worker.main").removeHandler(warned)
+        logging.getLogger("worker.heartbeat").removeHandler(warned)
     stacks = capfd.readouterr().err
     assert "most recent call first" in stacks and "in hold_the_interpreter" in stacks, stacks
-    assert "in _heartbeat" in stacks  # (the heartbeat, waiting for the interpreter)
+    assert "worker/heartbeat.py" in stacks  # (the heartbeat, waiting for the interpreter)
     # and the lease held: the worker carries on (the fixture fails a worker that lost it)
     assert store.readings.snapshot().workers != []

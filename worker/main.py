@@ -2,16 +2,14 @@
 load on demand: worker/models.py).
 
 One dramatiq worker thread with prefetch 1 runs the batch (worker/batch/loop.py): the only thread that touches MLX.
-A heartbeat thread renews the device lease and reports the batch; a listener hears cancels and queue moves; a
-housekeeping thread (tasks/housekeeping.py, which every web process runs too) ends jobs that must not run,
-recovers jobs of dead workers and re-rings a lost doorbell.
+A heartbeat thread renews the device lease and reports the batch (worker/heartbeat.py); a listener hears cancels,
+streams opened and queue moves (worker/listener.py); a housekeeping thread (tasks/housekeeping.py, which every web
+process runs too) ends jobs that must not run, recovers jobs of dead workers and re-rings a lost doorbell.
 """
 
 from __future__ import annotations
 
 import contextlib
-import faulthandler
-import json
 import logging
 import os
 import signal
@@ -20,7 +18,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 if __name__ == "__main__":  # before the slow imports below: a Ctrl-C during them ends the process quietly
@@ -31,18 +28,18 @@ if __name__ == "__main__":  # before the slow imports below: a Ctrl-C during the
 import dramatiq
 import redis
 
-from tasks import keys
 from tasks.broker import QUEUE_NAME, make_broker
 from tasks.errors import SettingsError
 from tasks.housekeeping import Housekeeper
 from tasks.settings import LOG_FORMAT, Settings, physical_memory
-from tasks.store import BatchReport, Store
+from tasks.store import Store
 from worker import actors
 from worker.batch.engine import Engine
 from worker.batch.loop import Runner
 from worker.blas import preload_openblas
+from worker.heartbeat import Heartbeat
+from worker.listener import listen
 from worker.models import ModelPool
-from worker.prefix_cache import CacheCounters
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +93,8 @@ class GpuWorker:
         self.id = uuid.uuid4().hex
         self.store = Store.connect(settings)
         self.jobs = self.store.for_worker(self.id)  # its verbs, bound to its id
-        self.models = ModelPool(self.jobs, engine, on_change=self._report_now)
+        # (a change of models is reported at once, by the heartbeat made below, once the runner is)
+        self.models = ModelPool(self.jobs, engine, on_change=lambda: self.heartbeat.report_now())
         self.broker = make_broker(settings)
         self.on_fatal = on_fatal
         self.stopping = threading.Event()  # asked to stop: claim nothing more, let the batch drain
@@ -109,12 +107,11 @@ class GpuWorker:
         self.worker.queue_prefetch = 1
         self.worker.delay_prefetch = 1
         self.housekeeper = Housekeeper(self.store, self.broker)
+        self.heartbeat = Heartbeat(settings, self.jobs, self.models, self.runner, self.down, on_fatal)
         self._threads = [
-            threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True),
-            threading.Thread(target=self._listen, name="listener", daemon=True),
+            threading.Thread(target=self.heartbeat.run, name="heartbeat", daemon=True),
+            threading.Thread(target=listen, args=(self.jobs, self.runner, self.down), name="listener", daemon=True),
         ]
-        self._reported = (0, 0.0, 0.0, 0, 0, time.monotonic())  # engine counters at the last report, and when
-        self._cache_reported = CacheCounters()  # the prefix cache's, at the last report
 
     def start(self) -> bool:
         """Wait for the device's lease, load the default model, recover what a dead worker left, then consume.
@@ -131,7 +128,7 @@ class GpuWorker:
         with self.models.lock:
             engine = self.models.load(s.model_name)
             self._start_disk_tier()
-        self._renew(self._report())  # tell the batch's size and the models at once (for ETAs)
+        self.heartbeat.renew(self.heartbeat.report())  # tell the batch's size and the models at once (for ETAs)
         if isinstance(engine, Engine):  # (an embedding model or a reranker holds no KV cache)
             self._log_memory(engine)
         self._threads[1].start()
@@ -236,124 +233,6 @@ class GpuWorker:
             self.stopping.wait(min(self.settings.lease_s / 3, TAKEOVER_POLL_S))
         return False
 
-    def _heartbeat(self) -> None:
-        """Renew the device lease, reporting the batch; a worker that lost it (presumed dead) must stop at once.
-
-        A renewal a whole interval late means the process stalled: a native call that kept the interpreter from
-        this thread, or a starved machine. Past that, while it is still stalled, every thread's stack goes to
-        stderr (faulthandler's own thread needs no interpreter), so the log tells where the worker was; and once
-        the renewal comes, a warning tells how late it was."""
-        every, answered, renewed = self.settings.lease_s / 3, True, time.monotonic()
-        _dump_stacks_after(2 * every)
-        try:
-            while not self.down.wait(every):
-                try:
-                    report: BatchReport | None = self._report()
-                except Exception:  # a report that cannot be made must not stop the lease's renewal
-                    logger.exception("heartbeat: the report failed; renewing the lease without it")
-                    report = None
-                # armed before the renewal, so it runs whenever the next one is two intervals late; once, while Redis
-                # does not answer at all (not every round)
-                if answered:
-                    _dump_stacks_after(2 * every)
-                else:
-                    faulthandler.cancel_dump_traceback_later()
-                try:
-                    if not self._renew(report):
-                        return
-                except redis.RedisError as exc:
-                    logger.warning("heartbeat failed: %s", exc)
-                    answered = False
-                    continue
-                answered, now = True, time.monotonic()
-                if now - renewed > 2 * every:
-                    logger.warning(
-                        "the heartbeat took %.1f s to renew the device lease (it renews every %.1f s; the lease "
-                        "lapses after %.1f s): this process stalled, or Redis was slow; the threads' stacks are in "
-                        "stderr",
-                        now - renewed,
-                        every,
-                        self.settings.lease_s,
-                    )
-                renewed = now
-        finally:
-            faulthandler.cancel_dump_traceback_later()
-
-    def _renew(self, report: BatchReport | None) -> bool:
-        """Renew the lease; a worker that lost it (it lapsed, or another took it) stops at once: its jobs may have
-        been taken back, to run again elsewhere or here."""
-        holder = self.jobs.renew_device(report)
-        if holder == "ok":
-            return True
-        self.on_fatal(
-            f"lost device {self.settings.device}: "
-            + ("the lease lapsed" if holder == "lapsed" else f"worker {holder} holds it")
-        )
-        return False
-
-    def _report_now(self) -> None:
-        try:
-            self._renew(self._report())
-        except redis.RedisError as exc:  # the next heartbeat tells
-            logger.warning("cannot report: %s", exc)
-
-    def _report(self) -> BatchReport:
-        """The batch now and the engine's work since the last report (read without the engine's lock: counters
-        only grow, and a report a step out of date is fine)."""
-        c, now = self.models.counters, time.monotonic()
-        steps, decode_s, prefill_s, prefill_tokens, generated, then = self._reported
-        self._reported = (c.steps, c.decode_s, c.prefill_s, c.prompt_tokens, c.generated_tokens, now)
-        runner = self.runner
-        step_s, step_limit_s = runner.watch.report()  # (read first: a step that ends meanwhile reports as running)
-        engine = runner.engine or self.models.get_quietly(self.settings.model_name)
-        engine = engine if isinstance(engine, Engine) else None  # (a pooler has no batch)
-        prefix, before = self.models.prefix, self._cache_reported
-        now_cache = self._cache_reported = replace(prefix.counters)
-        return BatchReport(
-            batch=len(runner.batch),
-            slots=engine.max_batch if engine else self.settings.max_batch,
-            tokens_per_s=(c.generated_tokens - generated) / max(now - then, 1e-3),
-            steps=c.steps - steps,
-            decode_s=c.decode_s - decode_s,
-            prefill_s=c.prefill_s - prefill_s,
-            prefill_tokens=c.prompt_tokens - prefill_tokens,
-            models=self.models.names(),
-            active=runner.active if runner.batch else "",
-            loading=self.models.loading,
-            cache_lookups=now_cache.lookups - before.lookups,
-            cache_hits=now_cache.hits - before.hits,
-            cache_tokens=now_cache.cached_tokens - before.cached_tokens,
-            cache_disk_hits=now_cache.disk_hits - before.disk_hits,
-            cache_disk_tokens=now_cache.disk_tokens - before.disk_tokens,
-            cache_bytes=prefix.nbytes,
-            cache_entries=len(prefix),
-            pace=json.dumps({model: speed.as_list() for model, speed in runner.pace.speeds().items()}),
-            step_s=step_s,
-            step_limit_s=step_limit_s,
-        )
-
-    def _listen(self) -> None:
-        """Hear cancels of running jobs the moment they happen, so a job stops before the next step; streams opened
-        on running jobs, so their tokens are written as they come; and queue moves, so a job joins the batch the
-        moment it can."""
-        while not self.down.is_set():
-            try:
-                with self.jobs.listen() as sub:
-                    self.runner.queue_moved.set()  # (re)subscribed: something may have been missed
-                    while not self.down.is_set():
-                        message = sub.get_message(timeout=1.0)
-                        if message is None:
-                            continue
-                        if message["channel"] == keys.CANCELS:
-                            self.runner.request_stop(message["data"])
-                        elif message["channel"] == keys.LIVE:
-                            self.runner.writer.go_live(message["data"])
-                        else:
-                            self.runner.queue_moved.set()
-            except redis.RedisError as exc:  # the output writes still carry the flag meanwhile
-                logger.warning("listener: %s; reconnecting", exc)
-                self.down.wait(1.0)
-
 
 def run(settings: Settings, supervisor: int | None = None) -> None:
     """Run one worker until SIGINT or SIGTERM, then stop in good order (see GpuWorker.stop). `supervisor`: the pid of
@@ -387,13 +266,6 @@ def _orphan_watch(worker: GpuWorker, supervisor: int) -> None:
 
 SUPERVISOR_FLAG = "--supervisor"  # `--supervisor PID`: how the supervisor starts its workers
 ORPHAN_CHECK_S = 0.5
-
-
-def _dump_stacks_after(seconds: float) -> None:
-    """Every thread's stack to stderr in `seconds`, unless called again first (faulthandler's timer: its thread runs
-    while the interpreter is held)."""
-    with contextlib.suppress(AttributeError, ValueError, OSError):  # no stderr to write to: no stacks
-        faulthandler.dump_traceback_later(seconds, exit=False, file=sys.__stderr__)  # type: ignore[arg-type]  # (None: AttributeError, suppressed)
 
 
 def main() -> None:

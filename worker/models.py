@@ -31,7 +31,8 @@ from worker.load_error import explain
 from worker.pace import Pace, fit, probe
 from worker.pooling import Pooler
 from worker.prefix_cache import PrefixCache
-from worker.prefix_disk import DiskTier, weights_digest
+from worker.prefix_disk import DiskTier
+from worker.prefix_file import weights_digest
 
 logger = logging.getLogger(__name__)
 

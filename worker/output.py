@@ -28,15 +28,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from tasks.job import JobStatus
 from tasks.scripts import AppendReply, FinishReply
 from tasks.store import WorkerStore
 from worker import timeline
+from worker.output_records import Append, Ending, HandBack, Item, Op, Text, queue_write
 
 logger = logging.getLogger(__name__)
 
@@ -44,82 +43,6 @@ FLUSH_S = 0.02
 QUIET_S = 1.0  # how often a quiet job's held tokens go out (see above)
 RETRY_S = (0.05, 1.0)  # the wait before sending again what Redis did not take: doubling from the first to the second
 WRITE_PATIENCE_S = 30.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class Ending:
-    """How a job ended, recorded after its last output."""
-
-    job_id: str
-    status: JobStatus
-    finish_reason: str | None = None
-    error: tuple[str, ...] | None = None  # (type, message[, the request field at fault])
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    stop_seen_at: int | None = None
-    cached_tokens: int = 0  # of the prompt's: read from the prefix cache, not prefilled
-    history: str = ""  # when the prefix cache kept its KV state: the digest of the conversation it holds
-    stop_sequence: str = ""  # the stop string it ended at, if it did
-
-
-@dataclass(frozen=True, kw_only=True)
-class Text:
-    """A job's new text and the tokens it is made of: from one step, as the loop hands it over, or from a window's
-    steps, as the writer sends it. A run's first Text says where its output starts (`resume_at`: tokens and UTF-8
-    bytes its earlier runs wrote; none for a first run)."""
-
-    job_id: str
-    text: str
-    prompt_tokens: int
-    ids: tuple[int, ...] = ()
-    cached_tokens: int = 0
-    resume_at: tuple[int, int] | None = None
-    logprobs: tuple[str, ...] = ()  # the tokens' entries (tasks/logprobs.py), one per id, if the job asked for them
-    prompt_logprobs: str = ""  # the prompt's entries (a JSON list), in a run's first text, if the job asked
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.ids)
-
-    def __add__(self, later: Text) -> Text:
-        """This text, then `later`'s (the writer sends a window's texts of one job as one)."""
-        return Text(
-            job_id=self.job_id,
-            text=self.text + later.text,
-            prompt_tokens=later.prompt_tokens,
-            ids=self.ids + later.ids,
-            cached_tokens=later.cached_tokens,
-            resume_at=self.resume_at,
-            logprobs=self.logprobs + later.logprobs,
-            prompt_logprobs=self.prompt_logprobs or later.prompt_logprobs,
-        )
-
-
-@dataclass(frozen=True)
-class _HandBack:
-    job_id: str
-    why: str
-    shared: bool
-
-
-@dataclass(frozen=True)
-class _Append:
-    """A job's text as written: where in its output it starts (tokens, UTF-8 bytes), so a retry is exact."""
-
-    text: Text
-    start: tuple[int, int]
-
-    @property
-    def job_id(self) -> str:
-        return self.text.job_id
-
-    @property
-    def end(self) -> tuple[int, int]:
-        return self.start[0] + self.text.n_tokens, self.start[1] + len(self.text.text.encode())
-
-
-Item = Text | Ending | _HandBack
-Op = _Append | Ending | _HandBack
 
 
 class OutputWriter:
@@ -201,7 +124,7 @@ class OutputWriter:
     def hand_back(self, job_id: str, why: str, shared: bool = False) -> None:
         """Put a running job back at the front of the queue, after its output so far (see Store.hand_back)."""
         self._fresh.discard(job_id)
-        self._put([_HandBack(job_id, why, shared)], True)
+        self._put([HandBack(job_id, why, shared)], True)
 
     def settle(self, timeout_s: float = 30.0) -> bool:
         """Until every ending and hand-back handed over is recorded: a slot goes to the next job only once the job
@@ -314,8 +237,8 @@ class OutputWriter:
                 ops.append(item)
         return ops + [self._append(text) for text in texts.values()]
 
-    def _append(self, text: Text) -> _Append:
-        op = _Append(text, text.resume_at or self._written.get(text.job_id, (0, 0)))
+    def _append(self, text: Text) -> Append:
+        op = Append(text, text.resume_at or self._written.get(text.job_id, (0, 0)))
         self._written[text.job_id] = op.end
         return op
 
@@ -331,49 +254,18 @@ class OutputWriter:
         answer."""
         pipe = self.store.redis.pipeline(transaction=False)
         for op in ops:
-            self._queue_op(op, pipe)
+            queue_write(self.store, op, pipe)
         try:
             return list(pipe.execute(raise_on_error=False))
         except redis.RedisError as exc:
             logger.warning("writing output failed (%s): %d write(s) will be sent again", exc, len(ops))
             return None
 
-    def _queue_op(self, op: Op, pipe: Any) -> None:
-        if isinstance(op, _Append):
-            t = op.text
-            self.store.append(
-                t.job_id,
-                t.ids,
-                t.text,
-                t.prompt_tokens,
-                start=op.start,
-                cached_tokens=t.cached_tokens,
-                logprobs=t.logprobs,
-                prompt_logprobs=t.prompt_logprobs,
-                pipe=pipe,
-            )
-        elif isinstance(op, Ending):
-            self.store.finish(
-                op.job_id,
-                op.status,
-                finish_reason=op.finish_reason,
-                error=op.error,
-                prompt_tokens=op.prompt_tokens,
-                completion_tokens=op.completion_tokens,
-                stop_seen_at=op.stop_seen_at,
-                cached_tokens=op.cached_tokens,
-                history=op.history,
-                stop_sequence=op.stop_sequence,
-                pipe=pipe,
-            )
-        elif isinstance(op, _HandBack):
-            self.store.hand_back(op.job_id, op.why, op.shared, pipe=pipe)
-
     def _settle(self, op: Op, result: Any) -> None:
         """Act on one write's reply."""
         if isinstance(result, Exception):  # the script failed (a bug, not Redis away): the operator's to see
-            logger.error("job %s: %s failed: %s", op.job_id, type(op).__name__.strip("_").lower(), result)
-        if isinstance(op, _Append):
+            logger.error("job %s: %s failed: %s", op.job_id, type(op).__name__.lower(), result)
+        if isinstance(op, Append):
             if result == AppendReply.STOP:
                 self.on_stop(op.job_id)
             elif result == AppendReply.GAP:  # sent in order, so a gap means what came before it was lost: say so
@@ -383,11 +275,11 @@ class OutputWriter:
         if isinstance(op, Ending) and (result == FinishReply.NOT_ASKED or isinstance(result, Exception)):
             # not ended: say, `cancelled`, which nobody asked for. Never made up: the job goes back to the queue
             logger.error("job %s: its ending was refused (%s); handing it back", op.job_id, result)
-            self._unsent.append(_HandBack(op.job_id, "worker_crashed", False))
+            self._unsent.append(HandBack(op.job_id, "worker_crashed", False))
             return
         if isinstance(op, Ending) and result == FinishReply.NOT_HERE:
             logger.warning("job %s: taken away from this worker (presumed dead); its outcome was dropped", op.job_id)
-        elif isinstance(op, _HandBack):
+        elif isinstance(op, HandBack):
             logger.info("job %s: handed back: %s", op.job_id, result[1] if result else "not running here")
         with self._handed:
             self._endings_out += 1
@@ -398,6 +290,6 @@ def _mark_first_writes(ops: list[Op], sent: float) -> None:
     """For a benchmark (worker/timeline.py): when each run's first tokens were sent to Redis, and written."""
     written = time.time()
     for op in ops:
-        if isinstance(op, _Append) and op.text.n_tokens and op.start[0] == 0:
+        if isinstance(op, Append) and op.text.n_tokens and op.start[0] == 0:
             timeline.mark(op.job_id, "sent", sent)
             timeline.mark(op.job_id, "written", written)

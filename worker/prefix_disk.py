@@ -2,15 +2,11 @@
 folder as it is made, so a worker started after a crash (SIGKILL, a power cut), or on another host that shares the
 folder, reads a session's history from disk instead of prefilling it again.
 
-- one file an entry, in mlx-lm's prompt-cache format (save_prompt_cache / load_prompt_cache: safetensors) whose
-  metadata says what it holds (this format's name, the model as loaded and a digest of its weights, the scope, the
-  tokens, whether it can be trimmed), named by the BLAKE2b digest of its whole content; a model retrained in place
-  (the same path and options, other weights) reads none of its old entries;
-- written under a temporary name, flushed to the disk, then renamed: a reader sees a whole file or none; a
-  temporary file a killed writer left is removed once it is an hour old (another host may be writing it now);
-- read back only if its content still has the digest its name says and its metadata names the entry looked up: a
-  torn or damaged file of ours is removed, a foreign one (another program's, another format's) is passed over and
-  left alone; neither is ever loaded into the model;
+- one file an entry (worker/prefix_file.py: its format; written whole or not at all), named by its content's digest,
+  its metadata saying what it holds; a model retrained in place (the same path and options, other weights) reads
+  none of its old entries;
+- read back only if whole and holding the entry looked up: a torn or damaged file of ours is removed, a foreign one
+  (another program's, another format's) is passed over and left alone; neither is ever loaded into the model;
 - bounded: at most ONELANE_PREFIX_CACHE_DISK bytes in all and ONELANE_PREFIX_CACHE_DISK_OWNER a scope (an owner, or
   '' when sharing is on), the least recently used (a file's mtime, refreshed by a hit) removed first; an entry makes
   its own prefixes redundant there too;
@@ -23,37 +19,25 @@ before its writer finished loses that entry alone (the turn before it is on disk
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import queue
-import re
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
+from worker.prefix_file import Key, Name, header, identity, list_files, load_file, write_file
 from worker.prefix_index import SortedSequences, Tokens, nearest
 
 logger = logging.getLogger(__name__)
 
-FORMAT = "onelane-prefix-cache/1"
-FILE = re.compile(r"^[0-9a-f]{32}\.safetensors$")  # an entry: its content's digest
-TEMPORARY = ".tmp-"
-STALE_TEMPORARY_S = 3600.0
-MAX_HEADER = 256 * 2**20  # a safetensors header longer than this is not ours (ours: the tokens, ~7 bytes each)
 PENDING = 16  # entries waiting for the writer; past that a new one is not written (counted)
 PENDING_BYTES = 2**30  # ... and their bytes, unless the queue is empty
-
-Key = tuple[str, str]  # the model as loaded and the scope (worker/prefix_cache.py)
-Name = tuple[Key, Tokens]
 
 
 @dataclass
@@ -182,16 +166,13 @@ class DiskTier:
             stored = self._files.get(name)
         if stored is None:
             return None
-        cache: list[Any]  # (load_prompt_cache is untyped)
         try:
-            if _digest(stored.path) != stored.path.stem:
+            cache = load_file(stored.path, name, stored.trimmable)
+            if cache is None:
                 logger.warning("prefix cache: %s is torn or damaged; removed", stored.path.name)
                 self._forget(name, unlink=True)
                 self.counters.passed_over += 1
                 return None
-            cache, metadata = load_prompt_cache(str(stored.path), return_metadata=True)
-            if _identity(metadata) != (name, stored.trimmable):
-                raise ValueError("it holds another entry than its metadata said when listed")
             compute_state(cache)
             os.utime(stored.path)  # a hit refreshes its entry (for every worker sharing the folder)
         except FileNotFoundError:  # another worker sharing the folder removed it
@@ -226,28 +207,12 @@ class DiskTier:
                 self._pending.task_done()
 
     def _write_one(self, name: Name, cache: list[Any], trimmable: bool) -> None:
-        (model, scope), tokens = name
-        temporary = self.folder / f"{TEMPORARY}{uuid.uuid4().hex}.safetensors"
-        metadata = {
-            "format": FORMAT,
-            "model": model,
-            "scope": scope,
-            "tokens": ",".join(map(str, tokens)),
-            "trimmable": "1" if trimmable else "0",
-        }
-        try:
-            save_prompt_cache(str(temporary), cache, metadata)
-            nbytes = temporary.stat().st_size
-            if nbytes > self.owner_bytes:
-                self.counters.not_written += 1
-                return
-            with open(temporary, "rb") as f:
-                os.fsync(f.fileno())
-            path = self.folder / f"{_digest(temporary)}.safetensors"
-            os.replace(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)
-        _sync_folder(self.folder)
+        (_, scope), tokens = name
+        written = write_file(self.folder, name, cache, trimmable, self.owner_bytes)
+        if written is None:  # over the scope's bound alone
+            self.counters.not_written += 1
+            return
+        path, nbytes = written
         with self._lock:
             self._add(path.name, name, Stored(path, nbytes, time.time(), trimmable))
             if trimmable:  # its prefixes are read from it, trimmed
@@ -280,16 +245,7 @@ class DiskTier:
         if stamp == self._stamp:
             return
         self._stamp = stamp
-        now, present = time.time(), {}
-        for entry in os.scandir(self.folder):
-            if FILE.match(entry.name):
-                present[entry.name] = entry
-            elif entry.name.startswith(TEMPORARY):
-                try:
-                    if now - entry.stat().st_mtime > STALE_TEMPORARY_S:  # its writer was killed
-                        os.unlink(entry.path)
-                except OSError:
-                    pass
+        present = list_files(self.folder)
         with self._lock:
             self._foreign &= set(present)
             for gone in set(self._names) - set(present):
@@ -297,7 +253,7 @@ class DiskTier:
             new = [e for n, e in present.items() if n not in self._names and n not in self._foreign]
         for entry in new:
             try:
-                name, trimmable = _identity(_header(Path(entry.path)))
+                name, trimmable = identity(header(Path(entry.path)))
                 stat = entry.stat()
             except FileNotFoundError:
                 continue
@@ -341,64 +297,3 @@ def compute_state(cache: list[Any]) -> None:
     # (lists: mlx types tree_flatten's result as a list or a dict)
     flat = (cast(list[tuple[str, Any]], tree_flatten(c.state)) for c in cache)
     mx.eval([leaf for leaves in flat for _, leaf in leaves if isinstance(leaf, mx.array)])
-
-
-def weights_digest(model: Any) -> str:
-    """A digest of a loaded model's weights that tells a model retrained in place from the one before: every
-    parameter's name, shape, type, and its first and last 64 values (a pass over all the weights would cost a large
-    model seconds at every load)."""
-    h = hashlib.blake2b(digest_size=8)
-    # (a list: mlx types tree_flatten's result as a list or a dict)
-    flat_parameters = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
-    for name, array in sorted(flat_parameters, key=lambda item: item[0]):
-        flat = array.reshape(-1)
-        h.update(f"{name}:{array.shape}:{array.dtype};".encode())
-        h.update(memoryview(mx.concatenate([flat[:64], flat[-64:]]).astype(mx.float32)))  # type: ignore[arg-type]  # (mx.array has the buffer protocol; its stubs do not say so)
-    return h.hexdigest()
-
-
-def _digest(path: Path) -> str:
-    """The BLAKE2b digest (128 bits, hex) of a file's whole content."""
-    h = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
-        while chunk := f.read(8 * 2**20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _header(path: Path) -> dict[str, str]:
-    """A safetensors file's metadata, read from its header alone."""
-    with open(path, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        if not 0 < size <= MAX_HEADER:
-            raise ValueError("not a safetensors file")
-        header = json.loads(f.read(size))
-    metadata = header.get("__metadata__")
-    if not isinstance(metadata, dict):
-        raise ValueError("no metadata")
-    # save_prompt_cache flattens [metadata, classes, scalars]: ours are the first's ("0.model", ...)
-    return {k[2:]: v for k, v in metadata.items() if k.startswith("0.")}
-
-
-def _identity(metadata: dict[str, Any]) -> tuple[Name, bool]:
-    """The entry a file's metadata names, and whether it can be trimmed; ValueError if it is not ours."""
-    if metadata.get("format") != FORMAT:
-        raise ValueError(f"not {FORMAT}")
-    tokens = tuple(int(t) for t in str(metadata["tokens"]).split(",")) if metadata["tokens"] else ()
-    if not tokens:
-        raise ValueError("no tokens")
-    return ((str(metadata["model"]), str(metadata["scope"])), tokens), metadata["trimmable"] == "1"
-
-
-def _sync_folder(folder: Path) -> None:
-    """Make a rename in `folder` durable (POSIX: the folder's entry is data of its own)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

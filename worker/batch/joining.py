@@ -18,7 +18,7 @@ from worker.batch.state import RunnerState, generation_error
 from worker.choices import Held
 from worker.grammar import GrammarError, GrammarMatcher
 from worker.logits import vocabulary
-from worker.output import Ending, Text
+from worker.output_records import Ending, Text
 from worker.pooling import Pooler
 from worker.prefix_cache import Hit
 from worker.resume import Resumption, fresh, resume

@@ -15,7 +15,7 @@ from worker.batch.runs import Batch, Running
 from worker.batch.sampling import sampling
 from worker.batch.state import generation_error
 from worker.grammar import GrammarError
-from worker.output import Ending
+from worker.output_records import Ending
 from worker.prefix_cache import Hit
 
 logger = logging.getLogger(__name__)

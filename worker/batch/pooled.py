@@ -9,7 +9,7 @@ from tasks.errors import InvalidPrompt, InvalidRequest
 from tasks.job import Job, JobStatus
 from worker.batch.engine import Engine
 from worker.batch.state import NO_STEP, RunnerState, generation_error
-from worker.output import Ending, Text
+from worker.output_records import Ending, Text
 from worker.pooling import Pooler
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from tasks.job import Job, Message, history_digest
 from tasks.store import Delivered
 from worker.batch.engine import KV
 from worker.grammar import GrammarMatcher
-from worker.output import Text
+from worker.output_records import Text
 from worker.stops import StopMatcher
 
 

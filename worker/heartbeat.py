@@ -1,0 +1,156 @@
+"""The worker's heartbeat: a thread that renews the device's lease every third of it, each renewal carrying a report
+of the batch (its size, the engine's work since the last report, the models held, the prefix cache's counters, the
+step on the device), which the web reads for ETAs, /health and /metrics. A worker that lost the lease stops at once.
+
+Apart from the worker process (worker/main.py), which starts it and reports through it at once when it must (the
+models changed, the default model loaded).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import redis
+
+from tasks.settings import Settings
+from tasks.store import BatchReport, WorkerStore
+from worker.batch.engine import Engine
+from worker.batch.loop import Runner
+from worker.models import ModelPool
+from worker.prefix_cache import CacheCounters
+
+logger = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    """Renews the lease `jobs` holds for its worker until `down`, reporting `runner`'s batch and `models`' work;
+    `run` is its thread."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        jobs: WorkerStore,
+        models: ModelPool,
+        runner: Runner,
+        down: threading.Event,
+        on_fatal: Callable[[str], None],
+    ) -> None:
+        self.settings = settings
+        self.jobs = jobs
+        self.models = models
+        self.runner = runner
+        self.down = down  # the worker stopped: the heartbeat ends
+        self.on_fatal = on_fatal
+        self._reported = (0, 0.0, 0.0, 0, 0, time.monotonic())  # engine counters at the last report, and when
+        self._cache_reported = CacheCounters()  # the prefix cache's, at the last report
+
+    def run(self) -> None:
+        """Renew the device lease, reporting the batch; a worker that lost it (presumed dead) must stop at once.
+
+        A renewal a whole interval late means the process stalled: a native call that kept the interpreter from
+        this thread, or a starved machine. Past that, while it is still stalled, every thread's stack goes to
+        stderr (faulthandler's own thread needs no interpreter), so the log tells where the worker was; and once
+        the renewal comes, a warning tells how late it was."""
+        every, answered, renewed = self.settings.lease_s / 3, True, time.monotonic()
+        _dump_stacks_after(2 * every)
+        try:
+            while not self.down.wait(every):
+                try:
+                    report: BatchReport | None = self.report()
+                except Exception:  # a report that cannot be made must not stop the lease's renewal
+                    logger.exception("heartbeat: the report failed; renewing the lease without it")
+                    report = None
+                # armed before the renewal, so it runs whenever the next one is two intervals late; once, while Redis
+                # does not answer at all (not every round)
+                if answered:
+                    _dump_stacks_after(2 * every)
+                else:
+                    faulthandler.cancel_dump_traceback_later()
+                try:
+                    if not self.renew(report):
+                        return
+                except redis.RedisError as exc:
+                    logger.warning("heartbeat failed: %s", exc)
+                    answered = False
+                    continue
+                answered, now = True, time.monotonic()
+                if now - renewed > 2 * every:
+                    logger.warning(
+                        "the heartbeat took %.1f s to renew the device lease (it renews every %.1f s; the lease "
+                        "lapses after %.1f s): this process stalled, or Redis was slow; the threads' stacks are in "
+                        "stderr",
+                        now - renewed,
+                        every,
+                        self.settings.lease_s,
+                    )
+                renewed = now
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+    def renew(self, report: BatchReport | None) -> bool:
+        """Renew the lease; a worker that lost it (it lapsed, or another took it) stops at once: its jobs may have
+        been taken back, to run again elsewhere or here."""
+        holder = self.jobs.renew_device(report)
+        if holder == "ok":
+            return True
+        self.on_fatal(
+            f"lost device {self.settings.device}: "
+            + ("the lease lapsed" if holder == "lapsed" else f"worker {holder} holds it")
+        )
+        return False
+
+    def report_now(self) -> None:
+        try:
+            self.renew(self.report())
+        except redis.RedisError as exc:  # the next heartbeat tells
+            logger.warning("cannot report: %s", exc)
+
+    def report(self) -> BatchReport:
+        """The batch now and the engine's work since the last report (read without the engine's lock: counters
+        only grow, and a report a step out of date is fine)."""
+        c, now = self.models.counters, time.monotonic()
+        steps, decode_s, prefill_s, prefill_tokens, generated, then = self._reported
+        self._reported = (c.steps, c.decode_s, c.prefill_s, c.prompt_tokens, c.generated_tokens, now)
+        runner = self.runner
+        step_s, step_limit_s = runner.watch.report()  # (read first: a step that ends meanwhile reports as running)
+        engine = runner.engine or self.models.get_quietly(self.settings.model_name)
+        engine = engine if isinstance(engine, Engine) else None  # (a pooler has no batch)
+        prefix, before = self.models.prefix, self._cache_reported
+        now_cache = self._cache_reported = replace(prefix.counters)
+        return BatchReport(
+            batch=len(runner.batch),
+            slots=engine.max_batch if engine else self.settings.max_batch,
+            tokens_per_s=(c.generated_tokens - generated) / max(now - then, 1e-3),
+            steps=c.steps - steps,
+            decode_s=c.decode_s - decode_s,
+            prefill_s=c.prefill_s - prefill_s,
+            prefill_tokens=c.prompt_tokens - prefill_tokens,
+            models=self.models.names(),
+            active=runner.active if runner.batch else "",
+            loading=self.models.loading,
+            cache_lookups=now_cache.lookups - before.lookups,
+            cache_hits=now_cache.hits - before.hits,
+            cache_tokens=now_cache.cached_tokens - before.cached_tokens,
+            cache_disk_hits=now_cache.disk_hits - before.disk_hits,
+            cache_disk_tokens=now_cache.disk_tokens - before.disk_tokens,
+            cache_bytes=prefix.nbytes,
+            cache_entries=len(prefix),
+            pace=json.dumps({model: speed.as_list() for model, speed in runner.pace.speeds().items()}),
+            step_s=step_s,
+            step_limit_s=step_limit_s,
+        )
+
+
+def _dump_stacks_after(seconds: float) -> None:
+    """Every thread's stack to stderr in `seconds`, unless called again first (faulthandler's timer: its thread runs
+    while the interpreter is held)."""
+    with contextlib.suppress(AttributeError, ValueError, OSError):  # no stderr to write to: no stacks
+        faulthandler.dump_traceback_later(seconds, exit=False, file=sys.__stderr__)  # type: ignore[arg-type]  # (None: AttributeError, suppressed)
