@@ -204,7 +204,7 @@ class ModelPool:
         try:
             verdict = choose(engine.model, engine.vocab, engine.max_kv_size)
         except Exception as exc:  # the trial's own alone runs failed: its jobs will say so, one at a time
-            verdict = Trial("alone", f"the trial failed ({type(exc).__name__})", 0.0)
+            verdict = Trial(batching="alone", why=f"the trial failed ({type(exc).__name__})", seconds=0.0)
             logger.warning("model %s: the batching trial failed", name, exc_info=True)
         self._batching[name] = verdict
         engine.share(verdict.batching)

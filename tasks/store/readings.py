@@ -56,7 +56,7 @@ class ModelState:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Reading:
     now: float
     queue_depth: int
@@ -96,7 +96,7 @@ class Minute:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BoardEntry:
     """A waiting job on the dashboard: its owner and place, and the job itself only where it may be shown."""
 
@@ -173,7 +173,16 @@ class Readings:
             _model_state(name, int(n), record, workers, now)
             for name, n, record in zip(catalog, per_model[::2], per_model[1::2])
         ]
-        return Reading(now, int(depth), len(running), stats, workers, models, tuple(devices), tuple(service))
+        return Reading(
+            now=now,
+            queue_depth=int(depth),
+            in_progress=len(running),
+            stats=stats,
+            workers=workers,
+            models=models,
+            devices=tuple(devices),
+            service=tuple(service),
+        )
 
     def board(self, reveal: Callable[[str], bool]) -> Board:
         """What the queue dashboard shows, read in a few pipelines. A waiting job's record (its prompt) is read
@@ -194,7 +203,7 @@ class Readings:
         shown = {job_id for job_id, owner in zip(waiting, owners) if owner and reveal(owner)}
         jobs = self._records([*running, *shown, *failed])
         queue = [
-            BoardEntry(job_id, owner, n, jobs.get(job_id))
+            BoardEntry(id=job_id, owner=owner, position=n, job=jobs.get(job_id))
             for n, (job_id, owner) in enumerate(zip(waiting, owners), 1)
             if owner
         ]

@@ -45,7 +45,7 @@ from worker.token_bytes import TokenBytes
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KV:
     """A sequence's KV cache, taken out of the batch, and the tokens it holds (its prompt and what it generated)."""
 
@@ -53,7 +53,7 @@ class KV:
     tokens: list[int]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Token:
     """One sequence's step: the token generated, and why it ended if this was its last (then, its KV state)."""
 
@@ -223,7 +223,7 @@ class Engine:
         for uid in uids:
             self._uids.discard(uid)
             self._draws.pop(uid, None)
-        return {int(uid): KV(cache, list(tokens)) for uid, (cache, tokens) in kept.items()}
+        return {int(uid): KV(cache=cache, tokens=list(tokens)) for uid, (cache, tokens) in kept.items()}
 
     @property
     def counters(self) -> Counters:
@@ -246,11 +246,11 @@ class Engine:
         entries = self._step_entries(generated)
         tokens = [
             Token(
-                r.uid,
-                r.token,
-                r.finish_reason,
-                KV(r.cache, list(r.tokens)) if r.cache is not None and r.tokens is not None else None,
-                entries.get(r.uid),
+                uid=r.uid,
+                token=r.token,
+                finish_reason=r.finish_reason,
+                kv=KV(cache=r.cache, tokens=list(r.tokens)) if r.cache is not None and r.tokens is not None else None,
+                logprob=entries.get(r.uid),
             )
             for r in generated
         ]

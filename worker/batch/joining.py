@@ -32,23 +32,24 @@ class Joining(RunnerState):
     def _measure(self, claim: Claim) -> Head:
         job = claim.job
         if job.spec.side:  # read beside the batch: it takes no slot nor KV budget
-            return Head(job.id, [], 0, False, side=True)
+            return Head(id=job.id, tokens=[], cost=0, solo=False, side=True)
         engine = self.models.get(job.spec.model) or self.models.load(job.spec.model)
         if engine is None:
-            return Head(job.id, [], 0, claim.solo, invalid=("model_unavailable", "the model failed to load"))
+            why = "the model failed to load"
+            return Head(id=job.id, tokens=[], cost=0, solo=claim.solo, invalid=("model_unavailable", why))
         if isinstance(engine, Pooler):  # (admitted under an older models file: the web routes each kind)
             why = f"the model {job.spec.model} is {NAMES[engine.kind]}: it generates no text"
-            return Head(job.id, [], 0, claim.solo, invalid=("model_unavailable", why))
+            return Head(id=job.id, tokens=[], cost=0, solo=claim.solo, invalid=("model_unavailable", why))
         digests = [p.digest for m in job.spec.messages or () for p in m.images]
         try:
             tokens = engine.prompt_tokens(job.spec, self.store.images(digests) if digests else None)
         except InvalidPrompt as exc:
-            return Head(job.id, [], 0, claim.solo, invalid=(exc.type, exc.message))
+            return Head(id=job.id, tokens=[], cost=0, solo=claim.solo, invalid=(exc.type, exc.message))
         except Exception:  # the details are for the operator's log, not for the client
             logger.exception("job %s: its prompt could not be prepared", job.id)
-            return Head(job.id, [], 0, claim.solo, invalid=generation_error(job.id))
+            return Head(id=job.id, tokens=[], cost=0, solo=claim.solo, invalid=generation_error(job.id))
         cost = len(tokens) + job.spec.params.max_tokens
-        return Head(job.id, tokens, min(cost, engine.max_kv_size or cost), claim.solo)
+        return Head(id=job.id, tokens=tokens, cost=min(cost, engine.max_kv_size or cost), solo=claim.solo)
 
     def _fits(self, head: Head) -> bool:
         """A job joins if the budget holds it, or if the batch is empty (a job too big for the budget runs alone);

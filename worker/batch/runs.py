@@ -71,7 +71,7 @@ class Running:
         return history_digest(self.cache_key, [*messages, Message(role="assistant", content="".join(self.answer))])
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Head:
     """The job at the head of the queue, measured but not claimed yet (it may not fit)."""
 

@@ -45,7 +45,7 @@ TOLERANCE = {mx.float32: 5e-4}
 LOW_PRECISION_TOLERANCE = 0.1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Trial:
     batching: Batching
     why: str  # what the trial saw, for the log and the model's record
@@ -70,7 +70,8 @@ def choose(model: nn.Module, vocab: int, max_kv_size: int | None = None) -> Tria
     started = time.perf_counter()
     kinds = unmergeable(model)
     if kinds:
-        return Trial("alone", f"mlx-lm cannot merge its caches ({', '.join(kinds)})", time.perf_counter() - started)
+        why = f"mlx-lm cannot merge its caches ({', '.join(kinds)})"
+        return Trial(batching="alone", why=why, seconds=time.perf_counter() - started)
     rng = np.random.default_rng(0)
     prompts = [[int(t) for t in rng.integers(1, vocab, n)] for n in LENGTHS]
     scripts = [[int(t) for t in rng.integers(1, vocab, DRAWS)] for _ in LENGTHS]
@@ -93,7 +94,7 @@ def choose(model: nn.Module, vocab: int, max_kv_size: int | None = None) -> Tria
         batching = "unpadded"
     if found.get("padded", tolerance + 1) <= tolerance and not found.get("padded", 0) > 10 * found.get("unpadded", 1):
         batching = "padded"  # (unless unpadded reads are ten times closer: a wrong cache within the tolerance)
-    return Trial(batching, "; ".join(seen), time.perf_counter() - started)
+    return Trial(batching=batching, why="; ".join(seen), seconds=time.perf_counter() - started)
 
 
 def _run(

@@ -117,7 +117,8 @@ class Stepping(Leaving):
             for t in forced:  # one by one: the grammar is complete (done) at the last of them, not before
                 r.constraint.take([t])
                 entry = self._forced_entry(r, t)
-                self._advance(Token(r.uid, t, "length" if r.tokens + 1 == limit else None, logprob=entry), result)
+                last = "length" if r.tokens + 1 == limit else None
+                self._advance(Token(uid=r.uid, token=t, finish_reason=last, logprob=entry), result)
                 if len(result.finished) > before:  # it ended on them (its grammar, a stop string, max_tokens)
                     break
             else:
