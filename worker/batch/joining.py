@@ -83,23 +83,24 @@ class Joining(RunnerState):
             self.writer.end(Ending(job_id=job.id, status=JobStatus.FAILED, error=head.invalid))
             return
         self.writer.begin(job.id, live=claim.live)
-        begun = self._run_of(claim, head)
+        params = sampling(job)
+        begun = self._run_of(claim, head, params)
         if begun is None:
             return
         run, start = begun
-        if self._enter(run, head.tokens):
+        if self._enter(run, head.tokens, params):
             if run.cached:
                 logger.info("job %s: %d of its %d prompt tokens read before", job.id, run.cached, len(head.tokens))
             # its prompt and what of it is cached, recorded at once: estimates count only the prefill still to do
             self.writer.put_many([run.text(start.rest, resume_at=start.at)])
 
-    def _run_of(self, claim: Claim, head: Head) -> tuple[Running, Resumption] | None:
+    def _run_of(self, claim: Claim, head: Head, params: SamplingParams) -> tuple[Running, Resumption] | None:
         """A job's run and how it starts, from its start or from the tokens its earlier runs generated; None if it ends at once (its
         grammar cannot be read by this tokenizer, or its earlier run generated it whole and only its ending was
         lost)."""
         assert self.engine is not None
         job = claim.job
-        params, done = sampling(job), claim.delivered.ids if claim.delivered else ()
+        done = claim.delivered.ids if claim.delivered else ()
         try:
             constraint = self._constraint(job, done)
         except GrammarError as exc:  # admission checked it without the tokenizer; this tokenizer cannot
@@ -143,12 +144,12 @@ class Joining(RunnerState):
         )
         return run, start
 
-    def _enter(self, run: Running, prompt: list[int]) -> bool:
+    def _enter(self, run: Running, prompt: list[int], params: SamplingParams) -> bool:
         """A new run into the batch: to read its prompt first if it scores it (echo), else into the engine. False
         if it ended instead (its earlier run scored its prompt and only its ending was lost, or it cannot be
         placed)."""
         assert self.engine is not None
-        job, params, done = run.job, sampling(run.job), tuple(run.ids)
+        job, done = run.job, tuple(run.ids)
         if params.prompt_logprobs and not job.prompt_logprobs:  # (a run after a requeue has them already)
             self.scoring[job.id] = (run, self.engine.scorer(prompt, params.top_logprobs), params)
             run.uid = self.batch.hold_uid()  # in the batch, not in the engine, while it is read

@@ -109,8 +109,7 @@ class Runner(Stepping, Preemption, SideJobs):
         if not job.spec.side:
             self._join(claim)
             return
-        if self._head is not None and self._head.id == job.id:
-            self._head = None
+        self._head = None  # (as a job that joins: the head is measured again)
         self._count(job) if job.spec.count else self._take_pooled(job)
 
     def _has_slot(self) -> bool:
