@@ -4,7 +4,7 @@ A prompt with images is rendered by the processor's chat template (each image a 
 message holds it), then tokenized and its images prepared by the processor, which writes each image as its run of
 image tokens. Its input embeddings (the vision tower's features in place of those tokens, the rest the token
 embeddings) come from the model's `get_input_embeddings`, once, as the job joins; the batch reads them in chunks
-beside the others' decode steps (worker/batch/forward.py), and from then on the sequence decodes as any other, through
+beside the others' decode steps (worker/batch/prefill.py), and from then on the sequence decodes as any other, through
 the language model.
 
 What the batch and the prefix cache see of an image is its digest: the ids of its tokens are replaced by ids past the

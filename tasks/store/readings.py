@@ -271,5 +271,5 @@ def _model_state(name: str, depth: int, record: dict[str, str], workers: list[De
 
 
 def shared_as(batching: str | None) -> str | None:
-    """What users are told of a model's batching (worker/batch/forward.py's: `padded` and `unpadded` both batch)."""
+    """What users are told of a model's batching (worker/batch/prefill.py's: `padded` and `unpadded` both batch)."""
     return None if not batching else "alone" if batching == "alone" else "batched"

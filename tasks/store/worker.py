@@ -189,7 +189,7 @@ class WorkerStore:
         self._model(name, state="loading", worker=self.worker)
 
     def model_loaded(self, name: str, load_s: float, size: int, batching: str = "padded") -> None:
-        """`batching`: how its sequences share the batch (worker/batch/forward.py's Batching)."""
+        """`batching`: how its sequences share the batch (worker/batch/prefill.py's Batching)."""
         self._model(
             name,
             state="loaded",

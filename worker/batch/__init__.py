@@ -11,6 +11,7 @@ Its layers, from the job to the device (each file's docstring says more):
 - `engine.py`: one model, loaded (`Engine`): prompts to tokens, sequences in and out, a step's tokens drawn;
   `sampling.py` (how a token is drawn, and a prompt scored), `dtypes.py` (the load-time dtype policy).
 - `forward.py`: the continuous batch of sequences (`ContinuousBatch`): one forward pass a step over mlx-lm's model
-  and KV caches, prompts read in bounded chunks beside the decode; `rows.py`, what it keeps of each sequence.
+  and KV caches; `prefill.py` (`Prefilling`, the part it stands on: where each sequence is, and prompts read in
+  bounded chunks beside the decode), `rows.py` (what it keeps of each sequence).
 - `sharing.py`: how a model's sequences share a forward pass, found as it loads.
 """

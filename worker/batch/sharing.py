@@ -1,4 +1,4 @@
-"""How a model's sequences share the batch, found as it loads, before its first job (worker/batch/forward.py's
+"""How a model's sequences share the batch, found as it loads, before its first job (worker/batch/prefill.py's
 `Batching`): the architecture's batched forward pass is tried against its own forward pass alone, and the first way
 that gives each sequence the logits it has alone is kept.
 
