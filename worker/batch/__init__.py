@@ -9,7 +9,8 @@ Its layers, from the job to the device (each file's docstring says more):
   all over `state.py` (what the loop holds), each a class the `Runner` is made of, stacked as they use each other.
 - `runs.py`: a job's bookkeeping while it is in the batch (`Running`): its tokens, text, stops, deadline.
 - `engine.py`: one model, loaded (`Engine`): prompts to tokens, sequences in and out, a step's tokens drawn;
-  `sampling.py` (how a token is drawn, and a prompt scored), `dtypes.py` (the load-time dtype policy).
+  `logprobs.py` (the log probabilities of what it draws, recorded and made entries), `sampling.py` (how a token is
+  drawn, and a prompt scored), `dtypes.py` (the load-time dtype policy).
 - `forward.py`: the continuous batch of sequences (`ContinuousBatch`): one forward pass a step over mlx-lm's model
   and KV caches; `prefill.py` (`Prefilling`, the part it stands on: where each sequence is, and prompts read in
   bounded chunks beside the decode), `rows.py` (what it keeps of each sequence).

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import threading
 import time
 from collections.abc import Mapping
@@ -30,16 +29,16 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from tasks.catalogue import DEMO_MODEL, ModelConfig
 from tasks.errors import InvalidPrompt
 from tasks.job import JobSpec, SamplingParams
-from tasks.logprobs import TokenLogprob
 from tasks.settings import PREFILL_BATCH
 from worker.batch.dtypes import with_dtype
 from worker.batch.forward import ContinuousBatch
+from worker.batch.logprobs import Logprobs
 from worker.batch.rows import Batching, Counters, Embeds
 from worker.batch.sampling import Sampler, Scorer, make_sampler
 from worker.batch.sharing import unmergeable
 from worker.chat_prompt import chat_input
 from worker.grammar import GrammarMatcher, Grammars
-from worker.logits import Draw, Recorded
+from worker.logits import Draw
 from worker.token_bytes import TokenBytes
 
 logger = logging.getLogger(__name__)
@@ -95,8 +94,7 @@ class Engine:
         self.grammars = Grammars(tokenizer, self.eos)
         self._batch = self._new_batch()
         self._uids: set[int] = set()  # the uids of the sequences in the batch
-        self._draws: dict[int, Draw] = {}  # the samplers of the sequences that record log probabilities
-        self._fresh: list[tuple[Draw, mx.array, mx.array]] = []  # what they drew in this step, to be recorded
+        self._logprobs = Logprobs(self.token_bytes, self.eos)  # what its sequences draw, for those that record it
 
     @classmethod
     def load(
@@ -173,7 +171,7 @@ class Engine:
         (after the penalties and biases its params ask for, so a token the grammar forbids stays forbidden)."""
         sampler: Sampler = make_sampler(params, len(generated))
         if params.penalized or params.logprobs:
-            sampler = Draw(params, sampler, generated, self.vocab, self._fresh if params.logprobs else None)
+            sampler = Draw(params, sampler, generated, self.vocab, self._logprobs.fresh if params.logprobs else None)
         prompt = [*prompt, *generated]
         embeds, ids = self.embeddings(prompt, cached if cache is not None else 0)
         uid = self._batch.insert(
@@ -189,7 +187,7 @@ class Engine:
         )
         self._uids.add(int(uid))
         if isinstance(sampler, Draw) and params.logprobs:
-            self._draws[int(uid)] = sampler
+            self._logprobs.follow(int(uid), sampler)
         return int(uid)
 
     def embeddings(self, prompt: list[int], cached: int) -> tuple[Embeds | None, list[int] | None]:
@@ -222,7 +220,7 @@ class Engine:
         kept = self._batch.remove(uids, keep=keep)
         for uid in uids:
             self._uids.discard(uid)
-            self._draws.pop(uid, None)
+            self._logprobs.forget(uid)
         return {int(uid): KV(cache=cache, tokens=list(tokens)) for uid, (cache, tokens) in kept.items()}
 
     @property
@@ -242,8 +240,8 @@ class Engine:
     def step(self) -> list[Token]:
         """One step: a token for every generating sequence, and a chunk of prefill for joining ones."""
         generated = self._batch.step()
-        self._record()
-        entries = self._step_entries(generated)
+        self._logprobs.record()
+        entries = self._logprobs.step_entries(generated)
         tokens = [
             Token(
                 uid=r.uid,
@@ -257,49 +255,12 @@ class Engine:
         for t in tokens:
             if t.finish_reason is not None:  # the generator dropped them
                 self._uids.discard(t.uid)
-                self._draws.pop(t.uid, None)
+                self._logprobs.forget(t.uid)
         return tokens
-
-    def _record(self) -> None:
-        """The log probabilities of what the step's draws drew, computed together right after its forward pass
-        (not when first read: that would wait for the next step's), for the tokens' entries a step later."""
-        if not self._fresh:
-            return
-        draws, rows, tokens = zip(*self._fresh)
-        self._fresh.clear()
-        recorded = Recorded.of(mx.concatenate(list(rows)), mx.concatenate(list(tokens)), max(d.top for d in draws))
-        recorded.start()
-        for i, draw in enumerate(draws):
-            draw.recorded.append((recorded, i))
-
-    def _step_entries(self, generated: list[Any]) -> dict[int, str]:
-        """The log probabilities' entries of the step's tokens whose sequences record them, as their samplers
-        recorded them when they drew these tokens (a step before: computed by now). The end of a sequence (EOS) is
-        no text: its entry is `null`."""
-        entries = {}
-        for r in generated:
-            draw = self._draws.get(int(r.uid))
-            if draw is None:
-                continue
-            recorded, i = draw.recorded.popleft()
-            token = int(r.token)
-            if r.finish_reason == "stop" and token in self.eos:
-                entries[int(r.uid)] = "null"
-                continue
-            entries[int(r.uid)] = self._entry(token, *recorded.row(i), draw.top)
-        return entries
-
-    def _entry(self, token: int, logprob: float, top: list[tuple[int, float]], most: int) -> str:
-        """A token's entry, with its `most` likeliest alternatives (a token ruled out, at -inf, is none of them)."""
-        ranked = sorted(((v, i) for i, v in top if v != -math.inf), reverse=True)[:most]
-        return TokenLogprob(
-            self.token_bytes[token], logprob, tuple((self.token_bytes[i], v) for v, i in ranked)
-        ).encode()
 
     def entries(self, rows: mx.array, tokens: list[int], top: int) -> list[str]:
         """For each row of log probabilities (a prompt's, read outside the batch), its token's entry."""
-        recorded = Recorded.of(rows, mx.array(tokens), top)
-        return [self._entry(t, *recorded.row(i), top) for i, t in enumerate(tokens)]
+        return self._logprobs.entries(rows, tokens, top)
 
     @property
     def size(self) -> int:
@@ -318,8 +279,7 @@ class Engine:
             self._batch.close()
         self._batch = self._new_batch()
         self._uids.clear()
-        self._draws.clear()
-        self._fresh.clear()
+        self._logprobs.clear()
 
 
 def _measure(model: nn.Module) -> tuple[int, int]:
