@@ -82,17 +82,23 @@ def up(host: str | None, port: int | None) -> None:
                 raise click.ClickException(f"{name} exited; stopping everything")
     finally:
         url.forget(record)
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child in children:  # the worker lets its batch drain, then hands back what still runs
-            try:
-                child.wait(timeout=settings.drain_s + 45)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        _stop_all(children, settings.drain_s)
         if embedded:
             embedded.stop()
         logger.info("onelane stopped")
+
+
+def _stop_all(children: list[subprocess.Popen[bytes]], drain_s: float) -> None:
+    """Stop the web and the worker: SIGTERM to each still running, then each waited for, as long as the worker's
+    drain takes and 45 s more; one still running then is killed."""
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    for child in children:  # the worker lets its batch drain, then hands back what still runs
+        try:
+            child.wait(timeout=drain_s + 45)
+        except subprocess.TimeoutExpired:
+            child.kill()
 
 
 def _port_in_use(port: int, command: str) -> str:

@@ -331,15 +331,8 @@ def make_spec(
     priority; every way in goes through here."""
     model = served_model(settings, model)
     priority = _priority(settings, owner, priority)
-    size = len(prompt) if prompt is not None else sum(_chars(m) for m in messages or ())
     param = "prompt" if prompt is not None else field  # (the request's name for its conversation)
-    if size == 0 and not any(m.images for m in messages or ()):  # nothing to generate from: refused here
-        raise InvalidRequest("the prompt is empty" if prompt is not None else "every message is empty", param=param)
-    size += sum(len(t.description) + len(json.dumps(t.parameters)) for t in tools)  # told to the model too
-    if size > settings.max_prompt_chars:
-        raise PromptTooLarge(
-            f"the prompt has {size} characters; this server accepts at most {settings.max_prompt_chars}", param=param
-        )
+    _check_size(settings, prompt, messages, tools, param)
     if params.max_tokens > settings.max_tokens_limit:
         raise InvalidRequest(f"max_tokens may be at most {settings.max_tokens_limit}", param="max_tokens")
     if messages and any(m.images for m in messages):
@@ -360,6 +353,21 @@ def make_spec(
         count=count,
     )
     return spec, ttl_s
+
+
+def _check_size(
+    settings: Settings, prompt: str | None, messages: tuple[Message, ...] | None, tools: tuple[Tool, ...], param: str
+) -> None:
+    """Refuse a prompt with nothing to generate from (no text, no image), or longer than the server accepts: its
+    characters, or its messages', and its tools' (told to the model too); `param` names it in the refusal."""
+    size = len(prompt) if prompt is not None else sum(_chars(m) for m in messages or ())
+    if size == 0 and not any(m.images for m in messages or ()):  # nothing to generate from: refused here
+        raise InvalidRequest("the prompt is empty" if prompt is not None else "every message is empty", param=param)
+    size += sum(len(t.description) + len(json.dumps(t.parameters)) for t in tools)  # told to the model too
+    if size > settings.max_prompt_chars:
+        raise PromptTooLarge(
+            f"the prompt has {size} characters; this server accepts at most {settings.max_prompt_chars}", param=param
+        )
 
 
 def _read_images(settings: Settings, model: str, messages: tuple[Message, ...], param: str) -> tuple[Message, ...]:

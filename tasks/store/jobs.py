@@ -144,7 +144,12 @@ class Store:
             return [self.get(jobs[0][0])]
         if verdict != "ok":
             self._refuse(verdict, rest, spec.model, n, quota)
-        queued_at, deadline, snapshot, *ranks = rest
+        return self._queued(jobs, rest)
+
+    def _queued(self, jobs: list[tuple[str, JobSpec]], admitted: list[Any]) -> list[Job]:
+        """The jobs the admit script queued, as it answered: when they were queued, their deadline, and each one's
+        place (its position and ETA, forecast from the snapshot of the queue the script took)."""
+        queued_at, deadline, snapshot, *ranks = admitted
         standings = self._standings(snapshot, [int(rank) for rank in ranks])
         return [
             Job(

@@ -38,6 +38,28 @@ class DeviceLease:
     cache_bytes: int = 0  # what its prefix cache holds
     cache_entries: int = 0
 
+    @classmethod
+    def parse(cls, device: str, lease: dict[str, str], jobs: tuple[str, ...], now: float) -> DeviceLease:
+        """The live worker of `device` from its lease's hash (lease.lua writes it), running `jobs`; its ages
+        are measured to `now`, Redis's clock."""
+        progress = float(lease.get("progress") or lease["since"])
+        return cls(
+            device,
+            lease["worker"],
+            int(lease.get("pid", 0)),
+            now - float(lease["beat"]),
+            jobs,
+            now - progress if jobs else None,
+            int(lease.get("batch", 0)),
+            int(lease.get("slots", 0)),
+            float(lease.get("tok_s", 0)),
+            tuple(filter(None, lease.get("models", "").split(","))),
+            lease.get("active", ""),
+            lease.get("loading", ""),
+            int(lease.get("cache_bytes", 0)),
+            int(lease.get("cache_entries", 0)),
+        )
+
 
 @dataclass(frozen=True)
 class ModelState:
@@ -150,25 +172,7 @@ class Readings:
             if "worker" not in lease:  # no lease (or a stray record of a lapsed one's progress)
                 continue
             jobs = tuple(job_id for job_id, worker in runs_on.items() if worker == lease["worker"])
-            progress = float(lease.get("progress") or lease["since"])
-            workers.append(
-                DeviceLease(
-                    name,
-                    lease["worker"],
-                    int(lease.get("pid", 0)),
-                    now - float(lease["beat"]),
-                    jobs,
-                    now - progress if jobs else None,
-                    int(lease.get("batch", 0)),
-                    int(lease.get("slots", 0)),
-                    float(lease.get("tok_s", 0)),
-                    tuple(filter(None, lease.get("models", "").split(","))),
-                    lease.get("active", ""),
-                    lease.get("loading", ""),
-                    int(lease.get("cache_bytes", 0)),
-                    int(lease.get("cache_entries", 0)),
-                )
-            )
+            workers.append(DeviceLease.parse(name, lease, jobs, now))
         models = [
             _model_state(name, int(n), record, workers, now)
             for name, n, record in zip(catalog, per_model[::2], per_model[1::2])
