@@ -269,6 +269,8 @@ def run(model: str, args: argparse.Namespace, weights: tuple[int, int], token_or
             for u in USERS:
                 served[u].errors.update(o.error or "?" for o in outcomes[u] if not o.ok and o.ended <= until)
             pace = json.loads(store.redis.hget(keys.model(settings.model_name), "pace") or "[0, 0, 0]")
+            token_cost = float(store.redis.hget(keys.model(settings.model_name), "token_cost") or "nan")
+            charged = {str(k): v for k, v in store.redis.zrange(keys.SERVICE, 0, -1, withscores=True)}
             store.redis.close()
     step_s, per_sequence_s, per_prompt_token_s = pace
     per_token_s = per_sequence_s + step_s / args.batch  # a generated token's share of a full batch's step
@@ -289,6 +291,8 @@ def run(model: str, args: argparse.Namespace, weights: tuple[int, int], token_or
         "jain_unread": jains({u: device[u] + unread[u] for u in USERS}, weights),
         "ratio": ratio,
         "pace": pace,
+        "token_cost": token_cost,
+        "charged": charged,
         "end": end,
         "ready_s": ready_s,
         "total_s": time.monotonic() - began,
@@ -327,6 +331,10 @@ def run_lines(name: str, got: dict[str, Any], args: argparse.Namespace, weights:
     lines.append(
         f"  Jain's index of device-seconds over weight: {got['jain']:.3f} ({got['jain_unread']:.3f} if the jobs cut "
         f"in their prefill had had their most); {ratio_line(got['ratio'], weights)}"
+    )
+    lines.append(
+        f"  the order's own account (token units its ended jobs were charged, before weight; output weight "
+        f"{got['token_cost']:.2f} at the end): " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(got["charged"].items()))
     )
     cancel_errors = f" (cancels that failed: {dict(end.cancel_errors)})" if end.cancel_errors else ""
     left = (

@@ -4,8 +4,8 @@
 -- Fair order is start-time fair queuing over flows (a user's interactive jobs; their batch jobs). A job costs its
 -- flow what it costs the device, in token units, at the prompt and output weights, times the owner's `share`
 -- (1 / weight, and ONELANE_BATCH_COST for batch): its prompt's estimate as it is admitted (estimate_units in
--- common.lua), its answer's tokens as they are generated (charge_running), what it used settled as it ends
--- (charge_used). Its start tag is max(virtual time, its flow's last finish tag), its finish tag its start tag +
+-- common.lua), its answer's estimate as it starts (charge_expected), what it generates beyond that as it comes
+-- (charge_running), what it used settled as it ends (charge_used). Its start tag is max(virtual time, its flow's last finish tag), its finish tag its start tag +
 -- what it was charged (so the flow's next start tag moves as it is charged), and the queue runs in start-tag
 -- order, but for batch jobs, which wait for the finish tag of their whole estimate (admission order on ties). So
 -- flows share the device's work in proportion to their weights, FIFO within a flow; a flow's next job waits for
@@ -13,7 +13,7 @@
 -- back at the start of each busy spell, as a finish-tag order would hold them); batch work gets about
 -- 1 / ONELANE_BATCH_COST of it against each interactive flow, and an idle flow earns no credit. The output weight
 -- 'auto' is what a generated token cost the device against a prompt token read, at a full batch, as the model's
--- workers measured it (token_cost in lease.lua).
+-- workers measured it last (token_cost in lease.lua), when the job is charged (price_of in common.lua).
 -- In local mode the browser visitors of one client address (`visitors`, the key of their set; '' otherwise)
 -- share one quota, and at most `max_visitors` of them have jobs waiting (each visitor is a flow of its own): an
 -- address minting identities takes no more of the queue than one user and a few turns (see web/auth.py).
@@ -117,11 +117,11 @@ local flow = flow_of(owner, class)
 local cached_chars = 0
 if history ~= '' and redis.call('EXISTS', AFFINITY .. history) == 1 then cached_chars = tonumber(ARG.history_chars) or 0 end
 local output_weight = tonumber(ARG.output_weight) or token_cost(model)
-local prompt_units, answer_units = estimate_units(model, tonumber(ARG.prompt_chars) or 0, cached_chars,
+local prompt_units, answer_units, expect = estimate_units(model, tonumber(ARG.prompt_chars) or 0, cached_chars,
   tonumber(max_tokens), ARG.ignore_eos == '1', tonumber(ARG.prompt_weight), output_weight)
-local cost = math.max(1, math.floor(prompt_units * share + 0.5)) -- charged now: its answer is, as it comes
+local cost = math.max(1, math.floor(prompt_units * share + 0.5)) -- charged now: its answer, as it starts
 local whole = math.max(1, math.floor((prompt_units + answer_units) * share + 0.5))
-local price = ARG.prompt_weight .. ',' .. output_weight .. ',' .. ARG.share
+local price = ARG.prompt_weight .. ',' .. ARG.output_weight .. ',' .. ARG.share -- (output weight 'auto': price_of)
 for i = 1, n do
   local id, spec = jobs[2 * i - 1], jobs[2 * i]
   local jkey = JOB .. id
@@ -129,7 +129,8 @@ for i = 1, n do
   local score = queue_score(tag, class, whole, redis.call('INCR', SEQ))
   redis.call('HSET', jkey, 'spec', spec, 'owner', owner, 'status', 'queued', 'queued_at', fmt(t),
     'deadline', fmt(deadline), 'attempts', 0, 'prompt_tokens', 0, 'completion_tokens', 0, 'tag', tag,
-    'score', score, 'max_tokens', max_tokens, 'model', model, 'class', class, 'cost', cost, 'price', price)
+    'score', score, 'max_tokens', max_tokens, 'model', model, 'class', class, 'cost', cost, 'price', price,
+    'expect', expect)
   redis.call('HSET', jkey, 'prompt_chars', ARG.prompt_chars)
   if ARG.ignore_eos == '1' then redis.call('HSET', jkey, 'ignore_eos', '1') end
   if grace > 0 then redis.call('HSET', jkey, 'watched', grace) end

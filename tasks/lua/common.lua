@@ -101,16 +101,17 @@ local function flow_of(owner, class)
   return owner
 end
 
--- Fair order charges a job what it costs the device, in token units (tasks/users.py): its prompt's tokens not read
--- from a prefix cache at the prompt weight, and its generated tokens at the output weight, times its owner's share
--- (1 / weight, and ONELANE_BATCH_COST for batch work). Its prompt is charged as it is admitted, its generated tokens
--- as they are generated (charge_running), and what it used settled as it ends (charge_used); the estimate of its
--- whole cost places a batch job (queue_score). The estimate, in two parts, prompt and answer: its prompt's
--- characters (less its history's, when a device's prefix cache holds that) at the model's recent characters per
--- token (4 when none is known), and its answer's tokens: max_tokens if it ignores EOS, else the median length of the model's
--- recent answers, at most max_tokens. A prompt's tokens count in steps of PROMPT_STEP, estimated and used: two
--- jobs that differ by less (two short questions, whose estimates miss their template's tokens) cost the same, and
--- keep their admission order; a long prompt's cost is its length within a few per cent.
+-- Fair order charges a job what it costs the device, in token units (tasks/users.py): its prompt's tokens not read from
+-- a prefix cache at the prompt weight, and its generated tokens at the output weight, times its owner's share (1 /
+-- weight, and ONELANE_BATCH_COST for batch work). Its prompt's estimate is charged as it is admitted, its answer's as
+-- it starts (charge_expected), the tokens it generates beyond that as they come (charge_running), and what it used
+-- settled as it ends (charge_used); the estimate of its whole cost places a batch job (queue_score). The estimate, in
+-- two parts, prompt and answer: its prompt's characters (less its history's, when a device's prefix cache holds that)
+-- at the model's recent characters per token (4 when none is known), and its answer's tokens: max_tokens if it ignores
+-- EOS, else the median length of the model's recent answers, at most max_tokens. A prompt's tokens count in steps of
+-- PROMPT_STEP, estimated and used: two jobs that differ by less (two short questions, whose estimates miss their
+-- template's tokens) cost the same, and keep their admission order; a long prompt's cost is its length within a few per
+-- cent. Returns the prompt's units, the answer's, and the answer's tokens.
 local function estimate_units(model, prompt_chars, cached_chars, max_tokens, ignore_eos, w_prompt, w_output)
   local chars, tokens, lengths = 0, 0, {}
   for _, entry in ipairs(redis.call('LRANGE', LENGTHS .. model, 0, -1)) do
@@ -126,7 +127,7 @@ local function estimate_units(model, prompt_chars, cached_chars, max_tokens, ign
     table.sort(lengths)
     answer = math.min(max_tokens, lengths[math.floor((#lengths + 1) / 2)])
   end
-  return w_prompt * in_steps(math.max(prompt_chars - cached_chars, 1) / per_token), w_output * answer
+  return w_prompt * in_steps(math.max(prompt_chars - cached_chars, 1) / per_token), w_output * answer, answer
 end
 
 -- Move the waiting jobs of a flow that stand behind `tag` (admitted after the job of that tag) by `delta`, never
@@ -151,10 +152,13 @@ local function move_flow(owner, class, tag, delta)
   if moved and redis.call('ZCARD', QUEUE) > n then redis.call('PUBLISH', MOVED, moved) end
 end
 
--- A job's price, as admit.lua wrote it: its prompt weight, its output weight, its owner's share.
-local function price_of(price)
+-- A job's price, as admit.lua wrote it: its prompt weight, its output weight, its owner's share. The output weight
+-- 'auto' is what a generated token of the job's `model` costs as its workers measured it last (token_cost): a job
+-- admitted before the device's pace was known, or while the device ran at another pace, is charged at the pace
+-- measured now, as every other job is, so that no flow's tokens are priced lower for having been sent earlier.
+local function price_of(price, model)
   local wp, wo, share = string.match(price, '([^,]+),([^,]+),([^,]+)')
-  return tonumber(wp), tonumber(wo), tonumber(share)
+  return tonumber(wp), tonumber(wo) or token_cost(model), tonumber(share)
 end
 
 -- Whether a job has run: it has a start, or tokens (a job handed back to the queue keeps them, not its start).
@@ -176,18 +180,18 @@ local function charge_flow(owner, class, tag, delta)
   end
 end
 
--- A job that ran is charged, as it ends, what it used: the tokens it read and generated, at the prices it was
--- admitted with. The difference from what it was charged before (its prompt's estimate and the tokens charged as
--- they came) moves its flow's waiting jobs, and
--- the flow's next tag, by as much: a flow whose answers ran long waits longer for its next turn, one whose ran short
--- or that read its prompt from a cache, less. A job that never ran is never charged: drop() refunds its estimate.
--- (A job that ran, went back to the queue and ends there has no start any more, but its tokens tell that it ran.)
+-- A job that ran is charged, as it ends, what it used: the tokens it read and generated, at its price (price_of). The
+-- difference from what it was charged before (its prompt's estimate and the tokens charged as they came) moves its
+-- flow's waiting jobs, and the flow's next tag, by as much: a flow whose answers ran long waits longer for its next
+-- turn, one whose ran short or that read its prompt from a cache, less. A job that never ran is never charged: drop()
+-- refunds its estimate. (A job that ran, went back to the queue and ends there has no start any more, but its tokens
+-- tell that it ran.)
 local function charge_used(id)
   local jkey = JOB .. id
   local f = redis.call('HMGET', jkey, 'owner', 'class', 'tag', 'cost', 'price', 'prompt_tokens', 'cached_tokens',
-    'completion_tokens', 'started_at')
+    'completion_tokens', 'started_at', 'model')
   if not (f[1] and f[3] and f[4] and f[5] and has_run(f[9] or nil, f[6], f[8])) then return end
-  local wp, wo, share = price_of(f[5])
+  local wp, wo, share = price_of(f[5], f[10])
   local read = in_steps(math.max((tonumber(f[6]) or 0) - (tonumber(f[7]) or 0), 0))
   local units = wp * read + wo * (tonumber(f[8]) or 0)
   local used = math.floor(units * share + 0.5)
@@ -200,18 +204,33 @@ local function charge_used(id)
   charge_flow(f[1], f[2], tonumber(f[3]), delta)
 end
 
--- A running job's generated tokens are charged as they come, CHARGE_STEP at a time, at the price it was admitted
--- with: a flow that holds slots with long answers pays as it is served, and its next jobs wait for that, where an
--- estimate of the whole answer made before the job ran would hold them back from the start. `generated`: its
--- completion tokens now (a run after a requeue goes on counting).
+-- A running job's generated tokens beyond what it was charged of them as it started (its answer's estimate:
+-- charge_expected) are charged as they come, CHARGE_STEP at a time: an answer that runs longer than expected is paid
+-- for as it is served. `generated`: its completion tokens now (a run after a requeue goes on counting).
 local function charge_running(id, generated)
   local jkey = JOB .. id
-  local f = redis.call('HMGET', jkey, 'owner', 'class', 'tag', 'cost', 'price', 'charged_tokens')
+  local f = redis.call('HMGET', jkey, 'owner', 'class', 'tag', 'cost', 'price', 'charged_tokens', 'model')
   local charged = tonumber(f[6]) or 0
   if not (f[1] and f[3] and f[4] and f[5]) or generated - charged < CHARGE_STEP then return end
-  local _, wo, share = price_of(f[5])
+  local _, wo, share = price_of(f[5], f[7])
   local delta = math.floor(wo * (generated - charged) * share + 0.5)
   redis.call('HSET', jkey, 'cost', tonumber(f[4]) + delta, 'charged_tokens', generated)
+  charge_flow(f[1], f[2], tonumber(f[3]), delta)
+end
+
+-- A job that starts is charged its answer's estimate (its `expect`ed tokens, admit.lua), less what it was charged of
+-- it before (a job that goes back to the queue is not charged again as it starts again): a flow whose jobs run long
+-- answers waits for them from their start, not only as they come, so that it cannot start several jobs' worth ahead
+-- of the others while their answers are still to come. What it generates beyond the estimate is charged as it comes
+-- (charge_running), and what it used settled as it ends (charge_used): a job that ends early is refunded the rest.
+local function charge_expected(id)
+  local jkey = JOB .. id
+  local f = redis.call('HMGET', jkey, 'owner', 'class', 'tag', 'cost', 'price', 'charged_tokens', 'expect', 'model')
+  local charged, expect = tonumber(f[6]) or 0, tonumber(f[7]) or 0
+  if not (f[1] and f[3] and f[4] and f[5]) or expect <= charged then return end
+  local _, wo, share = price_of(f[5], f[8])
+  local delta = math.floor(wo * (expect - charged) * share + 0.5)
+  redis.call('HSET', jkey, 'cost', tonumber(f[4]) + delta, 'charged_tokens', expect)
   charge_flow(f[1], f[2], tonumber(f[3]), delta)
 end
 
@@ -405,6 +424,7 @@ local function start(id, worker, device, run_life, t)
   redis.call('SET', VTIME, vtime, 'KEEPTTL')
   extend(VTIME, run_life)
   redis.call('ZREMRANGEBYSCORE', TAGS, '-inf', vtime)
+  charge_expected(id)
   redis.call('HSET', jkey, 'status', 'in_progress', 'started_at', fmt(t), 'worker', worker, 'device', device)
   local attempt = redis.call('HINCRBY', jkey, 'attempts', 1)
   redis.call('EXPIRE', jkey, run_life)

@@ -19,7 +19,7 @@ BOARD_WAITING = 500  # waiting jobs the dashboard reads one by one, in queue ord
 BOARD_MINUTES = 60  # the dashboard plots the last hour
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DeviceLease:
     """A live worker, as its lease in Redis shows it."""
 
@@ -44,20 +44,20 @@ class DeviceLease:
         are measured to `now`, Redis's clock."""
         progress = float(lease.get("progress") or lease["since"])
         return cls(
-            device,
-            lease["worker"],
-            int(lease.get("pid", 0)),
-            now - float(lease["beat"]),
-            jobs,
-            now - progress if jobs else None,
-            int(lease.get("batch", 0)),
-            int(lease.get("slots", 0)),
-            float(lease.get("tok_s", 0)),
-            tuple(filter(None, lease.get("models", "").split(","))),
-            lease.get("active", ""),
-            lease.get("loading", ""),
-            int(lease.get("cache_bytes", 0)),
-            int(lease.get("cache_entries", 0)),
+            device=device,
+            worker=lease["worker"],
+            pid=int(lease.get("pid", 0)),
+            heartbeat_age_s=now - float(lease["beat"]),
+            jobs=jobs,
+            progress_age_s=now - progress if jobs else None,
+            batch=int(lease.get("batch", 0)),
+            slots=int(lease.get("slots", 0)),
+            tokens_per_s=float(lease.get("tok_s", 0)),
+            models=tuple(filter(None, lease.get("models", "").split(","))),
+            active=lease.get("active", ""),
+            loading=lease.get("loading", ""),
+            cache_bytes=int(lease.get("cache_bytes", 0)),
+            cache_entries=int(lease.get("cache_entries", 0)),
         )
 
 
