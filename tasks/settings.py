@@ -149,7 +149,8 @@ class Settings(BaseModel):
     batch_cost: int = Field(10, ge=1, le=1000)
     # the fair order charges a flow what its jobs cost the device, in token units: a prompt token read (not from a
     # prefix cache) at this weight, a generated token at the next: "auto" is what one cost the device against a
-    # prompt token, at a full batch, as the model's workers measured it (4 until they have: docs/operating.md)
+    # prompt token, at a full batch, as the model's workers measured it last, read as a job is charged (4 until they
+    # have: docs/operating.md)
     fair_prompt_weight: float = Field(1.0, ge=0.001, le=1000)
     fair_output_weight: Annotated[float, Field(ge=0.001, le=1000)] | Literal["auto"] = "auto"
     job_ttl_s: float = Field(600.0, gt=0, le=7 * 86400)
