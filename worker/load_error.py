@@ -18,9 +18,7 @@ from huggingface_hub.errors import (
 )
 
 from tasks.catalogue import ModelConfig
-from worker.gguf import GgufError
-from worker.pooling import PoolingUnsupported
-from worker.vision import VisionUnsupported
+from worker.unsupported import Unsupported
 
 
 @dataclass(frozen=True)
@@ -35,9 +33,7 @@ class LoadFailure:
 def explain(exc: Exception, config: ModelConfig) -> LoadFailure:
     """Say why `config` failed to load with `exc`."""
     hub_id = config.path
-    if isinstance(
-        exc, GgufError | PoolingUnsupported | VisionUnsupported
-    ):  # their own messages name no path, and say what to do
+    if isinstance(exc, Unsupported):  # (GGUF import, embedding and vision models: their messages say it all)
         return _known(str(exc))
     if isinstance(exc, LocalEntryNotFoundError | OfflineModeIsEnabled):
         return _known(

@@ -27,6 +27,7 @@ from tasks.model_kind import NAMES, Kind
 from tasks.pooled import embeddings_output, scores_output
 from worker.batch.dtypes import with_dtype
 from worker.batch.rows import Counters
+from worker.unsupported import Unsupported
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ PADDING_MOST = 1.25  # a pass's padded tokens at most this many times its real o
 MAX_LENGTH = 8192  # the longest input read, whatever the tokenizer claims
 
 
-class PoolingUnsupported(Exception):
+class PoolingUnsupported(Unsupported):
     """The folder is an embedding model or a reranker that cannot be served here; says what, and what to do."""
 
 

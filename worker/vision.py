@@ -37,6 +37,7 @@ from worker.batch.dtypes import with_dtype
 from worker.batch.engine import Engine
 from worker.batch.rows import Embeds
 from worker.chat_prompt import chat_input
+from worker.unsupported import Unsupported
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ KEPT = 64  # prompts' processed images kept, by their digests (the newest)
 NOT_INPUTS = ("input_ids", "attention_mask")  # what of mlx-vlm's prepared inputs is no image's
 
 
-class VisionUnsupported(Exception):
+class VisionUnsupported(Unsupported):
     """A vision-language model whose images the batch cannot read yet (its message says why)."""
 
 

@@ -13,6 +13,6 @@ Its layers, from the job to the device (each file's docstring says more):
   drawn, and a prompt scored), `dtypes.py` (the load-time dtype policy).
 - `forward.py`: the continuous batch of sequences (`ContinuousBatch`): one forward pass a step over mlx-lm's model
   and KV caches; `prefill.py` (`Prefilling`, the part it stands on: where each sequence is, and prompts read in
-  bounded chunks beside the decode), `rows.py` (what it keeps of each sequence).
+  bounded chunks beside the decode), `rows.py` (what it keeps of each sequence, and whether a model's caches merge).
 - `sharing.py`: how a model's sequences share a forward pass, found as it loads.
 """

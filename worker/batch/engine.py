@@ -33,9 +33,8 @@ from tasks.settings import PREFILL_BATCH
 from worker.batch.dtypes import with_dtype
 from worker.batch.forward import ContinuousBatch
 from worker.batch.logprobs import Logprobs
-from worker.batch.rows import Batching, Counters, Embeds
+from worker.batch.rows import Batching, Counters, Embeds, unmergeable
 from worker.batch.sampling import Sampler, Scorer, make_sampler
-from worker.batch.sharing import unmergeable
 from worker.chat_prompt import chat_input
 from worker.grammar import GrammarMatcher, Grammars
 from worker.logits import Draw
@@ -86,7 +85,7 @@ class Engine:
         self.lock = lock or threading.Lock()  # the device's: every engine of a worker shares one
         self.max_kv_size = max_kv_size  # tokens of KV cache a sequence keeps (None: all of them)
         self._done = Counters()  # the work of the batches before this one
-        # how its sequences share the batch: `alone` if a cache cannot be merged, else as worker/batch/sharing.py finds
+        # how its sequences share the batch: `alone` if a cache cannot be merged, else as worker/batch/sharing.py finds (rows.py: unmergeable)
         self.batching: Batching = "alone" if unmergeable(model) else "padded"
         self.kv_bytes_per_token, self.vocab = _measure(model)
         self.token_bytes = TokenBytes(tokenizer)

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
 
 from worker.batch.sampling import Sampler
 
@@ -15,6 +17,11 @@ MIN_CHUNK = 16  # the fewest prompt tokens a reader reads in a step, however far
 Processor = Callable[[mx.array, mx.array], mx.array]
 Batching = Literal["padded", "unpadded", "alone"]
 Embeds = Callable[[], mx.array]  # a prompt's input embeddings, computed when first read
+
+
+def unmergeable(model: nn.Module) -> list[str]:
+    """The kinds of `model`'s caches that mlx-lm cannot merge into a batched one (its sequences must run alone)."""
+    return sorted({type(c).__name__ for c in make_prompt_cache(model) if not hasattr(c, "merge")})
 
 
 @dataclass

@@ -24,10 +24,9 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_lm.models.cache import make_prompt_cache
 
 from worker.batch.forward import ContinuousBatch
-from worker.batch.rows import Batching
+from worker.batch.rows import Batching, unmergeable
 
 logger = logging.getLogger(__name__)
 
@@ -132,8 +131,3 @@ def _apart(alone: list[list[np.ndarray]], together: list[list[np.ndarray]]) -> f
                 return float("inf")
             worst = max(worst, apart)
     return worst
-
-
-def unmergeable(model: nn.Module) -> list[str]:
-    """The kinds of `model`'s caches that mlx-lm cannot merge into a batched one (its sequences must run alone)."""
-    return sorted({type(c).__name__ for c in make_prompt_cache(model) if not hasattr(c, "merge")})

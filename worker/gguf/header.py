@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from worker.unsupported import Unsupported
+
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)  # version 1 counted in 32 bits; llama.cpp has written 3 since 2023
 MAX_KEY = 65535  # bytes of a metadata key (the spec's bound)
@@ -44,7 +46,7 @@ OTHER_TYPES = {9: "Q8_1", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS"
                29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4"}  # fmt: skip
 
 
-class GgufError(Exception):
+class GgufError(Unsupported):
     """The file cannot be imported; the message says why, in words for the one who gave it (and for a client whose
     job needed the model: it names no server path)."""
 
