@@ -204,18 +204,25 @@ local function charge_used(id)
   charge_flow(f[1], f[2], tonumber(f[3]), delta)
 end
 
+-- Charge a job's answer up to `upto` tokens, when that is at least `least` more than it was charged of it
+-- (`charged_tokens`), at its price (price_of); 'expect' reads `upto` from the job: its answer's estimate (admit.lua).
+local function charge_answer(id, upto, least)
+  local jkey = JOB .. id
+  local f = redis.call('HMGET', jkey, 'owner', 'class', 'tag', 'cost', 'price', 'charged_tokens', 'model', 'expect')
+  local charged = tonumber(f[6]) or 0
+  if upto == 'expect' then upto = tonumber(f[8]) or 0 end
+  if not (f[1] and f[3] and f[4] and f[5]) or upto - charged < least then return end
+  local _, wo, share = price_of(f[5], f[7])
+  local delta = math.floor(wo * (upto - charged) * share + 0.5)
+  redis.call('HSET', jkey, 'cost', tonumber(f[4]) + delta, 'charged_tokens', upto)
+  charge_flow(f[1], f[2], tonumber(f[3]), delta)
+end
+
 -- A running job's generated tokens beyond what it was charged of them as it started (its answer's estimate:
 -- charge_expected) are charged as they come, CHARGE_STEP at a time: an answer that runs longer than expected is paid
 -- for as it is served. `generated`: its completion tokens now (a run after a requeue goes on counting).
 local function charge_running(id, generated)
-  local jkey = JOB .. id
-  local f = redis.call('HMGET', jkey, 'owner', 'class', 'tag', 'cost', 'price', 'charged_tokens', 'model')
-  local charged = tonumber(f[6]) or 0
-  if not (f[1] and f[3] and f[4] and f[5]) or generated - charged < CHARGE_STEP then return end
-  local _, wo, share = price_of(f[5], f[7])
-  local delta = math.floor(wo * (generated - charged) * share + 0.5)
-  redis.call('HSET', jkey, 'cost', tonumber(f[4]) + delta, 'charged_tokens', generated)
-  charge_flow(f[1], f[2], tonumber(f[3]), delta)
+  charge_answer(id, generated, CHARGE_STEP)
 end
 
 -- A job that starts is charged its answer's estimate (its `expect`ed tokens, admit.lua), less what it was charged of
@@ -224,14 +231,7 @@ end
 -- of the others while their answers are still to come. What it generates beyond the estimate is charged as it comes
 -- (charge_running), and what it used settled as it ends (charge_used): a job that ends early is refunded the rest.
 local function charge_expected(id)
-  local jkey = JOB .. id
-  local f = redis.call('HMGET', jkey, 'owner', 'class', 'tag', 'cost', 'price', 'charged_tokens', 'expect', 'model')
-  local charged, expect = tonumber(f[6]) or 0, tonumber(f[7]) or 0
-  if not (f[1] and f[3] and f[4] and f[5]) or expect <= charged then return end
-  local _, wo, share = price_of(f[5], f[8])
-  local delta = math.floor(wo * (expect - charged) * share + 0.5)
-  redis.call('HSET', jkey, 'cost', tonumber(f[4]) + delta, 'charged_tokens', expect)
-  charge_flow(f[1], f[2], tonumber(f[3]), delta)
+  charge_answer(id, 'expect', 1)
 end
 
 -- End a job. Every key of an ended job lives for result_ttl seconds from now. The terminal event carries the
