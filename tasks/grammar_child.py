@@ -4,19 +4,18 @@ llguidance is native code: a grammar that overflows its stack or its memory kill
 is this process alone, which the web starts again, and the request that did it gets its 400 (tasks/grammar_check.py).
 Its memory is capped (MEMORY_BYTES), and the web kills it when a check runs past its time.
 
-Protocol, over the socket passed as file descriptor argv[1]: a request is one JSON line `{"kind": "schema" | "lark",
-"text": ..., "overrides": ...}` (a schema's JSON compile options); the answer is one JSON line `{"grammar": ..., "error": ...}`, exactly one of them a string.
+A request (tasks/children.py's wire) is `{"kind": "schema" | "lark", "text": ..., "overrides": ...}` (a schema's
+JSON compile options); the answer is `{"grammar": ..., "error": ...}`, exactly one of them a string.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import resource
-import socket
-import sys
 import zlib
 from typing import Any
+
+from tasks.children import serve
 
 MEMORY_BYTES = 2 * 1024**3  # address space: a grammar that would take more fails here, not in the web
 #: how the check walks a grammar once it compiles (PROBE_WALKS walks of up to PROBE_BYTES bytes each): the parser's
@@ -45,18 +44,7 @@ def main() -> None:
     from llguidance._tokenizer import TokenizerWrapper
 
     tokenizer = llguidance.LLTokenizer(TokenizerWrapper(_Bytes()))
-    with socket.socket(fileno=int(sys.argv[1])) as sock:
-        sock.setblocking(True)  # (under gevent, the parent made both ends of the pair non-blocking)
-        _serve(llguidance, tokenizer, sock)
-
-
-def _serve(llguidance: Any, tokenizer: Any, sock: socket.socket) -> None:
-    with sock.makefile("rwb") as channel:
-        for line in channel:
-            request = json.loads(line)
-            answer = _check(llguidance, tokenizer, request)
-            channel.write(json.dumps(answer).encode() + b"\n")
-            channel.flush()
+    serve(lambda request, _: (_check(llguidance, tokenizer, request), b""))
 
 
 def _check(llguidance: Any, tokenizer: Any, request: dict[str, Any]) -> dict[str, str | None]:
