@@ -152,6 +152,7 @@ class CallReader:
     _in_call: bool = False
     _text: bool | None = None  # the answer is words (True), calls (False), or not known yet (None)
     calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments) of each call begun
+    closed: int = 0  # how many of them were written to their end (a call cut by max_tokens or a stop string is not)
 
     def feed(self, text: str, final: bool = False) -> list[Piece]:
         self._seen += text
@@ -193,15 +194,18 @@ class CallReader:
                 return
             self._at += len(CALL_CLOSE)
             self._in_call = False
+            self.closed += 1
 
 
-def read_calls(text: str, constraint: Constraint | None) -> tuple[str, list[tuple[str, str]]]:
-    """A whole answer's text and calls (name, arguments) under `constraint` (no calls unless it is `tools`)."""
+def read_calls(text: str, constraint: Constraint | None, finished: bool = False) -> tuple[str, list[tuple[str, str]]]:
+    """A whole answer's text and calls (name, arguments) under `constraint` (no calls unless it is `tools`);
+    `finished`: only the calls written to their end, whose arguments the grammar made JSON of their schema (not one
+    cut short by max_tokens or a stop string)."""
     if constraint is None or constraint.kind != "tools":
         return text, []
     reader = CallReader()
     words = "".join(d.text for d in reader.feed(text, final=True))
-    return words, reader.calls
+    return words, reader.calls[: reader.closed] if finished else reader.calls
 
 
 def call_id(job_id: str, index: int) -> str:

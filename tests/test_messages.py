@@ -90,7 +90,7 @@ def test_a_tool_use_round_trip_with_inputs_of_the_tools_schema(start_worker, liv
     # the tool's result goes back as a tool_result block: the model answers in words (`none`: no more calls)
     history = [
         *ASK,
-        {"role": "assistant", "content": [u.model_dump(include={"type", "id", "name", "input"}) for u in uses]},
+        {"role": "assistant", "content": [u.model_dump() for u in uses]},
         {
             "role": "user",
             "content": [{"type": "tool_result", "tool_use_id": u.id, "content": "18 C, clear"} for u in uses],

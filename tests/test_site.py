@@ -28,6 +28,39 @@ def test_the_nav_reaches_the_form_the_queue_and_the_docs(page, shots):  # noqa: 
     expect(page.locator("h1")).to_have_text("New job")
 
 
+def test_the_nav_stands_in_the_same_place_on_every_page(chromium, live_server, shots):  # noqa: F811
+    import os
+
+    from tests.conftest import CHROMIUM, CHROMIUM_ARGS
+
+    # Given a browser that draws scrollbars as a desktop one does (headless Chromium hides them by default), so that
+    # a page long enough to scroll is narrower than one that is not
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    desktop = chromium.browser_type.launch(
+        executable_path=CHROMIUM, args=CHROMIUM_ARGS, env=env, ignore_default_args=["--hide-scrollbars"]
+    )
+    try:
+        for width in (1280, 800):
+            page = desktop.new_context(base_url=live_server, viewport={"width": width, "height": 700}).new_page()
+            # When the form (long: it scrolls), the job list (short), the queue (wide) and the docs are opened
+            places = {}
+            for path in ("/", "/jobs", "/queue", "/docs"):
+                page.goto(path)
+                places[path] = page.eval_on_selector_all(
+                    "header.site a",
+                    "links => links.map(a => { const r = a.getBoundingClientRect(); "
+                    "return [a.textContent, r.x, r.y, r.width, r.height]; })",
+                )
+                page.screenshot(path=str(shots / f"nav-{width}{path.replace('/', '-')}.png"))
+            # Then the brand and every link of the nav stand in the same place, at the same size, on each
+            assert places["/"][1:] and [text for text, *_ in places["/"]] == ["onelane", *NAV]
+            for path, links in places.items():
+                assert links == places["/"], f"{width} px: the nav on {path} is not where it is on /"
+            page.context.close()
+    finally:
+        desktop.close()
+
+
 def test_an_unknown_url_gives_a_browser_a_page_of_the_site(page, shots):  # noqa: F811
     from playwright.sync_api import expect
 

@@ -32,7 +32,8 @@ class ToolUseContent(Answer):
 
 
 class Message(Answer):
-    """The answer: words (one text block) or calls (one tool_use block each)."""
+    """The answer: words (one text block) or calls (one tool_use block each); a call cut short by `max_tokens` is
+    left out, not handed back with an unfinished input (`stop_reason` says why it ended)."""
 
     id: str
     type: Literal["message"]

@@ -1,7 +1,10 @@
 """Anthropic's wire format for a job's answer: a `message` whole, or its stream of events.
 
 An answer is words (one `text` block) or calls (one `tool_use` block each: the grammar makes it one or the other,
-tasks/structured.py). Streamed, in Anthropic's order: `message_start`, then per block `content_block_start`, its
+tasks/structured.py). Whole, a call cut short (by `max_tokens`, or a stop sequence) is left out rather than handed
+back with an input that is not yet JSON of its schema: the stop reason (`max_tokens`, `stop_sequence`) tells why it
+ended. Streamed, its pieces went out as they came, as Anthropic's do: its block is the last, the stop reason the
+same. Streamed, in Anthropic's order: `message_start`, then per block `content_block_start`, its
 deltas (`text_delta`, or `input_json_delta` pieces of the call's input as they are generated), `content_block_stop`;
 then `message_delta` (the stop reason and the usage, all counts final) and `message_stop`; `ping` while the job
 waits. Usage: `input_tokens` the prompt's tokens neither read from the prefix cache nor written to it,
@@ -49,15 +52,6 @@ def stop_reason(finish_reason: str | None, calls: bool, stop_sequence: str | Non
     return "tool_use" if calls and finish_reason == "stop" else STOP_REASONS.get(finish_reason or "")
 
 
-def _input(arguments: str) -> Any:
-    """A call's input: its arguments' JSON; a call cut short by max_tokens (its JSON unfinished) has an empty one, its
-    stop reason `max_tokens` (a stream has sent what was generated of it)."""
-    try:
-        return json.loads(arguments)
-    except ValueError:
-        return {}
-
-
 class MessageBody:
     """One job's answer as an Anthropic `message`, whole or as its events."""
 
@@ -71,9 +65,9 @@ class MessageBody:
 
     def whole(self, job: Job) -> dict[str, Any]:
         """The completed job's answer."""
-        words, calls = read_calls(job.output, self.constraint)
+        words, calls = read_calls(job.output, self.constraint, finished=True)
         content: list[dict[str, Any]] = [{"type": "text", "text": words}] if words or not calls else []
-        content += [self._tool_use(i, name, _input(arguments)) for i, (name, arguments) in enumerate(calls)]
+        content += [self._tool_use(i, name, json.loads(arguments)) for i, (name, arguments) in enumerate(calls)]
         return {
             **self._envelope(content),
             "stop_reason": stop_reason(job.finish_reason, bool(calls), job.stop_sequence),

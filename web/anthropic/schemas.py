@@ -1,12 +1,9 @@
 """A Messages API request, as Anthropic documents it, and the job it asks for.
 
-A conversation's content blocks become the job's messages: `system` (a string or text blocks) its system message; a
-user's `text` and `image` blocks a user message (its images in place); each `tool_result` block a tool message
-answering its `tool_use_id` (before the user's words, as Anthropic puts them first); an assistant's `text` its
-words and each `tool_use` block one of its calls. `tools` and `tool_choice` become the answer's grammar, as the
-OpenAI endpoints' (web/openai/schemas.py `structure`): `auto` (words or calls), `any` (calls), `tool` (that one),
-`none`. Any field onelane does not honor (`thinking` that must think, `mcp_servers`, `container` …) is a 400
-naming it.
+A conversation's content blocks become the job's messages (web/anthropic/blocks.py). `tools` and `tool_choice`
+become the answer's grammar, as the OpenAI endpoints' (web/openai/schemas.py `structure`): `auto` (words or calls),
+`any` (calls), `tool` (that one), `none`. Any field onelane does not honor (`thinking` that must think,
+`mcp_servers`, `container` …) is a 400 naming it.
 
 What coding agents send every turn is honored as a model that never thinks honors it (Claude Code's requests, read
 from the wire): `thinking` `adaptive` (the model may choose not to think: it never does) or `disabled`;
@@ -18,113 +15,17 @@ message among the turns is a system message there.
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.errors import InvalidRequest
-from tasks.images import assemble
 from tasks.job import JobSpec, Message, SamplingParams
 from tasks.settings import Settings
-from tasks.structured import Tool, ToolCall, json_constraint
+from tasks.structured import Tool, json_constraint
+from web.anthropic.blocks import STRICT, CacheControl, MessageParam, TextBlock, turns
 from web.openai.schemas import structure
 from web.schemas import make_spec
-
-STRICT = ConfigDict(extra="forbid", strict=True)
-MARKED = ("ephemeral",)
-
-
-class CacheControl(BaseModel):
-    model_config = STRICT
-
-    type: Literal["ephemeral"]
-    ttl: Literal["5m", "1h"] | None = None
-
-
-class TextBlock(BaseModel):
-    model_config = STRICT
-
-    type: Literal["text"]
-    text: str
-    cache_control: CacheControl | None = None
-    citations: list[Any] | None = None  # (an earlier answer's, sent back as it came: none are made here)
-
-
-class Base64Source(BaseModel):
-    model_config = STRICT
-
-    type: Literal["base64"]
-    media_type: Literal["image/png", "image/jpeg", "image/webp", "image/gif"]
-    data: str
-
-
-class URLSource(BaseModel):
-    model_config = STRICT
-
-    type: Literal["url"]
-    url: str
-
-
-class ImageBlock(BaseModel):
-    """An image in a user's turn, for a model that reads images (tasks/images.py bounds it)."""
-
-    model_config = STRICT
-
-    type: Literal["image"]
-    source: Base64Source | URLSource
-    cache_control: CacheControl | None = None
-
-    def url(self) -> str:
-        s = self.source
-        return f"data:{s.media_type};base64,{s.data}" if isinstance(s, Base64Source) else s.url
-
-
-class ToolUseBlock(BaseModel):
-    """A call an earlier answer made, sent back in the conversation."""
-
-    model_config = STRICT
-
-    type: Literal["tool_use"]
-    id: str = Field(max_length=256)
-    name: str
-    input: dict[str, Any]
-    cache_control: CacheControl | None = None
-
-
-class ToolResultBlock(BaseModel):
-    """What the caller's tool returned for the call `tool_use_id`: the model reads it as the tool's answer."""
-
-    model_config = STRICT
-
-    type: Literal["tool_result"]
-    tool_use_id: str = Field(max_length=256)
-    content: str | list[TextBlock] | None = None
-    is_error: bool | None = None
-    cache_control: CacheControl | None = None
-
-    def text(self) -> str:
-        words = self.content if isinstance(self.content, str) else "".join(b.text for b in self.content or [])
-        return f"Error: {words}" if self.is_error else words
-
-
-Block = Annotated[
-    Annotated[TextBlock, Tag("text")]
-    | Annotated[ImageBlock, Tag("image")]
-    | Annotated[ToolUseBlock, Tag("tool_use")]
-    | Annotated[ToolResultBlock, Tag("tool_result")],
-    Discriminator(lambda v: v.get("type") if isinstance(v, dict) else getattr(v, "type", None)),
-]
-
-
-class MessageParam(BaseModel):
-    model_config = STRICT
-
-    role: Literal["user", "assistant", "system"]
-    content: str | list[Block]
-
-    def blocks(self) -> list[Any]:
-        return [TextBlock(type="text", text=self.content)] if isinstance(self.content, str) else list(self.content)
 
 
 class ToolParam(BaseModel):
@@ -218,14 +119,14 @@ class CountRequest(BaseModel):
         return value
 
     def conversation(self) -> tuple[Message, ...]:
-        """The job's messages (see the module's docstring)."""
-        turns: list[Message] = []
+        """The job's messages (web/anthropic/blocks.py)."""
+        said: list[Message] = []
         if self.system:
             system = self.system if isinstance(self.system, str) else "".join(b.text for b in self.system)
-            turns.append(Message(role="system", content=system))
+            said.append(Message(role="system", content=system))
         for i, m in enumerate(self.messages):
-            turns += _turns(m, f"messages.{i}.content")
-        return tuple(turns)
+            said += turns(m, f"messages.{i}.content")
+        return tuple(said)
 
     def structure(self) -> tuple[Any, tuple[Tool, ...]]:
         tools = [t.tool() for t in self.tools or [] if not t.defer_loading]
@@ -306,36 +207,3 @@ class MessagesRequest(CountRequest):
             constraint=constraint,
             tools=tools,
         )
-
-
-def _turns(m: MessageParam, param: str) -> list[Message]:
-    """A message's blocks as the job's messages."""
-    blocks = m.blocks()
-    if m.role == "system":
-        if any(not isinstance(b, TextBlock) for b in blocks):
-            raise InvalidRequest("a system turn holds text blocks only", param=param)
-        return [Message(role="system", content="".join(b.text for b in blocks))]
-    if m.role == "assistant":
-        if any(isinstance(b, ImageBlock | ToolResultBlock) for b in blocks):
-            raise InvalidRequest("an assistant's turn holds text and tool_use blocks only", param=param)
-        words = "".join(b.text for b in blocks if isinstance(b, TextBlock))
-        calls = tuple(
-            ToolCall(id=b.id, name=b.name, arguments=json.dumps(b.input)) for b in blocks if isinstance(b, ToolUseBlock)
-        )
-        return [Message(role="assistant", content=words, tool_calls=calls)]
-    if any(isinstance(b, ToolUseBlock) for b in blocks):
-        raise InvalidRequest("a user's turn holds text, image and tool_result blocks only", param=param)
-    turns = [
-        Message(role="tool", content=b.text(), tool_call_id=b.tool_use_id)
-        for b in blocks
-        if isinstance(b, ToolResultBlock)
-    ]
-    parts = [
-        ("image", b.url()) if isinstance(b, ImageBlock) else ("text", b.text)
-        for b in blocks
-        if isinstance(b, TextBlock | ImageBlock)
-    ]
-    if parts or not turns:
-        text, images = assemble(parts, param)
-        turns.append(Message(role="user", content=text, images=images))
-    return turns
