@@ -149,10 +149,8 @@ def _read(p: Picture, rules: Rules, param: str) -> Picture:
     request = {"mime": p.mime, "max_pixels": rules.max_pixels, "fit": rules.fit.json()}
     try:
         answer, made = READERS.ask(request, data)
-    except Overran:
-        raise InvalidRequest(
-            f"an image takes more than {READ_S:g} s to read; send a smaller one", param=param
-        ) from None
+    except Overran as exc:  # ("it takes more than READ_S s")
+        raise InvalidRequest(f"an image could not be read in time: {exc}; send a smaller one", param=param) from None
     except Crashed:
         raise InvalidRequest(
             "an image could not be read within this server's bounds (CPU time and memory); send a smaller one",

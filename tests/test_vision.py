@@ -288,7 +288,11 @@ def test_what_a_hostile_client_sends_is_refused_at_the_door_by_name(settings, li
             "10000x10000 pixels",
         ),
         (chat([{"type": "image_url", "image_url": {"url": data_url(bomb(30_000, 30_000))}}]), 413, "more pixels"),
-        (chat(ask(png("red")) * 50), 400, "the prompt holds 50 images (its history's too); this server takes at most 4"),
+        (
+            chat(ask(png("red")) * 50),
+            400,
+            "the prompt holds 50 images (its history's too); this server takes at most 4",
+        ),
         (chat([{"type": "image_url", "image_url": {"url": data_url(bomb(40_000, 40_000))}}]), 413, "more pixels"),
         (
             chat([{"type": "image_url", "image_url": {"url": data_url(animated.getvalue(), "image/gif")}}]),
