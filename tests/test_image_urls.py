@@ -98,12 +98,13 @@ def images(settings: Settings) -> Iterator[ImageServer]:
     server.server_close()
 
 
-def vision_folder(root: Path) -> Path:
-    """A model folder the catalog reads as one that reads images (its config has a vision_config); no worker loads it."""
-    folder = root / "eyes"
+def vision_folder(root: Path, size: int = 32) -> Path:
+    """A model folder the catalog reads as one that reads images (its config has a vision_config), its processor's
+    images `size` x `size` (as Gemma 3's); no worker loads it."""
+    folder = root / f"eyes-{size}"
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(json.dumps({"model_type": "gemma3", "vision_config": {}}))
-    (folder / "preprocessor_config.json").write_text(json.dumps({"size": {"height": 32, "width": 32}}))
+    (folder / "preprocessor_config.json").write_text(json.dumps({"size": {"height": size, "width": size}}))
     return folder
 
 
