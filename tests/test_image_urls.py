@@ -237,3 +237,19 @@ def test_a_server_that_drips_its_image_is_cut_at_the_whole_fetch_bound(route, do
     # request's own time on a loaded machine (generous: this shared machine has stalled a process for 2 s)
     refused(reply, "could not be fetched")
     assert 2.0 <= took < 8.0, took
+
+
+def test_the_api_description_says_which_image_urls_are_fetched(live_server):
+    # Given /openapi.json, When a client reads what an image part's URL may be (chat's image_url, a response's
+    # input_image), Then it reads that http(s) URLs are fetched from the hosts the operator lists (it said they
+    # were not fetched at all)
+    schema = requests.get(f"{live_server}/openapi.json", timeout=30).json()
+    told = [
+        field["description"]
+        for component in schema["components"]["schemas"].values()
+        for name, field in component.get("properties", {}).items()
+        if name in ("url", "image_url") and "data:image/png" in field.get("description", "")
+    ]
+    assert len(told) == 2, told
+    for description in told:
+        assert "not fetched" not in description and "ONELANE_IMAGE_HOSTS" in description, description
