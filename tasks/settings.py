@@ -287,6 +287,8 @@ class Settings(BaseModel):
         "prefix_cache_disk_bytes",
         "prefix_cache_disk_owner_bytes",
         "max_file_bytes",
+        "image_user_bytes",
+        "image_total_bytes",
         mode="before",
     )
     @classmethod
