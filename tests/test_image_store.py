@@ -9,6 +9,7 @@ what ends a job is what ends it in production (tasks/lua/finish.lua, cancel.lua)
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import random
 import threading
@@ -198,7 +199,7 @@ def test_a_users_image_bytes_are_bounded(web, redis_client):
     run_to_end(store)
     assert submit(image_parts(pictures[2])).status_code == 202
     kept = {k.rsplit(":", 1)[1] for k in image_keys(redis_client) if k.startswith("onelane:image:")}
-    digests = {__import__("hashlib").sha256(p).hexdigest() for p in pictures}
+    digests = {hashlib.sha256(p).hexdigest() for p in pictures}
     assert len(kept & digests) == 2
 
 

@@ -253,3 +253,35 @@ def test_the_api_description_says_which_image_urls_are_fetched(live_server):
     assert len(told) == 2, told
     for description in told:
         assert "not fetched" not in description and "ONELANE_IMAGE_HOSTS" in description, description
+
+
+def test_under_gunicorn_and_gevent_a_fetch_keeps_its_deadline_and_its_checks(
+    settings, demo_model, tmp_path, web_process, images
+):
+    # Given onelane web as it runs (gunicorn, gevent: look-ups, timers and sockets cooperative), listing this machine's
+    # image server, private addresses allowed, a whole fetch bound of 2 s; and listing localhost, private ones not
+    _, env = serve(
+        settings,
+        tmp_path,
+        chat={"path": str(demo_model), "default": True},
+        eyes={"path": str(vision_folder(tmp_path))},
+    )
+    private, _ = web_process(
+        **env, ONELANE_IMAGE_HOSTS="127.0.0.1", ONELANE_IMAGE_PRIVATE_HOSTS="true", ONELANE_IMAGE_FETCH_S="2"
+    )
+    public, _ = web_process(**env, ONELANE_IMAGE_HOSTS="localhost")
+    root = f"127.0.0.1:{images.server_port}"
+    # When an image is fetched, Then it is read; one that drips is cut at 2 s; a redirect is not followed
+    parts = [{"type": "image_url", "image_url": {"url": f"http://{root}/red.png"}}, {"type": "text", "text": "?"}]
+    body = {"model": "eyes", "messages": [{"role": "user", "content": parts}], "max_tokens": 4}
+    fetched = requests.post(f"{private}/v1/jobs", json=body, timeout=60)
+    assert fetched.status_code == 202, fetched.text
+    assert fetched.json()["messages"][0]["images"][0]["digest"] == hashlib.sha256(png()).hexdigest()
+    began = time.monotonic()
+    refused(ask(private, "chat", f"http://{root}/drip.png"), "could not be fetched")
+    assert time.monotonic() - began < 8.0
+    refused(ask(private, "messages", f"http://{root}/moved.png"), "could not be fetched")
+    # and a listed name that resolves to loopback is never asked
+    asked = len(images.asked)
+    refused(ask(public, "chat", f"http://localhost:{images.server_port}/red.png"), "could not be fetched")
+    assert len(images.asked) == asked and "/secret" not in images.asked
