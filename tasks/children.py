@@ -180,7 +180,10 @@ def serve(handle: Handler, memory_bytes: int | None = None, cpu_s: int | None = 
             if cpu_s is not None:  # (a budget per request: the process's CPU time so far, plus this one's)
                 used = resource.getrusage(resource.RUSAGE_SELF)
                 limit = int(used.ru_utime + used.ru_stime) + cpu_s
-                resource.setrlimit(resource.RLIMIT_CPU, (limit, limit + 1))
+                hard = resource.getrlimit(resource.RLIMIT_CPU)[1]  # (a hard limit, once lowered, cannot rise again:
+                # the soft one's SIGXCPU ends the process, as its default action)
+                soft = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+                resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
             header, payload = handle(*request)
             _send(sock, header, payload, None)
 

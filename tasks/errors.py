@@ -181,3 +181,9 @@ class CheckerBusy(Overloaded):
     """Every grammar checker of the server is busy with other requests' schemas; the same request may pass later."""
 
     type = "checker_busy"
+
+
+class ImageReaderBusy(Overloaded):
+    """Every image reader of the server is busy with other requests' images; the same request may pass later."""
+
+    type = "image_reader_busy"

@@ -1,25 +1,23 @@
-"""Images in a prompt, as clients send them and as the server checks them, before any reaches the worker.
+"""Images in a prompt, as clients send them and as the door checks them, before any reaches the worker.
 
-An image comes inline, as a `data:` URL (`data:image/png;base64,…`). An `http(s)` URL is fetched by the web only
+An image comes inline, as a `data:` URL (`data:image/png;base64,…`), or as an `http(s)` URL, fetched by the web only
 from the hosts an operator lists (ONELANE_IMAGE_HOSTS; none by default), and refused by name otherwise: a server that
-fetches any URL a client names is a hole into the network it sits in (SSRF). A fetch follows no redirect, reads at
-most ONELANE_IMAGE_MAX_BYTES, and gives up after FETCH_TIMEOUT_S.
+fetches any URL a client names is a hole into the network it sits in (SSRF). tasks/image_fetch.py says how a URL is
+fetched: what was checked, from a public address, within one deadline.
 
-Each image is checked at the door, by reading its header and then decoding it (Pillow), in the web process:
-- its bytes, at most ONELANE_IMAGE_MAX_BYTES;
-- its format, one of PNG, JPEG, WebP and GIF, the one its data: URL says (a PNG sent as image/jpeg is refused, as
-  Anthropic's API refuses it);
-- its pixels, width × height at most ONELANE_IMAGE_MAX_PIXELS, read from the header before anything is decoded (a
-  decompression bomb, a few KiB that would decode to gigabytes, is refused without being decoded);
-- a still image: an animated GIF or WebP is refused (as OpenAI's API takes "non-animated GIF" only), so that no
-  frame count reaches the decoder;
-- it decodes whole (a truncated or corrupt file is a 400, not a worker's failure).
-A request holds at most ONELANE_MAX_IMAGES images.
+Each image is then read by an image reader, a child process of the web (tasks/image_reader.py, run as
+tasks/children.py runs its children), which checks it and makes it what the model reads, with its own bounds of CPU
+time and memory, while the web only waits on a socket: its format (PNG, JPEG, WebP, GIF: the one its data: URL
+says), its pixels (ONELANE_IMAGE_MAX_PIXELS, from its header), a still image, a JPEG of a sane number of scans, and
+one that decodes whole; then upright, 8 bits, and no larger than the model's processor reads (tasks/image_fit.py).
+An image read past READ_S, or that crashes its reader, is a 400; one that finds every reader busy for WAIT_S, a 503.
+A prompt holds at most ONELANE_MAX_IMAGES images, counting those of its history that a conversation resends from the
+server's own record (a follow-up on the page, a previous response); each is at most ONELANE_IMAGE_MAX_BYTES.
 
-What the job records is each image's digest (SHA-256 of its bytes) and its place in the message's text; the bytes
-go to Redis under that digest (tasks/keys.py `image`) for as long as the job may run, and the worker reads them from
-there. The digest is also what names the image in the prefix cache: a follow-up about the same image reads no
-pixels again.
+What the job records is each image's digest (SHA-256 of the bytes kept) and its place in the message's text; the
+bytes go to Redis under that digest as the job is admitted (tasks/store/images.py says for how long), and the
+worker reads them from there. The digest also names the image in the prefix cache: a follow-up about the same image
+reads no pixels again.
 """
 
 from __future__ import annotations
@@ -27,16 +25,38 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import io
 import re
-import warnings
+from dataclasses import dataclass
 
-from tasks.errors import InvalidRequest, PromptTooLarge
+from tasks.children import ChildKind, Children, Crashed, Overran
+from tasks.errors import ImageReaderBusy, InvalidRequest, PromptTooLarge
+from tasks.image_fetch import fetch, target
+from tasks.image_fit import UNKNOWN, Fit
+from tasks.image_reader import FORMATS
 from tasks.job import Message, Picture
 
-FETCH_TIMEOUT_S = 10.0
-FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif"}
+READ_S = 20.0  # one image's reading, at most (a 4096 x 4096 photo takes its reader 1-3 s on a loaded machine)
+WAIT_S = 10.0  # waiting for a free reader, at most
+READERS = Children(
+    ChildKind(
+        module="tasks.image_reader", name="image reader", size=2, answer_s=READ_S, wait_s=WAIT_S, busy=ImageReaderBusy
+    )
+)
+MIMES = tuple(FORMATS.values())
 _DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(?:;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,")
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What the door takes of a prompt's images (the server's settings, and the model's processor's size)."""
+
+    max_bytes: int = 8 * 2**20
+    max_pixels: int = 4096 * 4096
+    max_images: int = 4
+    hosts: tuple[str, ...] = ()  # whose http(s) URLs are fetched
+    private_hosts: bool = False  # whether a listed host may be a private address
+    fetch_s: float = 10.0  # one URL's fetch, at most
+    fit: Fit = UNKNOWN
 
 
 def picture(url: str, at: int, param: str) -> Picture:
@@ -57,10 +77,9 @@ def picture(url: str, at: int, param: str) -> Picture:
     if not data:
         raise InvalidRequest("the image is empty", param=param)
     declared = (match["mime"] or "").lower()
-    if declared not in FORMATS.values():
-        accepted = ", ".join(FORMATS.values())
+    if declared not in MIMES:
         raise InvalidRequest(
-            f"an image's data: URL says {declared or 'no type'!r}; it must say one of {accepted}", param=param
+            f"an image's data: URL says {declared or 'no type'!r}; it must say one of {', '.join(MIMES)}", param=param
         )
     return Picture(digest=hashlib.sha256(data).hexdigest(), at=at, mime=declared, data=data)
 
@@ -76,29 +95,20 @@ def assemble(parts: list[tuple[str, str]], param: str) -> tuple[str, tuple[Pictu
     return text, tuple(pictures)
 
 
-def checked(
-    messages: tuple[Message, ...],
-    max_bytes: int,
-    max_pixels: int,
-    max_images: int,
-    param: str,
-    hosts: tuple[str, ...] = (),
-) -> tuple[Message, ...]:
-    """The messages, each image they bring read and bounded (see the module's docstring), its format and size
-    recorded; InvalidRequest (or PromptTooLarge for one too large) naming `param` otherwise. An image of the history
-    a conversation resends from the server's own record (a follow-up, a previous response) comes without its bytes:
-    it was read when first sent, and counts no more."""
-    count = sum(1 for m in messages for p in m.images if p.data is not None or p.url is not None)
-    if count > max_images:
-        raise InvalidRequest(f"the request holds {count} images; this server takes at most {max_images}", param=param)
-    return tuple(
-        m.model_copy(
-            update={
-                "images": tuple(
-                    _read(_fetched(p, hosts, max_bytes, param), max_bytes, max_pixels, param) for p in m.images
-                )
-            }
+def checked(messages: tuple[Message, ...], rules: Rules, param: str) -> tuple[Message, ...]:
+    """The messages, each image they bring fetched, read, checked and made what the model reads (see the module's
+    docstring), its format and size recorded; InvalidRequest (or PromptTooLarge for one too large) naming `param`
+    otherwise. An image of the history a conversation resends from the server's own record comes without its bytes
+    (it was read when first sent), but counts against the prompt's images all the same."""
+    count = sum(len(m.images) for m in messages)
+    if count > rules.max_images:
+        raise InvalidRequest(
+            f"the prompt holds {count} images (its history's too); this server takes at most {rules.max_images} a "
+            "prompt: start a new conversation, or send fewer",
+            param=param,
         )
+    return tuple(
+        m.model_copy(update={"images": tuple(_read(_fetched(p, rules, param), rules, param) for p in m.images)})
         if any(p.data is not None or p.url is not None for p in m.images)
         else m
         for m in messages
@@ -111,72 +121,52 @@ def allowed(host: str, hosts: tuple[str, ...]) -> bool:
     return any(host == h or (h.startswith(".") and host.endswith(h)) for h in hosts)
 
 
-def _fetched(p: Picture, hosts: tuple[str, ...], max_bytes: int, param: str) -> Picture:
+def _fetched(p: Picture, rules: Rules, param: str) -> Picture:
     """An image named by an http(s) URL, fetched if its host is allowed; InvalidRequest otherwise."""
     if p.url is None:
         return p
-    from urllib.parse import urlsplit
-
-    import requests
-
-    host = urlsplit(p.url).hostname or ""
-    if not allowed(host, hosts):
-        told = f"only from {', '.join(hosts)}" if hosts else "from no host"
+    url = target(p.url, param)
+    if not allowed(url.host, rules.hosts):
+        told = f"only from {', '.join(rules.hosts)}" if rules.hosts else "from no host"
         raise InvalidRequest(
-            f"image URLs are fetched {told} (ONELANE_IMAGE_HOSTS): {host or 'this URL'!r} is not one of them; "
+            f"image URLs are fetched {told} (ONELANE_IMAGE_HOSTS): {url.host!r} is not one of them; "
             "send the image inline, as a data: URL (data:image/png;base64,…)",
             param=param,
         )
-    try:
-        with requests.get(p.url, timeout=FETCH_TIMEOUT_S, stream=True, allow_redirects=False) as reply:
-            if reply.status_code != 200:
-                raise InvalidRequest(f"the image URL answered HTTP {reply.status_code}, not 200", param=param)
-            data = b""
-            for chunk in reply.iter_content(65536):
-                data += chunk
-                if len(data) > max_bytes:
-                    raise PromptTooLarge(
-                        f"the image at the URL has more than {max_bytes} bytes; this server takes at most that",
-                        param=param,
-                    )
-    except requests.RequestException:
-        raise InvalidRequest(
-            "the image URL could not be fetched (no answer in time, or no connection)", param=param
-        ) from None
+    data = fetch(url, rules.max_bytes, rules.fetch_s, rules.private_hosts, param)
     return Picture(digest=hashlib.sha256(data).hexdigest(), at=p.at, data=data)
 
 
-def _read(p: Picture, max_bytes: int, max_pixels: int, param: str) -> Picture:
-    from PIL import Image  # (the web's only use of Pillow: imported when an image comes)
-
+def _read(p: Picture, rules: Rules, param: str) -> Picture:
+    """The image read by an image reader: as it came, or as the reader made it (a digest of the bytes kept)."""
     if p.data is None:  # (resent from the server's record: read when first sent)
         return p
     data = p.data
-    if len(data) > max_bytes:
-        raise PromptTooLarge(f"an image has {len(data)} bytes; this server takes at most {max_bytes}", param=param)
+    if len(data) > rules.max_bytes:
+        raise PromptTooLarge(
+            f"an image has {len(data)} bytes; this server takes at most {rules.max_bytes}", param=param
+        )
+    request = {"mime": p.mime, "max_pixels": rules.max_pixels, "fit": rules.fit.json()}
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # (bounded below, more tightly)
-            image = Image.open(io.BytesIO(data), formats=tuple(FORMATS))
-            width, height = image.size
-            if width * height > max_pixels:  # from the header: nothing decoded yet
-                raise PromptTooLarge(
-                    f"an image is {width}x{height} pixels; this server takes at most {max_pixels} pixels an image",
-                    param=param,
-                )
-            if getattr(image, "is_animated", False):  # (a second frame's header: the rest are not read)
-                raise InvalidRequest(
-                    "an image is animated (several frames); send a still image (PNG, JPEG, WebP or GIF)", param=param
-                )
-            image.load()  # decoded whole: a truncated or corrupt file fails here
-    except (PromptTooLarge, InvalidRequest):
-        raise
-    except Image.DecompressionBombError:  # (Pillow's own bound, past twice its default: 179 M pixels)
-        raise PromptTooLarge("an image decodes to more pixels than this server takes", param=param) from None
-    except Exception:  # not an image of an accepted format, truncated, corrupt
-        accepted = ", ".join(FORMATS)
-        raise InvalidRequest(f"an image could not be read: it must be a whole {accepted} file", param=param) from None
-    mime = FORMATS[str(image.format)]
-    if p.mime is not None and p.mime != mime:
-        raise InvalidRequest(f"an image's data: URL says {p.mime!r}, but the image is {mime}", param=param)
-    return p.model_copy(update={"mime": mime, "width": width, "height": height})
+        answer, made = READERS.ask(request, data)
+    except Overran as exc:  # ("it takes more than READ_S s")
+        raise InvalidRequest(f"an image could not be read in time: {exc}; send a smaller one", param=param) from None
+    except Crashed:
+        raise InvalidRequest(
+            "an image could not be read within this server's bounds (CPU time and memory); send a smaller one",
+            param=param,
+        ) from None
+    if "status" in answer:
+        raise (PromptTooLarge if answer["status"] == 413 else InvalidRequest)(answer["message"], param=param)
+    digest = p.digest
+    if answer["changed"]:
+        data, digest = made, hashlib.sha256(made).hexdigest()
+    return p.model_copy(
+        update={
+            "digest": digest,
+            "mime": answer["mime"],
+            "width": answer["width"],
+            "height": answer["height"],
+            "data": data,
+        }
+    )

@@ -35,8 +35,18 @@ ADDRESS_PREFIX = NS + "address:"  # set, in local mode: the browser visitors of 
 
 FILE_PREFIX = NS + "file:"  # hash, kept ONELANE_FILE_RETENTION: an uploaded file's record (tasks/files.py)
 FILE_DATA_PREFIX = NS + "file-data:"  # string, the same TTL: the file's bytes
-IMAGE_PREFIX = NS + "image:"  # string: an image's bytes by their SHA-256 (tasks/images.py), kept while a job holding it
-#                                may wait and run: its TTL + ONELANE_JOB_TIME_LIMIT, renewed by each admission holding it
+IMAGE_PREFIX = (
+    NS + "image:"
+)  # string: an image's bytes by their SHA-256, kept while an owner holds it (tasks/lua/images.lua:
+#                                a job holding it may wait and run, or a completed one's follow-up may resend it)
+IMAGE_UPLOAD_PREFIX = NS + "image-upload:"  # string, kept UPLOAD_TTL_S: an image's bytes on their way to admission,
+#                                             by request and digest (moved to IMAGE_PREFIX as it admits the job, or dropped)
+IMAGE_OWNERS_PREFIX = NS + "image-owners:"  # sorted set: an image's owners, by until when each holds it (its life)
+USER_IMAGES_PREFIX = NS + "user-images:"  # sorted set: the images one owner holds, by until when (its last hold's life)
+USER_IMAGE_INFO_PREFIX = NS + "user-image-info:"  # hash: of each image one owner holds, its size, the owner's live jobs
+#                                                   holding it and until when it is kept after them; and their bytes
+IMAGES = NS + "images"  # sorted set: "digest size" of every image kept, by until when (its last image's life)
+IMAGE_BYTES = NS + "image-bytes"  # string: the bytes of every image kept (the same life)
 USER_FILES_PREFIX = NS + "files:"  # sorted set: one user's file ids by upload time (expired ids trimmed at upload)
 
 BATCH_PREFIX = NS + "batch:"  # hash: a batch's record (tasks/batches.py); kept its completion window + the retention
@@ -87,6 +97,7 @@ LENGTHS_KEPT = 100
 SERVICE_KEPT = 1000
 SERVICE_TTL_S = 30 * 86400
 HOLDERS_KEPT = 8
+UPLOAD_TTL_S = 60  # an image upload whose admission never came (its web process died between the two)
 
 
 def job(job_id: str) -> str:
@@ -164,6 +175,8 @@ LUA_NAMES: dict[str, str | int] = {
     "MODEL_RECORD_TTL": MODEL_RECORD_TTL_S, "LENGTHS_KEPT": LENGTHS_KEPT, "SERVICE": SERVICE,
     "SERVICE_KEPT": SERVICE_KEPT, "SERVICE_TTL": SERVICE_TTL_S, "WORKER": WORKER_PREFIX,
     "HOLDERS": HOLDERS_PREFIX, "WORKER_RECORD_TTL": WORKER_RECORD_TTL_S, "HOLDERS_KEPT": HOLDERS_KEPT,
+    "IMAGE": IMAGE_PREFIX, "IMAGE_OWNERS": IMAGE_OWNERS_PREFIX, "USER_IMAGES": USER_IMAGES_PREFIX,
+    "USER_IMAGE_INFO": USER_IMAGE_INFO_PREFIX, "IMAGES": IMAGES, "IMAGE_BYTES": IMAGE_BYTES,
 }  # fmt: skip
 
 
@@ -173,6 +186,23 @@ def file(file_id: str) -> str:
 
 def image(digest: str) -> str:
     return IMAGE_PREFIX + digest
+
+
+def image_upload(request: str, digest: str = "") -> str:
+    """An image's upload for one request's admission ("": the prefix of that request's uploads)."""
+    return f"{IMAGE_UPLOAD_PREFIX}{request}:{digest}"
+
+
+def image_owners(digest: str) -> str:
+    return IMAGE_OWNERS_PREFIX + digest
+
+
+def user_images(owner: str) -> str:
+    return USER_IMAGES_PREFIX + owner
+
+
+def user_image_info(owner: str) -> str:
+    return USER_IMAGE_INFO_PREFIX + owner
 
 
 def file_data(file_id: str) -> str:

@@ -2,8 +2,8 @@
 
 Nothing crosses from Python to Lua by position. Each script reads its arguments by name, as `ARG.<name>`, and the
 key names and other shared facts as constants (`JOB`, `QUEUE`, `MINUTE_TTL`, ...): both come from a prelude
-written here, from ARGS and CONSTANTS, in front of tasks/lua/common.lua and the script. A caller passes the
-arguments by name too (`Scripts.run("cancel", id=..., owner=...)`), and a name the table does not list for that
+written here, from ARGS and CONSTANTS, in front of tasks/lua/images.lua, tasks/lua/common.lua and the script. A
+caller passes the arguments by name too (`Scripts.run("cancel", id=..., owner=...)`), and a name the table does not list for that
 script, or one it lists and the call leaves out, is a TypeError before anything is sent. tests/test_scripts.py
 reads every script and fails on a name it uses that its entry does not list, or one listed that it never uses.
 An entry's last name may start with `*`: the arguments from there on, as a Lua list.
@@ -26,7 +26,8 @@ BELL = ("bell_queue", "bell_messages", "bell_id", "bell")  # a job's dramatiq me
 ARGS: dict[str, tuple[str, ...]] = {
     "admit": ("owner", "ttl_s", "result_ttl_s", "watch_grace_s", "max_queue", "max_per_user", "max_tokens", *BELL,
               "model", "class", "share", "prompt_weight", "output_weight", "visitors", "max_visitors", "history", "line", "side", "ignore_eos", "prompt_chars",
-              "history_chars", "*jobs"),
+              "history_chars", "images", "image_upload", "image_need_s", "image_keep_s", "max_user_image_bytes",
+              "max_image_bytes", "*jobs"),
     "append": ("id", "text", "prompt_tokens", "worker", "from_n", "from_b", "cached_tokens", "ids", "lp", "prompt_lp"),
     "cancel": ("id", "owner", "result_ttl_s", "error"),
     "claim": ("result_ttl_s", "run_life_s", "device", "worker", "token", "want", "active", "switch_wait_s",
@@ -106,7 +107,10 @@ def lua_literal(value: str | int) -> str:
 def source(name: str) -> str:
     """The whole text Redis runs for the script `name`."""
     folder = resources.files("tasks") / "lua"
-    return prelude(name) + (folder / "common.lua").read_text() + (folder / f"{name}.lua").read_text()
+    shared = (folder / "images.lua").read_text() + (
+        folder / "common.lua"
+    ).read_text()  # (common's finish lets images go)
+    return prelude(name) + shared + (folder / f"{name}.lua").read_text()
 
 
 def _layout(names: tuple[str, ...]) -> tuple[tuple[str, ...], str | None, frozenset[str]]:

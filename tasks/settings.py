@@ -44,6 +44,11 @@ ENV_NAMES: dict[str, str] = {
     "image_max_pixels": "ONELANE_IMAGE_MAX_PIXELS",
     "max_images": "ONELANE_MAX_IMAGES",
     "image_hosts": "ONELANE_IMAGE_HOSTS",
+    "image_private_hosts": "ONELANE_IMAGE_PRIVATE_HOSTS",
+    "image_fetch_s": "ONELANE_IMAGE_FETCH_S",
+    "image_keep_s": "ONELANE_IMAGE_KEEP",
+    "image_user_bytes": "ONELANE_IMAGE_USER_BYTES",
+    "image_total_bytes": "ONELANE_IMAGE_TOTAL_BYTES",
     "max_batch": "ONELANE_MAX_BATCH",
     "kv_budget_tokens": "ONELANE_KV_BUDGET",
     "prefill_step": "ONELANE_PREFILL_STEP",
@@ -166,6 +171,16 @@ class Settings(BaseModel):
     # the hosts whose http(s) image URLs the web may fetch (comma-separated names; ".example.com": any below it);
     # none by default: an image comes inline, and a server that fetches any URL a client names is an SSRF hole
     image_hosts: tuple[str, ...] = ()
+    # whether a listed host may resolve to a private address (loopback, private, link-local: an operator's own image
+    # server); off, only public addresses are fetched from, whatever the name
+    image_private_hosts: bool = False
+    image_fetch_s: float = Field(10.0, ge=0.5, le=120)  # one image URL's whole fetch, at most
+    # the image bytes Redis keeps (tasks/store/images.py): each image while a job holding it may wait and run, and
+    # after a job that holds it completes, this long more for a follow-up (0: not at all), within its result TTL;
+    # at most ..._USER_BYTES of them a user's, ..._TOTAL_BYTES in all
+    image_keep_s: int = Field(900, ge=0, le=30 * 86400)
+    image_user_bytes: int = Field(128 * 2**20, ge=1024, le=2**40)
+    image_total_bytes: int = Field(1024 * 2**20, ge=1024, le=2**44)
     max_batch: int = Field(32, ge=1, le=256)
     kv_budget_tokens: int = Field(65_536, ge=1, le=100_000_000)
     prefill_step: int = Field(128, ge=16, le=65_536)
@@ -241,6 +256,11 @@ class Settings(BaseModel):
                 f"ONELANE_DEFAULT_MAX_TOKENS ({self.default_max_tokens}) exceeds ONELANE_MAX_TOKENS_LIMIT "
                 f"({self.max_tokens_limit})"
             )
+        if not self.image_max_bytes <= self.image_user_bytes <= self.image_total_bytes:
+            raise ValueError(
+                f"images: ONELANE_IMAGE_MAX_BYTES ({self.image_max_bytes}) ≤ ONELANE_IMAGE_USER_BYTES "
+                f"({self.image_user_bytes}) ≤ ONELANE_IMAGE_TOTAL_BYTES ({self.image_total_bytes}), or no image fits"
+            )
         return self
 
     @model_validator(mode="after")
@@ -267,6 +287,8 @@ class Settings(BaseModel):
         "prefix_cache_disk_bytes",
         "prefix_cache_disk_owner_bytes",
         "max_file_bytes",
+        "image_user_bytes",
+        "image_total_bytes",
         mode="before",
     )
     @classmethod

@@ -63,8 +63,8 @@ def settings(settings: Settings, folders: dict[str, Path], demo_model: Path, tmp
         "gemma": {"path": str(folders["gemma"])},
         "smolvlm": {"path": str(folders["smolvlm"])},
     }
-    # (image URLs may be fetched from this machine's loopback only: the stories' own image server)
-    update = {"max_batch": 4, "prefill_step": 16, "image_hosts": ("127.0.0.1",)}
+    # (image URLs may be fetched from this machine's loopback only, a private address: the stories' own image server)
+    update = {"max_batch": 4, "prefill_step": 16, "image_hosts": ("127.0.0.1",), "image_private_hosts": True}
     return serve(settings.model_copy(update=update), tmp_path, **tables)[0]
 
 
@@ -288,7 +288,11 @@ def test_what_a_hostile_client_sends_is_refused_at_the_door_by_name(settings, li
             "10000x10000 pixels",
         ),
         (chat([{"type": "image_url", "image_url": {"url": data_url(bomb(30_000, 30_000))}}]), 413, "more pixels"),
-        (chat(ask(png("red")) * 50), 400, "the request holds 50 images; this server takes at most 4"),
+        (
+            chat(ask(png("red")) * 50),
+            400,
+            "the prompt holds 50 images (its history's too); this server takes at most 4",
+        ),
         (chat([{"type": "image_url", "image_url": {"url": data_url(bomb(40_000, 40_000))}}]), 413, "more pixels"),
         (
             chat([{"type": "image_url", "image_url": {"url": data_url(animated.getvalue(), "image/gif")}}]),
@@ -315,7 +319,7 @@ def test_what_a_hostile_client_sends_is_refused_at_the_door_by_name(settings, li
 
 def test_an_image_is_bounded_by_its_bytes_and_a_still_gif_is_read(settings, live_server):
     from tasks.errors import PromptTooLarge
-    from tasks.images import checked, picture
+    from tasks.images import Rules, checked, picture
     from tasks.job import Message
 
     noise = Image.frombytes("RGB", (300, 300), random.Random(0).randbytes(300 * 300 * 3))
@@ -330,7 +334,7 @@ def test_an_image_is_bounded_by_its_bytes_and_a_still_gif_is_read(settings, live
 
     def read(data: bytes, max_bytes: int = 8 * 2**20, mime: str = "image/png") -> Any:
         message = Message(role="user", content="q", images=(picture(data_url(data, mime), 0, "messages"),))
-        return checked((message,), max_bytes, 4096 * 4096, 4, "messages")[0].images[0]
+        return checked((message,), Rules(max_bytes=max_bytes), "messages")[0].images[0]
 
     with pytest.raises(PromptTooLarge, match="at most 100000"):
         read(big, max_bytes=100_000)
@@ -470,10 +474,10 @@ def test_an_image_url_is_fetched_only_from_the_hosts_the_operator_lists(settings
         assert fetched.status_code in (200, 201, 202), fetched.text
         image = fetched.json()["messages"][0]["images"][0]
         assert (image["digest"], image["mime"]) == (hashlib.sha256(red).hexdigest(), "image/png")
-        # a redirect is not followed, a missing image or one too large is refused, by name
+        # a redirect is not followed, a missing image or one too large is refused (tests/test_image_urls.py)
         for path, status, words in (
-            ("/moved.png", 422, "HTTP 302"),  # (/v1/jobs answers an invalid request 422)
-            ("/missing.png", 422, "HTTP 404"),
+            ("/moved.png", 422, "could not be fetched"),  # (/v1/jobs answers an invalid request 422)
+            ("/missing.png", 422, "could not be fetched"),
             ("/huge.png", 413, "more than"),
         ):
             reply = job(f"{base}{path}")

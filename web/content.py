@@ -24,7 +24,10 @@ class TextPart(BaseModel):
 class ImageURL(BaseModel):
     model_config = STRICT
 
-    url: str = Field(description="a data: URL (data:image/png;base64,…); http(s) URLs are not fetched")
+    url: str = Field(
+        description="a data: URL (data:image/png;base64,…), or an http(s) URL, which the server fetches only from the "
+        "hosts its operator lists (ONELANE_IMAGE_HOSTS; none by default, and any other is refused)"
+    )
     detail: Literal["auto", "low", "high"] | None = None  # (the model reads the image as its processor sizes it)
 
 

@@ -11,7 +11,8 @@ from flask import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tasks.errors import Forbidden, InvalidJSON, InvalidRequest, ModelNotFound, PromptTooLarge
-from tasks.images import checked
+from tasks.image_fit import fit_of
+from tasks.images import Rules, checked
 from tasks.job import NAME_PATTERN, JobSpec, Message, Pooled, Priority, ResponseFields, SamplingParams
 from tasks.model_kind import NAMES, Kind
 from tasks.settings import Settings
@@ -381,14 +382,16 @@ def _read_images(settings: Settings, model: str, messages: tuple[Message, ...], 
             + (f"models that read images: {seeing}" if seeing else "this server serves no model that reads images"),
             param=param,
         )
-    return checked(
-        messages,
-        settings.image_max_bytes,
-        settings.image_max_pixels,
-        settings.max_images,
-        param,
-        settings.image_hosts,
+    rules = Rules(
+        max_bytes=settings.image_max_bytes,
+        max_pixels=settings.image_max_pixels,
+        max_images=settings.max_images,
+        hosts=settings.image_hosts,
+        private_hosts=settings.image_private_hosts,
+        fetch_s=settings.image_fetch_s,
+        fit=fit_of(config.path),
     )
+    return checked(messages, rules, param)
 
 
 def make_pooled_spec(

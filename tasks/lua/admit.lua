@@ -27,6 +27,10 @@
 --       digest of a chat's messages but the last, '' for none: a device whose prefix cache holds it is preferred),
 --       line ('1': a batch's line, admitted once only, and neither counted in its owner's quota nor listed),
 --       side ('1': a pooled job, read beside the batch: see claim.lua), ignore_eos ('1' or ''), prompt_chars, history_chars (of the messages but the last), for its ETA;
+--       images ('digest:size ...': the request's images, size 0 for one resent from the server's record),
+--       image_upload (the prefix of the keys the bytes of the others were uploaded under), image_need_s (how long a job may wait and run),
+--       image_keep_s (how long a completed job's images are kept for a follow-up), max_user_image_bytes (the bytes
+--       of images one owner may hold), max_image_bytes (everyone's);
 --       then the jobs: id, spec_json, id, spec_json, ... (a batch's line: one)
 -- -> {'exists'} for a batch's line admitted before (nothing is written)
 --    or {'ok', queued_at, deadline, what ETAs are forecast from (eta_snapshot in common.lua), position, ...}
@@ -34,6 +38,8 @@
 --    or {'queue_full' | 'quota_exceeded' | 'address_quota' | 'address_visitors', the position whose start frees
 --    room for them all, what ETAs are forecast from, the jobs waiting that count against that bound}
 --    or {'model_unavailable', retry_after_s, why}
+--    or {'image_gone', digest} (an image resent from the server's record is no longer kept)
+--    or {'image_quota' | 'image_full', retry_after_s, the bytes of images the owner (or everyone) holds}
 local owner = ARG.owner
 local ttl, result_ttl, grace = tonumber(ARG.ttl_s), tonumber(ARG.result_ttl_s), tonumber(ARG.watch_grace_s)
 local max_queue, max_per_user, max_tokens = tonumber(ARG.max_queue), tonumber(ARG.max_per_user), ARG.max_tokens
@@ -111,6 +117,51 @@ if visitors ~= '' then
   end
 end
 
+-- The request's images (tasks/store/images.py), each 'digest:size' (size 0: one the conversation resends from the
+-- server's record, which must be kept still), the bytes of the others uploaded under `image_upload` .. digest:
+-- checked against the owner's bound and everyone's before anything is written (the caller drops the uploads of a
+-- refused request)
+local pictures = {}
+for d, size in string.gmatch(ARG.images, '(%x+):(%d+)') do
+  pictures[#pictures + 1] = {d = d, size = tonumber(size), upload = tonumber(size) > 0 and ARG.image_upload .. d}
+end
+if #pictures > 0 then
+  image_prune(owner, t)
+  local new_mine, new_all, wanted = 0, 0, {}
+  for _, p in ipairs(pictures) do
+    local kept = redis.call('STRLEN', IMAGE .. p.d)
+    if kept == 0 and (p.size == 0 or redis.call('EXISTS', p.upload) == 0) then return {'image_gone', p.d} end
+    if p.size == 0 then p.size = kept end
+    if kept == 0 then new_all = new_all + p.size end
+    if not image_info(owner, p.d) then new_mine = new_mine + p.size end
+    wanted[p.d] = true
+  end
+  local most_mine, most_all = tonumber(ARG.max_user_image_bytes), tonumber(ARG.max_image_bytes)
+  local all = tonumber(redis.call('GET', IMAGE_BYTES)) or 0
+  if all + new_all > most_all then -- room frees as the first image kept lapses
+    local first = redis.call('ZRANGE', IMAGES, 0, 0, 'WITHSCORES')
+    return {'image_full', math.max(1, math.ceil((tonumber(first[2]) or t) - t)), all}
+  end
+  local mine = tonumber(redis.call('HGET', USER_IMAGE_INFO .. owner, 'bytes')) or 0
+  if mine + new_mine > most_mine then
+    -- room from the owner's images kept only for a follow-up (no live job holds them), the oldest first
+    local spare, freed = {}, 0
+    for _, d in ipairs(redis.call('ZRANGE', USER_IMAGES .. owner, 0, -1)) do
+      if mine + new_mine - freed <= most_mine then break end
+      local size, live = image_info(owner, d)
+      if size and live == 0 and not wanted[d] then
+        spare[#spare + 1] = d
+        freed = freed + size
+      end
+    end
+    if mine + new_mine - freed > most_mine then -- room frees as the owner's first hold lapses
+      local first = redis.call('ZRANGE', USER_IMAGES .. owner, 0, 0, 'WITHSCORES')
+      return {'image_quota', math.max(1, math.ceil((tonumber(first[2]) or t) - t)), mine}
+    end
+    for _, d in ipairs(spare) do image_release(owner, d, t) end
+  end
+end
+
 local deadline = t + ttl
 local life = math.ceil(ttl + result_ttl)
 local flow = flow_of(owner, class)
@@ -143,6 +194,26 @@ for i = 1, n do
   if not line then redis.call('ZADD', UJ .. owner, t, id) end
   stat('admitted')
   per_minute(t, 'admitted')
+end
+if #pictures > 0 then -- the images, kept while the jobs may wait and run (image_need_s), held by each of them
+  local need, digests, held = t + tonumber(ARG.image_need_s), {}, {}
+  for _, p in ipairs(pictures) do
+    if not held[p.d] then
+      held[p.d] = true
+      digests[#digests + 1] = p.d
+      if p.upload and redis.call('EXISTS', IMAGE .. p.d) == 0 then
+        redis.call('RENAME', p.upload, IMAGE .. p.d) -- (its life is set by image_hold)
+      elseif p.upload then
+        redis.call('DEL', p.upload)
+      end
+      local _, live, kept = image_info(owner, p.d)
+      local until_ = math.max(need, tonumber(redis.call('ZSCORE', USER_IMAGES .. owner, p.d)) or 0)
+      image_hold(owner, p.d, p.size, (live or 0) + n, kept or 0, until_, t)
+    end
+  end
+  for i = 1, n do
+    redis.call('HSET', JOB .. jobs[2 * i - 1], 'images', table.concat(digests, ' '), 'image_keep', ARG.image_keep_s)
+  end
 end
 if not line then
   redis.call('ZREMRANGEBYRANK', UJ .. owner, 0, -1001) -- a user's listing keeps the newest 1000

@@ -256,6 +256,7 @@ local function finish(id, status, finish_reason, error_json_, result_ttl, t)
     stop_sequence = n[4] or nil}))
   for _, k in ipairs({jkey, OUT .. id, LP .. id, EV .. id}) do redis.call('EXPIRE', k, result_ttl) end
   redis.call('DEL', TOK .. id) -- no run follows
+  images_end(id, status, t) -- its images go, unless a live job or a follow-up needs them (images.lua)
   settle_if_idle()
 end
 

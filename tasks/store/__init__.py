@@ -4,6 +4,7 @@
     worker.py    WorkerStore: one worker process's verbs, bound to its id (lease, claim, append, finish, hand back)
     readings.py  Readings: what health checks, /metrics and the dashboard read (only reads)
     upkeep.py    Upkeep: housekeeping rounds, the doorbell, the supervisor's look at the device, the counters
+    images.py    what admission sends of a request's images (kept only for admitted jobs), and its refusals
 
 Every change that must not interleave with another is one Lua script, run by name (tasks/scripts.py).
 """

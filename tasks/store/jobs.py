@@ -34,6 +34,7 @@ from tasks.events import Event
 from tasks.job import Job, JobSpec, JobStatus, Timings, error_json, history_digest
 from tasks.scripts import Scripts, bell
 from tasks.settings import PREFILL_BATCH, Settings
+from tasks.store import images
 from tasks.store.readings import Readings
 from tasks.store.upkeep import Upkeep
 from tasks.store.worker import WorkerStore
@@ -124,24 +125,28 @@ class Store:
         for bound, what in ((quota, "your quota allows {} waiting jobs"), (s.max_queue, "the queue holds {} jobs")):
             if n > 1 and 0 < bound < n:  # never admissible: no point in trying again later
                 raise InvalidRequest(f"this request asks for {n} answers; {what.format(bound)}", param=param)
-        self._keep_images(spec, math.ceil(ttl_s + s.job_time_limit_s))
-        verdict, *rest = self.scripts.run(
-            "admit",
-            **self._spec_args(spec),
-            ttl_s=ttl_s,
-            result_ttl_s=s.result_ttl_s,
-            max_queue=s.max_queue,
-            max_per_user=quota,
-            **bell(doorbell),
-            prompt_weight=s.fair_prompt_weight,
-            output_weight=s.fair_output_weight,
-            visitors=keys.address_visitors(address) if address else "",
-            max_visitors=VISITORS_PER_ADDRESS,
-            line="1" if line else "",
-            jobs=[part for job_id, one in jobs for part in (job_id, one.model_dump_json())],
-        )
+        with images.Uploads(self.redis, spec, ttl_s, s, param) as uploads:  # (dropped unless admitted)
+            verdict, *rest = self.scripts.run(
+                "admit",
+                **self._spec_args(spec),
+                ttl_s=ttl_s,
+                result_ttl_s=s.result_ttl_s,
+                max_queue=s.max_queue,
+                max_per_user=quota,
+                **bell(doorbell),
+                prompt_weight=s.fair_prompt_weight,
+                output_weight=s.fair_output_weight,
+                visitors=keys.address_visitors(address) if address else "",
+                max_visitors=VISITORS_PER_ADDRESS,
+                line="1" if line else "",
+                **uploads.send(),
+                jobs=[part for job_id, one in jobs for part in (job_id, one.model_dump_json())],
+            )
+            uploads.admitted = verdict == "ok"
         if verdict == "exists":
             return [self.get(jobs[0][0])]
+        if verdict in images.VERDICTS:
+            raise images.refusal(verdict, rest, s, param)
         if verdict != "ok":
             self._refuse(verdict, rest, spec.model, n, quota)
         return self._queued(jobs, rest)
@@ -198,22 +203,8 @@ class Store:
         kind, why = _refusal(verdict, n, int(waiting), quota, self.settings.max_queue)
         raise kind(f"{why}; try again later", retry_after_s=retry_after_s)
 
-    def _keep_images(self, spec: JobSpec, keep_s: int) -> None:
-        """Keep the bytes of the images a job's messages hold (before it is admitted: a worker may claim it at once)
-        for as long as it may wait and run; an image kept already lives on at least as long (one a conversation
-        resends from the server's record, with no bytes, too, while it is still kept)."""
-        pictures = {p.digest: p.data for m in spec.messages or () for p in m.images}
-        if not pictures:
-            return
-        pipe = self.redis.pipeline(transaction=False)
-        for digest, data in pictures.items():
-            if data is not None:
-                pipe.set(keys.image(digest), data, ex=keep_s, nx=True)
-            pipe.expire(keys.image(digest), keep_s, gt=True)
-        pipe.execute()
-
     def image(self, digest: str) -> bytes | None:
-        """The bytes of the image kept under `digest`, if still kept."""
+        """The bytes of the image kept under `digest`, if still kept (tasks/store/images.py)."""
         return self.redis.execute_command("GET", keys.image(digest), NEVER_DECODE=True)  # type: ignore[no-any-return]  # (execute_command's reply is Any: here bytes or None)
 
     def keep_watching(self, job: Job) -> None:

@@ -31,7 +31,11 @@ class InputImage(BaseModel):
     model_config = STRICT
 
     type: Literal["input_image"]
-    image_url: str | None = Field(None, description="a data: URL (data:image/png;base64,…); http(s) is not fetched")
+    image_url: str | None = Field(
+        None,
+        description="a data: URL (data:image/png;base64,…), or an http(s) URL, which the server fetches only from the "
+        "hosts its operator lists (ONELANE_IMAGE_HOSTS; none by default, and any other is refused)",
+    )
     file_id: str | None = None  # (refused: an image is sent inline)
     detail: Literal["auto", "low", "high"] | None = None
 
