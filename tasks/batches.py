@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 from tasks import keys
 from tasks.errors import BatchNotFound
 from tasks.settings import Settings
+from tasks.store.memory import MemoryGuard
 
 Endpoint = Literal[
     "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"
@@ -137,13 +138,16 @@ def result_file_id(batch_id: str, kind: str) -> str:
 class BatchStore:
     """Verbs on batches: the web's (create, read, list, cancel) and the runner's (feed, collect, end)."""
 
-    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+    def __init__(self, client: redis.Redis, settings: Settings, memory: MemoryGuard | None = None) -> None:
         self.redis, self.settings = client, settings
+        self.memory = memory or MemoryGuard(client, settings.redis_memory_bytes)
 
     # --- the web's verbs ------------------------------------------------------------------------------------------
 
     def create(self, record: BatchRecord, lines: list[PendingLine], errors: list[Result]) -> None:
-        """Keep a new batch with its lines to run and the lines already failed (it runs unless it ended)."""
+        """Keep a new batch with its lines to run and the lines already failed (it runs unless it ended); StorageFull
+        while Redis is full."""
+        self.memory.check()
         life = max(1, record.expires_at - int(time.time())) + self.settings.file_retention_s
         bid = record.id
         pipe = self.redis.pipeline(transaction=True)

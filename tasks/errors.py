@@ -177,6 +177,12 @@ class Unavailable(Overloaded):
     type = "unavailable"
 
 
+class StorageFull(Overloaded):
+    """Redis holds as much as ONELANE_REDIS_MEMORY allows: new work waits until older jobs and files lapse."""
+
+    type = "storage_full"
+
+
 class CheckerBusy(Overloaded):
     """Every grammar checker of the server is busy with other requests' schemas; the same request may pass later."""
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from tasks import keys
 from tasks.errors import FileNotFound, InvalidParameter
 from tasks.settings import Settings
+from tasks.store.memory import MemoryGuard
 
 
 class FileRecord(BaseModel):
@@ -45,8 +46,9 @@ def new_file_id() -> str:
 
 
 class FileStore:
-    def __init__(self, client: redis.Redis, settings: Settings) -> None:
+    def __init__(self, client: redis.Redis, settings: Settings, memory: MemoryGuard | None = None) -> None:
         self.redis, self.settings = client, settings
+        self.memory = memory or MemoryGuard(client, settings.redis_memory_bytes)
 
     def create(
         self,
@@ -58,7 +60,10 @@ class FileStore:
         keep_s: int | None = None,
     ) -> FileRecord:
         """Keep `data` as a new file (or as `file_id`, written again whole: a batch's result files), for `keep_s`
-        seconds (a batch's output_expires_after) or ONELANE_FILE_RETENTION."""
+        seconds (a batch's output_expires_after) or ONELANE_FILE_RETENTION. A client's upload waits while Redis is
+        full (StorageFull); a batch's result file, the end of work already admitted, does not."""
+        if file_id is None:
+            self.memory.check(len(data))
         now, keep = int(time.time()), keep_s or self.settings.file_retention_s
         record = FileRecord(
             id=file_id or new_file_id(),

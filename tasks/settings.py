@@ -49,6 +49,7 @@ ENV_NAMES: dict[str, str] = {
     "image_keep_s": "ONELANE_IMAGE_KEEP",
     "image_user_bytes": "ONELANE_IMAGE_USER_BYTES",
     "image_total_bytes": "ONELANE_IMAGE_TOTAL_BYTES",
+    "redis_memory_bytes": "ONELANE_REDIS_MEMORY",
     "max_batch": "ONELANE_MAX_BATCH",
     "kv_budget_tokens": "ONELANE_KV_BUDGET",
     "prefill_step": "ONELANE_PREFILL_STEP",
@@ -181,6 +182,9 @@ class Settings(BaseModel):
     image_keep_s: int = Field(900, ge=0, le=30 * 86400)
     image_user_bytes: int = Field(128 * 2**20, ge=1024, le=2**40)
     image_total_bytes: int = Field(1024 * 2**20, ge=1024, le=2**44)
+    # what Redis may hold before new work (jobs, files, batches) is refused with 503 (tasks/store/memory.py): above
+    # the images' own bound, with room for the jobs' records and files
+    redis_memory_bytes: int = Field(4 * 2**30, ge=16 * 2**20, le=2**46)
     max_batch: int = Field(32, ge=1, le=256)
     kv_budget_tokens: int = Field(65_536, ge=1, le=100_000_000)
     prefill_step: int = Field(128, ge=16, le=65_536)
@@ -261,6 +265,11 @@ class Settings(BaseModel):
                 f"images: ONELANE_IMAGE_MAX_BYTES ({self.image_max_bytes}) ≤ ONELANE_IMAGE_USER_BYTES "
                 f"({self.image_user_bytes}) ≤ ONELANE_IMAGE_TOTAL_BYTES ({self.image_total_bytes}), or no image fits"
             )
+        if self.image_total_bytes >= self.redis_memory_bytes:
+            raise ValueError(
+                f"ONELANE_IMAGE_TOTAL_BYTES ({self.image_total_bytes}) must be below ONELANE_REDIS_MEMORY "
+                f"({self.redis_memory_bytes}), which bounds everything Redis holds, the images with the rest"
+            )
         return self
 
     @model_validator(mode="after")
@@ -289,6 +298,7 @@ class Settings(BaseModel):
         "max_file_bytes",
         "image_user_bytes",
         "image_total_bytes",
+        "redis_memory_bytes",
         mode="before",
     )
     @classmethod

@@ -41,6 +41,7 @@ STATUS: dict[type[errors.OnelaneError], int] = {
     errors.Forbidden: 403,
     errors.Unavailable: 503,
     errors.CheckerBusy: 503,
+    errors.StorageFull: 503,
     errors.ImageReaderBusy: 503,
 }
 

@@ -41,7 +41,7 @@ class Services:
         """Connect to Redis and the broker, and start the housekeeper (the hub connects on its first stream)."""
         store = Store.connect(settings)
         broker = make_broker(settings, worker=False)
-        files, batches = FileStore(store.redis, settings), BatchStore(store.redis, settings)
+        files, batches = FileStore(store.redis, settings, store.memory), BatchStore(store.redis, settings, store.memory)
         return cls(
             settings=settings,
             store=store,

@@ -35,6 +35,7 @@ from tasks.job import Job, JobSpec, JobStatus, Timings, error_json, history_dige
 from tasks.scripts import Scripts, bell
 from tasks.settings import PREFILL_BATCH, Settings
 from tasks.store import images
+from tasks.store.memory import MemoryGuard
 from tasks.store.readings import Readings
 from tasks.store.upkeep import Upkeep
 from tasks.store.worker import WorkerStore
@@ -60,6 +61,7 @@ class Store:
         self.redis = client
         self.settings = settings
         self.scripts = Scripts(client)
+        self.memory = MemoryGuard(client, settings.redis_memory_bytes)  # (new work waits while Redis is full)
 
     @classmethod
     def connect(cls, settings: Settings) -> Store:
@@ -117,10 +119,11 @@ class Store:
         param: str | None = None,
     ) -> list[Job]:
         """Admit a request's jobs (ids and specs: one per answer of `n`, alike but for their seed and place) as
-        `admit` does one, in one step: all, or none and QueueFull / QuotaExceeded. More jobs than the bounds
+        `admit` does one, in one step: all, or none and QueueFull / QuotaExceeded (StorageFull while Redis is full). More jobs than the bounds
         allow at all is InvalidRequest, naming `param` (the field that asked for them)."""
         s, n = self.settings, len(jobs)
         spec = jobs[0][1]
+        self.memory.check()
         quota = 0 if line else quota or s.max_queued_per_user
         for bound, what in ((quota, "your quota allows {} waiting jobs"), (s.max_queue, "the queue holds {} jobs")):
             if n > 1 and 0 < bound < n:  # never admissible: no point in trying again later

@@ -40,7 +40,15 @@ from tasks.batches import (
     result_file_id,
 )
 from tasks.broker import Doorbell
-from tasks.errors import BatchNotFound, InvalidRequest, JobAlreadyEnded, JobNotFound, ModelUnavailable, QueueFull
+from tasks.errors import (
+    BatchNotFound,
+    InvalidRequest,
+    JobAlreadyEnded,
+    JobNotFound,
+    ModelUnavailable,
+    QueueFull,
+    StorageFull,
+)
 from tasks.files import FileStore
 from tasks.job import Job, JobSpec, JobStatus
 from tasks.store import Store
@@ -156,7 +164,7 @@ class BatchRunner(Background):
                     doorbell=Doorbell.ring(self.broker, job_id),
                     line=True,
                 )
-            except QueueFull:
+            except (QueueFull, StorageFull):  # (the batch waits, within its window)
                 break
             except ModelUnavailable as exc:
                 self.batches.skipped(record.id, error_result(record.id, line, exc.type, exc.message))
