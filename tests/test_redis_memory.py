@@ -53,7 +53,7 @@ def test_uploads_stop_at_the_bound_and_are_taken_again_once_there_is_room(live_s
     # and Redis holds no more than the bound and one request more (its buffer, until Redis frees it), although
     # Redis's own figure is read at most once a second: each upload was counted as it was taken
     used = store.redis.info("memory")["used_memory"]
-    assert 2 <= len(made) and used <= store.settings.redis_memory_bytes + 1.5 * len(FILE)
+    assert len(made) >= 2 and used <= store.settings.redis_memory_bytes + 1.5 * len(FILE)
     # When the files are deleted, Then an upload is taken again
     for file in made:
         client.files.delete(file.id)
