@@ -330,10 +330,12 @@ def make_spec(
     count: bool = False,
     field: str = "messages",
     clip: bool = False,
+    line: bool = False,
 ) -> tuple[JobSpec, float]:
     """Apply the server's catalog and limits (model, prompt size and tokens, max_tokens, TTL) and the owner's default
     priority; every way in goes through here. `clip`: a max_tokens past the server's limit is served at the limit
-    (Anthropic's clients ask for 32,000 by default), not refused."""
+    (Anthropic's clients ask for 32,000 by default), not refused. `line`: a batch's line, whose prompt is counted as
+    it joins the batch (a file of 50,000 lines is not counted as it is read)."""
     model = served_model(settings, model)
     priority = _priority(settings, owner, priority)
     param = "prompt" if prompt is not None else field  # (the request's name for its conversation)
@@ -359,7 +361,7 @@ def make_spec(
         tools=tools,
         count=count,
     )
-    return (spec if count else counted(settings, spec, param)), ttl_s
+    return (spec if count or line else counted(settings, spec, param)), ttl_s
 
 
 def counted(settings: Settings, spec: JobSpec, param: str) -> JobSpec:
