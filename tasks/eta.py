@@ -109,7 +109,8 @@ class Waiting:
     batch: bool = False  # a batch-class job: an interactive one may set it aside when it runs (preemption)
     preemptions: int = 0  # the times it was set aside so far
     interactive: bool = True  # it may take a batch-class job's slot (not a batch, side or solo job)
-    prompt_tokens: int = 0  # its prompt in tokens, when known (a run the forecast set aside); else from prompt_chars
+    prompt_tokens: int = 0  # its prompt in tokens, when known (counted at admission, or a run the forecast set
+    # aside); else from prompt_chars
     kept: bool = False  # its prompt and tokens so far are in a prefix cache (a run the forecast set aside)
 
 
@@ -182,6 +183,7 @@ class Snapshot:
                 bool(w.get("batch")),
                 int(w.get("preemptions") or 0),
                 bool(w.get("interactive", not w.get("batch"))),
+                int(w.get("prompt_tokens") or 0),
             )
             for w in _list(data, "waiting")
         ]

@@ -163,7 +163,7 @@ class Settings(BaseModel):
     result_ttl_s: int = Field(3600, ge=1, le=30 * 86400)
     max_tokens_limit: int = Field(4096, ge=1, le=1_000_000)
     default_max_tokens: int = Field(256, ge=1, le=1_000_000)
-    max_prompt_chars: int = Field(32_000, ge=1, le=10_000_000)
+    max_prompt_chars: int = Field(200_000, ge=1, le=10_000_000)
     # images in a prompt (tasks/images.py), for a model that reads them: each image's bytes and pixels, and how many
     # one request holds (a request's body may grow by their base64 text, for a server that serves such a model)
     image_max_bytes: int = Field(8 * 2**20, ge=1024, le=64 * 2**20)

@@ -106,13 +106,14 @@ end
 -- weight, and ONELANE_BATCH_COST for batch work). Its prompt's estimate is charged as it is admitted, its answer's as
 -- it starts (charge_expected), the tokens it generates beyond that as they come (charge_running), and what it used
 -- settled as it ends (charge_used); the estimate of its whole cost places a batch job (queue_score). The estimate, in
--- two parts, prompt and answer: its prompt's characters (less its history's, when a device's prefix cache holds that)
--- at the model's recent characters per token (4 when none is known), and its answer's tokens: max_tokens if it ignores
+-- two parts, prompt and answer: its prompt's tokens as the web counted them (`counted`, 0: not counted; less its
+-- history's, when a device's prefix cache holds that, at the model's recent characters per token), else its characters
+-- at that pace (4 when none is known), and its answer's tokens: max_tokens if it ignores
 -- EOS, else the median length of the model's recent answers, at most max_tokens. A prompt's tokens count in steps of
 -- PROMPT_STEP, estimated and used: two jobs that differ by less (two short questions, whose estimates miss their
 -- template's tokens) cost the same, and keep their admission order; a long prompt's cost is its length within a few per
 -- cent. Returns the prompt's units, the answer's, and the answer's tokens.
-local function estimate_units(model, prompt_chars, cached_chars, max_tokens, ignore_eos, w_prompt, w_output)
+local function estimate_units(model, prompt_chars, cached_chars, max_tokens, ignore_eos, w_prompt, w_output, counted)
   local chars, tokens, lengths = 0, 0, {}
   for _, entry in ipairs(redis.call('LRANGE', LENGTHS .. model, 0, -1)) do
     local done, _, how, pc, pt = string.match(entry, '([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)')
@@ -127,7 +128,9 @@ local function estimate_units(model, prompt_chars, cached_chars, max_tokens, ign
     table.sort(lengths)
     answer = math.min(max_tokens, lengths[math.floor((#lengths + 1) / 2)])
   end
-  return w_prompt * in_steps(math.max(prompt_chars - cached_chars, 1) / per_token), w_output * answer, answer
+  local prompt = math.max(prompt_chars - cached_chars, 1) / per_token
+  if (counted or 0) > 0 then prompt = math.max(counted - cached_chars / per_token, 1) end
+  return w_prompt * in_steps(prompt), w_output * answer, answer
 end
 
 -- Move the waiting jobs of a flow that stand behind `tag` (admitted after the job of that tag) by `delta`, never
@@ -295,7 +298,7 @@ local function eta_snapshot(t, upto)
   end
   for _, id in ipairs(upto > 0 and redis.call('ZRANGE', QUEUE, 0, upto - 1) or {}) do
     local f = redis.call('HMGET', JOB .. id, 'model', 'max_tokens', 'completion_tokens', 'ignore_eos', 'prompt_chars',
-      'history_chars', 'history', 'class', 'preemptions', 'side', 'solo')
+      'history_chars', 'history', 'class', 'preemptions', 'side', 'solo', 'counted')
     know(f[1])
     local hit = f[7] and redis.call('EXISTS', AFFINITY .. f[7]) == 1 -- a device's prefix cache holds its history
     local w = {id = id, model = f[1] or '', max_tokens = num(f[2]), done = num(f[3]),
@@ -303,6 +306,7 @@ local function eta_snapshot(t, upto)
     if f[8] == 'batch' or f[10] == '1' or f[11] == '1' then w.interactive = false end
     if f[8] == 'batch' then w.batch = true end
     if num(f[9]) > 0 then w.preemptions = num(f[9]) end
+    if num(f[12]) > 0 then w.prompt_tokens = num(f[12]) end -- counted at admission
     waiting[#waiting + 1] = w
   end
   local b = redis.call('HMGET', BLOCKED, 'id', 'since')

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
-from tasks.errors import InvalidPrompt
+from tasks.context import Window
+from tasks.errors import ContextLengthExceeded, InvalidPrompt
 from tasks.job import Job, JobStatus, SamplingParams
 from tasks.model_kind import NAMES
 from tasks.store import Claim
@@ -48,8 +50,17 @@ class Joining(RunnerState):
         except Exception:  # the details are for the operator's log, not for the client
             logger.exception("job %s: its prompt could not be prepared", job.id)
             return Head(id=job.id, tokens=[], cost=0, solo=claim.solo, invalid=generation_error(job.id))
-        cost = len(tokens) + job.spec.params.max_tokens
-        return Head(id=job.id, tokens=tokens, cost=min(cost, engine.max_kv_size or cost), solo=claim.solo)
+        window = Window(engine.context, self.budget)
+        try:  # (a prompt the web could not count, or counted for another model: it does not run alone for long)
+            window.check(len(tokens), param="prompt" if job.spec.prompt is not None else "messages")
+        except ContextLengthExceeded as exc:
+            logger.info("job %s: refused, %d prompt tokens do not fit its model", job.id, len(tokens))
+            return Head(id=job.id, tokens=[], cost=0, solo=claim.solo, invalid=(exc.type, exc.message, exc.param or ""))
+        answer = window.answer(len(tokens), job.spec.params.max_tokens)
+        cost = len(tokens) + answer
+        return Head(
+            id=job.id, tokens=tokens, cost=min(cost, engine.max_kv_size or cost), solo=claim.solo, max_tokens=answer
+        )
 
     def _fits(self, head: Head) -> bool:
         """A job joins if the budget holds it, or if the batch is empty (a job too big for the budget runs alone);
@@ -67,6 +78,9 @@ class Joining(RunnerState):
         self._head = None
         if head is None or head.id != job.id:
             head = self._measure(claim)
+        if head.invalid is None and not job.spec.side and head.max_tokens < job.spec.params.max_tokens:
+            claim = replace(claim, job=_clipped(job, head.max_tokens))  # its answer ends where the context does
+            job = claim.job
         if not self.batch and head.invalid is None:
             self._activate(job.spec.model)
         logger.info(
@@ -231,3 +245,9 @@ class Joining(RunnerState):
             logger.info("batch switches to model %s (from %s)", model, self.active or "none")
             self.store.upkeep.count("model_switches")
         self.active, self.engine = model, self.models.get(model)
+
+
+def _clipped(job: Job, max_tokens: int) -> Job:
+    """`job` as it runs, its answer at most `max_tokens` (what its prompt leaves of the context)."""
+    params = job.spec.params.model_copy(update={"max_tokens": max_tokens})
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"params": params})})
