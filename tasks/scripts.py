@@ -37,6 +37,7 @@ ARGS: dict[str, tuple[str, ...]] = {
     "finish": ("id", "status", "finish_reason", "error", "prompt_tokens", "completion_tokens", "result_ttl_s",
                "worker", "stop_seen_at", "cached_tokens", "history", "stop_sequence"),
     "housekeep": ("max_attempts", "ttl_s", "result_ttl_s", "limit", *BELL),
+    "keep_lease": ("device", "worker", "lease_ms"),
     "live": ("id",),
     "lease": ("device", "worker", "pid", "lease_ms", "mode", "batch", "slots", "tok_s", "steps", "decode_s",
               "prefill_s", "prefill_tokens", "models", "active", "loading", "cache_lookups", "cache_hits",

@@ -62,6 +62,7 @@ ENV_NAMES: dict[str, str] = {
     "sse_ping_s": "ONELANE_SSE_PING_S",
     "device": "ONELANE_DEVICE",
     "lease_s": "ONELANE_LEASE_S",
+    "lease_hung_s": "ONELANE_LEASE_HUNG_S",
     "max_attempts": "ONELANE_MAX_ATTEMPTS",
     "stall_s": "ONELANE_STALL_S",
     "drain_s": "ONELANE_DRAIN_S",
@@ -201,6 +202,8 @@ class Settings(BaseModel):
     sse_ping_s: float = Field(15.0, gt=0, le=15)
     device: str = Field(default_factory=socket.gethostname, min_length=1, max_length=128)
     lease_s: float = Field(3.0, ge=0.5, le=60)
+    # a worker whose interpreter has not run its heartbeat for this long is hung: its keeper lets the lease lapse
+    lease_hung_s: float = Field(60.0, ge=1, le=3600)
     max_attempts: int = Field(2, ge=1, le=10)
     stall_s: float = Field(120.0, gt=0, le=86400)
     # a worker stopped in good order lets its batch run this long to end, then hands back what still runs
@@ -264,6 +267,11 @@ class Settings(BaseModel):
             raise ValueError(
                 f"images: ONELANE_IMAGE_MAX_BYTES ({self.image_max_bytes}) ≤ ONELANE_IMAGE_USER_BYTES "
                 f"({self.image_user_bytes}) ≤ ONELANE_IMAGE_TOTAL_BYTES ({self.image_total_bytes}), or no image fits"
+            )
+        if self.lease_hung_s < self.lease_s:
+            raise ValueError(
+                f"ONELANE_LEASE_HUNG_S ({self.lease_hung_s}) must be at least ONELANE_LEASE_S ({self.lease_s}): a "
+                "worker is not hung before its lease could lapse"
             )
         if self.image_total_bytes >= self.redis_memory_bytes:
             raise ValueError(

@@ -265,7 +265,8 @@ end
 
 -- What ETAs are forecast from (tasks/eta.py), as JSON, read in one go: the live devices (their slots, the model
 -- their batch runs, the models they hold, their measured pace), the running jobs, the first `upto` waiting jobs in
--- fair order, what is known of each of their models (measured pace, last load time, the lengths of recent answers),
+-- fair order, what is known of each of their models (measured pace, last load time, how long a load going on has run,
+-- the lengths of recent answers),
 -- and the head that jobs of a ready model are passing over (claim.lua), since when. For preemption (claim.lua's
 -- first_interactive, worker/batch/preemption.py): a batch-class job (running or waiting) says `batch` and, once set aside,
 -- its `preemptions`; a waiting job that may take a batch-class job's slot says nothing, one that may not (a batch,
@@ -274,9 +275,10 @@ local function eta_snapshot(t, upto)
   local devices, running, waiting, models = {}, {}, {}, {}
   local function know(model)
     if model and not models[model] then
-      local m = redis.call('HMGET', MODEL .. model, 'pace', 'load_s', 'batching')
+      local m = redis.call('HMGET', MODEL .. model, 'pace', 'load_s', 'batching', 'state', 'loading_at')
       models[model] = {pace = m[1] or '', load_s = tonumber(m[2] or '') or 0, batching = m[3] or '',
         lengths = redis.call('LRANGE', LENGTHS .. model, 0, -1)}
+      if m[4] == 'loading' and tonumber(m[5] or '') then models[model].loading_s = t - tonumber(m[5]) end
     end
   end
   local function num(x) return tonumber(x or '') or 0 end
