@@ -120,8 +120,8 @@ def main() -> None:
         statuses = sorted({r["a"][0] for r in rounds}), sorted({r["b"][0] for r in rounds})
         medians[label] = (median(a), median(b))
         print(
-            f"  {label:>8}: A (the long prompt) answered {statuses[0]} in {median(a):.2f} s ({spread(a, '{:.2f}', short=True)}); "
-            f"B (short) answered {statuses[1]} in {median(b):.2f} s ({spread(b, '{:.2f}', short=True)})"
+            f"  {label:>8}: A (the long prompt) answered {statuses[0]} in {spread(a, '{:.2f}', short=True)} s; "
+            f"B (short) answered {statuses[1]} in {spread(b, '{:.2f}', short=True)} s"
         )
     (a_now, b_now), (a_before, b_before) = medians["this"], medians[args.baseline]
     print(f"  ratio {args.baseline} / this: A's answer {a_before / a_now:.0f}x, B's wait {b_before / b_now:.0f}x")
