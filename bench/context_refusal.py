@@ -1,6 +1,7 @@
-"""A prompt past its model's context (issue 60, item 4): how long 32,000 emoji (128,000 tokens for a byte-level BPE,
-15x SmolLM2's 8,192-token context) take to be refused, and how long another user's short question waits meanwhile,
-this checkout against a baseline revision (the main this fix began from), same run, same machine.
+"""A prompt past its model's context (issue 60, item 4): how long 32,000 emoji (96,030 tokens for SmolLM2's
+tokenizer, 12x its 8,192-token context; 128,000 for the demo model's) take to be refused, and how long another
+user's short question waits meanwhile, this checkout against a baseline revision (the main this fix began from),
+same run, same machine.
 
     ./dev.sh bench context_refusal [--model smollm2|demo|PATH] [--rounds 3] [--baseline 59e5741]
                                    [--time-limit 60] [--timeout 300]
@@ -119,8 +120,8 @@ def main() -> None:
         statuses = sorted({r["a"][0] for r in rounds}), sorted({r["b"][0] for r in rounds})
         medians[label] = (median(a), median(b))
         print(
-            f"  {label:>8}: A (128,000 tokens) answered {statuses[0]} in {median(a):.2f} s ({spread(a, '{:.2f}', short=True)}); "
-            f"B (short) answered {statuses[1]} in {median(b):.2f} s ({spread(b, '{:.2f}', short=True)})"
+            f"  {label:>8}: A (the long prompt) answered {statuses[0]} in {spread(a, '{:.2f}', short=True)} s; "
+            f"B (short) answered {statuses[1]} in {spread(b, '{:.2f}', short=True)} s"
         )
     (a_now, b_now), (a_before, b_before) = medians["this"], medians[args.baseline]
     print(f"  ratio {args.baseline} / this: A's answer {a_before / a_now:.0f}x, B's wait {b_before / b_now:.0f}x")

@@ -14,6 +14,7 @@ from tasks.job import Job, JobStatus, SamplingParams
 from tasks.model_kind import NAMES
 from tasks.store import Claim
 from worker import timeline
+from worker.batch.engine import Engine
 from worker.batch.runs import Head, Running
 from worker.batch.sampling import sampling
 from worker.batch.state import RunnerState, generation_error
@@ -50,11 +51,17 @@ class Joining(RunnerState):
         except Exception:  # the details are for the operator's log, not for the client
             logger.exception("job %s: its prompt could not be prepared", job.id)
             return Head(id=job.id, tokens=[], cost=0, solo=claim.solo, invalid=generation_error(job.id))
-        window = Window(engine.context, self.budget)
-        try:  # (a prompt the web could not count, or counted for another model: it does not run alone for long)
+        return self._sized(claim, engine, tokens)
+
+    def _sized(self, claim: Claim, engine: Engine, tokens: list[int]) -> Head:
+        """A measured job: its answer no longer than its prompt leaves of the context, its KV cost; or, if its prompt
+        does not fit (tasks/context.py), refused: the web counts most prompts as it admits them, not a batch's line,
+        one it could not count in time, nor one with images."""
+        job, window = claim.job, Window(engine.context, self.budget)
+        try:
             window.check(len(tokens), param="prompt" if job.spec.prompt is not None else "messages")
         except ContextLengthExceeded as exc:
-            logger.info("job %s: refused, %d prompt tokens do not fit its model", job.id, len(tokens))
+            logger.info("job %s: refused, its %d prompt tokens do not fit its model", job.id, len(tokens))
             return Head(id=job.id, tokens=[], cost=0, solo=claim.solo, invalid=(exc.type, exc.message, exc.param or ""))
         answer = window.answer(len(tokens), job.spec.params.max_tokens)
         cost = len(tokens) + answer
