@@ -1,6 +1,6 @@
 """Lease benchmark: does a live worker keep its device's lease on a loaded machine?
 
-    .venv/bin/python -m bench.lease [--minutes 10] [--hogs 2] [--baseline TREE]
+    .venv/bin/python -m bench.lease [--minutes 10] [--hogs 2] [--baseline TREE] [--logs DIR]
 
 An idle `onelane worker` and a busy one (jobs of 80 tokens admitted two at a time, back to back), each with a Redis
 of its own, on the shipped demo model and the default lease (3 s), beside `--hogs` CPU hogs (busy loops) for
@@ -52,7 +52,9 @@ class Watch:
 
 
 @contextmanager
-def stack(root: Path, name: str, folder: Path, busy: bool, done: threading.Event) -> Iterator[Watch]:
+def stack(
+    root: Path, name: str, folder: Path, busy: bool, done: threading.Event, keep: Path | None = None
+) -> Iterator[Watch]:
     """`onelane worker` of the tree `root` on a Redis of its own, watched (and kept busy) until `done`."""
     watch = Watch(name)
     with private_redis() as (redis_folder, url):
@@ -84,6 +86,9 @@ def stack(root: Path, name: str, folder: Path, busy: bool, done: threading.Event
                 t.join(timeout=120)
             stop(child)
             text = log_path.read_text(errors="replace")
+            if keep is not None:
+                keep.mkdir(parents=True, exist_ok=True)
+                (keep / log_path.name).write_text(text)
             watch.restarts = text.count(" exited (")
             watch.lost_lines = text.count("lost device")
 
@@ -143,6 +148,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--hogs", type=int, default=2, help="CPU hogs (busy loops) beside the workers")
     parser.add_argument("--baseline", type=Path, help="another source tree whose workers run at the same time")
+    parser.add_argument("--logs", type=Path, help="a folder to keep the workers' logs in")
     args = parser.parse_args()
     trees = [("this", ROOT)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
     done, start_load = threading.Event(), os.getloadavg()[0]
@@ -151,7 +157,7 @@ def main() -> None:
         hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
         exits.callback(lambda: [stop(h, 5) for h in hogs])
         watches = [
-            exits.enter_context(stack(root, f"{tree}-{kind}", folder, kind == "busy", done))
+            exits.enter_context(stack(root, f"{tree}-{kind}", folder, kind == "busy", done, args.logs))
             for tree, root in trees
             for kind in ("idle", "busy")
         ]
