@@ -39,12 +39,10 @@ from worker.batch.rows import Embeds
 from worker.chat_prompt import chat_input
 from worker.unsupported import Unsupported
 from worker.vision_prep import KEPT, Preparer, placeholder
+from worker.vision_tower import Reading, Unreadable, by_image, by_image_agrees, splits, whole
 
 logger = logging.getLogger(__name__)
 
-#: what mlx-vlm's embeddings may carry beside them that the batch reads: a model whose images need more (positions
-#: that depend on the image, as Qwen2-VL's M-RoPE; cross-attention states; per-layer inputs) is not served yet
-READ = ("inputs_embeds", "attention_mask_4d", "attention_mask")
 Source = tuple[str, dict[str, Any]]  # the model's folder and mlx-vlm's options, as the image preparer loads it
 Reach = Callable[[list[int]], int] | None  # how many of a keyed prompt's tokens the prefix cache holds
 
@@ -92,6 +90,7 @@ class VisionEngine(Engine):
         self.prep = Preparer(source[0], source[1], self.image_token, self.special)
         # the full digests of the prompts' images seen last, by their ids past the vocabulary
         self._digests: OrderedDict[tuple[int, ...], tuple[str, ...]] = OrderedDict()
+        self.by_image = False  # its images read one a step (worker/vision_tower.py): checked as it loads
         self.images_read = 0  # images its vision tower read (a prefix-cache hit reads none)
 
     @classmethod
@@ -102,7 +101,6 @@ class VisionEngine(Engine):
         from mlx_lm.tokenizer_utils import load as load_tokenizer
         from mlx_vlm import load as load_vlm
         from mlx_vlm.utils import get_model_path
-        from PIL import Image
 
         started = time.perf_counter()
         vlm, processor = load_vlm(model.path, trust_remote_code=model.trust_remote_code, revision=model.revision)
@@ -129,16 +127,31 @@ class VisionEngine(Engine):
             lock=lock,
             max_kv_size=model.max_kv_size,
         )
-        # one image read as it loads: a model whose images the batch cannot read fails its load, saying why
-        probe = io.BytesIO()
-        Image.new("RGB", (32, 32), "gray").save(probe, "PNG")
-        picture = Picture(digest="0" * 64, at=0)
-        spec = JobSpec(owner="", model=model.name, messages=(Message(role="user", content="?", images=(picture,)),))
-        embed, _ = engine.embeddings(engine.prompt_tokens(spec, {picture.digest: probe.getvalue()}), 0)
-        assert embed is not None
-        embed()
-        engine.images_read = 0
+        engine.probe()
         return engine
+
+    def probe(self) -> None:
+        """Two images read as it loads: a model whose images the batch cannot read fails its load, saying why; one
+        whose images read alone give the embeddings they give together is read one image a step."""
+        from PIL import Image
+
+        images = {}
+        for n, color in enumerate(("gray", "teal")):
+            out = io.BytesIO()
+            Image.new("RGB", (32, 32), color).save(out, "PNG")
+            images[str(n) * 64] = out.getvalue()
+        pictures = tuple(Picture(digest=d, at=0) for d in images)
+        spec = JobSpec(owner="", model=self.name, messages=(Message(role="user", content="?", images=pictures),))
+        prompt = self.prompt_tokens(spec, images)
+        ids, kept, count = self._inputs(prompt)
+        reading = self._reading(ids, kept, 0, count)
+        while reading() is None:
+            pass
+        self.by_image = by_image_agrees(self.vlm, self.image_token, ids, kept, count)
+        self.images_read = 0
+        logger.info(
+            "model %s reads %s", self.name, "one image a step" if self.by_image else "a prompt's images at once"
+        )
 
     def prompt_tokens(
         self, spec: JobSpec, images: Mapping[str, bytes] | None = None, *, wait: bool = True, reach: Reach = None
@@ -197,34 +210,45 @@ class VisionEngine(Engine):
         return tuple((at[n * each], d) for n, d in enumerate(digests))
 
     def embeddings(self, prompt: list[int], cached: int) -> tuple[Embeds | None, list[int] | None]:
-        """The prompt's input embeddings past its first `cached` tokens, but its last, computed when first read (its
-        vision tower's pass then, between two of the batch's steps, not as it joins: several image jobs joining at
-        once each cost a step of their own)."""
+        """The prompt's input embeddings past its first `cached` tokens, but its last, read when first needed, between
+        two of the batch's steps, image by image where the model allows (worker/vision_tower.py); and their ids."""
         if not any(t >= self.vocab for t in prompt[cached:-1]):
             return None, None
+        ids, kept, images = self._inputs(prompt)
+        return self._reading(ids, kept, cached, images), ids[cached:]
+
+    def _inputs(self, prompt: list[int]) -> tuple[list[int], dict[str, mx.array], int]:
+        """A keyed prompt's ids as the model knows them, its images' prepared arrays, and how many images."""
         digests = self._digests.get(_images(prompt, self.vocab))
         arrays = self.prep.arrays(digests) if digests is not None else None
         if digests is None or arrays is None:
             raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
         kept = {k: mx.array(v).astype(getattr(mx, dtype)) if dtype else mx.array(v) for k, (v, dtype) in arrays.items()}
-        ids = [self.image_token if t >= self.vocab else t for t in prompt]
-        return lambda: self._embed(ids, kept, cached, len(digests)), ids[cached:]
+        return [self.image_token if t >= self.vocab else t for t in prompt], kept, len(digests)
 
-    def _embed(self, ids: list[int], kept: dict[str, mx.array], cached: int, images: int) -> mx.array:
-        self.images_read += images
-        rest = {k: v for k, v in kept.items() if k != "pixel_values"}
-        out = self.vlm.get_input_embeddings(
-            mx.array([ids]), kept.get("pixel_values"), mask=mx.ones((1, len(ids)), dtype=mx.int32), **rest
-        )
-        extra = [k for k, v in out.to_dict().items() if v is not None and k not in READ]
-        if extra:
-            raise VisionUnsupported(
-                f"its images come with {', '.join(extra)} beside their embeddings (positions or states that depend on "
-                "the image): onelane's batch does not read such a model's images yet"
-            )
-        embeds: mx.array = out.inputs_embeds[0, cached:-1]
-        mx.eval(embeds)
-        return embeds
+    def _reading(self, ids: list[int], kept: dict[str, mx.array], cached: int, images: int) -> Reading:
+        """The vision tower's pass, a part a call (one image, or all at once), then the embeddings past `cached`."""
+        if self.by_image and splits(kept, images):
+            read = by_image(self.vlm, self.image_token, ids, kept, images)
+        else:
+            read = lambda: whole(self.vlm, ids, kept)  # noqa: E731
+
+        def step() -> mx.array | None:
+            try:
+                out = read()
+            except Unreadable as exc:
+                raise VisionUnsupported(
+                    f"its images come with {exc} beside their embeddings (positions or states that depend on the "
+                    "image): onelane's batch does not read such a model's images yet"
+                ) from None
+            if out is None:
+                return None
+            self.images_read += images
+            embeds = out[cached:-1]
+            mx.eval(embeds)
+            return embeds
+
+        return step
 
     def _keyed(self, ids: list[int], digests: tuple[str, ...]) -> list[int]:
         """The ids with each image's tokens named by the image (an id past the vocabulary, from its digest): the
