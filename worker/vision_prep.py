@@ -143,7 +143,8 @@ class Preparer:
 
 
 def placeholder(processor: Any) -> int | None:
-    """The token a processor's chat template writes for an image (one token), or None if it writes several."""
+    """The token a processor's chat template writes for an image (an added token, which only the image brings);
+    None if it is not one such token."""
     tokenizer = processor.tokenizer
 
     def ids(content: list[dict[str, str]]) -> list[int]:
@@ -151,11 +152,9 @@ def placeholder(processor: Any) -> int | None:
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     words = {"type": "text", "text": "x"}
-    with_image, without = ids([{"type": "image"}, words]), ids([words])
-    added = [op for op in SequenceMatcher(None, without, with_image, autojunk=False).get_opcodes() if op[0] != "equal"]
-    if len(added) != 1 or added[0][0] != "insert" or added[0][4] - added[0][3] != 1:
-        return None
-    return with_image[added[0][3]]
+    added = set(tokenizer.get_added_vocab().values())
+    brought = {t for t in ids([{"type": "image"}, words]) if t in added} - set(ids([words]))
+    return brought.pop() if len(brought) == 1 else None
 
 
 def derive(plain: list[int], ids: list[int], marker: int | None, digests: list[str]) -> dict[str, list[Edit]]:
