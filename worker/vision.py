@@ -39,7 +39,7 @@ from worker.batch.rows import Embeds
 from worker.chat_prompt import chat_input
 from worker.unsupported import Unsupported
 from worker.vision_prep import KEPT, Preparer, placeholder
-from worker.vision_tower import Reading, Unreadable, by_image, by_image_agrees, splits, whole
+from worker.vision_tower import Arrays, Reading, Unreadable, by_image, by_image_agrees, splits, whole
 
 logger = logging.getLogger(__name__)
 
@@ -217,16 +217,15 @@ class VisionEngine(Engine):
         ids, kept, images = self._inputs(prompt)
         return self._reading(ids, kept, cached, images), ids[cached:]
 
-    def _inputs(self, prompt: list[int]) -> tuple[list[int], dict[str, mx.array], int]:
+    def _inputs(self, prompt: list[int]) -> tuple[list[int], Arrays, int]:
         """A keyed prompt's ids as the model knows them, its images' prepared arrays, and how many images."""
         digests = self._digests.get(_images(prompt, self.vocab))
         arrays = self.prep.arrays(digests) if digests is not None else None
         if digests is None or arrays is None:
             raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
-        kept = {k: mx.array(v).astype(getattr(mx, dtype)) if dtype else mx.array(v) for k, (v, dtype) in arrays.items()}
-        return [self.image_token if t >= self.vocab else t for t in prompt], kept, len(digests)
+        return [self.image_token if t >= self.vocab else t for t in prompt], arrays, len(digests)
 
-    def _reading(self, ids: list[int], kept: dict[str, mx.array], cached: int, images: int) -> Reading:
+    def _reading(self, ids: list[int], kept: Arrays, cached: int, images: int) -> Reading:
         """The vision tower's pass, a part a call (one image, or all at once), then the embeddings past `cached`."""
         if self.by_image and splits(kept, images):
             read = by_image(self.vlm, self.image_token, ids, kept, images)

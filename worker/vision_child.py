@@ -7,10 +7,11 @@ asks and waits off that thread). Images are read as mlx-vlm's own loader reads t
 applied, RGB), and the inputs prepared as its generate prepares them (`prepare_inputs`), on the CPU; no array of
 this process reaches the device.
 
-A request is `{"path", "options", "text", "image_token", "special", "sizes"}` with the images' bytes one after the
-other as its payload (`sizes` their lengths); the answer `{"ids", "rules", "arrays"}` (the prompt's token ids, how
-each image's tokens are written into the text's own, by digest: worker/vision_prep.py) with the processor's arrays
-as an .npz payload, or `{"error"}`.
+A request is `{"path", "options", "text", "image_token", "special", "sizes", "digests", "folder"}` with the images'
+bytes one after the other as its payload (`sizes` their lengths); the answer `{"ids", "rules", "files", "dtypes"}`
+(the prompt's token ids, how each image's tokens are written into the text's own, by digest: worker/vision_prep.py;
+the processor's arrays, each written to an .npy file of `folder`, which the worker maps and removes: tens of MB of
+pixels are not copied through a socket), or `{"error"}`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import uuid
 from typing import Any
 
 import numpy as np
@@ -60,15 +62,14 @@ def _prepare(request: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], b
     plain = prepare_inputs(processor, prompts=text, add_special_tokens=special)
     ids = [int(t) for t in np.asarray(inputs["input_ids"])[0]]
     rules = derive([int(t) for t in np.asarray(plain["input_ids"])[0]], ids, marker, request["digests"])
-    arrays, dtypes = {}, {}
+    files, dtypes = {}, {}
     for name, value in inputs.items():
         if name in NOT_INPUTS or value is None:
             continue
         dtypes[name] = str(getattr(value, "dtype", "")).removeprefix("mlx.core.")
-        arrays[name] = np.asarray(value.astype(_float32()) if dtypes[name] == "bfloat16" else value)
-    out = io.BytesIO()
-    np.savez(out, **arrays)  # type: ignore[arg-type]  # (numpy's stubs type **kwds as its allow_pickle)
-    return {"ids": ids, "rules": rules, "dtypes": dtypes}, out.getvalue()
+        files[name] = os.path.join(request["folder"], f"{uuid.uuid4().hex}.npy")
+        np.save(files[name], np.asarray(value.astype(_float32()) if dtypes[name] == "bfloat16" else value))
+    return {"ids": ids, "rules": rules, "files": files, "dtypes": dtypes}, b""
 
 
 def _float32() -> Any:

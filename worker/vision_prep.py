@@ -20,9 +20,12 @@ What was prepared is kept by the images' full digests (SHA-256: an image's ident
 
 from __future__ import annotations
 
+import atexit
 import hashlib
-import io
 import logging
+import os
+import shutil
+import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -38,7 +41,8 @@ from tasks.children import ChildKind, Children
 logger = logging.getLogger(__name__)
 
 NOT_INPUTS = ("input_ids", "attention_mask")  # what of mlx-vlm's prepared inputs is no image's
-KEPT = 64  # prompts' prepared images kept (their arrays), by their digests
+KEPT = 64  # prompts' prepared images kept (their arrays), by their digests ...
+KEPT_BYTES = 2**30  # ... and their arrays' bytes, at most (the newest prompt's are kept whatever their size)
 RULES = 4096  # images' rules kept (a few hundred bytes each)
 PREPARERS = 1  # image preparer processes: one job's images at a time, beside the device thread
 PREPARE_S = 120.0  # one prompt's images, at most (the door brought each down to twice the processor's size)
@@ -82,6 +86,9 @@ class Preparer:
         self._arrays: OrderedDict[Images, dict[str, tuple[np.ndarray, str]]] = OrderedDict()
         self._rules: OrderedDict[str, Rule] = OrderedDict()
         self._asked: dict[tuple[str, Images], Future[Prepared]] = {}
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # (its files are memory: mapped, never on a disk)
+        self._folder = tempfile.mkdtemp(prefix="onelane-images-", dir=shm)
+        atexit.register(shutil.rmtree, self._folder, True)
 
     @property
     def asked(self) -> int:
@@ -121,25 +128,39 @@ class Preparer:
         return future.result()
 
     def _ask(self, text: str, digests: Images, images: list[bytes]) -> Prepared:
-        header = {**self.request, "text": text, "digests": list(digests), "sizes": [len(i) for i in images]}
+        header = {
+            **self.request,
+            "text": text,
+            "digests": list(digests),
+            "sizes": [len(i) for i in images],
+            "folder": self._folder,
+        }
         try:
             answer, payload = self.children.ask(header, b"".join(images))
         except Exception as exc:
             raise PrepareFailed(f"the image preparer failed: {exc}") from exc
         if "error" in answer:
             raise PrepareFailed(answer["error"])
-        with np.load(io.BytesIO(payload), allow_pickle=False) as npz:
-            arrays = {name: (npz[name], answer["dtypes"][name]) for name in npz.files}
+        arrays = {}
+        for name, path in answer["files"].items():  # mapped, not read: the device thread reads an image's rows
+            arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False), answer["dtypes"][name]
+            os.unlink(path)
         with self._lock:
             self._arrays[digests] = arrays
-            while len(self._arrays) > KEPT:
+            while len(self._arrays) > 1 and (len(self._arrays) > KEPT or _nbytes(self._arrays) > KEPT_BYTES):
                 self._arrays.popitem(last=False)
+            for done in [k for k, f in self._asked.items() if f.done()][:-KEPT]:  # (answers no job came back for)
+                del self._asked[done]
             for digest, rule in answer["rules"].items():
                 self._rules[digest] = tuple((int(at), tuple(old), tuple(new)) for at, old, new in rule)
                 self._rules.move_to_end(digest)
             while len(self._rules) > RULES:
                 self._rules.popitem(last=False)
         return Prepared(ids=tuple(answer["ids"]), arrays=arrays)
+
+
+def _nbytes(kept: OrderedDict[Images, dict[str, tuple[np.ndarray, str]]]) -> int:
+    return sum(a.nbytes for arrays in kept.values() for a, _ in arrays.values())
 
 
 def placeholder(processor: Any) -> int | None:

@@ -16,19 +16,22 @@ from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 #: what mlx-vlm's embeddings may carry beside them that the batch reads: a model whose images need more (positions
 #: that depend on the image, as Qwen2-VL's M-RoPE; cross-attention states; per-layer inputs) is not served yet
 READ = ("inputs_embeds", "attention_mask_4d", "attention_mask")
 
+Arrays = dict[str, tuple[np.ndarray, str]]  # the processor's arrays of a prompt's images (and their MLX dtypes)
 Reading = Callable[[], mx.array | None]  # one part of the pass a call; the embeddings once the last is done
 
 
-def whole(vlm: Any, ids: list[int], kept: dict[str, mx.array]) -> mx.array:
+def whole(vlm: Any, ids: list[int], kept: Arrays) -> mx.array:
     """The prompt's input embeddings, its images read in one call; `Unreadable` names what else the model gives."""
-    rest = {k: v for k, v in kept.items() if k != "pixel_values"}
+    arrays = {k: mx.array(v).astype(getattr(mx, dtype)) if dtype else mx.array(v) for k, (v, dtype) in kept.items()}
+    rest = {k: v for k, v in arrays.items() if k != "pixel_values"}
     out = vlm.get_input_embeddings(
-        mx.array([ids]), kept.get("pixel_values"), mask=mx.ones((1, len(ids)), dtype=mx.int32), **rest
+        mx.array([ids]), arrays.get("pixel_values"), mask=mx.ones((1, len(ids)), dtype=mx.int32), **rest
     )
     extra = [k for k, v in out.to_dict().items() if v is not None and k not in READ]
     if extra:
@@ -41,12 +44,12 @@ class Unreadable(Exception):
     """The model gives more than embeddings for its images (its message names what)."""
 
 
-def splits(kept: dict[str, mx.array], images: int) -> bool:
+def splits(kept: Arrays, images: int) -> bool:
     """Whether every array of the images has a row for each image (its first axis)."""
-    return images > 0 and all(getattr(v, "shape", (0,))[:1] == (images,) for v in kept.values())
+    return images > 0 and all(v.shape[:1] == (images,) for v, _ in kept.values())
 
 
-def by_image(vlm: Any, image_token: int, ids: list[int], kept: dict[str, mx.array], images: int) -> Reading:
+def by_image(vlm: Any, image_token: int, ids: list[int], kept: Arrays, images: int) -> Reading:
     """The pass image by image: each call reads one image; the call after the last gives the embeddings."""
     at = [i for i, t in enumerate(ids) if t == image_token]
     each = len(at) // images
@@ -55,7 +58,7 @@ def by_image(vlm: Any, image_token: int, ids: list[int], kept: dict[str, mx.arra
     def read() -> mx.array | None:
         n = len(parts)
         if n < images:
-            mine = {k: v[n : n + 1] for k, v in kept.items()}
+            mine = {k: (v[n : n + 1], dtype) for k, (v, dtype) in kept.items()}
             part = whole(vlm, [image_token] * each, mine)
             mx.eval(part)
             parts.append(part)
@@ -68,7 +71,7 @@ def by_image(vlm: Any, image_token: int, ids: list[int], kept: dict[str, mx.arra
     return read
 
 
-def by_image_agrees(vlm: Any, image_token: int, ids: list[int], kept: dict[str, mx.array], images: int) -> bool:
+def by_image_agrees(vlm: Any, image_token: int, ids: list[int], kept: Arrays, images: int) -> bool:
     """Whether reading image by image gives the whole call's embeddings (for a prompt of several images)."""
     if not splits(kept, images):
         return False
