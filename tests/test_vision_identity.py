@@ -120,3 +120,27 @@ def test_a_sideways_photo_is_answered_as_mlx_vlm_answers_it_from_the_file(
     # ... which is not its answer about the photo as stored, unturned: the turn made a difference
     unturned = Image.open(io.BytesIO(photo.read_bytes())).convert("RGB")
     assert mlx_vlm_answer(folder, unturned, 12) != ids
+
+
+@pytest.mark.parametrize("orientation", [6, 8])
+def test_the_worker_reads_a_sideways_photo_as_mlx_vlms_loader_does(orientation, folder, tmp_path):
+    """The worker's own reading (a photo whose bytes kept their EXIF: one sent before the door turned photos, a
+    batch's, a response's), not the door's: its greedy tokens are mlx-vlm's from the file."""
+    from tasks.catalogue import ModelConfig
+    from tasks.job import JobSpec, Message, Picture, SamplingParams
+    from worker.vision import VisionEngine
+
+    photo = tmp_path / "photo.jpg"
+    photo.write_bytes(sideways(orientation))
+    engine = VisionEngine.load(ModelConfig(name="gemma", path=str(folder), vision=True))
+    picture = Picture(digest="e" * 64, at=0)
+    spec = JobSpec(
+        owner="", model="gemma", messages=(Message(role="user", content="What is this?", images=(picture,)),)
+    )
+    uid = engine.insert(engine.prompt_tokens(spec, {picture.digest: photo.read_bytes()}), SamplingParams(max_tokens=12))
+    tokens: list[int] = []
+    with engine.lock:
+        while not tokens or tokens[-1] >= 0:
+            emitted = [e for e in engine.step() if e.uid == uid]
+            tokens += [e.token for e in emitted] + [-1 for e in emitted if e.finish_reason]
+    assert tokens[:-1] == mlx_vlm_answer(folder, str(photo), 12)[: len(tokens) - 1]
