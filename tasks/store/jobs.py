@@ -42,6 +42,9 @@ from tasks.store.worker import WorkerStore
 from tasks.users import turn_share
 
 VISITORS_PER_ADDRESS = 4  # local mode: browser visitors of one client address that may have jobs waiting at once
+#: an image in a prompt, as its estimate (and ETA) counts it before the worker has: the 256 tokens a Gemma 3 image
+#: is, at 4 characters a token (the worker reports the real count, which the job is charged as it ends)
+IMAGE_CHARS = 1024
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,11 @@ class Store:
         texts = [spec.prompt] if spec.prompt is not None else [m.content for m in spec.messages or ()]
         if spec.pooled is not None:  # (token ids count as a character each)
             texts = [spec.pooled.query or "", *(t if isinstance(t, str) else " " * len(t) for t in spec.pooled.texts)]
+        sizes = [len(t) for t in texts]
+        if (
+            spec.prompt is None and spec.messages and spec.pooled is None
+        ):  # an image counts as the tokens the vision tower gives it
+            sizes = [n + IMAGE_CHARS * len(m.images) for n, m in zip(sizes, spec.messages, strict=True)]
         return {
             "owner": spec.owner,
             "watch_grace_s": s.watch_grace_s if spec.watched else 0,
@@ -192,8 +200,8 @@ class Store:
             "history": history,
             "side": "1" if spec.side else "",
             "ignore_eos": "1" if spec.params.ignore_eos else "",
-            "prompt_chars": sum(len(t) for t in texts),
-            "history_chars": sum(len(t) for t in texts[:-1]),
+            "prompt_chars": sum(sizes),
+            "history_chars": sum(sizes[:-1]),
         }
 
     def _refuse(self, verdict: str, rest: list[Any], model: str, n: int, quota: int) -> NoReturn:
