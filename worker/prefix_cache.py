@@ -37,7 +37,7 @@ from mlx.utils import tree_map
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from worker.prefix_disk import DiskTier, compute_state
-from worker.prefix_index import SortedSequences, Tokens, nearest
+from worker.prefix_index import Marks, SortedSequences, Tokens, nearest, within
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ class Entry:
 
     cache: list[Any]
     nbytes: int
+    marks: Marks = ()  # its images' full digests, where each starts
 
 
 class PrefixCache:
@@ -104,15 +105,24 @@ class PrefixCache:
         """Whether the sequence `tokens` is kept under `key`."""
         return (key, tuple(tokens)) in self._entries
 
-    def fetch(self, key: Key, tokens: list[int]) -> Hit:
+    def reach(self, key: Key, tokens: list[int], marks: Marks = ()) -> int:
+        """How many of `tokens` a fetch would read from the cache (RAM or disk), reading none."""
+        if not self.enabled:
+            return 0
+        prompt = tuple(tokens)
+        found = self._nearest(key, prompt, marks)
+        on_disk = self._on_disk(key, prompt, marks)
+        return max(found[1] if found else 0, on_disk[1] if on_disk else 0)
+
+    def fetch(self, key: Key, tokens: list[int], marks: Marks = ()) -> Hit:
         """The longest cached prefix of `tokens` under `key`, in RAM or on disk, as a cache of its own; at least one
-        token is left to prefill."""
+        token is left to prefill. `marks`: its images' full digests, which an entry's must equal where they meet."""
         if not self.enabled:
             return Hit(None, 0)
         self.counters.lookups += 1
         prompt = tuple(tokens)
-        found = self._nearest(key, prompt)
-        on_disk = self.disk.nearest(key, prompt, MIN_HIT_TOKENS) if self.disk is not None else None
+        found = self._nearest(key, prompt, marks)
+        on_disk = self._on_disk(key, prompt, marks)
         if on_disk is not None and on_disk[1] > (found[1] if found else 0):
             held, reach = on_disk
             started = time.perf_counter()
@@ -123,7 +133,8 @@ class PrefixCache:
                 )
                 self.counters.disk_hits += 1
                 self.counters.disk_tokens += reach
-                if not self._keep((key, held), cache):  # (bigger than RAM's cap: this hit has it alone)
+                kept = self._keep((key, held), cache, marks=self.disk.marks(key, held)) if self.disk else False
+                if not kept:  # (bigger than RAM's cap: this hit has it alone)
                     return self._hit((key, held), reach, cache)
                 found = (key, held), reach
         if found is None:
@@ -139,17 +150,35 @@ class PrefixCache:
         self.counters.cached_tokens += reach
         return Hit(cache, reach)
 
-    def _nearest(self, key: Key, prompt: Tokens) -> tuple[Name, int] | None:
-        """The entry in RAM under `key` that holds the most of `prompt` but its last token, and how many."""
+    def _nearest(self, key: Key, prompt: Tokens, marks: Marks) -> tuple[Name, int] | None:
+        """The entry in RAM under `key` that holds the most of `prompt` but its last token, and how many (up to an
+        image whose full digest differs)."""
         held = self._held.get(key)
         if held is None:
             return None
-        found = nearest(
-            held, prompt, lambda tokens: can_trim_prompt_cache(self._entries[(key, tokens)].cache), MIN_HIT_TOKENS
-        )
-        return ((key, found[0]), found[1]) if found else None
 
-    def insert(self, key: Key, tokens: list[int], cache: list[Any]) -> bool:
+        def trimmable(tokens: Tokens) -> bool:
+            return bool(can_trim_prompt_cache(self._entries[(key, tokens)].cache))
+
+        found = nearest(held, prompt, trimmable, MIN_HIT_TOKENS)
+        if found is None:
+            return None
+        reach = within(found[1], self._entries[(key, found[0])].marks, marks)
+        if reach < found[1] and (reach < MIN_HIT_TOKENS or not trimmable(found[0])):
+            return None
+        return (key, found[0]), reach
+
+    def _on_disk(self, key: Key, prompt: Tokens, marks: Marks) -> tuple[Tokens, int] | None:
+        """As _nearest, on disk."""
+        found = self.disk.nearest(key, prompt, MIN_HIT_TOKENS) if self.disk is not None else None
+        if found is None or self.disk is None:
+            return None
+        reach = within(found[1], self.disk.marks(key, found[0]), marks)
+        if reach < found[1] and (reach < MIN_HIT_TOKENS or not self.disk.trimmable(key, found[0])):
+            return None
+        return found[0], reach
+
+    def insert(self, key: Key, tokens: list[int], cache: list[Any], marks: Marks = ()) -> bool:
         """Keep a finished sequence's KV state (`cache` holds exactly `tokens`), in RAM (evicting the least recently
         used entries past the byte cap) and on disk; whether RAM kept it (an entry bigger than the whole cap is
         not)."""
@@ -159,10 +188,10 @@ class PrefixCache:
         cache = _frozen(cache)
         nbytes = sum(c.nbytes for c in cache)
         if self.disk is not None:
-            self.disk.write(name, cache, can_trim_prompt_cache(cache), nbytes)
-        return self._keep(name, cache, nbytes)
+            self.disk.write(name, cache, can_trim_prompt_cache(cache), nbytes, marks)
+        return self._keep(name, cache, nbytes, marks)
 
-    def _keep(self, name: Name, cache: list[Any], nbytes: int | None = None) -> bool:
+    def _keep(self, name: Name, cache: list[Any], nbytes: int | None = None, marks: Marks = ()) -> bool:
         nbytes = sum(c.nbytes for c in cache) if nbytes is None else nbytes
         if nbytes > self.max_bytes:
             return False
@@ -171,7 +200,7 @@ class PrefixCache:
         if can_trim_prompt_cache(cache):  # a prompt its prefixes would serve reads this one, trimmed
             for prefix in self._held.get(key, SortedSequences()).prefixes_of(name[1]):
                 self._remove((key, prefix))
-        self._add(name, Entry(cache, nbytes))
+        self._add(name, Entry(cache, nbytes, marks))
         while self._nbytes > self.max_bytes:
             self._remove(next(iter(self._entries)))
         return True

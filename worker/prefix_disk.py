@@ -31,8 +31,8 @@ from typing import Any, cast
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from worker.prefix_file import Key, Name, header, identity, list_files, load_file, write_file
-from worker.prefix_index import SortedSequences, Tokens, nearest
+from worker.prefix_file import Key, Name, header, identity, list_files, load_file, marks_of, write_file
+from worker.prefix_index import Marks, SortedSequences, Tokens, nearest
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class Stored:
     nbytes: int
     used: float
     trimmable: bool
+    marks: Marks = ()  # its images' full digests, where each starts
 
 
 @dataclass
@@ -73,7 +74,7 @@ class DiskTier:
         self._names: dict[str, Name] = {}  # file name -> the entry it holds
         self._foreign: set[str] = set()  # files passed over, not read again
         self._stamp = -1  # the folder's mtime when last listed
-        self._pending: queue.Queue[tuple[Name, list[Any], bool, int] | None] = queue.Queue(PENDING)
+        self._pending: queue.Queue[tuple[Name, list[Any], bool, int, Marks] | None] = queue.Queue(PENDING)
         self._pending_bytes = 0  # the KV states queued (the RAM tier may have let them go meanwhile)
         self._weights: dict[str, str] = {}  # each served model's key -> the digest of its weights (weights_digest)
         self._writer: threading.Thread | None = None
@@ -115,7 +116,7 @@ class DiskTier:
         """Read and write the entries of `model` (its cache key) as those of the weights whose digest is `weights`."""
         self._weights[model] = weights
 
-    def write(self, name: Name, cache: list[Any], trimmable: bool, nbytes: int) -> None:
+    def write(self, name: Name, cache: list[Any], trimmable: bool, nbytes: int, marks: Marks = ()) -> None:
         """Queue a finished sequence's KV state (frozen: nothing of it is left to compute; `nbytes` of arrays) for
         the writer (once started, for a model it serves). What waits for the writer is bounded: PENDING entries,
         and PENDING_BYTES of them unless the queue is empty."""
@@ -130,7 +131,7 @@ class DiskTier:
             self.counters.not_written += 1
             return
         try:
-            self._pending.put_nowait(((key, name[1]), cache, trimmable, nbytes))
+            self._pending.put_nowait(((key, name[1]), cache, trimmable, nbytes, marks))
         except queue.Full:
             with self._lock:
                 self._pending_bytes -= nbytes
@@ -149,6 +150,17 @@ class DiskTier:
                 return None
             found = nearest(held, prompt, lambda tokens: self._files[(disk_key, tokens)].trimmable, least)
         return found
+
+    def marks(self, key: Key, tokens: Tokens) -> Marks:
+        """The full digests of the images of the entry `tokens` under `key` (where each starts)."""
+        return self._stored(key, tokens).marks
+
+    def trimmable(self, key: Key, tokens: Tokens) -> bool:
+        return self._stored(key, tokens).trimmable
+
+    def _stored(self, key: Key, tokens: Tokens) -> Stored:
+        with self._lock:
+            return self._files.get((self._on_disk(key) or key, tokens)) or Stored(Path(), 0, 0.0, False)
 
     def _on_disk(self, key: Key) -> Key | None:
         """The key a model's entries have on disk: its cache key and its weights' digest (None: not served)."""
@@ -196,7 +208,7 @@ class DiskTier:
             try:
                 if item is None:
                     return
-                self._write_one(*item[:3])
+                self._write_one(item[0], item[1], item[2], item[4])
             except Exception:  # a full or read-only disk costs a later cold start, nothing more
                 logger.exception("prefix cache: could not write an entry to %s", self.folder)
                 self.counters.not_written += 1
@@ -206,15 +218,15 @@ class DiskTier:
                         self._pending_bytes -= item[3]
                 self._pending.task_done()
 
-    def _write_one(self, name: Name, cache: list[Any], trimmable: bool) -> None:
+    def _write_one(self, name: Name, cache: list[Any], trimmable: bool, marks: Marks) -> None:
         (_, scope), tokens = name
-        written = write_file(self.folder, name, cache, trimmable, self.owner_bytes)
+        written = write_file(self.folder, name, cache, trimmable, self.owner_bytes, marks)
         if written is None:  # over the scope's bound alone
             self.counters.not_written += 1
             return
         path, nbytes = written
         with self._lock:
-            self._add(path.name, name, Stored(path, nbytes, time.time(), trimmable))
+            self._add(path.name, name, Stored(path, nbytes, time.time(), trimmable, marks))
             if trimmable:  # its prefixes are read from it, trimmed
                 for prefix in self._held[name[0]].prefixes_of(tokens):
                     self._remove((name[0], prefix), unlink=True)
@@ -253,7 +265,9 @@ class DiskTier:
             new = [e for n, e in present.items() if n not in self._names and n not in self._foreign]
         for entry in new:
             try:
-                name, trimmable = identity(header(Path(entry.path)))
+                metadata = header(Path(entry.path))
+                name, trimmable = identity(metadata)
+                marks = marks_of(metadata)
                 stat = entry.stat()
             except FileNotFoundError:
                 continue
@@ -264,7 +278,8 @@ class DiskTier:
                 self.counters.passed_over += 1
                 continue
             with self._lock:
-                self._add(entry.name, name, Stored(Path(entry.path), stat.st_size, stat.st_mtime, trimmable))
+                stored = Stored(Path(entry.path), stat.st_size, stat.st_mtime, trimmable, marks)
+                self._add(entry.name, name, stored)
 
     def _add(self, file: str, name: Name, stored: Stored) -> None:
         old = self._files.get(name)

@@ -27,9 +27,9 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
-from worker.prefix_index import Tokens
+from worker.prefix_index import Marks, Tokens
 
-FORMAT = "onelane-prefix-cache/1"
+FORMAT = "onelane-prefix-cache/2"  # (2: its images' full digests; a file of 1 is passed over)
 FILE = re.compile(r"^[0-9a-f]{32}\.safetensors$")  # an entry: its content's digest
 TEMPORARY = ".tmp-"
 STALE_TEMPORARY_S = 3600.0
@@ -39,7 +39,9 @@ Key = tuple[str, str]  # the model as loaded and the scope (worker/prefix_cache.
 Name = tuple[Key, Tokens]
 
 
-def write_file(folder: Path, name: Name, cache: list[Any], trimmable: bool, most: int) -> tuple[Path, int] | None:
+def write_file(
+    folder: Path, name: Name, cache: list[Any], trimmable: bool, most: int, marks: Marks = ()
+) -> tuple[Path, int] | None:
     """Write the entry `name` (its KV state `cache`) to a file of `folder`, whole or not at all: its path and size;
     None, and nothing written, if the file would be over `most` bytes."""
     (model, scope), tokens = name
@@ -50,6 +52,7 @@ def write_file(folder: Path, name: Name, cache: list[Any], trimmable: bool, most
         "scope": scope,
         "tokens": ",".join(map(str, tokens)),
         "trimmable": "1" if trimmable else "0",
+        "images": ",".join(f"{at}:{digest}" for at, digest in marks),
     }
     try:
         save_prompt_cache(str(temporary), cache, metadata)
@@ -131,6 +134,12 @@ def identity(metadata: dict[str, Any]) -> tuple[Name, bool]:
     if not tokens:
         raise ValueError("no tokens")
     return ((str(metadata["model"]), str(metadata["scope"])), tokens), metadata["trimmable"] == "1"
+
+
+def marks_of(metadata: dict[str, Any]) -> Marks:
+    """The full digests of a file's images, where each starts (none: a file of a text prompt, or an older one)."""
+    listed = str(metadata.get("images") or "")
+    return tuple((int(at), digest) for at, _, digest in (m.partition(":") for m in listed.split(",") if m))
 
 
 def _digest(path: Path) -> str:

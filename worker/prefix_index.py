@@ -12,6 +12,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable
 
+Marks = tuple[tuple[int, str], ...]  # where each image of a sequence starts, and its full digest
 Tokens = tuple[int, ...]
 
 
@@ -59,6 +60,16 @@ class SortedSequences:
         """The sequences that `tokens` begins with and goes on past (they stand before it, not together)."""
         before = self._sorted[: bisect_left(self._sorted, tokens)]
         return [s for s in before if len(s) < len(tokens) and tokens[len(s) - 1] == s[-1] and tokens[: len(s)] == s]
+
+
+def within(reach: int, held: Marks, prompt: Marks) -> int:
+    """How much of a cached sequence a prompt may read, of the `reach` tokens they share: up to the first image whose
+    full digest differs (their tokens name an image by a short tag; an entry's `held` marks name them whole)."""
+    mine = dict(prompt)
+    for at, digest in held:
+        if at < reach and mine.get(at) != digest:
+            return at
+    return reach
 
 
 def nearest(

@@ -22,7 +22,7 @@ import io
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +38,13 @@ from worker.batch.engine import Engine
 from worker.batch.rows import Embeds
 from worker.chat_prompt import chat_input
 from worker.unsupported import Unsupported
+from worker.vision_prep import KEPT, Preparer, placeholder
+from worker.vision_tower import Arrays, Reading, Unreadable, by_image, by_image_agrees, splits, whole
 
 logger = logging.getLogger(__name__)
 
-#: what mlx-vlm's embeddings may carry beside them that the batch reads: a model whose images need more (positions
-#: that depend on the image, as Qwen2-VL's M-RoPE; cross-attention states; per-layer inputs) is not served yet
-READ = ("inputs_embeds", "attention_mask_4d", "attention_mask")
-KEPT = 64  # prompts' processed images kept, by their digests (the newest)
-NOT_INPUTS = ("input_ids", "attention_mask")  # what of mlx-vlm's prepared inputs is no image's
+Source = tuple[str, dict[str, Any]]  # the model's folder and mlx-vlm's options, as the image preparer loads it
+Reach = Callable[[list[int]], int] | None  # how many of a keyed prompt's tokens the prefix cache holds
 
 
 class VisionUnsupported(Unsupported):
@@ -78,12 +77,20 @@ class TextModel(nn.Module):
 class VisionEngine(Engine):
     """An engine whose prompts may hold images (see the module's docstring)."""
 
-    def __init__(self, vlm: nn.Module, processor: Any, tokenizer: Any, name: str, **options: Any) -> None:
+    def __init__(
+        self, vlm: nn.Module, processor: Any, tokenizer: Any, name: str, source: Source, **options: Any
+    ) -> None:
+        from mlx_vlm.utils import should_add_special_tokens
+
         super().__init__(TextModel(vlm), tokenizer, name, **options)
         self.vlm, self.processor = vlm, processor
         self.image_token = int(_image_token(vlm.config))
-        # the processed inputs of the prompts seen last (and how many images each holds), by their images' ids
-        self._seen: OrderedDict[tuple[int, ...], tuple[dict[str, mx.array], int]] = OrderedDict()
+        self.special = bool(should_add_special_tokens(vlm.config.model_type, processor))
+        self.marker = placeholder(processor)  # the token the template writes for an image
+        self.prep = Preparer(source[0], source[1], self.image_token, self.special)
+        # the full digests of the prompts' images seen last, by their ids past the vocabulary
+        self._digests: OrderedDict[tuple[int, ...], tuple[str, ...]] = OrderedDict()
+        self.by_image = False  # its images read one a step (worker/vision_tower.py): checked as it loads
         self.images_read = 0  # images its vision tower read (a prefix-cache hit reads none)
 
     @classmethod
@@ -93,7 +100,7 @@ class VisionEngine(Engine):
         """Load a vision-language model's folder (or hub id) with mlx-vlm, and its tokenizer as mlx-lm wraps one."""
         from mlx_lm.tokenizer_utils import load as load_tokenizer
         from mlx_vlm import load as load_vlm
-        from PIL import Image
+        from mlx_vlm.utils import get_model_path
 
         started = time.perf_counter()
         vlm, processor = load_vlm(model.path, trust_remote_code=model.trust_remote_code, revision=model.revision)
@@ -114,32 +121,65 @@ class VisionEngine(Engine):
             processor,
             tokenizer,
             model.name,
+            (str(get_model_path(model.path, revision=model.revision)), {"trust_remote_code": model.trust_remote_code}),
             max_batch=max_batch,
             prefill_step=prefill_step,
             lock=lock,
             max_kv_size=model.max_kv_size,
         )
-        # one image read as it loads: a model whose images the batch cannot read fails its load, saying why
-        probe = io.BytesIO()
-        Image.new("RGB", (32, 32), "gray").save(probe, "PNG")
-        picture = Picture(digest="0" * 64, at=0)
-        spec = JobSpec(owner="", model=model.name, messages=(Message(role="user", content="?", images=(picture,)),))
-        embed, _ = engine.embeddings(engine.prompt_tokens(spec, {picture.digest: probe.getvalue()}), 0)
-        assert embed is not None
-        embed()
-        engine.images_read = 0
+        engine.probe()
         return engine
 
-    def prompt_tokens(self, spec: JobSpec, images: Mapping[str, bytes] | None = None) -> list[int]:
-        from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
+    def probe(self) -> None:
+        """Two images read as it loads: a model whose images the batch cannot read fails its load, saying why; one
+        whose images read alone give the embeddings they give together is read one image a step."""
+        from PIL import Image
 
-        digests = [p.digest for m in spec.messages or () for p in sorted(m.images, key=lambda p: p.at)]
+        images = {}
+        for n, color in enumerate(("gray", "teal")):
+            out = io.BytesIO()
+            Image.new("RGB", (32, 32), color).save(out, "PNG")
+            images[str(n) * 64] = out.getvalue()
+        pictures = tuple(Picture(digest=d, at=0) for d in images)
+        spec = JobSpec(owner="", model=self.name, messages=(Message(role="user", content="?", images=pictures),))
+        prompt = self.prompt_tokens(spec, images)
+        ids, kept, count = self._inputs(prompt)
+        reading = self._reading(ids, kept, 0, count)
+        while reading() is None:
+            pass
+        self.by_image = by_image_agrees(self.vlm, self.image_token, ids, kept, count)
+        self.images_read = 0
+        logger.info(
+            "model %s reads %s", self.name, "one image a step" if self.by_image else "a prompt's images at once"
+        )
+
+    def prompt_tokens(
+        self, spec: JobSpec, images: Mapping[str, bytes] | None = None, *, wait: bool = True, reach: Reach = None
+    ) -> list[int]:
+        """The prompt's keyed ids (see the module's docstring). Its images are prepared by the image preparer
+        (worker/vision_prep.py), unless each has a kept rule and their arrays are kept or not needed (`reach`: how
+        much of the keyed prompt the prefix cache holds); `Preparing` while they are, unless `wait`."""
+        digests = tuple(p.digest for m in spec.messages or () for p in sorted(m.images, key=lambda p: p.at))
         if not digests:
             return super().prompt_tokens(spec)
         missing = [d for d in digests if d not in (images or {})]
         if missing:
             raise InvalidPrompt("an image of the request is no longer kept (its job outlived it): send it again")
-        assert spec.messages is not None and images is not None
+        assert images is not None
+        text = self._text(spec)
+        written = self.prep.written(self._plain(text), self.marker, digests)
+        if written is not None:
+            keyed = self._keyed(written, digests)
+            if self.prep.arrays(digests) is not None or (
+                reach is not None and reach(keyed) > _last_image(keyed, self.vocab)
+            ):
+                return keyed
+        return self._keyed(list(self.prep.prepare(text, digests, images, wait).ids), digests)
+
+    def _text(self, spec: JobSpec) -> str:
+        """The prompt rendered as mlx-vlm's generate renders it (its processors leave the template to their
+        tokenizer), each image an image part where its message holds it."""
+        assert spec.messages is not None
         messages, tools = chat_input(spec.messages, spec.tools, self.tokenizer)
         offset = len(messages) - len(spec.messages)  # (a system message telling of tools may come first)
         for i, m in enumerate(spec.messages):
@@ -148,59 +188,68 @@ class VisionEngine(Engine):
                 words = turn["content"] if turn["content"] != m.content else None
                 turn["content"] = _content(m.parts(), words)
         extra = {"tools": tools} if tools else {}
-        # rendered and prepared as mlx-vlm's generate does (its processors leave the template to their tokenizer)
-        text = self.processor.tokenizer.apply_chat_template(
+        text: str = self.processor.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False, **extra
         )
-        inputs = prepare_inputs(
-            self.processor,
-            images=[_image(images[d]) for d in digests],
-            prompts=text,
-            image_token_index=self.image_token,
-            add_special_tokens=should_add_special_tokens(self.vlm.config.model_type, self.processor),
-        )
-        keyed = self._keyed([int(t) for t in np.asarray(inputs["input_ids"])[0]], digests)
-        self._keep(_images(keyed, self.vocab), ({k: v for k, v in inputs.items() if k not in NOT_INPUTS}, len(digests)))
-        return keyed
+        return text
+
+    def _plain(self, text: str) -> list[int]:
+        """The text's ids as mlx-vlm tokenizes a prompt without images."""
+        from mlx_vlm.utils import prepare_inputs
+
+        inputs = prepare_inputs(self.processor, prompts=text, add_special_tokens=self.special)
+        return [int(t) for t in np.asarray(inputs["input_ids"])[0]]
+
+    def marks(self, tokens: list[int]) -> tuple[tuple[int, str], ...]:
+        """The full digests of a keyed prompt's images, where each starts."""
+        at = [i for i, t in enumerate(tokens) if t >= self.vocab]
+        digests = self._digests.get(tuple(tokens[i] for i in at)) if at else None
+        if not digests:
+            return ()
+        each = len(at) // len(digests)
+        return tuple((at[n * each], d) for n, d in enumerate(digests))
 
     def embeddings(self, prompt: list[int], cached: int) -> tuple[Embeds | None, list[int] | None]:
-        """The prompt's input embeddings past its first `cached` tokens, but its last, computed when first read (its
-        vision tower's pass then, between two of the batch's steps, not as it joins: several image jobs joining at
-        once each cost a step of their own)."""
+        """The prompt's input embeddings past its first `cached` tokens, but its last, read when first needed, between
+        two of the batch's steps, image by image where the model allows (worker/vision_tower.py); and their ids."""
         if not any(t >= self.vocab for t in prompt[cached:-1]):
             return None, None
-        key = _images(prompt, self.vocab)
-        found = self._seen.get(key)
-        if found is None:
+        ids, kept, images = self._inputs(prompt)
+        return self._reading(ids, kept, cached, images), ids[cached:]
+
+    def _inputs(self, prompt: list[int]) -> tuple[list[int], Arrays, int]:
+        """A keyed prompt's ids as the model knows them, its images' prepared arrays, and how many images."""
+        digests = self._digests.get(_images(prompt, self.vocab))
+        arrays = self.prep.arrays(digests) if digests is not None else None
+        if digests is None or arrays is None:
             raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
-        self._seen.move_to_end(key)
-        kept, images = found
-        ids = [self.image_token if t >= self.vocab else t for t in prompt]
-        return lambda: self._embed(ids, kept, cached, images), ids[cached:]
+        return [self.image_token if t >= self.vocab else t for t in prompt], arrays, len(digests)
 
-    def _embed(self, ids: list[int], kept: dict[str, mx.array], cached: int, images: int) -> mx.array:
-        self.images_read += images
-        rest = {k: v for k, v in kept.items() if k != "pixel_values"}
-        out = self.vlm.get_input_embeddings(
-            mx.array([ids]), kept.get("pixel_values"), mask=mx.ones((1, len(ids)), dtype=mx.int32), **rest
-        )
-        extra = [k for k, v in out.to_dict().items() if v is not None and k not in READ]
-        if extra:
-            raise VisionUnsupported(
-                f"its images come with {', '.join(extra)} beside their embeddings (positions or states that depend on "
-                "the image): onelane's batch does not read such a model's images yet"
-            )
-        embeds: mx.array = out.inputs_embeds[0, cached:-1]
-        mx.eval(embeds)
-        return embeds
+    def _reading(self, ids: list[int], kept: Arrays, cached: int, images: int) -> Reading:
+        """The vision tower's pass, a part a call (one image, or all at once), then the embeddings past `cached`."""
+        if self.by_image and splits(kept, images):
+            read = by_image(self.vlm, self.image_token, ids, kept, images)
+        else:
+            read = lambda: whole(self.vlm, ids, kept)  # noqa: E731
 
-    def _keep(self, key: tuple[int, ...], inputs: tuple[dict[str, mx.array], int]) -> None:
-        self._seen[key] = inputs
-        self._seen.move_to_end(key)
-        while len(self._seen) > KEPT:
-            self._seen.popitem(last=False)
+        def step() -> mx.array | None:
+            try:
+                out = read()
+            except Unreadable as exc:
+                raise VisionUnsupported(
+                    f"its images come with {exc} beside their embeddings (positions or states that depend on the "
+                    "image): onelane's batch does not read such a model's images yet"
+                ) from None
+            if out is None:
+                return None
+            self.images_read += images
+            embeds = out[cached:-1]
+            mx.eval(embeds)
+            return embeds
 
-    def _keyed(self, ids: list[int], digests: list[str]) -> list[int]:
+        return step
+
+    def _keyed(self, ids: list[int], digests: tuple[str, ...]) -> list[int]:
         """The ids with each image's tokens named by the image (an id past the vocabulary, from its digest): the
         image tokens in order, split evenly among the images (each image is as many tokens)."""
         at = [i for i, t in enumerate(ids) if t == self.image_token]
@@ -211,7 +260,19 @@ class VisionEngine(Engine):
         for n, i in enumerate(at):
             digest, k = digests[n // each], n % each
             keyed[i] = self.vocab + int(digest[7 * (k % 2) : 7 * (k % 2) + 7], 16)
+        tags = _images(keyed, self.vocab)
+        known = self._digests.setdefault(tags, tuple(digests))
+        if known != tuple(digests):  # two images alike in their tags' 56 bits: no cached state may mix them
+            raise InvalidPrompt("an image of the request cannot be told apart from another the worker holds")
+        self._digests.move_to_end(tags)
+        while len(self._digests) > KEPT * 16:
+            self._digests.popitem(last=False)
         return keyed
+
+
+def _last_image(keyed: list[int], vocab: int) -> int:
+    """Where a keyed prompt's last image token is."""
+    return max(i for i, t in enumerate(keyed) if t >= vocab)
 
 
 def _images(keyed: list[int], vocab: int) -> tuple[int, ...]:

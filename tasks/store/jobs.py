@@ -43,6 +43,9 @@ from tasks.store.worker import WorkerStore
 from tasks.users import turn_share
 
 VISITORS_PER_ADDRESS = 4  # local mode: browser visitors of one client address that may have jobs waiting at once
+#: an image in a prompt, as its estimate (and ETA) counts it before the worker has: the 256 tokens a Gemma 3 image
+#: is, at 4 characters a token (the worker reports the real count, which the job is charged as it ends)
+IMAGE_CHARS = 1024
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,11 @@ class Store:
         answer = spec.new_tokens
         if spec.prompt_tokens is not None and not spec.side:  # (its answer stops at the model's context)
             answer = window_of(s, spec.model).answer(spec.prompt_tokens, answer)
+        sizes = [len(t) for t in texts]
+        if (
+            spec.prompt is None and spec.messages and spec.pooled is None
+        ):  # an image counts as the tokens the vision tower gives it
+            sizes = [n + IMAGE_CHARS * len(m.images) for n, m in zip(sizes, spec.messages, strict=True)]
         return {
             "owner": spec.owner,
             "watch_grace_s": s.watch_grace_s if spec.watched else 0,
@@ -197,8 +205,8 @@ class Store:
             "history": history,
             "side": "1" if spec.side else "",
             "ignore_eos": "1" if spec.params.ignore_eos else "",
-            "prompt_chars": sum(len(t) for t in texts),
-            "history_chars": sum(len(t) for t in texts[:-1]),
+            "prompt_chars": sum(sizes),
+            "history_chars": sum(sizes[:-1]),
             "counted": spec.prompt_tokens or 0,
         }
 

@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -140,9 +140,18 @@ class Engine:
             decode_floor=self.decode_floor,
         )
 
-    def prompt_tokens(self, spec: JobSpec, images: Mapping[str, bytes] | None = None) -> list[int]:
+    def prompt_tokens(
+        self,
+        spec: JobSpec,
+        images: Mapping[str, bytes] | None = None,
+        *,
+        wait: bool = True,
+        reach: Callable[[list[int]], int] | None = None,
+    ) -> list[int]:
         """The prompt as the model reads it; InvalidPrompt if that is no token at all. (`images`: the bytes of the
-        images its messages hold, by digest, for a model that reads them: worker/vision.py.)"""
+        images its messages hold, by digest, for a model that reads them, which prepares them away from the device
+        thread, raising `Preparing` while it does unless `wait`; `reach`: how much of a prompt the prefix cache
+        holds: worker/vision.py.)"""
         if any(m.images for m in spec.messages or ()):  # (admitted under an older models file: the web checks it)
             raise InvalidPrompt(f"the model {self.name} reads text only: it cannot read the images in this request")
         if spec.messages is not None:
@@ -193,6 +202,11 @@ class Engine:
         if isinstance(sampler, Draw) and params.logprobs:
             self._logprobs.follow(int(uid), sampler)
         return int(uid)
+
+    def marks(self, tokens: list[int]) -> tuple[tuple[int, str], ...]:
+        """The full digests of the images of a prompt (where each starts), which cached state must match: none in
+        a text model's (worker/vision.py)."""
+        return ()
 
     def embeddings(self, prompt: list[int], cached: int) -> tuple[Embeds | None, list[int] | None]:
         """For a prompt with images still to read (after its first `cached` tokens): the input embeddings of the rest

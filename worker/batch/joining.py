@@ -25,6 +25,7 @@ from worker.output_records import Ending, Text
 from worker.pooling import Pooler
 from worker.prefix_cache import Hit
 from worker.resume import Resumption, fresh, resume
+from worker.vision_prep import Preparing
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,9 @@ logger = logging.getLogger(__name__)
 class Joining(RunnerState):
     """How a job comes into the batch, and the model the batch runs."""
 
-    def _measure(self, claim: Claim) -> Head:
+    def _measure(self, claim: Claim, wait: bool = False) -> Head:
+        """A job measured (see the module's docstring); one whose images are being prepared is `preparing`, unless
+        `wait` (it was claimed: it joins now)."""
         job = claim.job
         if job.spec.side:  # read beside the batch: it takes no slot nor KV budget
             return Head(id=job.id, tokens=[], cost=0, solo=False, side=True)
@@ -44,8 +47,17 @@ class Joining(RunnerState):
             why = f"the model {job.spec.model} is {NAMES[engine.kind]}: it generates no text"
             return Head(id=job.id, tokens=[], cost=0, solo=claim.solo, invalid=("model_unavailable", why))
         digests = [p.digest for m in job.spec.messages or () for p in m.images]
+        key = self.store.settings.prefix_key(job.spec.model, job.owner)
         try:
-            tokens = engine.prompt_tokens(job.spec, self.store.images(digests) if digests else None)
+            tokens = engine.prompt_tokens(
+                job.spec,
+                self.store.images(digests) if digests else None,
+                wait=wait or not self.batch,  # (an empty batch has nothing to step meanwhile)
+                reach=lambda t: self.models.prefix.reach(key, t, engine.marks(t)),
+            )
+        except Preparing as exc:  # its images are prepared away from the device: the batch steps meanwhile
+            exc.future.add_done_callback(lambda _: self.queue_moved.set())
+            return Head(id=job.id, tokens=[], cost=0, solo=claim.solo, preparing=True)
         except InvalidPrompt as exc:
             return Head(id=job.id, tokens=[], cost=0, solo=claim.solo, invalid=(exc.type, exc.message))
         except Exception:  # the details are for the operator's log, not for the client
@@ -72,6 +84,8 @@ class Joining(RunnerState):
     def _fits(self, head: Head) -> bool:
         """A job joins if the budget holds it, or if the batch is empty (a job too big for the budget runs alone);
         one that must run alone waits for the batch to drain."""
+        if head.preparing:
+            return False
         if not self.batch or head.side:
             return True
         assert self.engine is not None  # (a batch with jobs in it has its model's engine)
@@ -83,8 +97,8 @@ class Joining(RunnerState):
         once if it cannot be generated from."""
         job, head = claim.job, self._head
         self._head = None
-        if head is None or head.id != job.id:
-            head = self._measure(claim)
+        if head is None or head.id != job.id or head.preparing:
+            head = self._measure(claim, wait=True)
         if head.invalid is None and not job.spec.side and head.max_tokens < job.spec.params.max_tokens:
             claim = replace(claim, job=_clipped(job, head.max_tokens))  # its answer ends where the context does
             job = claim.job
@@ -182,7 +196,13 @@ class Joining(RunnerState):
             )
             self.writer.end(ending)
             return False
-        return self._place(run, prompt, params, self.models.prefix.fetch(run.cache_key, [*prompt, *done]), done)
+        return self._place(run, prompt, params, self._fetch(run, done), done)
+
+    def _fetch(self, run: Running, done: tuple[int, ...]) -> Hit:
+        """What the prefix cache holds of a run's prompt (and the tokens its earlier runs generated)."""
+        assert self.engine is not None
+        tokens = [*run.prompt, *done]
+        return self.models.prefix.fetch(run.cache_key, tokens, self.engine.marks(tokens))
 
     def _place(self, run: Running, prompt: list[int], params: SamplingParams, hit: Hit, done: tuple[int, ...]) -> bool:
         """Put a run in the batch: into the engine, from what of its prompt is read already (`hit`), or held until

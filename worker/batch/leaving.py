@@ -41,7 +41,7 @@ class Leaving(Joining):
         kept = (
             kv is not None
             and status is JobStatus.COMPLETED
-            and self.models.prefix.insert(r.cache_key, kv.tokens, kv.cache)
+            and self.models.prefix.insert(r.cache_key, kv.tokens, kv.cache, self.engine.marks(kv.tokens))
         )
         self.batch.drop(r)
         self.scoring.pop(r.job.id, None)
@@ -171,7 +171,7 @@ class Leaving(Joining):
             return
         self.batch.drop(r)
         r.constraint = constraint
-        self._place(r, r.prompt, sampling(r.job), self.models.prefix.fetch(r.cache_key, [*r.prompt, *done]), done)
+        self._place(r, r.prompt, sampling(r.job), self._fetch(r, done), done)
         r.cached = cached  # (its usage tells what the prefix cache spared it when it joined first)
 
     def _release_deferred(self) -> None:

@@ -64,6 +64,8 @@ class Runner(Stepping, Preemption, SideJobs):
                     started += self._fill()
                 self._drop_stopped()
                 self._drop_side_stopped()
+                if self._counting:
+                    self._counted()
                 if self.side:  # a pass of pooled work, then the batch's step: each waits one of the other at most
                     self._side_step()
                 if self.batch:
@@ -160,6 +162,8 @@ class Runner(Stepping, Preemption, SideJobs):
     def _on_head(self, claim: Claim) -> bool:
         """The head, not claimed: measure it (once), and claim it by name if it fits now, or once batch-class work
         is set aside for it (an interactive job); else it waits until a job leaves the batch."""
-        if self._head is None or self._head.id != claim.job.id:
+        if self._head is None or self._head.id != claim.job.id or self._head.preparing:
             self._head = self._measure(claim)
+        if self._head.preparing:  # it is claimed once its images are prepared (the queue moves then)
+            return False
         return self._fits(self._head) or self._preempt_for(claim.job, self._head)

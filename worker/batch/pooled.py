@@ -11,6 +11,7 @@ from worker.batch.engine import Engine
 from worker.batch.state import NO_STEP, RunnerState, generation_error
 from worker.output_records import Ending, Text
 from worker.pooling import Pooler
+from worker.vision_prep import Preparing
 
 logger = logging.getLogger(__name__)
 
@@ -18,18 +19,25 @@ logger = logging.getLogger(__name__)
 class SideJobs(RunnerState):
     """SideJobs jobs and token counts: they take no slot in the batch, nor KV budget."""
 
-    def _count(self, job: Job) -> None:
+    def _count(self, job: Job, again: bool = False) -> None:
         """A count of a prompt's tokens (Anthropic's count_tokens): its model's tokenizer reads it, nothing runs on
-        the device; it completes at once, its prompt_tokens the count."""
+        the device; it completes at once, its prompt_tokens the count, or once its images are prepared (away from
+        the device: `_counted`)."""
         engine = self.models.get_quietly(job.spec.model) or self.models.load(job.spec.model, keep=self.active)
         if not isinstance(engine, Engine):
             why = "the model failed to load" if engine is None else f"the model {job.spec.model} generates no text"
             self.writer.end(Ending(job_id=job.id, status=JobStatus.FAILED, error=("model_unavailable", why)))
             return
         digests = [p.digest for m in job.spec.messages or () for p in m.images]
-        self.writer.begin(job.id, live=False)
+        if not again:
+            self.writer.begin(job.id, live=False)
         try:
-            tokens = engine.prompt_tokens(job.spec, self.store.images(digests) if digests else None)
+            images = self.store.images(digests) if digests else None
+            tokens = engine.prompt_tokens(job.spec, images, wait=not (self.batch or self.side))
+        except Preparing as exc:
+            exc.future.add_done_callback(lambda _: self.queue_moved.set())
+            self._counting[job.id] = job, exc.future
+            return
         except InvalidPrompt as exc:
             self.writer.end(Ending(job_id=job.id, status=JobStatus.FAILED, error=(exc.type, exc.message)))
             return
@@ -42,6 +50,15 @@ class SideJobs(RunnerState):
         )
         logger.info("job %s: counted (%d prompt tokens)", job.id, len(tokens))
         self._look = True
+
+    def _counted(self) -> None:
+        """The counts whose images were being prepared and now are (all of them, waiting for the preparer, once
+        nothing else runs)."""
+        for job_id, (job, future) in list(self._counting.items()):
+            if future.done() or not (self.batch or self.side):
+                future.exception()  # (waits until it is done; what went wrong, the count says)
+                del self._counting[job_id]
+                self._count(job, again=True)
 
     def _take_pooled(self, job: Job) -> None:
         """A started pooled job joins the side work (worker/pooling.py), or fails at once if its model cannot read

@@ -69,7 +69,9 @@ class Preemption(Joining):
         its next run goes on from its tokens, as after any hand-back (worker/resume.py)."""
         assert self.engine is not None
         kv = self.engine.remove([r.uid], keep=True).get(r.uid)
-        kept = kv is not None and self.models.prefix.insert(r.cache_key, kv.tokens, kv.cache)
+        kept = kv is not None and self.models.prefix.insert(
+            r.cache_key, kv.tokens, kv.cache, self.engine.marks(kv.tokens)
+        )
         self.batch.drop(r)
         self._set_aside.append(r.job.id)
         logger.info(

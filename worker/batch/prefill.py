@@ -116,8 +116,11 @@ class Prefilling:
         if not self._seeing or (self.batching == "alone" and (self._reading or self._rows)):
             return 0
         row = self._seeing[0]
-        if callable(row.embeds):  # its first chunk: its images are read now (the vision tower's pass)
-            row.embeds = row.embeds()
+        if callable(row.embeds):  # its first chunk: its images are read now (the vision tower's pass), a part a step
+            embeds = row.embeds()
+            if embeds is None:
+                return 0
+            row.embeds = embeds
         assert row.embeds is not None and row.ids is not None and row.cache is not None
         n = min(cap, len(row.unread) - 1)
         if n > 0:

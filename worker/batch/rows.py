@@ -16,7 +16,8 @@ from worker.batch.sampling import Sampler
 MIN_CHUNK = 16  # the fewest prompt tokens a reader reads in a step, however far its step runs past the floor
 Processor = Callable[[mx.array, mx.array], mx.array]
 Batching = Literal["padded", "unpadded", "alone"]
-Embeds = Callable[[], mx.array]  # a prompt's input embeddings, computed when first read
+Embeds = Callable[[], mx.array | None]  # a prompt's input embeddings, computed when first read: a part a call (None
+# until the last: its images read one a step, worker/vision_tower.py)
 
 
 def unmergeable(model: nn.Module) -> list[str]:

@@ -7,8 +7,10 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
 
-from tasks.job import SamplingParams
+from tasks.job import Job, SamplingParams
 from tasks.store import WorkerStore
 from worker.batch.engine import Engine
 from worker.batch.runs import Batch, Head, Running
@@ -49,6 +51,7 @@ class RunnerState:
         self._deferred: list[list[Running]] = []  # suspects of a failed step kept out of the engine (see _step_failed)
         self.side = SideWork()  # pooled jobs (embeddings, rerank) claimed: read a pass at a time between steps
         self._side_stops: queue.SimpleQueue[str] = queue.SimpleQueue()  # pooled jobs that must stop
+        self._counting: dict[str, tuple[Job, Future[Any]]] = {}  # token counts whose images are being prepared
 
     @property
     def budget(self) -> int:

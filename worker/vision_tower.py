@@ -1,0 +1,82 @@
+"""The vision tower's pass over a prompt's images, on the device thread, bounded to one image a step.
+
+A prompt of several images read in one call of the model's `get_input_embeddings` holds the device for all of them
+at once: every other stream waits that long for its next token (ONELANE_DECODE_FLOOR). Read image by image instead,
+each in a step of its own between the batch's steps (worker/batch/prefill.py calls `Reading` until it gives the
+embeddings), a stream waits one image's pass at most. An image alone is read as the model reads it (its own tokens,
+its own arrays: the rows of each array for that image), and the text's tokens as the model embeds text; the
+embeddings are the whole call's wherever the model's images are read independently of each other, which is checked
+once as the model loads (`by_image_agrees`): a model whose arrays do not split by image, or whose images' embeddings
+differ read alone, is read in one call (its whole pass then bounds the wait: ONELANE_MAX_IMAGES images' worth).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+#: what mlx-vlm's embeddings may carry beside them that the batch reads: a model whose images need more (positions
+#: that depend on the image, as Qwen2-VL's M-RoPE; cross-attention states; per-layer inputs) is not served yet
+READ = ("inputs_embeds", "attention_mask_4d", "attention_mask")
+
+Arrays = dict[str, tuple[np.ndarray, str]]  # the processor's arrays of a prompt's images (and their MLX dtypes)
+Reading = Callable[[], mx.array | None]  # one part of the pass a call; the embeddings once the last is done
+
+
+def whole(vlm: Any, ids: list[int], kept: Arrays) -> mx.array:
+    """The prompt's input embeddings, its images read in one call; `Unreadable` names what else the model gives."""
+    arrays = {k: mx.array(v).astype(getattr(mx, dtype)) if dtype else mx.array(v) for k, (v, dtype) in kept.items()}
+    rest = {k: v for k, v in arrays.items() if k != "pixel_values"}
+    out = vlm.get_input_embeddings(
+        mx.array([ids]), arrays.get("pixel_values"), mask=mx.ones((1, len(ids)), dtype=mx.int32), **rest
+    )
+    extra = [k for k, v in out.to_dict().items() if v is not None and k not in READ]
+    if extra:
+        raise Unreadable(", ".join(extra))
+    embeds: mx.array = out.inputs_embeds[0]
+    return embeds
+
+
+class Unreadable(Exception):
+    """The model gives more than embeddings for its images (its message names what)."""
+
+
+def splits(kept: Arrays, images: int) -> bool:
+    """Whether every array of the images has a row for each image (its first axis)."""
+    return images > 0 and all(v.shape[:1] == (images,) for v, _ in kept.values())
+
+
+def by_image(vlm: Any, image_token: int, ids: list[int], kept: Arrays, images: int) -> Reading:
+    """The pass image by image: each call reads one image; the call after the last gives the embeddings."""
+    at = [i for i, t in enumerate(ids) if t == image_token]
+    each = len(at) // images
+    parts: list[mx.array] = []
+
+    def read() -> mx.array | None:
+        n = len(parts)
+        if n < images:
+            mine = {k: (v[n : n + 1], dtype) for k, (v, dtype) in kept.items()}
+            part = whole(vlm, [image_token] * each, mine)
+            mx.eval(part)
+            parts.append(part)
+            return None
+        text = vlm.get_input_embeddings(mx.array([ids]), None, mask=mx.ones((1, len(ids)), dtype=mx.int32))
+        embeds: mx.array = text.inputs_embeds[0]
+        embeds[mx.array(at)] = mx.concatenate(parts).astype(embeds.dtype)
+        return embeds
+
+    return read
+
+
+def by_image_agrees(vlm: Any, image_token: int, ids: list[int], kept: Arrays, images: int) -> bool:
+    """Whether reading image by image gives the whole call's embeddings (for a prompt of several images)."""
+    if not splits(kept, images):
+        return False
+    reading = by_image(vlm, image_token, ids, kept, images)
+    while (alone := reading()) is None:
+        pass
+    together = whole(vlm, ids, kept)
+    return bool(mx.allclose(alone, together, atol=1e-4, rtol=1e-3).item())
