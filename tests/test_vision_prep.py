@@ -174,3 +174,22 @@ def test_a_follow_up_reads_no_pixels_and_keeps_the_floor(worker, live_server):
         assert (engine().prep.asked, engine().images_read) == before
     print("follow-up stalls", stalls)
     assert statistics.median(stalls) < FLOOR_S, stalls
+
+
+def test_a_request_of_many_images_is_charged_for_them_as_it_is_admitted(settings, live_server, store):
+    from tasks import keys
+
+    # Given no worker: each request waits where admission placed it, charged its estimate
+    def admitted(images: list[str]) -> int:
+        parts = [{"type": "input_image", "image_url": f"data:image/jpeg;base64,{b}"} for b in images]
+        content = [*parts, {"type": "input_text", "text": "What are these?"}]
+        body = {"model": "gemma", "input": [{"role": "user", "content": content}], "max_output_tokens": 4}
+        reply = requests.post(f"{live_server}/v1/responses", json=body | {"background": True}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        return int(store.redis.hget(keys.job("job_" + reply.json()["id"].removeprefix("resp_")), "cost"))
+
+    # When one asks about 8 images, another the same words alone
+    with_images, words = admitted(photos(300)[:8]), admitted([])
+
+    # Then the images are charged as the tokens they become, at once
+    assert with_images >= words + 8 * 256
