@@ -200,6 +200,11 @@ class VisionEngine(Engine):
         inputs = prepare_inputs(self.processor, prompts=text, add_special_tokens=self.special)
         return [int(t) for t in np.asarray(inputs["input_ids"])[0]]
 
+    def close(self) -> None:
+        """Let go of the batch, and of the image preparer with what it kept (the model is about to be evicted)."""
+        super().close()
+        self.prep.close()
+
     def marks(self, tokens: list[int]) -> tuple[tuple[int, str], ...]:
         """The full digests of a keyed prompt's images, where each starts."""
         at = [i for i, t in enumerate(tokens) if t >= self.vocab]
