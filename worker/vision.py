@@ -18,6 +18,7 @@ again (a job handed back, a grammar's forced tokens read after its prompt).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import time
@@ -255,19 +256,24 @@ class VisionEngine(Engine):
         return step
 
     def _keyed(self, ids: list[int], digests: tuple[str, ...]) -> list[int]:
-        """The ids with each image's tokens named by the image (an id past the vocabulary, from its digest): the
-        image tokens in order, split evenly among the images (each image is as many tokens)."""
+        """The ids with each image's tokens named by the image (ids past the vocabulary, from its digest: two 28-bit
+        pieces in turn): the image tokens in order, split evenly among the images (each image is as many tokens).
+        Tags that other images' prompts hold already (alike in those 56 bits) are drawn again from a salted digest:
+        the tags find the prompt's images' full digests here (their arrays, and the marks the prefix cache checks)."""
         at = [i for i, t in enumerate(ids) if t == self.image_token]
         if not at or len(at) % len(digests):
             raise InvalidPrompt("the model's processor wrote the images' tokens in a way onelane cannot follow")
         each = len(at) // len(digests)
         keyed = list(ids)
-        for n, i in enumerate(at):
-            digest, k = digests[n // each], n % each
-            keyed[i] = self.vocab + int(digest[7 * (k % 2) : 7 * (k % 2) + 7], 16)
-        tags = _images(keyed, self.vocab)
-        known = self._digests.setdefault(tags, tuple(digests))
-        if known != tuple(digests):  # two images alike in their tags' 56 bits: no cached state may mix them
+        for salt in range(64):
+            named = [d if not salt else hashlib.sha256(f"{salt}:{d}".encode()).hexdigest() for d in digests]
+            for n, i in enumerate(at):
+                digest, k = named[n // each], n % each
+                keyed[i] = self.vocab + int(digest[7 * (k % 2) : 7 * (k % 2) + 7], 16)
+            tags = _images(keyed, self.vocab)
+            if self._digests.setdefault(tags, digests) == digests:
+                break
+        else:  # (64 collisions of 56 bits in a row: never, unless SHA-256 is broken)
             raise InvalidPrompt("an image of the request cannot be told apart from another the worker holds")
         self._digests.move_to_end(tags)
         while len(self._digests) > KEPT * 16:
