@@ -48,7 +48,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def settings(settings: Settings, folder: Path, tmp_path: Path) -> Settings:
-    update = {"max_batch": 4, "max_images": IMAGES, "max_tokens_limit": 20000}
+    update = {"max_batch": 4, "max_images": IMAGES, "max_tokens_limit": 100_000, "kv_budget_tokens": 1_000_000}
     return serve(settings.model_copy(update=update), tmp_path, gemma={"path": str(folder)})[0]
 
 
@@ -80,7 +80,13 @@ class Stream:
     """A long text answer on the model, its tokens' arrival times as they come."""
 
     def __init__(self, server: str) -> None:
-        body = {"model": "gemma", "prompt": "once upon a time", "max_tokens": 20000, "ignore_eos": True, "stream": True}
+        body = {
+            "model": "gemma",
+            "prompt": "once upon a time",
+            "max_tokens": 100_000,
+            "ignore_eos": True,
+            "stream": True,
+        }
         self.response = requests.post(f"{server}/v1/completions", json=body, stream=True, timeout=600)
         self.times: list[float] = []  # (read on another thread: a copy is taken to read them)
         self.first = threading.Event()
