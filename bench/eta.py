@@ -21,13 +21,16 @@ jobs that waited less are reported by their absolute error.
 The baseline, from the same run: what a queue without a forecast can say, position x the mean service time of
 the jobs that ended before the admission / the batch's slots.
 
-    ./dev.sh bench eta --fresh [--rounds 3] [--burst 24] [--max-batch 2] [--seed 1]
+    ./dev.sh bench eta --fresh [--rounds 3] [--burst 24] [--max-batch 2] [--seed 1] [--hog N]
 
 `--fresh`: the first estimates a fresh server gives, the ones people decide to wait on. Each round starts a fresh
 Redis and stack serving the default model alone (ONELANE_MAX_BATCH 2 unless told), waits until /readyz lists the
 model loaded (no job, no warm-up beyond its load), then admits --burst jobs at once from one user, as a new user
 would send them: a chat message (a question or a poem on a topic), greedy, max_tokens the page's 64, 128 or the
 API's default, seeded. The same figures, per round and over all rounds.
+
+`--hog N` (either mode): N busy processes keep N cores loaded from before the first server starts to the end, as a
+machine shared with other work (the figures then hold for that machine: the worker measures its pace beside them).
 
 Every figure printed is measured in this run; every process started here is stopped before the script returns.
 """
@@ -47,7 +50,7 @@ from pathlib import Path
 
 import requests
 
-from bench.harness import START_S, add_model_option, model_folder, onelane_stack, poll_until, private_redis
+from bench.harness import START_S, add_model_option, cpu_hogs, model_folder, onelane_stack, poll_until, private_redis
 from bench.report import pct
 from tasks.catalogue import DEFAULT_MODEL, SHIPPED_DEMO_MODEL
 from tasks.settings import Settings
@@ -293,10 +296,19 @@ def main() -> None:
     parser.add_argument("--jobs", action="store_true", help="print every job: kind, position, estimates, real wait")
     parser.add_argument("--fresh", action="store_true", help="the first jobs of fresh servers (see the docstring)")
     parser.add_argument("--burst", type=int, default=24, help="with --fresh: the jobs admitted at once")
+    parser.add_argument("--hog", type=int, default=0, help="CPU hogs (busy processes) running throughout")
     args = parser.parse_args()
-    if args.fresh:
-        fresh(args)
-        return
+    with cpu_hogs(args.hog):
+        if args.hog:
+            print(f"{args.hog} CPU hog(s) running from the start", flush=True)
+        if args.fresh:
+            fresh(args)
+        else:
+            steady(args)
+
+
+def steady(args: argparse.Namespace) -> None:
+    """--rounds rounds of the mixed workload on one warmed-up stack."""
     args.max_batch = args.max_batch or 32
     with private_redis() as (folder, redis_url):
         model = model_folder(args.model, folder)

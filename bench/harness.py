@@ -147,6 +147,22 @@ def stop(child: subprocess.Popen[bytes], timeout_s: float = 45.0) -> None:
         child.wait(timeout=10)
 
 
+@contextmanager
+def cpu_hogs(count: int) -> Iterator[None]:
+    """`count` processes that each keep one core busy (a pure-Python loop) until the block ends: a machine loaded by
+    other work, steady from before anything measured starts."""
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL, start_new_session=True)
+        for _ in range(count)
+    ]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
 def onelane_worker(
     settings: Settings, log_path: Path, supervised: bool = True, quiet: bool = False, **extra: str
 ) -> AbstractContextManager[subprocess.Popen[bytes]]:

@@ -6,6 +6,7 @@ errors with it (web/errors.py `meaning`), so it is written for them; notes for t
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -60,6 +61,48 @@ class PromptTooLarge(InvalidRequest):
     """The prompt (or the whole body) is larger than the server accepts."""
 
     type = "prompt_too_large"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt does not fit the model: its tokens reach the model's context (no room is left for an answer) or
+    pass the server's KV budget (ONELANE_KV_BUDGET). A shorter prompt may pass.
+
+    (OpenAI's code and message; Anthropic's routes say "prompt is too long: N tokens > M maximum", `anthropic`.)
+    """
+
+    type = "context_length_exceeded"
+
+    def __init__(self, tokens: int, context: int | None, budget: int, *, param: str | None = None) -> None:
+        self.tokens, self.context, self.budget = tokens, context, budget
+        if context is not None and tokens >= context and context <= budget:
+            limit = f"This model's maximum context length is {context} tokens"
+        else:
+            limit = f"This server's KV budget (ONELANE_KV_BUDGET) is {budget} tokens"
+        super().__init__(
+            f"{limit}. However, your messages resulted in {tokens} tokens. Please reduce the length of the messages.",
+            param=param,
+        )
+
+    @property
+    def most(self) -> int:
+        """The most prompt tokens the model takes: one fewer than its context (the answer needs one), and the
+        budget."""
+        return min(self.context - 1, self.budget) if self.context is not None else self.budget
+
+    @property
+    def anthropic(self) -> str:
+        """The refusal as Anthropic words it."""
+        return f"prompt is too long: {self.tokens} tokens > {self.most} maximum"
+
+    @classmethod
+    def of(cls, message: str, param: str | None = None) -> ContextLengthExceeded:
+        """The refusal again from its message (a job's error, as the worker recorded it)."""
+        tokens = re.search(r"resulted in (\d+) tokens", message)
+        limit = re.search(r"(context length|\(ONELANE_KV_BUDGET\)) is (\d+) tokens", message)
+        n = int(tokens.group(1)) if tokens else 0
+        if limit is None or limit.group(1) != "context length":
+            return cls(n, None, int(limit.group(2)) if limit else n, param=param)
+        return cls(n, int(limit.group(2)), int(limit.group(2)), param=param)
 
 
 class NotFound(OnelaneError):

@@ -31,6 +31,8 @@ LOOK = 64  # how far into the fair order a claim looks for a job that goes ahead
 # never loaded yet): step s, per sequence, per token
 FALLBACK = (0.05, 0.005, 0.0005)
 CHARS_PER_TOKEN = 4.0  # before any prompt of the model was measured
+LOAD_PRIOR_S = 10.0  # a load going on of a model never loaded before (the default model's first load: 8-14 s here)
+LOAD_LEAST_S = 1.0  # a load going on past its last load's time still takes this much more, as far as one knows
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,15 @@ class Model:
     load_s: float
     lengths: Lengths
     alone: bool = False  # its jobs run one at a time (worker/batch/sharing.py)
+    loading_s: float | None = None  # while a worker loads it: for how long so far
+
+    @property
+    def load_left_s(self) -> float:
+        """What loading it still takes: its last load's time; while it loads, what is left of that (of LOAD_PRIOR_S
+        when it never loaded before), at least LOAD_LEAST_S."""
+        if self.loading_s is None:
+            return self.load_s
+        return max((self.load_s or LOAD_PRIOR_S) - self.loading_s, LOAD_LEAST_S)
 
 
 @dataclass(frozen=True)
@@ -109,7 +120,8 @@ class Waiting:
     batch: bool = False  # a batch-class job: an interactive one may set it aside when it runs (preemption)
     preemptions: int = 0  # the times it was set aside so far
     interactive: bool = True  # it may take a batch-class job's slot (not a batch, side or solo job)
-    prompt_tokens: int = 0  # its prompt in tokens, when known (a run the forecast set aside); else from prompt_chars
+    prompt_tokens: int = 0  # its prompt in tokens, when known (counted at admission, or a run the forecast set
+    # aside); else from prompt_chars
     kept: bool = False  # its prompt and tokens so far are in a prefix cache (a run the forecast set aside)
 
 
@@ -167,6 +179,7 @@ class Snapshot:
                 float(m.get("load_s") or 0),
                 Lengths.parse(_list(m, "lengths")),
                 m.get("batching") == "alone",
+                float(m["loading_s"]) if m.get("loading_s") is not None else None,
             )
             for name, m in (data.get("models") or {}).items()
         }
@@ -182,6 +195,7 @@ class Snapshot:
                 bool(w.get("batch")),
                 int(w.get("preemptions") or 0),
                 bool(w.get("interactive", not w.get("batch"))),
+                int(w.get("prompt_tokens") or 0),
             )
             for w in _list(data, "waiting")
         ]
@@ -445,7 +459,7 @@ class _Forecast:
         del self.waiting[place]
         if not device.runs and job.model not in device.loaded:  # it loads first
             known = self.models.get(job.model)
-            device.busy_s += known.load_s if known else 0.0
+            device.busy_s += known.load_left_s if known else 0.0
             device.loaded.add(job.model)
         speed, lengths = self.speed(device, job.model), self.lengths(job.model)
         # into an empty batch once its model is loaded; into a running one between two steps

@@ -83,7 +83,7 @@ class Picture(BaseModel):
 
 class Message(BaseModel):
     """One chat message: an assistant's may hold the tool calls it made; a tool's answers one of them. `name`
-    tells participants of one role apart (worker/chat_prompt.py shows it to the model)."""
+    tells participants of one role apart (tasks/chat_prompt.py shows it to the model)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -232,6 +232,8 @@ class JobSpec(BaseModel):
     # a count of its prompt's tokens only (Anthropic's count_tokens): read by the worker beside the batch, nothing
     # generated; its usage's prompt_tokens is the count
     count: bool = False
+    # its prompt's tokens as the web counted them at admission (tasks/token_count.py; None: not counted there)
+    prompt_tokens: int | None = Field(None, ge=0)
 
     @property
     def side(self) -> bool:

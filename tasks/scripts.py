@@ -25,7 +25,7 @@ BELL = ("bell_queue", "bell_messages", "bell_id", "bell")  # a job's dramatiq me
 #: Each script's arguments, by name, in the order they are sent.
 ARGS: dict[str, tuple[str, ...]] = {
     "admit": ("owner", "ttl_s", "result_ttl_s", "watch_grace_s", "max_queue", "max_per_user", "max_tokens", *BELL,
-              "model", "class", "share", "prompt_weight", "output_weight", "visitors", "max_visitors", "history", "line", "side", "ignore_eos", "prompt_chars",
+              "model", "class", "share", "prompt_weight", "output_weight", "visitors", "max_visitors", "history", "line", "side", "ignore_eos", "prompt_chars", "counted",
               "history_chars", "images", "image_upload", "image_need_s", "image_keep_s", "max_user_image_bytes",
               "max_image_bytes", "*jobs"),
     "append": ("id", "text", "prompt_tokens", "worker", "from_n", "from_b", "cached_tokens", "ids", "lp", "prompt_lp"),
@@ -37,6 +37,7 @@ ARGS: dict[str, tuple[str, ...]] = {
     "finish": ("id", "status", "finish_reason", "error", "prompt_tokens", "completion_tokens", "result_ttl_s",
                "worker", "stop_seen_at", "cached_tokens", "history", "stop_sequence"),
     "housekeep": ("max_attempts", "ttl_s", "result_ttl_s", "limit", *BELL),
+    "keep_lease": ("device", "worker", "lease_ms"),
     "live": ("id",),
     "lease": ("device", "worker", "pid", "lease_ms", "mode", "batch", "slots", "tok_s", "steps", "decode_s",
               "prefill_s", "prefill_tokens", "models", "active", "loading", "cache_lookups", "cache_hits",

@@ -62,6 +62,7 @@ ENV_NAMES: dict[str, str] = {
     "sse_ping_s": "ONELANE_SSE_PING_S",
     "device": "ONELANE_DEVICE",
     "lease_s": "ONELANE_LEASE_S",
+    "lease_hung_s": "ONELANE_LEASE_HUNG_S",
     "max_attempts": "ONELANE_MAX_ATTEMPTS",
     "stall_s": "ONELANE_STALL_S",
     "drain_s": "ONELANE_DRAIN_S",
@@ -163,7 +164,7 @@ class Settings(BaseModel):
     result_ttl_s: int = Field(3600, ge=1, le=30 * 86400)
     max_tokens_limit: int = Field(4096, ge=1, le=1_000_000)
     default_max_tokens: int = Field(256, ge=1, le=1_000_000)
-    max_prompt_chars: int = Field(32_000, ge=1, le=10_000_000)
+    max_prompt_chars: int = Field(200_000, ge=1, le=10_000_000)
     # images in a prompt (tasks/images.py), for a model that reads them: each image's bytes and pixels, and how many
     # one request holds (a request's body may grow by their base64 text, for a server that serves such a model)
     image_max_bytes: int = Field(8 * 2**20, ge=1024, le=64 * 2**20)
@@ -201,6 +202,8 @@ class Settings(BaseModel):
     sse_ping_s: float = Field(15.0, gt=0, le=15)
     device: str = Field(default_factory=socket.gethostname, min_length=1, max_length=128)
     lease_s: float = Field(3.0, ge=0.5, le=60)
+    # a worker whose interpreter has not run its heartbeat for this long is hung: its keeper lets the lease lapse
+    lease_hung_s: float = Field(60.0, ge=1, le=3600)
     max_attempts: int = Field(2, ge=1, le=10)
     stall_s: float = Field(120.0, gt=0, le=86400)
     # a worker stopped in good order lets its batch run this long to end, then hands back what still runs
@@ -264,6 +267,11 @@ class Settings(BaseModel):
             raise ValueError(
                 f"images: ONELANE_IMAGE_MAX_BYTES ({self.image_max_bytes}) ≤ ONELANE_IMAGE_USER_BYTES "
                 f"({self.image_user_bytes}) ≤ ONELANE_IMAGE_TOTAL_BYTES ({self.image_total_bytes}), or no image fits"
+            )
+        if self.lease_hung_s < self.lease_s:
+            raise ValueError(
+                f"ONELANE_LEASE_HUNG_S ({self.lease_hung_s}) must be at least ONELANE_LEASE_S ({self.lease_s}): a "
+                "worker is not hung before its lease could lapse"
             )
         if self.image_total_bytes >= self.redis_memory_bytes:
             raise ValueError(

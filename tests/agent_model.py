@@ -1,7 +1,7 @@
 """A tiny llama that acts as a coding agent, for the stories of real agent clients (tests/test_agent_clients.py).
 
 Trained offline in seconds, with a fixed seed, on the two turns of an agent's tool round trip as onelane renders
-them for a ChatML model without tool support (worker/chat_prompt.py), for the requests Claude Code 2.1.332 (`claude
+them for a ChatML model without tool support (tasks/chat_prompt.py), for the requests Claude Code 2.1.332 (`claude
 -p --bare --tools Bash --system-prompt CLAUDE_SYSTEM`) and Codex CLI 0.171.0 (`codex exec`, its instructions
 CODEX_INSTRUCTIONS) send, read from the wire: when the conversation ends with the user's words, it calls the
 client's shell tool to run `ls` (Claude Code's `Bash`, Codex's `exec_command`); when it ends with that tool's result,
@@ -108,9 +108,9 @@ def _examples(seed: int, count: int) -> list[tuple[tuple[Message, ...], tuple[To
 
 
 def _told(client: str) -> list[str]:
-    """How a model without tool support is told `client`'s tools (worker/chat_prompt.py: the call format, then a line
+    """How a model without tool support is told `client`'s tools (tasks/chat_prompt.py: the call format, then a line
     of JSON per tool), in pieces of at most TOKEN_BYTES."""
-    from worker.chat_prompt import FALLBACK_PROMPT, _function
+    from tasks.chat_prompt import FALLBACK_PROMPT, _function
 
     lines = [FALLBACK_PROMPT, *(json.dumps(_function(t)["function"]) for t in TOOLS[client])]
     return [line[i : i + TOKEN_BYTES] for line in lines for i in range(0, len(line), TOKEN_BYTES)]
@@ -118,7 +118,7 @@ def _told(client: str) -> list[str]:
 
 def prompt(messages: tuple[Message, ...], tools: tuple[Tool, ...], tokenizer) -> str:  # type: ignore[no-untyped-def]
     """The prompt as the worker renders it (worker/batch/engine.py `prompt_tokens`), as text."""
-    from worker.chat_prompt import chat_input
+    from tasks.chat_prompt import chat_input
 
     turns, native = chat_input(messages, tools, tokenizer)
     extra = {"tools": native} if native else {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import threading
@@ -57,9 +58,20 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedR
 
 @pytest.fixture(scope="session")
 def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo model, its context long enough for a job that keeps the worker busy (BUSY tokens: an answer stops at
+    the context, tasks/context.py). The stories of prompts that do not fit their model serve one of their own."""
     from worker.demo_build.model import make_demo_model
 
-    return make_demo_model(tmp_path_factory.mktemp("models") / "demo")
+    path = make_demo_model(tmp_path_factory.mktemp("models") / "demo")
+    with_context(path, 2 * BUSY)
+    return path
+
+
+def with_context(folder: Path, context: int) -> Path:
+    """The model in `folder`, its config saying it reads `context` positions."""
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": context}, indent=2))
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,9 @@ CLIENTS = Path(__file__).resolve().parents[1] / ".tools" / "agents" / "node_modu
 KEY = "sk-onelane-agent-story"  # the one user's key: onelane refuses any other
 LISTED = "onelane-notes.txt"  # the one file in the folder the client works in
 RUN_S = 90  # a client that has not ended by then has hung: it fails the story
+#: Claude Code's environment: no telemetry, no update check, no retries (a refusal or an outage fails at once)
+QUIET = {"DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"}
+QUIET |= {"DISABLE_ERROR_REPORTING": "1", "CLAUDE_CODE_MAX_RETRIES": "0", "API_TIMEOUT_MS": "30000"}
 
 
 def installed(name: str) -> str:
@@ -125,9 +129,6 @@ def test_claude_code_runs_the_models_command_and_answers_from_its_result(
     command = [claude, "-p", TASK, "--bare", "--tools", "Bash", "--allowedTools", "Bash"]
     command += ["--system-prompt", CLAUDE_SYSTEM, "--model", settings.model_name, "--max-turns", "2"]
     command += ["--no-session-persistence", "--output-format", "stream-json", "--verbose"]
-    # (no telemetry, no update check, no retries: a refusal or an outage fails at once)
-    quiet = {"DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"}
-    quiet |= {"DISABLE_ERROR_REPORTING": "1", "CLAUDE_CODE_MAX_RETRIES": "0", "API_TIMEOUT_MS": "30000"}
     # When it runs headless
     done = run(
         command,
@@ -135,7 +136,7 @@ def test_claude_code_runs_the_models_command_and_answers_from_its_result(
         ANTHROPIC_BASE_URL=live_server,
         ANTHROPIC_API_KEY=KEY,
         CLAUDE_CODE_MAX_OUTPUT_TOKENS="200",
-        **quiet,
+        **QUIET,
     )
     # Then it ended well, and onelane answered two requests, refusing nothing
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -228,3 +229,47 @@ def test_codex_cli_runs_the_models_command_and_answers_from_its_result(
     (result,) = [m for m in answer.spec.messages or () if m.role == "tool"]
     assert result.tool_call_id.startswith("call_" + call.id.removeprefix("job_")[:16]) and LISTED in result.content
     assert answer.output == ANSWER
+
+
+def test_claude_code_with_its_own_prompt_shows_that_the_model_cannot_read_it(
+    claude, start_worker, live_server, settings, store, answered, folder
+):
+    # Given onelane serving the agent model (a context of 8,192 tokens), and Claude Code told nothing of its prompt
+    # or its max_tokens: its own system prompt and tools (about 47,000 characters), 32,000 tokens of answer
+    start_worker(served=settings)
+    command = [claude, "-p", TASK, "--model", settings.model_name, "--max-turns", "1"]
+    command += ["--no-session-persistence", "--output-format", "stream-json", "--verbose"]
+    # When it runs headless
+    done = run(command, folder, ANTHROPIC_BASE_URL=live_server, ANTHROPIC_API_KEY=KEY, **QUIET)
+    # Then onelane refused its prompt at once, in Anthropic's words, ran nothing, and Claude Code says why
+    assert answered == [("/v1/messages", 400)], answered
+    assert store.list("agent") == []
+    end = lines(done.stdout)[-1]
+    assert (end["type"], end["is_error"]) == ("result", True), done.stdout[-2000:]
+    # (Claude Code reads the count and the maximum from Anthropic's words: "Prompt is too long · the request is
+    # ~30761 tokens (limit 8191) …")
+    assert re.search(r"Prompt is too long\b.* ~?\d+ tokens \(limit 8191\)", end["result"]), end
+
+
+def test_codex_cli_with_its_own_prompt_shows_that_the_model_cannot_read_it(
+    codex, start_worker, live_server, settings, store, answered, folder, tmp_path
+):
+    # Given onelane serving the agent model (a context of 8,192 tokens), and Codex CLI with its own instructions
+    # and tools
+    start_worker(served=settings)
+    home = tmp_path / "codex"
+    home.mkdir()
+    config = CODEX_CONFIG.replace("model_instructions_file = {instructions}\n", "")
+    config = config.replace("include_permissions_instructions = false\ninclude_environment_context = false\n", "")
+    quoted = {"model": json.dumps(settings.model_name), "base_url": json.dumps(f"{live_server}/v1")}
+    (home / "config.toml").write_text(config.format(**quoted))
+    command = [codex, "exec", "--strict-config", "--ephemeral", "--skip-git-repo-check", "--json", TASK]
+    # When it runs headless
+    done = run(command, folder, CODEX_HOME=str(home), ONELANE_API_KEY=KEY)
+    # Then onelane refused its prompt at once (OpenAI's code, context_length_exceeded), ran nothing, and Codex says
+    # why, in its own words for that code
+    assert answered == [("/v1/responses", 400)], answered
+    assert store.list("agent") == []
+    failed = [e for e in lines(done.stdout) if e["type"] == "turn.failed"]
+    assert done.returncode != 0 and len(failed) == 1, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "ran out of room in the model's context window" in failed[0]["error"]["message"], failed

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from tasks.chat_prompt import chat_input
 from tasks.job import Message
-from worker.chat_prompt import chat_input
 
 HISTORY = [
     {"role": "system", "content": "You chair the meeting."},

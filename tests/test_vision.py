@@ -363,7 +363,8 @@ def test_a_worker_killed_while_it_answers_about_an_image_loses_nothing(
     params = SamplingParams(max_tokens=3000, temperature=0, ignore_eos=True)  # seconds of work
     spec = JobSpec(owner="u", model="gemma", messages=(message,), params=params)
     alone = store.admit(new_job_id(), spec, 300)  # the answer with nothing cut
-    alone_output = wait_ended(store, alone.id, timeout_s=240)["output"]
+    alone_done = wait_ended(store, alone.id, timeout_s=240)  # (its answer stops at the model's context)
+    alone_output, length = alone_done["output"], alone_done["usage"]["completion_tokens"]
     job_id = new_job_id()
     store.admit(job_id, spec, 300)
     wait_event(store, job_id, lambda e: e.type == "token", timeout_s=60)
@@ -371,8 +372,8 @@ def test_a_worker_killed_while_it_answers_about_an_image_loses_nothing(
     os.kill(first.pid, signal.SIGKILL)
     # Then the next worker reads the image again (its bytes are still kept) and goes on: the answer is the same
     done = wait_ended(store, job_id, timeout_s=240)
-    assert (done["status"], done["attempts"], done["usage"]["completion_tokens"]) == ("completed", 2, 3000)
-    assert done["output"] == alone_output
+    assert (done["status"], done["attempts"], done["usage"]["completion_tokens"]) == ("completed", 2, length)
+    assert done["output"] == alone_output and length > 500
 
 
 def test_the_web_page_attaches_an_image_shows_it_and_follows_up(worker, page, store, tmp_path, reference):

@@ -74,11 +74,12 @@ def _added_ids(tokens: list[str]) -> dict[str, int]:
 GEMMA3_TOKENS = ["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"]
 GEMMA3_IDS = _added_ids(GEMMA3_TOKENS)
 GEMMA3_IMAGE_SIZE, GEMMA3_PATCH, GEMMA3_IMAGE_TOKENS = 32, 8, 4
+GEMMA3_CONTEXT = 32 * MAX_LENGTH  # its context: the stories' long streams beside image work fit in it
 GEMMA3_TEXT: dict[str, Any] = dict(
     model_type="gemma3_text", hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
     num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, rms_norm_eps=1e-6,
     vocab_size=DEMO_VOCAB + len(GEMMA3_TOKENS), sliding_window=16, sliding_window_pattern=2,
-    rope_theta=1000000.0, rope_local_base_freq=10000.0, rope_scaling=None, max_position_embeddings=MAX_LENGTH,
+    rope_theta=1000000.0, rope_local_base_freq=10000.0, rope_scaling=None, max_position_embeddings=GEMMA3_CONTEXT,
     mm_tokens_per_image=GEMMA3_IMAGE_TOKENS, hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=None,
     attn_logit_softcapping=None, attention_bias=False, attention_dropout=0.0, torch_dtype="float32",
 )  # fmt: skip

@@ -11,6 +11,7 @@ from flask import Flask
 from tasks.grammar_check import CHECKS
 from tasks.job import JobStatus
 from tasks.settings import Settings
+from tasks.token_count import COUNTS
 from web import api, dashboard, docs, errors, health, pages, stream
 from web.anthropic import messages
 from web.openai.batches import file_routes as files
@@ -55,6 +56,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     svc = app.extensions[EXTENSION] = Services.start(settings)
     batch_runner.start(app, svc)  # feeds the batches' lines to the queue and collects their results
     CHECKS.warm()  # a grammar checker process, started before the first schema needs it
+    COUNTS.warm(settings)  # a token counter, its default model's tokenizer loaded before the first prompt
     app.jinja_env.globals["ended_statuses"] = [s.value for s in JobStatus if s.ended]  # for the pages' script
     errors.register(app)
     for module in (

@@ -6,6 +6,7 @@ from flask import Blueprint, Response, jsonify, request, url_for
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from tasks.errors import (
+    ContextLengthExceeded,
     Forbidden,
     InvalidJSON,
     InvalidParameter,
@@ -60,6 +61,7 @@ def job_response(job: Job, status: int = 200) -> Response:
         Forbidden,
         ModelNotFound,
         (PromptTooLarge, lambda s: f"over {s.max_prompt_chars} characters"),
+        ContextLengthExceeded,
         RequestEntityTooLarge,
         (
             InvalidRequest,

@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 STATUS: dict[type[errors.OnelaneError], int] = {
     errors.InvalidJSON: 400,
     errors.InvalidParameter: 400,
+    errors.ContextLengthExceeded: 400,
     errors.PromptTooLarge: 413,
     errors.InvalidRequest: 422,
     errors.NotFound: 404,
@@ -137,12 +138,21 @@ def job_error(job: Job) -> errors.OnelaneError:
     `logit_bias` naming a token beyond it is found there (the job's error names the field)."""
     if job.status is JobStatus.FAILED and job.error is not None and job.error.type == errors.InvalidRequest.type:
         return errors.InvalidRequest(job.error.message, param=job.error.param)
+    if job.status is JobStatus.FAILED and job.error is not None and job.error.type == errors.ContextLengthExceeded.type:
+        return errors.ContextLengthExceeded.of(job.error.message, param=job.error.param)
     return errors.JobDidNotComplete.of(job)
 
 
 def anthropic_error(status: int, message: str) -> dict[str, object]:
     """Anthropic's error body (and a stream's `error` event's data) for an error answered with `status`."""
     return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
+
+
+def shown_message(exc: errors.OnelaneError, blueprint: str | None) -> str:
+    """An error's message on this blueprint's routes: Anthropic's words for a prompt too long on Anthropic's."""
+    if isinstance(exc, errors.ContextLengthExceeded) and blueprint in ANTHROPIC_BLUEPRINTS:
+        return exc.anthropic
+    return exc.message
 
 
 def openai_shaped(blueprint: str | None) -> bool:
@@ -211,7 +221,7 @@ def error_headers(exc: errors.OnelaneError) -> dict[str, str]:
 def register(app: Flask) -> None:
     @app.errorhandler(errors.OnelaneError)
     def onelane_error(exc: errors.OnelaneError) -> Response:
-        response = error_response(status_for(exc), exc.type, exc.message, exc.param)
+        response = error_response(status_for(exc), exc.type, shown_message(exc, request.blueprint), exc.param)
         response.headers.update(error_headers(exc))
         return response
 

@@ -1,8 +1,8 @@
 """Health that tells the truth, and Prometheus metrics that are right across processes.
 
 /healthz: this web process answers. /readyz: Redis answers, a worker holds a device with a fresh heartbeat,
-its job (if any) is making progress, and the default model has not failed to load; anyone may ask, so it counts
-each worker's jobs, never naming them.
+its job (if any) is making progress, and the default model is neither loading nor failed to load (a failure holds
+until a load replaces it); anyone may ask, so it counts each worker's jobs, never naming them.
 /metrics: counters and histograms are recorded in Redis by the Lua scripts at the moment things happen
 (admission, claim, first token, end), so web and worker, and several web processes, report the same numbers;
 gauges are read at scrape time.
@@ -54,7 +54,7 @@ def healthz() -> Response:
     "health",
     public=True,
     description="Redis answers, a worker holds the device with a fresh heartbeat, its jobs make progress, and the "
-    "default model has not failed to load; each worker is listed with how many jobs it runs (never which: anyone "
+    "default model is neither loading nor failed to load (503 names it: `model`); each worker is listed with how many jobs it runs (never which: anyone "
     "may ask), and each model with its state.",
     answers={
         200: reply("ready", responses.Ready),
@@ -77,11 +77,24 @@ def readyz() -> Response:
         return _not_ready(
             f"worker {w.worker} made no progress on its {len(w.jobs)} job(s) for {w.progress_age_s:.0f} s", state
         )
-    # another model that failed fails only its own jobs; the default's fails every request that names none
-    default = next((m for m in snap.models if m.name == svc.settings.model_name and m.state == "failed"), None)
-    if default is not None:
-        return _not_ready(f"the default model {default.name!r} is unavailable: {default.error}", state)
+    # another model that loads or failed holds up only its own jobs; the default's, every request that names none
+    why = model_unready(snap, svc.settings.model_name)
+    if why is not None:
+        return _not_ready(why, {"model": svc.settings.model_name, **state})
     return jsonify({"status": "ready", "queue_depth": snap.queue_depth, **state})
+
+
+def model_unready(snap: Reading, name: str) -> str | None:
+    """Why the model `name` cannot take a job at once (it loads, or it failed to load), or None."""
+    model = next((m for m in snap.models if m.name == name), None)
+    if model is None or model.state not in ("loading", "failed"):
+        return None
+    if model.state == "loading":
+        so_far = f" ({model.loading_s:.0f} s so far)" if model.loading_s is not None else ""
+        again = f", its last load failed: {model.error}" if model.error else ""
+        return f"the default model {name!r} is loading{so_far}{again}"
+    retry = f"tried again in {model.retry_in_s:.0f} s" if model.retry_in_s else "tried again now"
+    return f"the default model {name!r} cannot load: {model.error} ({retry})"
 
 
 def _worker(w: DeviceLease) -> dict[str, object]:

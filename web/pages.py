@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+import redis
 from flask import Response, redirect, render_template, request, url_for
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.wrappers import Response as BaseResponse  # what redirect() returns (flask's Response is one)
@@ -30,6 +31,7 @@ from web.apidoc import FORM, JSON, MULTIPART, Reply, documented, reply
 from web.auth import check_csrf, csrf_token, current_owner, sign_in, signed_in, start_visit
 from web.errors import error_headers, status_for
 from web.forms import PRIORITIES, form, form_defaults, submission, submit_form
+from web.health import model_unready
 from web.html import SIGN_IN, excerpt, pages_blueprint, webpage
 from web.schemas import SubmitJob, parse, to_spec
 from web.services import services
@@ -71,13 +73,28 @@ def utc_time(epoch_s: float) -> str:
 def render_form(values: dict[str, str], error: OnelaneError | None = None) -> Response:
     """The submit form, filled with `values`, with the error that refused them (and its API status), if any."""
     html = render_template(
-        "index.html", values=values, error=error, settings=services().settings, priorities=PRIORITIES
+        "index.html",
+        values=values,
+        error=error,
+        settings=services().settings,
+        priorities=PRIORITIES,
+        notice=model_notice(),
     )
     response = Response(html)
     if error is not None:
         response.status_code = status_for(error)
         response.headers.update(error_headers(error))
     return response
+
+
+def model_notice() -> str | None:
+    """Why the default model cannot take a job at once (it loads, or cannot load), for the form; None if it can, or
+    if Redis cannot tell (a job's submission says so)."""
+    svc = services()
+    try:
+        return model_unready(svc.store.readings.snapshot(), svc.settings.model_name)
+    except redis.RedisError:
+        return None
 
 
 @bp.route("/login", methods=["GET", "POST"])

@@ -209,7 +209,8 @@ class Worker(Answer):
 
 
 class Ready(Answer):
-    """Redis answers, a worker holds the device with a fresh heartbeat, and its jobs make progress."""
+    """Redis answers, a worker holds the device with a fresh heartbeat, its jobs make progress, and the default
+    model neither loads nor failed to load."""
 
     status: Literal["ready"]
     queue_depth: int
@@ -221,5 +222,6 @@ class NotReady(Answer):
     """Why the server is not ready, with what the workers and models report."""
 
     error: ErrorDetail
+    model: str | None = Field(None, description="the default model, when it is the reason: it loads, or cannot load")
     workers: list[Worker]
     models: list[ModelState]

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from flask import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tasks.context import window_of
 from tasks.errors import Forbidden, InvalidJSON, InvalidRequest, ModelNotFound, PromptTooLarge
 from tasks.image_fit import fit_of
 from tasks.images import Rules, checked
@@ -17,6 +18,7 @@ from tasks.job import NAME_PATTERN, JobSpec, Message, Pooled, Priority, Response
 from tasks.model_kind import NAMES, Kind
 from tasks.settings import Settings
 from tasks.structured import Constraint, Tool, ToolCall, json_constraint
+from tasks.token_count import COUNTS
 from tasks.users import User
 from web.body import raw as body_bytes
 from web.content import Content, read_content
@@ -327,14 +329,20 @@ def make_spec(
     tools: tuple[Tool, ...] = (),
     count: bool = False,
     field: str = "messages",
+    clip: bool = False,
+    line: bool = False,
 ) -> tuple[JobSpec, float]:
-    """Apply the server's catalog and limits (model, prompt size, max_tokens, TTL) and the owner's default
-    priority; every way in goes through here."""
+    """Apply the server's catalog and limits (model, prompt size and tokens, max_tokens, TTL) and the owner's default
+    priority; every way in goes through here. `clip`: a max_tokens past the server's limit is served at the limit
+    (Anthropic's clients ask for 32,000 by default), not refused. `line`: a batch's line, whose prompt is counted as
+    it joins the batch (a file of 50,000 lines is not counted as it is read)."""
     model = served_model(settings, model)
     priority = _priority(settings, owner, priority)
     param = "prompt" if prompt is not None else field  # (the request's name for its conversation)
     _check_size(settings, prompt, messages, tools, param)
-    if params.max_tokens > settings.max_tokens_limit:
+    if params.max_tokens > settings.max_tokens_limit and clip:
+        params = params.model_copy(update={"max_tokens": settings.max_tokens_limit})
+    elif params.max_tokens > settings.max_tokens_limit:
         raise InvalidRequest(f"max_tokens may be at most {settings.max_tokens_limit}", param="max_tokens")
     if messages and any(m.images for m in messages):
         messages = _read_images(settings, model, messages, param)
@@ -353,7 +361,17 @@ def make_spec(
         tools=tools,
         count=count,
     )
-    return spec, ttl_s
+    return (spec if count or line else counted(settings, spec, param)), ttl_s
+
+
+def counted(settings: Settings, spec: JobSpec, param: str) -> JobSpec:
+    """`spec` with its prompt's tokens as its model reads them (tasks/token_count.py), if they can be counted here;
+    ContextLengthExceeded, naming `param`, if they do not fit its model (tasks/context.py)."""
+    tokens = COUNTS.count(settings, spec)
+    if tokens is None:
+        return spec
+    window_of(settings, spec.model).check(tokens, param)
+    return spec.model_copy(update={"prompt_tokens": tokens})
 
 
 def _check_size(

@@ -1,6 +1,9 @@
 """The worker's heartbeat: a thread that renews the device's lease every third of it, each renewal carrying a report
 of the batch (its size, the engine's work since the last report, the models held, the prefix cache's counters, the
 step on the device), which the web reads for ETAs, /health and /metrics. A worker that lost the lease stops at once.
+Beside it, the lease keeper (worker/keeper.py), a process of its own, renews the lease too, while this thread keeps
+telling it the worker's interpreter runs: a heartbeat kept waiting by a busy machine or a native call costs a late
+report, not the lease.
 
 Apart from the worker process (worker/main.py), which starts it and reports through it at once when it must (the
 models changed, the default model loaded).
@@ -24,6 +27,7 @@ from tasks.settings import Settings
 from tasks.store import BatchReport, WorkerStore
 from worker.batch.engine import Engine
 from worker.batch.loop import Runner
+from worker.keeper_link import KeeperLink
 from worker.models import ModelPool
 from worker.prefix_cache import CacheCounters
 
@@ -51,18 +55,21 @@ class Heartbeat:
         self.on_fatal = on_fatal
         self._reported = (0, 0.0, 0.0, 0, 0, time.monotonic())  # engine counters at the last report, and when
         self._cache_reported = CacheCounters()  # the prefix cache's, at the last report
+        self.keeper = KeeperLink(settings, jobs.worker)
 
     def run(self) -> None:
         """Renew the device lease, reporting the batch; a worker that lost it (presumed dead) must stop at once.
 
         A renewal a whole interval late means the process stalled: a native call that kept the interpreter from
-        this thread, or a starved machine. Past that, while it is still stalled, every thread's stack goes to
-        stderr (faulthandler's own thread needs no interpreter), so the log tells where the worker was; and once
-        the renewal comes, a warning tells how late it was."""
+        this thread, or a starved machine (the keeper held the lease meanwhile). Past that, while it is still
+        stalled, every thread's stack goes to stderr (faulthandler's own thread needs no interpreter), so the log
+        tells where the worker was; and once the renewal comes, a warning tells how late it was."""
         every, answered, renewed = self.settings.lease_s / 3, True, time.monotonic()
         _dump_stacks_after(2 * every)
+        self.keeper.start()
         try:
             while not self.down.wait(every):
+                self.keeper.alive()
                 try:
                     report: BatchReport | None = self.report()
                 except Exception:  # a report that cannot be made must not stop the lease's renewal
@@ -84,16 +91,17 @@ class Heartbeat:
                 answered, now = True, time.monotonic()
                 if now - renewed > 2 * every:
                     logger.warning(
-                        "the heartbeat took %.1f s to renew the device lease (it renews every %.1f s; the lease "
-                        "lapses after %.1f s): this process stalled, or Redis was slow; the threads' stacks are in "
-                        "stderr",
+                        "the heartbeat took %.1f s to renew the device lease (it renews every %.1f s; its keeper "
+                        "kept it, up to %.0f s): this process stalled, or Redis was slow; the threads' stacks are "
+                        "in stderr",
                         now - renewed,
                         every,
-                        self.settings.lease_s,
+                        self.settings.lease_hung_s,
                     )
                 renewed = now
         finally:
             faulthandler.cancel_dump_traceback_later()
+            self.keeper.stop()
 
     def renew(self, report: BatchReport | None) -> bool:
         """Renew the lease; a worker that lost it (it lapsed, or another took it) stops at once: its jobs may have

@@ -1,10 +1,12 @@
 """The worker process: take the device's lease, load the default model, then consume the GPU queue (other models
 load on demand: worker/models.py).
 
-One dramatiq worker thread with prefetch 1 runs the batch (worker/batch/loop.py): the only thread that touches MLX.
-A heartbeat thread renews the device lease and reports the batch (worker/heartbeat.py); a listener hears cancels,
-streams opened and queue moves (worker/listener.py); a housekeeping thread (tasks/housekeeping.py, which every web
-process runs too) ends jobs that must not run, recovers jobs of dead workers and re-rings a lost doorbell.
+One dramatiq worker thread with prefetch 1 runs the batch (worker/batch/loop.py): the only thread that touches MLX
+while jobs run (a default model that failed to load is tried again, when due, by worker/default_retry.py's thread,
+only while no batch holds the models' lock). A heartbeat thread renews the device lease and reports the batch
+(worker/heartbeat.py), beside a lease keeper process (worker/keeper.py); a listener hears cancels, streams opened
+and queue moves (worker/listener.py); a housekeeping thread (tasks/housekeeping.py, which every web process runs
+too) ends jobs that must not run, recovers jobs of dead workers and re-rings a lost doorbell.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from worker import actors
 from worker.batch.engine import Engine
 from worker.batch.loop import Runner
 from worker.blas import preload_openblas
+from worker.default_retry import retry_default
 from worker.heartbeat import Heartbeat
 from worker.listener import listen
 from worker.models import ModelPool
@@ -111,6 +114,9 @@ class GpuWorker:
         self._threads = [
             threading.Thread(target=self.heartbeat.run, name="heartbeat", daemon=True),
             threading.Thread(target=listen, args=(self.jobs, self.runner, self.down), name="listener", daemon=True),
+            threading.Thread(
+                target=retry_default, args=(self.models, self.jobs, self.stopping), name="model-retry", daemon=True
+            ),
         ]
 
     def start(self) -> bool:
@@ -137,6 +143,7 @@ class GpuWorker:
         except redis.RedisError as exc:  # Redis slow or away: the housekeeper's next round (1 s) does it
             logger.warning("first housekeeping round failed: %s", exc)
         self.housekeeper.start()
+        self._threads[2].start()  # a default model that failed is tried again when due, job or not
         self.worker.start()
         _name_os_threads(self.worker)
         logger.info("worker %s consuming on device %s (1 process, 1 thread, prefetch 1)", self.id, s.device)

@@ -20,6 +20,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from tasks.catalogue import ModelConfig
+from tasks.context import context_of
 from tasks.housekeeping import log_death
 from tasks.settings import Settings
 from tasks.store import WorkerStore
@@ -152,7 +153,9 @@ class ModelPool:
         if config.kind == "generate" and config.vision:  # a vision-language model: mlx-vlm loads it
             from worker.vision import VisionEngine
 
-            return VisionEngine.load(config, self._max_batch(config), self.settings.prefill_step, lock=self.lock)
+            engine = VisionEngine.load(config, self._max_batch(config), self.settings.prefill_step, lock=self.lock)
+            engine.context = context_of(config.path) or engine.context  # (its language model's, tasks/context.py)
+            return engine
         if config.kind == "generate":
             return Engine.load(config, self._max_batch(config), self.settings.prefill_step, lock=self.lock)
         # an embedding model or a reranker: no batch, no decode steps to time

@@ -26,7 +26,8 @@
 --       model, class ('interactive' | 'batch'), share, prompt_weight, output_weight, visitors key ('' for none), max_visitors, history (the
 --       digest of a chat's messages but the last, '' for none: a device whose prefix cache holds it is preferred),
 --       line ('1': a batch's line, admitted once only, and neither counted in its owner's quota nor listed),
---       side ('1': a pooled job, read beside the batch: see claim.lua), ignore_eos ('1' or ''), prompt_chars, history_chars (of the messages but the last), for its ETA;
+--       side ('1': a pooled job, read beside the batch: see claim.lua), ignore_eos ('1' or ''), prompt_chars, history_chars (of the messages but the last),
+--       counted (its prompt's tokens as the web counted them, 0: not counted), for its ETA and its charge;
 --       images ('digest:size ...': the request's images, size 0 for one resent from the server's record),
 --       image_upload (the prefix of the keys the bytes of the others were uploaded under), image_need_s (how long a job may wait and run),
 --       image_keep_s (how long a completed job's images are kept for a follow-up), max_user_image_bytes (the bytes
@@ -169,7 +170,7 @@ local cached_chars = 0
 if history ~= '' and redis.call('EXISTS', AFFINITY .. history) == 1 then cached_chars = tonumber(ARG.history_chars) or 0 end
 local output_weight = tonumber(ARG.output_weight) or token_cost(model)
 local prompt_units, answer_units, expect = estimate_units(model, tonumber(ARG.prompt_chars) or 0, cached_chars,
-  tonumber(max_tokens), ARG.ignore_eos == '1', tonumber(ARG.prompt_weight), output_weight)
+  tonumber(max_tokens), ARG.ignore_eos == '1', tonumber(ARG.prompt_weight), output_weight, tonumber(ARG.counted))
 local cost = math.max(1, math.floor(prompt_units * share + 0.5)) -- charged now: its answer, as it starts
 local whole = math.max(1, math.floor((prompt_units + answer_units) * share + 0.5))
 local price = ARG.prompt_weight .. ',' .. ARG.output_weight .. ',' .. ARG.share -- (output weight 'auto': price_of)
@@ -183,6 +184,7 @@ for i = 1, n do
     'score', score, 'max_tokens', max_tokens, 'model', model, 'class', class, 'cost', cost, 'price', price,
     'expect', expect)
   redis.call('HSET', jkey, 'prompt_chars', ARG.prompt_chars)
+  if (tonumber(ARG.counted) or 0) > 0 then redis.call('HSET', jkey, 'counted', ARG.counted) end
   if ARG.ignore_eos == '1' then redis.call('HSET', jkey, 'ignore_eos', '1') end
   if grace > 0 then redis.call('HSET', jkey, 'watched', grace) end
   if history ~= '' then redis.call('HSET', jkey, 'history', history, 'history_chars', ARG.history_chars) end

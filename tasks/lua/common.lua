@@ -106,13 +106,14 @@ end
 -- weight, and ONELANE_BATCH_COST for batch work). Its prompt's estimate is charged as it is admitted, its answer's as
 -- it starts (charge_expected), the tokens it generates beyond that as they come (charge_running), and what it used
 -- settled as it ends (charge_used); the estimate of its whole cost places a batch job (queue_score). The estimate, in
--- two parts, prompt and answer: its prompt's characters (less its history's, when a device's prefix cache holds that)
--- at the model's recent characters per token (4 when none is known), and its answer's tokens: max_tokens if it ignores
+-- two parts, prompt and answer: its prompt's tokens as the web counted them (`counted`, 0: not counted; less its
+-- history's, when a device's prefix cache holds that, at the model's recent characters per token), else its characters
+-- at that pace (4 when none is known), and its answer's tokens: max_tokens if it ignores
 -- EOS, else the median length of the model's recent answers, at most max_tokens. A prompt's tokens count in steps of
 -- PROMPT_STEP, estimated and used: two jobs that differ by less (two short questions, whose estimates miss their
 -- template's tokens) cost the same, and keep their admission order; a long prompt's cost is its length within a few per
 -- cent. Returns the prompt's units, the answer's, and the answer's tokens.
-local function estimate_units(model, prompt_chars, cached_chars, max_tokens, ignore_eos, w_prompt, w_output)
+local function estimate_units(model, prompt_chars, cached_chars, max_tokens, ignore_eos, w_prompt, w_output, counted)
   local chars, tokens, lengths = 0, 0, {}
   for _, entry in ipairs(redis.call('LRANGE', LENGTHS .. model, 0, -1)) do
     local done, _, how, pc, pt = string.match(entry, '([^,]*),([^,]*),([^,]*),([^,]*),([^,]*)')
@@ -127,7 +128,9 @@ local function estimate_units(model, prompt_chars, cached_chars, max_tokens, ign
     table.sort(lengths)
     answer = math.min(max_tokens, lengths[math.floor((#lengths + 1) / 2)])
   end
-  return w_prompt * in_steps(math.max(prompt_chars - cached_chars, 1) / per_token), w_output * answer, answer
+  local prompt = math.max(prompt_chars - cached_chars, 1) / per_token
+  if (counted or 0) > 0 then prompt = math.max(counted - cached_chars / per_token, 1) end
+  return w_prompt * in_steps(prompt), w_output * answer, answer
 end
 
 -- Move the waiting jobs of a flow that stand behind `tag` (admitted after the job of that tag) by `delta`, never
@@ -262,7 +265,8 @@ end
 
 -- What ETAs are forecast from (tasks/eta.py), as JSON, read in one go: the live devices (their slots, the model
 -- their batch runs, the models they hold, their measured pace), the running jobs, the first `upto` waiting jobs in
--- fair order, what is known of each of their models (measured pace, last load time, the lengths of recent answers),
+-- fair order, what is known of each of their models (measured pace, last load time, how long a load going on has run,
+-- the lengths of recent answers),
 -- and the head that jobs of a ready model are passing over (claim.lua), since when. For preemption (claim.lua's
 -- first_interactive, worker/batch/preemption.py): a batch-class job (running or waiting) says `batch` and, once set aside,
 -- its `preemptions`; a waiting job that may take a batch-class job's slot says nothing, one that may not (a batch,
@@ -271,9 +275,10 @@ local function eta_snapshot(t, upto)
   local devices, running, waiting, models = {}, {}, {}, {}
   local function know(model)
     if model and not models[model] then
-      local m = redis.call('HMGET', MODEL .. model, 'pace', 'load_s', 'batching')
+      local m = redis.call('HMGET', MODEL .. model, 'pace', 'load_s', 'batching', 'state', 'loading_at')
       models[model] = {pace = m[1] or '', load_s = tonumber(m[2] or '') or 0, batching = m[3] or '',
         lengths = redis.call('LRANGE', LENGTHS .. model, 0, -1)}
+      if m[4] == 'loading' and tonumber(m[5] or '') then models[model].loading_s = t - tonumber(m[5]) end
     end
   end
   local function num(x) return tonumber(x or '') or 0 end
@@ -295,7 +300,7 @@ local function eta_snapshot(t, upto)
   end
   for _, id in ipairs(upto > 0 and redis.call('ZRANGE', QUEUE, 0, upto - 1) or {}) do
     local f = redis.call('HMGET', JOB .. id, 'model', 'max_tokens', 'completion_tokens', 'ignore_eos', 'prompt_chars',
-      'history_chars', 'history', 'class', 'preemptions', 'side', 'solo')
+      'history_chars', 'history', 'class', 'preemptions', 'side', 'solo', 'counted')
     know(f[1])
     local hit = f[7] and redis.call('EXISTS', AFFINITY .. f[7]) == 1 -- a device's prefix cache holds its history
     local w = {id = id, model = f[1] or '', max_tokens = num(f[2]), done = num(f[3]),
@@ -303,6 +308,7 @@ local function eta_snapshot(t, upto)
     if f[8] == 'batch' or f[10] == '1' or f[11] == '1' then w.interactive = false end
     if f[8] == 'batch' then w.batch = true end
     if num(f[9]) > 0 then w.preemptions = num(f[9]) end
+    if num(f[12]) > 0 then w.prompt_tokens = num(f[12]) end -- counted at admission
     waiting[#waiting + 1] = w
   end
   local b = redis.call('HMGET', BLOCKED, 'id', 'since')

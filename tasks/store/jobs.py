@@ -21,6 +21,7 @@ import redis
 from tasks import eta, keys
 from tasks.broker import Doorbell
 from tasks.connection import connect
+from tasks.context import window_of
 from tasks.errors import (
     InvalidRequest,
     JobAlreadyEnded,
@@ -177,14 +178,18 @@ class Store:
 
     def _spec_args(self, spec: JobSpec) -> dict[str, Any]:
         """What the admit script reads of a request's spec: its owner, model, class and turn share, its answer's
-        tokens, and its prompt: its chat's history so far (a digest: a worker whose prefix cache holds it may be
-        preferred), its characters, and those of its history."""
+        tokens (no further than its model's context), and its prompt: its chat's history so far (a digest: a worker
+        whose prefix cache holds it may be preferred), its characters, those of its history, and its tokens if the
+        web counted them."""
         s, history = self.settings, ""
         if spec.messages and len(spec.messages) > 1 and s.model_named(spec.model) is not None:
             history = history_digest(s.prefix_key(spec.model, spec.owner), spec.messages[:-1])
         texts = [spec.prompt] if spec.prompt is not None else [m.content for m in spec.messages or ()]
         if spec.pooled is not None:  # (token ids count as a character each)
             texts = [spec.pooled.query or "", *(t if isinstance(t, str) else " " * len(t) for t in spec.pooled.texts)]
+        answer = spec.new_tokens
+        if spec.prompt_tokens is not None and not spec.side:  # (its answer stops at the model's context)
+            answer = window_of(s, spec.model).answer(spec.prompt_tokens, answer)
         sizes = [len(t) for t in texts]
         if (
             spec.prompt is None and spec.messages and spec.pooled is None
@@ -193,7 +198,7 @@ class Store:
         return {
             "owner": spec.owner,
             "watch_grace_s": s.watch_grace_s if spec.watched else 0,
-            "max_tokens": spec.new_tokens,
+            "max_tokens": answer,
             "model": spec.model,
             "class": spec.priority,
             "share": turn_share(s.user_named(spec.owner), spec.priority, s.batch_cost),
@@ -202,6 +207,7 @@ class Store:
             "ignore_eos": "1" if spec.params.ignore_eos else "",
             "prompt_chars": sum(sizes),
             "history_chars": sum(sizes[:-1]),
+            "counted": spec.prompt_tokens or 0,
         }
 
     def _refuse(self, verdict: str, rest: list[Any], model: str, n: int, quota: int) -> NoReturn:

@@ -63,19 +63,21 @@ class DeviceLease:
 
 @dataclass(frozen=True)
 class ModelState:
-    """A served model as the workers report it: `loaded`, `loading`, `failed` (until `retry_in_s`) or `unloaded`."""
+    """A served model as the workers report it: `loaded`, `loading` (for `loading_s` so far), `failed` (from its
+    failed load until a load replaces it; tried again in `retry_in_s`, 0 once due) or `unloaded`."""
 
     name: str
     state: str
     queue_depth: int
     load_s: float | None = None  # how long its last load took
     bytes: int | None = None  # its weights' size once loaded
-    error: str | None = None  # why it failed to load
+    error: str | None = None  # why it failed to load (while it loads again too)
     retry_in_s: float | None = None  # when a failed model is tried again
     batching: str | None = None  # `batched` or `alone` (one sequence at a time), as its last load found; None before
     token_cost: float | None = (
         None  # a generated token's cost in prompt tokens read, as measured (lease.lua); None before
     )
+    loading_s: float | None = None  # how long its load has run, while it loads (None: not known)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,26 +253,31 @@ class Readings:
 
 
 def _model_state(name: str, depth: int, record: dict[str, str], workers: list[DeviceLease], now: float) -> ModelState:
-    """A model's state: what live workers report (loaded, loading) comes first; a failure holds until its retry."""
+    """A model's state: what live workers report (loaded, loading: a live worker's report, or the record of a load
+    a live worker began) comes first; a failure holds until a load replaces it (its retry may be due: nothing asked
+    for the model since, and nothing says it would load now)."""
     retry_at = float(record.get("retry_at") or 0)
+    began = record.get("state") == "loading" and any(w.worker == record.get("worker") for w in workers)
     if any(name in w.models for w in workers):
         state = "loaded"
-    elif any(w.loading == name for w in workers):
+    elif began or any(w.loading == name for w in workers):
         state = "loading"
-    elif record.get("state") == "failed" and retry_at > now:
+    elif record.get("state") == "failed":
         state = "failed"
     else:
         state = "unloaded"
+    loading_at = float(record.get("loading_at") or 0) if record.get("state") == "loading" else 0.0
     return ModelState(
         name,
         state,
         depth,
         float(record["load_s"]) if record.get("load_s") else None,
         int(record["bytes"]) if record.get("bytes") else None,
-        record.get("error") or None if state == "failed" else None,
-        round(retry_at - now, 3) if state == "failed" else None,
+        record.get("error") or None if state in ("failed", "loading") else None,  # (loading: a retry's)
+        round(max(retry_at - now, 0.0), 3) if state == "failed" else None,
         shared_as(record.get("batching")),
         float(record["token_cost"]) if record.get("token_cost") else None,
+        round(max(now - loading_at, 0.0), 3) if state == "loading" and loading_at else None,
     )
 
 

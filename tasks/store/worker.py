@@ -185,8 +185,16 @@ class WorkerStore:
         live = job.spec.stream or fields.get("live") == "1"
         return Claim(job, verdict == "started", fields.get("solo") == "1", int(behind), delivered, live)
 
+    def model_retry_due(self, name: str) -> bool:
+        """The model's last load failed, and the time to try it again has come."""
+        state, retry_at = self.redis.hmget(keys.model(name), "state", "retry_at")
+        sec, usec = self.redis.time()
+        return bool(state == "failed" and float(retry_at or 0) <= sec + usec / 1e6)
+
     def model_loading(self, name: str) -> None:
-        self._model(name, state="loading", worker=self.worker)
+        """A load of the model begins on this worker, now (Redis's clock: ETAs and /readyz count from it)."""
+        sec, usec = self.redis.time()
+        self._model(name, state="loading", worker=self.worker, loading_at=f"{sec + usec / 1e6:.3f}")
 
     def model_loaded(self, name: str, load_s: float, size: int, batching: str = "padded") -> None:
         """`batching`: how its sequences share the batch (worker/batch/prefill.py's Batching)."""

@@ -21,7 +21,7 @@ from web.anthropic.body import MessageBody
 from web.anthropic.schemas import CountRequest, MessagesRequest
 from web.apidoc import JSON, SSE, Reply, documented, reply
 from web.auth import current_owner
-from web.errors import anthropic_error, job_error, shown_status, status_for
+from web.errors import anthropic_error, job_error, shown_message, shown_status, status_for
 from web.follow import CLIENT_GONE, Gone, Ping, Queued, follow
 from web.openai.choices import admit_all, cancel_all, run_one
 from web.openai.schemas import REQUEST_ERRORS, parse_openai
@@ -129,7 +129,10 @@ def _events(job: Job, body: MessageBody, story: Any) -> Any:
                         ended = True
                         error = job_error(store.get(job.id))
                         yield sse.event(
-                            "error", anthropic_error(shown_status(status_for(error), "anthropic"), error.message)
+                            "error",
+                            anthropic_error(
+                                shown_status(status_for(error), "anthropic"), shown_message(error, "anthropic")
+                            ),
                         )
                         return
     finally:

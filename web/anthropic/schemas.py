@@ -206,4 +206,5 @@ class MessagesRequest(CountRequest):
             stream=self.stream,
             constraint=constraint,
             tools=tools,
+            clip=True,  # (Claude Code asks for 32,000 tokens by default, whatever the model)
         )

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from tasks.errors import (
+    ContextLengthExceeded,
     Forbidden,
     InvalidJSON,
     InvalidRequest,
@@ -78,6 +79,7 @@ REQUEST_ERRORS = (
     Forbidden,
     ModelNotFound,
     JobCancelled,
+    ContextLengthExceeded,
     PromptTooLarge,
     RequestEntityTooLarge,
     QuotaExceeded,

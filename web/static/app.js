@@ -326,8 +326,34 @@ function localTimes() {
   }
 }
 
+/** Keep the form's notice about the default model (loading, or unable to load) as /readyz tells it, every 2 s,
+ * until the model is ready: then the notice goes. */
+function watchModelNotice() {
+  const notice = document.getElementById("model-notice");
+  if (!notice) return;
+  const look = async () => {
+    try {
+      const reply = await fetch(notice.dataset.readyz, { headers: { Accept: "application/json" } });
+      const body = await reply.json();
+      if (reply.ok) {
+        notice.remove();
+        return;
+      }
+      if (body.model) {
+        const why = body.error.message;
+        notice.textContent = `${why[0].toUpperCase()}${why.slice(1)}: a job waits until it is ready.`;
+      }
+    } catch (e) {
+      // the server is away for a moment: look again
+    }
+    setTimeout(look, 2000);
+  };
+  setTimeout(look, 2000);
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   localTimes();
+  watchModelNotice();
   const root = document.getElementById("job");
   const data = document.getElementById("job-data");
   if (!root || !data) return;

@@ -27,6 +27,8 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from tasks.catalogue import DEMO_MODEL, ModelConfig
+from tasks.chat_prompt import chat_input
+from tasks.context import context_of
 from tasks.errors import InvalidPrompt
 from tasks.job import JobSpec, SamplingParams
 from tasks.settings import PREFILL_BATCH
@@ -35,7 +37,6 @@ from worker.batch.forward import ContinuousBatch
 from worker.batch.logprobs import Logprobs
 from worker.batch.rows import Batching, Counters, Embeds, unmergeable
 from worker.batch.sampling import Sampler, Scorer, make_sampler
-from worker.chat_prompt import chat_input
 from worker.grammar import GrammarMatcher, Grammars
 from worker.logits import Draw
 from worker.token_bytes import TokenBytes
@@ -84,6 +85,8 @@ class Engine:
         self.decode_floor = 0.0  # tokens/s its decoding sequences keep while prompts are read (0: none; configure)
         self.lock = lock or threading.Lock()  # the device's: every engine of a worker shares one
         self.max_kv_size = max_kv_size  # tokens of KV cache a sequence keeps (None: all of them)
+        # tokens a sequence may hold, prompt and answer (tasks/context.py): its config's, when Engine.load reads it
+        self.context: int | None = _context(model)
         self._done = Counters()  # the work of the batches before this one
         # how its sequences share the batch: `alone` if a cache cannot be merged, else as worker/batch/sharing.py finds (rows.py: unmergeable)
         self.batching: Batching = "alone" if unmergeable(model) else "padded"
@@ -107,7 +110,9 @@ class Engine:
         logger.info(
             "model %s loaded from %s in %.2f s (%s)", config.name, config.path, time.perf_counter() - started, dtype
         )
-        return cls(loaded, tokenizer, config.name, max_batch, prefill_step, lock, config.max_kv_size)
+        engine = cls(loaded, tokenizer, config.name, max_batch, prefill_step, lock, config.max_kv_size)
+        engine.context = context_of(config.path) or engine.context
+        return engine
 
     @property
     def max_batch(self) -> int:
@@ -308,3 +313,10 @@ def _measure(model: nn.Module) -> tuple[int, int]:
         if isinstance(keys, mx.array) and isinstance(values, mx.array):  # [batch, heads, room, dim]: n of the room
             held += (keys.nbytes + values.nbytes) * n // keys.shape[2]
     return max(held // n, 1), vocab
+
+
+def _context(model: nn.Module) -> int | None:
+    """The positions the model reads, as its arguments say (mlx-lm's models keep their config's)."""
+    args = getattr(model, "args", None)
+    value = getattr(args, "max_position_embeddings", None)
+    return value if isinstance(value, int) and value > 0 else None

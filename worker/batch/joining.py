@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
-from tasks.errors import InvalidPrompt
+from tasks.context import Window
+from tasks.errors import ContextLengthExceeded, InvalidPrompt
 from tasks.job import Job, JobStatus, SamplingParams
 from tasks.model_kind import NAMES
 from tasks.store import Claim
 from worker import timeline
+from worker.batch.engine import Engine
 from worker.batch.runs import Head, Running
 from worker.batch.sampling import sampling
 from worker.batch.state import RunnerState, generation_error
@@ -60,8 +63,23 @@ class Joining(RunnerState):
         except Exception:  # the details are for the operator's log, not for the client
             logger.exception("job %s: its prompt could not be prepared", job.id)
             return Head(id=job.id, tokens=[], cost=0, solo=claim.solo, invalid=generation_error(job.id))
-        cost = len(tokens) + job.spec.params.max_tokens
-        return Head(id=job.id, tokens=tokens, cost=min(cost, engine.max_kv_size or cost), solo=claim.solo)
+        return self._sized(claim, engine, tokens)
+
+    def _sized(self, claim: Claim, engine: Engine, tokens: list[int]) -> Head:
+        """A measured job: its answer no longer than its prompt leaves of the context, its KV cost; or, if its prompt
+        does not fit (tasks/context.py), refused: the web counts most prompts as it admits them, not a batch's line,
+        one it could not count in time, nor one with images."""
+        job, window = claim.job, Window(engine.context, self.budget)
+        try:
+            window.check(len(tokens), param="prompt" if job.spec.prompt is not None else "messages")
+        except ContextLengthExceeded as exc:
+            logger.info("job %s: refused, its %d prompt tokens do not fit its model", job.id, len(tokens))
+            return Head(id=job.id, tokens=[], cost=0, solo=claim.solo, invalid=(exc.type, exc.message, exc.param or ""))
+        answer = window.answer(len(tokens), job.spec.params.max_tokens)
+        cost = len(tokens) + answer
+        return Head(
+            id=job.id, tokens=tokens, cost=min(cost, engine.max_kv_size or cost), solo=claim.solo, max_tokens=answer
+        )
 
     def _fits(self, head: Head) -> bool:
         """A job joins if the budget holds it, or if the batch is empty (a job too big for the budget runs alone);
@@ -81,6 +99,9 @@ class Joining(RunnerState):
         self._head = None
         if head is None or head.id != job.id or head.preparing:
             head = self._measure(claim, wait=True)
+        if head.invalid is None and not job.spec.side and head.max_tokens < job.spec.params.max_tokens:
+            claim = replace(claim, job=_clipped(job, head.max_tokens))  # its answer ends where the context does
+            job = claim.job
         if not self.batch and head.invalid is None:
             self._activate(job.spec.model)
         logger.info(
@@ -251,3 +272,9 @@ class Joining(RunnerState):
             logger.info("batch switches to model %s (from %s)", model, self.active or "none")
             self.store.upkeep.count("model_switches")
         self.active, self.engine = model, self.models.get(model)
+
+
+def _clipped(job: Job, max_tokens: int) -> Job:
+    """`job` as it runs, its answer at most `max_tokens` (what its prompt leaves of the context)."""
+    params = job.spec.params.model_copy(update={"max_tokens": max_tokens})
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"params": params})})

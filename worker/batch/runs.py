@@ -82,6 +82,7 @@ class Head:
     invalid: tuple[str, ...] | None = None  # why it cannot be generated from (it is claimed only to fail)
     delivered: Delivered | None = None  # what its earlier runs generated (it was requeued), to go on from
     side: bool = False  # a pooled job: read beside the batch (worker/pooling.py), not in it
+    max_tokens: int = 0  # its answer's tokens at most: its max_tokens, or what its prompt leaves of the context
     preparing: bool = False  # its images are being prepared (worker/vision_prep.py): it waits, unclaimed
 
 

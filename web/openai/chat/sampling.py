@@ -168,6 +168,7 @@ class Sampling(BaseModel):
             priority=priority,
             watched=not batch,
             stream=bool(self.stream) and not batch,
+            line=batch,
             constraint=constraint,
             tools=tools,
         )

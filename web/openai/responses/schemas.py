@@ -288,6 +288,7 @@ class ResponseRequest(BaseModel):
             priority="batch" if batch else self.priority(),
             watched=not (self.background or batch),
             stream=bool(self.stream) and not batch,
+            line=batch,
             response=extra,
             constraint=constraint,
             tools=tools,

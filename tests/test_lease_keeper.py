@@ -1,0 +1,80 @@
+"""A worker's device lease is kept by its keeper (worker/keeper.py), a process apart from the worker's interpreter:
+a worker whose interpreter is held (a native call, a starved machine) keeps its lease and its jobs; one that is
+stopped loses the lease within it; one whose interpreter stays held past ONELANE_LEASE_HUNG_S loses it then."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from tasks import keys
+from tasks.store import Store
+from tests.helpers import wait_ended, wait_event
+from tests.test_recovery import wait_for_worker
+from tests.test_worker import hold_the_interpreter, lease_renewed
+from worker.main import GpuWorker
+
+
+def holder(store: Store) -> str | None:
+    worker: str | None = store.redis.hget(keys.device(store.settings.device), "worker")
+    return worker
+
+
+def test_a_worker_whose_interpreter_is_held_for_four_leases_keeps_its_lease_and_its_job(jobs, store, start_worker):
+    # Given a worker (lease 1.5 s) generating a long job
+    worker = start_worker(lease_s=1.5)
+    job = jobs.submit("long", max_tokens=400, ignore_eos=True)
+    wait_event(store, job["id"], lambda e: e.type == "token")
+    lease_renewed(store)
+
+    # When a native call holds its interpreter for 6 s: its heartbeat thread cannot run
+    hold_the_interpreter(6)
+
+    # Then the lease is still its own (the keeper renewed it), and the job ends in its one run
+    assert holder(store) == worker.id
+    lease_renewed(store)  # (the heartbeat's renewal is taken: the fixture fails a worker told it lapsed)
+    done = wait_ended(store, job["id"], 120)
+    assert done["status"] == "completed"
+    assert [e.type for e in store.events(job["id"])].count("started") == 1
+
+
+def test_a_worker_whose_interpreter_stays_held_past_the_hung_bound_loses_its_lease(settings, engine, store):
+    # Given a worker whose lease is 1 s, taken as hung after 3 s without its heartbeat
+    told: list[str] = []
+    worker = GpuWorker(settings.model_copy(update={"lease_s": 1.0, "lease_hung_s": 3.0}), engine, told.append, 50)
+    assert worker.start()
+    try:
+        lease_renewed(store)
+
+        # When its interpreter is held for 6 s (past 3 s + the lease)
+        hold_the_interpreter(6)
+
+        # Then the lease lapsed meanwhile: nobody holds it, and the worker is told so as its heartbeat runs again
+        assert holder(store) is None
+        deadline = time.monotonic() + 10
+        while not told:
+            assert time.monotonic() < deadline, "the worker was never told its lease lapsed"
+            time.sleep(0.05)  # a poll: the heartbeat's next round tells
+        assert "the lease lapsed" in told[0]
+    finally:
+        worker.stop()
+
+
+def test_a_stopped_worker_loses_its_lease_within_it(store, worker_process):
+    # Given `onelane worker` (lease 2 s) holding the device, its keeper renewing
+    worker_process()
+    active = wait_for_worker(store)
+    lease_renewed(store)
+
+    # When the worker is stopped (SIGSTOP)
+    os.kill(active.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        # Then its lease is gone within the lease (2 s), and a margin for a loaded machine's polls
+        while holder(store) == active.worker:
+            time.sleep(0.01)  # a poll: a lapse is announced nowhere
+        lost_after = time.monotonic() - stopped
+    finally:
+        os.kill(active.pid, signal.SIGCONT)
+    assert lost_after < 2 + 1.0, f"the stopped worker kept its lease {lost_after:.1f} s"
