@@ -2,18 +2,20 @@
 
 A prompt with images is rendered by the processor's chat template (each image a `{"type": "image"}` part where the
 message holds it), then tokenized and its images prepared by the processor, which writes each image as its run of
-image tokens. Its input embeddings (the vision tower's features in place of those tokens, the rest the token
-embeddings) come from the model's `get_input_embeddings`, once, as the job joins; the batch reads them in chunks
-beside the others' decode steps (worker/batch/prefill.py), and from then on the sequence decodes as any other, through
-the language model.
+image tokens: by the image preparer, a child process, away from the device thread (worker/vision_prep.py), or, for
+images seen before, from their kept rules without the processor. Its input embeddings (the vision tower's features in
+place of those tokens, the rest the token embeddings) come from the model's `get_input_embeddings` when the batch
+first reads the prompt, one image a step where the model allows (worker/vision_tower.py); the batch reads them in
+chunks beside the others' decode steps (worker/batch/prefill.py), and from then on the sequence decodes as any other,
+through the language model.
 
-What the batch and the prefix cache see of an image is its digest: the ids of its tokens are replaced by ids past the
-vocabulary made from it (`keyed`: two 28-bit pieces of its SHA-256 in turn, so that an image's run of tokens names it
-by 56 bits while every id stays a 32-bit integer, as the batch's arrays hold them), so that two prompts alike but for
-their image never share a cached prefix, and a follow-up about the same image, whose prefix is cached, reads no
-pixels again. The engine keeps
-the processor's output for the images it saw last (by their digests), from which a prompt's embeddings can be made
-again (a job handed back, a grammar's forced tokens read after its prompt).
+What the batch sees of an image is a tag made from its digest: the ids of its tokens are replaced by ids past the
+vocabulary (`_keyed`: two 28-bit pieces of its SHA-256 in turn, every id a 32-bit integer, as the batch's arrays hold
+them; drawn again from a salted digest in the rare case another image's prompt holds the same tags), so that two
+prompts alike but for their image never share a cached prefix. Where cached state could be shared, the full digest
+decides: the prepared arrays are kept by the images' full digests, and every prefix-cache entry carries the full
+digests of its images (`marks`), which a hit must match. A follow-up about the same image, whose prefix is cached,
+reads no pixels again.
 """
 
 from __future__ import annotations
