@@ -144,3 +144,22 @@ def test_the_worker_reads_a_sideways_photo_as_mlx_vlms_loader_does(orientation, 
             emitted = [e for e in engine.step() if e.uid == uid]
             tokens += [e.token for e in emitted] + [-1 for e in emitted if e.finish_reason]
     assert tokens[:-1] == mlx_vlm_answer(folder, str(photo), 12)[: len(tokens) - 1]
+
+
+def test_images_alike_in_their_first_56_bits_get_tags_of_their_own(folder):
+    from tasks.catalogue import ModelConfig
+    from tasks.job import JobSpec, Message, Picture
+    from worker.vision import VisionEngine
+
+    engine = VisionEngine.load(ModelConfig(name="gemma", path=str(folder), vision=True))
+    image = sideways(6)
+
+    def prompt(digest: str) -> list[int]:
+        picture = Picture(digest=digest, at=0)
+        message = Message(role="user", content="What is this?", images=(picture,))
+        return engine.prompt_tokens(JobSpec(owner="", model="gemma", messages=(message,)), {digest: image})
+
+    one, twin = prompt(ONE), prompt(TWIN)
+    assert one != twin  # the twin's tokens name it apart
+    assert [d for _, d in engine.marks(one)] == [ONE] and [d for _, d in engine.marks(twin)] == [TWIN]
+    assert prompt(ONE) == one  # and the first keeps its tags (a follow-up finds its cached prefix)

@@ -2,22 +2,25 @@
 
 A prompt with images is rendered by the processor's chat template (each image a `{"type": "image"}` part where the
 message holds it), then tokenized and its images prepared by the processor, which writes each image as its run of
-image tokens. Its input embeddings (the vision tower's features in place of those tokens, the rest the token
-embeddings) come from the model's `get_input_embeddings`, once, as the job joins; the batch reads them in chunks
-beside the others' decode steps (worker/batch/prefill.py), and from then on the sequence decodes as any other, through
-the language model.
+image tokens: by the image preparer, a child process, away from the device thread (worker/vision_prep.py), or, for
+images seen before, from their kept rules without the processor. Its input embeddings (the vision tower's features in
+place of those tokens, the rest the token embeddings) come from the model's `get_input_embeddings` when the batch
+first reads the prompt, one image a step where the model allows (worker/vision_tower.py); the batch reads them in
+chunks beside the others' decode steps (worker/batch/prefill.py), and from then on the sequence decodes as any other,
+through the language model.
 
-What the batch and the prefix cache see of an image is its digest: the ids of its tokens are replaced by ids past the
-vocabulary made from it (`keyed`: two 28-bit pieces of its SHA-256 in turn, so that an image's run of tokens names it
-by 56 bits while every id stays a 32-bit integer, as the batch's arrays hold them), so that two prompts alike but for
-their image never share a cached prefix, and a follow-up about the same image, whose prefix is cached, reads no
-pixels again. The engine keeps
-the processor's output for the images it saw last (by their digests), from which a prompt's embeddings can be made
-again (a job handed back, a grammar's forced tokens read after its prompt).
+What the batch sees of an image is a tag made from its digest: the ids of its tokens are replaced by ids past the
+vocabulary (`_keyed`: two 28-bit pieces of its SHA-256 in turn, every id a 32-bit integer, as the batch's arrays hold
+them; drawn again from a salted digest in the rare case another image's prompt holds the same tags), so that two
+prompts alike but for their image never share a cached prefix. Where cached state could be shared, the full digest
+decides: the prepared arrays are kept by the images' full digests, and every prefix-cache entry carries the full
+digests of its images (`marks`), which a hit must match. A follow-up about the same image, whose prefix is cached,
+reads no pixels again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import time
@@ -200,6 +203,11 @@ class VisionEngine(Engine):
         inputs = prepare_inputs(self.processor, prompts=text, add_special_tokens=self.special)
         return [int(t) for t in np.asarray(inputs["input_ids"])[0]]
 
+    def close(self) -> None:
+        """Let go of the batch, and of the image preparer with what it kept (the model is about to be evicted)."""
+        super().close()
+        self.prep.close()
+
     def marks(self, tokens: list[int]) -> tuple[tuple[int, str], ...]:
         """The full digests of a keyed prompt's images, where each starts."""
         at = [i for i, t in enumerate(tokens) if t >= self.vocab]
@@ -250,19 +258,24 @@ class VisionEngine(Engine):
         return step
 
     def _keyed(self, ids: list[int], digests: tuple[str, ...]) -> list[int]:
-        """The ids with each image's tokens named by the image (an id past the vocabulary, from its digest): the
-        image tokens in order, split evenly among the images (each image is as many tokens)."""
+        """The ids with each image's tokens named by the image (ids past the vocabulary, from its digest: two 28-bit
+        pieces in turn): the image tokens in order, split evenly among the images (each image is as many tokens).
+        Tags that other images' prompts hold already (alike in those 56 bits) are drawn again from a salted digest:
+        the tags find the prompt's images' full digests here (their arrays, and the marks the prefix cache checks)."""
         at = [i for i, t in enumerate(ids) if t == self.image_token]
         if not at or len(at) % len(digests):
             raise InvalidPrompt("the model's processor wrote the images' tokens in a way onelane cannot follow")
         each = len(at) // len(digests)
         keyed = list(ids)
-        for n, i in enumerate(at):
-            digest, k = digests[n // each], n % each
-            keyed[i] = self.vocab + int(digest[7 * (k % 2) : 7 * (k % 2) + 7], 16)
-        tags = _images(keyed, self.vocab)
-        known = self._digests.setdefault(tags, tuple(digests))
-        if known != tuple(digests):  # two images alike in their tags' 56 bits: no cached state may mix them
+        for salt in range(64):
+            named = [d if not salt else hashlib.sha256(f"{salt}:{d}".encode()).hexdigest() for d in digests]
+            for n, i in enumerate(at):
+                digest, k = named[n // each], n % each
+                keyed[i] = self.vocab + int(digest[7 * (k % 2) : 7 * (k % 2) + 7], 16)
+            tags = _images(keyed, self.vocab)
+            if self._digests.setdefault(tags, digests) == digests:
+                break
+        else:  # (64 collisions of 56 bits in a row: never, unless SHA-256 is broken)
             raise InvalidPrompt("an image of the request cannot be told apart from another the worker holds")
         self._digests.move_to_end(tags)
         while len(self._digests) > KEPT * 16:

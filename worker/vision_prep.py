@@ -90,6 +90,15 @@ class Preparer:
         self._folder = tempfile.mkdtemp(prefix="onelane-images-", dir=shm)
         atexit.register(shutil.rmtree, self._folder, True)
 
+    def close(self) -> None:
+        """Stop the image preparer and forget what it prepared (a request under way ends with its socket)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.children.close()
+        with self._lock:
+            self._arrays.clear()
+            self._rules.clear()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
     @property
     def asked(self) -> int:
         """Requests that went to the image preparer (each decodes its images)."""

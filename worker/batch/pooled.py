@@ -33,7 +33,8 @@ class SideJobs(RunnerState):
             self.writer.begin(job.id, live=False)
         try:
             images = self.store.images(digests) if digests else None
-            tokens = engine.prompt_tokens(job.spec, images, wait=not (self.batch or self.side))
+            # (a count reads no image: where the processor's writing of its images is known, no pixel is prepared)
+            tokens = engine.prompt_tokens(job.spec, images, wait=not (self.batch or self.side), reach=len)
         except Preparing as exc:
             exc.future.add_done_callback(lambda _: self.queue_moved.set())
             self._counting[job.id] = job, exc.future
