@@ -98,10 +98,10 @@ def simulate(
     owner: dict[str, str] = {}
 
     def submit(user: str) -> None:
-        prompt, answer = load.shape[user]
+        prompt, answer = load.shape[user]  # (" queue": a token each, as the web counts them with the demo tokenizer)
         reply = client.post(
             "/v1/jobs",
-            json={"prompt": "word " * (prompt * 4 // 5), "max_tokens": answer, "ignore_eos": True},
+            json={"prompt": " queue" * prompt, "max_tokens": answer, "ignore_eos": True},
             headers={"Authorization": f"Bearer {key_of(user)}"},
         )
         assert reply.status_code == 202, reply.get_json()
@@ -118,7 +118,8 @@ def simulate(
             claim = worker.claim_next(want="*")
             assert isinstance(claim, Claim) and claim.started
             user = owner[claim.job.id]
-            running.append(Running(claim.job.id, user, *load.shape[user]))
+            prompt, answer = load.shape[user]  # (the prompt as the web counted it, if it did: what the worker reads)
+            running.append(Running(claim.job.id, user, claim.job.spec.prompt_tokens or prompt, answer))
         reading = [r for r in running if r.read < r.prompt]
         decoding = [r for r in running if r.read >= r.prompt]
         chunk = {r.id: min(settings.prefill_step, r.prompt - r.read) for r in reading}

@@ -7,8 +7,8 @@ of its own, on the shipped demo model and the default lease (3 s), beside `--hog
 `--minutes`. With `--baseline`, the same pair from another source tree (a checkout of an earlier commit, say) runs at
 the same time beside the same hogs, so both see the same load. Each device's lease is read every 0.1 s.
 
-Reports, per worker: lapses (the lease's holder changed or vanished while its worker lived), worker restarts and
-lost-device lines in the supervisor's log, the lease's least time to live seen, the heartbeat's worst age (seconds
+Reports, per worker: lapses (the lease's holder changed or vanished), the workers its supervisor killed for a stalled
+job (each a lapse too, but not for want of renewal), worker restarts and lost-device lines in the log, the lease's least time to live seen, the heartbeat's worst age (seconds
 since the heartbeat thread's own renewal), jobs completed and requeued; and the baseline's lapses against this
 tree's. Every process started here is stopped before the script returns.
 """
@@ -47,6 +47,7 @@ class Watch:
     completed: int = 0
     requeued: int = 0
     restarts: int = 0
+    stall_kills: int = 0  # workers its supervisor killed for a job that made no progress (a lapse, but not the lease's)
     lost_lines: int = 0
     holders: list[str] = field(default_factory=list)
 
@@ -91,6 +92,7 @@ def stack(
                 (keep / log_path.name).write_text(text)
             watch.restarts = text.count(" exited (")
             watch.lost_lines = text.count("lost device")
+            watch.stall_kills = text.count("made no progress for")
 
 
 def _watch(store: Store, watch: Watch, done: threading.Event) -> None:
@@ -130,17 +132,22 @@ def _work(settings: Settings, store: Store, watch: Watch, done: threading.Event)
 
 def report(watches: list[Watch], minutes: float, load: tuple[float, float]) -> None:
     print(f"\n{minutes:g} min; load average {load[0]:.1f} at the start, {load[1]:.1f} at the end")
-    print(f"{'worker':<20} {'lapses':>6} {'restarts':>8} {'lost':>4} {'least ttl':>9} {'worst beat':>10} {'done':>5} "
-          f"{'requeued':>8}")  # fmt: skip
+    print(f"{'worker':<20} {'lapses':>6} {'stalls':>6} {'restarts':>8} {'lost':>4} {'least ttl':>9} {'worst beat':>10} "
+          f"{'done':>5} {'requeued':>8}")  # fmt: skip
     for w in watches:
         print(
-            f"{w.name:<20} {w.lapses:>6} {w.restarts:>8} {w.lost_lines:>4} {w.least_ttl_ms / 1000:>8.2f}s "
+            f"{w.name:<20} {w.lapses:>6} {w.stall_kills:>6} {w.restarts:>8} {w.lost_lines:>4} {w.least_ttl_ms / 1000:>8.2f}s "
             f"{w.worst_beat_age_s:>9.2f}s {w.completed:>5} {w.requeued:>8}"
         )
-    ours = sum(w.lapses for w in watches if w.name.startswith("this"))
-    theirs = [w.lapses for w in watches if w.name.startswith("baseline")]
-    if theirs:
-        print(f"lapses: this tree {ours}, baseline {sum(theirs)} (ratio {sum(theirs) / max(ours, 1):.1f}x)")
+
+    def lease_lapses(tree: str) -> int:  # (a stall kill ends a lease too, but not for want of renewal)
+        return sum(max(w.lapses - w.stall_kills, 0) for w in watches if w.name.startswith(tree))
+
+    if any(w.name.startswith("baseline") for w in watches):
+        ours, theirs = lease_lapses("this"), lease_lapses("baseline")
+        print(
+            f"lease lapses (stall kills aside): this tree {ours}, baseline {theirs} (ratio {theirs / max(ours, 1):.1f}x)"
+        )
 
 
 def main() -> None:

@@ -78,8 +78,9 @@ class ContextLengthExceeded(InvalidRequest):
             limit = f"This model's maximum context length is {context} tokens"
         else:
             limit = f"This server's KV budget (ONELANE_KV_BUDGET) is {budget} tokens"
+        what = "prompt" if param == "prompt" else "messages"
         super().__init__(
-            f"{limit}. However, your messages resulted in {tokens} tokens. Please reduce the length of the messages.",
+            f"{limit}. However, your {what} resulted in {tokens} tokens. Please reduce the length of the {what}.",
             param=param,
         )
 

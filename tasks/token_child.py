@@ -7,7 +7,7 @@ Its memory is capped (MEMORY_BYTES), and each count's CPU time (CPU_S).
 
 A request's header is `{"folder": ..., "options": {...}}` (the model's folder and its tokenizer's load options), its
 payload a JobSpec's JSON (none: load the tokenizer only, to warm it); the answer is `{"tokens": n}` or
-`{"error": why}`.
+`{"error": why, "tokenizer": whether the tokenizer loaded}`.
 """
 
 from __future__ import annotations
@@ -33,9 +33,12 @@ def main() -> None:
 def _answer(header: dict[str, Any], payload: bytes) -> dict[str, Any]:
     try:
         tokenizer = _tokenizer(str(header["folder"]), dict(header.get("options") or {}))
-        return {"tokens": count(tokenizer, payload.decode()) if payload else 0}
     except Exception as exc:  # (the worker counts again as the job joins: it is only refused later)
-        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        return {"error": f"{type(exc).__name__}: {exc}"[:500], "tokenizer": False}
+    try:
+        return {"tokens": count(tokenizer, payload.decode()) if payload else 0}
+    except Exception as exc:  # (a template that refuses this conversation, say: the worker says so)
+        return {"error": f"{type(exc).__name__}: {exc}"[:500], "tokenizer": True}
 
 
 def _tokenizer(folder: str, options: dict[str, Any]) -> Any:

@@ -11,6 +11,7 @@ refusing it then if it does not fit. A prompt with images is left to the worker 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 COUNT_S = 5.0  # one count, at most (a tokenizer's first load in its process included: a count itself takes ms)
 WAIT_S = 1.0  # waiting for a free counter, at most
+RETRY_S = 300.0  # a model whose tokenizer the counter could not load is not asked of again for this long
 COUNTERS = 2  # processes per web process, each counting one prompt at a time
 COUNTER = ChildKind(module="tasks.token_child", name="token counter", size=COUNTERS, answer_s=COUNT_S, wait_s=WAIT_S)
 
@@ -34,19 +36,24 @@ class TokenCounts:
 
     def __init__(self, counters: int = COUNTERS) -> None:
         self.children = Children(replace(COUNTER, size=counters))
+        self._failed: dict[str, float] = {}  # models whose tokenizer the counter could not load, and when
 
     def count(self, settings: Settings, spec: JobSpec) -> int | None:
         """The tokens of `spec`'s prompt as its model reads them; None when they cannot be counted here in time."""
         config = settings.model_named(spec.model)
         if config is None or spec.side or any(m.images for m in spec.messages or ()) or not _ready(config):
             return None
+        if time.monotonic() - self._failed.get(spec.model, -RETRY_S) < RETRY_S:
+            return None
         try:
             answer, _ = self.children.ask(_header(config), spec.model_dump_json().encode())
         except (Overloaded, Overran, Crashed) as exc:
             logger.warning("a prompt of model %s was not counted at admission: %s", spec.model, exc)
             return None
+        if "error" in answer and not answer.get("tokenizer"):  # (not asked again for RETRY_S: the worker counts)
+            self._failed[spec.model] = time.monotonic()
+            logger.warning("the prompts of model %s cannot be counted at admission: %s", spec.model, answer["error"])
         if "error" in answer:
-            logger.warning("a prompt of model %s could not be counted at admission: %s", spec.model, answer["error"])
             return None
         return int(answer["tokens"])
 

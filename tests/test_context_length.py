@@ -65,9 +65,10 @@ def test_a_prompt_of_128000_tokens_is_refused_at_once_in_openais_shape(live_serv
     assert (error["code"], error["type"], error["param"]) == ("context_length_exceeded", "invalid_request_error", param)
     tokens = int(error["message"].split("resulted in ")[1].split()[0])
     assert tokens >= 128_000
+    what = "prompt" if param == "prompt" else "messages"
     assert error["message"] == (
-        f"This model's maximum context length is {CONTEXT} tokens. However, your messages resulted in {tokens} "
-        "tokens. Please reduce the length of the messages."
+        f"This model's maximum context length is {CONTEXT} tokens. However, your {what} resulted in {tokens} "
+        f"tokens. Please reduce the length of the {what}."
     )
     assert redis_client.zcard(keys.QUEUE) == 0  # nothing was admitted
 

@@ -116,9 +116,10 @@ def _worker(w: DeviceLease) -> dict[str, object]:
 
 
 def _not_ready(reason: str, state: Mapping[str, object]) -> Response:
+    """503 with the reason, what the workers and models report, and the model that is the reason (None if none)."""
     response = error_response(503, "unavailable", reason)
     body = response.get_json()
-    body.update(state)
+    body.update({"model": None, **state})
     response.set_data(jsonify(body).get_data())
     return response
 

@@ -24,6 +24,7 @@ from tasks.context import context_of
 from tasks.housekeeping import log_death
 from tasks.settings import Settings
 from tasks.store import WorkerStore
+from worker.batch.chunking import Chunking, choose_chunk
 from worker.batch.engine import Engine
 from worker.batch.rows import Counters
 from worker.batch.sharing import Trial, choose
@@ -66,6 +67,7 @@ class ModelPool:
         self.on_change = on_change  # told when a model loaded or left (the worker reports it in its lease)
         self.pace = Pace()  # how fast each model's steps go here (the runner's loop times them; a load, before)
         self._batching: dict[str, Trial] = {}  # how each model's sequences share the batch, as its load found
+        self._chunks: dict[str, int] = {}  # the prompt tokens each model reads a step, as its load found
         self.settings: Settings = store.settings
         self.lock = engine.lock if engine is not None else threading.Lock()
         self._engines: OrderedDict[str, Engine] = OrderedDict()
@@ -139,6 +141,7 @@ class ModelPool:
             return None
         if isinstance(engine, Engine):
             self._try_batching(name, engine)
+            self._choose_chunk(config, engine)
             self._probe(name, engine)
         self.loading = ""
         self._adopt(name, engine, time.perf_counter() - started)
@@ -177,7 +180,8 @@ class ModelPool:
     def _adopt(self, name: str, engine: Engine, load_s: float) -> None:
         config = self.settings.model_named(name)
         if config is not None:
-            engine.configure(self._max_batch(config), self.settings.prefill_step, self.settings.decode_floor)
+            chunk = self._chunks.get(name, self.settings.prefill_step)
+            engine.configure(self._max_batch(config), chunk, self.settings.decode_floor)
             if self.prefix.disk is not None and isinstance(engine, Engine):  # (its entries on disk: these weights')
                 try:
                     self.prefix.disk.serve(config.cache_key(), weights_digest(engine.model))
@@ -213,6 +217,26 @@ class ModelPool:
         engine.share(verdict.batching)
         log = logger.info if verdict.batching != "alone" else logger.warning
         log("model %s: %s in %.2f s; its sequences run %s", name, verdict.why, verdict.seconds, verdict.batching)
+
+    def _choose_chunk(self, config: ModelConfig, engine: Engine) -> None:
+        """How many prompt tokens the model reads a step (worker/batch/chunking.py; once a process)."""
+        name = config.name
+        if name not in self._chunks:
+            try:
+                found = choose_chunk(engine.model, self.settings.prefill_step, engine.vocab)
+            except Exception:  # (a model that cannot read a prompt alone: its jobs will say so)
+                logger.warning("model %s: its prompt chunks could not be timed", name, exc_info=True)
+                found = Chunking(self.settings.prefill_step, ())
+            self._chunks[name] = found.chunk
+            if found.chunk < self.settings.prefill_step:
+                logger.warning(
+                    "model %s: a prompt costs it more per token the more it reads at once (%s): it reads %d "
+                    "token(s) a step",
+                    name,
+                    found.why,
+                    found.chunk,
+                )
+        engine.configure(self._max_batch(config), self._chunks[name], self.settings.decode_floor)
 
     def _probe(self, name: str, engine: Engine) -> None:
         """Time the model's steps before its first job (worker/pace.py; once a process) and report them before it
