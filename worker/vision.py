@@ -25,7 +25,7 @@ import io
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from tasks.catalogue import ModelConfig
 from tasks.errors import InvalidPrompt
 from tasks.job import JobSpec, Message, Picture
 from worker.batch.dtypes import with_dtype
-from worker.batch.engine import Engine
+from worker.batch.engine import Engine, Images
 from worker.batch.rows import Embeds
 from worker.chat_prompt import chat_input
 from worker.unsupported import Unsupported
@@ -157,7 +157,7 @@ class VisionEngine(Engine):
         )
 
     def prompt_tokens(
-        self, spec: JobSpec, images: Mapping[str, bytes] | None = None, *, wait: bool = True, reach: Reach = None
+        self, spec: JobSpec, images: Images = None, *, wait: bool = True, reach: Reach = None
     ) -> list[int]:
         """The prompt's keyed ids (see the module's docstring). Its images are prepared by the image preparer
         (worker/vision_prep.py), unless each has a kept rule and their arrays are kept or not needed (`reach`: how
@@ -165,10 +165,6 @@ class VisionEngine(Engine):
         digests = tuple(p.digest for m in spec.messages or () for p in sorted(m.images, key=lambda p: p.at))
         if not digests:
             return super().prompt_tokens(spec)
-        missing = [d for d in digests if d not in (images or {})]
-        if missing:
-            raise InvalidPrompt("an image of the request is no longer kept (its job outlived it): send it again")
-        assert images is not None
         text = self._text(spec)
         written = self.prep.written(self._plain(text), self.marker, digests)
         if written is not None:
@@ -177,7 +173,8 @@ class VisionEngine(Engine):
                 reach is not None and reach(keyed) > _last_image(keyed, self.vocab)
             ):
                 return keyed
-        return self._keyed(list(self.prep.prepare(text, digests, images, wait).ids), digests)
+        read = images if callable(images) else lambda: images or {}
+        return self._keyed(list(self.prep.prepare(text, digests, read, wait).ids), digests)
 
     def _text(self, spec: JobSpec) -> str:
         """The prompt rendered as mlx-vlm's generate renders it (its processors leave the template to their

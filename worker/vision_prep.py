@@ -28,7 +28,7 @@ import shutil
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from difflib import SequenceMatcher
@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from tasks.children import ChildKind, Children
+from tasks.errors import InvalidPrompt
 
 logger = logging.getLogger(__name__)
 
@@ -121,14 +122,15 @@ class Preparer:
                 self._arrays.move_to_end(digests)
             return found
 
-    def prepare(self, text: str, digests: Images, images: Mapping[str, bytes], wait: bool) -> Prepared:
-        """The prompt prepared by the image preparer: at once if it was asked already and has answered, else
-        asked now; `Preparing` until it answers (unless `wait`), `PrepareFailed` if it could not."""
+    def prepare(self, text: str, digests: Images, images: Callable[[], Mapping[str, bytes]], wait: bool) -> Prepared:
+        """The prompt prepared by the image preparer (its images' bytes read by `images`, off the device thread):
+        at once if it was asked already and has answered, else asked now; `Preparing` until it answers (unless
+        `wait`), `PrepareFailed` if it could not, InvalidPrompt if an image is no longer kept."""
         key = (hashlib.sha256(text.encode()).hexdigest(), digests)
         with self._lock:
             future = self._asked.get(key)
             if future is None:
-                future = self._pool.submit(self._ask, text, digests, [images[d] for d in digests])
+                future = self._pool.submit(self._ask, text, digests, images)
                 self._asked[key] = future
         if not wait and not future.done():
             raise Preparing(future)
@@ -136,7 +138,11 @@ class Preparer:
             self._asked.pop(key, None)
         return future.result()
 
-    def _ask(self, text: str, digests: Images, images: list[bytes]) -> Prepared:
+    def _ask(self, text: str, digests: Images, read: Callable[[], Mapping[str, bytes]]) -> Prepared:
+        found = read()
+        if any(d not in found for d in digests):
+            raise InvalidPrompt("an image of the request is no longer kept (its job outlived it): send it again")
+        images = [found[d] for d in digests]
         header = {
             **self.request,
             "text": text,

@@ -43,6 +43,9 @@ from worker.token_bytes import TokenBytes
 
 logger = logging.getLogger(__name__)
 
+#: a prompt's images' bytes by digest, or what reads them when they are needed (None: none)
+Images = Mapping[str, bytes] | Callable[[], Mapping[str, bytes]] | None
+
 
 @dataclass(frozen=True, kw_only=True)
 class KV:
@@ -143,13 +146,14 @@ class Engine:
     def prompt_tokens(
         self,
         spec: JobSpec,
-        images: Mapping[str, bytes] | None = None,
+        images: Images = None,
         *,
         wait: bool = True,
         reach: Callable[[list[int]], int] | None = None,
     ) -> list[int]:
         """The prompt as the model reads it; InvalidPrompt if that is no token at all. (`images`: the bytes of the
-        images its messages hold, by digest, for a model that reads them, which prepares them away from the device
+        images its messages hold, by digest, or what reads them when needed (from Redis: off the device thread), for a
+        model that reads them, which prepares them away from the device
         thread, raising `Preparing` while it does unless `wait`; `reach`: how much of a prompt the prefix cache
         holds: worker/vision.py.)"""
         if any(m.images for m in spec.messages or ()):  # (admitted under an older models file: the web checks it)

@@ -51,7 +51,7 @@ class Joining(RunnerState):
         try:
             tokens = engine.prompt_tokens(
                 job.spec,
-                self.store.images(digests) if digests else None,
+                (lambda: self.store.images(digests)) if digests else None,  # (read off the device, if needed)
                 wait=wait or not self.batch,  # (an empty batch has nothing to step meanwhile)
                 reach=lambda t: self.models.prefix.reach(key, t, engine.marks(t)),
             )

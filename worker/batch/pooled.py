@@ -32,7 +32,7 @@ class SideJobs(RunnerState):
         if not again:
             self.writer.begin(job.id, live=False)
         try:
-            images = self.store.images(digests) if digests else None
+            images = (lambda: self.store.images(digests)) if digests else None  # (read off the device, if needed)
             # (a count reads no image: where the processor's writing of its images is known, no pixel is prepared)
             tokens = engine.prompt_tokens(job.spec, images, wait=not (self.batch or self.side), reach=len)
         except Preparing as exc:
