@@ -537,13 +537,14 @@ class Answer:
     text: str
 
 
-def alone(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int) -> Answer:
-    """mlx-lm's own greedy answer to `prompt` alone (generate_step), every one of `max_tokens` tokens (no EOS)."""
+def alone(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int, prefill_step: int = 2048) -> Answer:
+    """mlx-lm's own greedy answer to `prompt` alone (generate_step, its prompt read in chunks of `prefill_step`
+    tokens: its default), every one of `max_tokens` tokens (no EOS)."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step
 
     tokens = []
-    for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
+    for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens, prefill_step_size=prefill_step):
         tokens.append(int(token))
     detokenizer = tokenizer.detokenizer
     detokenizer.reset()

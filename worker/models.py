@@ -140,8 +140,8 @@ class ModelPool:
             self._failed(config, exc)
             return None
         if isinstance(engine, Engine):
+            self._choose_chunk(config, engine)  # (first: the trial reads its prompts in chunks no bigger)
             self._try_batching(name, engine)
-            self._choose_chunk(config, engine)
             self._probe(name, engine)
         self.loading = ""
         self._adopt(name, engine, time.perf_counter() - started)
@@ -209,7 +209,7 @@ class ModelPool:
             engine.share(known.batching)
             return
         try:
-            verdict = choose(engine.model, engine.vocab, engine.max_kv_size)
+            verdict = choose(engine.model, engine.vocab, engine.max_kv_size, engine.prefill_step)
         except Exception as exc:  # the trial's own alone runs failed: its jobs will say so, one at a time
             verdict = Trial(batching="alone", why=f"the trial failed ({type(exc).__name__})", seconds=0.0)
             logger.warning("model %s: the batching trial failed", name, exc_info=True)

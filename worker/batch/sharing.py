@@ -64,8 +64,10 @@ class _Scripted:
         return mx.array([self.script[len(self.seen) - 1]], dtype=mx.uint32)
 
 
-def choose(model: nn.Module, vocab: int, max_kv_size: int | None = None) -> Trial:
-    """The way `model`'s sequences share a batch (see the module's docstring)."""
+def choose(model: nn.Module, vocab: int, max_kv_size: int | None = None, chunk: int = CHUNK) -> Trial:
+    """The way `model`'s sequences share a batch (see the module's docstring), its prompts read in chunks of at most
+    `chunk` tokens (a model that reads prompts a token a step, worker/batch/chunking.py, is tried so too)."""
+    chunk = max(min(chunk, CHUNK), 1)
     started = time.perf_counter()
     kinds = unmergeable(model)
     if kinds:
@@ -74,13 +76,13 @@ def choose(model: nn.Module, vocab: int, max_kv_size: int | None = None) -> Tria
     rng = np.random.default_rng(0)
     prompts = [[int(t) for t in rng.integers(1, vocab, n)] for n in LENGTHS]
     scripts = [[int(t) for t in rng.integers(1, vocab, DRAWS)] for _ in LENGTHS]
-    runs = [_run(model, [p], [s], "alone", max_kv_size) for p, s in zip(prompts, scripts)]
+    runs = [_run(model, [p], [s], "alone", max_kv_size, chunk) for p, s in zip(prompts, scripts)]
     alone = [seen[0] for seen, _ in runs]
     tolerance = TOLERANCE.get(runs[0][1], LOW_PRECISION_TOLERANCE)
     seen, found = [], {}
     for way in ("padded", "unpadded"):
         try:
-            together = _run(model, prompts, scripts, way, max_kv_size)[0]
+            together = _run(model, prompts, scripts, way, max_kv_size, chunk)[0]
         except Exception as exc:  # an architecture whose batched step fails: it is not batched that way
             seen.append(f"{way}: its step fails ({type(exc).__name__}: {str(exc)[:120]})")
             continue
@@ -97,16 +99,21 @@ def choose(model: nn.Module, vocab: int, max_kv_size: int | None = None) -> Tria
 
 
 def _run(
-    model: nn.Module, prompts: list[list[int]], scripts: list[list[int]], batching: Batching, max_kv_size: int | None
+    model: nn.Module,
+    prompts: list[list[int]],
+    scripts: list[list[int]],
+    batching: Batching,
+    max_kv_size: int | None,
+    chunk: int = CHUNK,
 ) -> tuple[list[list[np.ndarray]], mx.Dtype]:
     """Each prompt's log-probabilities at each draw, read together in one batch the `batching` way; the logits'
     dtype."""
-    batch = ContinuousBatch(model, CHUNK, len(prompts), max_kv_size, batching)
+    batch = ContinuousBatch(model, chunk, len(prompts), max_kv_size, batching)
     samplers = [_Scripted(s) for s in scripts]
     try:
         for prompt, sampler in zip(prompts, samplers):
             batch.insert(prompt, DRAWS, sampler)
-        for _ in range(4 * (max(LENGTHS) // CHUNK + DRAWS + 2) * len(prompts)):
+        for _ in range(4 * (max(LENGTHS) // chunk + DRAWS + 2) * len(prompts)):
             if not len(batch):
                 break
             batch.step()
