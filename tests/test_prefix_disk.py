@@ -268,3 +268,23 @@ def test_a_model_retrained_in_place_reads_none_of_its_old_entries(engine, tmp_pa
         engine.model.model.norm.weight = old
     assert mx.array_equal(engine.model.model.norm.weight, old).item()
     assert tier(tmp_path, weights=weights_digest(engine.model)).fetch(KEY, [*kv.tokens, 1]).tokens == len(kv.tokens)
+
+
+def test_a_sequence_written_again_stays_in_the_index_and_is_read(engine, tmp_path):
+    # Given a sequence on disk, written a second and a third time with other bytes (a state read in another batch
+    # rounds otherwise: a file of another digest each time)
+    from worker.prefix_disk import compute_state
+
+    cache = tier(tmp_path)
+    tokens, kv = finished(engine, "prompt number 5: " + "words " * 40)
+    _, other = finished(engine, "prompt number 6: " + "words " * 40)
+    for state in (kv.cache, other.cache, kv.cache):
+        compute_state(state)  # (as the RAM tier hands it over: nothing left to compute on the writer's thread)
+        cache.disk.write((KEY, tuple(kv.tokens)), state, True, 1)
+        cache.disk.flush()
+
+    # Then one file holds it, the index still knows it (the writer did not fail on it), and a prompt going on from it
+    # is read from disk
+    assert len(files(tmp_path)) == 1 and len(cache.disk) == 1
+    assert cache.disk.nearest(KEY, (*kv.tokens, tokens[0]), 1) == (tuple(kv.tokens), len(kv.tokens))
+    assert cache.fetch(KEY, [*kv.tokens, *tokens[:3]]).tokens == len(kv.tokens)

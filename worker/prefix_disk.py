@@ -285,7 +285,7 @@ class DiskTier:
         old = self._files.get(name)
         if old is not None and old.path != stored.path:
             self._remove(name, unlink=True)  # (the same sequence again: the newer state takes its place)
-        elif old is None:
+        if name not in self._files:  # (new, or its older file just removed: the index holds it again)
             self._held.setdefault(name[0], SortedSequences()).add(name[1])
         self._files[name] = stored
         self._names[file] = name
