@@ -34,12 +34,12 @@ import mlx.nn as nn
 import numpy as np
 
 from tasks.catalogue import ModelConfig
+from tasks.chat_prompt import chat_input
 from tasks.errors import InvalidPrompt
 from tasks.job import JobSpec, Message, Picture
 from worker.batch.dtypes import with_dtype
 from worker.batch.engine import Engine, Images
 from worker.batch.rows import Embeds
-from worker.chat_prompt import chat_input
 from worker.unsupported import Unsupported
 from worker.vision_prep import KEPT, Preparer, placeholder
 from worker.vision_tower import Arrays, Reading, Unreadable, by_image, by_image_agrees, splits, whole
