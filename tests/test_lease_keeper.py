@@ -8,11 +8,13 @@ import os
 import signal
 import time
 
+import pytest
+
 from tasks import keys
 from tasks.store import Store
 from tests.helpers import wait_ended, wait_event
 from tests.test_recovery import wait_for_worker
-from tests.test_worker import hold_the_interpreter, lease_renewed
+from tests.test_worker import compute_holding_the_interpreter, hold_the_interpreter, lease_renewed
 from worker.main import GpuWorker
 
 
@@ -28,8 +30,8 @@ def test_a_worker_whose_interpreter_is_held_for_four_leases_keeps_its_lease_and_
     wait_event(store, job["id"], lambda e: e.type == "token")
     lease_renewed(store)
 
-    # When a native call holds its interpreter for 6 s: its heartbeat thread cannot run
-    hold_the_interpreter(6)
+    # When a computation holds its interpreter for 6 s: its heartbeat thread cannot run, its CPU time grows
+    compute_holding_the_interpreter(6)
 
     # Then the lease is still its own (the keeper renewed it), and the job ends in its one run
     assert holder(store) == worker.id
@@ -39,16 +41,18 @@ def test_a_worker_whose_interpreter_is_held_for_four_leases_keeps_its_lease_and_
     assert [e.type for e in store.events(job["id"])].count("started") == 1
 
 
-def test_a_worker_whose_interpreter_stays_held_past_the_hung_bound_loses_its_lease(settings, engine, store):
-    # Given a worker whose lease is 1 s, taken as hung after 3 s without its heartbeat
+@pytest.mark.parametrize("hold", ["computing", "blocked"])
+def test_a_worker_whose_interpreter_stays_held_past_the_hung_bound_loses_its_lease(hold, settings, engine, store):
+    # Given a worker whose lease is 1 s, taken as hung after 3 s without its heartbeat (at once if it uses no CPU)
     told: list[str] = []
     worker = GpuWorker(settings.model_copy(update={"lease_s": 1.0, "lease_hung_s": 3.0}), engine, told.append, 50)
     assert worker.start()
     try:
         lease_renewed(store)
 
-        # When its interpreter is held for 6 s (past 3 s + the lease)
-        hold_the_interpreter(6)
+        # When its interpreter is held for 6 s (past 3 s + the lease), computing or blocked (a native call that
+        # waits for ever: a read, a deadlock)
+        (compute_holding_the_interpreter if hold == "computing" else hold_the_interpreter)(6)
 
         # Then the lease lapsed meanwhile: nobody holds it, and the worker is told so as its heartbeat runs again
         assert holder(store) is None

@@ -50,10 +50,13 @@ def test_uploads_stop_at_the_bound_and_are_taken_again_once_there_is_room(live_s
     # Then the upload is a 503 saying why, with Retry-After
     assert refused.status_code == 503 and refused.response.headers["Retry-After"].isdigit()
     assert refused.code == "storage_full" and "ONELANE_REDIS_MEMORY" in refused.message
-    # and Redis holds no more than the bound and one request more (its buffer, until Redis frees it), although
-    # Redis's own figure is read at most once a second: each upload was counted as it was taken
-    used = store.redis.info("memory")["used_memory"]
-    assert len(made) >= 2 and used <= store.settings.redis_memory_bytes + 1.5 * len(FILE)
+    # and Redis holds no more than the bound and one request more, although Redis's own figure is read at most once
+    # a second: each upload was counted as it was taken (the connections' query buffers of the last uploads count in
+    # Redis's figure until its cron frees them: seconds, on a loaded machine)
+    most, deadline = store.settings.redis_memory_bytes + 1.5 * len(FILE), time.monotonic() + 10
+    while (used := store.redis.info("memory")["used_memory"]) > most and time.monotonic() < deadline:
+        time.sleep(0.1)  # a poll: Redis announces no buffer it frees
+    assert len(made) >= 2 and used <= most, (len(made), used, most)
     # When the files are deleted, Then an upload is taken again
     for file in made:
         client.files.delete(file.id)

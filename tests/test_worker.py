@@ -436,6 +436,21 @@ def hold_the_interpreter(seconds: float) -> None:
     ctypes.PyDLL(None).usleep(int(seconds * 1_000_000))
 
 
+def compute_holding_the_interpreter(seconds: float) -> None:
+    """Work that keeps the interpreter throughout, using the CPU, as a long native computation would: a loop that
+    is never asked to let the interpreter go (its switch interval outlasts it)."""
+    import sys
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(seconds + 10)
+    try:
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            pass
+    finally:
+        sys.setswitchinterval(interval)
+
+
 def lease_renewed(store: Store, timeout_s: float = 10.0) -> None:
     """Until the worker's heartbeat renews its lease (its time to live goes back up)."""
     device = keys.device(store.settings.device)

@@ -8,10 +8,13 @@ JSON (the Redis URL, the device, the worker's id and pid, the lease, how long th
 script tasks/lua/keep_lease.lua as Redis runs it), then a byte each time the worker's heartbeat thread runs.
 
 The fencing rule, at each renewal (every third of the lease): the lease is renewed only if it is still this worker's
-(never taken back once lapsed), the worker's process is alive and not stopped or traced (/proc/PID/stat), and its
-heartbeat thread ran within `hung_s`. So a worker killed, or whose standard input closed, loses its lease within
-the lease; one stopped (SIGSTOP) within the lease as well; one whose interpreter stays held within hung_s + lease; a
-merely busy or starved one keeps it.
+(never taken back once lapsed), the worker's process is alive and not stopped or traced (/proc/PID/stat), and it
+shows life: its heartbeat thread ran within a lease, or it is at work (one of its threads used BUSY_SHARE of a core
+through the last lease: a native call computing with the interpreter held, a starved machine) and its heartbeat ran
+within `hung_s`. So a worker killed, or whose
+standard input closed, loses its lease within the lease; one stopped (SIGSTOP), or blocked with its interpreter held
+(a read that never returns, a native deadlock: no CPU time), within two leases; one that computes with its
+interpreter held for ever within hung_s + lease; a merely busy or starved one keeps it.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import json
 import logging
 import os
 import select
+import signal
 import sys
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 import redis
 
@@ -31,6 +36,8 @@ logger = logging.getLogger("worker.keeper")
 
 PRIORITY_BOOST = 5  # niceness taken off, where the system allows it (root, or CAP_SYS_NICE)
 STOPPED = frozenset("TtZXx")  # /proc/PID/stat states: stopped, traced, zombie, dead
+BUSY_SHARE = 0.05  # a thread using this share of a core, or more, computes (one waiting for the interpreter: ~0.5 %)
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -55,30 +62,70 @@ def process_state(pid: int) -> str | None:
         return None
 
 
-def why_not(lease: Lease, alive_at: float) -> str | None:
+def thread_ticks(pid: int) -> dict[int, int]:
+    """The CPU time each thread of the process `pid` has used (clock ticks: user + system)."""
+    ticks = {}
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                with open(f"/proc/{pid}/task/{task}/stat", "rb") as stat:
+                    fields = stat.read().rsplit(b")", 1)[1].split()
+                ticks[int(task)] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+@dataclass
+class Life:
+    """What the keeper has seen of its worker: when its heartbeat last ran, and its threads' CPU time over the last
+    lease (sampled each round)."""
+
+    alive_at: float
+    window_s: float
+    samples: deque[tuple[float, dict[int, int]]] = field(default_factory=deque)
+
+    def at_work(self, pid: int) -> bool:
+        """Whether one of the worker's threads computed through the last lease: used at least BUSY_SHARE of a core
+        (a native call computing with the interpreter held; a starved machine still gives it that much). Threads
+        that only wait for the interpreter use next to nothing; nor does one blocked in a call that never returns."""
+        now, ticks = time.monotonic(), thread_ticks(pid)
+        self.samples.append((now, ticks))
+        while len(self.samples) > 1 and self.samples[1][0] <= now - self.window_s:
+            self.samples.popleft()
+        then, before = self.samples[0]
+        if now - then < self.window_s:  # (not watched for a lease yet: as at work)
+            return True
+        most = max((t - before.get(tid, t) for tid, t in ticks.items()), default=0)
+        return most >= BUSY_SHARE * (now - then) * TICKS_PER_S
+
+
+def why_not(lease: Lease, life: Life) -> str | None:
     """Why the lease must not be renewed now (None: renew it)."""
     state = process_state(lease.pid)
     if state is None or os.getppid() != lease.pid:
         return "gone"
     if state in STOPPED:
         return f"stopped (state {state})"
-    if time.monotonic() - alive_at > lease.hung_s:
-        return f"hung: its heartbeat has not run for {time.monotonic() - alive_at:.0f} s"
+    quiet = time.monotonic() - life.alive_at
+    at_work = life.at_work(lease.pid)
+    if quiet > lease.hung_s:
+        return f"hung: its heartbeat has not run for {quiet:.0f} s"
+    if quiet > life.window_s and not at_work:
+        return f"hung: its heartbeat has not run for {quiet:.1f} s, and none of its threads computes"
     return None
 
 
 def keep(lease: Lease, client: redis.Redis) -> str:
     """Renew the lease while the fencing rule allows; why it ended."""
     renew, every = client.register_script(lease.script), lease.lease_ms / 3000
-    alive_at, due, told = time.monotonic(), 0.0, None
+    life, due, told = Life(time.monotonic(), lease.lease_ms / 1000), 0.0, None
     while True:
         if select.select([0], [], [], max(due - time.monotonic(), 0))[0]:
             if not os.read(0, 4096):
                 return "the worker closed its end"
-            alive_at = time.monotonic()
+            life.alive_at = time.monotonic()
             continue
         due = time.monotonic() + every
-        reason = why_not(lease, alive_at)
+        reason = why_not(lease, life)
         if reason == "gone":
             return "the worker is gone"
         if reason != told and reason is not None:
@@ -96,6 +143,8 @@ def keep(lease: Lease, client: redis.Redis) -> str:
 
 
 def main() -> None:
+    # a terminal's Ctrl-C reaches the whole process group: the keeper ends when its worker does (its end closes)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     lease = Lease(**json.loads(sys.stdin.buffer.readline()))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with contextlib.suppress(OSError):  # not allowed: the worker's own priority

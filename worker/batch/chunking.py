@@ -19,7 +19,9 @@ from mlx_lm.models.cache import make_prompt_cache
 
 RISE = 2.0  # a chunk costing this many times the cheapest per token: reading more at once costs more
 LONGEST_S = 0.2  # a chunk that took this long ends the search (its size is as far as the timings need to go)
-NOISE_S = 0.02  # chunks quicker than this are not judged (a busy machine's noise)
+NOISE_S = 0.05  # chunks quicker than this are not judged (a busy machine's noise)
+RETIMES = 3  # a rise is timed again this many times, both chunks, the quickest kept: a busy machine's stalls are not
+#              the model's cost
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,8 @@ def choose_chunk(model: nn.Module, prefill_step: int, vocab: int) -> Chunking:
     while n <= prefill_step:
         timed[n] = _read(model, n, vocab)
         if _rises(timed, n, best):  # timed again, both: a busy machine's stall is not the model's cost
-            timed[n] = min(timed[n], _read(model, n, vocab))
-            timed[best] = min(timed[best], _read(model, best, vocab))
+            timed[n] = min([timed[n], *(_read(model, n, vocab) for _ in range(RETIMES))])
+            timed[best] = min([timed[best], *(_read(model, best, vocab) for _ in range(RETIMES))])
             if _rises(timed, n, best):
                 return Chunking(best, tuple(timed.items()))
         if timed[n] / n <= timed[best] / best:
