@@ -191,6 +191,11 @@ class WorkerStore:
         sec, usec = self.redis.time()
         return bool(state == "failed" and float(retry_at or 0) <= sec + usec / 1e6)
 
+    def load_error(self, name: str) -> str | None:
+        """Why the model's last load failed, as recorded (None if none is)."""
+        found = self.redis.hget(keys.model(name), "error")
+        return str(found) if found else None
+
     def model_loading(self, name: str) -> None:
         """A load of the model begins on this worker, now (Redis's clock: ETAs and /readyz count from it)."""
         sec, usec = self.redis.time()

@@ -41,7 +41,7 @@ class Joining(RunnerState):
             return Head(id=job.id, tokens=[], cost=0, solo=False, side=True)
         engine = self.models.get(job.spec.model) or self.models.load(job.spec.model)
         if engine is None:
-            why = "the model failed to load"
+            why = self.store.load_error(job.spec.model) or "the model failed to load"
             return Head(id=job.id, tokens=[], cost=0, solo=claim.solo, invalid=("model_unavailable", why))
         if isinstance(engine, Pooler):  # (admitted under an older models file: the web routes each kind)
             why = f"the model {job.spec.model} is {NAMES[engine.kind]}: it generates no text"

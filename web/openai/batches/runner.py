@@ -52,7 +52,7 @@ from tasks.errors import (
 from tasks.files import FileStore
 from tasks.job import Job, JobSpec, JobStatus
 from tasks.store import Store
-from web.errors import job_error, openai_error
+from web.errors import openai_error
 from web.openai.chat.body import ChatBody, CompletionBody
 from web.openai.pooling.routes import embeddings_body
 from web.openai.responses.body import snapshot
@@ -230,8 +230,8 @@ def job_result(record: BatchRecord, line: PendingLine, job: Job | None, stop: st
     if job.status is JobStatus.COMPLETED:
         return _response(bid, line, job, 200, body_of(job, record.endpoint), ok=True)
     if job.status is JobStatus.FAILED:
-        refused = job_error(job)
-        if isinstance(refused, InvalidRequest):  # the worker found the request invalid (a logit_bias's token id)
+        if job.error is not None and job.error.type == InvalidRequest.type:  # the worker found the request invalid
+            refused = InvalidRequest(job.error.message, param=job.error.param)  # (a logit_bias's token id)
             return _response(bid, line, job, 400, {"error": openai_error(refused)}, ok=False)
         error = job.error.model_dump() if job.error else {"type": "job_failed", "message": "the job failed"}
         body = {"error": {"message": error["message"], "type": "server_error", "param": None, "code": error["type"]}}

@@ -186,7 +186,7 @@ def _respond(
                     pass
                 case Event() if item.terminal:  # one answer failed: so does the request, as a single job's would
                     cancel_all(store, jobs, ANOTHER_FAILED)
-                    raise job_error(store.get(jobs[index].id))
+                    raise job_error(store.get(jobs[index].id), store.settings.model_retry_s)
     ended = store.read([job.id for job in jobs])
     done = [ended[job.id] for job in jobs]
     shown = best_of(done, req.n or 1) if len(done) > (req.n or 1) else done
@@ -227,7 +227,7 @@ def _stream(jobs: list[Job], views: list[ChatBody], stories: list[Generator[Stor
                         yield sse.data_line(first.envelope(first.chunk_object(), [choice], None))
                 case Event() if item.terminal:  # one answer failed: so does the request, as a single job's would
                     why = ANOTHER_FAILED
-                    error = job_error(store.get(jobs[index].id))
+                    error = job_error(store.get(jobs[index].id), store.settings.model_retry_s)
                     yield sse.data_line({"error": openai_error(error)})
                     yield DONE
                     return
