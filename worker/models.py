@@ -35,6 +35,7 @@ from worker.pooling import Pooler
 from worker.prefix_cache import PrefixCache
 from worker.prefix_disk import DiskTier
 from worker.prefix_file import weights_digest
+from worker.preflight import unknown_architecture
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +164,15 @@ class ModelPool:
             return Engine.load(config, self._max_batch(config), self.settings.prefill_step, lock=self.lock)
         # an embedding model or a reranker: no batch, no decode steps to time
         return cast(Engine, Pooler.load(config))  # (it stands in for one in the pool: see Pooler)
+
+    def preflight(self, tried: str) -> None:
+        """Record at once each served model but `tried` (the default, loaded or failed just now) whose folder names
+        an architecture the library lacks (worker/preflight.py): its first user is refused by name, not left to
+        find it out."""
+        for config in self.settings.catalog:
+            why = unknown_architecture(config) if config.name != tried and self.get(config.name) is None else None
+            if why is not None:
+                self._failed(config, why)
 
     def _failed(self, config: ModelConfig, exc: Exception) -> None:
         """A load failed: said in the log (a known cause in one line), the model marked failed, its jobs failed."""
