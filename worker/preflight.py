@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from tasks.catalogue import ModelConfig
 from worker.unsupported import Unsupported
@@ -19,34 +20,32 @@ def unknown_architecture(config: ModelConfig) -> Unsupported | None:
         return None
     found = Path(config.path) / "config.json"
     try:
-        model_type = json.loads(found.read_text()).get("model_type") if found.is_file() else None
-    except (OSError, ValueError, AttributeError):
+        read = json.loads(found.read_text()) if found.is_file() else None
+    except (OSError, ValueError):
         return None  # (an unreadable config: its load says why)
-    if not isinstance(model_type, str):
-        return None
+    if not isinstance(read, dict) or not isinstance(read.get("model_type"), str) or "model_file" in read:
+        return None  # (no architecture named, or the folder brings its own code: its load says)
     library, known = ("mlx-vlm", _vlm_knows) if config.vision else ("mlx-lm", _lm_knows)
-    if known(model_type):
+    if known(read):
         return None
-    return Unsupported(f"its architecture {model_type!r} is not one the installed {library} knows")
+    return Unsupported(f"its architecture {read['model_type']!r} is not one the installed {library} knows")
 
 
-def _lm_knows(model_type: str) -> bool:
-    import importlib
-
-    from mlx_lm.utils import MODEL_REMAPPING
+def _lm_knows(config: dict[str, Any]) -> bool:
+    from mlx_lm.utils import _get_classes  # (what mlx_lm.load resolves the architecture with)
 
     try:
-        importlib.import_module(f"mlx_lm.models.{MODEL_REMAPPING.get(model_type, model_type)}")
-    except ImportError:
+        _get_classes(config)
+    except ValueError:
         return False
     return True
 
 
-def _vlm_knows(model_type: str) -> bool:
-    from mlx_vlm.utils import get_model_and_args
+def _vlm_knows(config: dict[str, Any]) -> bool:
+    from mlx_vlm.utils import get_model_and_args  # (what mlx_vlm.load resolves it with)
 
     try:
-        get_model_and_args({"model_type": model_type})
+        get_model_and_args({"model_type": config["model_type"]})
     except (ImportError, ValueError, KeyError):
         return False
     return True
