@@ -38,10 +38,14 @@ PREFILL_STEP = 8  # small, so an image prompt is read in several chunks beside t
 #: alone), "alone equal" (they run one at a time, answering as mlx-vlm), "served differs" (answered, not as mlx-vlm),
 #: "refused" (the model fails its load), "mlx-vlm fails: <why>" (mlx-vlm itself cannot build or answer it: not counted)
 EXPECTED: dict[str, str] = {
+    "aya_vision": "batched equal",
     "gemma3": "batched equal",
+    "idefics2": "batched equal",
     "idefics3": "batched equal",
+    "llava_onevision": "batched equal",
     "mistral3": "batched equal",
     "pixtral": "batched equal",
+    "smolvlm": "batched equal",
 }
 RANK = {"refused": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 

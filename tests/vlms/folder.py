@@ -16,7 +16,6 @@ from tests.tiny_vision import (
     DEMO_VOCAB,
     END,
     START,
-    _model_config,
     _torch_conv,
     _write_generation_config,
     _write_tokenizer,
@@ -48,13 +47,22 @@ class Family:
     weights: Callable[[dict[str, Any]], None] | None = None  # a last change to the weights (placeholders drawn)
 
 
+def model_config(module: Any, config: dict[str, Any]) -> Any:
+    """`module`'s ModelConfig of `config`, with its module configs (text, vision, perceiver, ...), as mlx-vlm's
+    load_model makes it."""
+    from mlx_vlm.utils import update_module_configs
+
+    modules = ["text", "vision", "perceiver", "projector", "audio"]
+    return update_module_configs(module.ModelConfig.from_dict(config), module, config, modules)
+
+
 def write_folder(folder: Path, family: Family) -> Path:
     """Write `family`'s tiny folder into `folder`; returns it."""
     import importlib
 
     module = importlib.import_module(f"mlx_vlm.models.{family.module}")
     folder.mkdir(parents=True, exist_ok=True)
-    built = parameters(seeded(lambda: module.Model(_model_config(module, family.config))))
+    built = parameters(seeded(lambda: module.Model(model_config(module, family.config))))
     if family.weights is not None:
         family.weights(built)
     weights = {}
