@@ -42,6 +42,7 @@ EXPECTED: dict[str, str] = {
     "gemma3": "batched equal",
     "idefics2": "batched equal",
     "idefics3": "batched equal",
+    "lfm2_vl": "batched equal",
     "llava_onevision": "batched equal",
     "mistral3": "batched equal",
     "pixtral": "batched equal",
