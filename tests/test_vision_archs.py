@@ -43,6 +43,7 @@ EXPECTED: dict[str, str] = {
     "granite_vision": "refused",  # its embeddings outnumber its prompt's ids, as LLaVA-NeXT's
     "idefics2": "batched equal",
     "idefics3": "batched equal",
+    "kimi_vl": "batched equal",
     "lfm2_vl": "batched equal",
     "llama4": "alone equal",  # mlx-lm cannot merge its chunked attention's caches
     "llava_onevision": "batched equal",
