@@ -21,7 +21,11 @@ from tests.tiny_vision import (
     _write_tokenizer,
 )
 
-__all__ = ["DEMO_IDS", "DEMO_VOCAB", "END", "START", "Family", "added_ids", "write_folder"]
+__all__ = ["DEMO_IDS", "DEMO_VOCAB", "END", "START", "Family", "Unbuildable", "added_ids", "write_folder"]
+
+
+class Unbuildable(Exception):
+    """An architecture whose tiny folder cannot be made (its message says why): mlx-vlm's, not onelane's."""
 
 
 def added_ids(tokens: list[str]) -> dict[str, int]:
