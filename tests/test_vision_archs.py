@@ -122,17 +122,17 @@ class Outcome:
 
 def reference(folder: Path) -> list[list[int]] | str:
     """mlx_vlm.generate's greedy tokens for each prompt alone (its message, the image before the question, rendered
-    as mlx-vlm renders messages: by the processor's chat template, or its tokenizer's); or why mlx-vlm cannot
+    as mlx-vlm renders a chat's messages: `apply_chat_template`, as its server does); or why mlx-vlm cannot
     answer."""
     import mlx_vlm
-    from mlx_vlm.prompt_utils import get_chat_template
+    from mlx_vlm.prompt_utils import apply_chat_template
 
     try:
         model, processor = mlx_vlm.load(str(folder))
         answers = []
         for question, image in PROMPTS:
             content = [{"type": "image"}, {"type": "text", "text": question}]
-            prompt = get_chat_template(processor, [{"role": "user", "content": content}], True)
+            prompt = apply_chat_template(processor, model.config, [{"role": "user", "content": content}], num_images=1)
             out = mlx_vlm.generate(model, processor, prompt, image=[image()], max_tokens=MAX_TOKENS, temperature=0.0)
             answers.append(list(out.token_ids))
     except Exception as exc:  # mlx-vlm's own failure: the architecture is not counted against onelane

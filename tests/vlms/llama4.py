@@ -2,10 +2,11 @@
 in 14x14 patches, hidden 32, 2 layers, 2-D RoPE), the pixel-shuffle adapter (ratio 0.5: a tile is 4 image tokens)
 and projector, and its text model (hidden 64, 2 layers, 4 query heads and 2 KV heads of 16, QK norm, the second
 layer a mixture of 2 experts and a shared one, chunked attention over 16 tokens, the second layer without RoPE).
-mlx-vlm's Llama4Processor (its NumPy image processor) splits an image into up to 4 tiles of the best grid for its
-shape, plus the whole image: <|image_start|>, per tile 4 <|patch|> with <|tile_x_separator|> and
-<|tile_y_separator|> between them, then <|image|> and the whole image's 4 <|patch|>, <|image_end|>; the processor
-reads the patch size 14 itself, so the tower's is 14. Added tokens: <|header_start|> 2048, <|header_end|>, <|eot|>
+mlx-vlm's Llama4Processor (its NumPy image processor) reads an image as one 56x56 tile (max_patches 1):
+<|image_start|>, <|image|>, 4 <|patch|>, <|image_end|>; the processor reads the patch size 14 itself, so the
+tower's is 14. (Past one tile, mlx-vlm 0.7.10's processor writes the whole image's <|patch|> tokens after the tiles'
+but gives the tower no whole-image tile: 12 image tokens for 8 features, and `get_input_embeddings` fills the rest
+from past the end of its array, NaN in one run of three: undefined, alone as in a batch.) Added tokens: <|header_start|> 2048, <|header_end|>, <|eot|>
 (its answers' end), the image's. The tokenizer prepends <|im_start|> as Llama's prepends <|begin_of_text|>. Keys as
 the hub's: `language_model.model.*`, `language_model.lm_head.*`, `vision_model.*`, `multi_modal_projector.*` (the
 experts stacked as mlx-vlm stacks them). transformers reads this config.json too (the tokenizer's load): its
@@ -60,7 +61,7 @@ TEMPLATE = (
 IMAGE_PROCESSOR: dict[str, Any] = dict(
     image_processor_type="Llama4ImageProcessorFast", processor_class="Llama4Processor", do_convert_rgb=True,
     do_normalize=True, do_rescale=True, do_resize=True, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
-    max_patches=4, resample=2, rescale_factor=1 / 255, resize_to_max_canvas=False,
+    max_patches=1, resample=2, rescale_factor=1 / 255, resize_to_max_canvas=False,
     size=dict(height=TILE, width=TILE),
 )  # fmt: skip
 PROCESSOR: dict[str, Any] = dict(
