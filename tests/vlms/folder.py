@@ -5,6 +5,7 @@ text model's vocab_size the tokenizer's length), as tests/tiny_vision.py writes 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,7 @@ def model_config(module: Any, config: dict[str, Any]) -> Any:
     load_model makes it."""
     from mlx_vlm.utils import update_module_configs
 
+    config = copy.deepcopy(config)  # (some from_dict write into theirs)
     modules = ["text", "vision", "perceiver", "projector", "audio"]
     return update_module_configs(module.ModelConfig.from_dict(config), module, config, modules)
 
