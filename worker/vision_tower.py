@@ -26,16 +26,9 @@ Arrays = dict[str, tuple[np.ndarray, str]]  # the processor's arrays of a prompt
 Reading = Callable[[], mx.array | None]  # one part of the pass a call; the embeddings once the last is done
 
 
-def _dtype(name: str) -> mx.Dtype:
-    """The MLX dtype an array's was named after (str(mx.bool_) is "mlx.core.bool": DeepSeek-VL2's masks)."""
-    found: mx.Dtype = getattr(mx, name, None) or getattr(mx, f"{name}_")
-    return found
-
-
 def whole(vlm: Any, ids: list[int], kept: Arrays) -> mx.array:
     """The prompt's input embeddings, its images read in one call; `Unreadable` names what else the model gives."""
-    numbers = {k: kept[k] for k in kept if kept[k][0].dtype.kind in "biuf"}  # (not DeepSeek-VL2's prompt text)
-    arrays = {k: mx.array(v).astype(_dtype(dtype)) if dtype else mx.array(v) for k, (v, dtype) in numbers.items()}
+    arrays = {k: mx.array(v).astype(getattr(mx, dtype)) if dtype else mx.array(v) for k, (v, dtype) in kept.items()}
     rest = {k: v for k, v in arrays.items() if k != "pixel_values"}
     out = vlm.get_input_embeddings(
         mx.array([ids]), arrays.get("pixel_values"), mask=mx.ones((1, len(ids)), dtype=mx.int32), **rest
