@@ -44,6 +44,7 @@ EXPECTED: dict[str, str] = {
     "deepseek_vl_v2": "served differs",  # mlx-vlm's own answers for it differ from one process to the next
     "fastvlm": "mlx-vlm fails: no tiny config builds",
     "gemma3": "batched equal",
+    "gemma4": "refused",  # its per-layer inputs come beside its embeddings
     "granite_vision": "refused",  # its embeddings outnumber its prompt's ids, as LLaVA-NeXT's
     "idefics2": "batched equal",
     "idefics3": "batched equal",
