@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.tiny_archs import GEMMA4_TEXT
-from tests.vlms.folder import DEMO_IDS, DEMO_VOCAB, START, Family, added_ids, write_folder
+from tests.vlms.folder import DEMO_VOCAB, Family, added_ids, write_folder
 
 TOKENS = ["<|turn>", "<turn|>", "<|image>", "<image|>", "<|image|>", "<|audio>", "<audio|>", "<|audio|>", "<|video|>"]
 IDS = added_ids(TOKENS)
