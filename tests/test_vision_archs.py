@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import io
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -322,23 +323,28 @@ def test_a_newly_listed_family_answers_through_the_whole_stack(corpus, settings,
 
     from tests.test_vision import ask
 
-    # Given Mistral 3 served by the worker, beside the default text model
+    # Given Mistral 3 (newly listed) served by the worker, beside the default text model
     start_worker(settings)
     client = OpenAI(base_url=f"{live_server}/v1", api_key="unused", max_retries=0)
     expected = reference(corpus["mistral3"])
     assert not isinstance(expected, str), expected
 
-    # When the openai SDK asks about an image
-    question, image = PROMPTS[1]
-    answer = client.chat.completions.create(
-        model="mistral3",
-        messages=[{"role": "user", "content": ask(png(image()), question)}],  # type: ignore[misc, list-item]
-        max_tokens=MAX_TOKENS,
-        temperature=0,
-    )
+    # When three openai SDK clients ask about their own images at once
+    def ask_about(prompt: tuple[str, Any]) -> str | None:
+        question, image = prompt
+        answer = client.chat.completions.create(
+            model="mistral3",
+            messages=[{"role": "user", "content": ask(png(image()), question)}],  # type: ignore[misc, list-item]
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+        )
+        return answer.choices[0].message.content
 
-    # Then it answers with mlx-vlm's own tokens
-    assert answer.choices[0].message.content == _text(corpus["mistral3"], expected[1])
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        answers = list(pool.map(ask_about, PROMPTS))
+
+    # Then each answer is mlx-vlm's own for its prompt alone
+    assert answers == [_text(corpus["mistral3"], tokens) for tokens in expected]
 
 
 def _text(folder: Any, tokens: list[int]) -> str:
