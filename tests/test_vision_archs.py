@@ -134,7 +134,7 @@ class Outcome:
             return "refused"
         if self.equal is None or not all(self.equal):
             return "served differs"
-        return "alone equal" if self.batching == "alone" else "batched equal"
+        return "alone equal" if "alone" in self.batching else "batched equal"
 
     def row(self) -> str:
         equal = "" if self.equal is None else "".join("=" if e else "x" for e in self.equal)
@@ -204,7 +204,9 @@ def _answer(engine: Any, arch: str, outcome: Outcome) -> tuple[Outcome, list[lis
         engine.share(choose(engine.model, engine.vocab, engine.max_kv_size, engine.prefill_step).batching)
     except Exception:  # (as the worker: a trial that fails runs the model's sequences alone)
         engine.share("alone")
-    outcome.batching, outcome.served = engine.batching, "served"
+    way = getattr(engine, "images", "batched")  # how its image prompts run, where the engine says
+    outcome.batching = engine.batching if way == "batched" else f"{engine.batching}, images {way}"
+    outcome.served = "served"
     answers: list[list[int]] = [[] for _ in PROMPTS]
     rows: dict[int, int] = {}  # the prompt of each uid
     ended: set[int] = set()
@@ -214,7 +216,7 @@ def _answer(engine: Any, arch: str, outcome: Outcome) -> tuple[Outcome, list[lis
         prompts = [engine.prompt_tokens(spec, images) for spec, images in specs(arch)]
         with engine.lock:
             while len(ended) < len(prompts):
-                while waiting and engine.size < engine.max_batch:
+                while waiting and _joins(engine, prompts[waiting[0]], _running(rows, ended, prompts)):
                     prompt = waiting.pop(0)
                     rows[engine.insert(prompts[prompt], params)] = prompt
                 for token in engine.step():
@@ -225,6 +227,20 @@ def _answer(engine: Any, arch: str, outcome: Outcome) -> tuple[Outcome, list[lis
         outcome.served = f"fails: {type(exc).__name__}: {exc}"
         return outcome, []
     return outcome, answers
+
+
+def _running(rows: dict[int, int], ended: set[int], prompts: list[list[int]]) -> list[list[int]]:
+    """The prompts of the rows in the batch."""
+    return [prompts[p] for p in rows.values() if p not in ended]
+
+
+def _joins(engine: Any, prompt: list[int], running: list[list[int]]) -> bool:
+    """Whether the worker would put `prompt` into the batch now: room in it, and neither it nor a running one a
+    prompt that runs alone (`runs_alone`, where the engine has it: a model whose images go to every step)."""
+    alone = getattr(engine, "runs_alone", lambda prompt: False)
+    if engine.size == 0:
+        return True
+    return engine.size < engine.max_batch and not alone(prompt) and not any(alone(p) for p in running)
 
 
 def until_eos(tokens: list[int], eos: frozenset[int]) -> list[int]:
