@@ -42,6 +42,7 @@ from worker.batch.engine import Engine, Images
 from worker.batch.rows import Embeds
 from worker.unsupported import Unsupported
 from worker.vision_prep import KEPT, Preparer, placeholder
+from worker.vision_reading import Mismatch, Span, embeddings_length, expanded, model_ids, span_of
 from worker.vision_tower import Arrays, Reading, Unreadable, by_image, by_image_agrees, splits, whole
 
 logger = logging.getLogger(__name__)
@@ -94,6 +95,9 @@ class VisionEngine(Engine):
         # the full digests of the prompts' images seen last, by their ids past the vocabulary
         self._digests: OrderedDict[tuple[int, ...], tuple[str, ...]] = OrderedDict()
         self.by_image = False  # its images read one a step (worker/vision_tower.py): checked as it loads
+        self.expands = False  # its embeddings outnumber its prompt's ids (worker/vision_reading.py): found as it loads
+        self._spans: OrderedDict[tuple[int, ...], Span] = OrderedDict()  # an expanding model's, by the tags
+        self._lengths: OrderedDict[tuple[tuple[str, ...], tuple[int, ...]], int] = OrderedDict()  # its embeddings'
         self.images_read = 0  # images its vision tower read (a prefix-cache hit reads none)
 
     @classmethod
@@ -147,13 +151,18 @@ class VisionEngine(Engine):
         spec = JobSpec(owner="", model=self.name, messages=(Message(role="user", content="?", images=pictures),))
         prompt = self.prompt_tokens(spec, images)
         ids, kept, count = self._inputs(prompt)
-        reading = self._reading(ids, kept, 0, count)
+        length = embeddings_length(self.vlm, ids, kept)
+        self.expands = length != len(ids)
+        reading = self._reading(ids, kept, 0, count, length)
         while reading() is None:
             pass
-        self.by_image = by_image_agrees(self.vlm, self.image_token, ids, kept, count)
+        self.by_image = not self.expands and by_image_agrees(self.vlm, self.image_token, ids, kept, count)
         self.images_read = 0
         logger.info(
-            "model %s reads %s", self.name, "one image a step" if self.by_image else "a prompt's images at once"
+            "model %s reads %s%s",
+            self.name,
+            "one image a step" if self.by_image else "a prompt's images at once",
+            "; its images give more embeddings than their tokens: its prompts hold as many" if self.expands else "",
         )
 
     def prompt_tokens(
@@ -167,7 +176,7 @@ class VisionEngine(Engine):
             return super().prompt_tokens(spec)
         text = self._text(spec)
         written = self.prep.written(self._plain(text), self.marker, digests)
-        if written is not None:
+        if written is not None and (not self.expands or (digests, tuple(written)) in self._lengths):
             keyed = self._keyed(written, digests)
             if self.prep.arrays(digests) is not None or (
                 reach is not None and reach(keyed) > _last_image(keyed, self.vocab)
@@ -220,18 +229,24 @@ class VisionEngine(Engine):
         if not any(t >= self.vocab for t in prompt[cached:-1]):
             return None, None
         ids, kept, images = self._inputs(prompt)
-        return self._reading(ids, kept, cached, images), ids[cached:]
+        batch_ids = [self.image_token if t >= self.vocab else t for t in prompt]
+        return self._reading(ids, kept, cached, images, len(prompt)), batch_ids[cached:]
 
     def _inputs(self, prompt: list[int]) -> tuple[list[int], Arrays, int]:
-        """A keyed prompt's ids as the model knows them, its images' prepared arrays, and how many images."""
-        digests = self._digests.get(_images(prompt, self.vocab))
+        """A keyed prompt's ids as the model's `get_input_embeddings` reads them, its images' prepared arrays, and
+        how many images."""
+        tags = _images(prompt, self.vocab)
+        digests, span = self._digests.get(tags), self._spans.get(tags)
         arrays = self.prep.arrays(digests) if digests is not None else None
-        if digests is None or arrays is None:
+        if digests is None or arrays is None or (self.expands and span is None):
             raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
+        if span is not None:
+            return model_ids(prompt, span, self.vocab), arrays, len(digests)
         return [self.image_token if t >= self.vocab else t for t in prompt], arrays, len(digests)
 
-    def _reading(self, ids: list[int], kept: Arrays, cached: int, images: int) -> Reading:
-        """The vision tower's pass, a part a call (one image, or all at once), then the embeddings past `cached`."""
+    def _reading(self, ids: list[int], kept: Arrays, cached: int, images: int, length: int) -> Reading:
+        """The vision tower's pass, a part a call (one image, or all at once), then the embeddings past `cached`
+        of a prompt `length` long (`Mismatch` if they are not as many)."""
         if self.by_image and splits(kept, images):
             read = by_image(self.vlm, self.image_token, ids, kept, images)
         else:
@@ -247,6 +262,11 @@ class VisionEngine(Engine):
                 ) from None
             if out is None:
                 return None
+            if out.shape[0] != length:
+                raise Mismatch(
+                    f"the model gave {out.shape[0]} input embeddings for a prompt of {length} tokens: onelane cannot "
+                    "read this prompt with its images"
+                )
             self.images_read += images
             embeds = out[cached:-1]
             mx.eval(embeds)
@@ -259,6 +279,8 @@ class VisionEngine(Engine):
         pieces in turn): the image tokens in order, split evenly among the images (each image is as many tokens).
         Tags that other images' prompts hold already (alike in those 56 bits) are drawn again from a salted digest:
         the tags find the prompt's images' full digests here (their arrays, and the marks the prefix cache checks)."""
+        if self.expands:
+            return self._expanded(ids, digests)
         at = [i for i, t in enumerate(ids) if t == self.image_token]
         if not at or len(at) % len(digests):
             raise InvalidPrompt("the model's processor wrote the images' tokens in a way onelane cannot follow")
@@ -274,10 +296,40 @@ class VisionEngine(Engine):
                 break
         else:  # (64 collisions of 56 bits in a row: never, unless SHA-256 is broken)
             raise InvalidPrompt("an image of the request cannot be told apart from another the worker holds")
-        self._digests.move_to_end(tags)
-        while len(self._digests) > KEPT * 16:
-            self._digests.popitem(last=False)
+        self._kept(tags)
         return keyed
+
+    def _expanded(self, ids: list[int], digests: tuple[str, ...]) -> list[int]:
+        """An expanding model's keyed prompt (worker/vision_reading.py): as many positions as its embeddings, the
+        number read from the shape of mlx-vlm's computation over the images' prepared arrays, once."""
+        known = (digests, tuple(ids))
+        if known not in self._lengths:
+            arrays = self.prep.arrays(digests)
+            if arrays is None:
+                raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
+            self._lengths[known] = embeddings_length(self.vlm, ids, arrays)
+        self._lengths.move_to_end(known)
+        while len(self._lengths) > KEPT * 16:
+            self._lengths.popitem(last=False)
+        span = span_of(ids, self.image_token, self._lengths[known])
+        for salt in range(64):
+            keyed = expanded(ids, span, self.vocab, digests, salt)
+            tags = _images(keyed, self.vocab)
+            if self._digests.setdefault(tags, digests) == digests and self._spans.setdefault(tags, span) == span:
+                break
+        else:  # (64 collisions of 56 bits in a row: never, unless SHA-256 is broken)
+            raise InvalidPrompt("an image of the request cannot be told apart from another the worker holds")
+        self._kept(tags)
+        return keyed
+
+    def _kept(self, tags: tuple[int, ...]) -> None:
+        """The prompt of these tags was keyed last: the oldest others are forgotten."""
+        self._digests.move_to_end(tags)
+        if tags in self._spans:
+            self._spans.move_to_end(tags)
+        while len(self._digests) > KEPT * 16:
+            gone, _ = self._digests.popitem(last=False)
+            self._spans.pop(gone, None)
 
 
 def _last_image(keyed: list[int], vocab: int) -> int:

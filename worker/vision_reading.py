@@ -1,0 +1,82 @@
+"""How a vision-language model's image prompt is read when its embeddings are not one per prompt id.
+
+Most of mlx-vlm's models put their image features in place of the image tokens the processor wrote: one embedding
+per id. Some write fewer image tokens than they give embeddings (LLaVA-NeXT's `get_input_embeddings` puts each
+crop's features, then as many `image_newline`s, in place of its first image tokens: 92 embeddings for 64 ids). Such
+a model "expands", which the worker finds as the model loads (worker/vision.py's probe). Its prompt, as the batch and
+the prefix cache see it, holds as many positions as its embeddings: the text before its first image token and after
+its last as they are, and between them one tag per embedding (ids past the vocabulary, drawn from the images'
+digests and the model's own ids there), so that the prompt's KV cache, its marks and its token count are the
+sequence's own. The number of embeddings is read from the shape of mlx-vlm's computation, once, as the prompt is
+measured (MLX computes lazily: nothing of the vision tower runs then); the model's own ids are kept by the tags
+(`Span`), and the embeddings, read when the batch first reads the prompt, are checked against that length: any
+disagreement fails that job (`Mismatch`), never a wrong answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+
+from tasks.errors import InvalidPrompt
+from worker.vision_tower import Arrays
+
+
+class Mismatch(InvalidPrompt):
+    """The model's embeddings of a prompt do not line up with its tokens (only that job fails)."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where an expanding model's images sit in a keyed prompt: from `start`, the model's own ids `ids` (its first
+    image token to its last) stand as `length` tagged positions."""
+
+    start: int
+    ids: tuple[int, ...]
+    length: int
+
+
+def embeddings_length(vlm: Any, ids: list[int], kept: Arrays) -> int:
+    """How many input embeddings mlx-vlm's `get_input_embeddings` gives for these ids and arrays: the shape of its
+    computation, not computed."""
+    arrays = {k: mx.array(v).astype(getattr(mx, dtype)) if dtype else mx.array(v) for k, (v, dtype) in kept.items()}
+    rest = {k: v for k, v in arrays.items() if k != "pixel_values"}
+    out = vlm.get_input_embeddings(
+        mx.array([ids]), arrays.get("pixel_values"), mask=mx.ones((1, len(ids)), dtype=mx.int32), **rest
+    )
+    return int(out.inputs_embeds.shape[1])
+
+
+def span_of(ids: list[int], image_token: int, length: int) -> Span:
+    """The span of the images in a prompt of `ids` whose embeddings are `length` long; `Mismatch` if the text around
+    the images would not fit in them."""
+    at = [i for i, t in enumerate(ids) if t == image_token]
+    if not at:
+        raise Mismatch("the model's processor wrote no image token for the request's images")
+    first, last = at[0], at[-1]
+    inside = length - first - (len(ids) - last - 1)
+    if inside < 1:
+        raise Mismatch(
+            f"the model's embeddings of the prompt ({length}) do not line up with its {len(ids)} tokens: "
+            "onelane cannot read this prompt with its images"
+        )
+    return Span(start=first, ids=tuple(ids[first : last + 1]), length=inside)
+
+
+def expanded(ids: list[int], span: Span, vocab: int, digests: tuple[str, ...], salt: int) -> list[int]:
+    """The keyed prompt of an expanding model: the ids, their span of images as `span.length` tags drawn from the
+    images' digests and the span's own ids (in two 28-bit pieces of a SHA-256, in turn, as worker/vision.py keys
+    images); another `salt` draws other tags."""
+    digest = hashlib.sha256(f"{salt}:{','.join(digests)}:{span.ids}".encode()).hexdigest()
+    pieces = [vocab + int(digest[7 * k : 7 * k + 7], 16) for k in range(2)]
+    tags = [pieces[k % 2] for k in range(span.length)]
+    return [*ids[: span.start], *tags, *ids[span.start + len(span.ids) :]]
+
+
+def model_ids(keyed: list[int], span: Span, vocab: int) -> list[int]:
+    """A keyed prompt's ids as the model's `get_input_embeddings` reads them (its span of images its own again)."""
+    first = next(i for i, t in enumerate(keyed) if t >= vocab)
+    return [*keyed[:first], *span.ids, *keyed[first + span.length :]]
