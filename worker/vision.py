@@ -172,8 +172,13 @@ class VisionEngine(Engine):
         (worker/vision_prep.py), unless each has a kept rule and their arrays are kept or not needed (`reach`: how
         much of the keyed prompt the prefix cache holds); `Preparing` while they are, unless `wait`."""
         digests = tuple(p.digest for m in spec.messages or () for p in sorted(m.images, key=lambda p: p.at))
-        if not digests:
+        if not digests and spec.messages is None:
             return super().prompt_tokens(spec)
+        if not digests:  # (a conversation without images: rendered and tokenized as mlx-vlm's generate does too)
+            tokens = self._plain(self._text(spec))
+            if not tokens:
+                raise InvalidPrompt("the prompt is empty once tokenized: there is nothing to continue")
+            return tokens
         text = self._text(spec)
         written = self.prep.written(self._plain(text), self.marker, digests)
         if written is not None and (not self.expands or (digests, tuple(written)) in self._lengths):
@@ -186,20 +191,23 @@ class VisionEngine(Engine):
         return self._keyed(list(self.prep.prepare(text, digests, read, wait).ids), digests)
 
     def _text(self, spec: JobSpec) -> str:
-        """The prompt rendered as mlx-vlm's generate renders it (its processors leave the template to their
-        tokenizer), each image an image part where its message holds it."""
+        """The prompt rendered as mlx-vlm's generate renders it (`get_chat_template`: the processor's own template
+        where it has one, as InternVL's, else its tokenizer's), each image an image part where its message holds it.
+        A processor's own template reads mlx-vlm's messages: every content a list of parts, a text part's words under
+        both `text` and `content`."""
+        from mlx_vlm.prompt_utils import get_chat_template
+
         assert spec.messages is not None
         messages, tools = chat_input(spec.messages, spec.tools, self.tokenizer)
         offset = len(messages) - len(spec.messages)  # (a system message telling of tools may come first)
+        own = getattr(self.processor, "chat_template", None) is not None
         for i, m in enumerate(spec.messages):
-            if m.images:
-                turn = messages[i + offset]
-                words = turn["content"] if turn["content"] != m.content else None
-                turn["content"] = _content(m.parts(), words)
+            turn = messages[i + offset]
+            if m.images or (own and isinstance(turn.get("content"), str)):
+                words = turn["content"] if turn["content"] != m.content or not m.images else None
+                turn["content"] = _content(m.parts() if m.images else [], words)
         extra = {"tools": tools} if tools else {}
-        text: str = self.processor.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False, **extra
-        )
+        text: str = get_chat_template(self.processor, messages, True, **extra)
         return text
 
     def _plain(self, text: str) -> list[int]:
@@ -347,8 +355,11 @@ def _content(parts: list[tuple[str, str]], words: str | None) -> list[dict[str, 
     whole after them where the turn's text was rewritten, a speaker's name before it say)."""
     images = [{"type": "image"} for kind, _ in parts if kind == "image"]
     if words is not None:
-        return [*images, {"type": "text", "text": words}]
-    return [{"type": "image"} if kind == "image" else {"type": "text", "text": value} for kind, value in parts]
+        return [*images, {"type": "text", "text": words, "content": words}]
+    return [
+        {"type": "image"} if kind == "image" else {"type": "text", "text": value, "content": value}
+        for kind, value in parts
+    ]
 
 
 def _image(data: bytes) -> Any:
