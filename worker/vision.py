@@ -206,7 +206,7 @@ class VisionEngine(Engine):
             if m.images or (own and isinstance(turn.get("content"), str)):
                 words = turn["content"] if turn["content"] != m.content or not m.images else None
                 turn["content"] = _content(m.parts() if m.images else [], words)
-        extra = {"tools": tools} if tools else {}
+        extra: dict[str, Any] = {"tools": tools} if tools else {}
         text: str = get_chat_template(self.processor, messages, True, **extra)
         return text
 

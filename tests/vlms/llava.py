@@ -21,8 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from tests.tiny_kinds import parameters, save_weights, seeded, write_json
-from tests.tiny_vision import DEMO_IDS, END, PAD, _added_ids, _model_config, _torch_conv, _write_generation_config
-from tests.tiny_vision import _write_tokenizer
+from tests.tiny_vision import (
+    DEMO_IDS,
+    END,
+    PAD,
+    _added_ids,
+    _model_config,
+    _torch_conv,
+    _write_generation_config,
+    _write_tokenizer,
+)
 
 TOKENS = ["<image>"]
 IDS = _added_ids(TOKENS)

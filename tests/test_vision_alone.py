@@ -1,0 +1,79 @@
+"""Vision models whose images are not one embedding per prompt id, or whose prompt mlx-vlm renders its own way
+(issue 61): each answer is mlx-vlm's own (`mlx_vlm.stream_generate`, greedy, that prompt alone), token for token,
+while three image prompts of different lengths and a text prompt run at once in one VisionEngine batch.
+
+- `llava_next` expands: its `get_input_embeddings` gives more embeddings than its prompt's ids. Before, the batch
+  took one embedding per id and answered from another sequence; its keyed prompt now holds as many positions as its
+  embeddings (worker/vision_reading.py), and a prompt whose embeddings cannot line up with its tokens fails alone,
+  as an invalid prompt.
+- A conversation without images is rendered and tokenized as mlx-vlm does (its BOS was missing before).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tasks.errors import InvalidPrompt
+from tests.vision_batch import ASKS, TEXT, load, reference, together
+from tests.vlms.llava import ARCHS as LLAVA
+from worker.vision_reading import Mismatch, span_of
+
+pytestmark = pytest.mark.timeout(300)
+
+MAX_TOKENS = 10
+ARCHS = {**LLAVA}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("alone")
+    for arch, build in ARCHS.items():
+        build(root / arch)
+    return {arch: root / arch for arch in ARCHS}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_three_image_prompts_and_a_text_prompt_at_once_answer_as_mlx_vlm_alone(arch: str, folders: Any) -> None:
+    import mlx_vlm
+
+    # Given the model served by onelane, and mlx-vlm's own load of the same folder
+    engine = load(folders[arch], arch, max_batch=4)
+    vlm, processor = mlx_vlm.load(str(folders[arch]))
+    asks = [*ASKS, TEXT]
+    # When three image questions of different lengths and a text one are inserted together into one batch
+    got = together(engine, asks, MAX_TOKENS)
+    # Then each answer is mlx-vlm's for that prompt alone
+    expected = [reference(vlm, processor, ask, MAX_TOKENS) for ask in asks]
+    assert got == expected
+
+
+def test_an_expanding_model_keys_as_many_positions_as_its_embeddings(folders: Any) -> None:
+    from tests.vision_batch import spec
+
+    engine = load(folders["llava_next"], "llava_next")
+    assert engine.expands and not engine.by_image
+    job, images = spec("llava_next", ASKS[0], 4)
+    prompt = engine.prompt_tokens(job, images)
+    embeds, ids = engine.embeddings(prompt, 0)
+    assert embeds is not None and ids is not None
+    while (read := embeds()) is None:
+        pass
+    # every position of the keyed prompt but its last has its embedding (the last is read as the first decode row)
+    assert read.shape[0] == len(ids) - 1 == len(prompt) - 1
+    # a prompt measured again keys the same (the prefix cache finds it), and the marks find its image
+    assert engine.prompt_tokens(job, images) == prompt
+    assert [d for _, d in engine.marks(prompt)] == list(images)
+
+
+def test_embeddings_that_cannot_line_up_with_the_prompt_fail_its_job_as_an_invalid_prompt() -> None:
+    # a prompt of 3 text tokens, 4 image tokens and 2 text tokens, whose model would give 4 embeddings in all
+    ids = [5, 6, 7, 99, 99, 99, 99, 8, 9]
+    assert span_of(ids, 99, 12).length == 7  # (12 embeddings: the 4 image tokens stand as 7 positions)
+    with pytest.raises(Mismatch, match="do not line up with its 9 tokens") as failed:
+        span_of(ids, 99, 4)
+    assert isinstance(failed.value, InvalidPrompt) and failed.value.type == "invalid_prompt"
+    with pytest.raises(Mismatch, match="no image token"):
+        span_of([5, 6], 99, 2)
