@@ -6,6 +6,8 @@ while three image prompts of different lengths and a text prompt run at once in 
   took one embedding per id and answered from another sequence; its keyed prompt now holds as many positions as its
   embeddings (worker/vision_reading.py), and a prompt whose embeddings cannot line up with its tokens fails alone,
   as an invalid prompt.
+- `paligemma` reads its prefix (the image, BOS, the question) with bidirectional attention, in one pass in mlx-vlm:
+  the batch reads its image prompt so too (it read it causally in chunks before), then decodes it as any other.
 - A conversation without images is rendered and tokenized as mlx-vlm does (its BOS was missing before).
 """
 
@@ -19,12 +21,14 @@ import pytest
 from tasks.errors import InvalidPrompt
 from tests.vision_batch import ASKS, TEXT, load, reference, together
 from tests.vlms.llava import ARCHS as LLAVA
+from tests.vlms.paligemma import ARCHS as PALIGEMMA
 from worker.vision_reading import Mismatch, span_of
 
 pytestmark = pytest.mark.timeout(300)
 
 MAX_TOKENS = 10
-ARCHS = {**LLAVA}
+ARCHS = {**LLAVA, **PALIGEMMA}
+IMAGES_ONLY = {"paligemma"}  # (its processor refuses a prompt without an image: mlx-vlm has no text answer)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +46,7 @@ def test_three_image_prompts_and_a_text_prompt_at_once_answer_as_mlx_vlm_alone(a
     # Given the model served by onelane, and mlx-vlm's own load of the same folder
     engine = load(folders[arch], arch, max_batch=4)
     vlm, processor = mlx_vlm.load(str(folders[arch]))
-    asks = [*ASKS, TEXT]
+    asks = [*ASKS] if arch in IMAGES_ONLY else [*ASKS, TEXT]
     # When three image questions of different lengths and a text one are inserted together into one batch
     got = together(engine, asks, MAX_TOKENS)
     # Then each answer is mlx-vlm's for that prompt alone
@@ -77,3 +81,16 @@ def test_embeddings_that_cannot_line_up_with_the_prompt_fail_its_job_as_an_inval
     assert isinstance(failed.value, InvalidPrompt) and failed.value.type == "invalid_prompt"
     with pytest.raises(Mismatch, match="no image token"):
         span_of([5, 6], 99, 2)
+
+
+def test_a_prefix_lm_reads_its_image_prompt_whole_and_shares_no_cached_part_of_it(folders: Any) -> None:
+    from tests.vision_batch import spec
+
+    engine = load(folders["paligemma"], "paligemma")
+    assert engine.prefix_lm and engine._batch.whole_prompts
+    job, images = spec("paligemma", ASKS[0], 4)
+    prompt = engine.prompt_tokens(job, images)
+    # its image's mark, and one at its start that no other prompt's matches (its state depends on its whole prefix)
+    first, again = engine.marks(prompt), engine.marks(prompt)
+    assert first[1:] == again[1:] and first[1][1] in images
+    assert first[0][0] == 0 and first[0] != again[0]

@@ -39,10 +39,11 @@ from tasks.errors import InvalidPrompt
 from tasks.job import JobSpec, Message, Picture
 from worker.batch.dtypes import with_dtype
 from worker.batch.engine import Engine, Images
+from worker.batch.forward import ContinuousBatch
 from worker.batch.rows import Embeds
 from worker.unsupported import Unsupported
-from worker.vision_prep import KEPT, Preparer, placeholder
-from worker.vision_reading import Mismatch, Span, embeddings_length, expanded, model_ids, span_of
+from worker.vision_prep import KEPT, PrepareFailed, Preparer, placeholder
+from worker.vision_reading import Mismatch, Span, embeddings_length, expanded, model_ids, prefix_lm, span_of
 from worker.vision_tower import Arrays, Reading, Unreadable, by_image, by_image_agrees, splits, whole
 
 logger = logging.getLogger(__name__)
@@ -96,6 +97,9 @@ class VisionEngine(Engine):
         self._digests: OrderedDict[tuple[int, ...], tuple[str, ...]] = OrderedDict()
         self.by_image = False  # its images read one a step (worker/vision_tower.py): checked as it loads
         self.expands = False  # its embeddings outnumber its prompt's ids (worker/vision_reading.py): found as it loads
+        self.prefix_lm = prefix_lm(vlm)  # it reads an image prompt's prefix both ways, in one pass (PaliGemma)
+        self.reset()  # (its batch knows it)
+        self._whole = 0  # (its image prompts' own marks)
         self._spans: OrderedDict[tuple[int, ...], Span] = OrderedDict()  # an expanding model's, by the tags
         self._lengths: OrderedDict[tuple[tuple[str, ...], tuple[int, ...]], int] = OrderedDict()  # its embeddings'
         self.images_read = 0  # images its vision tower read (a prefix-cache hit reads none)
@@ -138,8 +142,9 @@ class VisionEngine(Engine):
         return engine
 
     def probe(self) -> None:
-        """Two images read as it loads: a model whose images the batch cannot read fails its load, saying why; one
-        whose images read alone give the embeddings they give together is read one image a step."""
+        """Two images read as it loads (one, for a model whose processor takes one image a prompt, as PaliGemma's): a
+        model whose images the batch cannot read fails its load, saying why; one whose images read alone give the
+        embeddings they give together is read one image a step; one whose embeddings outnumber its ids expands."""
         from PIL import Image
 
         images = {}
@@ -147,9 +152,11 @@ class VisionEngine(Engine):
             out = io.BytesIO()
             Image.new("RGB", (32, 32), color).save(out, "PNG")
             images[str(n) * 64] = out.getvalue()
-        pictures = tuple(Picture(digest=d, at=0) for d in images)
-        spec = JobSpec(owner="", model=self.name, messages=(Message(role="user", content="?", images=pictures),))
-        prompt = self.prompt_tokens(spec, images)
+        try:
+            prompt = self.prompt_tokens(_asking(self.name, images), images)
+        except PrepareFailed:
+            one = dict(list(images.items())[:1])
+            prompt = self.prompt_tokens(_asking(self.name, one), one)
         ids, kept, count = self._inputs(prompt)
         length = embeddings_length(self.vlm, ids, kept)
         self.expands = length != len(ids)
@@ -159,11 +166,17 @@ class VisionEngine(Engine):
         self.by_image = not self.expands and by_image_agrees(self.vlm, self.image_token, ids, kept, count)
         self.images_read = 0
         logger.info(
-            "model %s reads %s%s",
+            "model %s reads %s%s%s",
             self.name,
             "one image a step" if self.by_image else "a prompt's images at once",
             "; its images give more embeddings than their tokens: its prompts hold as many" if self.expands else "",
+            "; its image prompts whole, in one pass (a prefix read both ways)" if self.prefix_lm else "",
         )
+
+    def _new_batch(self) -> ContinuousBatch:
+        batch = super()._new_batch()
+        batch.whole_prompts = getattr(self, "prefix_lm", False)  # (the first batch is made before it is known)
+        return batch
 
     def prompt_tokens(
         self, spec: JobSpec, images: Images = None, *, wait: bool = True, reach: Reach = None
@@ -223,13 +236,19 @@ class VisionEngine(Engine):
         self.prep.close()
 
     def marks(self, tokens: list[int]) -> tuple[tuple[int, str], ...]:
-        """The full digests of a keyed prompt's images, where each starts."""
+        """The full digests of a keyed prompt's images, where each starts. A prefix-LM's image prompt is read whole
+        (each token's state depends on every other's of its prefix): a mark of its own at its start, which no other
+        matches, keeps its cached state from any other prompt (worker/prefix_index.py `within`)."""
         at = [i for i, t in enumerate(tokens) if t >= self.vocab]
         digests = self._digests.get(tuple(tokens[i] for i in at)) if at else None
         if not digests:
             return ()
         each = len(at) // len(digests)
-        return tuple((at[n * each], d) for n, d in enumerate(digests))
+        marks = tuple((at[n * each], d) for n, d in enumerate(digests))
+        if self.prefix_lm:
+            self._whole += 1
+            return ((0, f"read whole {self._whole}"), *marks)
+        return marks
 
     def embeddings(self, prompt: list[int], cached: int) -> tuple[Embeds | None, list[int] | None]:
         """The prompt's input embeddings past its first `cached` tokens, but its last, read when first needed, between
@@ -276,7 +295,7 @@ class VisionEngine(Engine):
                     "read this prompt with its images"
                 )
             self.images_read += images
-            embeds = out[cached:-1]
+            embeds = out[cached:] if self.prefix_lm else out[cached:-1]
             mx.eval(embeds)
             return embeds
 
@@ -338,6 +357,12 @@ class VisionEngine(Engine):
         while len(self._digests) > KEPT * 16:
             gone, _ = self._digests.popitem(last=False)
             self._spans.pop(gone, None)
+
+
+def _asking(name: str, images: dict[str, bytes]) -> JobSpec:
+    """A question about these images (the probe's)."""
+    pictures = tuple(Picture(digest=d, at=0) for d in images)
+    return JobSpec(owner="", model=name, messages=(Message(role="user", content="?", images=pictures),))
 
 
 def _last_image(keyed: list[int], vocab: int) -> int:

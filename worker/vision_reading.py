@@ -80,3 +80,15 @@ def model_ids(keyed: list[int], span: Span, vocab: int) -> list[int]:
     """A keyed prompt's ids as the model's `get_input_embeddings` reads them (its span of images its own again)."""
     first = next(i for i, t in enumerate(keyed) if t >= vocab)
     return [*keyed[:first], *span.ids, *keyed[first + span.length :]]
+
+
+def prefix_lm(vlm: Any) -> bool:
+    """Whether the model reads a prompt's prefix with bidirectional attention, so that mlx-vlm reads the whole prompt
+    in one pass (its model's `chunked_prefill_policy` says not to chunk: PaliGemma). The batch reads such a model's
+    image prompt so too, its last token included (worker/batch/prefill.py `_see`); decoding is causal as ever."""
+    policy = getattr(vlm, "chunked_prefill_policy", None)
+    if not callable(policy):
+        return False
+    return not policy(
+        input_ids=None, inputs_embeds=None, prompt_cache=None, draft_model=None, draft_kind=None, prefill_kwargs=None
+    )

@@ -31,7 +31,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from mlx_lm.utils import maybe_set_recommended_wired_limit
 
 from worker.batch.rows import Batching, Counters, Row
@@ -55,6 +55,7 @@ class Prefilling:
         self.decode_floor = decode_floor  # tokens/s the decode rows keep while prompts are read (0: no floor)
         self.chunk = prefill_step  # a reader's chunk while rows decode (fitted to the floor after each such step)
         self.prefill_batch = 1 if batching == "alone" else prefill_batch
+        self.whole_prompts = False  # an image prompt reads in one pass, its last token too (a prefix-LM: PaliGemma)
         self.work = Counters()
         self.padded_prefill = 0  # the last step's prompt tokens, padded to its longest chunk
         self._uids = 0
@@ -122,9 +123,12 @@ class Prefilling:
                 return 0
             row.embeds = embeds
         assert row.embeds is not None and row.ids is not None and row.cache is not None
-        n = min(cap, len(row.unread) - 1)
+        n = len(row.unread) - 1 if self.whole_prompts else min(cap, len(row.unread) - 1)
         if n > 0:
-            self.model(mx.array([row.ids[:n]]), cache=row.cache, inputs_embeds=row.embeds[None, :n])
+            read = n + 1 if self.whole_prompts else n
+            self.model(mx.array([row.ids[:read]]), cache=row.cache, inputs_embeds=row.embeds[None, :read])
+            if self.whole_prompts:  # (its last token's KV goes: its decode row reads it again, seeing the same prefix)
+                trim_prompt_cache(row.cache, 1)
             mx.eval([c.state for c in row.cache])
             mx.clear_cache()
             row.tokens += row.unread[:n]
