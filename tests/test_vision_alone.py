@@ -8,6 +8,8 @@ while three image prompts of different lengths and a text prompt run at once in 
   as an invalid prompt.
 - `paligemma` reads its prefix (the image, BOS, the question) with bidirectional attention, in one pass in mlx-vlm:
   the batch reads its image prompt so too (it read it causally in chunks before), then decodes it as any other.
+- `internvl_chat` is rendered with its processor's own template (`User: …`, `Assistant:`), as mlx-vlm renders it,
+  not its tokenizer's (ChatML), a conversation without images too.
 - A conversation without images is rendered and tokenized as mlx-vlm does (its BOS was missing before).
 """
 
@@ -20,6 +22,7 @@ import pytest
 
 from tasks.errors import InvalidPrompt
 from tests.vision_batch import ASKS, TEXT, load, reference, together
+from tests.vlms.internvl import ARCHS as INTERNVL
 from tests.vlms.llava import ARCHS as LLAVA
 from tests.vlms.paligemma import ARCHS as PALIGEMMA
 from worker.vision_reading import Mismatch, span_of
@@ -27,7 +30,7 @@ from worker.vision_reading import Mismatch, span_of
 pytestmark = pytest.mark.timeout(300)
 
 MAX_TOKENS = 10
-ARCHS = {**LLAVA, **PALIGEMMA}
+ARCHS = {**LLAVA, **PALIGEMMA, **INTERNVL}
 IMAGES_ONLY = {"paligemma"}  # (its processor refuses a prompt without an image: mlx-vlm has no text answer)
 
 

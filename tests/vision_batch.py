@@ -87,7 +87,7 @@ def reference(vlm: Any, processor: Any, ask: Ask, max_tokens: int) -> list[int]:
     from mlx_vlm.prompt_utils import get_chat_template
 
     images = [Image.open(io.BytesIO(ask.image)).convert("RGB")] if ask.image else []
-    content = [*({"type": "image"} for _ in images), {"type": "text", "text": ask.text}]
+    content = [*({"type": "image"} for _ in images), {"type": "text", "text": ask.text, "content": ask.text}]
     prompt = get_chat_template(processor, [{"role": "user", "content": content}], True)
     tokens: list[int] = []
     for out in mlx_vlm.stream_generate(vlm, processor, prompt, image=images or None, max_tokens=max_tokens,
