@@ -8,6 +8,9 @@ while three image prompts of different lengths and a text prompt run at once in 
   as an invalid prompt.
 - `paligemma` reads its prefix (the image, BOS, the question) with bidirectional attention, in one pass in mlx-vlm:
   the batch reads its image prompt so too (it read it causally in chunks before), then decodes it as any other.
+- `mllama` (Llama 3.2 Vision) reads its image through cross-attention: its states (and, for the prompt, its
+  masks) go to every forward pass, the decode steps too. It was refused at load; its image jobs now run alone in
+  the lane (the batch drains, the job runs, the batch resumes), their inputs passed at every step.
 - `internvl_chat` is rendered with its processor's own template (`User: …`, `Assistant:`), as mlx-vlm renders it,
   not its tokenizer's (ChatML), a conversation without images too.
 - A conversation without images is rendered and tokenized as mlx-vlm does (its BOS was missing before).
@@ -24,13 +27,14 @@ from tasks.errors import InvalidPrompt
 from tests.vision_batch import ASKS, TEXT, load, reference, together
 from tests.vlms.internvl import ARCHS as INTERNVL
 from tests.vlms.llava import ARCHS as LLAVA
+from tests.vlms.mllama import ARCHS as MLLAMA
 from tests.vlms.paligemma import ARCHS as PALIGEMMA
 from worker.vision_reading import Mismatch, span_of
 
 pytestmark = pytest.mark.timeout(300)
 
 MAX_TOKENS = 10
-ARCHS = {**LLAVA, **PALIGEMMA, **INTERNVL}
+ARCHS = {**LLAVA, **PALIGEMMA, **INTERNVL, **MLLAMA}
 IMAGES_ONLY = {"paligemma"}  # (its processor refuses a prompt without an image: mlx-vlm has no text answer)
 
 
@@ -97,3 +101,21 @@ def test_a_prefix_lm_reads_its_image_prompt_whole_and_shares_no_cached_part_of_i
     first, again = engine.marks(prompt), engine.marks(prompt)
     assert first[1:] == again[1:] and first[1][1] in images
     assert first[0][0] == 0 and first[0] != again[0]
+
+
+def test_a_cross_attention_models_image_jobs_run_alone_and_say_so(folders: Any) -> None:
+    from tests.vision_batch import spec
+
+    engine = load(folders["mllama"], "mllama", max_batch=4)
+    assert (engine.images, engine.images_alone, engine.by_image) == ("alone", True, False)
+    prompts = []
+    for ask in [ASKS[0], TEXT, ASKS[1]]:
+        job, images = spec("mllama", ask, 3)
+        prompts.append(engine.prompt_tokens(job, images))
+        engine.insert(prompts[-1], job.params)
+    assert [engine.runs_alone(p) for p in prompts] == [True, False, True]
+    # whatever else is in the batch, a sequence alone decodes with nothing beside it
+    batch = engine._batch
+    while engine.size:
+        engine.step()
+        assert not any(r.alone for r in batch._rows) or len(batch._rows) == 1

@@ -40,11 +40,22 @@ from tasks.job import JobSpec, Message, Picture
 from worker.batch.dtypes import with_dtype
 from worker.batch.engine import Engine, Images
 from worker.batch.forward import ContinuousBatch
-from worker.batch.rows import Embeds
+from worker.batch.rows import Beside, Embeds
 from worker.unsupported import Unsupported
 from worker.vision_prep import KEPT, PrepareFailed, Preparer, placeholder
-from worker.vision_reading import Mismatch, Span, embeddings_length, expanded, model_ids, prefix_lm, span_of
-from worker.vision_tower import Arrays, Reading, Unreadable, by_image, by_image_agrees, splits, whole
+from worker.vision_reading import (
+    Mismatch,
+    Span,
+    beside,
+    embeddings_length,
+    expanded,
+    for_ids,
+    model_ids,
+    prefix_lm,
+    span_of,
+    with_extras,
+)
+from worker.vision_tower import Arrays, Unreadable, by_image, by_image_agrees, splits, whole
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +75,11 @@ class TextModel(nn.Module):
         super().__init__()  # type: ignore[no-untyped-call]  # (mlx's Module.__init__ is unannotated)
         self.vlm = vlm
 
-    def __call__(self, inputs: mx.array, cache: Any = None, inputs_embeds: mx.array | None = None) -> mx.array:
-        out = self.vlm.language_model(inputs, inputs_embeds=inputs_embeds, cache=cache)
+    def __call__(
+        self, inputs: mx.array, cache: Any = None, inputs_embeds: mx.array | None = None, **beside: mx.array
+    ) -> mx.array:
+        """(`beside`: what a sequence alone's passes take beside its embeddings: worker/batch/rows.py `Beside`.)"""
+        out = self.vlm.language_model(inputs, inputs_embeds=inputs_embeds, cache=cache, **beside)
         return getattr(out, "logits", out)  # type: ignore[no-any-return]  # (mlx-vlm's language models are untyped)
 
     @property
@@ -98,6 +112,7 @@ class VisionEngine(Engine):
         self.by_image = False  # its images read one a step (worker/vision_tower.py): checked as it loads
         self.expands = False  # its embeddings outnumber its prompt's ids (worker/vision_reading.py): found as it loads
         self.prefix_lm = prefix_lm(vlm)  # it reads an image prompt's prefix both ways, in one pass (PaliGemma)
+        self.images_alone = False  # its images come with inputs to every step: its image jobs run alone (probe)
         self.reset()  # (its batch knows it)
         self._whole = 0  # (its image prompts' own marks)
         self._spans: OrderedDict[tuple[int, ...], Span] = OrderedDict()  # an expanding model's, by the tags
@@ -158,17 +173,25 @@ class VisionEngine(Engine):
             one = dict(list(images.items())[:1])
             prompt = self.prompt_tokens(_asking(self.name, one), one)
         ids, kept, count = self._inputs(prompt)
-        length = embeddings_length(self.vlm, ids, kept)
+        try:
+            embeds, extras = with_extras(self.vlm, ids, for_ids(kept, ids, self.image_token))
+        except Unreadable as exc:
+            raise _unsupported(exc) from None
+        self.images_alone = bool(extras)
+        length = int(embeds.shape[0])
         self.expands = length != len(ids)
         reading = self._reading(ids, kept, 0, count, length)
         while reading() is None:
             pass
-        self.by_image = not self.expands and by_image_agrees(self.vlm, self.image_token, ids, kept, count)
+        self.by_image = not (self.expands or self.images_alone) and by_image_agrees(
+            self.vlm, self.image_token, ids, kept, count
+        )
         self.images_read = 0
         logger.info(
-            "model %s reads %s%s%s",
+            "model %s reads %s%s%s%s",
             self.name,
             "one image a step" if self.by_image else "a prompt's images at once",
+            "; its image jobs run alone (their images go to every step)" if self.images_alone else "",
             "; its images give more embeddings than their tokens: its prompts hold as many" if self.expands else "",
             "; its image prompts whole, in one pass (a prefix read both ways)" if self.prefix_lm else "",
         )
@@ -250,6 +273,17 @@ class VisionEngine(Engine):
             return ((0, f"read whole {self._whole}"), *marks)
         return marks
 
+    @property
+    def images(self) -> str:
+        """How its image prompts run, found as it loads: `alone` (its images go to every step: Llama 3.2 Vision),
+        `whole` (read in one pass, a prefix both ways: PaliGemma), else `batched` (beside the others)."""
+        return "alone" if self.images_alone else "whole" if self.prefix_lm else "batched"
+
+    def runs_alone(self, prompt: list[int]) -> bool:
+        """Whether the prompt is an image prompt of a model whose images go to every step (Llama 3.2 Vision's
+        cross-attention states): it runs alone, its text jobs batch."""
+        return self.images_alone and any(t >= self.vocab for t in prompt)
+
     def embeddings(self, prompt: list[int], cached: int) -> tuple[Embeds | None, list[int] | None]:
         """The prompt's input embeddings past its first `cached` tokens, but its last, read when first needed, between
         two of the batch's steps, image by image where the model allows (worker/vision_tower.py); and their ids."""
@@ -271,22 +305,26 @@ class VisionEngine(Engine):
             return model_ids(prompt, span, self.vocab), arrays, len(digests)
         return [self.image_token if t >= self.vocab else t for t in prompt], arrays, len(digests)
 
-    def _reading(self, ids: list[int], kept: Arrays, cached: int, images: int, length: int) -> Reading:
+    def _reading(self, ids: list[int], kept: Arrays, cached: int, images: int, length: int) -> Embeds:
         """The vision tower's pass, a part a call (one image, or all at once), then the embeddings past `cached`
         of a prompt `length` long (`Mismatch` if they are not as many)."""
+        extras: dict[str, mx.array] = {}
         if self.by_image and splits(kept, images):
             read = by_image(self.vlm, self.image_token, ids, kept, images)
+        elif self.images_alone:
+
+            def read() -> mx.array:
+                out, extras_ = with_extras(self.vlm, ids, for_ids(kept, ids, self.image_token))
+                extras.update(extras_)
+                return out
         else:
             read = lambda: whole(self.vlm, ids, kept)  # noqa: E731
 
-        def step() -> mx.array | None:
+        def step() -> mx.array | tuple[mx.array, Beside] | None:
             try:
                 out = read()
             except Unreadable as exc:
-                raise VisionUnsupported(
-                    f"its images come with {exc} beside their embeddings (positions or states that depend on the "
-                    "image): onelane's batch does not read such a model's images yet"
-                ) from None
+                raise _unsupported(exc) from None
             if out is None:
                 return None
             if out.shape[0] != length:
@@ -296,8 +334,8 @@ class VisionEngine(Engine):
                 )
             self.images_read += images
             embeds = out[cached:] if self.prefix_lm else out[cached:-1]
-            mx.eval(embeds)
-            return embeds
+            mx.eval(embeds, extras)
+            return (embeds, beside(extras)) if extras else embeds
 
         return step
 
@@ -357,6 +395,13 @@ class VisionEngine(Engine):
         while len(self._digests) > KEPT * 16:
             gone, _ = self._digests.popitem(last=False)
             self._spans.pop(gone, None)
+
+
+def _unsupported(exc: Unreadable) -> VisionUnsupported:
+    return VisionUnsupported(
+        f"its images come with {exc} beside their embeddings (positions or states that depend on the image): "
+        "onelane's batch does not read such a model's images yet"
+    )
 
 
 def _asking(name: str, images: dict[str, bytes]) -> JobSpec:

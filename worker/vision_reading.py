@@ -22,7 +22,8 @@ from typing import Any
 import mlx.core as mx
 
 from tasks.errors import InvalidPrompt
-from worker.vision_tower import Arrays
+from worker.batch.rows import Beside
+from worker.vision_tower import READ, Arrays, Unreadable
 
 
 class Mismatch(InvalidPrompt):
@@ -42,12 +43,27 @@ class Span:
 def embeddings_length(vlm: Any, ids: list[int], kept: Arrays) -> int:
     """How many input embeddings mlx-vlm's `get_input_embeddings` gives for these ids and arrays: the shape of its
     computation, not computed."""
+    return int(_embedded(vlm, ids, kept).inputs_embeds.shape[1])
+
+
+def with_extras(vlm: Any, ids: list[int], kept: Arrays) -> tuple[mx.array, dict[str, mx.array]]:
+    """The prompt's input embeddings, its images read in one call, and what the model gives beside them (`ALONGSIDE`);
+    `Unreadable` names anything else it gives (positions that depend on the image, say)."""
+    out = _embedded(vlm, ids, kept)
+    extras = {k: v for k, v in out.to_dict().items() if v is not None and k not in READ}
+    unknown = [k for k in extras if k not in ALONGSIDE]
+    if unknown:
+        raise Unreadable(", ".join(unknown))
+    return out.inputs_embeds[0], extras
+
+
+def _embedded(vlm: Any, ids: list[int], kept: Arrays) -> Any:
+    """mlx-vlm's `get_input_embeddings` of the ids and the images' arrays (as its generate calls it)."""
     arrays = {k: mx.array(v).astype(getattr(mx, dtype)) if dtype else mx.array(v) for k, (v, dtype) in kept.items()}
     rest = {k: v for k, v in arrays.items() if k != "pixel_values"}
-    out = vlm.get_input_embeddings(
+    return vlm.get_input_embeddings(
         mx.array([ids]), arrays.get("pixel_values"), mask=mx.ones((1, len(ids)), dtype=mx.int32), **rest
     )
-    return int(out.inputs_embeds.shape[1])
 
 
 def span_of(ids: list[int], image_token: int, length: int) -> Span:
@@ -92,3 +108,35 @@ def prefix_lm(vlm: Any) -> bool:
     return not policy(
         input_ids=None, inputs_embeds=None, prompt_cache=None, draft_model=None, draft_kind=None, prefill_kwargs=None
     )
+
+
+#: what a model may give beside its embeddings that the batch passes to its language model, at each read of the
+#: prompt and at the first decode step (Llama 3.2 Vision's cross-attention states and masks); such a model's image
+#: jobs run alone in the lane (nothing else decodes beside them: the inputs are one sequence's)
+ALONGSIDE = ("cross_attention_states", "cross_attention_mask", "full_text_row_masked_out_mask")
+#: of those, what goes to every later decode step too (as mlx-vlm's generate_step passes them)
+EVERY_STEP = ("cross_attention_states",)
+
+
+def beside(extras: dict[str, mx.array]) -> Beside:
+    """The inputs `get_input_embeddings` gave beside the embeddings, as the batch passes them."""
+    return Beside(prompt=dict(extras), step={k: v for k, v in extras.items() if k in EVERY_STEP})
+
+
+def for_ids(kept: Arrays, ids: list[int], image_token: int) -> Arrays:
+    """The prepared arrays of a prompt's images for these ids: an array of the prompt's text (Llama 3.2 Vision's
+    `cross_attention_mask`, a row per token) is written again for them, as its processor writes it (the arrays are
+    kept by the images: another prompt's, of another length, may have made them)."""
+    if "cross_attention_mask" not in kept:
+        return kept
+    from mlx_vlm.models.mllama.processing_mllama import (
+        convert_sparse_cross_attention_mask_to_dense,
+        get_cross_attention_token_mask,
+    )
+
+    mask, dtype = kept["cross_attention_mask"]
+    tiles = (mask.max(axis=1) > 0).sum(axis=-1).tolist()  # each image's tiles (a row that sees it sees them all)
+    dense = convert_sparse_cross_attention_mask_to_dense(
+        [get_cross_attention_token_mask(ids, image_token)], tiles, mask.shape[-1], len(ids)
+    )
+    return {**kept, "cross_attention_mask": (dense.astype(mask.dtype), dtype)}
