@@ -14,6 +14,10 @@ while three image prompts of different lengths and a text prompt run at once in 
 - `internvl_chat` is rendered with its processor's own template (`User: …`, `Assistant:`), as mlx-vlm renders it,
   not its tokenizer's (ChatML), a conversation without images too.
 - A conversation without images is rendered and tokenized as mlx-vlm does (its BOS was missing before).
+
+On the code before (943be52) the first test fails for each: llava_next and paligemma fail to load (the probe's two
+images: `[broadcast_shapes]`, and PaliGemma's processor takes one image a prompt), mllama is refused at load
+(cross_attention_states …), internvl_chat answers all four prompts otherwise than mlx-vlm.
 """
 
 from __future__ import annotations
