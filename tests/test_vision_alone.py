@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from tasks.errors import InvalidPrompt
-from tests.vision_batch import ASKS, TEXT, load, reference, together
+from tests.vision_batch import ASKS, TEXT, Ask, load, png, reference, together
 from tests.vlms.internvl import ARCHS as INTERNVL
 from tests.vlms.llava import ARCHS as LLAVA
 from tests.vlms.mllama import ARCHS as MLLAMA
@@ -40,6 +40,10 @@ pytestmark = pytest.mark.timeout(300)
 MAX_TOKENS = 10
 ARCHS = {**LLAVA, **PALIGEMMA, **INTERNVL, **MLLAMA}
 IMAGES_ONLY = {"paligemma"}  # (its processor refuses a prompt without an image: mlx-vlm has no text answer)
+# mlx-vlm's Llama 3.2 Vision reads a prompt without an image through its cross-attention layers too, on keys made of
+# the chunk's own queries: its answer depends on how the prompt is chunked (mlx-vlm reads 2,048 tokens a chunk), so
+# it is compared read in one chunk (the worker reads ONELANE_PREFILL_STEP tokens a chunk when nothing else runs)
+TEXT_WHOLE = {"mllama"}
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +61,18 @@ def test_three_image_prompts_and_a_text_prompt_at_once_answer_as_mlx_vlm_alone(a
     # Given the model served by onelane, and mlx-vlm's own load of the same folder
     engine = load(folders[arch], arch, max_batch=4)
     vlm, processor = mlx_vlm.load(str(folders[arch]))
-    asks = [*ASKS] if arch in IMAGES_ONLY else [*ASKS, TEXT]
+    asks = [*ASKS] if arch in IMAGES_ONLY | TEXT_WHOLE else [*ASKS, TEXT]
     # When three image questions of different lengths and a text one are inserted together into one batch
     got = together(engine, asks, MAX_TOKENS)
     # Then each answer is mlx-vlm's for that prompt alone
     expected = [reference(vlm, processor, ask, MAX_TOKENS) for ask in asks]
     assert got == expected
+    if arch in TEXT_WHOLE:
+        engine.configure(4, 512)
+        assert together(engine, [TEXT], MAX_TOKENS) == [reference(vlm, processor, TEXT, MAX_TOKENS)]
+    # (and the model reads its image: the same question about another image is answered otherwise)
+    other = Ask(ASKS[0].text, png("blue"))
+    assert reference(vlm, processor, other, MAX_TOKENS) != expected[0]
 
 
 def test_an_expanding_model_keys_as_many_positions_as_its_embeddings(folders: Any) -> None:
@@ -123,3 +133,31 @@ def test_a_cross_attention_models_image_jobs_run_alone_and_say_so(folders: Any) 
     while engine.size:
         engine.step()
         assert not any(r.alone for r in batch._rows) or len(batch._rows) == 1
+
+
+def test_a_cross_attention_models_image_prompt_read_from_its_cache_still_sees_its_image(folders: Any) -> None:
+    from mlx_lm.models.cache import trim_prompt_cache
+
+    from tests.vision_batch import spec
+
+    engine = load(folders["mllama"], "mllama")
+    job, images = spec("mllama", ASKS[2], 6)
+    prompt = engine.prompt_tokens(job, images)
+
+    def answer(cache: Any = None, cached: int = 0) -> tuple[list[int], Any]:
+        uid, out, kv = engine.insert(prompt, job.params, cache=cache, cached=cached), [], None
+        while engine.size:
+            for token in engine.step():
+                assert token.uid == uid
+                out.append(token.token)
+                kv = token.kv or kv
+        return out, kv
+
+    # Given its answer read whole, and the KV state it leaves (its prompt and answer, but the last token)
+    first, kv = answer()
+    assert kv is not None
+    # When it is asked again from that state, cut to all of its prompt but the last token (a prefix-cache hit)
+    trim_prompt_cache(kv.cache, len(kv.tokens) - (len(prompt) - 1))
+    again, _ = answer(kv.cache, len(prompt) - 1)
+    # Then its image is read again for the steps that need it: the same answer
+    assert again == first

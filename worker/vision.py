@@ -219,8 +219,8 @@ class VisionEngine(Engine):
         written = self.prep.written(self._plain(text), self.marker, digests)
         if written is not None and (not self.expands or (digests, tuple(written)) in self._lengths):
             keyed = self._keyed(written, digests)
-            if self.prep.arrays(digests) is not None or (
-                reach is not None and reach(keyed) > _last_image(keyed, self.vocab)
+            if self.prep.arrays(digests) is not None or (  # (a model alone needs its images at every step)
+                reach is not None and not self.images_alone and reach(keyed) > _last_image(keyed, self.vocab)
             ):
                 return keyed
         read = images if callable(images) else lambda: images or {}
@@ -286,8 +286,9 @@ class VisionEngine(Engine):
 
     def embeddings(self, prompt: list[int], cached: int) -> tuple[Embeds | None, list[int] | None]:
         """The prompt's input embeddings past its first `cached` tokens, but its last, read when first needed, between
-        two of the batch's steps, image by image where the model allows (worker/vision_tower.py); and their ids."""
-        if not any(t >= self.vocab for t in prompt[cached:-1]):
+        two of the batch's steps, image by image where the model allows (worker/vision_tower.py); and their ids. A
+        model whose images go to every step reads them whatever its cache holds of the prompt."""
+        if not any(t >= self.vocab for t in (prompt if self.runs_alone(prompt) else prompt[cached:-1])):
             return None, None
         ids, kept, images = self._inputs(prompt)
         batch_ids = [self.image_token if t >= self.vocab else t for t in prompt]

@@ -8,7 +8,8 @@ tower of 28x28 tiles (up to 4 by the image's aspect ratio), 14x14 patches, hidde
 its states 64 wide (the last layer's and one intermediate layer's); a Llama (hidden 64, 3 layers, the middle one
 cross-attention, 4 heads, 2 KV heads). Added tokens: <|start_header_id|> 2048, <|end_header_id|> 2049, <|eot_id|>
 2050 (eos), <|image|> 2051 (image_token_index: the text model's vocab_size, as Llama's 128256 is: it embeds it, and
-never draws it).
+never draws it). mlx-vlm initialises the tanh gates of the cross-attention layers and of the tower's global layers
+and tile embeddings to zero, which would shut the image out: they are 1 here, as a checkpoint's are not zero.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ def build_mllama(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     weights = parameters(seeded(lambda: mllama.Model(_model_config(mllama, CONFIG))))
     weights[CONV] = _torch_conv(weights[CONV])
+    for name in [n for n, w in weights.items() if "gate" in n and w.size == 1]:
+        weights[name] = weights[name] + 1.0  # (mlx-vlm zeroes its tanh gates: a checkpoint's let the image through)
     save_weights(folder, weights)
     write_json(folder / "config.json", CONFIG)
     _write_generation_config(folder, EOS)

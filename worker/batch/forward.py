@@ -84,7 +84,7 @@ class ContinuousBatch(Prefilling):
         uid, self._uids = self._uids, self._uids + 1
         own = cache if cache is not None else make_prompt_cache(self.model, self.max_kv_size)
         row = Row(uid, own, list(cached or []), list(prompt), max_tokens, sampler, tuple(processors), stops)
-        if embeds is not None and len(prompt) > 1:
+        if embeds is not None and (len(prompt) > 1 or alone):
             row.embeds, row.ids, row.alone = embeds, list(ids or prompt), alone
             self._seeing.append(row)
         else:
