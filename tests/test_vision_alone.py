@@ -161,3 +161,48 @@ def test_a_cross_attention_models_image_prompt_read_from_its_cache_still_sees_it
     again, _ = answer(kv.cache, len(prompt) - 1)
     # Then its image is read again for the steps that need it: the same answer
     assert again == first
+
+
+def test_a_sequence_alone_waits_for_the_batch_to_drain_and_none_joins_it_until_it_leaves(folders: Any) -> None:
+    from tasks.job import SamplingParams
+    from tests.vision_batch import spec
+    from worker.batch.forward import ContinuousBatch
+    from worker.batch.rows import Beside
+    from worker.batch.sampling import make_sampler
+
+    # Given a model whose sequences batch, an image prompt marked to run alone, and text prompts around it
+    engine = load(folders["llava_next"], "llava_next")
+    assert engine.batching != "alone"
+    prompts = {}
+    for name, ask in {"before": TEXT, "beside": Ask("Hi"), "image": ASKS[1], "after": Ask("And then?")}.items():
+        job, images = spec("llava_next", ask, 6)
+        prompts[name] = engine.prompt_tokens(job, images)
+
+    def run(names: list[str]) -> tuple[dict[str, list[int]], list[list[str]]]:
+        batch = ContinuousBatch(engine.model, 8, 4, None, engine.batching)
+        uids = {}
+        for name in names:
+            embeds, ids = engine.embeddings(prompts[name], 0)
+            alone = embeds is not None
+            if embeds is not None:
+                reading = embeds
+                embeds = lambda: (lambda out: out if out is None else (out, Beside({}, {})))(reading())  # noqa: E731
+            sampler = make_sampler(SamplingParams(temperature=0.0))
+            uids[batch.insert(prompts[name], 6, sampler, embeds=embeds, ids=ids, alone=alone)] = name
+        out: dict[str, list[int]] = {name: [] for name in names}
+        decoding = []
+        while len(batch):
+            for emitted in batch.step():
+                out[uids[emitted.uid]].append(emitted.token)
+            decoding.append([uids[r.uid] for r in batch._rows])
+        return out, decoding
+
+    # When they are inserted in this order into one batch
+    together, decoding = run(["before", "beside", "image", "after"])
+    # Then the image prompt decodes with nothing beside it: after the two before it left, before the one after joins
+    steps = [i for i, rows in enumerate(decoding) if "image" in rows]
+    assert steps and all(decoding[i] == ["image"] for i in steps)
+    assert not any({"before", "beside"} & set(rows) for rows in decoding[steps[0] :])
+    assert not any("after" in rows for rows in decoding[: steps[-1] + 1])
+    # And each answer is its answer alone
+    assert together == {name: run([name])[0][name] for name in prompts}

@@ -168,8 +168,12 @@ class Prefilling:
         n = min(self.prefill_batch - len(self._reading), len(self._waiting))
         if n <= 0 or (self.batching == "alone" and (self._reading or self._rows or self._seeing)):
             return
-        if self._alone_decoding() or (self._seeing and self._seeing[0].alone):  # (it waits for the batch to drain)
+        if self._alone_decoding():
             return
+        if self._seeing and self._seeing[0].alone:  # it waits for the batch to drain: only those before it join
+            n = sum(1 for r in list(self._waiting)[:n] if r.uid < self._seeing[0].uid)
+            if n <= 0:
+                return
         joining = [self._waiting.popleft() for _ in range(n)]
         merged = self._merge([r.cache or [] for r in joining])
         for r in joining:
