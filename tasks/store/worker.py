@@ -201,8 +201,11 @@ class WorkerStore:
         sec, usec = self.redis.time()
         self._model(name, state="loading", worker=self.worker, loading_at=f"{sec + usec / 1e6:.3f}")
 
-    def model_loaded(self, name: str, load_s: float, size: int, batching: str = "padded") -> None:
-        """`batching`: how its sequences share the batch (worker/batch/prefill.py's Batching)."""
+    def model_loaded(
+        self, name: str, load_s: float, size: int, batching: str = "padded", images: str | None = None
+    ) -> None:
+        """`batching`: how its sequences share the batch (worker/batch/prefill.py's Batching); `images`: how a vision
+        model's image prompts run (worker/vision.py's `images`; None: a text model)."""
         self._model(
             name,
             state="loaded",
@@ -212,6 +215,7 @@ class WorkerStore:
             error="",
             deaths=0,
             batching=batching,
+            images=images or "",
         )
 
     def model_unloaded(self, name: str) -> None:

@@ -16,8 +16,21 @@ from worker.batch.sampling import Sampler
 MIN_CHUNK = 16  # the fewest prompt tokens a reader reads in a step, however far its step runs past the floor
 Processor = Callable[[mx.array, mx.array], mx.array]
 Batching = Literal["padded", "unpadded", "alone"]
-Embeds = Callable[[], mx.array | None]  # a prompt's input embeddings, computed when first read: a part a call (None
-# until the last: its images read one a step, worker/vision_tower.py)
+
+
+@dataclass(frozen=True)
+class Beside:
+    """What a sequence's forward passes take beside its input embeddings (Llama 3.2 Vision's cross-attention states
+    and masks: worker/vision_reading.py): at its prompt's reads and its first decode step (`prompt`), and at every
+    later step (`step`). Such a sequence decodes alone (`Row.alone`)."""
+
+    prompt: dict[str, mx.array]
+    step: dict[str, mx.array]
+
+
+# a prompt's input embeddings (and what its passes take beside them, if anything), computed when first read: a part a
+# call (None until the last: its images read one a step, worker/vision_tower.py)
+Embeds = Callable[[], mx.array | tuple[mx.array, Beside] | None]
 
 
 def unmergeable(model: nn.Module) -> list[str]:
@@ -42,6 +55,8 @@ class Row:
     # as the model knows them (its own `unread` names each image's tokens by the image's digest)
     embeds: mx.array | Embeds | None = None
     ids: list[int] | None = None
+    beside: Beside | None = None  # what its passes take beside its embeddings, once read
+    alone: bool = False  # it decodes with nothing beside it (the batch drains first; none joins until it leaves)
 
 
 @dataclass(frozen=True)

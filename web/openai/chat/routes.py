@@ -76,6 +76,7 @@ def models() -> Response:
     current_owner()
     catalog = services().settings.catalog  # in the order the models file names them
     batching = services().store.readings.batching([m.name for m in catalog])
+    images = services().store.readings.images([m.name for m in catalog])
     data = [
         {
             "id": m.name,
@@ -85,6 +86,7 @@ def models() -> Response:
             "kind": m.kind,
             "vision": m.vision,  # reads images in its prompts
             "batching": batching[m.name] if m.kind == "generate" else None,
+            "images": images[m.name] if m.vision else None,
         }
         for m in catalog
     ]
