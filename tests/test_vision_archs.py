@@ -46,7 +46,7 @@ EXPECTED: dict[str, str] = {
     "fastvlm": "mlx-vlm fails: no tiny config builds",
     "gemma3": "batched equal",
     "gemma4": "refused",  # its per-layer inputs come beside its embeddings
-    "granite_vision": "refused",  # its embeddings outnumber its prompt's ids, as LLaVA-NeXT's
+    "granite_vision": "batched equal",  # its embeddings outnumber its prompt's ids, as LLaVA-NeXT's
     "idefics2": "batched equal",
     "idefics3": "batched equal",
     "kimi_vl": "batched equal",
@@ -59,7 +59,7 @@ EXPECTED: dict[str, str] = {
     "moondream3": "mlx-vlm fails: its processor loads its tokenizer from the hub",
     # its load's probe reads two images in one prompt, which mlx-vlm's processor for it cannot (one answers); then its
     # M-RoPE positions, as Qwen2-VL's
-    "paddleocr_vl": "refused",
+    "paddleocr_vl": "alone equal",
     "phi3_v": "mlx-vlm fails: no tiny config builds",
     "pixtral": "batched equal",
     "smolvlm": "batched equal",
@@ -73,10 +73,10 @@ EXPECTED |= {
     "qwen3_vl_moe": "refused",
     "qwen3_5": "refused",
     "glm4v": "alone equal",  # M-RoPE too; equal one at a time, its batching trial sends it alone
-    "llava_next": "served differs",  # more embeddings than prompt ids, one taken per id
-    "internvl_chat": "served differs",  # rendered with the tokenizer's template, not its processor's
-    "paligemma": "served differs",  # its prefix read causally, not bidirectionally
-    "mllama": "refused",  # cross-attention states beside its embeddings
+    "llava_next": "batched equal",  # more embeddings than prompt ids: as many positions in its keyed prompt
+    "internvl_chat": "batched equal",  # rendered with its processor's own template, as mlx-vlm renders it
+    "paligemma": "alone equal",  # its image prompt read whole (a prefix read both ways); its decode alone
+    "mllama": "alone equal",  # cross-attention states at every step: its image jobs run alone
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 

@@ -81,14 +81,15 @@ def together(engine: Any, asks: list[Ask], max_tokens: int) -> list[list[int]]:
 
 def reference(vlm: Any, processor: Any, ask: Ask, max_tokens: int) -> list[int]:
     """mlx-vlm's own greedy tokens for the ask alone (its eos ignored: as many tokens as asked), its message (the
-    image first, as the client sends it) rendered as mlx-vlm renders messages (`get_chat_template`: the processor's
-    own template where it has one, else its tokenizer's)."""
+    image first, as the client sends it) rendered as mlx-vlm's generate and server render a chat
+    (`apply_chat_template`: its architecture's message format, then the processor's own template where it has one,
+    else its tokenizer's)."""
     import mlx_vlm
-    from mlx_vlm.prompt_utils import get_chat_template
+    from mlx_vlm.prompt_utils import apply_chat_template
 
     images = [Image.open(io.BytesIO(ask.image)).convert("RGB")] if ask.image else []
     content = [*({"type": "image"} for _ in images), {"type": "text", "text": ask.text, "content": ask.text}]
-    prompt = get_chat_template(processor, [{"role": "user", "content": content}], True)
+    prompt = apply_chat_template(processor, vlm.config, [{"role": "user", "content": content}], num_images=len(images))
     tokens: list[int] = []
     for out in mlx_vlm.stream_generate(vlm, processor, prompt, image=images or None, max_tokens=max_tokens,
                                        temperature=0.0, eos_tokens=[]):  # fmt: skip

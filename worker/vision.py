@@ -169,7 +169,7 @@ class VisionEngine(Engine):
             images[str(n) * 64] = out.getvalue()
         try:
             prompt = self.prompt_tokens(_asking(self.name, images), images)
-        except PrepareFailed:
+        except (PrepareFailed, InvalidPrompt):  # (a model that takes one image a prompt)
             one = dict(list(images.items())[:1])
             prompt = self.prompt_tokens(_asking(self.name, one), one)
         ids, kept, count = self._inputs(prompt)
@@ -227,23 +227,28 @@ class VisionEngine(Engine):
         return self._keyed(list(self.prep.prepare(text, digests, read, wait).ids), digests)
 
     def _text(self, spec: JobSpec) -> str:
-        """The prompt rendered as mlx-vlm's generate renders it (`get_chat_template`: the processor's own template
-        where it has one, as InternVL's, else its tokenizer's), each image an image part where its message holds it.
-        A processor's own template reads mlx-vlm's messages: every content a list of parts, a text part's words under
-        both `text` and `content`."""
-        from mlx_vlm.prompt_utils import get_chat_template
+        """The prompt rendered as mlx-vlm renders a chat (`apply_chat_template`, as its generate and its server do:
+        each architecture's message format, then the processor's own template where it has one, as InternVL's, else
+        its tokenizer's), each image an image part where its message holds it, its text parts under both `text` and
+        `content` as mlx-vlm's messages hold them."""
+        from mlx_vlm.prompt_utils import apply_chat_template
 
         assert spec.messages is not None
         messages, tools = chat_input(spec.messages, spec.tools, self.tokenizer)
         offset = len(messages) - len(spec.messages)  # (a system message telling of tools may come first)
-        own = getattr(self.processor, "chat_template", None) is not None
         for i, m in enumerate(spec.messages):
             turn = messages[i + offset]
-            if m.images or (own and isinstance(turn.get("content"), str)):
-                words = turn["content"] if turn["content"] != m.content or not m.images else None
-                turn["content"] = _content(m.parts() if m.images else [], words)
+            if m.images:
+                words = turn["content"] if turn["content"] != m.content else None
+                turn["content"] = _content(m.parts(), words)
         extra: dict[str, Any] = {"tools": tools} if tools else {}
-        text: str = get_chat_template(self.processor, messages, True, **extra)
+        count = sum(len(m.images) for m in spec.messages)
+        try:
+            text = apply_chat_template(self.processor, self.vlm.config, messages, num_images=count, **extra)
+        except ValueError as exc:  # (mlx-vlm's own refusal, in words for the client: "... only use 1 image")
+            raise InvalidPrompt(f"the model cannot read this prompt: {exc}") from None
+        if not isinstance(text, str):  # (a model that reads only the last message gets it as a message)
+            text = str(text.get("content", "")) if isinstance(text, dict) else str(text)
         return text
 
     def _plain(self, text: str) -> list[int]:
