@@ -39,8 +39,10 @@ from tasks.errors import InvalidPrompt
 from tasks.job import JobSpec, Message, Picture
 from worker.batch.dtypes import with_dtype
 from worker.batch.engine import Engine, Images
-from worker.batch.rows import Embeds
+from worker.batch.positions import Positions, from_offset
+from worker.batch.rows import Embeds, Extras
 from worker.unsupported import Unsupported
+from worker.vision_beside import after, rope_positions
 from worker.vision_prep import KEPT, Preparer, placeholder
 from worker.vision_tower import Arrays, Reading, Unreadable, by_image, by_image_agrees, splits, whole
 
@@ -62,8 +64,28 @@ class TextModel(nn.Module):
         super().__init__()  # type: ignore[no-untyped-call]  # (mlx's Module.__init__ is unannotated)
         self.vlm = vlm
 
-    def __call__(self, inputs: mx.array, cache: Any = None, inputs_embeds: mx.array | None = None) -> mx.array:
-        out = self.vlm.language_model(inputs, inputs_embeds=inputs_embeds, cache=cache)
+    @property
+    def positional(self) -> bool:
+        """Whether its positions depend on its images (M-RoPE): the batch then passes every row's own
+        (worker/batch/positions.py)."""
+        return hasattr(self.vlm.language_model, "get_rope_index")
+
+    def __call__(
+        self,
+        inputs: mx.array,
+        cache: Any = None,
+        inputs_embeds: mx.array | None = None,
+        positions: mx.array | None = None,
+        **extras: Any,
+    ) -> mx.array:
+        """The logits; a positional model is given `positions` (3, B, L), or, outside the batch (the probes, on a
+        fresh cache), text positions from its cache's offset: never the last prompt's it keeps itself."""
+        if positions is None and self.positional:
+            offset = cache[0].offset if cache else 0
+            positions = from_offset(offset, inputs.shape[0], inputs.shape[1])
+        if positions is not None:
+            extras["position_ids"] = positions
+        out = self.vlm.language_model(inputs, inputs_embeds=inputs_embeds, cache=cache, **extras)
         return getattr(out, "logits", out)  # type: ignore[no-any-return]  # (mlx-vlm's language models are untyped)
 
     @property
@@ -95,6 +117,8 @@ class VisionEngine(Engine):
         self._digests: OrderedDict[tuple[int, ...], tuple[str, ...]] = OrderedDict()
         self.by_image = False  # its images read one a step (worker/vision_tower.py): checked as it loads
         self.images_read = 0  # images its vision tower read (a prefix-cache hit reads none)
+        self.positional = hasattr(vlm.language_model, "get_rope_index")  # (its TextModel's: M-RoPE)
+        self._grids: OrderedDict[str, np.ndarray] = OrderedDict()  # each image's grid (t, h, w), by its digest
 
     @classmethod
     def load(  # type: ignore[override]  # (from a ModelConfig only, not also a path as Engine.load)
@@ -222,6 +246,27 @@ class VisionEngine(Engine):
         ids, kept, images = self._inputs(prompt)
         return self._reading(ids, kept, cached, images), ids[cached:]
 
+    def positions(self, prompt: list[int]) -> Positions | None:
+        """A keyed prompt's own positions where the model's depend on its images (worker/vision_beside.py), from its
+        ids and its images' grids (kept by digest: a prompt whose images' arrays are gone still has them)."""
+        if not self.positional or not any(t >= self.vocab for t in prompt):
+            return None
+        digests = self._digests.get(_images(prompt, self.vocab))
+        if digests is None:
+            raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
+        arrays = self.prep.arrays(digests)
+        if arrays is not None and "image_grid_thw" in arrays:
+            for digest, grid in zip(digests, np.asarray(arrays["image_grid_thw"][0]).reshape(-1, 3)):
+                self._grids[digest] = grid
+                self._grids.move_to_end(digest)
+            while len(self._grids) > KEPT * 64:
+                self._grids.popitem(last=False)
+        grids = [g for d in digests if (g := self._grids.get(d)) is not None]
+        if len(grids) < len(digests):
+            raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
+        ids = [self.image_token if t >= self.vocab else t for t in prompt]
+        return rope_positions(self.vlm.language_model, ids, self.image_token, np.stack(grids))
+
     def _inputs(self, prompt: list[int]) -> tuple[list[int], Arrays, int]:
         """A keyed prompt's ids as the model knows them, its images' prepared arrays, and how many images."""
         digests = self._digests.get(_images(prompt, self.vocab))
@@ -237,20 +282,22 @@ class VisionEngine(Engine):
         else:
             read = lambda: whole(self.vlm, ids, kept)  # noqa: E731
 
-        def step() -> mx.array | None:
+        def step() -> mx.array | tuple[mx.array, Extras] | None:
             try:
                 out = read()
             except Unreadable as exc:
                 raise VisionUnsupported(
-                    f"its images come with {exc} beside their embeddings (positions or states that depend on the "
-                    "image): onelane's batch does not read such a model's images yet"
+                    f"its images come with {exc} beside their embeddings (inputs that depend on the image, which "
+                    "onelane's batch does not carry yet): it does not read such a model's images"
                 ) from None
             if out is None:
                 return None
             self.images_read += images
-            embeds = out[cached:-1]
+            read_whole, extras = out if isinstance(out, tuple) else (out, None)
+            embeds = read_whole[cached:-1]
             mx.eval(embeds)
-            return embeds
+            later = after(extras, cached)
+            return (embeds, later) if later is not None else embeds
 
         return step
 
