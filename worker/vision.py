@@ -81,7 +81,7 @@ class TextModel(nn.Module):
         """The logits; a positional model is given `positions` (3, B, L), or, outside the batch (the probes, on a
         fresh cache), text positions from its cache's offset: never the last prompt's it keeps itself."""
         if positions is None and self.positional:
-            offset = cache[0].offset if cache else 0
+            offset = next((c.offset for c in cache or () if hasattr(c, "offset")), 0)  # (a linear layer's has none)
             positions = from_offset(offset, inputs.shape[0], inputs.shape[1])
         if positions is not None:
             extras["position_ids"] = positions

@@ -116,6 +116,18 @@ QWEN3_VL_MOE = dict(
     ),
     vision_config=dict(QWEN3_VISION, model_type="qwen3_vl_moe"),
 )  # fmt: skip
+QWEN3_5 = dict(
+    **TOP, architectures=["Qwen3_5ForConditionalGeneration"], model_type="qwen3_5", tie_word_embeddings=False,
+    text_config=dict(
+        TEXT, model_type="qwen3_5_text", head_dim=16, linear_num_value_heads=2, linear_num_key_heads=2,
+        linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
+        eos_token_id=EOS, rope_parameters=dict(
+            type="default", mrope_section=[2, 1, 1], rope_theta=10000.0, partial_rotary_factor=0.5,
+            mrope_interleaved=True,
+        ),
+    ),
+    vision_config=dict(QWEN3_VISION, model_type="qwen3_5", deepstack_visual_indexes=[]),
+)  # fmt: skip
 
 
 def _build(module: ModuleType, config: dict[str, Any], template: str, processor_class: str) -> Callable[[Path], None]:
@@ -158,9 +170,16 @@ def _qwen3_vl_moe(folder: Path) -> None:
     _build(qwen3_vl_moe, QWEN3_VL_MOE, TEMPLATE3, "Qwen3VLProcessor")(folder)
 
 
+def _qwen3_5(folder: Path) -> None:
+    from mlx_vlm.models import qwen3_5
+
+    _build(qwen3_5, QWEN3_5, TEMPLATE3, "Qwen3VLProcessor")(folder)
+
+
 ARCHS: dict[str, Callable[[Path], None]] = {
     "qwen2_vl": _qwen2_vl,
     "qwen2_5_vl": _qwen2_5_vl,
     "qwen3_vl": _qwen3_vl,
     "qwen3_vl_moe": _qwen3_vl_moe,
+    "qwen3_5": _qwen3_5,
 }
