@@ -7,7 +7,10 @@ images seen before, from their kept rules without the processor. Its input embed
 place of those tokens, the rest the token embeddings) come from the model's `get_input_embeddings` when the batch
 first reads the prompt, one image a step where the model allows (worker/vision_tower.py); the batch reads them in
 chunks beside the others' decode steps (worker/batch/prefill.py), and from then on the sequence decodes as any other,
-through the language model.
+through the language model. What the language model reads beside the embeddings goes with them: a model whose
+positions depend on its images (M-RoPE: Qwen-VL, GLM-4V) is given each sequence's own, computed as it enters the batch
+(`positions`: worker/batch/positions.py), and Qwen3-VL's deepstack features reach the prompt's read chunk by chunk
+(worker/vision_beside.py).
 
 What the batch sees of an image is a tag made from its digest: the ids of its tokens are replaced by ids past the
 vocabulary (`_keyed`: two 28-bit pieces of its SHA-256 in turn, every id a 32-bit integer, as the batch's arrays hold
