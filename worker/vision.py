@@ -45,7 +45,7 @@ from worker.batch.engine import Engine, Images
 from worker.batch.positions import Positions, from_offset
 from worker.batch.rows import Embeds, Extras
 from worker.unsupported import Unsupported
-from worker.vision_beside import after, rope_positions
+from worker.vision_beside import after, rope_indexed, rope_positions
 from worker.vision_prep import KEPT, Preparer, placeholder
 from worker.vision_tower import Arrays, Reading, Unreadable, by_image, by_image_agrees, splits, whole
 
@@ -71,7 +71,7 @@ class TextModel(nn.Module):
     def positional(self) -> bool:
         """Whether its positions depend on its images (M-RoPE): the batch then passes every row's own
         (worker/batch/positions.py)."""
-        return hasattr(self.vlm.language_model, "get_rope_index")
+        return rope_indexed(self.vlm.language_model)
 
     def __call__(
         self,
@@ -120,7 +120,7 @@ class VisionEngine(Engine):
         self._digests: OrderedDict[tuple[int, ...], tuple[str, ...]] = OrderedDict()
         self.by_image = False  # its images read one a step (worker/vision_tower.py): checked as it loads
         self.images_read = 0  # images its vision tower read (a prefix-cache hit reads none)
-        self.positional = hasattr(vlm.language_model, "get_rope_index")  # (its TextModel's: M-RoPE)
+        self.positional = rope_indexed(vlm.language_model)  # (its TextModel's: M-RoPE)
         self._grids: OrderedDict[str, np.ndarray] = OrderedDict()  # each image's grid (t, h, w), by its digest
 
     @classmethod
@@ -177,6 +177,13 @@ class VisionEngine(Engine):
         reading = self._reading(ids, kept, 0, count)
         while reading() is None:
             pass
+        if self.positional:  # (its positions, as the batch will compute them for each sequence)
+            try:
+                self.positions(prompt)
+            except (InvalidPrompt, ValueError, TypeError) as exc:
+                raise VisionUnsupported(
+                    f"its positions depend on its images in a way onelane does not follow ({exc})"
+                ) from None
         self.by_image = by_image_agrees(self.vlm, self.image_token, ids, kept, count)
         self.images_read = 0
         logger.info(

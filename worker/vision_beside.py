@@ -18,6 +18,7 @@ deepstack features and per-layer inputs, instead of state kept on the language m
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,10 +88,19 @@ def after(extras: Extras | None, start: int) -> Extras | None:
     return extras.after(start) if isinstance(extras, Deepstack | PerToken) else None
 
 
+def rope_indexed(language: Any) -> bool:
+    """Whether a language model's positions depend on its images as Qwen-VL's do: its `get_rope_index` places a
+    prompt's image tokens from their grids (`image_grid_thw`)."""
+    found = getattr(language, "get_rope_index", None)
+    return callable(found) and "image_grid_thw" in inspect.signature(found).parameters
+
+
 def rope_positions(language: Any, ids: list[int], image_token: int, grids: np.ndarray) -> Positions:
     """A keyed prompt's positions (its ids as the model knows them; `grids`: its images' (t, h, w), in order), by
     the model's `get_rope_index` over the prompt up to its last image token; past that, each token's index + delta."""
     last = max(i for i, t in enumerate(ids) if t == image_token) + 1
-    found, deltas = language.get_rope_index(mx.array([ids[:last]]), mx.array(grids))
+    found, deltas = language.get_rope_index(mx.array([ids[:last]]), image_grid_thw=mx.array(grids))
+    if found.ndim != 3 or found.shape[0] != 3:
+        raise ValueError(f"get_rope_index gave positions of shape {found.shape}, not (3, 1, tokens)")
     head = np.asarray(found[:, 0, :]).astype(np.int32)
     return Positions(head, int(np.asarray(deltas).reshape(-1)[0]))
