@@ -5,7 +5,9 @@ not fit its model is refused before it waits (tasks/context.py), and its ETA and
 The web only waits on a socket meanwhile: other requests and streams go on. A count that cannot be had in time (every
 counter busy for WAIT_S, one taking past COUNT_S, a model whose folder is not there yet: a GGUF not imported yet, a
 Hugging Face id) is None: the job is admitted on its characters, as before, and the worker counts it as it joins,
-refusing it then if it does not fit. A prompt with images is left to the worker (the processor makes their tokens).
+refusing it then if it does not fit. A prompt with images is left to the worker (the processor makes their tokens),
+and so is every prompt of a vision-language model: mlx-vlm renders it with the processor's template where the
+processor has one (InternVL's is in mlx-vlm's code) and tokenizes it by its own rule (worker/vision.py).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class TokenCounts:
     def count(self, settings: Settings, spec: JobSpec) -> int | None:
         """The tokens of `spec`'s prompt as its model reads them; None when they cannot be counted here in time."""
         config = settings.model_named(spec.model)
-        if config is None or spec.side or any(m.images for m in spec.messages or ()) or not _ready(config):
+        if config is None or spec.side or config.vision or not _ready(config):
             return None
         if time.monotonic() - self._failed.get(spec.model, -RETRY_S) < RETRY_S:
             return None

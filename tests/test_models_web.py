@@ -4,6 +4,8 @@ default) and a class (or gets the caller's own); an unknown model is a 404 that 
 from __future__ import annotations
 
 import re
+import threading
+import time
 
 import pytest
 
@@ -241,3 +243,24 @@ def test_a_batch_users_form_starts_on_batch(keyed):
     assert selected(html, "priority")[1] == ["batch"]
     job_id = submit_via_form(keyed, "tonight")
     assert keyed.get(f"/v1/jobs/{job_id}", headers={"Authorization": "Bearer kn"}).get_json()["priority"] == "batch"
+
+
+def test_a_request_waiting_when_its_model_fails_to_load_is_told_503_naming_the_model(client, store):
+    # Given a chat completion waiting for "other", whose load then fails on the worker
+    answer: dict[str, object] = {}
+    asking = threading.Thread(target=lambda: answer.update(response=client.post("/v1/chat/completions", json={**CHAT, "model": "other"})))  # fmt: skip
+    asking.start()
+    deadline = time.monotonic() + 30
+    while store.readings.waiting() == 0:  # (a poll: admission announces nothing to a bystander)
+        assert time.monotonic() < deadline and asking.is_alive(), "the request was never admitted"
+        time.sleep(0.01)
+    store.for_worker("w").model_failed("other", "the model failed to load: its architecture is not supported")
+
+    # Then the client is told as admission tells the next one: 503 with Retry-After, naming the model and why
+    asking.join(30)
+    response = answer["response"]
+    assert response.status_code == 503  # type: ignore[attr-defined]
+    assert 0 < int(response.headers["Retry-After"]) <= store.settings.model_retry_s  # type: ignore[attr-defined]
+    error = response.get_json()["error"]  # type: ignore[attr-defined]
+    assert error["code"] == "model_unavailable" and error["type"] == "server_error"
+    assert "'other'" in error["message"] and "architecture is not supported" in error["message"]

@@ -4,10 +4,13 @@ trying it again when due; the form shows a notice meanwhile."""
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 from typing import Any
 
+from tasks.catalogue import ModelConfig
 from worker.models import ModelPool
 
 HUB_ID = "onelane-tests/not-downloaded-4bit"  # a valid id, in no cache of this machine
@@ -89,3 +92,40 @@ def test_readyz_is_not_ready_with_the_reason_for_as_long_as_the_default_model_ca
         assert "not in this machine's cache" in body["error"]["message"], body
     # And the form tells it before anything is run
     assert "not in this machine&#39;s cache" in client.get("/").get_data(as_text=True)
+
+
+def test_a_served_model_of_an_architecture_the_library_lacks_is_told_at_start_not_to_its_first_user(
+    settings, start_worker, make_app, demo_model, tmp_path, caplog
+):
+    # Given a models file serving the demo model and a vision folder naming an architecture mlx-vlm does not know
+    folder = tmp_path / "future-vl"
+    folder.mkdir()
+    config = {"model_type": "qwen9_vl", "vision_config": {"model_type": "qwen9_vl"}, "text_config": {}}
+    (folder / "config.json").write_text(json.dumps(config))
+    served = settings.model_copy(
+        update={
+            "model": None,
+            "models": (
+                ModelConfig(name="demo", path=str(demo_model), default=True),
+                ModelConfig(name="future", path=str(folder)),
+            ),
+        }
+    )
+
+    # When the worker starts, nobody having asked for it
+    caplog.set_level(logging.INFO, logger="worker.models")
+    start_worker(served)
+    client = make_app(served).test_client()
+
+    # Then its log says so once, in one line, naming it and why
+    said = [r.getMessage() for r in caplog.records if "model future failed to load" in r.getMessage()]
+    assert said == ["model future failed to load: its architecture 'qwen9_vl' is not one the installed mlx-vlm knows"]
+    # And /readyz is ready (the default serves) and lists it as failed, with the reason
+    body = readyz_until(client, 200)
+    future = next(m for m in body["models"] if m["name"] == "future")
+    assert future["state"] == "failed" and "'qwen9_vl'" in future["error"], future
+    # And its first user is refused by name with a 503, not admitted to fail
+    answer = client.post("/v1/chat/completions", json={"model": "future", "messages": [{"role": "user", "content": "?"}]})  # fmt: skip
+    assert answer.status_code == 503 and answer.headers["Retry-After"]
+    error = answer.get_json()["error"]
+    assert error["code"] == "model_unavailable" and "'future'" in error["message"] and "qwen9_vl" in error["message"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -132,10 +133,15 @@ def openai_error(exc: errors.OnelaneError) -> dict[str, object]:
     return {"message": exc.message, "type": category, "param": exc.param, "code": exc.type}
 
 
-def job_error(job: Job) -> errors.OnelaneError:
+def job_error(job: Job, model_retry_s: float) -> errors.OnelaneError:
     """What a caller waiting for `job`'s answer is told when it ended otherwise. A job its worker failed as an invalid
     request is the request's fault, as if refused at admission: only the worker knows the model's vocabulary, so a
-    `logit_bias` naming a token beyond it is found there (the job's error names the field)."""
+    `logit_bias` naming a token beyond it is found there (the job's error names the field). A job failed because its
+    model could not load is told so as admission tells the jobs after it: 503, naming the model, with when it is
+    tried again (ONELANE_MODEL_RETRY_S), not a 500: nothing went wrong with the server's own work."""
+    if job.status is JobStatus.FAILED and job.error is not None and job.error.type == errors.ModelUnavailable.type:
+        why = f"the model {job.spec.model!r} is unavailable: {job.error.message}"
+        return errors.ModelUnavailable(why, retry_after_s=max(1, math.ceil(model_retry_s)))
     if job.status is JobStatus.FAILED and job.error is not None and job.error.type == errors.InvalidRequest.type:
         return errors.InvalidRequest(job.error.message, param=job.error.param)
     if job.status is JobStatus.FAILED and job.error is not None and job.error.type == errors.ContextLengthExceeded.type:

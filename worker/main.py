@@ -133,6 +133,7 @@ class GpuWorker:
         ensure_model(s)
         with self.models.lock:
             engine = self.models.load(s.model_name)
+            self.models.preflight(tried=s.model_name)
             self._start_disk_tier()
         self.heartbeat.renew(self.heartbeat.report())  # tell the batch's size and the models at once (for ETAs)
         if isinstance(engine, Engine):  # (an embedding model or a reranker holds no KV cache)

@@ -35,6 +35,7 @@ from worker.pooling import Pooler
 from worker.prefix_cache import PrefixCache
 from worker.prefix_disk import DiskTier
 from worker.prefix_file import weights_digest
+from worker.preflight import unknown_architecture
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +165,15 @@ class ModelPool:
         # an embedding model or a reranker: no batch, no decode steps to time
         return cast(Engine, Pooler.load(config))  # (it stands in for one in the pool: see Pooler)
 
+    def preflight(self, tried: str) -> None:
+        """Record at once each served model but `tried` (the default, loaded or failed just now) whose folder names
+        an architecture the library lacks (worker/preflight.py): its first user is refused by name, not left to
+        find it out."""
+        for config in self.settings.catalog:
+            why = unknown_architecture(config) if config.name != tried and self.get(config.name) is None else None
+            if why is not None:
+                self._failed(config, why)
+
     def _failed(self, config: ModelConfig, exc: Exception) -> None:
         """A load failed: said in the log (a known cause in one line), the model marked failed, its jobs failed."""
         name, failure = config.name, explain(exc, config)
@@ -190,7 +200,7 @@ class ModelPool:
         self._engines[name] = engine
         self._loaded = tuple(self._engines.items())
         self._bytes[name] = size_in_memory(engine)
-        self.store.model_loaded(name, load_s, self._bytes[name], engine.batching)
+        self.store.model_loaded(name, load_s, self._bytes[name], engine.batching, getattr(engine, "images", None))
         logger.info(
             "model %s loaded in %.2f s (%.1f MiB; %d model(s), %.1f of %.1f MiB held)",
             name,

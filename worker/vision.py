@@ -42,12 +42,25 @@ from tasks.errors import InvalidPrompt
 from tasks.job import JobSpec, Message, Picture
 from worker.batch.dtypes import with_dtype
 from worker.batch.engine import Engine, Images
+from worker.batch.forward import ContinuousBatch
 from worker.batch.positions import Positions, from_offset
-from worker.batch.rows import Embeds, Extras
+from worker.batch.rows import Beside, Embeds, Extras
 from worker.unsupported import Unsupported
 from worker.vision_beside import after, rope_indexed, rope_positions
-from worker.vision_prep import KEPT, Preparer, placeholder
-from worker.vision_tower import Arrays, Reading, Unreadable, by_image, by_image_agrees, splits, whole
+from worker.vision_prep import KEPT, PrepareFailed, Preparer, placeholder
+from worker.vision_reading import (
+    Mismatch,
+    Span,
+    beside,
+    embeddings_length,
+    expanded,
+    for_ids,
+    model_ids,
+    prefix_lm,
+    span_of,
+    with_extras,
+)
+from worker.vision_tower import Arrays, Unreadable, by_image, by_image_agrees, splits, whole
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +95,8 @@ class TextModel(nn.Module):
         **extras: Any,
     ) -> mx.array:
         """The logits; a positional model is given `positions` (3, B, L), or, outside the batch (the probes, on a
-        fresh cache), text positions from its cache's offset: never the last prompt's it keeps itself."""
+        fresh cache), text positions from its cache's offset: never the last prompt's it keeps itself. (`extras`:
+        what a prompt's read or a sequence alone's passes take beside the embeddings: worker/batch/rows.py.)"""
         if positions is None and self.positional:
             offset = next((c.offset for c in cache or () if hasattr(c, "offset")), 0)  # (a linear layer's has none)
             positions = from_offset(offset, inputs.shape[0], inputs.shape[1])
@@ -119,6 +133,13 @@ class VisionEngine(Engine):
         # the full digests of the prompts' images seen last, by their ids past the vocabulary
         self._digests: OrderedDict[tuple[int, ...], tuple[str, ...]] = OrderedDict()
         self.by_image = False  # its images read one a step (worker/vision_tower.py): checked as it loads
+        self.expands = False  # its embeddings outnumber its prompt's ids (worker/vision_reading.py): found as it loads
+        self.prefix_lm = prefix_lm(vlm)  # it reads an image prompt's prefix both ways, in one pass (PaliGemma)
+        self.images_alone = False  # its images come with inputs to every step: its image jobs run alone (probe)
+        self.reset()  # (its batch knows it)
+        self._whole = 0  # (its image prompts' own marks)
+        self._spans: OrderedDict[tuple[int, ...], Span] = OrderedDict()  # an expanding model's, by the tags
+        self._lengths: OrderedDict[tuple[tuple[str, ...], tuple[int, ...]], int] = OrderedDict()  # its embeddings'
         self.images_read = 0  # images its vision tower read (a prefix-cache hit reads none)
         self.positional = rope_indexed(vlm.language_model)  # (its TextModel's: M-RoPE)
         self._grids: OrderedDict[str, np.ndarray] = OrderedDict()  # each image's grid (t, h, w), by its digest
@@ -161,8 +182,9 @@ class VisionEngine(Engine):
         return engine
 
     def probe(self) -> None:
-        """Two images read as it loads: a model whose images the batch cannot read fails its load, saying why; one
-        whose images read alone give the embeddings they give together is read one image a step."""
+        """Two images read as it loads (one, for a model whose processor takes one image a prompt, as PaliGemma's): a
+        model whose images the batch cannot read fails its load, saying why; one whose images read alone give the
+        embeddings they give together is read one image a step; one whose embeddings outnumber its ids expands."""
         from PIL import Image
 
         images = {}
@@ -170,11 +192,20 @@ class VisionEngine(Engine):
             out = io.BytesIO()
             Image.new("RGB", (32, 32), color).save(out, "PNG")
             images[str(n) * 64] = out.getvalue()
-        pictures = tuple(Picture(digest=d, at=0) for d in images)
-        spec = JobSpec(owner="", model=self.name, messages=(Message(role="user", content="?", images=pictures),))
-        prompt = self.prompt_tokens(spec, images)
+        try:
+            prompt = self.prompt_tokens(_asking(self.name, images), images)
+        except PrepareFailed:
+            one = dict(list(images.items())[:1])
+            prompt = self.prompt_tokens(_asking(self.name, one), one)
         ids, kept, count = self._inputs(prompt)
-        reading = self._reading(ids, kept, 0, count)
+        try:
+            embeds, extras = with_extras(self.vlm, ids, for_ids(kept, ids, self.image_token))
+        except Unreadable as exc:
+            raise _unsupported(exc) from None
+        self.images_alone = bool(extras)
+        length = int(embeds.shape[0])
+        self.expands = length != len(ids)
+        reading = self._reading(ids, kept, 0, count, length)
         while reading() is None:
             pass
         if self.positional:  # (its positions, as the batch will compute them for each sequence)
@@ -184,11 +215,23 @@ class VisionEngine(Engine):
                 raise VisionUnsupported(
                     f"its positions depend on its images in a way onelane does not follow ({exc})"
                 ) from None
-        self.by_image = by_image_agrees(self.vlm, self.image_token, ids, kept, count)
+        self.by_image = not (self.expands or self.images_alone) and by_image_agrees(
+            self.vlm, self.image_token, ids, kept, count
+        )
         self.images_read = 0
         logger.info(
-            "model %s reads %s", self.name, "one image a step" if self.by_image else "a prompt's images at once"
+            "model %s reads %s%s%s%s",
+            self.name,
+            "one image a step" if self.by_image else "a prompt's images at once",
+            "; its image jobs run alone (their images go to every step)" if self.images_alone else "",
+            "; its images give more embeddings than their tokens: its prompts hold as many" if self.expands else "",
+            "; its image prompts whole, in one pass (a prefix read both ways)" if self.prefix_lm else "",
         )
+
+    def _new_batch(self) -> ContinuousBatch:
+        batch = super()._new_batch()
+        batch.whole_prompts = getattr(self, "prefix_lm", False)  # (the first batch is made before it is known)
+        return batch
 
     def prompt_tokens(
         self, spec: JobSpec, images: Images = None, *, wait: bool = True, reach: Reach = None
@@ -197,34 +240,42 @@ class VisionEngine(Engine):
         (worker/vision_prep.py), unless each has a kept rule and their arrays are kept or not needed (`reach`: how
         much of the keyed prompt the prefix cache holds); `Preparing` while they are, unless `wait`."""
         digests = tuple(p.digest for m in spec.messages or () for p in sorted(m.images, key=lambda p: p.at))
-        if not digests:
+        if not digests and spec.messages is None:
             return super().prompt_tokens(spec)
+        if not digests:  # (a conversation without images: rendered and tokenized as mlx-vlm's generate does too)
+            tokens = self._plain(self._text(spec))
+            if not tokens:
+                raise InvalidPrompt("the prompt is empty once tokenized: there is nothing to continue")
+            return tokens
         text = self._text(spec)
         written = self.prep.written(self._plain(text), self.marker, digests)
-        if written is not None:
+        if written is not None and (not self.expands or (digests, tuple(written)) in self._lengths):
             keyed = self._keyed(written, digests)
-            if self.prep.arrays(digests) is not None or (
-                reach is not None and reach(keyed) > _last_image(keyed, self.vocab)
+            if self.prep.arrays(digests) is not None or (  # (a model alone needs its images at every step)
+                reach is not None and not self.images_alone and reach(keyed) > _last_image(keyed, self.vocab)
             ):
                 return keyed
         read = images if callable(images) else lambda: images or {}
         return self._keyed(list(self.prep.prepare(text, digests, read, wait).ids), digests)
 
     def _text(self, spec: JobSpec) -> str:
-        """The prompt rendered as mlx-vlm's generate renders it (its processors leave the template to their
-        tokenizer), each image an image part where its message holds it."""
+        """The prompt rendered as mlx-vlm's generate renders it (`get_chat_template`: the processor's own template
+        where it has one, as InternVL's, else its tokenizer's), each image an image part where its message holds it.
+        A processor's own template reads mlx-vlm's messages: every content a list of parts, a text part's words under
+        both `text` and `content`."""
+        from mlx_vlm.prompt_utils import get_chat_template
+
         assert spec.messages is not None
         messages, tools = chat_input(spec.messages, spec.tools, self.tokenizer)
         offset = len(messages) - len(spec.messages)  # (a system message telling of tools may come first)
+        own = getattr(self.processor, "chat_template", None) is not None
         for i, m in enumerate(spec.messages):
-            if m.images:
-                turn = messages[i + offset]
-                words = turn["content"] if turn["content"] != m.content else None
-                turn["content"] = _content(m.parts(), words)
-        extra = {"tools": tools} if tools else {}
-        text: str = self.processor.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False, **extra
-        )
+            turn = messages[i + offset]
+            if m.images or (own and isinstance(turn.get("content"), str)):
+                words = turn["content"] if turn["content"] != m.content or not m.images else None
+                turn["content"] = _content(m.parts() if m.images else [], words)
+        extra: dict[str, Any] = {"tools": tools} if tools else {}
+        text: str = get_chat_template(self.processor, messages, True, **extra)
         return text
 
     def _plain(self, text: str) -> list[int]:
@@ -240,21 +291,40 @@ class VisionEngine(Engine):
         self.prep.close()
 
     def marks(self, tokens: list[int]) -> tuple[tuple[int, str], ...]:
-        """The full digests of a keyed prompt's images, where each starts."""
+        """The full digests of a keyed prompt's images, where each starts. A prefix-LM's image prompt is read whole
+        (each token's state depends on every other's of its prefix): a mark of its own at its start, which no other
+        matches, keeps its cached state from any other prompt (worker/prefix_index.py `within`)."""
         at = [i for i, t in enumerate(tokens) if t >= self.vocab]
         digests = self._digests.get(tuple(tokens[i] for i in at)) if at else None
         if not digests:
             return ()
         each = len(at) // len(digests)
-        return tuple((at[n * each], d) for n, d in enumerate(digests))
+        marks = tuple((at[n * each], d) for n, d in enumerate(digests))
+        if self.prefix_lm:
+            self._whole += 1
+            return ((0, f"read whole {self._whole}"), *marks)
+        return marks
+
+    @property
+    def images(self) -> str:
+        """How its image prompts run, found as it loads: `alone` (its images go to every step: Llama 3.2 Vision),
+        `whole` (read in one pass, a prefix both ways: PaliGemma), else `batched` (beside the others)."""
+        return "alone" if self.images_alone else "whole" if self.prefix_lm else "batched"
+
+    def runs_alone(self, prompt: list[int]) -> bool:
+        """Whether the prompt is an image prompt of a model whose images go to every step (Llama 3.2 Vision's
+        cross-attention states): it runs alone, its text jobs batch."""
+        return self.images_alone and any(t >= self.vocab for t in prompt)
 
     def embeddings(self, prompt: list[int], cached: int) -> tuple[Embeds | None, list[int] | None]:
         """The prompt's input embeddings past its first `cached` tokens, but its last, read when first needed, between
-        two of the batch's steps, image by image where the model allows (worker/vision_tower.py); and their ids."""
-        if not any(t >= self.vocab for t in prompt[cached:-1]):
+        two of the batch's steps, image by image where the model allows (worker/vision_tower.py); and their ids. A
+        model whose images go to every step reads them whatever its cache holds of the prompt."""
+        if not any(t >= self.vocab for t in (prompt if self.runs_alone(prompt) else prompt[cached:-1])):
             return None, None
         ids, kept, images = self._inputs(prompt)
-        return self._reading(ids, kept, cached, images), ids[cached:]
+        batch_ids = [self.image_token if t >= self.vocab else t for t in prompt]
+        return self._reading(ids, kept, cached, images, len(prompt)), batch_ids[cached:]
 
     def positions(self, prompt: list[int]) -> Positions | None:
         """A keyed prompt's own positions where the model's depend on its images (worker/vision_beside.py), from its
@@ -278,35 +348,51 @@ class VisionEngine(Engine):
         return rope_positions(self.vlm.language_model, ids, self.image_token, np.stack(grids))
 
     def _inputs(self, prompt: list[int]) -> tuple[list[int], Arrays, int]:
-        """A keyed prompt's ids as the model knows them, its images' prepared arrays, and how many images."""
-        digests = self._digests.get(_images(prompt, self.vocab))
+        """A keyed prompt's ids as the model's `get_input_embeddings` reads them, its images' prepared arrays, and
+        how many images."""
+        tags = _images(prompt, self.vocab)
+        digests, span = self._digests.get(tags), self._spans.get(tags)
         arrays = self.prep.arrays(digests) if digests is not None else None
-        if digests is None or arrays is None:
+        if digests is None or arrays is None or (self.expands and span is None):
             raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
+        if span is not None:
+            return model_ids(prompt, span, self.vocab), arrays, len(digests)
         return [self.image_token if t >= self.vocab else t for t in prompt], arrays, len(digests)
 
-    def _reading(self, ids: list[int], kept: Arrays, cached: int, images: int) -> Reading:
-        """The vision tower's pass, a part a call (one image, or all at once), then the embeddings past `cached`."""
+    def _reading(self, ids: list[int], kept: Arrays, cached: int, images: int, length: int) -> Embeds:
+        """The vision tower's pass, a part a call (one image, or all at once), then the embeddings past `cached`
+        of a prompt `length` long (`Mismatch` if they are not as many)."""
+        extras: dict[str, mx.array] = {}
         if self.by_image and splits(kept, images):
             read = by_image(self.vlm, self.image_token, ids, kept, images)
+        elif self.images_alone:
+
+            def read() -> mx.array:
+                out, extras_ = with_extras(self.vlm, ids, for_ids(kept, ids, self.image_token))
+                extras.update(extras_)
+                return out
         else:
             read = lambda: whole(self.vlm, ids, kept)  # noqa: E731
 
-        def step() -> mx.array | tuple[mx.array, Extras] | None:
+        def step() -> mx.array | tuple[mx.array, Beside | Extras] | None:
             try:
                 out = read()
             except Unreadable as exc:
-                raise VisionUnsupported(
-                    f"its images come with {exc} beside their embeddings (inputs that depend on the image, which "
-                    "onelane's batch does not carry yet): it does not read such a model's images"
-                ) from None
+                raise _unsupported(exc) from None
             if out is None:
                 return None
+            features, carried = out if isinstance(out, tuple) else (out, None)
+            if features.shape[0] != length:
+                raise Mismatch(
+                    f"the model gave {features.shape[0]} input embeddings for a prompt of {length} tokens: onelane "
+                    "cannot read this prompt with its images"
+                )
             self.images_read += images
-            read_whole, extras = out if isinstance(out, tuple) else (out, None)
-            embeds = read_whole[cached:-1]
-            mx.eval(embeds)
-            later = after(extras, cached)
+            embeds = features[cached:] if self.prefix_lm else features[cached:-1]
+            mx.eval(embeds, extras)
+            if extras:
+                return embeds, beside(extras)
+            later = after(carried, cached)
             return (embeds, later) if later is not None else embeds
 
         return step
@@ -316,6 +402,8 @@ class VisionEngine(Engine):
         pieces in turn): the image tokens in order, split evenly among the images (each image is as many tokens).
         Tags that other images' prompts hold already (alike in those 56 bits) are drawn again from a salted digest:
         the tags find the prompt's images' full digests here (their arrays, and the marks the prefix cache checks)."""
+        if self.expands:
+            return self._expanded(ids, digests)
         at = [i for i, t in enumerate(ids) if t == self.image_token]
         if not at or len(at) % len(digests):
             raise InvalidPrompt("the model's processor wrote the images' tokens in a way onelane cannot follow")
@@ -331,10 +419,53 @@ class VisionEngine(Engine):
                 break
         else:  # (64 collisions of 56 bits in a row: never, unless SHA-256 is broken)
             raise InvalidPrompt("an image of the request cannot be told apart from another the worker holds")
-        self._digests.move_to_end(tags)
-        while len(self._digests) > KEPT * 16:
-            self._digests.popitem(last=False)
+        self._kept(tags)
         return keyed
+
+    def _expanded(self, ids: list[int], digests: tuple[str, ...]) -> list[int]:
+        """An expanding model's keyed prompt (worker/vision_reading.py): as many positions as its embeddings, the
+        number read from the shape of mlx-vlm's computation over the images' prepared arrays, once."""
+        known = (digests, tuple(ids))
+        if known not in self._lengths:
+            arrays = self.prep.arrays(digests)
+            if arrays is None:
+                raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
+            self._lengths[known] = embeddings_length(self.vlm, ids, arrays)
+        self._lengths.move_to_end(known)
+        while len(self._lengths) > KEPT * 16:
+            self._lengths.popitem(last=False)
+        span = span_of(ids, self.image_token, self._lengths[known])
+        for salt in range(64):
+            keyed = expanded(ids, span, self.vocab, digests, salt)
+            tags = _images(keyed, self.vocab)
+            if self._digests.setdefault(tags, digests) == digests and self._spans.setdefault(tags, span) == span:
+                break
+        else:  # (64 collisions of 56 bits in a row: never, unless SHA-256 is broken)
+            raise InvalidPrompt("an image of the request cannot be told apart from another the worker holds")
+        self._kept(tags)
+        return keyed
+
+    def _kept(self, tags: tuple[int, ...]) -> None:
+        """The prompt of these tags was keyed last: the oldest others are forgotten."""
+        self._digests.move_to_end(tags)
+        if tags in self._spans:
+            self._spans.move_to_end(tags)
+        while len(self._digests) > KEPT * 16:
+            gone, _ = self._digests.popitem(last=False)
+            self._spans.pop(gone, None)
+
+
+def _unsupported(exc: Unreadable) -> VisionUnsupported:
+    return VisionUnsupported(
+        f"its images come with {exc} beside their embeddings (inputs that depend on the image, which onelane's "
+        "batch does not carry yet): it does not read such a model's images"
+    )
+
+
+def _asking(name: str, images: dict[str, bytes]) -> JobSpec:
+    """A question about these images (the probe's)."""
+    pictures = tuple(Picture(digest=d, at=0) for d in images)
+    return JobSpec(owner="", model=name, messages=(Message(role="user", content="?", images=pictures),))
 
 
 def _last_image(keyed: list[int], vocab: int) -> int:
@@ -352,8 +483,11 @@ def _content(parts: list[tuple[str, str]], words: str | None) -> list[dict[str, 
     whole after them where the turn's text was rewritten, a speaker's name before it say)."""
     images = [{"type": "image"} for kind, _ in parts if kind == "image"]
     if words is not None:
-        return [*images, {"type": "text", "text": words}]
-    return [{"type": "image"} if kind == "image" else {"type": "text", "text": value} for kind, value in parts]
+        return [*images, {"type": "text", "text": words, "content": words}]
+    return [
+        {"type": "image"} if kind == "image" else {"type": "text", "text": value, "content": value}
+        for kind, value in parts
+    ]
 
 
 def _image(data: bytes) -> Any:

@@ -64,12 +64,18 @@ def _prepare(request: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], b
     rules = derive([int(t) for t in np.asarray(plain["input_ids"])[0]], ids, marker, request["digests"])
     files, dtypes = {}, {}
     for name, value in inputs.items():
-        if name in NOT_INPUTS or value is None:
+        if name in NOT_INPUTS or value is None or not _numbers(value):
             continue
-        dtypes[name] = str(getattr(value, "dtype", "")).removeprefix("mlx.core.")
+        dtypes[name] = str(getattr(value, "dtype", "")).removeprefix("mlx.core.").replace("bool", "bool_")
         files[name] = os.path.join(request["folder"], f"{uuid.uuid4().hex}.npy")
         np.save(files[name], np.asarray(value.astype(_float32()) if dtypes[name] == "bfloat16" else value))
     return {"ids": ids, "rules": rules, "files": files, "dtypes": dtypes}, b""
+
+
+def _numbers(value: Any) -> bool:
+    """Whether a processor's output is an array of numbers (an MLX array always is; DeepSeek-VL2's `sft_format`,
+    its prompt's text, is not)."""
+    return str(getattr(value, "dtype", "")).startswith("mlx.core.") or np.asarray(value).dtype.kind in "biuf"
 
 
 def _float32() -> Any:

@@ -247,6 +247,14 @@ class Readings:
             pipe.hget(keys.model(name), "batching")
         return {name: shared_as(found) for name, found in zip(names, pipe.execute())}
 
+    def images(self, names: list[str]) -> dict[str, str | None]:
+        """How each vision model's image prompts run, as its last load found (`batched`, `whole`, `alone`; None
+        before, or for a text model)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.hget(keys.model(name), "images")
+        return {name: found or None for name, found in zip(names, pipe.execute())}
+
     def waiting(self) -> int:
         """How many jobs wait."""
         return int(self.redis.zcard(keys.WAITING))

@@ -191,13 +191,21 @@ class WorkerStore:
         sec, usec = self.redis.time()
         return bool(state == "failed" and float(retry_at or 0) <= sec + usec / 1e6)
 
+    def load_error(self, name: str) -> str | None:
+        """Why the model's last load failed, as recorded (None if none is)."""
+        found = self.redis.hget(keys.model(name), "error")
+        return str(found) if found else None
+
     def model_loading(self, name: str) -> None:
         """A load of the model begins on this worker, now (Redis's clock: ETAs and /readyz count from it)."""
         sec, usec = self.redis.time()
         self._model(name, state="loading", worker=self.worker, loading_at=f"{sec + usec / 1e6:.3f}")
 
-    def model_loaded(self, name: str, load_s: float, size: int, batching: str = "padded") -> None:
-        """`batching`: how its sequences share the batch (worker/batch/prefill.py's Batching)."""
+    def model_loaded(
+        self, name: str, load_s: float, size: int, batching: str = "padded", images: str | None = None
+    ) -> None:
+        """`batching`: how its sequences share the batch (worker/batch/prefill.py's Batching); `images`: how a vision
+        model's image prompts run (worker/vision.py's `images`; None: a text model)."""
         self._model(
             name,
             state="loaded",
@@ -207,6 +215,7 @@ class WorkerStore:
             error="",
             deaths=0,
             batching=batching,
+            images=images or "",
         )
 
     def model_unloaded(self, name: str) -> None:

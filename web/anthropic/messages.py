@@ -127,7 +127,7 @@ def _events(job: Job, body: MessageBody, story: Any) -> Any:
                         return
                     case Event() if item.terminal:
                         ended = True
-                        error = job_error(store.get(job.id))
+                        error = job_error(store.get(job.id), store.settings.model_retry_s)
                         yield sse.event(
                             "error",
                             anthropic_error(

@@ -146,5 +146,5 @@ def run_one(admission: tuple[JobSpec, float], param: str) -> Job:
                 case Event(type=EventType.COMPLETED):
                     break
                 case Event() if item.terminal:
-                    raise job_error(svc.store.get(job.id))
+                    raise job_error(svc.store.get(job.id), svc.settings.model_retry_s)
     return svc.store.read([job.id])[job.id]

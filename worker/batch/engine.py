@@ -202,7 +202,8 @@ class Engine:
             prompt[:cached] if cache is not None else None,
             embeds,
             ids,
-            self.positions(prompt),
+            alone=self.runs_alone(prompt),
+            positions=self.positions(prompt),
         )
         self._uids.add(int(uid))
         if isinstance(sampler, Draw) and params.logprobs:
@@ -213,6 +214,16 @@ class Engine:
         """The full digests of the images of a prompt (where each starts), which cached state must match: none in
         a text model's (worker/vision.py)."""
         return ()
+
+    @property
+    def images(self) -> str | None:
+        """How its image prompts run (worker/vision.py); None: it reads no images."""
+        return None
+
+    def runs_alone(self, prompt: list[int]) -> bool:
+        """Whether this prompt's sequence must run with nothing beside it in the batch (an image prompt of a model
+        whose images come with inputs to every step, worker/vision.py); a text model's never does."""
+        return False
 
     def embeddings(self, prompt: list[int], cached: int) -> tuple[Embeds | None, list[int] | None]:
         """For a prompt with images still to read (after its first `cached` tokens): the input embeddings of the rest

@@ -41,7 +41,7 @@ class Joining(RunnerState):
             return Head(id=job.id, tokens=[], cost=0, solo=False, side=True)
         engine = self.models.get(job.spec.model) or self.models.load(job.spec.model)
         if engine is None:
-            why = "the model failed to load"
+            why = self.store.load_error(job.spec.model) or "the model failed to load"
             return Head(id=job.id, tokens=[], cost=0, solo=claim.solo, invalid=("model_unavailable", why))
         if isinstance(engine, Pooler):  # (admitted under an older models file: the web routes each kind)
             why = f"the model {job.spec.model} is {NAMES[engine.kind]}: it generates no text"
@@ -77,9 +77,8 @@ class Joining(RunnerState):
             return Head(id=job.id, tokens=[], cost=0, solo=claim.solo, invalid=(exc.type, exc.message, exc.param or ""))
         answer = window.answer(len(tokens), job.spec.params.max_tokens)
         cost = len(tokens) + answer
-        return Head(
-            id=job.id, tokens=tokens, cost=min(cost, engine.max_kv_size or cost), solo=claim.solo, max_tokens=answer
-        )
+        solo = claim.solo or engine.runs_alone(tokens)  # (it waits for the batch to drain, and none joins it)
+        return Head(id=job.id, tokens=tokens, cost=min(cost, engine.max_kv_size or cost), solo=solo, max_tokens=answer)
 
     def _fits(self, head: Head) -> bool:
         """A job joins if the budget holds it, or if the batch is empty (a job too big for the budget runs alone);

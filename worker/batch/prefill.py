@@ -31,11 +31,11 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from mlx_lm.utils import maybe_set_recommended_wired_limit
 
 from worker.batch.positions import batched
-from worker.batch.rows import Batching, Counters, Row
+from worker.batch.rows import Batching, Beside, Counters, Row
 
 
 class Prefilling:
@@ -58,6 +58,7 @@ class Prefilling:
         self.decode_floor = decode_floor  # tokens/s the decode rows keep while prompts are read (0: no floor)
         self.chunk = prefill_step  # a reader's chunk while rows decode (fitted to the floor after each such step)
         self.prefill_batch = 1 if batching == "alone" else prefill_batch
+        self.whole_prompts = False  # an image prompt reads in one pass, its last token too (a prefix-LM: PaliGemma)
         self.work = Counters()
         self.padded_prefill = 0  # the last step's prompt tokens, padded to its longest chunk
         self._uids = 0
@@ -116,20 +117,30 @@ class Prefilling:
         """The first prompt with images reads its next chunk (at most `cap` tokens), on its own cache, from its input
         embeddings; with only its last token left, it joins the decode rows. (Alone: once nothing else runs.)
         Returns the tokens read."""
-        if not self._seeing or (self.batching == "alone" and (self._reading or self._rows)):
+        if not self._seeing:
             return 0
         row = self._seeing[0]
+        if (self.batching == "alone" or row.alone or self._alone_decoding()) and (self._reading or self._rows):
+            return 0
         if callable(row.embeds):  # its first chunk: its images are read now (the vision tower's pass), a part a step
             embeds = row.embeds()
             if embeds is None:
                 return 0
-            row.embeds, row.extras = embeds if isinstance(embeds, tuple) else (embeds, None)
+            row.embeds, second = embeds if isinstance(embeds, tuple) else (embeds, None)
+            row.beside = second if isinstance(second, Beside) else None
+            row.extras = second if second is not None and not isinstance(second, Beside) else None
         assert row.embeds is not None and row.ids is not None and row.cache is not None
-        n = min(cap, len(row.unread) - 1)
+        beside = row.beside.prompt if row.beside is not None else {}
+        n = len(row.unread) - 1 if self.whole_prompts else min(cap, len(row.unread) - 1)
         if n > 0:
-            extras = row.extras.take(row.seen, n) if row.extras is not None else {}
-            self._forward(mx.array([row.ids[:n]]), row.cache, [row], inputs_embeds=row.embeds[None, :n], **extras)
+            read = n + 1 if self.whole_prompts else n
+            extras = row.extras.take(row.seen, read) if row.extras is not None else {}
+            self._forward(
+                mx.array([row.ids[:read]]), row.cache, [row], inputs_embeds=row.embeds[None, :read], **beside, **extras
+            )
             row.seen += n
+            if self.whole_prompts:  # (its last token's KV goes: its decode row reads it again, seeing the same prefix)
+                trim_prompt_cache(row.cache, 1)
             mx.eval([c.state for c in row.cache])
             mx.clear_cache()
             row.tokens += row.unread[:n]
@@ -155,6 +166,18 @@ class Prefilling:
         logits: mx.array = self.model(tokens, cache=cache, **extras)
         return logits
 
+    def _alone_decoding(self) -> bool:
+        """Whether a sequence that runs alone (`Row.alone`) decodes now."""
+        return any(r.alone for r in self._rows)
+
+    def _beside(self) -> dict[str, mx.array]:
+        """What the decode step's forward pass takes beside its tokens: a sequence alone's inputs (its prompt's at its
+        first step, as its last prompt token is read then)."""
+        inputs = self._rows[0].beside if len(self._rows) == 1 else None
+        if inputs is None:
+            return {}
+        return inputs.prompt if self._rows[0].generated == 0 else inputs.step
+
     def _own_cache(self, i: int) -> list[Any]:
         """A reader's KV cache, out of the batched one (a fresh one if it holds nothing yet: a one-token prompt)."""
         if not self._reading[i].tokens:
@@ -166,6 +189,12 @@ class Prefilling:
         n = min(self.prefill_batch - len(self._reading), len(self._waiting))
         if n <= 0 or (self.batching == "alone" and (self._reading or self._rows or self._seeing)):
             return
+        if self._alone_decoding():
+            return
+        if self._seeing and self._seeing[0].alone:  # it waits for the batch to drain: only those before it join
+            n = sum(1 for r in list(self._waiting)[:n] if r.uid < self._seeing[0].uid)
+            if n <= 0:
+                return
         joining = [self._waiting.popleft() for _ in range(n)]
         merged = self._merge([r.cache or [] for r in joining])
         for r in joining:

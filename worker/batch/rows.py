@@ -27,9 +27,20 @@ class Extras(Protocol):
         ...
 
 
-Embeds = Callable[[], mx.array | tuple[mx.array, Extras] | None]  # a prompt's input embeddings (with what goes beside
-# them, if anything), computed when first read: a part a call (None until the last: its images read one a step,
-# worker/vision_tower.py)
+@dataclass(frozen=True)
+class Beside:
+    """What a sequence's forward passes take beside its input embeddings (Llama 3.2 Vision's cross-attention states
+    and masks: worker/vision_reading.py): at its prompt's reads and its first decode step (`prompt`), and at every
+    later step (`step`). Such a sequence decodes alone (`Row.alone`)."""
+
+    prompt: dict[str, mx.array]
+    step: dict[str, mx.array]
+
+
+# a prompt's input embeddings (and what its passes take beside them, if anything: `Beside` for a sequence
+# alone, `Extras` for its prompt's read), computed when first read: a part a
+# call (None until the last: its images read one a step, worker/vision_tower.py)
+Embeds = Callable[[], mx.array | tuple[mx.array, Beside | Extras] | None]
 
 
 def unmergeable(model: nn.Module) -> list[str]:
@@ -58,6 +69,8 @@ class Row:
     positions: Positions | None = None
     extras: Extras | None = None  # what its prompt's read passes beside its embeddings (from its unread tokens on)
     seen: int = 0  # of its embeddings, those read already (where `extras` are taken from)
+    beside: Beside | None = None  # what its passes take beside its embeddings, once read
+    alone: bool = False  # it decodes with nothing beside it (the batch drains first; none joins until it leaves)
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,9 @@ class BatchRunner(Background):
         statuses = self.store.statuses(list(running))
         done = [job_id for job_id, status in statuses.items() if status is None or status.ended]
         jobs = self.store.read(done)  # (only those: a running line's output is not read every round)
-        self.batches.collect(batch_id, [job_result(record, running[j], jobs.get(j), stop) for j in done])
+        self.batches.collect(
+            batch_id, [job_result(record, running[j], jobs.get(j), stop, self.settings.model_retry_s) for j in done]
+        )
         if stop:
             for job_id in statuses.keys() - set(done):
                 self._cancel(job_id, record.owner, stop)
@@ -222,7 +224,9 @@ def batch_runner() -> BatchRunner:
 # --- result lines -------------------------------------------------------------------------------------------------
 
 
-def job_result(record: BatchRecord, line: PendingLine, job: Job | None, stop: str | None) -> Result:
+def job_result(
+    record: BatchRecord, line: PendingLine, job: Job | None, stop: str | None, model_retry_s: float
+) -> Result:
     """A line's result from its ended job: the endpoint's answer (output file), or why there is none (error file)."""
     bid, job_id = record.id, job_id_of(record.id, line.index)
     if job is None:  # its record is gone (it ended longer ago than its results are kept)
@@ -230,7 +234,7 @@ def job_result(record: BatchRecord, line: PendingLine, job: Job | None, stop: st
     if job.status is JobStatus.COMPLETED:
         return _response(bid, line, job, 200, body_of(job, record.endpoint), ok=True)
     if job.status is JobStatus.FAILED:
-        refused = job_error(job)
+        refused = job_error(job, model_retry_s)
         if isinstance(refused, InvalidRequest):  # the worker found the request invalid (a logit_bias's token id)
             return _response(bid, line, job, 400, {"error": openai_error(refused)}, ok=False)
         error = job.error.model_dump() if job.error else {"type": "job_failed", "message": "the job failed"}

@@ -29,6 +29,13 @@ class Model(Answer):
         "the same queue: an architecture whose caches mlx-lm cannot batch, or whose batched answers differ from "
         "its answers alone), as its last load found; null before it ever loaded (docs/models.md)"
     )
+    images: Literal["batched", "whole", "alone"] | None = Field(
+        None,
+        description="onelane's, for a model that reads images: how its image prompts run, as its last load found: "
+        "`batched` (beside the others), `whole` (a prompt read in one pass, as its model reads its prefix both "
+        "ways: PaliGemma), `alone` (one at a time, as its images go to every step: Llama 3.2 Vision; its text "
+        "prompts batch as its `batching` says); null for a text model, or before it ever loaded (docs/models.md)",
+    )
 
 
 class ModelList(Answer):

@@ -76,6 +76,7 @@ def models() -> Response:
     current_owner()
     catalog = services().settings.catalog  # in the order the models file names them
     batching = services().store.readings.batching([m.name for m in catalog])
+    images = services().store.readings.images([m.name for m in catalog])
     data = [
         {
             "id": m.name,
@@ -85,6 +86,7 @@ def models() -> Response:
             "kind": m.kind,
             "vision": m.vision,  # reads images in its prompts
             "batching": batching[m.name] if m.kind == "generate" else None,
+            "images": images[m.name] if m.vision else None,
         }
         for m in catalog
     ]
@@ -186,7 +188,7 @@ def _respond(
                     pass
                 case Event() if item.terminal:  # one answer failed: so does the request, as a single job's would
                     cancel_all(store, jobs, ANOTHER_FAILED)
-                    raise job_error(store.get(jobs[index].id))
+                    raise job_error(store.get(jobs[index].id), store.settings.model_retry_s)
     ended = store.read([job.id for job in jobs])
     done = [ended[job.id] for job in jobs]
     shown = best_of(done, req.n or 1) if len(done) > (req.n or 1) else done
@@ -227,7 +229,7 @@ def _stream(jobs: list[Job], views: list[ChatBody], stories: list[Generator[Stor
                         yield sse.data_line(first.envelope(first.chunk_object(), [choice], None))
                 case Event() if item.terminal:  # one answer failed: so does the request, as a single job's would
                     why = ANOTHER_FAILED
-                    error = job_error(store.get(jobs[index].id))
+                    error = job_error(store.get(jobs[index].id), store.settings.model_retry_s)
                     yield sse.data_line({"error": openai_error(error)})
                     yield DONE
                     return

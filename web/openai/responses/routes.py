@@ -257,6 +257,6 @@ def _answer(job: Job, story: Iterator[Story]) -> Response:
         if isinstance(item, Event) and item.terminal:
             ended = services().store.get(job.id)
             if ended.status is not JobStatus.COMPLETED:
-                raise job_error(ended)
+                raise job_error(ended, services().settings.model_retry_s)
             return jsonify(snapshot(ended))
-    raise job_error(services().store.get(job.id))
+    raise job_error(services().store.get(job.id), services().settings.model_retry_s)

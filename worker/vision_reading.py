@@ -1,0 +1,142 @@
+"""How a vision-language model's image prompt is read when its embeddings are not one per prompt id.
+
+Most of mlx-vlm's models put their image features in place of the image tokens the processor wrote: one embedding
+per id. Some write fewer image tokens than they give embeddings (LLaVA-NeXT's `get_input_embeddings` puts each
+crop's features, then as many `image_newline`s, in place of its first image tokens: 92 embeddings for 64 ids). Such
+a model "expands", which the worker finds as the model loads (worker/vision.py's probe). Its prompt, as the batch and
+the prefix cache see it, holds as many positions as its embeddings: the text before its first image token and after
+its last as they are, and between them one tag per embedding (ids past the vocabulary, drawn from the images'
+digests and the model's own ids there), so that the prompt's KV cache, its marks and its token count are the
+sequence's own. The number of embeddings is read from the shape of mlx-vlm's computation, once, as the prompt is
+measured (MLX computes lazily: nothing of the vision tower runs then); the model's own ids are kept by the tags
+(`Span`), and the embeddings, read when the batch first reads the prompt, are checked against that length: any
+disagreement fails that job (`Mismatch`), never a wrong answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+
+from tasks.errors import InvalidPrompt
+from worker.batch.rows import Beside
+from worker.vision_tower import READ, Arrays, Unreadable
+
+
+class Mismatch(InvalidPrompt):
+    """The model's embeddings of a prompt do not line up with its tokens (only that job fails)."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where an expanding model's images sit in a keyed prompt: from `start`, the model's own ids `ids` (its first
+    image token to its last) stand as `length` tagged positions."""
+
+    start: int
+    ids: tuple[int, ...]
+    length: int
+
+
+def embeddings_length(vlm: Any, ids: list[int], kept: Arrays) -> int:
+    """How many input embeddings mlx-vlm's `get_input_embeddings` gives for these ids and arrays: the shape of its
+    computation, not computed."""
+    return int(_embedded(vlm, ids, kept).inputs_embeds.shape[1])
+
+
+def with_extras(vlm: Any, ids: list[int], kept: Arrays) -> tuple[mx.array, dict[str, mx.array]]:
+    """The prompt's input embeddings, its images read in one call, and what the model gives beside them (`ALONGSIDE`);
+    `Unreadable` names anything else it gives (positions that depend on the image, say)."""
+    out = _embedded(vlm, ids, kept)
+    extras = {k: v for k, v in out.to_dict().items() if v is not None and k not in READ}
+    unknown = [k for k in extras if k not in ALONGSIDE]
+    if unknown:
+        raise Unreadable(", ".join(unknown))
+    return out.inputs_embeds[0], extras
+
+
+def _embedded(vlm: Any, ids: list[int], kept: Arrays) -> Any:
+    """mlx-vlm's `get_input_embeddings` of the ids and the images' arrays (as its generate calls it)."""
+    arrays = {k: mx.array(v).astype(getattr(mx, dtype)) if dtype else mx.array(v) for k, (v, dtype) in kept.items()}
+    rest = {k: v for k, v in arrays.items() if k != "pixel_values"}
+    return vlm.get_input_embeddings(
+        mx.array([ids]), arrays.get("pixel_values"), mask=mx.ones((1, len(ids)), dtype=mx.int32), **rest
+    )
+
+
+def span_of(ids: list[int], image_token: int, length: int) -> Span:
+    """The span of the images in a prompt of `ids` whose embeddings are `length` long; `Mismatch` if the text around
+    the images would not fit in them."""
+    at = [i for i, t in enumerate(ids) if t == image_token]
+    if not at:
+        raise Mismatch("the model's processor wrote no image token for the request's images")
+    first, last = at[0], at[-1]
+    inside = length - first - (len(ids) - last - 1)
+    if inside < 1:
+        raise Mismatch(
+            f"the model's embeddings of the prompt ({length}) do not line up with its {len(ids)} tokens: "
+            "onelane cannot read this prompt with its images"
+        )
+    return Span(start=first, ids=tuple(ids[first : last + 1]), length=inside)
+
+
+def expanded(ids: list[int], span: Span, vocab: int, digests: tuple[str, ...], salt: int) -> list[int]:
+    """The keyed prompt of an expanding model: the ids, their span of images as `span.length` tags drawn from the
+    images' digests and the span's own ids (in two 28-bit pieces of a SHA-256, in turn, as worker/vision.py keys
+    images); another `salt` draws other tags."""
+    digest = hashlib.sha256(f"{salt}:{','.join(digests)}:{span.ids}".encode()).hexdigest()
+    pieces = [vocab + int(digest[7 * k : 7 * k + 7], 16) for k in range(2)]
+    tags = [pieces[k % 2] for k in range(span.length)]
+    return [*ids[: span.start], *tags, *ids[span.start + len(span.ids) :]]
+
+
+def model_ids(keyed: list[int], span: Span, vocab: int) -> list[int]:
+    """A keyed prompt's ids as the model's `get_input_embeddings` reads them (its span of images its own again)."""
+    first = next(i for i, t in enumerate(keyed) if t >= vocab)
+    return [*keyed[:first], *span.ids, *keyed[first + span.length :]]
+
+
+def prefix_lm(vlm: Any) -> bool:
+    """Whether the model reads a prompt's prefix with bidirectional attention, so that mlx-vlm reads the whole prompt
+    in one pass (its model's `chunked_prefill_policy` says not to chunk: PaliGemma). The batch reads such a model's
+    image prompt so too, its last token included (worker/batch/prefill.py `_see`); decoding is causal as ever."""
+    policy = getattr(vlm, "chunked_prefill_policy", None)
+    if not callable(policy):
+        return False
+    return not policy(
+        input_ids=None, inputs_embeds=None, prompt_cache=None, draft_model=None, draft_kind=None, prefill_kwargs=None
+    )
+
+
+#: what a model may give beside its embeddings that the batch passes to its language model, at each read of the
+#: prompt and at the first decode step (Llama 3.2 Vision's cross-attention states and masks); such a model's image
+#: jobs run alone in the lane (nothing else decodes beside them: the inputs are one sequence's)
+ALONGSIDE = ("cross_attention_states", "cross_attention_mask", "full_text_row_masked_out_mask")
+#: of those, what goes to every later decode step too (as mlx-vlm's generate_step passes them)
+EVERY_STEP = ("cross_attention_states",)
+
+
+def beside(extras: dict[str, mx.array]) -> Beside:
+    """The inputs `get_input_embeddings` gave beside the embeddings, as the batch passes them."""
+    return Beside(prompt=dict(extras), step={k: v for k, v in extras.items() if k in EVERY_STEP})
+
+
+def for_ids(kept: Arrays, ids: list[int], image_token: int) -> Arrays:
+    """The prepared arrays of a prompt's images for these ids: an array of the prompt's text (Llama 3.2 Vision's
+    `cross_attention_mask`, a row per token) is written again for them, as its processor writes it (the arrays are
+    kept by the images: another prompt's, of another length, may have made them)."""
+    if "cross_attention_mask" not in kept:
+        return kept
+    from mlx_vlm.models.mllama.processing_mllama import (
+        convert_sparse_cross_attention_mask_to_dense,
+        get_cross_attention_token_mask,
+    )
+
+    mask, dtype = kept["cross_attention_mask"]
+    tiles = (mask.max(axis=1) > 0).sum(axis=-1).tolist()  # each image's tiles (a row that sees it sees them all)
+    dense = convert_sparse_cross_attention_mask_to_dense(
+        [get_cross_attention_token_mask(ids, image_token)], tiles, mask.shape[-1], len(ids)
+    )
+    return {**kept, "cross_attention_mask": (dense.astype(mask.dtype), dtype)}
