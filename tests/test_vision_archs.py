@@ -45,7 +45,7 @@ EXPECTED: dict[str, str] = {
     "deepseek_vl_v2": "served differs",  # mlx-vlm's own answers for it differ from one process to the next
     "fastvlm": "mlx-vlm fails: no tiny config builds",
     "gemma3": "batched equal",
-    "gemma4": "refused",  # its per-layer inputs come beside its embeddings
+    "gemma4": "batched equal",  # its per-layer inputs carried beside its embeddings (worker/vision_beside.py)
     "granite_vision": "batched equal",  # its embeddings outnumber its prompt's ids, as LLaVA-NeXT's
     "idefics2": "batched equal",
     "idefics3": "batched equal",
@@ -57,9 +57,7 @@ EXPECTED: dict[str, str] = {
     "mistral3": "batched equal",
     "moondream2": "mlx-vlm fails: its processor loads its tokenizer from the hub",
     "moondream3": "mlx-vlm fails: its processor loads its tokenizer from the hub",
-    # its load's probe reads two images in one prompt, which mlx-vlm's processor for it cannot (one answers); then its
-    # M-RoPE positions, as Qwen2-VL's
-    "paddleocr_vl": "alone equal",
+    "paddleocr_vl": "batched equal",  # M-RoPE, as Qwen2-VL's: each row's own positions (worker/batch/positions.py)
     "phi3_v": "mlx-vlm fails: no tiny config builds",
     "pixtral": "batched equal",
     "smolvlm": "batched equal",
@@ -67,12 +65,13 @@ EXPECTED: dict[str, str] = {
 # the other families' modules (tests/vlms/qwen.py, glm.py, llava.py, internvl.py, paligemma.py, mllama.py), as issue 61
 # found them on this worker (untried ones as their kin): raised as each is served right
 EXPECTED |= {
-    "qwen2_vl": "refused",  # M-RoPE: its images come with position_ids, rope_deltas beside their embeddings
-    "qwen2_5_vl": "refused",
-    "qwen3_vl": "refused",
-    "qwen3_vl_moe": "refused",
-    "qwen3_5": "refused",
-    "glm4v": "alone equal",  # M-RoPE too; equal one at a time, its batching trial sends it alone
+    # M-RoPE: each row carries its own positions (worker/batch/positions.py), Qwen3-VL its deepstack features
+    "qwen2_vl": "batched equal",
+    "qwen2_5_vl": "batched equal",
+    "qwen3_vl": "batched equal",
+    "qwen3_vl_moe": "batched equal",
+    "qwen3_5": "batched equal",
+    "glm4v": "batched equal",
     "llava_next": "batched equal",  # more embeddings than prompt ids: as many positions in its keyed prompt
     "internvl_chat": "batched equal",  # rendered with its processor's own template, as mlx-vlm renders it
     "paligemma": "alone equal",  # its image prompt read whole (a prefix read both ways); its decode alone

@@ -7,7 +7,10 @@ images seen before, from their kept rules without the processor. Its input embed
 place of those tokens, the rest the token embeddings) come from the model's `get_input_embeddings` when the batch
 first reads the prompt, one image a step where the model allows (worker/vision_tower.py); the batch reads them in
 chunks beside the others' decode steps (worker/batch/prefill.py), and from then on the sequence decodes as any other,
-through the language model.
+through the language model. What the language model reads beside the embeddings goes with them: a model whose
+positions depend on its images (M-RoPE: Qwen-VL, GLM-4V) is given each sequence's own, computed as it enters the batch
+(`positions`: worker/batch/positions.py), and Qwen3-VL's deepstack features reach the prompt's read chunk by chunk
+(worker/vision_beside.py).
 
 What the batch sees of an image is a tag made from its digest: the ids of its tokens are replaced by ids past the
 vocabulary (`_keyed`: two 28-bit pieces of its SHA-256 in turn, every id a 32-bit integer, as the batch's arrays hold
@@ -40,8 +43,10 @@ from tasks.job import JobSpec, Message, Picture
 from worker.batch.dtypes import with_dtype
 from worker.batch.engine import Engine, Images
 from worker.batch.forward import ContinuousBatch
-from worker.batch.rows import Beside, Embeds
+from worker.batch.positions import Positions, from_offset
+from worker.batch.rows import Beside, Embeds, Extras
 from worker.unsupported import Unsupported
+from worker.vision_beside import after, rope_indexed, rope_positions
 from worker.vision_prep import KEPT, PrepareFailed, Preparer, placeholder
 from worker.vision_reading import (
     Mismatch,
@@ -75,11 +80,29 @@ class TextModel(nn.Module):
         super().__init__()  # type: ignore[no-untyped-call]  # (mlx's Module.__init__ is unannotated)
         self.vlm = vlm
 
+    @property
+    def positional(self) -> bool:
+        """Whether its positions depend on its images (M-RoPE): the batch then passes every row's own
+        (worker/batch/positions.py)."""
+        return rope_indexed(self.vlm.language_model)
+
     def __call__(
-        self, inputs: mx.array, cache: Any = None, inputs_embeds: mx.array | None = None, **beside: mx.array
+        self,
+        inputs: mx.array,
+        cache: Any = None,
+        inputs_embeds: mx.array | None = None,
+        positions: mx.array | None = None,
+        **extras: Any,
     ) -> mx.array:
-        """(`beside`: what a sequence alone's passes take beside its embeddings: worker/batch/rows.py `Beside`.)"""
-        out = self.vlm.language_model(inputs, inputs_embeds=inputs_embeds, cache=cache, **beside)
+        """The logits; a positional model is given `positions` (3, B, L), or, outside the batch (the probes, on a
+        fresh cache), text positions from its cache's offset: never the last prompt's it keeps itself. (`extras`:
+        what a prompt's read or a sequence alone's passes take beside the embeddings: worker/batch/rows.py.)"""
+        if positions is None and self.positional:
+            offset = next((c.offset for c in cache or () if hasattr(c, "offset")), 0)  # (a linear layer's has none)
+            positions = from_offset(offset, inputs.shape[0], inputs.shape[1])
+        if positions is not None:
+            extras["position_ids"] = positions
+        out = self.vlm.language_model(inputs, inputs_embeds=inputs_embeds, cache=cache, **extras)
         return getattr(out, "logits", out)  # type: ignore[no-any-return]  # (mlx-vlm's language models are untyped)
 
     @property
@@ -118,6 +141,8 @@ class VisionEngine(Engine):
         self._spans: OrderedDict[tuple[int, ...], Span] = OrderedDict()  # an expanding model's, by the tags
         self._lengths: OrderedDict[tuple[tuple[str, ...], tuple[int, ...]], int] = OrderedDict()  # its embeddings'
         self.images_read = 0  # images its vision tower read (a prefix-cache hit reads none)
+        self.positional = rope_indexed(vlm.language_model)  # (its TextModel's: M-RoPE)
+        self._grids: OrderedDict[str, np.ndarray] = OrderedDict()  # each image's grid (t, h, w), by its digest
 
     @classmethod
     def load(  # type: ignore[override]  # (from a ModelConfig only, not also a path as Engine.load)
@@ -183,6 +208,13 @@ class VisionEngine(Engine):
         reading = self._reading(ids, kept, 0, count, length)
         while reading() is None:
             pass
+        if self.positional:  # (its positions, as the batch will compute them for each sequence)
+            try:
+                self.positions(prompt)
+            except (InvalidPrompt, ValueError, TypeError) as exc:
+                raise VisionUnsupported(
+                    f"its positions depend on its images in a way onelane does not follow ({exc})"
+                ) from None
         self.by_image = not (self.expands or self.images_alone) and by_image_agrees(
             self.vlm, self.image_token, ids, kept, count
         )
@@ -299,6 +331,27 @@ class VisionEngine(Engine):
         batch_ids = [self.image_token if t >= self.vocab else t for t in prompt]
         return self._reading(ids, kept, cached, images, len(prompt)), batch_ids[cached:]
 
+    def positions(self, prompt: list[int]) -> Positions | None:
+        """A keyed prompt's own positions where the model's depend on its images (worker/vision_beside.py), from its
+        ids and its images' grids (kept by digest: a prompt whose images' arrays are gone still has them)."""
+        if not self.positional or not any(t >= self.vocab for t in prompt):
+            return None
+        digests = self._digests.get(_images(prompt, self.vocab))
+        if digests is None:
+            raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
+        arrays = self.prep.arrays(digests)
+        if arrays is not None and "image_grid_thw" in arrays:
+            for digest, grid in zip(digests, np.asarray(arrays["image_grid_thw"][0]).reshape(-1, 3)):
+                self._grids[digest] = grid
+                self._grids.move_to_end(digest)
+            while len(self._grids) > KEPT * 64:
+                self._grids.popitem(last=False)
+        grids = [g for d in digests if (g := self._grids.get(d)) is not None]
+        if len(grids) < len(digests):
+            raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
+        ids = [self.image_token if t >= self.vocab else t for t in prompt]
+        return rope_positions(self.vlm.language_model, ids, self.image_token, np.stack(grids))
+
     def _inputs(self, prompt: list[int]) -> tuple[list[int], Arrays, int]:
         """A keyed prompt's ids as the model's `get_input_embeddings` reads them, its images' prepared arrays, and
         how many images."""
@@ -326,22 +379,26 @@ class VisionEngine(Engine):
         else:
             read = lambda: whole(self.vlm, ids, kept)  # noqa: E731
 
-        def step() -> mx.array | tuple[mx.array, Beside] | None:
+        def step() -> mx.array | tuple[mx.array, Beside | Extras] | None:
             try:
                 out = read()
             except Unreadable as exc:
                 raise _unsupported(exc) from None
             if out is None:
                 return None
-            if out.shape[0] != length:
+            features, carried = out if isinstance(out, tuple) else (out, None)
+            if features.shape[0] != length:
                 raise Mismatch(
-                    f"the model gave {out.shape[0]} input embeddings for a prompt of {length} tokens: onelane cannot "
-                    "read this prompt with its images"
+                    f"the model gave {features.shape[0]} input embeddings for a prompt of {length} tokens: onelane "
+                    "cannot read this prompt with its images"
                 )
             self.images_read += images
-            embeds = out[cached:] if self.prefix_lm else out[cached:-1]
+            embeds = features[cached:] if self.prefix_lm else features[cached:-1]
             mx.eval(embeds, extras)
-            return (embeds, beside(extras)) if extras else embeds
+            if extras:
+                return embeds, beside(extras)
+            later = after(carried, cached)
+            return (embeds, later) if later is not None else embeds
 
         return step
 
@@ -405,8 +462,8 @@ class VisionEngine(Engine):
 
 def _unsupported(exc: Unreadable) -> VisionUnsupported:
     return VisionUnsupported(
-        f"its images come with {exc} beside their embeddings (positions or states that depend on the image): "
-        "onelane's batch does not read such a model's images yet"
+        f"its images come with {exc} beside their embeddings (inputs that depend on the image, which onelane's "
+        "batch does not carry yet): it does not read such a model's images"
     )
 
 

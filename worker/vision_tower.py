@@ -18,26 +18,32 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-#: what mlx-vlm's embeddings may carry beside them that the batch reads: a model whose images need more (positions
-#: that depend on the image, as Qwen2-VL's M-RoPE; cross-attention states; per-layer inputs) is not served yet
-READ = ("inputs_embeds", "attention_mask_4d", "attention_mask")
+from worker.batch.rows import Extras
+from worker.vision_beside import CARRIED, RECOMPUTED, carried
+
+#: what mlx-vlm's embeddings may carry beside them that the batch reads (worker/vision_beside.py: positions it computes
+#: again itself, extras it carries): a model whose images need more (cross-attention states, ...) is not served yet
+READ = ("inputs_embeds", "attention_mask_4d", "attention_mask", *RECOMPUTED, *CARRIED)
 
 Arrays = dict[str, tuple[np.ndarray, str]]  # the processor's arrays of a prompt's images (and their MLX dtypes)
-Reading = Callable[[], mx.array | None]  # one part of the pass a call; the embeddings once the last is done
+Reading = Callable[[], mx.array | tuple[mx.array, Extras] | None]  # a part of the pass a call; then the embeddings
 
 
-def whole(vlm: Any, ids: list[int], kept: Arrays) -> mx.array:
-    """The prompt's input embeddings, its images read in one call; `Unreadable` names what else the model gives."""
+def whole(vlm: Any, ids: list[int], kept: Arrays) -> mx.array | tuple[mx.array, Extras]:
+    """The prompt's input embeddings, its images read in one call, with what the prompt's read carries beside them
+    if anything (worker/vision_beside.py); `Unreadable` names what else the model gives."""
     arrays = {k: mx.array(v).astype(getattr(mx, dtype)) if dtype else mx.array(v) for k, (v, dtype) in kept.items()}
     rest = {k: v for k, v in arrays.items() if k != "pixel_values"}
     out = vlm.get_input_embeddings(
         mx.array([ids]), arrays.get("pixel_values"), mask=mx.ones((1, len(ids)), dtype=mx.int32), **rest
     )
-    extra = [k for k, v in out.to_dict().items() if v is not None and k not in READ]
+    features = {k: v for k, v in out.to_dict().items() if v is not None}
+    extra = [k for k in features if k not in READ]
     if extra:
         raise Unreadable(", ".join(extra))
     embeds: mx.array = out.inputs_embeds[0]
-    return embeds
+    extras = carried(features)
+    return (embeds, extras) if extras is not None else embeds
 
 
 class Unreadable(Exception):
@@ -60,6 +66,7 @@ def by_image(vlm: Any, image_token: int, ids: list[int], kept: Arrays, images: i
         if n < images:
             mine = {k: (v[n : n + 1], dtype) for k, (v, dtype) in kept.items()}
             part = whole(vlm, [image_token] * each, mine)
+            assert not isinstance(part, tuple), "a model whose embeddings carry extras is read in one call"
             mx.eval(part)
             parts.append(part)
             return None
@@ -73,10 +80,10 @@ def by_image(vlm: Any, image_token: int, ids: list[int], kept: Arrays, images: i
 
 def by_image_agrees(vlm: Any, image_token: int, ids: list[int], kept: Arrays, images: int) -> bool:
     """Whether reading image by image gives the whole call's embeddings (for a prompt of several images)."""
-    if not splits(kept, images):
+    if not splits(kept, images) or isinstance(together := whole(vlm, ids, kept), tuple):
         return False
     reading = by_image(vlm, image_token, ids, kept, images)
     while (alone := reading()) is None:
         pass
-    together = whole(vlm, ids, kept)
+    assert not isinstance(alone, tuple)
     return bool(mx.allclose(alone, together, atol=1e-4, rtol=1e-3).item())

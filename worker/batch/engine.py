@@ -35,6 +35,7 @@ from tasks.settings import PREFILL_BATCH
 from worker.batch.dtypes import with_dtype
 from worker.batch.forward import ContinuousBatch
 from worker.batch.logprobs import Logprobs
+from worker.batch.positions import Positions
 from worker.batch.rows import Batching, Counters, Embeds, unmergeable
 from worker.batch.sampling import Sampler, Scorer, make_sampler
 from worker.grammar import GrammarMatcher, Grammars
@@ -201,7 +202,8 @@ class Engine:
             prompt[:cached] if cache is not None else None,
             embeds,
             ids,
-            self.runs_alone(prompt),
+            alone=self.runs_alone(prompt),
+            positions=self.positions(prompt),
         )
         self._uids.add(int(uid))
         if isinstance(sampler, Draw) and params.logprobs:
@@ -227,6 +229,11 @@ class Engine:
         """For a prompt with images still to read (after its first `cached` tokens): the input embeddings of the rest
         but its last token, and their ids as the model knows them (worker/vision.py); a text model reads ids."""
         return None, None
+
+    def positions(self, prompt: list[int]) -> Positions | None:
+        """A sequence's own positions, where the model's depend on its images (worker/batch/positions.py: a
+        vision model's, worker/vision.py); None for a text model's, whose positions are its tokens' indices."""
+        return None
 
     def extract(self, uid: int, keep: int) -> list[Any] | None:
         """A copy of a sequence's KV cache, cut to its first `keep` tokens (the sequence stays in the batch); None if

@@ -39,6 +39,7 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
+from worker.batch.positions import Positions
 from worker.batch.prefill import Prefilling
 from worker.batch.rows import MIN_CHUNK, Embeds, Emitted, Processor, Row
 from worker.batch.sampling import Sampler
@@ -72,11 +73,13 @@ class ContinuousBatch(Prefilling):
         embeds: Embeds | None = None,
         ids: list[int] | None = None,
         alone: bool = False,
+        positions: Positions | None = None,
     ) -> int:
         """A sequence that reads `prompt` (after the `cached` tokens its `cache` holds), then draws up to
         `max_tokens`; returns its uid. With `embeds`, what computes the input embeddings of the prompt's tokens but its
         last (called as its first chunk is read), and `ids`, those tokens as the model knows them: a prompt with
-        images (`alone`: one that runs with nothing beside it, worker/batch/prefill.py)."""
+        images (`alone`: one that runs with nothing beside it, worker/batch/prefill.py); `positions`, its own, for a
+        model whose positions depend on its images (worker/batch/positions.py)."""
         if not prompt:
             raise ValueError("a sequence needs at least one token to read")
         if max_tokens <= 0:
@@ -84,6 +87,7 @@ class ContinuousBatch(Prefilling):
         uid, self._uids = self._uids, self._uids + 1
         own = cache if cache is not None else make_prompt_cache(self.model, self.max_kv_size)
         row = Row(uid, own, list(cached or []), list(prompt), max_tokens, sampler, tuple(processors), stops)
+        row.positions = positions
         if embeds is not None and (len(prompt) > 1 or alone):
             row.embeds, row.ids, row.alone = embeds, list(ids or prompt), alone
             self._seeing.append(row)
@@ -195,7 +199,7 @@ class ContinuousBatch(Prefilling):
         reads (its last draw, or a newcomer's last prompt token), its logits processors, its sampler."""
         reading = self._next
         assert reading is not None
-        logits = self.model(reading[:, None], cache=self._cache, **self._beside())[:, -1, :]
+        logits = self._forward(reading[:, None], self._cache, self._rows, **self._beside())[:, -1, :]
         if any(r.processors for r in self._rows):
             logits = mx.concatenate([self._processed(i, logits[i : i + 1], reading) for i in range(len(self._rows))])
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)

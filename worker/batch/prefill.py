@@ -34,7 +34,8 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from mlx_lm.utils import maybe_set_recommended_wired_limit
 
-from worker.batch.rows import Batching, Counters, Row
+from worker.batch.positions import batched
+from worker.batch.rows import Batching, Beside, Counters, Row
 
 
 class Prefilling:
@@ -51,6 +52,8 @@ class Prefilling:
         decode_floor: float = 0.0,
     ) -> None:
         self.model, self.prefill_step, self.max_kv_size = model, prefill_step, max_kv_size
+        # its positions depend on its images (worker/batch/positions.py): every forward pass passes each row's
+        self.positional = bool(getattr(model, "positional", False))
         self.batching = batching
         self.decode_floor = decode_floor  # tokens/s the decode rows keep while prompts are read (0: no floor)
         self.chunk = prefill_step  # a reader's chunk while rows decode (fitted to the floor after each such step)
@@ -95,7 +98,7 @@ class Prefilling:
             tokens = mx.array([c + [0] * p for c, p in zip(chunks, padding)])
         else:
             tokens = mx.array(chunks)
-        self.model(tokens, cache=self._reading_cache)  # only the caches are evaluated: no logits are computed
+        self._forward(tokens, self._reading_cache, self._reading)  # only the caches are evaluated: no logits
         mx.eval([c.state for c in self._reading_cache])
         if max(padding) > 0:
             for c in self._reading_cache:
@@ -123,13 +126,19 @@ class Prefilling:
             embeds = row.embeds()
             if embeds is None:
                 return 0
-            row.embeds, row.beside = embeds if isinstance(embeds, tuple) else (embeds, None)
+            row.embeds, second = embeds if isinstance(embeds, tuple) else (embeds, None)
+            row.beside = second if isinstance(second, Beside) else None
+            row.extras = second if second is not None and not isinstance(second, Beside) else None
         assert row.embeds is not None and row.ids is not None and row.cache is not None
         beside = row.beside.prompt if row.beside is not None else {}
         n = len(row.unread) - 1 if self.whole_prompts else min(cap, len(row.unread) - 1)
         if n > 0:
             read = n + 1 if self.whole_prompts else n
-            self.model(mx.array([row.ids[:read]]), cache=row.cache, inputs_embeds=row.embeds[None, :read], **beside)
+            extras = row.extras.take(row.seen, read) if row.extras is not None else {}
+            self._forward(
+                mx.array([row.ids[:read]]), row.cache, [row], inputs_embeds=row.embeds[None, :read], **beside, **extras
+            )
+            row.seen += n
             if self.whole_prompts:  # (its last token's KV goes: its decode row reads it again, seeing the same prefix)
                 trim_prompt_cache(row.cache, 1)
             mx.eval([c.state for c in row.cache])
@@ -140,10 +149,22 @@ class Prefilling:
             self.work.prompt_tokens += n
         if len(row.unread) == 1:
             self._seeing.popleft()
-            row.embeds = row.ids = None
+            row.embeds = row.ids = row.extras = None
             cache, row.cache = row.cache, None
             self._join_decode([row], self._merge([cache]))
         return max(n, 0)
+
+    def _forward(
+        self, tokens: mx.array, cache: list[Any], rows: list[Row], inputs_embeds: mx.array | None = None, **extras: Any
+    ) -> mx.array:
+        """The model's forward pass over `tokens` (a row each, from the tokens each holds), its logits; a model whose
+        positions depend on its images is given each row's own (worker/batch/positions.py)."""
+        if inputs_embeds is not None:
+            extras["inputs_embeds"] = inputs_embeds
+        if self.positional:
+            extras["positions"] = batched([r.positions for r in rows], [len(r.tokens) for r in rows], tokens.shape[1])
+        logits: mx.array = self.model(tokens, cache=cache, **extras)
+        return logits
 
     def _alone_decoding(self) -> bool:
         """Whether a sequence that runs alone (`Row.alone`) decodes now."""

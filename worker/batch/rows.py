@@ -5,17 +5,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
+from worker.batch.positions import Positions
 from worker.batch.sampling import Sampler
 
 MIN_CHUNK = 16  # the fewest prompt tokens a reader reads in a step, however far its step runs past the floor
 Processor = Callable[[mx.array, mx.array], mx.array]
 Batching = Literal["padded", "unpadded", "alone"]
+
+
+class Extras(Protocol):
+    """What a prompt's read passes the model beside its input embeddings, chunk by chunk (worker/vision_extras.py)."""
+
+    def take(self, start: int, length: int) -> dict[str, Any]:
+        """The model's keyword arguments for the embeddings' tokens start .. start + length."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -28,9 +37,10 @@ class Beside:
     step: dict[str, mx.array]
 
 
-# a prompt's input embeddings (and what its passes take beside them, if anything), computed when first read: a part a
+# a prompt's input embeddings (and what its passes take beside them, if anything: `Beside` for a sequence
+# alone, `Extras` for its prompt's read), computed when first read: a part a
 # call (None until the last: its images read one a step, worker/vision_tower.py)
-Embeds = Callable[[], mx.array | tuple[mx.array, Beside] | None]
+Embeds = Callable[[], mx.array | tuple[mx.array, Beside | Extras] | None]
 
 
 def unmergeable(model: nn.Module) -> list[str]:
@@ -55,6 +65,10 @@ class Row:
     # as the model knows them (its own `unread` names each image's tokens by the image's digest)
     embeds: mx.array | Embeds | None = None
     ids: list[int] | None = None
+    # a model whose positions depend on the images (worker/batch/positions.py): this sequence's own (None: text)
+    positions: Positions | None = None
+    extras: Extras | None = None  # what its prompt's read passes beside its embeddings (from its unread tokens on)
+    seen: int = 0  # of its embeddings, those read already (where `extras` are taken from)
     beside: Beside | None = None  # what its passes take beside its embeddings, once read
     alone: bool = False  # it decodes with nothing beside it (the batch drains first; none joins until it leaves)
 
