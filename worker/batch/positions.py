@@ -13,9 +13,9 @@ offset. A sequence's positions depend only on its prompt's ids and its images' g
 `get_rope_index`), computed when it enters the batch (worker/vision.py: `VisionEngine.positions`), whichever way it
 comes (a prompt, a prefix-cache hit that reads no pixels, a resumed job, a choice of `n`, a preempted row put back).
 
-Upstream, the fix would be a batched position per row in mlx-vlm itself: `rope_deltas` of shape (B, 1) kept per
-sequence by its BatchGenerator (extended, filtered and merged with the KV caches) and positions computed from each
-row's offset plus its delta, instead of one `_rope_deltas` on the language model.
+Upstream: mlx-vlm's own batch generator works around that state with a delta per row beside its caches
+(generate/ar.py); the fix that would let any batch drive these models is a language model whose call takes each
+row's positions (or deltas) and keeps no prompt's state on the module.
 """
 
 from __future__ import annotations
