@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -59,10 +60,12 @@ class Served:
     processor: Any
 
     def reference(self, messages: list[dict[str, Any]], images: list[bytes]) -> list[int]:
-        """mlx-vlm's greedy tokens for these messages and images, alone (up to its EOS)."""
+        """mlx-vlm's greedy tokens for these messages and images, alone (up to its EOS), rendered as its generate and
+        server render a chat (`apply_chat_template`)."""
         import mlx_vlm
+        from mlx_vlm.prompt_utils import apply_chat_template
 
-        prompt = self.processor.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompt = apply_chat_template(self.processor, self.vlm.config, messages, num_images=len(images))
         files = []
         for n, data in enumerate(images):
             (path := self.folder / f"image-{hashlib.sha256(data).hexdigest()[:12]}-{n}.png").write_bytes(data)
@@ -261,3 +264,26 @@ def test_a_row_preempted_and_put_back_goes_on_as_mlx_vlm(served: Served) -> None
     # Then every answer is still mlx-vlm's
     assert [*generated, *answers[back]] == expected[1]
     assert [answers[u] for u in (uids[0], uids[2], uids[3])] == [expected[0], expected[2], expected[3]]
+
+
+def test_two_images_of_different_sizes_are_read_one_a_step_where_the_model_allows(served: Served) -> None:
+    from worker.vision_tower import by_image, whole
+
+    # Given a prompt of two images of different grids (their patches flattened into one array, each its grid)
+    engine = served.engine
+    datas = [png(size, colour) for size, colour, _ in IMAGES[:2]]
+    digests = [hashlib.sha256(d).hexdigest() for d in datas]
+    message = Message(role="user", content="Both?", images=tuple(Picture(digest=d, at=0) for d in digests))
+    ids, kept, count = engine._inputs(served.prompt((message,), dict(zip(digests, datas))))
+
+    # Then a model whose images are read apart from each other (no deepstack features beside them) reads them one
+    # image a step, a part of the pass each, and the embeddings are the whole call's
+    arch = served.folder.name[:-1]  # (tmp_path_factory numbers the folder it makes)
+    assert engine.by_image == (arch not in ("qwen3_vl", "qwen3_vl_moe")), arch
+    if engine.by_image:
+        reading = by_image(engine.vlm, engine.image_token, ids, kept, count)
+        assert reading() is None and reading() is None
+        alone = reading()
+        together = whole(engine.vlm, ids, kept)
+        assert not isinstance(alone, tuple | None) and not isinstance(together, tuple)
+        assert alone.shape == together.shape and np.allclose(alone, together, atol=1e-4, rtol=1e-3)
