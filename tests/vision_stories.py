@@ -11,6 +11,7 @@ import base64
 import io
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,13 @@ from typing import Any
 import requests
 from PIL import Image
 
+from tasks.events import Event
 from tasks.job import JobStatus
 from tasks.settings import Settings
 from tests.helpers import openai_chunks
 
 Turns = list[dict[str, Any]]
+LONG = 2000  # the killed answer's tokens: seconds of work, so that the kill lands while it generates
 
 
 def png(colour: str | tuple[int, int, int], size: tuple[int, int]) -> bytes:
@@ -114,12 +117,25 @@ def cancel_story(live_server: str, store: Any, model: str, reference: Reference,
     assert reply.json()["choices"][0]["message"]["content"] == expected
 
 
+def delivered(tokens: int) -> Callable[[Event], bool]:
+    """A match for `wait_event`: true once the job's token events have written `tokens` tokens (each event seen
+    once, whether read from the log or live)."""
+    seen: dict[int, int] = {}
+
+    def match(event: Event) -> bool:
+        if event.type == "token":
+            seen[event.index] = event.n
+        return sum(seen.values()) >= tokens
+
+    return match
+
+
 def kill_story(
     settings: Settings, tmp_path: Path, worker_process: Any, store: Any, model: str, reference: Reference, image: bytes
 ) -> None:
     """`onelane worker` answers about `image` at length, uninterrupted, then again and is SIGKILLed as it generates:
-    the next worker goes on from the tokens delivered (reading the image again) and the answer is the uninterrupted
-    one, and mlx-vlm's own."""
+    the next worker goes on from the tokens delivered (they are read as prompt after the image's, at the positions
+    the image gives them) and the answer is the uninterrupted one, and mlx-vlm's own."""
     from tasks.images import picture
     from tasks.job import JobSpec, Message, SamplingParams, new_job_id
     from tests.helpers import wait_ended, wait_event
@@ -132,17 +148,20 @@ def kill_story(
     worker_process(**env)
     first = wait_for_worker(store)
     message = Message(role="user", content="What is this?", images=(picture(data_url(image), 0, "messages"),))
-    params = SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True)  # (a second or two of work)
-    spec = JobSpec(owner="u", model=model, messages=(message,), params=params)
+    params = SamplingParams(max_tokens=LONG, temperature=0, ignore_eos=True)
+    # (streamed: its tokens are written as they come, so the kill lands some way into the answer)
+    spec = JobSpec(owner="u", model=model, messages=(message,), params=params, stream=True)
     alone = wait_ended(store, store.admit(new_job_id(), spec, 300).id, timeout_s=120)
     # When the same question's worker is killed as it generates
     job_id = new_job_id()
     store.admit(job_id, spec, 300)
-    wait_event(store, job_id, lambda e: e.type == "token", timeout_s=60)
+    wait_event(store, job_id, delivered(50), timeout_s=60)
     os.kill(first.pid, signal.SIGKILL)
     # Then the next worker goes on from what was delivered, and the answer is the same
     done = wait_ended(store, job_id, timeout_s=120)
     assert (done["status"], done["attempts"]) == ("completed", 2), done
-    assert (done["output"], done["usage"]["completion_tokens"]) == (alone["output"], 1000)
+    kept = [e.completion_tokens for e in store.events(job_id) if e.type == "requeued"]
+    assert len(kept) == 1 and 50 <= kept[0] < LONG, kept  # (it went on from some way past the image)
+    assert (done["output"], done["usage"]["completion_tokens"]) == (alone["output"], LONG)
     # And it is the model's own (mlx-vlm's, alone): the positions after the resumed tokens are the model's
-    assert done["output"] == reference.text([hub(1, "What is this?")], [image], 1000, ignore_eos=True)
+    assert done["output"] == reference.text([hub(1, "What is this?")], [image], LONG, ignore_eos=True)
