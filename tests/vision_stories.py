@@ -133,9 +133,9 @@ def delivered(tokens: int) -> Callable[[Event], bool]:
 def kill_story(
     settings: Settings, tmp_path: Path, worker_process: Any, store: Any, model: str, reference: Reference, image: bytes
 ) -> None:
-    """`onelane worker` answers about `image` at length, uninterrupted, then again and is SIGKILLed as it generates:
-    the next worker goes on from the tokens delivered (they are read as prompt after the image's, at the positions
-    the image gives them) and the answer is the uninterrupted one, and mlx-vlm's own."""
+    """`onelane worker` answers about `image` at length and is SIGKILLed as it generates: the next worker goes on
+    from the tokens delivered (it reads the image again, and those tokens as prompt after it, at the positions the
+    image gives them), and the answer is the one an uninterrupted run gives, and mlx-vlm's own."""
     from tasks.images import picture
     from tasks.job import JobSpec, Message, SamplingParams, new_job_id
     from tests.helpers import wait_ended, wait_event
@@ -143,7 +143,7 @@ def kill_story(
     from tests.test_recovery import wait_for_worker
     from tests.test_vision import data_url
 
-    # Given `onelane worker` serving the model, and the answer it gives with nothing cut
+    # Given `onelane worker` answering about an image at length
     _, env = serve(settings, tmp_path, **{model: {"path": str(reference.folder)}})
     worker_process(**env)
     first = wait_for_worker(store)
@@ -151,17 +151,17 @@ def kill_story(
     params = SamplingParams(max_tokens=LONG, temperature=0, ignore_eos=True)
     # (streamed: its tokens are written as they come, so the kill lands some way into the answer)
     spec = JobSpec(owner="u", model=model, messages=(message,), params=params, stream=True)
-    alone = wait_ended(store, store.admit(new_job_id(), spec, 300).id, timeout_s=120)
-    # When the same question's worker is killed as it generates
     job_id = new_job_id()
     store.admit(job_id, spec, 300)
     wait_event(store, job_id, delivered(50), timeout_s=60)
+    # When its worker is killed as it generates
     os.kill(first.pid, signal.SIGKILL)
-    # Then the next worker goes on from what was delivered, and the answer is the same
+    # Then the next worker goes on from what was delivered
     done = wait_ended(store, job_id, timeout_s=120)
     assert (done["status"], done["attempts"]) == ("completed", 2), done
     kept = [e.completion_tokens for e in store.events(job_id) if e.type == "requeued"]
     assert len(kept) == 1 and 50 <= kept[0] < LONG, kept  # (it went on from some way past the image)
+    # And the answer is the one given with nothing cut, and the model's own (mlx-vlm's, alone)
+    alone = wait_ended(store, store.admit(new_job_id(), spec, 300).id, timeout_s=120)
     assert (done["output"], done["usage"]["completion_tokens"]) == (alone["output"], LONG)
-    # And it is the model's own (mlx-vlm's, alone): the positions after the resumed tokens are the model's
     assert done["output"] == reference.text([hub(1, "What is this?")], [image], LONG, ignore_eos=True)
