@@ -2,8 +2,10 @@
 depend on its images) served by the real worker beside a text model, asked through the openai SDK. Two images in
 one message, streamed, and three clients asking about images of other sizes at once (other grids, other rope
 deltas: each row carries its own positions, worker/batch/positions.py), each answered as `mlx_vlm.generate` answers
-that prompt alone; a follow-up about the same image reads its prefix from the cache and no pixels. On main the
-model is refused at load, and every request about it fails.
+that prompt alone; a follow-up about the same image reads its prefix from the cache and no pixels; a streamed answer
+cancelled; and a worker process killed mid-answer, whose job the next worker finishes from the tokens delivered, at
+the positions the image gives them (tests/vision_stories.py). On main before issue 61 the model was refused at
+load, and every request about it failed.
 """
 
 from __future__ import annotations
