@@ -89,7 +89,7 @@ def test_internvl_answers_about_two_images_in_a_stream_and_a_follow_up_reads_no_
     assert (follow.usage.prompt_tokens_details.cached_tokens or 0) > 12  # (past the image's 12 tokens)
     # (mlx-vlm renders InternVL's earlier answer as an empty `Assistant: ` turn: its processor's template reads a
     # turn's text from content parts, and mlx-vlm passes an assistant's content on as a string; onelane renders as
-    # mlx-vlm does, so the follow-up's prompt is the same either way)
+    # mlx-vlm does: the follow-up's prompt holds the image and both questions, not the answer between them)
     chat = [hub(1, "What?"), {"role": "assistant", "content": said}, {"role": "user", "content": "And then?"}]
     assert follow.choices[0].message.content == reference.text(chat, [wide], MAX_TOKENS)
 
