@@ -135,3 +135,13 @@ def test_a_worker_killed_mid_answer_about_an_image_resumes_it_with_the_models_po
 ):
     # (the image's grid shifts every later position by its rope delta: the resumed run must read it again)
     kill_story(settings, tmp_path, worker_process, store, "qwen", mlx_vlm_alone, png("olive", (112, 56)))
+
+
+def test_a_qwen3_vl_worker_killed_mid_answer_resumes_it_with_its_deepstack_features(
+    settings, tmp_path, worker_process, store, tmp_path_factory
+):
+    # (Qwen3-VL adds its image's deepstack features to its first layers' states at the image's tokens, beside M-RoPE:
+    # the resumed run reads them again with the image, worker/vision_beside.py)
+    folder = tmp_path_factory.mktemp("qwen3") / "qwen3_vl"
+    ARCHS["qwen3_vl"](folder)
+    kill_story(settings, tmp_path, worker_process, store, "qwen3", Reference(folder), png("olive", (56, 112)))
