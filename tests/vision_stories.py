@@ -7,7 +7,6 @@ finishes as if nothing had happened.
 
 from __future__ import annotations
 
-import base64
 import io
 import os
 import signal
@@ -23,6 +22,7 @@ from tasks.events import Event
 from tasks.job import JobStatus
 from tasks.settings import Settings
 from tests.helpers import openai_chunks
+from tests.test_vision import data_url
 
 Turns = list[dict[str, Any]]
 LONG = 2000  # the killed answer's tokens: seconds of work, so that the kill lands while it generates
@@ -36,7 +36,7 @@ def png(colour: str | tuple[int, int, int], size: tuple[int, int]) -> bytes:
 
 def image_part(data: bytes) -> dict[str, Any]:
     """An image as the openai SDK sends one: a data URL in an `image_url` part."""
-    return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{base64.b64encode(data).decode()}"}}
+    return {"type": "image_url", "image_url": {"url": data_url(data)}}
 
 
 def asked(images: list[bytes], text: str) -> Turns:
@@ -146,7 +146,6 @@ def kill_story(
     from tests.helpers import wait_ended, wait_event
     from tests.test_hostile_models import serve
     from tests.test_recovery import wait_for_worker
-    from tests.test_vision import data_url
 
     # Given `onelane worker` answering about an image at length
     _, env = serve(settings, tmp_path, **{model: {"path": str(reference.folder)}})
