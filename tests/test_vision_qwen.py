@@ -2,38 +2,28 @@
 depend on its images) served by the real worker beside a text model, asked through the openai SDK. Two images in
 one message, streamed, and three clients asking about images of other sizes at once (other grids, other rope
 deltas: each row carries its own positions, worker/batch/positions.py), each answered as `mlx_vlm.generate` answers
-that prompt alone; a follow-up about the same image reads its prefix from the cache and no pixels. On main the
-model is refused at load, and every request about it fails.
+that prompt alone; a follow-up about the same image reads its prefix from the cache and no pixels; a streamed answer
+cancelled; and a worker process killed mid-answer, whose job the next worker finishes from the tokens delivered, at
+the positions the image gives them (tests/vision_stories.py). On main before issue 61 the model was refused at
+load, and every request about it failed.
 """
 
 from __future__ import annotations
 
-import base64
-import io
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from PIL import Image
 
 from tasks.settings import Settings
 from tests.test_hostile_models import serve
+from tests.vision_stories import Reference, cancel_story, image_part, kill_story, png
 from tests.vlms.qwen import ARCHS
 
 pytestmark = pytest.mark.timeout(300)
 
 MAX_TOKENS = 12
-
-
-def png(colour: str, size: tuple[int, int]) -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", size, colour).save(out, "PNG")
-    return out.getvalue()
-
-
-def image_part(data: bytes) -> dict[str, Any]:
-    return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{base64.b64encode(data).decode()}"}}
 
 
 @pytest.fixture(scope="module")
@@ -50,28 +40,14 @@ def settings(settings: Settings, folder: Path, demo_model: Path, tmp_path: Path)
 
 
 @pytest.fixture(scope="module")
-def reference(folder: Path) -> Any:
+def mlx_vlm_alone(folder: Path) -> Reference:
+    return Reference(folder)
+
+
+@pytest.fixture
+def reference(mlx_vlm_alone: Reference) -> Any:
     """mlx-vlm's own greedy answer (that prompt alone), written as onelane writes tokens (mlx-lm's detokenizer)."""
-    import mlx_vlm
-    from mlx_lm.tokenizer_utils import load as load_tokenizer
-
-    vlm, processor = mlx_vlm.load(str(folder))
-    tokenizer = load_tokenizer(folder)
-
-    def answer(turns: list[dict[str, Any]], images: list[bytes]) -> str:
-        prompt = processor.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
-        pictures = [Image.open(io.BytesIO(i)).convert("RGB") for i in images]
-        out = mlx_vlm.generate(vlm, processor, prompt, image=pictures, max_tokens=MAX_TOKENS, temperature=0.0)
-        detokenizer = tokenizer.detokenizer
-        detokenizer.reset()
-        for token in out.token_ids:
-            if token in tokenizer.eos_token_ids:
-                break
-            detokenizer.add_token(token)
-        detokenizer.finalize()
-        return str(detokenizer.text)
-
-    return answer
+    return lambda turns, images: mlx_vlm_alone.text(turns, images, MAX_TOKENS)
 
 
 def test_qwen_answers_about_two_images_in_a_stream_and_three_clients_at_once(
@@ -145,3 +121,27 @@ def test_qwen_answers_about_two_images_in_a_stream_and_three_clients_at_once(
         {"role": "user", "content": "And then?"},
     ]
     assert follow.choices[0].message.content == reference(hub, [images["green"]])
+
+
+def test_a_streamed_answer_about_an_image_is_cancelled_and_the_next_is_the_models(
+    start_worker, settings, live_server, store, mlx_vlm_alone
+):
+    start_worker(settings)
+    cancel_story(live_server, store, "qwen", mlx_vlm_alone, png("orange", (84, 56)), png("purple", (56, 84)))
+
+
+def test_a_worker_killed_mid_answer_about_an_image_resumes_it_with_the_models_positions(
+    settings, tmp_path, worker_process, store, mlx_vlm_alone
+):
+    # (the image's grid shifts every later position by its rope delta: the resumed run must read it again)
+    kill_story(settings, tmp_path, worker_process, store, "qwen", mlx_vlm_alone, png("olive", (112, 56)))
+
+
+def test_a_qwen3_vl_worker_killed_mid_answer_resumes_it_with_its_deepstack_features(
+    settings, tmp_path, worker_process, store, tmp_path_factory
+):
+    # (Qwen3-VL adds its image's deepstack features to its first layers' states at the image's tokens, beside M-RoPE:
+    # the resumed run reads them again with the image, worker/vision_beside.py)
+    folder = tmp_path_factory.mktemp("qwen3") / "qwen3_vl"
+    ARCHS["qwen3_vl"](folder)
+    kill_story(settings, tmp_path, worker_process, store, "qwen3", Reference(folder), png("olive", (56, 112)))
