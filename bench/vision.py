@@ -4,8 +4,8 @@
                           [--text-tokens 200] [--image-tokens 32] [--varied-questions]
 
 No real vision-language checkpoint can be downloaded here, so the model is a random-weight one built bigger than the
-tests' (float32, the demo tokenizer with the architecture's tokens), written once into a temporary folder that both
-servers load; `--arch` picks it (ARCHS):
+tests' (same layout and seed, float32, the demo tokenizer with the architecture's tokens), written once into a
+temporary folder; `--arch` picks it (ARCHS):
 
 - `gemma3` (the default): tests/tiny_vision.py's Gemma 3 with GEMMA3_SIZES: text hidden 256, 4 layers, 4 query heads
   and 1 KV head of 64, intermediate 1024, sliding window 512; a SigLIP tower of hidden 128, 2 layers, 224x224 images
@@ -14,6 +14,8 @@ servers load; `--arch` picks it (ARCHS):
   2 KV heads of 64, intermediate 1024, M-RoPE sections [8, 12, 12] (positions that depend on the image's grid); a
   tower of hidden 128, 4 layers (windowed attention, two full), 14x14 patches merged 2x2; each 320x240 image resized
   to 196x252 (max_pixels 72 * 28 * 28), 63 image tokens; 6.6 M parameters.
+
+Both servers load that folder:
 
 - onelane (`onelane worker` + `onelane web`), a models file naming the folder as its default model, the worker's
   ONELANE_MAX_BATCH (and the queue's bounds) holding every client's job at once;
@@ -30,7 +32,8 @@ Each round, each server in turn (their order rotated each round), the same workl
    answers one; both servers get the same images in a round), `--image-tokens`. The question is the same for all,
    so every image prompt has the same length: mlx-vlm 0.7.10's server fails a batch in which Gemma 3 image prompts
    of different lengths are read together (a concatenate of their (1, 1, L, L) masks), and with it every request in
-   its batch, the text streams too; `--varied-questions` asks questions of different lengths, to show it.
+   its batch, the text streams too; `--varied-questions` asks questions of different lengths, to show it (its
+   server reads Qwen2.5-VL image prompts of different lengths together without failing).
 
 Every request is temperature 0 with the model's EOS ids banned (`logit_bias` -100: both servers take it), so every
 answer runs to its max_tokens on both. Timestamps are this process's, taken as each content chunk arrives. The image

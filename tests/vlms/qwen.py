@@ -18,6 +18,9 @@ Qwen 3.5's <think>, </think>); the template is the hub's (a `{"type": "image"}` 
 <|vision_start|><|image_pad|><|vision_end|>, which the processor expands to the image's grid / 4 pads). The
 processor is mlx-vlm's own class for each family (patched into AutoProcessor) with transformers' Qwen2VLImageProcessor
 (PIL, no torch). The weights keep mlx-vlm's own names and layouts (each family's `sanitize` passes them as they are).
+
+`build_qwen2_5_vl(folder, **sizes)` builds the Qwen2.5-VL one bigger (a benchmark's model: bench/vision.py), same
+layout and seed, its image processor's min/max pixels setting how many tokens an image becomes.
 """
 
 from __future__ import annotations
