@@ -89,9 +89,9 @@ from tests.vlms.qwen import EOS as QWEN_EOS
 from tests.vlms.qwen import build_qwen2_5_vl
 
 GEMMA3_SIZES = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1, head_dim=64,
-             intermediate_size=1024, sliding_window=512, vision_image_size=224, vision_patch_size=14,
-             vision_hidden_size=128, vision_intermediate_size=512, vision_num_hidden_layers=2,
-             vision_num_attention_heads=2, mm_tokens_per_image=64)  # fmt: skip
+                    intermediate_size=1024, sliding_window=512, vision_image_size=224, vision_patch_size=14,
+                    vision_hidden_size=128, vision_intermediate_size=512, vision_num_hidden_layers=2,
+                    vision_num_attention_heads=2, mm_tokens_per_image=64)  # fmt: skip
 QWEN2_5_VL_SIZES = dict(hidden_size=256, num_hidden_layers=4, intermediate_size=1024, num_attention_heads=4,
                         num_key_value_heads=2, mrope_section=[8, 12, 12], vision_hidden_size=128,
                         vision_intermediate_size=512, vision_depth=4, vision_num_heads=2, vision_window_size=112,
