@@ -1,12 +1,21 @@
 """Images in the prompt while text streams decode: onelane against mlx-vlm's server (issue 49).
 
-    ./dev.sh bench vision [--rounds 3] [--image-clients 8] [--text-streams 8] [--text-tokens 200] [--image-tokens 32]
-                          [--varied-questions]
+    ./dev.sh bench vision [--arch gemma3|qwen2_5_vl] [--rounds 3] [--image-clients 8] [--text-streams 8]
+                          [--text-tokens 200] [--image-tokens 32] [--varied-questions]
 
-No real vision-language checkpoint can be downloaded here, so the model is a random-weight Gemma 3 of tests/
-tiny_vision.py built bigger (SIZES: text hidden 256, 4 layers, 4 query heads and 1 KV head of 64, intermediate 1024,
-sliding window 512; a SigLIP tower of hidden 128, 2 layers, 224x224 images in 14x14 patches pooled to 64 soft tokens
-an image; 4.8 M parameters, float32, the demo tokenizer), written once into a temporary folder that both servers load:
+No real vision-language checkpoint can be downloaded here, so the model is a random-weight one built bigger than the
+tests' (same layout and seed, float32, the demo tokenizer with the architecture's tokens), written once into a
+temporary folder; `--arch` picks it (ARCHS):
+
+- `gemma3` (the default): tests/tiny_vision.py's Gemma 3 with GEMMA3_SIZES: text hidden 256, 4 layers, 4 query heads
+  and 1 KV head of 64, intermediate 1024, sliding window 512; a SigLIP tower of hidden 128, 2 layers, 224x224 images
+  in 14x14 patches pooled to 64 soft tokens an image; 4.8 M parameters;
+- `qwen2_5_vl`: tests/vlms/qwen.py's Qwen2.5-VL with QWEN2_5_VL_SIZES: text hidden 256, 4 layers, 4 query heads and
+  2 KV heads of 64, intermediate 1024, M-RoPE sections [8, 12, 12] (positions that depend on the image's grid); a
+  tower of hidden 128, 4 layers (windowed attention, two full), 14x14 patches merged 2x2; each 320x240 image resized
+  to 196x252 (max_pixels 72 * 28 * 28), 63 image tokens; 6.6 M parameters.
+
+Both servers load that folder:
 
 - onelane (`onelane worker` + `onelane web`), a models file naming the folder as its default model, the worker's
   ONELANE_MAX_BATCH (and the queue's bounds) holding every client's job at once;
@@ -23,7 +32,8 @@ Each round, each server in turn (their order rotated each round), the same workl
    answers one; both servers get the same images in a round), `--image-tokens`. The question is the same for all,
    so every image prompt has the same length: mlx-vlm 0.7.10's server fails a batch in which Gemma 3 image prompts
    of different lengths are read together (a concatenate of their (1, 1, L, L) masks), and with it every request in
-   its batch, the text streams too; `--varied-questions` asks questions of different lengths, to show it.
+   its batch, the text streams too; `--varied-questions` asks questions of different lengths, to show it (its
+   server reads Qwen2.5-VL image prompts of different lengths together without failing).
 
 Every request is temperature 0 with the model's EOS ids banned (`logit_bias` -100: both servers take it), so every
 answer runs to its max_tokens on both. Timestamps are this process's, taken as each content chunk arrives. The image
@@ -74,11 +84,18 @@ from bench.harness import (
 )
 from bench.openai_load import StreamTooSlow, contents, sse_payloads
 from bench.report import pct, span
+from tests.tiny_vision import GEMMA3_EOS, build_gemma3
+from tests.vlms.qwen import EOS as QWEN_EOS
+from tests.vlms.qwen import build_qwen2_5_vl
 
-SIZES = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1, head_dim=64,
-             intermediate_size=1024, sliding_window=512, vision_image_size=224, vision_patch_size=14,
-             vision_hidden_size=128, vision_intermediate_size=512, vision_num_hidden_layers=2,
-             vision_num_attention_heads=2, mm_tokens_per_image=64)  # fmt: skip
+GEMMA3_SIZES = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1, head_dim=64,
+                    intermediate_size=1024, sliding_window=512, vision_image_size=224, vision_patch_size=14,
+                    vision_hidden_size=128, vision_intermediate_size=512, vision_num_hidden_layers=2,
+                    vision_num_attention_heads=2, mm_tokens_per_image=64)  # fmt: skip
+QWEN2_5_VL_SIZES = dict(hidden_size=256, num_hidden_layers=4, intermediate_size=1024, num_attention_heads=4,
+                        num_key_value_heads=2, mrope_section=[8, 12, 12], vision_hidden_size=128,
+                        vision_intermediate_size=512, vision_depth=4, vision_num_heads=2, vision_window_size=112,
+                        vision_fullatt_block_indexes=[1, 3], max_pixels=72 * 28 * 28)  # fmt: skip
 WIDTH, HEIGHT = 320, 240
 TIMEOUT_S = 600.0  # a request's longest wait: slow on a busy CPU is slow, not failed
 FIRST_TOKENS_S = 300.0  # longest wait for every text stream's first token before the images are sent
@@ -87,6 +104,23 @@ TOPICS = ["a lighthouse keeper", "the tides", "a night train", "an old library",
 QUESTION = "What is in this picture?"
 VARIED = ["What is in this picture?", "Describe the colors and the pattern, please.", "What shapes?",
           "Describe this image in one sentence, with its colors."]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A benchmark model: what builds its folder (with `sizes`), its EOS ids (banned), and how the summary names it."""
+
+    build: Callable[..., Path]
+    sizes: dict[str, Any]
+    eos: list[int]
+    about: str
+
+
+#: what `--arch` takes
+ARCHS = {
+    "gemma3": Arch(build_gemma3, GEMMA3_SIZES, list(GEMMA3_EOS), "Gemma 3 of tests/tiny_vision.py"),
+    "qwen2_5_vl": Arch(build_qwen2_5_vl, QWEN2_5_VL_SIZES, [QWEN_EOS], "Qwen2.5-VL of tests/vlms/qwen.py"),
+}
 
 
 def image_url(n: int) -> str:
@@ -262,12 +296,10 @@ class Round:
                        for s in group if not s.ok)  # fmt: skip
 
 
-def workload(url: str, model: str, round_no: int, args: argparse.Namespace, first_image: int) -> Round:
+def workload(url: str, model: str, round_no: int, args: argparse.Namespace, first_image: int, eos: list[int]) -> Round:
     """The text streams, then (once each has its first token) the image requests, all at once; every request
-    temperature 0 with EOS banned. Images `first_image` on."""
-    from tests.tiny_vision import GEMMA3_EOS
-
-    common = {"model": model, "temperature": 0.0, "logit_bias": {str(t): -100 for t in GEMMA3_EOS}}
+    temperature 0 with the `eos` ids banned. Images `first_image` on."""
+    common = {"model": model, "temperature": 0.0, "logit_bias": {str(t): -100 for t in eos}}
     texts = [Stream(0.0) for _ in range(args.text_streams)]
     images = [Stream(0.0) for _ in range(args.image_clients)]
     bodies = [{**common, "messages": text_request(c, round_no, args.text_tokens), "max_tokens": args.text_tokens}
@@ -352,6 +384,7 @@ def summary_lines(onelane: list[Round], peer: list[Round]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", choices=sorted(ARCHS), default="gemma3", help="the model's architecture")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--image-clients", type=int, default=8)
     parser.add_argument("--text-streams", type=int, default=8)
@@ -361,14 +394,14 @@ def main() -> None:
     args = parser.parse_args()
     if min(args.rounds, args.image_clients, args.text_streams, args.text_tokens, args.image_tokens) < 1:
         parser.error("every count must be at least 1")
-    from tests.tiny_vision import build_gemma3
     from worker.blas import worker_env
 
+    arch = ARCHS[args.arch]
     jobs = args.image_clients + args.text_streams
     with tempfile.TemporaryDirectory(prefix="onelane-bench-vision-") as tmp:
-        folder = build_gemma3(Path(tmp) / "gemma", **SIZES)
+        folder = arch.build(Path(tmp) / args.arch, **arch.sizes)
         models = Path(tmp) / "models.toml"
-        models.write_text(f'[models.gemma]\npath = "{folder}"\ndefault = true\n')
+        models.write_text(f'[models.{args.arch}]\npath = "{folder}"\ndefault = true\n')
         with bench_env() as settings:  # (its model is not served: the models file names the one served)
             port = free_port()
             vlm_log = Path(tmp) / "mlx_vlm.log"
@@ -384,7 +417,7 @@ def main() -> None:
                 vlm_url = f"http://127.0.0.1:{port}"
                 if not poll_until(lambda: _answers(vlm_url, str(folder)), 180):
                     raise RuntimeError(f"mlx-vlm's server did not answer:\n{tail(vlm_log)}")
-                servers = {"onelane": (stack.url, "gemma"), "mlx-vlm server": (vlm_url, str(folder))}
+                servers = {"onelane": (stack.url, args.arch), "mlx-vlm server": (vlm_url, str(folder))}
                 for n, (url, name) in enumerate(servers.values()):  # each reads a text and an image before the clock
                     warm = [Stream(0.0), Stream(0.0)]
                     stream_chat(url, {"model": name, "messages": text_request(0, -1, 8), "max_tokens": 8}, warm[0])
@@ -396,7 +429,7 @@ def main() -> None:
                 for r in range(args.rounds):
                     for name in rotated(list(servers), r):
                         print(f"round {r + 1}: {name} (load average {os.getloadavg()[0]:.2f})", flush=True)
-                        results[name].append(workload(*servers[name], r, args, r * args.image_clients))
+                        results[name].append(workload(*servers[name], r, args, r * args.image_clients, arch.eos))
                         print(round_line(results[name][-1]), flush=True)
                 alive = {"onelane": stack.alive, "mlx-vlm server": vlm.poll() is None}
             logged = {
@@ -408,7 +441,7 @@ def main() -> None:
         f"\n{args.rounds} round(s): {args.text_streams} text streams ({args.text_tokens} tokens each), then "
         f"{args.image_clients} image requests ({WIDTH}x{HEIGHT} PNG, {args.image_tokens} tokens each, "
         f"{'questions of varied lengths' if args.varied_questions else 'one question'}), all streamed, "
-        f"temperature 0, EOS banned; model: Gemma 3 of tests/tiny_vision.py, sizes {SIZES}, float32"
+        f"temperature 0, EOS banned; model: {arch.about}, sizes {arch.sizes}, float32"
     )
     print("\n".join(summary_lines(results["onelane"], results["mlx-vlm server"])))
     for name, up in alive.items():

@@ -18,6 +18,9 @@ Qwen 3.5's <think>, </think>); the template is the hub's (a `{"type": "image"}` 
 <|vision_start|><|image_pad|><|vision_end|>, which the processor expands to the image's grid / 4 pads). The
 processor is mlx-vlm's own class for each family (patched into AutoProcessor) with transformers' Qwen2VLImageProcessor
 (PIL, no torch). The weights keep mlx-vlm's own names and layouts (each family's `sanitize` passes them as they are).
+
+`build_qwen2_5_vl(folder, **sizes)` builds the Qwen2.5-VL one bigger (a benchmark's model: bench/vision.py), same
+layout and seed, its image processor's min/max pixels setting how many tokens an image becomes.
 """
 
 from __future__ import annotations
@@ -130,7 +133,13 @@ QWEN3_5 = dict(
 )  # fmt: skip
 
 
-def _build(module: ModuleType, config: dict[str, Any], template: str, processor_class: str) -> Callable[[Path], None]:
+def _build(
+    module: ModuleType,
+    config: dict[str, Any],
+    template: str,
+    processor_class: str,
+    image_processor: dict[str, Any] = IMAGE_PROCESSOR,
+) -> Callable[[Path], None]:
     def build(folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         save_weights(folder, parameters(seeded(lambda: module.Model(_model_config(module, config)))))
@@ -141,7 +150,7 @@ def _build(module: ModuleType, config: dict[str, Any], template: str, processor_
         )
         _write_tokenizer(folder, TOKENS, settings, template, prepend_bos=False)
         write_json(folder / "processor_config.json", {"processor_class": processor_class})
-        write_json(folder / "preprocessor_config.json", dict(IMAGE_PROCESSOR, processor_class=processor_class))
+        write_json(folder / "preprocessor_config.json", dict(image_processor, processor_class=processor_class))
 
     return build
 
@@ -153,9 +162,58 @@ def _qwen2_vl(folder: Path) -> None:
 
 
 def _qwen2_5_vl(folder: Path) -> None:
+    build_qwen2_5_vl(folder)
+
+
+def build_qwen2_5_vl(folder: Path, **sizes: Any) -> Path:
+    """Write the Qwen2.5-VL folder into `folder` (returns it): the tiny one of ARCHS, byte for byte, or with `sizes`
+    a bigger one of the same layout and seed (a benchmark's model): see qwen2_5_vl_sizes."""
     from mlx_vlm.models import qwen2_5_vl
 
-    _build(qwen2_5_vl, QWEN2_5_VL, TEMPLATE, "Qwen2_5_VLProcessor")(folder)
+    config, image_processor = qwen2_5_vl_sizes(**sizes)
+    _build(qwen2_5_vl, config, TEMPLATE, "Qwen2_5_VLProcessor", image_processor)(folder)
+    return folder
+
+
+#: what build_qwen2_5_vl's `sizes` may set: the text model's sizes as its config names them (mrope_section: the
+#: rotary half of a head split into time, height and width), the vision tower's with a `vision_` prefix, and the
+#: image processor's pixel bounds (an image is resized, keeping its aspect, to a multiple of 28x28 pixels within
+#: them; each 28x28 block is one image token)
+QWEN2_5_VL_TEXT_SIZES = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+                         "num_key_value_heads", "mrope_section")  # fmt: skip
+QWEN2_5_VL_VISION_SIZES = ("hidden_size", "intermediate_size", "depth", "num_heads", "window_size",
+                           "fullatt_block_indexes")  # fmt: skip
+QWEN2_5_VL_PIXELS = ("min_pixels", "max_pixels")
+
+
+def qwen2_5_vl_sizes(**sizes: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Qwen2.5-VL's config.json and preprocessor_config.json with `sizes` over QWEN2_5_VL's (none: QWEN2_5_VL and
+    IMAGE_PROCESSOR themselves): e.g. `hidden_size=256, num_attention_heads=4, mrope_section=[8, 12, 12],
+    vision_hidden_size=128, vision_depth=4, max_pixels=72 * 28 * 28`. The tower's out_hidden_size follows the text
+    model's hidden_size; mrope_section must add up to half a head (hidden_size / num_attention_heads / 2)."""
+    if not sizes:
+        return QWEN2_5_VL, IMAGE_PROCESSOR
+    text = {k: sizes.pop(k) for k in QWEN2_5_VL_TEXT_SIZES if k in sizes}
+    vision = {k: sizes.pop(f"vision_{k}") for k in QWEN2_5_VL_VISION_SIZES if f"vision_{k}" in sizes}
+    pixels = {k: sizes.pop(k) for k in QWEN2_5_VL_PIXELS if k in sizes}
+    if sizes:
+        raise ValueError(
+            f"unknown Qwen2.5-VL sizes {sorted(sizes)}: text {QWEN2_5_VL_TEXT_SIZES}, vision_* "
+            f"{QWEN2_5_VL_VISION_SIZES}, {QWEN2_5_VL_PIXELS}"
+        )
+    section = text.pop("mrope_section", TEXT["rope_scaling"]["mrope_section"])
+    config = dict(QWEN2_5_VL, **text, rope_scaling=dict(type="mrope", mrope_section=list(section)))
+    head = config["hidden_size"] // config["num_attention_heads"]
+    if sum(section) * 2 != head:
+        raise ValueError(f"mrope_section {section} must add up to half a head ({head} // 2)")
+    config["vision_config"] = dict(QWEN2_5_VL["vision_config"], **vision, out_hidden_size=config["hidden_size"])
+    lowest, highest = pixels.get("min_pixels", MIN_PIXELS), pixels.get("max_pixels", MAX_PIXELS)
+    if not MIN_PIXELS <= lowest <= highest:
+        raise ValueError(f"min_pixels {lowest}, max_pixels {highest}: need {MIN_PIXELS} <= min_pixels <= max_pixels")
+    image_processor = dict(
+        IMAGE_PROCESSOR, min_pixels=lowest, max_pixels=highest, size=dict(shortest_edge=lowest, longest_edge=highest)
+    )
+    return config, image_processor
 
 
 def _qwen3_vl(folder: Path) -> None:
