@@ -287,7 +287,7 @@ def test_a_worker_killed_while_it_reads_an_embedding_job_loses_nothing(
     os.kill(first.pid, signal.SIGKILL)
     # Then the next worker reads it again from the start, and it completes once, every vector the model's
     done = wait_ended(store, job_id, timeout_s=240)
-    assert (done["status"], done["attempts"]) == ("completed", 2)
+    assert (done["status"], done["attempts"]) == ("completed", 2), done.get("error")
     job = store.get(job_id)
     vectors = [floats(v) for v in embeddings_of(job.output)]
     assert len(vectors) == 2048
