@@ -77,6 +77,10 @@ EXPECTED |= {
     "paligemma": "alone equal",  # its image prompt read whole (a prefix read both ways); its decode alone
     "mllama": "alone equal",  # cross-attention states at every step: its image jobs run alone
 }
+# group B: the MoE Qwen and GLM kin, the OCR models and the other M-RoPE families (tests/vlms/qwen_moe.py, ...)
+EXPECTED |= {
+    "qwen3_5_moe": "batched equal",
+}
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 
 
