@@ -80,6 +80,8 @@ EXPECTED |= {
 # group B: the MoE Qwen and GLM kin, the OCR models and the other M-RoPE families (tests/vlms/qwen_moe.py, ...)
 EXPECTED |= {
     "qwen3_5_moe": "batched equal",
+    "glm4v_moe": "batched equal",
+    "glm_ocr": "batched equal",
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 
