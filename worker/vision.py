@@ -46,7 +46,7 @@ from worker.batch.forward import ContinuousBatch
 from worker.batch.positions import Positions, from_offset
 from worker.batch.rows import Beside, Embeds, Extras
 from worker.unsupported import Unsupported
-from worker.vision_beside import after, rope_indexed, rope_positions
+from worker.vision_beside import after, positions_last, rope_indexed, rope_positions
 from worker.vision_prep import KEPT, PrepareFailed, Preparer, placeholder
 from worker.vision_reading import (
     Mismatch,
@@ -79,6 +79,7 @@ class TextModel(nn.Module):
     def __init__(self, vlm: nn.Module) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # (mlx's Module.__init__ is unannotated)
         self.vlm = vlm
+        self.last = self.positional and positions_last(vlm.language_model)  # its positions (B, L, 3): ERNIE's
 
     @property
     def positional(self) -> bool:
@@ -101,7 +102,7 @@ class TextModel(nn.Module):
             offset = next((c.offset for c in cache or () if hasattr(c, "offset")), 0)  # (a linear layer's has none)
             positions = from_offset(offset, inputs.shape[0], inputs.shape[1])
         if positions is not None:
-            extras["position_ids"] = positions
+            extras["position_ids"] = positions.transpose(1, 2, 0) if self.last else positions
         out = self.vlm.language_model(inputs, inputs_embeds=inputs_embeds, cache=cache, **extras)
         return getattr(out, "logits", out)  # type: ignore[no-any-return]  # (mlx-vlm's language models are untyped)
 
