@@ -84,7 +84,7 @@ def build_ernie4_5_moe_vl(folder: Path) -> Path:
         tokenizer_class="Ernie4_5_VLTokenizer", bos_token=BOS, eos_token=EOS, unk_token="<unk>", pad_token="<unk>",
         cls_token="<|begin_of_sentence|>", sep_token="<|end_of_sentence|>", mask_token="<mask:1>",
         additional_special_tokens=["<mask:1>", "<mask:7>"], processor_class="Ernie4_5_VLProcessor",
-    )
+    )  # fmt: skip
     write_spm_tokenizer(folder, SPECIALS, settings, TEMPLATE, fast=False)
     return folder
 
