@@ -83,6 +83,7 @@ EXPECTED |= {
     "glm4v_moe": "batched equal",
     "glm_ocr": "batched equal",
     "ernie4_5_moe_vl": "batched equal",  # its positions (B, L, 3), turned from the batch's (3, B, L) as it reads them
+    "dots_ocr": "batched equal",
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 
