@@ -39,7 +39,8 @@ TEMPLATE = (
 CONFIG: dict[str, Any] = dict(
     architectures=["DotsOCRForCausalLM"], model_type="dots_ocr", hidden_size=64, intermediate_size=128,
     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-    rms_norm_eps=1e-6, rope_theta=1000000.0, attention_bias=True, tie_word_embeddings=True, vocab_size=VOCAB, image_token_id=IDS["<|imgpad|>"], video_token_id=IDS["<|video_pad|>"],
+    rms_norm_eps=1e-6, rope_theta=1000000.0, attention_bias=True, tie_word_embeddings=True, vocab_size=VOCAB,
+    image_token_id=IDS["<|imgpad|>"], video_token_id=IDS["<|video_pad|>"],
     bos_token_id=DEMO_IDS[PAD], eos_token_id=EOS, pad_token_id=DEMO_IDS[PAD],
     vision_config=dict(
         model_type="dots_vit", embed_dim=32, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
