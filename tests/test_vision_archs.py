@@ -84,6 +84,13 @@ EXPECTED |= {
     "glm_ocr": "batched equal",
     "ernie4_5_moe_vl": "batched equal",  # its positions (B, L, 3), turned from the batch's (3, B, L) as it reads them
     "dots_ocr": "batched equal",
+    # its batched pass fails the worker's batching trial (XD-RoPE only on a cache's first pass, the prompt's
+    # positions kept on its language model): its sequences run alone
+    "hunyuan_vl": "alone equal",
+    "deepseekocr": "mlx-vlm fails: its SAM image encoder is SAM ViT-B (12 layers of 768, 1,024-pixel images) "
+    "whatever the config says",
+    "deepseekocr_2": "mlx-vlm fails: its SAM image encoder is SAM ViT-B (12 layers of 768, 1,024-pixel images) "
+    "whatever the config says",
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 
