@@ -87,6 +87,7 @@ class Engine:
         self._max_batch = max_batch
         self.prefill_step = prefill_step
         self.decode_floor = 0.0  # tokens/s its decoding sequences keep while prompts are read (0: none; configure)
+        self.speculation = (0, 0)  # tokens a sequence proposes a step, and a step reads over all (0: none; configure)
         self.lock = lock or threading.Lock()  # the device's: every engine of a worker shares one
         self.max_kv_size = max_kv_size  # tokens of KV cache a sequence keeps (None: all of them)
         # tokens a sequence may hold, prompt and answer (tasks/context.py): its config's, when Engine.load reads it
@@ -123,10 +124,14 @@ class Engine:
         """Sequences at once: the configured batch, or one for a model whose sequences run alone."""
         return 1 if self.batching == "alone" else self._max_batch
 
-    def configure(self, max_batch: int, prefill_step: int, decode_floor: float = 0.0) -> None:
-        """Size the batch, and the floor of tokens per second its decoding sequences keep while prompts are read
-        (it starts afresh: call it while nothing runs)."""
+    def configure(
+        self, max_batch: int, prefill_step: int, decode_floor: float = 0.0, speculation: tuple[int, int] = (0, 0)
+    ) -> None:
+        """Size the batch, the floor of tokens per second its decoding sequences keep while prompts are read, and
+        its speculation: the most tokens a sequence proposes a step, and a step reads over all (0: none;
+        worker/batch/speculation.py). It starts afresh: call it while nothing runs."""
         self._max_batch, self.prefill_step, self.decode_floor = max_batch, prefill_step, decode_floor
+        self.speculation = speculation
         self.reset()
 
     def share(self, batching: Batching) -> None:
@@ -142,6 +147,8 @@ class Engine:
             self.max_kv_size,
             self.batching,
             decode_floor=self.decode_floor,
+            speculate=self.speculation[0],
+            budget=self.speculation[1],
         )
 
     def prompt_tokens(
