@@ -156,6 +156,8 @@ class Preparer:
             raise PrepareFailed(f"the image preparer failed: {exc}") from exc
         if "error" in answer:
             raise PrepareFailed(answer["error"])
+        if "invalid" in answer:
+            raise InvalidPrompt(answer["invalid"])
         arrays = {}
         for name, path in answer["files"].items():  # mapped, not read: the device thread reads an image's rows
             arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False), answer["dtypes"][name]

@@ -3,8 +3,9 @@ patches, hidden 32, 2 layers, features of its last two layers), attention poolin
 projector, and its Qwen-2-like text model (hidden 64, 2 layers; the image tokens in its additional vocabulary, past
 the 2,048 of the demo tokenizer). mlx-vlm's MolmoProcessor places an image's tokens BEFORE the prompt's text
 (<im_start>, rows of <im_patch> each ended by <im_col>, <im_end>, for the whole image and its overlapping crops), and
-gives the model the patches' places (`image_input_idx`): its config names no image token whose embeddings the
-features replace. The template is Molmo's " User: … Assistant:" (an image part renders nothing). Added tokens:
+gives the model the patches' places (`image_input_idx`), where the features are added to the tokens' embeddings:
+its config names no image token (onelane keys the processor's <im_patch>), its image tokens are ids past the 2,048 it
+scores, and the prompt is written once an image (one image a prompt). The template is Molmo's " User: … Assistant:" (an image part renders nothing). Added tokens:
 <im_start> 2048, <im_end>, <im_patch>, <im_col>, <|image|>; <|endoftext|> ends an answer, as Qwen's. Keys as the
 hub's: `model.transformer.*`, `model.vision_backbone.*`."""
 
