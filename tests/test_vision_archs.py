@@ -77,6 +77,10 @@ EXPECTED |= {
     "paligemma": "alone equal",  # its image prompt read whole (a prefix read both ways); its decode alone
     "mllama": "alone equal",  # cross-attention states at every step: its image jobs run alone
 }
+# group C (issue 61's third batch of architectures: tests/vlms/molmo.py, ...)
+EXPECTED |= {
+    "molmo2": "batched equal",  # features added at its <im_patch> places (its config's image_patch_id)
+}
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 
 

@@ -506,8 +506,9 @@ def _image(data: bytes) -> Any:
 
 def _image_token(config: Any, processor: Any) -> int:
     """The token whose places the image features take: the config's, else the processor's (Molmo's, which names
-    the patches' token, <im_patch>, and adds each feature at its place: worker/vision_reading.py)."""
-    for name in ("image_token_index", "image_token_id"):
+    the patches' token, <im_patch>, and adds each feature to its embedding there, as Molmo 2's does at its config's
+    `image_patch_id`)."""
+    for name in ("image_token_index", "image_token_id", "image_patch_id"):
         value = getattr(config, name, None)
         if isinstance(value, int):
             return value
