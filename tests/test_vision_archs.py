@@ -80,6 +80,8 @@ EXPECTED |= {
 # group C (issue 61's third batch of architectures: tests/vlms/molmo.py, ...)
 EXPECTED |= {
     "molmo2": "batched equal",  # features added at its <im_patch> places (its config's image_patch_id)
+    "kimi_k25": "batched equal",
+    "kimi_k3": "batched equal",  # its chat rendered by its processor's Python (no template: no kept rules)
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 
