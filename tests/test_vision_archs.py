@@ -82,6 +82,7 @@ EXPECTED |= {
     "molmo2": "batched equal",  # features added at its <im_patch> places (its config's image_patch_id)
     "kimi_k25": "batched equal",
     "kimi_k3": "batched equal",  # its chat rendered by its processor's Python (no template: no kept rules)
+    "mage_vl": "batched equal",
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 
