@@ -86,6 +86,7 @@ EXPECTED |= {
     # mlx-vlm's chunked prefill calls its language model with `inputs=`, which it names `input_ids`; onelane's answers
     # equal mlx-vlm's generate unchunked (prefill_step_size=None), its image tokens' adapters marked chunk by chunk
     "zaya1_vl": "mlx-vlm fails: its language model takes input_ids, not the inputs= its chunked prefill passes",
+    "step3p7": "batched equal",
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 
