@@ -89,6 +89,7 @@ EXPECTED |= {
     "step3p7": "batched equal",
     # its language model keeps the last batch's rope deltas (a row each) and fails when the batch's size changes
     "minimax_m3_vl": "served fails",
+    "muse_glimmer": "batched equal",
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 
