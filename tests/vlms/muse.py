@@ -49,4 +49,45 @@ def build_muse_glimmer(folder: Path) -> Path:
     )
 
 
-ARCHS: dict[str, Callable[[Path], Path]] = {"muse_glimmer": build_muse_glimmer}
+#: Muse Spark (`muse_spark`): Muse Glimmer's kin, its text model all mixtures of experts (2, one a token), its
+#: tower's position table resized to the image; a tiny audio encoder (transformers' config check asks for one). The image
+#: is written as <|image_start|>, its <|patch|>es, <|image_end|> in place of the template's <|patch|>.
+SPARK: dict[str, Any] = dict(
+    architectures=["MuseSparkForConditionalGeneration"], model_type="muse_spark",
+    text_config=dict(
+        vocab_size=DEMO_VOCAB + len(TOKENS), hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, num_hidden_layers=2, rms_norm_eps=1e-5, post_norm_eps=1e-8,
+        rope_parameters=dict(rope_theta=500000.0, rope_type="default"), layer_rope_theta=[10000.0, 500000.0],
+        layer_types=["sliding_attention", "full_attention"], sliding_window=16, final_logit_softcapping=20.0,
+        output_multiplier=0.2, num_local_experts=2, num_experts_per_tok=1, moe_hidden_size=32,
+        moe_intermediate_size=32,
+    ),
+    vision_config=dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, patch_size=14,
+        patch_temporal=2, merge_size=2, pos_emb_height=4, pos_emb_width=4,
+    ),
+    audio_config=dict(
+        patch_sizes=[4, 2], hidden_sizes=[16, 32], depths=[1, 1], num_hidden_layers=2, out_hidden_size=64,
+    ),
+    image_token_id=IDS["<|patch|>"], video_token_id=IDS["<|video|>"], eos_token_id=[EOS], torch_dtype="float32",
+)  # fmt: skip
+
+
+def build_muse_spark(folder: Path) -> Path:
+    """A tiny Muse Spark."""
+    return write_folder(
+        folder,
+        Family(
+            module="muse_spark",
+            config=SPARK,
+            tokens=TOKENS,
+            template=TEMPLATE2.replace("<|image|>", "<|patch|>"),
+            eos=EOS,
+            tokenizer=dict(bos_token=None, processor_class="MuseSparkProcessor"),
+            processor=dict(processor_class="MuseSparkProcessor", image_processor=dict(max_image_tokens=16)),
+            prepend_bos=False,
+        ),
+    )
+
+
+ARCHS: dict[str, Callable[[Path], Path]] = {"muse_glimmer": build_muse_glimmer, "muse_spark": build_muse_spark}
