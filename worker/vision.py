@@ -79,13 +79,12 @@ class TextModel(nn.Module):
     def __init__(self, vlm: nn.Module) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # (mlx's Module.__init__ is unannotated)
         self.vlm = vlm
-        self._positional = rope_indexed(vlm.language_model)
 
     @property
     def positional(self) -> bool:
         """Whether its positions depend on its images (M-RoPE): the batch then passes every row's own
         (worker/batch/positions.py)."""
-        return self._positional
+        return rope_indexed(self.vlm.language_model)
 
     def __call__(
         self,
@@ -143,7 +142,7 @@ class VisionEngine(Engine):
         self._spans: OrderedDict[tuple[int, ...], Span] = OrderedDict()  # an expanding model's, by the tags
         self._lengths: OrderedDict[tuple[tuple[str, ...], tuple[int, ...]], int] = OrderedDict()  # its embeddings'
         self.images_read = 0  # images its vision tower read (a prefix-cache hit reads none)
-        self.positional = bool(self.model.positional)  # (its TextModel's: M-RoPE)
+        self.positional = rope_indexed(vlm.language_model)  # (its TextModel's: M-RoPE)
         self._grids: OrderedDict[str, np.ndarray] = OrderedDict()  # each image's grid (t, h, w), by its digest
 
     @classmethod

@@ -92,16 +92,9 @@ def after(extras: Extras | None, start: int) -> Extras | None:
 
 def rope_indexed(language: Any) -> bool:
     """Whether a language model's positions depend on its images as Qwen-VL's do: its `get_rope_index` places a
-    prompt's image tokens from their grids (`image_grid_thw`), in three sections (a `get_rope_index` that gives one
-    position a token, as MiniMax-M3-VL's, places none: its positions are its cache's)."""
+    prompt's image tokens from their grids (`image_grid_thw`)."""
     found = getattr(language, "get_rope_index", None)
-    if not callable(found) or "image_grid_thw" not in inspect.signature(found).parameters:
-        return False
-    try:
-        positions = found(mx.array([[0]]))[0]
-    except Exception:  # (one that needs its grids: as M-RoPE's)
-        return True
-    return getattr(positions, "ndim", 3) == 3
+    return callable(found) and "image_grid_thw" in inspect.signature(found).parameters
 
 
 def rope_positions(language: Any, ids: list[int], image_token: int, grids: np.ndarray) -> Positions:
