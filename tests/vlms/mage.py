@@ -49,14 +49,20 @@ def build_mage_vl(folder: Path) -> Path:
             template=TEMPLATE3,
             eos=EOS,
             tokenizer=dict(
-                processor_class="MageVLProcessor", image_token="<|image_pad|>", video_token="<|video_pad|>",
+                processor_class="MageVLProcessor",
+                image_token="<|image_pad|>",
+                video_token="<|video_pad|>",
                 bos_token=None,
-            ),  # fmt: skip
+            ),
             processor=dict(processor_class="MageVLProcessor"),
             image_processor=dict(
-                IMAGE_PROCESSOR, patch_size=PATCH, temporal_patch_size=1, min_pixels=(PATCH * 2) ** 2,
-                max_pixels=(PATCH * 2 * 4) ** 2, processor_class="MageVLProcessor",
-            ),  # fmt: skip
+                IMAGE_PROCESSOR,
+                patch_size=PATCH,
+                temporal_patch_size=1,
+                min_pixels=(PATCH * 2) ** 2,
+                max_pixels=(PATCH * 2 * 4) ** 2,
+                processor_class="MageVLProcessor",
+            ),
             prepend_bos=False,
             hub_key=_hub_key,
         ),

@@ -48,14 +48,19 @@ def build_mimo_v2(folder: Path) -> Path:
             template=TEMPLATE,
             eos=EOS,
             tokenizer=dict(
-                processor_class="MiMoV2Processor", image_token="<|image_pad|>", video_token="<|video_pad|>",
+                processor_class="MiMoV2Processor",
+                image_token="<|image_pad|>",
+                video_token="<|video_pad|>",
                 bos_token=None,
-            ),  # fmt: skip
+            ),
             processor=dict(processor_class="MiMoV2Processor"),
             image_processor=dict(
-                IMAGE_PROCESSOR, patch_size=PATCH, min_pixels=(PATCH * 2) ** 2, max_pixels=(PATCH * 2 * 4) ** 2,
+                IMAGE_PROCESSOR,
+                patch_size=PATCH,
+                min_pixels=(PATCH * 2) ** 2,
+                max_pixels=(PATCH * 2 * 4) ** 2,
                 processor_class="MiMoV2Processor",
-            ),  # fmt: skip
+            ),
             prepend_bos=False,
         ),
     )

@@ -49,10 +49,15 @@ def build_minimax_m3_vl(folder: Path) -> Path:
             tokenizer=dict(bos_token=None, processor_class="MiniMaxM3VLProcessor"),
             processor=dict(processor_class="MiniMaxM3VLProcessor"),
             image_processor=dict(
-                processor_class="MiniMaxM3VLProcessor", patch_size=PATCH, temporal_patch_size=2, merge_size=2,
-                min_pixels=(PATCH * 2) ** 2, max_pixels=(PATCH * 2 * 4) ** 2, min_short_side_pixel=PATCH * 2,
+                processor_class="MiniMaxM3VLProcessor",
+                patch_size=PATCH,
+                temporal_patch_size=2,
+                merge_size=2,
+                min_pixels=(PATCH * 2) ** 2,
+                max_pixels=(PATCH * 2 * 4) ** 2,
+                min_short_side_pixel=PATCH * 2,
                 max_total_pixels=(PATCH * 2 * 4) ** 2,
-            ),  # fmt: skip
+            ),
             prepend_bos=False,
         ),
     )

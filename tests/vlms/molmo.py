@@ -136,10 +136,14 @@ def build_molmo2(folder: Path) -> Path:
             tokenizer=dict(bos_token=None, eos_token=END, processor_class="Molmo2Processor"),
             processor=dict(processor_class="Molmo2Processor"),
             image_processor=dict(
-                image_processor_type="Molmo2ImageProcessor", processor_class="Molmo2Processor",
-                size={"height": 378, "width": 378}, max_crops=8, overlap_margins=[4, 4], patch_size=14,
+                image_processor_type="Molmo2ImageProcessor",
+                processor_class="Molmo2Processor",
+                size={"height": 378, "width": 378},
+                max_crops=8,
+                overlap_margins=[4, 4],
+                patch_size=14,
                 pooling_size=[2, 2],
-            ),  # fmt: skip
+            ),
             prepend_bos=False,
             hub_key=_hub_key2,
         ),
