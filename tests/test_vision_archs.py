@@ -77,7 +77,8 @@ EXPECTED |= {
     "paligemma": "alone equal",  # its image prompt read whole (a prefix read both ways); its decode alone
     "mllama": "alone equal",  # cross-attention states at every step: its image jobs run alone
 }
-# group C (issue 61's third batch of architectures: tests/vlms/molmo.py, ...)
+# group C (issue 61's third batch: tests/vlms/molmo.py, kimi_k.py, mage.py, zaya.py, step.py, minimax.py, muse.py,
+# mimo.py)
 EXPECTED |= {
     "molmo2": "batched equal",  # features added at its <im_patch> places (its config's image_patch_id)
     "kimi_k25": "batched equal",
