@@ -53,7 +53,7 @@ EXPECTED: dict[str, str] = {
     "lfm2_vl": "batched equal",
     "llama4": "alone equal",  # mlx-lm cannot merge its chunked attention's caches
     "llava_onevision": "batched equal",
-    "molmo": "refused",  # its image features go to the places the processor names, not in place of an image token
+    "molmo": "batched equal",  # features added at its <im_patch> places; its image tokens past the scored vocabulary
     "mistral3": "batched equal",
     "moondream2": "mlx-vlm fails: its processor loads its tokenizer from the hub",
     "moondream3": "mlx-vlm fails: its processor loads its tokenizer from the hub",
@@ -91,6 +91,25 @@ EXPECTED |= {
     "whatever the config says",
     "deepseekocr_2": "mlx-vlm fails: its SAM image encoder is SAM ViT-B (12 layers of 768, 1,024-pixel images) "
     "whatever the config says",
+}
+# group C (issue 61's third batch: tests/vlms/molmo.py, kimi_k.py, mage.py, zaya.py, step.py, minimax.py, muse.py,
+# mimo.py)
+EXPECTED |= {
+    "molmo2": "batched equal",  # features added at its <im_patch> places (its config's image_patch_id)
+    "kimi_k25": "batched equal",
+    "kimi_k3": "batched equal",  # its chat rendered by its processor's Python (no template: no kept rules)
+    "mage_vl": "batched equal",
+    # mlx-vlm's chunked prefill calls its language model with `inputs=`, which it names `input_ids`; onelane's answers
+    # equal mlx-vlm's generate unchunked (prefill_step_size=None), its image tokens' adapters marked chunk by chunk
+    "zaya1_vl": "mlx-vlm fails: its language model takes input_ids, not the inputs= its chunked prefill passes",
+    "step3p7": "batched equal",
+    # its get_rope_index takes image_grid_thw but gives one position a token (no M-RoPE), so onelane passes it M-RoPE's
+    # (3, B, L) positions, which its attention refuses; (read as plain positions, its language model keeps the last
+    # batch's rope deltas, a row each, and fails as the batch's size changes)
+    "minimax_m3_vl": "refused",
+    "muse_glimmer": "batched equal",
+    "mimo_v2": "batched equal",
+    "muse_spark": "mlx-vlm fails: its attention is a Metal kernel (qk_norm_rope) with no CPU path",
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 

@@ -13,9 +13,9 @@ positions depend on its images (M-RoPE: Qwen-VL, GLM-4V) is given each sequence'
 (worker/vision_beside.py).
 
 What the batch sees of an image is a tag made from its digest: the ids of its tokens are replaced by ids past the
-vocabulary (`_keyed`: two 28-bit pieces of its SHA-256 in turn, every id a 32-bit integer, as the batch's arrays hold
-them; drawn again from a salted digest in the rare case another image's prompt holds the same tags), so that two
-prompts alike but for their image never share a cached prefix. Where cached state could be shared, the full digest
+vocabulary and past every id its tokenizer gives (`_keyed`: two 28-bit pieces of its SHA-256 in turn, every id a
+32-bit integer, as the batch's arrays hold them; drawn again from a salted digest in the rare case another image's
+prompt holds the same tags), so that two prompts alike but for their image never share a cached prefix. Where cached state could be shared, the full digest
 decides: the prepared arrays are kept by the images' full digests, and every prefix-cache entry carries the full
 digests of its images (`marks`), which a hit must match. A follow-up about the same image, whose prefix is cached,
 reads no pixels again.
@@ -127,7 +127,8 @@ class VisionEngine(Engine):
 
         super().__init__(TextModel(vlm), tokenizer, name, **options)
         self.vlm, self.processor = vlm, processor
-        self.image_token = int(_image_token(vlm.config))
+        self.image_token = int(_image_token(vlm.config, processor))
+        self.tags = _first_tag(self.vocab, processor)  # where its images' tags start (past any id it reads)
         self.special = bool(should_add_special_tokens(vlm.config.model_type, processor))
         self.marker = placeholder(processor)  # the token the template writes for an image
         self.prep = Preparer(source[0], source[1], self.image_token, self.special)
@@ -253,7 +254,7 @@ class VisionEngine(Engine):
         if written is not None and (not self.expands or (digests, tuple(written)) in self._lengths):
             keyed = self._keyed(written, digests)
             if self.prep.arrays(digests) is not None or (  # (a model alone needs its images at every step)
-                reach is not None and not self.images_alone and reach(keyed) > _last_image(keyed, self.vocab)
+                reach is not None and not self.images_alone and reach(keyed) > _last_image(keyed, self.tags)
             ):
                 return keyed
         read = images if callable(images) else lambda: images or {}
@@ -300,7 +301,7 @@ class VisionEngine(Engine):
         """The full digests of a keyed prompt's images, where each starts. A prefix-LM's image prompt is read whole
         (each token's state depends on every other's of its prefix): a mark of its own at its start, which no other
         matches, keeps its cached state from any other prompt (worker/prefix_index.py `within`)."""
-        at = [i for i, t in enumerate(tokens) if t >= self.vocab]
+        at = [i for i, t in enumerate(tokens) if t >= self.tags]
         digests = self._digests.get(tuple(tokens[i] for i in at)) if at else None
         if not digests:
             return ()
@@ -320,24 +321,24 @@ class VisionEngine(Engine):
     def runs_alone(self, prompt: list[int]) -> bool:
         """Whether the prompt is an image prompt of a model whose images go to every step (Llama 3.2 Vision's
         cross-attention states): it runs alone, its text jobs batch."""
-        return self.images_alone and any(t >= self.vocab for t in prompt)
+        return self.images_alone and any(t >= self.tags for t in prompt)
 
     def embeddings(self, prompt: list[int], cached: int) -> tuple[Embeds | None, list[int] | None]:
         """The prompt's input embeddings past its first `cached` tokens, but its last, read when first needed, between
         two of the batch's steps, image by image where the model allows (worker/vision_tower.py); and their ids. A
         model whose images go to every step reads them whatever its cache holds of the prompt."""
-        if not any(t >= self.vocab for t in (prompt if self.runs_alone(prompt) else prompt[cached:-1])):
+        if not any(t >= self.tags for t in (prompt if self.runs_alone(prompt) else prompt[cached:-1])):
             return None, None
         ids, kept, images = self._inputs(prompt)
-        batch_ids = [self.image_token if t >= self.vocab else t for t in prompt]
+        batch_ids = [self.image_token if t >= self.tags else t for t in prompt]
         return self._reading(ids, kept, cached, images, len(prompt)), batch_ids[cached:]
 
     def positions(self, prompt: list[int]) -> Positions | None:
         """A keyed prompt's own positions where the model's depend on its images (worker/vision_beside.py), from its
         ids and its images' grids (kept by digest: a prompt whose images' arrays are gone still has them)."""
-        if not self.positional or not any(t >= self.vocab for t in prompt):
+        if not self.positional or not any(t >= self.tags for t in prompt):
             return None
-        digests = self._digests.get(_images(prompt, self.vocab))
+        digests = self._digests.get(_images(prompt, self.tags))
         if digests is None:
             raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
         arrays = self.prep.arrays(digests)
@@ -350,20 +351,20 @@ class VisionEngine(Engine):
         grids = [g for d in digests if (g := self._grids.get(d)) is not None]
         if len(grids) < len(digests):
             raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
-        ids = [self.image_token if t >= self.vocab else t for t in prompt]
+        ids = [self.image_token if t >= self.tags else t for t in prompt]
         return rope_positions(self.vlm.language_model, ids, self.image_token, np.stack(grids))
 
     def _inputs(self, prompt: list[int]) -> tuple[list[int], Arrays, int]:
         """A keyed prompt's ids as the model's `get_input_embeddings` reads them, its images' prepared arrays, and
         how many images."""
-        tags = _images(prompt, self.vocab)
+        tags = _images(prompt, self.tags)
         digests, span = self._digests.get(tags), self._spans.get(tags)
         arrays = self.prep.arrays(digests) if digests is not None else None
         if digests is None or arrays is None or (self.expands and span is None):
             raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
         if span is not None:
-            return model_ids(prompt, span, self.vocab), arrays, len(digests)
-        return [self.image_token if t >= self.vocab else t for t in prompt], arrays, len(digests)
+            return model_ids(prompt, span, self.tags), arrays, len(digests)
+        return [self.image_token if t >= self.tags else t for t in prompt], arrays, len(digests)
 
     def _reading(self, ids: list[int], kept: Arrays, cached: int, images: int, length: int) -> Embeds:
         """The vision tower's pass, a part a call (one image, or all at once), then the embeddings past `cached`
@@ -419,8 +420,8 @@ class VisionEngine(Engine):
             named = [d if not salt else hashlib.sha256(f"{salt}:{d}".encode()).hexdigest() for d in digests]
             for n, i in enumerate(at):
                 digest, k = named[n // each], n % each
-                keyed[i] = self.vocab + int(digest[7 * (k % 2) : 7 * (k % 2) + 7], 16)
-            tags = _images(keyed, self.vocab)
+                keyed[i] = self.tags + int(digest[7 * (k % 2) : 7 * (k % 2) + 7], 16)
+            tags = _images(keyed, self.tags)
             if self._digests.setdefault(tags, digests) == digests:
                 break
         else:  # (64 collisions of 56 bits in a row: never, unless SHA-256 is broken)
@@ -442,8 +443,8 @@ class VisionEngine(Engine):
             self._lengths.popitem(last=False)
         span = span_of(ids, self.image_token, self._lengths[known])
         for salt in range(64):
-            keyed = expanded(ids, span, self.vocab, digests, salt)
-            tags = _images(keyed, self.vocab)
+            keyed = expanded(ids, span, self.tags, digests, salt)
+            tags = _images(keyed, self.tags)
             if self._digests.setdefault(tags, digests) == digests and self._spans.setdefault(tags, span) == span:
                 break
         else:  # (64 collisions of 56 bits in a row: never, unless SHA-256 is broken)
@@ -504,12 +505,27 @@ def _image(data: bytes) -> Any:
     return image.convert("RGB")
 
 
-def _image_token(config: Any) -> int:
-    for name in ("image_token_index", "image_token_id"):
+def _image_token(config: Any, processor: Any) -> int:
+    """The token whose places the image features take: the config's, else the processor's (Molmo's, which names
+    the patches' token, <im_patch>, and adds each feature to its embedding there, as Molmo 2's does at its config's
+    `image_patch_id`)."""
+    for name in ("image_token_index", "image_token_id", "image_patch_id"):
         value = getattr(config, name, None)
         if isinstance(value, int):
             return value
+    token = getattr(processor, "image_patch_token", None)
+    value = processor.tokenizer.convert_tokens_to_ids(token) if isinstance(token, str) else None
+    if isinstance(value, int) and value >= 0:
+        return value
     raise ValueError("the model's config names no image token (image_token_index)")
+
+
+def _first_tag(vocab: int, processor: Any) -> int:
+    """The first id of the images' tags: past the vocabulary the model scores, and past every id its tokenizer
+    gives (Molmo's image tokens are ids of an additional vocabulary it reads but never writes)."""
+    tokenizer = getattr(processor, "tokenizer", processor)
+    ids = tokenizer.get_vocab().values() if hasattr(tokenizer, "get_vocab") else ()
+    return max([vocab, *(int(i) + 1 for i in ids)])
 
 
 def _eos(config: Any, processor: Any) -> list[int] | None:

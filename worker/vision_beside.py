@@ -8,8 +8,8 @@ mlx-vlm's `get_input_embeddings` gives, beside the embeddings (`InputEmbeddingsF
 - `visual_pos_masks` and `deepstack_visual_embeds` (Qwen3-VL's deepstack: the vision tower's features of some of its
   layers, added to the first text layers' hidden states at the image's tokens): carried to the prompt's read,
   `Deepstack`, chunk by chunk, each chunk given the features of the image tokens it holds;
-- `per_layer_inputs` (Gemma 3n, Gemma 4: an input per token for each layer): carried, `PerToken`, sliced with each
-  chunk.
+- `per_layer_inputs` (Gemma 3n, Gemma 4: an input per token for each layer), or `visual_pos_masks` alone (ZAYA1-VL:
+  which tokens are the image's, whose own adapters its layers apply): carried, `PerToken`, sliced with each chunk.
 Anything else is unknown: the model fails at load, naming it (worker/vision_tower.py: `Unreadable`).
 
 Upstream, mlx-vlm's batch would take these per row: each row's `rope_deltas` (B, 1) and its own slice of the
@@ -80,6 +80,8 @@ def carried(features: dict[str, Any]) -> Deepstack | PerToken | None:
         return Deepstack(np.asarray(masks[0]).astype(bool), tuple(deepstack))
     if features.get("per_layer_inputs") is not None:
         return PerToken("per_layer_inputs", features["per_layer_inputs"])
+    if masks is not None:
+        return PerToken("visual_pos_masks", masks)
     return None
 
 

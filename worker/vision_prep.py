@@ -156,6 +156,8 @@ class Preparer:
             raise PrepareFailed(f"the image preparer failed: {exc}") from exc
         if "error" in answer:
             raise PrepareFailed(answer["error"])
+        if "invalid" in answer:
+            raise InvalidPrompt(answer["invalid"])
         arrays = {}
         for name, path in answer["files"].items():  # mapped, not read: the device thread reads an image's rows
             arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False), answer["dtypes"][name]
@@ -189,7 +191,10 @@ def placeholder(processor: Any) -> int | None:
 
     words = {"type": "text", "text": "x"}
     added = set(tokenizer.get_added_vocab().values())
-    brought = {t for t in ids([{"type": "image"}, words]) if t in added} - set(ids([words]))
+    try:
+        brought = {t for t in ids([{"type": "image"}, words]) if t in added} - set(ids([words]))
+    except ValueError:  # (a tokenizer without a template: the processor renders its chat itself, as Kimi K3's)
+        return None
     if len(brought) > 1:  # (Qwen's <|vision_start|><|image_pad|><|vision_end|>: the one the processor expands)
         brought &= {getattr(processor, "image_token_id", None)}
     return brought.pop() if len(brought) == 1 else None
