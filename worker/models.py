@@ -200,7 +200,14 @@ class ModelPool:
         self._engines[name] = engine
         self._loaded = tuple(self._engines.items())
         self._bytes[name] = size_in_memory(engine)
-        self.store.model_loaded(name, load_s, self._bytes[name], engine.batching, getattr(engine, "images", None))
+        self.store.model_loaded(
+            name,
+            load_s,
+            self._bytes[name],
+            engine.batching,
+            getattr(engine, "images", None),
+            getattr(engine, "speculation", ""),
+        )
         logger.info(
             "model %s loaded in %.2f s (%.1f MiB; %d model(s), %.1f of %.1f MiB held)",
             name,

@@ -30,6 +30,7 @@ the part of the batch it stands on.
 from __future__ import annotations
 
 import copy as _copy
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -37,7 +38,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
 from worker.batch.lookup import Lookup
@@ -45,7 +46,7 @@ from worker.batch.positions import Positions
 from worker.batch.prefill import Prefilling
 from worker.batch.rows import MIN_CHUNK, Embeds, Emitted, Processor, Row
 from worker.batch.sampling import Sampler, Seeded
-from worker.batch.speculation import BUDGET, Proposing, accepted, cut, in_order, width
+from worker.batch.speculation import BUDGET, Proposing, accepted, cut, in_order, refusal, width
 
 
 class ContinuousBatch(Prefilling):
@@ -57,6 +58,7 @@ class ContinuousBatch(Prefilling):
         # the most tokens a decode row proposes a step, and the most a step reads over all rows (0: no speculation,
         # worker/batch/speculation.py)
         self.speculate, self.budget = speculate, budget
+        self.refusal = refusal(self.model, self.batching, self.max_kv_size) if speculate else "off"
         self._proposed: list[list[int]] | None = None  # what each decode row proposed in the step before
 
     def close(self) -> None:
@@ -226,9 +228,10 @@ class ContinuousBatch(Prefilling):
         drawn = cast(list[list[int]], self._next.tolist())
         proposals, self._proposed = self._proposed, None
         emitted: list[list[Emitted]] = []
-        kept, nexts, stay, ends = [], [], [], {}
+        kept, nexts, stay, ends, counts = [], [], [], {}, []
         for i, (row, out, proposal) in enumerate(zip(self._rows, drawn, proposals)):
             right = accepted(proposal, out)
+            counts.append((len(proposal), right))
             self.work.proposed_tokens += len(proposal)
             self.work.accepted_tokens += right
             if row.proposing is not None:
@@ -254,6 +257,9 @@ class ContinuousBatch(Prefilling):
             row = self._rows[i]
             cache = self._row_cache(i, copy=len(self._rows) > 1)
             emitted[i].append(Emitted(row.uid, token, reason, cache, list(row.tokens)))
+        for row_emitted, (proposed, right) in zip(emitted, counts):
+            if proposed:
+                row_emitted[0] = dataclasses.replace(row_emitted[0], proposed=proposed, accepted=right)
         flat = [e for row_emitted in emitted for e in row_emitted]
         self.work.generated_tokens += len(flat)
         self._next = mx.array(nexts, dtype=mx.uint32)
@@ -302,9 +308,7 @@ class ContinuousBatch(Prefilling):
     def _proposals(self, reading: mx.array) -> list[list[int]] | None:
         """What each decode row proposes for after the token it reads now, cut to the step's width; None where
         none does (or the batch cannot check proposals: its caches cannot be cut a row at a time)."""
-        if not self.speculate or self.batching != "padded" or self.positional or self._beside():
-            return None
-        if not all(type(c) is BatchKVCache for c in self._cache):
+        if self.refusal is not None or self._beside():
             return None
         proposals: list[list[int]] = []
         read: list[int] | None = None

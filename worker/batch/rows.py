@@ -89,6 +89,8 @@ class Emitted:
     finish_reason: str | None = None
     cache: list[Any] | None = None
     tokens: list[int] | None = None
+    proposed: int = 0  # (on a sequence's first token of a step that checked proposals) the tokens it proposed
+    accepted: int = 0  # ... and those kept
 
 
 @dataclass

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
 
 BUDGET = 16  # the most tokens a step that checks proposals reads over all rows (ONELANE_SPECULATE_BUDGET's default)
 MIN_RATE = 0.2  # a row whose proposals are kept less often than this proposes only now and then
@@ -65,6 +67,21 @@ class Proposing:
         self.accepted += accepted
         self.rate += RATE_WEIGHT * (accepted / proposed - self.rate)
         self.length = min(most, self.length + 1) if accepted == proposed else max(1, accepted + 1)
+
+
+def refusal(model: nn.Module, batching: str, max_kv_size: int | None) -> str | None:
+    """Why a model's sequences cannot check proposals in the batch (None: they can): its batched caches must be
+    cut a row at a time, which mlx-lm's `BatchKVCache` allows and a recurrent state (Mamba, linear attention), a
+    rotating window or a sequence alone on its own caches do not; and its positions must be its tokens' (not a
+    vision model's M-RoPE, which worker/batch/positions.py computes a row at a time)."""
+    if getattr(model, "positional", False):
+        return "its positions depend on its images"
+    if batching != "padded":
+        return f"its sequences share the batch {batching}"
+    kinds = sorted({type(c).__name__ for c in make_prompt_cache(model, max_kv_size)} - {"KVCache"})
+    if kinds:
+        return f"its caches ({', '.join(kinds)}) cannot be cut a sequence at a time"
+    return None
 
 
 def accepted(proposed: list[int], drawn: list[int]) -> int:

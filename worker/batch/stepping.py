@@ -81,6 +81,8 @@ class Stepping(Leaving):
         if r is None:  # dropped meanwhile
             return
         r.tokens += 1
+        r.proposed += token.proposed
+        r.accepted += token.accepted
         r.ids.append(token.token)
         r.proven = True
         if r.constraint is not None and r.constraint.error:  # (never, unless its mask was not applied)
