@@ -121,3 +121,26 @@ def test_a_jobs_timings_and_the_metrics_show_what_was_proposed_and_kept(jobs, st
     metrics = scrape(jobs.client)
     assert metrics[f"onelane_model_tokens_accepted_total{{model={model['id']}}}"] == timings["accepted_tokens"]
     assert metrics[f"onelane_model_tokens_proposed_total{{model={model['id']}}}"] == timings["proposed_tokens"]
+
+
+def test_a_sequences_kv_cache_taken_mid_answer_holds_its_tokens_in_order_and_nothing_proposed(engine):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    # Given the copying question and a free one answered together, speculating, several steps in (entries moved
+    # within the batch's cache, and the last step's proposals written past each sequence's tokens)
+    prompts = [chat(engine, QUESTIONS[0]), chat(engine, QUESTIONS[1])]
+    batch = ContinuousBatch(engine.model, 512, 4, None, speculate=4)
+    uids = [batch.insert(p, 100, make_sampler(SamplingParams(temperature=0))) for p in prompts]
+    while batch.work.accepted_tokens < 10 or batch._proposed is None or not any(r.order for r in batch._rows):
+        batch.step()
+
+    # When a copy of each one's cache is taken (as a group's leader's is for its followers)
+    for uid in uids:
+        cache, tokens = batch.extract(uid)
+
+        # Then it holds exactly its tokens, in order: as the model reading them afresh writes them
+        fresh = make_prompt_cache(engine.model)
+        engine.model(mx.array([tokens]), cache=fresh)
+        for taken, read in zip(cache, fresh):
+            assert taken.offset == read.offset == len(tokens)
+            assert mx.allclose(taken.state[0][..., : len(tokens), :], read.state[0][..., : len(tokens), :], atol=1e-3)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy as _copy
 import dataclasses
+import itertools
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -60,6 +61,7 @@ class ContinuousBatch(Prefilling):
         self.speculate, self.budget = speculate, budget
         self.refusal = refusal(self.model, self.batching, self.max_kv_size) if speculate else "off"
         self._proposed: list[list[int]] | None = None  # what each decode row proposed in the step before
+        self._vocab = 0  # the ids the model scores (its logits' width, once seen): a proposal holds none past them
 
     def close(self) -> None:
         """Give back the wired-memory limit it set (on Metal), once the device is done with its work."""
@@ -138,7 +140,7 @@ class ContinuousBatch(Prefilling):
         wrote past its tokens (read at the next step)."""
         cache = in_order(self._take(self._cache, i, copy=copy), self._rows[i].order)
         if self._proposed is not None:
-            trim_prompt_cache(cache, len(self._proposed[0]))
+            trim_prompt_cache(cache, max(len(p) for p in self._proposed))
         return cache
 
     def remove(self, uids: Sequence[int], keep: bool = False) -> dict[int, tuple[list[Any], list[int]]]:
@@ -288,6 +290,7 @@ class ContinuousBatch(Prefilling):
             self._draw_checked(reading, proposals)
             return
         logits = self._forward(reading[:, None], self._cache, self._rows, **self._beside())[:, -1, :]
+        self._vocab = logits.shape[-1]
         if any(r.processors for r in self._rows):
             logits = mx.concatenate([self._processed(i, logits[i : i + 1], reading) for i in range(len(self._rows))])
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -308,7 +311,7 @@ class ContinuousBatch(Prefilling):
     def _proposals(self, reading: mx.array) -> list[list[int]] | None:
         """What each decode row proposes for after the token it reads now, cut to the step's width; None where
         none does (or the batch cannot check proposals: its caches cannot be cut a row at a time)."""
-        if self.refusal is not None or self._beside():
+        if self.refusal is not None or not self._vocab or self._beside():
             return None
         proposals: list[list[int]] = []
         read: list[int] | None = None
@@ -317,7 +320,9 @@ class ContinuousBatch(Prefilling):
                 read = read or cast(list[int], reading.tolist())
                 row.lookup, row.proposing = Lookup([*row.tokens, read[i]]), Proposing(self.speculate)
             proposing = row.proposing is not None and row.lookup is not None
-            proposals.append(row.lookup.propose(row.proposing.wants()) if proposing else [])  # type: ignore[union-attr]
+            proposal = row.lookup.propose(row.proposing.wants()) if proposing else []  # type: ignore[union-attr]
+            # (an image's tags, ids past the vocabulary, are no token to read: worker/vision.py)
+            proposals.append(list(itertools.takewhile(lambda t: t < self._vocab, proposal)))
         most = width(proposals, self.budget) - 1
         if most <= 0:
             return None
