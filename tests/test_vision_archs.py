@@ -84,8 +84,8 @@ EXPECTED |= {
     "glm_ocr": "batched equal",
     "ernie4_5_moe_vl": "batched equal",  # its positions (B, L, 3), turned from the batch's (3, B, L) as it reads them
     "dots_ocr": "batched equal",
-    # its batched pass fails the worker's batching trial (XD-RoPE only on a cache's first pass, the prompt's
-    # positions kept on its language model): its sequences run alone
+    # XD-RoPE only in a cache's first pass: its image prompts read whole; decoding rotates by the batched cache's
+    # shared offset, not each row's (the batching trial finds it 0.29 nats off): its sequences run alone
     "hunyuan_vl": "alone equal",
     "deepseekocr": "mlx-vlm fails: its SAM image encoder is SAM ViT-B (12 layers of 768, 1,024-pixel images) "
     "whatever the config says",
