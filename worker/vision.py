@@ -514,7 +514,7 @@ def _image(data: bytes) -> Any:
 
 
 def _image_token(config: Any) -> int:
-    for name in ("image_token_index", "image_token_id"):
+    for name in ("image_token_index", "image_token_id", "im_patch_token"):  # (the last: GOT-OCR's)
         value = getattr(config, name, None)
         if isinstance(value, int):
             return value
