@@ -54,6 +54,7 @@ from worker.vision_reading import (
     beside,
     embeddings_length,
     expanded,
+    first_pass_positions,
     for_ids,
     model_ids,
     prefix_lm,
@@ -80,6 +81,7 @@ class TextModel(nn.Module):
         super().__init__()  # type: ignore[no-untyped-call]  # (mlx's Module.__init__ is unannotated)
         self.vlm = vlm
         self.last = self.positional and positions_last(vlm.language_model)  # its positions (B, L, 3): ERNIE's
+        self.first_pass = first_pass_positions(vlm)  # its image positions kept for a cache's first pass: HunYuan VL's
 
     @property
     def positional(self) -> bool:
@@ -103,6 +105,8 @@ class TextModel(nn.Module):
             positions = from_offset(offset, inputs.shape[0], inputs.shape[1])
         if positions is not None:
             extras["position_ids"] = positions.transpose(1, 2, 0) if self.last else positions
+        if self.first_pass and inputs_embeds is None:  # (not an image prompt's read: the last one's positions go)
+            self.vlm.language_model._position_ids = None
         out = self.vlm.language_model(inputs, inputs_embeds=inputs_embeds, cache=cache, **extras)
         return getattr(out, "logits", out)  # type: ignore[no-any-return]  # (mlx-vlm's language models are untyped)
 
@@ -137,6 +141,7 @@ class VisionEngine(Engine):
         self.by_image = False  # its images read one a step (worker/vision_tower.py): checked as it loads
         self.expands = False  # its embeddings outnumber its prompt's ids (worker/vision_reading.py): found as it loads
         self.prefix_lm = prefix_lm(vlm)  # it reads an image prompt's prefix both ways, in one pass (PaliGemma)
+        self.whole = self.prefix_lm or first_pass_positions(vlm)  # it reads an image prompt in one pass
         self.images_alone = False  # its images come with inputs to every step: its image jobs run alone (probe)
         self.reset()  # (its batch knows it)
         self._whole = 0  # (its image prompts' own marks)
@@ -222,17 +227,20 @@ class VisionEngine(Engine):
         )
         self.images_read = 0
         logger.info(
-            "model %s reads %s%s%s%s",
+            "model %s reads %s%s%s%s%s",
             self.name,
             "one image a step" if self.by_image else "a prompt's images at once",
             "; its image jobs run alone (their images go to every step)" if self.images_alone else "",
             "; its images give more embeddings than their tokens: its prompts hold as many" if self.expands else "",
             "; its image prompts whole, in one pass (a prefix read both ways)" if self.prefix_lm else "",
+            "; its image prompts whole, in one pass (its image positions a first pass's)"
+            if self.whole > self.prefix_lm
+            else "",
         )
 
     def _new_batch(self) -> ContinuousBatch:
         batch = super()._new_batch()
-        batch.whole_prompts = getattr(self, "prefix_lm", False)  # (the first batch is made before it is known)
+        batch.whole_prompts = getattr(self, "whole", False)  # (the first batch is made before it is known)
         return batch
 
     def prompt_tokens(
@@ -298,16 +306,17 @@ class VisionEngine(Engine):
         self.prep.close()
 
     def marks(self, tokens: list[int]) -> tuple[tuple[int, str], ...]:
-        """The full digests of a keyed prompt's images, where each starts. A prefix-LM's image prompt is read whole
-        (each token's state depends on every other's of its prefix): a mark of its own at its start, which no other
-        matches, keeps its cached state from any other prompt (worker/prefix_index.py `within`)."""
+        """The full digests of a keyed prompt's images, where each starts. An image prompt read whole (a prefix-LM's:
+        each token's state depends on every other's of its prefix; HunYuan VL's: a later pass would not place its
+        images) has a mark of its own at its start, which no other matches: its cached state goes to no other prompt
+        (worker/prefix_index.py `within`)."""
         at = [i for i, t in enumerate(tokens) if t >= self.tags]
         digests = self._digests.get(tuple(tokens[i] for i in at)) if at else None
         if not digests:
             return ()
         each = len(at) // len(digests)
         marks = tuple((at[n * each], d) for n, d in enumerate(digests))
-        if self.prefix_lm:
+        if self.whole:
             self._whole += 1
             return ((0, f"read whole {self._whole}"), *marks)
         return marks
@@ -315,8 +324,8 @@ class VisionEngine(Engine):
     @property
     def images(self) -> str:
         """How its image prompts run, found as it loads: `alone` (its images go to every step: Llama 3.2 Vision),
-        `whole` (read in one pass, a prefix both ways: PaliGemma), else `batched` (beside the others)."""
-        return "alone" if self.images_alone else "whole" if self.prefix_lm else "batched"
+        `whole` (read in one pass: PaliGemma, HunYuan VL), else `batched` (beside the others)."""
+        return "alone" if self.images_alone else "whole" if self.whole else "batched"
 
     def runs_alone(self, prompt: list[int]) -> bool:
         """Whether the prompt is an image prompt of a model whose images go to every step (Llama 3.2 Vision's
@@ -508,8 +517,8 @@ def _image(data: bytes) -> Any:
 def _image_token(config: Any, processor: Any) -> int:
     """The token whose places the image features take: the config's, else the processor's (Molmo's, which names
     the patches' token, <im_patch>, and adds each feature to its embedding there, as Molmo 2's does at its config's
-    `image_patch_id`)."""
-    for name in ("image_token_index", "image_token_id", "image_patch_id"):
+    `image_patch_id`; GOT-OCR's config names it `im_patch_token`)."""
+    for name in ("image_token_index", "image_token_id", "image_patch_id", "im_patch_token"):
         value = getattr(config, name, None)
         if isinstance(value, int):
             return value

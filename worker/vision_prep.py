@@ -182,8 +182,11 @@ def _nbytes(kept: OrderedDict[Images, dict[str, tuple[np.ndarray, str]]]) -> int
 
 def placeholder(processor: Any) -> int | None:
     """The token a processor's chat template writes for an image (an added token, which only the image brings; of
-    several, the processor's image token); None if it is not one such token."""
+    several, the processor's image token); None if it is not one such token, or the tokenizer has no chat template
+    (GOT-OCR's: its processor writes the image's tokens into the words itself)."""
     tokenizer = processor.tokenizer
+    if not getattr(tokenizer, "chat_template", None):
+        return None
 
     def ids(content: list[dict[str, str]]) -> list[int]:
         text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False)
