@@ -13,6 +13,7 @@ from tasks.job import JobSpec, SamplingParams
 from worker.batch.forward import ContinuousBatch
 from worker.batch.lookup import Lookup
 from worker.batch.sampling import make_sampler
+from worker.batch.speculation import PAUSE, PLAIN_EVERY, SAMPLES, Payoff
 
 pytestmark = pytest.mark.default_model  # SmolLM2-135M-Instruct: a real model that copies what it is shown
 
@@ -28,10 +29,23 @@ def chat(engine: Any, text: str) -> list[int]:
     return engine.prompt_tokens(JobSpec(owner="t", model="m", messages=[{"role": "user", "content": text}]))
 
 
+class Always(Payoff):
+    """Proposing always allowed, whatever it costs this machine (the stories check what it gives, not its speed)."""
+
+    def allows(self, rows: int) -> bool:
+        return True
+
+
+def speculating(engine: Any, speculate: int = 4) -> ContinuousBatch:
+    batch = ContinuousBatch(engine.model, 512, 4, None, speculate=speculate)
+    batch.payoff = Always()
+    return batch
+
+
 def answer_all(engine: Any, prompts: list[list[int]], params: SamplingParams, speculate: int) -> dict[str, Any]:
     """Every prompt's tokens, answered at once in one batch with speculation `speculate` (0: off), each sequence's
     KV cache as it left, and the batch's work."""
-    batch = ContinuousBatch(engine.model, 512, 4, None, speculate=speculate)
+    batch = speculating(engine, speculate)
     eos = frozenset(engine.tokenizer.eos_token_ids)
     uids = [batch.insert(p, params.max_tokens, make_sampler(params), stops=eos) for p in prompts]
     out: dict[int, list[int]] = {u: [] for u in uids}
@@ -44,14 +58,20 @@ def answer_all(engine: Any, prompts: list[list[int]], params: SamplingParams, sp
     return {"answers": [out[u] for u in uids], "kv": [kv[u] for u in uids], "work": batch.work}
 
 
-def test_greedy_answers_with_speculation_are_token_for_token_those_without_in_fewer_steps(engine):
-    # Given three questions, one asking to copy code it is shown
-    prompts = [chat(engine, q) for q in QUESTIONS]
-    params = SamplingParams(temperature=0, max_tokens=120)
+@pytest.fixture(scope="module")
+def greedy(smollm2_engine: Any) -> dict[str, dict[str, Any]]:
+    """The three questions answered at once, greedy, with speculation off and on."""
+    prompts = [chat(smollm2_engine, q) for q in QUESTIONS]
+    params = SamplingParams(temperature=0, max_tokens=80)
+    return {
+        "off": answer_all(smollm2_engine, prompts, params, speculate=0),
+        "on": answer_all(smollm2_engine, prompts, params, speculate=4),
+    }
 
-    # When the batch answers them at once with speculation off, then on
-    off = answer_all(engine, prompts, params, speculate=0)
-    on = answer_all(engine, prompts, params, speculate=4)
+
+def test_greedy_answers_with_speculation_are_token_for_token_those_without_in_fewer_steps(greedy):
+    # Given three questions, one asking to copy code it is shown, answered at once with speculation off, then on
+    on, off = greedy["on"], greedy["off"]
 
     # Then every answer is the same, token for token
     assert on["answers"] == off["answers"]
@@ -61,12 +81,9 @@ def test_greedy_answers_with_speculation_are_token_for_token_those_without_in_fe
     assert on["work"].steps < off["work"].steps
 
 
-def test_each_sequences_kv_cache_leaves_the_batch_as_without_speculation(engine):
+def test_each_sequences_kv_cache_leaves_the_batch_as_without_speculation(greedy):
     # Given the three answers with speculation on and off (entries moved within the batch's cache as rows are cut)
-    prompts = [chat(engine, q) for q in QUESTIONS]
-    params = SamplingParams(temperature=0, max_tokens=60)
-    off = answer_all(engine, prompts, params, speculate=0)
-    on = answer_all(engine, prompts, params, speculate=4)
+    on, off = greedy["on"], greedy["off"]
 
     # Then each sequence's KV cache, as it leaves (for the prefix cache), holds the same tokens in the same order
     for (cache_on, tokens_on), (cache_off, tokens_off) in zip(on["kv"], off["kv"]):
@@ -81,7 +98,7 @@ def test_each_sequences_kv_cache_leaves_the_batch_as_without_speculation(engine)
 def test_a_seeded_sampled_answer_is_the_same_with_speculation_on_and_off(engine):
     # Given seeded sampled requests (one copying), answered together
     prompts = [chat(engine, q) for q in QUESTIONS]
-    params = SamplingParams(temperature=0.7, top_p=0.95, seed=11, max_tokens=100)
+    params = SamplingParams(temperature=0.7, top_p=0.95, seed=11, max_tokens=60)
 
     # When answered with speculation off and on
     off = answer_all(engine, prompts, params, speculate=0)
@@ -129,7 +146,7 @@ def test_a_sequences_kv_cache_taken_mid_answer_holds_its_tokens_in_order_and_not
     # Given the copying question and a free one answered together, speculating, several steps in (entries moved
     # within the batch's cache, and the last step's proposals written past each sequence's tokens)
     prompts = [chat(engine, QUESTIONS[0]), chat(engine, QUESTIONS[1])]
-    batch = ContinuousBatch(engine.model, 512, 4, None, speculate=4)
+    batch = speculating(engine)
     uids = [batch.insert(p, 100, make_sampler(SamplingParams(temperature=0))) for p in prompts]
     while batch.work.accepted_tokens < 10 or batch._proposed is None or not any(r.order for r in batch._rows):
         batch.step()
@@ -144,3 +161,28 @@ def test_a_sequences_kv_cache_taken_mid_answer_holds_its_tokens_in_order_and_not
         for taken, read in zip(cache, fresh):
             assert taken.offset == read.offset == len(tokens)
             assert mx.allclose(taken.state[0][..., : len(tokens), :], read.state[0][..., : len(tokens), :], atol=1e-3)
+
+
+def test_proposing_stops_for_a_while_at_a_batch_size_where_it_gives_fewer_tokens_a_second():
+    payoff = Payoff()
+
+    def live(rows: int, plain: float, checked: float, steps: int) -> list[bool]:
+        """`steps` steps of `rows` rows: plain ones give `plain` tokens/s, those that check proposals `checked`."""
+        allowed = []
+        for _ in range(steps):
+            allows = payoff.allows(rows)
+            allowed.append(allows)
+            payoff.observe(rows, allows, int(checked if allows else plain), 1.0)
+        return allowed
+
+    # Given a batch of 2 rows where proposing pays, and of 8 where it does not
+    paying = live(2, plain=10, checked=18, steps=SAMPLES * PLAIN_EVERY + 10)
+    costly = live(8, plain=40, checked=30, steps=SAMPLES * PLAIN_EVERY + 10)
+
+    # Then at 2 rows it goes on proposing (but one step in PLAIN_EVERY, which keeps the plain speed known)
+    assert paying[-PLAIN_EVERY:].count(False) == 1
+    # and at 8 rows it stops, for PAUSE steps, once both speeds are known
+    assert costly[-5:] == [False] * 5
+    assert live(2, plain=10, checked=18, steps=1) == [True]  # (each size on its own)
+    later = live(8, plain=40, checked=30, steps=PAUSE)
+    assert True in later  # tried again once the pause is over

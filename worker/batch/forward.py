@@ -47,7 +47,7 @@ from worker.batch.positions import Positions
 from worker.batch.prefill import Prefilling
 from worker.batch.rows import MIN_CHUNK, Embeds, Emitted, Processor, Row
 from worker.batch.sampling import Sampler, Seeded
-from worker.batch.speculation import BUDGET, Proposing, accepted, cut, in_order, refusal, width
+from worker.batch.speculation import BUDGET, Payoff, Proposing, accepted, cut, in_order, refusal, width
 
 
 class ContinuousBatch(Prefilling):
@@ -61,6 +61,8 @@ class ContinuousBatch(Prefilling):
         self.speculate, self.budget = speculate, budget
         self.refusal = refusal(self.model, self.batching, self.max_kv_size) if speculate else "off"
         self._proposed: list[list[int]] | None = None  # what each decode row proposed in the step before
+        self.payoff = Payoff()  # whether proposing pays, by batch size (worker/batch/speculation.py)
+        self._cycle: tuple[float, bool] | None = None  # the last step's start, and whether it read prompts
         self._vocab = 0  # the ids the model scores (its logits' width, once seen): a proposal holds none past them
 
     def close(self) -> None:
@@ -176,9 +178,11 @@ class ContinuousBatch(Prefilling):
         with mx.stream(generation_stream):
             self.work.steps += 1
             began = started = time.perf_counter()
-            decoding = bool(self._rows)
+            decoding, checked, rows = bool(self._rows), self._proposed is not None, len(self._rows)
             emitted = self._read() if decoding else []
             self.work.decode_s += time.perf_counter() - started
+            if decoding and self._cycle is not None and not self._cycle[1]:  # (a step that read prompts: no measure)
+                self.payoff.observe(rows, checked, len(emitted), time.perf_counter() - self._cycle[0])
             started = time.perf_counter()
             cap = self.chunk if decoding and self.decode_floor else self.prefill_step
             read = self._prefill(cap) + self._see(cap)
@@ -187,6 +191,7 @@ class ContinuousBatch(Prefilling):
             if self._rows:
                 self._draw()
             self.work.decode_s += time.perf_counter() - started
+        self._cycle = (began, read > 0)
         if read and decoding and self.decode_floor:
             self._fit_chunk(time.perf_counter() - began)
         return emitted
@@ -311,7 +316,7 @@ class ContinuousBatch(Prefilling):
     def _proposals(self, reading: mx.array) -> list[list[int]] | None:
         """What each decode row proposes for after the token it reads now, cut to the step's width; None where
         none does (or the batch cannot check proposals: its caches cannot be cut a row at a time)."""
-        if self.refusal is not None or not self._vocab or self._beside():
+        if self.refusal is not None or not self._vocab or self._beside() or not self.payoff.allows(len(self._rows)):
             return None
         proposals: list[list[int]] = []
         read: list[int] | None = None

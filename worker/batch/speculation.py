@@ -34,6 +34,10 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 BUDGET = 16  # the most tokens a step that checks proposals reads over all rows (ONELANE_SPECULATE_BUDGET's default)
+PLAIN_EVERY = 16  # every this many steps, one proposes nothing: the tokens/s of plain steps stays known
+PAUSE = 256  # steps that propose nothing at a batch size where proposing was seen to be slower
+SAMPLES = 4  # steps of each kind seen at a batch size before the two are compared
+MARGIN = 0.02  # proposing must make tokens/s at least this much better, or it stops for a while
 MIN_RATE = 0.2  # a row whose proposals are kept less often than this proposes only now and then
 PROBE = 8  # ... every this many steps
 RATE_WEIGHT = 0.3  # how much a step's outcome moves a row's rate
@@ -67,6 +71,51 @@ class Proposing:
         self.accepted += accepted
         self.rate += RATE_WEIGHT * (accepted / proposed - self.rate)
         self.length = min(most, self.length + 1) if accepted == proposed else max(1, accepted + 1)
+
+
+@dataclass
+class Speed:
+    """Tokens per second of a kind of step at one batch size (a moving average), and the steps seen."""
+
+    rate: float = 0.0
+    seen: int = 0
+
+    def add(self, rate: float) -> None:
+        self.seen += 1
+        self.rate = rate if self.seen == 1 else self.rate + RATE_WEIGHT * (rate - self.rate)
+
+
+class Payoff:
+    """Whether proposing pays, as the batch lives it: the tokens per second of its steps that checked proposals and
+    of plain ones (one step in PLAIN_EVERY proposes nothing, so both stay known), by batch size; where proposing
+    gives fewer (less than MARGIN better), the batch proposes nothing at that size for PAUSE steps, then tries
+    again. The forward pass's cost per token read differs from one machine and model to the next (a GPU reads
+    several tokens a row for about one's cost; a CPU's matrix products may not): this measures it rather than
+    assume it."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self._speeds: dict[tuple[int, bool], Speed] = {}
+        self._paused: dict[int, int] = {}  # batch size -> the step it may propose again
+
+    def allows(self, rows: int) -> bool:
+        """Whether a step of `rows` decode rows may propose (counts the step)."""
+        self.steps += 1
+        if self.steps % PLAIN_EVERY == 0 or self._paused.get(rows, 0) > self.steps:
+            return False
+        plain, checked = self._speeds.get((rows, False)), self._speeds.get((rows, True))
+        if plain is None or checked is None or min(plain.seen, checked.seen) < SAMPLES:
+            return True
+        if checked.rate >= plain.rate * (1 + MARGIN):
+            return True
+        self._paused[rows] = self.steps + PAUSE
+        del self._speeds[(rows, True)]  # (tried afresh after the pause)
+        return False
+
+    def observe(self, rows: int, checked: bool, tokens: int, seconds: float) -> None:
+        """A step of `rows` decode rows (that checked proposals, or not) gave `tokens` in `seconds`."""
+        if rows and seconds > 0:
+            self._speeds.setdefault((rows, checked), Speed()).add(tokens / seconds)
 
 
 def refusal(model: nn.Module, batching: str, max_kv_size: int | None) -> str | None:
