@@ -90,6 +90,7 @@ ENV_NAMES: dict[str, str] = {
     "fast_forward": "ONELANE_FAST_FORWARD",
     "speculate": "ONELANE_SPECULATE",
     "speculate_budget": "ONELANE_SPECULATE_BUDGET",
+    "speculate_always": "ONELANE_SPECULATE_ALWAYS",
 }
 
 
@@ -251,6 +252,8 @@ class Settings(BaseModel):
     # proposals reads at most ..._BUDGET tokens over all its jobs (the batch backs off as it fills)
     speculate: int = Field(4, ge=0, le=64)
     speculate_budget: int = Field(16, ge=2, le=4096)
+    # propose even where the batch measures that it gives fewer tokens/s (to measure what proposals keep)
+    speculate_always: bool = False
 
     @field_validator("image_hosts", mode="before")
     @classmethod

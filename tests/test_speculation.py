@@ -13,7 +13,7 @@ from tasks.job import JobSpec, SamplingParams
 from worker.batch.forward import ContinuousBatch
 from worker.batch.lookup import Lookup
 from worker.batch.sampling import make_sampler
-from worker.batch.speculation import PAUSE, PLAIN_EVERY, SAMPLES, Payoff
+from worker.batch.speculation import PAUSE, PLAIN_EVERY, SAMPLES, Payoff, Speculation
 
 pytestmark = pytest.mark.default_model  # SmolLM2-135M-Instruct: a real model that copies what it is shown
 
@@ -29,17 +29,10 @@ def chat(engine: Any, text: str) -> list[int]:
     return engine.prompt_tokens(JobSpec(owner="t", model="m", messages=[{"role": "user", "content": text}]))
 
 
-class Always(Payoff):
-    """Proposing always allowed, whatever it costs this machine (the stories check what it gives, not its speed)."""
-
-    def allows(self, rows: int) -> bool:
-        return True
-
-
 def speculating(engine: Any, speculate: int = 4) -> ContinuousBatch:
-    batch = ContinuousBatch(engine.model, 512, 4, None, speculate=speculate)
-    batch.payoff = Always()
-    return batch
+    """A batch whose rows propose up to `speculate` tokens a step, whatever it costs this machine (the stories check
+    what proposing gives, not its speed: ONELANE_SPECULATE_ALWAYS)."""
+    return ContinuousBatch(engine.model, 512, 4, None, speculation=Speculation(speculate, measured=False))
 
 
 def answer_all(engine: Any, prompts: list[list[int]], params: SamplingParams, speculate: int) -> dict[str, Any]:
@@ -122,8 +115,8 @@ def test_a_jobs_timings_and_the_metrics_show_what_was_proposed_and_kept(jobs, st
     from tests.helpers import wait_ended
     from tests.test_health import scrape
 
-    # Given the default model served, speculating as it does by default
-    start_worker()
+    # Given the default model served, speculating (always: whatever it costs this machine)
+    start_worker(speculate_always=True)
     model = jobs.client.get("/v1/models").get_json()["data"][0]
     assert model["speculation"] == "prompt lookup"
 

@@ -28,6 +28,7 @@ from worker.batch.chunking import Chunking, choose_chunk
 from worker.batch.engine import Engine
 from worker.batch.rows import Counters
 from worker.batch.sharing import Trial, choose
+from worker.batch.speculation import Speculation
 from worker.gguf import prepare
 from worker.load_error import explain
 from worker.pace import Pace, fit, probe
@@ -302,9 +303,10 @@ class ModelPool:
         logger.info("model %s evicted (least recently used; %.1f MiB freed)", name, freed / 2**20)
 
     @property
-    def _speculation(self) -> tuple[int, int]:
-        """What each engine's sequences propose a step, and a step reads over all (worker/batch/speculation.py)."""
-        return self.settings.speculate, self.settings.speculate_budget
+    def _speculation(self) -> Speculation:
+        """How each engine's sequences propose tokens (worker/batch/speculation.py)."""
+        s = self.settings
+        return Speculation(s.speculate, s.speculate_budget, measured=not s.speculate_always)
 
     def _max_batch(self, config: ModelConfig) -> int:
         return config.max_batch or self.settings.max_batch

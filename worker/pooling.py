@@ -27,6 +27,7 @@ from tasks.model_kind import NAMES, Kind
 from tasks.pooled import embeddings_output, scores_output
 from worker.batch.dtypes import with_dtype
 from worker.batch.rows import Counters
+from worker.batch.speculation import OFF, Speculation
 from worker.unsupported import Unsupported
 
 logger = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class Pooler:
         return cls(config.name, model, tokenizer, config.kind, max_length)
 
     def configure(
-        self, max_batch: int, prefill_step: int, decode_floor: float = 0.0, speculation: tuple[int, int] = (0, 0)
+        self, max_batch: int, prefill_step: int, decode_floor: float = 0.0, speculation: Speculation = OFF
     ) -> None:
         """(As an engine's: a pooler's passes are bounded by PASS_TOKENS; it generates nothing to speculate on.)"""
 

@@ -38,6 +38,7 @@ from worker.batch.logprobs import Logprobs
 from worker.batch.positions import Positions
 from worker.batch.rows import Batching, Counters, Embeds, unmergeable
 from worker.batch.sampling import Sampler, Scorer, make_sampler
+from worker.batch.speculation import OFF, Speculation
 from worker.grammar import GrammarMatcher, Grammars
 from worker.logits import Draw
 from worker.token_bytes import TokenBytes
@@ -89,7 +90,7 @@ class Engine:
         self._max_batch = max_batch
         self.prefill_step = prefill_step
         self.decode_floor = 0.0  # tokens/s its decoding sequences keep while prompts are read (0: none; configure)
-        self._speculation = (0, 0)  # tokens a sequence proposes a step, and a step reads over all (0: none; configure)
+        self._speculation = OFF  # how its sequences propose tokens (none until configured)
         self.lock = lock or threading.Lock()  # the device's: every engine of a worker shares one
         self.max_kv_size = max_kv_size  # tokens of KV cache a sequence keeps (None: all of them)
         # tokens a sequence may hold, prompt and answer (tasks/context.py): its config's, when Engine.load reads it
@@ -127,7 +128,7 @@ class Engine:
         return 1 if self.batching == "alone" else self._max_batch
 
     def configure(
-        self, max_batch: int, prefill_step: int, decode_floor: float = 0.0, speculation: tuple[int, int] = (0, 0)
+        self, max_batch: int, prefill_step: int, decode_floor: float = 0.0, speculation: Speculation = OFF
     ) -> None:
         """Size the batch, the floor of tokens per second its decoding sequences keep while prompts are read, and
         its speculation: the most tokens a sequence proposes a step, and a step reads over all (0: none;
@@ -149,8 +150,7 @@ class Engine:
             self.max_kv_size,
             self.batching,
             decode_floor=self.decode_floor,
-            speculate=self._speculation[0],
-            budget=self._speculation[1],
+            speculation=self._speculation,
         )
 
     def prompt_tokens(

@@ -47,21 +47,33 @@ from worker.batch.positions import Positions
 from worker.batch.prefill import Prefilling
 from worker.batch.rows import MIN_CHUNK, Embeds, Emitted, Processor, Row
 from worker.batch.sampling import Sampler, Seeded
-from worker.batch.speculation import BUDGET, Payoff, Proposing, accepted, cut, in_order, refusal, width
+from worker.batch.speculation import (
+    OFF,
+    Always,
+    Payoff,
+    Proposing,
+    Speculation,
+    accepted,
+    cut,
+    in_order,
+    refusal,
+    width,
+)
 
 
 class ContinuousBatch(Prefilling):
     """The continuous batch (see the module's docstring): sequences join and leave it, and each step reads what the
     decode rows drew, reads a chunk of the joining prompts and draws the decode rows' next tokens."""
 
-    def __init__(self, *args: Any, speculate: int = 0, budget: int = BUDGET, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, speculation: Speculation = OFF, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # the most tokens a decode row proposes a step, and the most a step reads over all rows (0: no speculation,
         # worker/batch/speculation.py)
-        self.speculate, self.budget = speculate, budget
-        self.refusal = refusal(self.model, self.batching, self.max_kv_size) if speculate else "off"
+        self.speculate, self.budget = speculation.tokens, speculation.budget
+        self.refusal = refusal(self.model, self.batching, self.max_kv_size) if self.speculate else "off"
         self._proposed: list[list[int]] | None = None  # what each decode row proposed in the step before
-        self.payoff = Payoff()  # whether proposing pays, by batch size (worker/batch/speculation.py)
+        # whether proposing pays, by batch size (worker/batch/speculation.py)
+        self.payoff: Payoff | Always = Payoff() if speculation.measured else Always()
         self._cycle: tuple[float, bool] | None = None  # the last step's start, and whether it read prompts
         self._vocab = 0  # the ids the model scores (its logits' width, once seen): a proposal holds none past them
 

@@ -43,6 +43,29 @@ PROBE = 8  # ... every this many steps
 RATE_WEIGHT = 0.3  # how much a step's outcome moves a row's rate
 
 
+@dataclass(frozen=True)
+class Speculation:
+    """How a batch's sequences speculate: the most tokens one proposes a step (0: none), the most a step reads over
+    all, and whether the batch proposes only where it measures that proposing pays (`Payoff`), or always."""
+
+    tokens: int = 0
+    budget: int = BUDGET
+    measured: bool = True
+
+
+OFF = Speculation()  # no proposals
+
+
+class Always:
+    """Proposing allowed whatever it costs (ONELANE_SPECULATE_ALWAYS: to measure what it keeps, or test it)."""
+
+    def allows(self, rows: int) -> bool:
+        return True
+
+    def observe(self, rows: int, checked: bool, tokens: int, seconds: float) -> None:
+        """(Nothing measured.)"""
+
+
 @dataclass
 class Proposing:
     """One row's speculation: its proposal length and kept rate, and what it proposed and kept so far."""
