@@ -1,7 +1,8 @@
 """Interactive work never waits behind batch work (issue 51): when an interactive job finds no slot free, a batch-class
 job in the batch is set aside within a step. It goes back to the queue keeping its tokens (and its KV state in the
 prefix cache), is not counted as an attempt, and later goes on exactly where it stopped; it is set aside at most
-ONELANE_PREEMPT_LIMIT times. (One slot here: the fixture's batch of 1.)"""
+ONELANE_PREEMPT_LIMIT times. (One slot here: the fixture's batch of 1.) Its jobs speculate whatever it costs this
+machine (ONELANE_SPECULATE_ALWAYS): a job set aside goes on exactly with proposals checked and cut, as without."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from tests.test_resume import logged_text
 
 @pytest.fixture
 def settings(settings):  # type: ignore[no-untyped-def]
-    """The shipped demo model, which writes words as it goes (the random one's bytes make text only at its end)."""
-    return settings.model_copy(update={"model": str(SHIPPED_DEMO_MODEL)})
+    """The shipped demo model, which writes words as it goes (the random one's bytes make text only at its end),
+    speculating always."""
+    return settings.model_copy(update={"model": str(SHIPPED_DEMO_MODEL), "speculate_always": True})
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +69,8 @@ def test_a_batch_job_set_aside_for_an_interactive_one_goes_on_exactly_where_it_s
     assert (done["status"], done["attempts"], done["preemptions"]) == ("completed", 1, 1)
     assert done["usage"]["completion_tokens"] == 600
     assert done["output"] == whole == logged_text(store, batch)
+    if not params["temperature"]:  # (its steps checked proposals, and kept some: a greedy answer copies itself)
+        assert done["timings"]["accepted_tokens"] > 0
 
 
 def test_interactive_work_is_never_set_aside(jobs, store, start_worker):
@@ -132,7 +136,7 @@ def test_a_set_aside_job_whose_client_went_is_dropped_before_it_runs_again(jobs,
 
 def test_a_set_aside_job_goes_on_exactly_after_its_worker_is_killed(jobs, store, worker_process):
     # Given the answer a batch job gives uninterrupted, on a worker process
-    worker_process()
+    worker_process(ONELANE_SPECULATE_ALWAYS="true")
     whole = wait_ended(store, jobs.submit(**LONG, temperature=0, priority="batch")["id"], timeout_s=120)["output"]
 
     # When the same batch job is set aside for a long interactive job, and the worker is killed while it waits
@@ -148,3 +152,4 @@ def test_a_set_aside_job_goes_on_exactly_after_its_worker_is_killed(jobs, store,
     done = wait_ended(store, batch, timeout_s=180)
     assert (done["status"], done["attempts"], done["usage"]["completion_tokens"]) == ("completed", 1, 600)
     assert done["output"] == whole == logged_text(store, batch)
+    assert done["timings"]["accepted_tokens"] > 0

@@ -1,6 +1,8 @@
 """A job whose worker died (or stopped, or whose batch failed) goes on from the tokens it had generated: its next run
 reads them as prompt, with its sampler where it was, and writes only what follows. Nothing a client was sent is
-sampled again, so nothing is taken back, repeated or lost, whatever a second prefill computes."""
+sampled again, so nothing is taken back, repeated or lost, whatever a second prefill computes. The stories' workers
+speculate whatever it costs this machine (ONELANE_SPECULATE_ALWAYS): a resumed run goes on as exactly with proposals
+checked and cut as without."""
 
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ def test_a_sampled_stream_read_from_the_cache_goes_on_across_a_worker_kill_witho
     live_server, store, worker_process
 ):
     # Given a chat's first turn, whose history the worker's prefix cache now holds
-    worker_process()
+    worker_process(ONELANE_SPECULATE_ALWAYS="true")
     first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is a queue?"}]
     model = store.settings.model_name
     answer = chat(live_server, model, first, max_tokens=16, temperature=0).json()["choices"][0]["message"]["content"]
@@ -85,7 +87,7 @@ def test_a_job_handed_back_mid_answer_goes_on_and_writes_what_it_would_have_unin
 ):
     # Given the answer a job gives alone, uninterrupted
     job = {"prompt": "The queue", "max_tokens": 600, "ignore_eos": True, **params}
-    worker = start_worker(drain_s=0)
+    worker = start_worker(drain_s=0, speculate_always=True)
     whole = wait_ended(store, jobs.submit(**job)["id"], timeout_s=90)["output"]
 
     # When the same job is handed back by a worker that stops mid-answer, and another worker runs it on
@@ -95,7 +97,7 @@ def test_a_job_handed_back_mid_answer_goes_on_and_writes_what_it_would_have_unin
     worker.stop()
     kept = store.get(job_id)
     assert kept.status.value == "queued" and 0 < kept.usage.completion_tokens < 600
-    start_worker()
+    start_worker(speculate_always=True)
     done = wait_ended(store, job_id, timeout_s=90)
 
     # Then it kept what it had written, and wrote only the rest (no token sampled twice)
@@ -108,6 +110,8 @@ def test_a_job_handed_back_mid_answer_goes_on_and_writes_what_it_would_have_unin
         # parts at its 3,835th character, in 2 of 2 such runs of 1,500 tokens; at its 13th to 17th: whole, in 10 of 10)
         part = len(kept.output) + 1000
         assert done["output"][:part] == whole[:part]
+    if not job["temperature"]:
+        assert done["timings"]["accepted_tokens"] > 0  # (its steps checked proposals, and kept some)
 
 
 def test_a_seeded_samplers_key_goes_on_where_the_earlier_run_left_it():
