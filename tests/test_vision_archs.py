@@ -99,6 +99,9 @@ EXPECTED |= {
     # by its cache's indexer (worker/batch/rows.py `unchecked`) and runs its sequences alone
     "qwen4_exp": "alone equal",
     "youtu_vl": "mlx-vlm fails: its processor is the hub's own code (YoutuVLProcessor), which mlx-vlm does not ship",
+    # its thinker only (tests/vlms/qwen_omni.py): its image token in the thinker's config, its deepstack features
+    # placed at the prompt's tokens (worker/vision_beside.py)
+    "qwen3_omni_moe": "batched equal",
 }
 # group C (issue 61's third batch: tests/vlms/molmo.py, kimi_k.py, mage.py, zaya.py, step.py, minimax.py, muse.py,
 # mimo.py)
