@@ -1,6 +1,6 @@
 """A tiny Qwen3-Omni (`qwen3_omni_moe`): only its thinker, the part that reads text, images and audio and writes
-text (its config's `enable_audio_output` false, as the hub's Thinking checkpoints ship, so mlx-vlm builds no talker
-nor code2wav: what `mlx_vlm.generate` needs to answer about an image), built as tests/vlms/qwen.py builds Qwen3-VL
+text (its config's `enable_audio_output` false, so that mlx-vlm builds no talker nor code2wav: the thinker is what
+`mlx_vlm.generate` needs to answer about an image), built as tests/vlms/qwen.py builds Qwen3-VL
 (read its docstring): Qwen3-VL's tokens and template, with the audio ones added (<|audio_start|>, <|audio_end|>,
 <|audio_pad|>: an audio part renders <|audio_start|><|audio_pad|><|audio_end|>); mlx-vlm's own
 Qwen3OmniMoeProcessor, whose image processor is Qwen3-VL's (patch 16, merge 2: a 32x32 image is one token) and whose
