@@ -41,6 +41,20 @@ def test_a_model_whose_caches_cannot_merge_runs_alone(tiny) -> None:
     assert (verdict.batching, verdict.why) == ("alone", "mlx-lm cannot merge its caches (ChunkedKVCache)")
 
 
+def test_a_model_whose_attention_picks_keys_by_an_indexer_runs_alone(tmp_path) -> None:
+    from mlx_vlm.utils import load_model
+
+    from tests import vlms
+    from worker.vision import TextModel
+
+    # Qwen4-Exp: its indexer picks keys past 20 (its tiny budget); mlx-vlm's batched decode step, its rows of
+    # different lengths, attends to every key, so two batched prompts of 30 and 45 tokens stray 0.1 nats from alone
+    model = TextModel(load_model(vlms.build("qwen4_exp", tmp_path)))
+    verdict = choose(model, 2048)
+    assert verdict.batching == "alone"
+    assert verdict.why == "its caches pick keys by an indexer only past more keys than the trial reads (QSAKVCache)"
+
+
 def test_a_model_whose_batched_step_fails_runs_alone(tiny) -> None:
     verdict = choose(tiny("gpt_bigcode"), 2048)  # (mlx-lm's model reads its cache's offset as one number)
     assert verdict.batching == "alone", verdict.why

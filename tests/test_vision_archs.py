@@ -94,10 +94,14 @@ EXPECTED |= {
     # its batched caches fail (mlx-vlm's CacheList.extract over an indexer cache still empty): its sequences run alone
     "glm5_next": "alone equal",
     "got": "batched equal",  # its image token named im_patch_token; no chat template (its processor writes the turns)
-    # its batched image rows answer otherwise after a few tokens (alone, and its batching trial's text rows, as
-    # mlx-vlm): its sparse attention's batched cache (mlx-vlm's BatchQSAKVCache) with M-RoPE rows, not followed yet
-    "qwen4_exp": "served differs",
+    # its sparse attention's indexer picks keys once a sequence holds more than its budget; mlx-vlm's batched decode
+    # step, its rows of different lengths, attends to every key (text and image prompts alike): the worker knows it
+    # by its cache's indexer (worker/batch/rows.py `unchecked`) and runs its sequences alone
+    "qwen4_exp": "alone equal",
     "youtu_vl": "mlx-vlm fails: its processor is the hub's own code (YoutuVLProcessor), which mlx-vlm does not ship",
+    # its thinker only (tests/vlms/qwen_omni.py): its image token in the thinker's config, its deepstack features
+    # placed at the prompt's tokens (worker/vision_beside.py)
+    "qwen3_omni_moe": "batched equal",
 }
 # group C (issue 61's third batch: tests/vlms/molmo.py, kimi_k.py, mage.py, zaya.py, step.py, minimax.py, muse.py,
 # mimo.py)

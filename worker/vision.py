@@ -131,7 +131,7 @@ class VisionEngine(Engine):
 
         super().__init__(TextModel(vlm), tokenizer, name, **options)
         self.vlm, self.processor = vlm, processor
-        self.image_token = int(_image_token(vlm.config, processor))
+        self.image_token = int(_image_token(vlm, processor))
         self.tags = _first_tag(self.vocab, processor)  # where its images' tags start (past any id it reads)
         self.special = bool(should_add_special_tokens(vlm.config.model_type, processor))
         self.marker = placeholder(processor)  # the token the template writes for an image
@@ -514,14 +514,16 @@ def _image(data: bytes) -> Any:
     return image.convert("RGB")
 
 
-def _image_token(config: Any, processor: Any) -> int:
-    """The token whose places the image features take: the config's, else the processor's (Molmo's, which names
+def _image_token(vlm: nn.Module, processor: Any) -> int:
+    """The token whose places the image features take: the model's config's, or the one its language model was
+    built with (Qwen3-Omni's thinker's: its config nests the thinker's), else the processor's (Molmo's, which names
     the patches' token, <im_patch>, and adds each feature to its embedding there, as Molmo 2's does at its config's
     `image_patch_id`; GOT-OCR's config names it `im_patch_token`)."""
-    for name in ("image_token_index", "image_token_id", "image_patch_id", "im_patch_token"):
-        value = getattr(config, name, None)
-        if isinstance(value, int):
-            return value
+    for config in (vlm.config, getattr(vlm.language_model, "config", None)):
+        for name in ("image_token_index", "image_token_id", "image_patch_id", "im_patch_token"):
+            value = getattr(config, name, None)
+            if isinstance(value, int):
+                return value
     token = getattr(processor, "image_patch_token", None)
     value = processor.tokenizer.convert_tokens_to_ids(token) if isinstance(token, str) else None
     if isinstance(value, int) and value >= 0:

@@ -7,7 +7,9 @@ mlx-vlm's `get_input_embeddings` gives, beside the embeddings (`InputEmbeddingsF
   prefix-cache hit, a resumed job, a choice of `n`, a preempted row put back) has them too (worker/batch/positions.py);
 - `visual_pos_masks` and `deepstack_visual_embeds` (Qwen3-VL's deepstack: the vision tower's features of some of its
   layers, added to the first text layers' hidden states at the image's tokens): carried to the prompt's read,
-  `Deepstack`, chunk by chunk, each chunk given the features of the image tokens it holds;
+  `Deepstack`, chunk by chunk, each chunk given the features of the image tokens it holds (Qwen3-Omni's come placed
+  at the prompt's tokens already, (1, tokens, layers, hidden), zero at the others': sliced with each chunk, as
+  `PerToken`);
 - `per_layer_inputs` (Gemma 3n, Gemma 4: an input per token for each layer), or `visual_pos_masks` alone (ZAYA1-VL:
   which tokens are the image's, whose own adapters its layers apply): carried, `PerToken`, sliced with each chunk.
 Anything else is unknown: the model fails at load, naming it (worker/vision_tower.py: `Unreadable`).
@@ -76,6 +78,8 @@ class PerToken:
 def carried(features: dict[str, Any]) -> Deepstack | PerToken | None:
     """What of the embeddings' companions the prompt's read carries (see the module's docstring)."""
     deepstack, masks = features.get("deepstack_visual_embeds"), features.get("visual_pos_masks")
+    if isinstance(deepstack, mx.array) and deepstack.ndim == 4:  # already placed at its tokens: Qwen3-Omni's
+        return PerToken("deepstack_visual_embeds", deepstack)
     if deepstack is not None and masks is not None:
         return Deepstack(np.asarray(masks[0]).astype(bool), tuple(deepstack))
     if features.get("per_layer_inputs") is not None:

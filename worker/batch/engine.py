@@ -36,7 +36,7 @@ from worker.batch.dtypes import with_dtype
 from worker.batch.forward import ContinuousBatch
 from worker.batch.logprobs import Logprobs
 from worker.batch.positions import Positions
-from worker.batch.rows import Batching, Counters, Embeds, unmergeable
+from worker.batch.rows import Batching, Counters, Embeds, unchecked, unmergeable
 from worker.batch.sampling import Sampler, Scorer, make_sampler
 from worker.batch.speculation import OFF, Speculation
 from worker.grammar import GrammarMatcher, Grammars
@@ -96,8 +96,9 @@ class Engine:
         # tokens a sequence may hold, prompt and answer (tasks/context.py): its config's, when Engine.load reads it
         self.context: int | None = _context(model)
         self._done = Counters()  # the work of the batches before this one
-        # how its sequences share the batch: `alone` if a cache cannot be merged, else as worker/batch/sharing.py finds (rows.py: unmergeable)
-        self.batching: Batching = "alone" if unmergeable(model) else "padded"
+        # how its sequences share the batch: `alone` if a cache cannot be merged or its batched form checked, else as
+        # worker/batch/sharing.py finds (rows.py: unmergeable, unchecked)
+        self.batching: Batching = "alone" if unmergeable(model) or unchecked(model) else "padded"
         self.kv_bytes_per_token, self.vocab = _measure(model)
         self.token_bytes = TokenBytes(tokenizer)
         self.eos = frozenset(tokenizer.eos_token_ids)

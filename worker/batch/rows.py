@@ -50,6 +50,16 @@ def unmergeable(model: nn.Module) -> list[str]:
     return sorted({type(c).__name__ for c in make_prompt_cache(model) if not hasattr(c, "merge")})
 
 
+def unchecked(model: nn.Module) -> list[str]:
+    """The kinds of `model`'s caches whose batched form the batching trial (worker/batch/sharing.py) cannot check, so
+    its sequences run alone: a cache that keeps an indexer's keys (`update_indexer`: sparse attention, each sequence
+    attending only to the blocks of keys its indexer picks) picks none until a sequence holds more keys than its
+    budget (thousands in a real model), far past the trial's prompts. (mlx-vlm's Qwen4-Exp, for one, attends to every
+    key in a batched decode step whose sequences differ in length: a batched sequence past its budget answers
+    otherwise than alone.)"""
+    return sorted({type(c).__name__ for c in make_prompt_cache(model) if hasattr(c, "update_indexer")})
+
+
 @dataclass
 class Row:
     """One sequence: what it has read (`tokens`, its KV cache's), what it has still to read, and how it draws."""

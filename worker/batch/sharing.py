@@ -8,7 +8,9 @@ prompt goes on reading after the other joined the decode rows) each read alone, 
 and its log-probabilities at every draw are compared with its own alone, over the tokens the alone run finds
 likely. A batched run that raises, or strays past the tolerance, is not used; `padded` is kept if within it (unless
 `unpadded` is ten times closer); if neither is right, the model's sequences run `alone`, one at a time, on the caches mlx-lm's generate_step would give them. A model whose caches
-mlx-lm cannot merge (Llama 4's chunked one) runs alone without a trial.
+mlx-lm cannot merge (Llama 4's chunked one), or whose batched form the trial cannot check (a sparse attention's
+indexer, which picks keys only past more than the trial reads: worker/batch/rows.py `unchecked`), runs alone without
+a trial.
 
 This is what lets an architecture mlx-lm adds work the day it ships: a cache type whose batched form is missing or
 wrong for it costs that model its batching, not its answers. tests/test_architectures.py holds every architecture of
@@ -26,7 +28,7 @@ import mlx.nn as nn
 import numpy as np
 
 from worker.batch.forward import ContinuousBatch
-from worker.batch.rows import Batching, unmergeable
+from worker.batch.rows import Batching, unchecked, unmergeable
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +74,10 @@ def choose(model: nn.Module, vocab: int, max_kv_size: int | None = None, chunk: 
     kinds = unmergeable(model)
     if kinds:
         why = f"mlx-lm cannot merge its caches ({', '.join(kinds)})"
+        return Trial(batching="alone", why=why, seconds=time.perf_counter() - started)
+    kinds = unchecked(model)
+    if kinds:
+        why = f"its caches pick keys by an indexer only past more keys than the trial reads ({', '.join(kinds)})"
         return Trial(batching="alone", why=why, seconds=time.perf_counter() - started)
     rng = np.random.default_rng(0)
     prompts = [[int(t) for t in rng.integers(1, vocab, n)] for n in LENGTHS]
