@@ -103,10 +103,9 @@ EXPECTED |= {
     # equal mlx-vlm's generate unchunked (prefill_step_size=None), its image tokens' adapters marked chunk by chunk
     "zaya1_vl": "mlx-vlm fails: its language model takes input_ids, not the inputs= its chunked prefill passes",
     "step3p7": "batched equal",
-    # its get_rope_index takes image_grid_thw but gives one position a token (no M-RoPE), so onelane passes it M-RoPE's
-    # (3, B, L) positions, which its attention refuses; (read as plain positions, its language model keeps the last
-    # batch's rope deltas, a row each, and fails as the batch's size changes)
-    "minimax_m3_vl": "refused",
+    # its get_rope_index takes image_grid_thw but never reads it (plain positions: not M-RoPE); left to count its own
+    # positions, its language model keeps the last batch's rope deltas, a row each: given each row's plain positions
+    "minimax_m3_vl": "batched equal",
     "muse_glimmer": "batched equal",
     "mimo_v2": "batched equal",
     "muse_spark": "mlx-vlm fails: its attention is a Metal kernel (qk_norm_rope) with no CPU path",

@@ -18,6 +18,7 @@ deepstack features and per-layer inputs, instead of state kept on the language m
 
 from __future__ import annotations
 
+import dis
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -92,9 +93,30 @@ def after(extras: Extras | None, start: int) -> Extras | None:
 
 def rope_indexed(language: Any) -> bool:
     """Whether a language model's positions depend on its images as Qwen-VL's do: its `get_rope_index` places a
-    prompt's image tokens from their grids (`image_grid_thw`)."""
+    prompt's image tokens from their grids (`image_grid_thw`), which its code reads (MiniMax-M3-VL's takes them and
+    deletes them unread: one position a token, its cache's). Decided from the code, not by calling it: a call would
+    leave its result on some language models (Qwen3-VL's)."""
+    found = _rope_index(language)
+    return found is not None and any(_reads(i, "image_grid_thw") for i in dis.get_instructions(found))
+
+
+def counts_itself(language: Any) -> bool:
+    """Whether a language model not `rope_indexed` would still compute a batch's positions itself, from the rope
+    deltas it keeps of the last batch, a row each (MiniMax-M3-VL's: wrong, or failing, as the batch's rows change):
+    the batch then passes each row's plain positions (worker/vision.py `TextModel`)."""
+    return _rope_index(language) is not None and not rope_indexed(language)
+
+
+def _rope_index(language: Any) -> Any:
+    """The language model's `get_rope_index`, where it takes the images' grids (`image_grid_thw`); else None."""
     found = getattr(language, "get_rope_index", None)
-    return callable(found) and "image_grid_thw" in inspect.signature(found).parameters
+    return found if callable(found) and "image_grid_thw" in inspect.signature(found).parameters else None
+
+
+def _reads(instruction: dis.Instruction, name: str) -> bool:
+    """Whether a bytecode instruction loads the local `name` (3.13's LOAD_FAST_LOAD_FAST loads two)."""
+    value = instruction.argval
+    return instruction.opname.startswith("LOAD_FAST") and (value == name or isinstance(value, tuple) and name in value)
 
 
 def positions_last(language: Any) -> bool:
