@@ -93,7 +93,7 @@ EXPECTED |= {
     "whatever the config says",
 }
 # group C (issue 61's third batch: tests/vlms/molmo.py, kimi_k.py, mage.py, zaya.py, step.py, minimax.py, muse.py,
-# mimo.py)
+# mimo.py, cohere.py)
 EXPECTED |= {
     "molmo2": "batched equal",  # features added at its <im_patch> places (its config's image_patch_id)
     "kimi_k25": "batched equal",
@@ -109,6 +109,7 @@ EXPECTED |= {
     "muse_glimmer": "batched equal",
     "mimo_v2": "batched equal",
     "muse_spark": "mlx-vlm fails: its attention is a Metal kernel (qk_norm_rope) with no CPU path",
+    "cohere_compass": "batched equal",  # M-RoPE and deepstack, as Qwen3-VL's (its features beside their mask)
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 

@@ -5,7 +5,7 @@ mlx-vlm's `get_input_embeddings` gives, beside the embeddings (`InputEmbeddingsF
   model instead): not carried from there, but computed again for each sequence as it enters the batch, from its ids
   and its images' grids by the model's own `get_rope_index` (`rope_positions`), so that a sequence that reads no pixels (a
   prefix-cache hit, a resumed job, a choice of `n`, a preempted row put back) has them too (worker/batch/positions.py);
-- `visual_pos_masks` and `deepstack_visual_embeds` (Qwen3-VL's deepstack: the vision tower's features of some of its
+- `visual_pos_masks` and `deepstack_visual_embeds` (Qwen3-VL's and Cohere Compass's deepstack: the vision tower's features of some of its
   layers, added to the first text layers' hidden states at the image's tokens): carried to the prompt's read,
   `Deepstack`, chunk by chunk, each chunk given the features of the image tokens it holds;
 - `per_layer_inputs` (Gemma 3n, Gemma 4: an input per token for each layer), or `visual_pos_masks` alone (ZAYA1-VL:
@@ -77,6 +77,7 @@ class PerToken:
 def carried(features: dict[str, Any]) -> Deepstack | PerToken | None:
     """What of the embeddings' companions the prompt's read carries (see the module's docstring)."""
     deepstack, masks = features.get("deepstack_visual_embeds"), features.get("visual_pos_masks")
+    deepstack = getattr(deepstack, "embeddings", deepstack)  # (Cohere Compass's: the features beside their mask)
     if deepstack is not None and masks is not None:
         return Deepstack(np.asarray(masks[0]).astype(bool), tuple(deepstack))
     if features.get("per_layer_inputs") is not None:
