@@ -5,9 +5,9 @@ mlx-vlm's `get_input_embeddings` gives, beside the embeddings (`InputEmbeddingsF
   model instead): not carried from there, but computed again for each sequence as it enters the batch, from its ids
   and its images' grids by the model's own `get_rope_index` (`rope_positions`), so that a sequence that reads no pixels (a
   prefix-cache hit, a resumed job, a choice of `n`, a preempted row put back) has them too (worker/batch/positions.py);
-- `visual_pos_masks` and `deepstack_visual_embeds` (Qwen3-VL's and Cohere Compass's deepstack: the vision tower's features of some of its
-  layers, added to the first text layers' hidden states at the image's tokens): carried to the prompt's read,
-  `Deepstack`, chunk by chunk, each chunk given the features of the image tokens it holds;
+- `visual_pos_masks` and `deepstack_visual_embeds` (Qwen3-VL's and Cohere Compass's deepstack: the vision tower's
+  features of some of its layers, added to the first text layers' hidden states at the image's tokens): carried to
+  the prompt's read, `Deepstack`, chunk by chunk, each chunk given the features of the image tokens it holds;
 - `per_layer_inputs` (Gemma 3n, Gemma 4: an input per token for each layer), or `visual_pos_masks` alone (ZAYA1-VL:
   which tokens are the image's, whose own adapters its layers apply): carried, `PerToken`, sliced with each chunk.
 Anything else is unknown: the model fails at load, naming it (worker/vision_tower.py: `Unreadable`).
