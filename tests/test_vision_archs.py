@@ -93,7 +93,7 @@ EXPECTED |= {
     "whatever the config says",
 }
 # group C (issue 61's third batch: tests/vlms/molmo.py, kimi_k.py, mage.py, zaya.py, step.py, minimax.py, muse.py,
-# mimo.py, cohere.py)
+# mimo.py, cohere.py, molmo_point.py)
 EXPECTED |= {
     "molmo2": "batched equal",  # features added at its <im_patch> places (its config's image_patch_id)
     "kimi_k25": "batched equal",
@@ -110,6 +110,9 @@ EXPECTED |= {
     "mimo_v2": "batched equal",
     "muse_spark": "mlx-vlm fails: its attention is a Metal kernel (qk_norm_rope) with no CPU path",
     "cohere_compass": "batched equal",  # M-RoPE and deepstack, as Qwen3-VL's (its features beside their mask)
+    # its model keeps the last image's features and every token it decoded (its point tokens' rules): the batching
+    # trial runs its sequences alone
+    "molmo_point": "alone equal",
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 
