@@ -93,7 +93,7 @@ EXPECTED |= {
     "whatever the config says",
 }
 # group C (issue 61's third batch: tests/vlms/molmo.py, kimi_k.py, mage.py, zaya.py, step.py, minimax.py, muse.py,
-# mimo.py, cohere.py, molmo_point.py)
+# mimo.py, cohere.py, molmo_point.py, nemotron.py)
 EXPECTED |= {
     "molmo2": "batched equal",  # features added at its <im_patch> places (its config's image_patch_id)
     "kimi_k25": "batched equal",
@@ -113,6 +113,7 @@ EXPECTED |= {
     # its model keeps the last image's features and every token it decoded (its point tokens' rules): the batching
     # trial runs its sequences alone
     "molmo_point": "alone equal",
+    "nemotron_h_nano_omni": "batched equal",  # Mamba-2 layers: unpadded, as Nemotron-H's text model
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 
