@@ -93,7 +93,8 @@ EXPECTED |= {
     "whatever the config says",
 }
 # group C (issue 61's third batch: tests/vlms/molmo.py, kimi_k.py, mage.py, zaya.py, step.py, minimax.py, muse.py,
-# mimo.py, cohere.py, molmo_point.py, nemotron.py, deepseek_v4.py)
+# mimo.py, cohere.py, molmo_point.py, nemotron.py, deepseek_v4.py,
+# inkling.py)
 EXPECTED |= {
     "molmo2": "batched equal",  # features added at its <im_patch> places (its config's image_patch_id)
     "kimi_k25": "batched equal",
@@ -120,6 +121,7 @@ EXPECTED |= {
     # its processor gives each image's patches and span as an object (ImageInput), which the image preparer cannot
     # carry: refused (read without them its answers would be the text's alone)
     "deepseek_v41": "refused",
+    "inkling": "batched equal",
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 
