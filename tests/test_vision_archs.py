@@ -104,7 +104,8 @@ EXPECTED |= {
     "qwen3_omni_moe": "batched equal",
 }
 # group C (issue 61's third batch: tests/vlms/molmo.py, kimi_k.py, mage.py, zaya.py, step.py, minimax.py, muse.py,
-# mimo.py)
+# mimo.py, cohere.py, molmo_point.py, nemotron.py, deepseek_v4.py,
+# inkling.py)
 EXPECTED |= {
     "molmo2": "batched equal",  # features added at its <im_patch> places (its config's image_patch_id)
     "kimi_k25": "batched equal",
@@ -114,13 +115,24 @@ EXPECTED |= {
     # equal mlx-vlm's generate unchunked (prefill_step_size=None), its image tokens' adapters marked chunk by chunk
     "zaya1_vl": "mlx-vlm fails: its language model takes input_ids, not the inputs= its chunked prefill passes",
     "step3p7": "batched equal",
-    # its get_rope_index takes image_grid_thw but gives one position a token (no M-RoPE), so onelane passes it M-RoPE's
-    # (3, B, L) positions, which its attention refuses; (read as plain positions, its language model keeps the last
-    # batch's rope deltas, a row each, and fails as the batch's size changes)
-    "minimax_m3_vl": "refused",
+    # its get_rope_index takes image_grid_thw but never reads it (plain positions: not M-RoPE); left to count its own
+    # positions, its language model keeps the last batch's rope deltas, a row each: given each row's plain positions
+    "minimax_m3_vl": "batched equal",
     "muse_glimmer": "batched equal",
     "mimo_v2": "batched equal",
     "muse_spark": "mlx-vlm fails: its attention is a Metal kernel (qk_norm_rope) with no CPU path",
+    "cohere_compass": "batched equal",  # M-RoPE and deepstack, as Qwen3-VL's (its features beside their mask)
+    # its model keeps the last image's features and every token it decoded (its point tokens' rules): the batching
+    # trial runs its sequences alone
+    "molmo_point": "alone equal",
+    "nemotron_h_nano_omni": "batched equal",  # Mamba-2 layers: unpadded, as Nemotron-H's text model
+    # its image is a block of five ids past the vocabulary (start, pad, image, newline, end), padded to where it
+    # starts: its config names no image token, and onelane's tags (ids past the vocabulary) would take those ids
+    "deepseek_v4": "refused",
+    # its processor gives each image's patches and span as an object (ImageInput), which the image preparer cannot
+    # carry: refused (read without them its answers would be the text's alone)
+    "deepseek_v41": "refused",
+    "inkling": "batched equal",
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 

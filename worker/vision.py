@@ -46,7 +46,7 @@ from worker.batch.forward import ContinuousBatch
 from worker.batch.positions import Positions, from_offset
 from worker.batch.rows import Beside, Embeds, Extras
 from worker.unsupported import Unsupported
-from worker.vision_beside import after, positions_last, rope_indexed, rope_positions
+from worker.vision_beside import after, counts_itself, positions_last, rope_indexed, rope_positions
 from worker.vision_prep import KEPT, PrepareFailed, Preparer, placeholder
 from worker.vision_reading import (
     Mismatch,
@@ -80,14 +80,12 @@ class TextModel(nn.Module):
     def __init__(self, vlm: nn.Module) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # (mlx's Module.__init__ is unannotated)
         self.vlm = vlm
+        # whether its positions depend on its images (M-RoPE): the batch then passes every row's own
+        # (worker/batch/positions.py)
+        self.positional = rope_indexed(vlm.language_model)
         self.last = self.positional and positions_last(vlm.language_model)  # its positions (B, L, 3): ERNIE's
         self.first_pass = first_pass_positions(vlm)  # its image positions kept for a cache's first pass: HunYuan VL's
-
-    @property
-    def positional(self) -> bool:
-        """Whether its positions depend on its images (M-RoPE): the batch then passes every row's own
-        (worker/batch/positions.py)."""
-        return rope_indexed(self.vlm.language_model)
+        self.counts = counts_itself(vlm.language_model)  # it is given plain positions (B, L), not left to count them
 
     def __call__(
         self,
@@ -98,13 +96,17 @@ class TextModel(nn.Module):
         **extras: Any,
     ) -> mx.array:
         """The logits; a positional model is given `positions` (3, B, L), or, outside the batch (the probes, on a
-        fresh cache), text positions from its cache's offset: never the last prompt's it keeps itself. (`extras`:
+        fresh cache), text positions from its cache's offset: never the last prompt's it keeps itself. One that
+        `counts_itself` is given its rows' plain positions from its cache's offsets (B, L), as a batched cache
+        rotates an mlx-lm model's. (`extras`:
         what a prompt's read or a sequence alone's passes take beside the embeddings: worker/batch/rows.py.)"""
-        if positions is None and self.positional:
+        if positions is None and (self.positional or self.counts):
             offset = next((c.offset for c in cache or () if hasattr(c, "offset")), 0)  # (a linear layer's has none)
             positions = from_offset(offset, inputs.shape[0], inputs.shape[1])
         if positions is not None:
-            extras["position_ids"] = positions.transpose(1, 2, 0) if self.last else positions
+            extras["position_ids"] = (
+                positions[0] if self.counts else positions.transpose(1, 2, 0) if self.last else positions
+            )
         if self.first_pass and inputs_embeds is None:  # (not an image prompt's read: the last one's positions go)
             self.vlm.language_model._position_ids = None
         out = self.vlm.language_model(inputs, inputs_embeds=inputs_embeds, cache=cache, **extras)

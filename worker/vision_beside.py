@@ -5,11 +5,11 @@ mlx-vlm's `get_input_embeddings` gives, beside the embeddings (`InputEmbeddingsF
   model instead): not carried from there, but computed again for each sequence as it enters the batch, from its ids
   and its images' grids by the model's own `get_rope_index` (`rope_positions`), so that a sequence that reads no pixels (a
   prefix-cache hit, a resumed job, a choice of `n`, a preempted row put back) has them too (worker/batch/positions.py);
-- `visual_pos_masks` and `deepstack_visual_embeds` (Qwen3-VL's deepstack: the vision tower's features of some of its
-  layers, added to the first text layers' hidden states at the image's tokens): carried to the prompt's read,
-  `Deepstack`, chunk by chunk, each chunk given the features of the image tokens it holds (Qwen3-Omni's come placed
-  at the prompt's tokens already, (1, tokens, layers, hidden), zero at the others': sliced with each chunk, as
-  `PerToken`);
+- `visual_pos_masks` and `deepstack_visual_embeds` (Qwen3-VL's and Cohere Compass's deepstack: the vision tower's
+  features of some of its layers, added to the first text layers' hidden states at the image's tokens): carried to
+  the prompt's read, `Deepstack`, chunk by chunk, each chunk given the features of the image tokens it holds
+  (Qwen3-Omni's come placed at the prompt's tokens already, (1, tokens, layers, hidden), zero at the others': sliced
+  with each chunk, as `PerToken`);
 - `per_layer_inputs` (Gemma 3n, Gemma 4: an input per token for each layer), or `visual_pos_masks` alone (ZAYA1-VL:
   which tokens are the image's, whose own adapters its layers apply): carried, `PerToken`, sliced with each chunk.
 Anything else is unknown: the model fails at load, naming it (worker/vision_tower.py: `Unreadable`).
@@ -20,6 +20,7 @@ deepstack features and per-layer inputs, instead of state kept on the language m
 
 from __future__ import annotations
 
+import dis
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +79,7 @@ class PerToken:
 def carried(features: dict[str, Any]) -> Deepstack | PerToken | None:
     """What of the embeddings' companions the prompt's read carries (see the module's docstring)."""
     deepstack, masks = features.get("deepstack_visual_embeds"), features.get("visual_pos_masks")
+    deepstack = getattr(deepstack, "embeddings", deepstack)  # (Cohere Compass's: the features beside their mask)
     if isinstance(deepstack, mx.array) and deepstack.ndim == 4:  # already placed at its tokens: Qwen3-Omni's
         return PerToken("deepstack_visual_embeds", deepstack)
     if deepstack is not None and masks is not None:
@@ -96,9 +98,30 @@ def after(extras: Extras | None, start: int) -> Extras | None:
 
 def rope_indexed(language: Any) -> bool:
     """Whether a language model's positions depend on its images as Qwen-VL's do: its `get_rope_index` places a
-    prompt's image tokens from their grids (`image_grid_thw`)."""
+    prompt's image tokens from their grids (`image_grid_thw`), which its code reads (MiniMax-M3-VL's takes them and
+    deletes them unread: one position a token, its cache's). Decided from the code, not by calling it: a call would
+    leave its result on some language models (Qwen3-VL's)."""
+    found = _rope_index(language)
+    return found is not None and any(_reads(i, "image_grid_thw") for i in dis.get_instructions(found))
+
+
+def counts_itself(language: Any) -> bool:
+    """Whether a language model not `rope_indexed` would still compute a batch's positions itself, from the rope
+    deltas it keeps of the last batch, a row each (MiniMax-M3-VL's: wrong, or failing, as the batch's rows change):
+    the batch then passes each row's plain positions (worker/vision.py `TextModel`)."""
+    return _rope_index(language) is not None and not rope_indexed(language)
+
+
+def _rope_index(language: Any) -> Any:
+    """The language model's `get_rope_index`, where it takes the images' grids (`image_grid_thw`); else None."""
     found = getattr(language, "get_rope_index", None)
-    return callable(found) and "image_grid_thw" in inspect.signature(found).parameters
+    return found if callable(found) and "image_grid_thw" in inspect.signature(found).parameters else None
+
+
+def _reads(instruction: dis.Instruction, name: str) -> bool:
+    """Whether a bytecode instruction loads the local `name` (3.13's LOAD_FAST_LOAD_FAST loads two)."""
+    value = instruction.argval
+    return instruction.opname.startswith("LOAD_FAST") and (value == name or isinstance(value, tuple) and name in value)
 
 
 def positions_last(language: Any) -> bool:

@@ -65,6 +65,12 @@ def _prepare(request: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], b
     plain = prepare_inputs(processor, prompts=text, add_special_tokens=special)
     ids = [int(t) for t in np.asarray(inputs["input_ids"])[0]]
     rules = derive([int(t) for t in np.asarray(plain["input_ids"])[0]], ids, marker, request["digests"])
+    pixels = inputs.get("pixel_values")
+    if pixels is not None and not _numbers(pixels):  # (DeepSeek-V4.1's: each image's patches and span as an object)
+        while isinstance(pixels, list | tuple) and pixels:
+            pixels = pixels[0]
+        kind = type(pixels).__name__
+        return {"error": f"its processor gives the images as {kind}, not arrays: onelane cannot carry them"}, b""
     files, dtypes = {}, {}
     for name, value in inputs.items():
         if name in NOT_INPUTS or value is None or not _numbers(value):

@@ -1,9 +1,9 @@
 """A tiny MiniMax-M3-VL (`minimax_m3_vl`, as MiniMaxAI's MiniMax-M3 ships it): a CLIP-style tower with 3-D RoPE (14x14
 patches, temporal patches of 2, merged 2x2; hidden 32, 2 layers), the projector, and a MiniMax-M3 text model (hidden
 64, 2 layers: the first dense, the second a mixture of 2 experts and a shared one; sparse attention off; a
-`get_rope_index` that takes the images' grids but gives plain positions). Its processor writes an image as ]<]start of image[>[, one ]<]image[>[
-per 2x2 patches, ]<]end of image[>[ in place of the template's ]<]image[>[; the template is ChatML's. Keys as mlx-vlm
-names them."""
+`get_rope_index` that takes the images' grids but never reads them: plain positions, given by the batch). Its
+processor writes an image as ]<]start of image[>[, one ]<]image[>[ per 2x2 patches, ]<]end of image[>[ in place of the
+template's ]<]image[>[; the template is ChatML's. Keys as mlx-vlm names them."""
 
 from __future__ import annotations
 
