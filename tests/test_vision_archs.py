@@ -84,6 +84,7 @@ EXPECTED |= {
     # its processor names where each image's features go (image_bound) and gives each slice's pixels as an array
     # of its own size; its config names no image token
     "minicpmv4_6": "refused",
+    "phi4mm": "batched equal",  # one token (-200) an image, its embeddings more: as LLaVA-NeXT's
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 

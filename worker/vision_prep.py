@@ -180,7 +180,8 @@ def _nbytes(kept: OrderedDict[Images, dict[str, tuple[np.ndarray, str]]]) -> int
 
 def placeholder(processor: Any) -> int | None:
     """The token a processor's chat template writes for an image (an added token, which only the image brings; of
-    several, the processor's image token); None if it is not one such token."""
+    several, the processor's image token); None if it is not one such token, or if the template renders no image
+    part (mlx-vlm writes the image's placeholder into the text itself: Phi-4's <|image_1|>)."""
     tokenizer = processor.tokenizer
 
     def ids(content: list[dict[str, str]]) -> list[int]:
@@ -189,7 +190,10 @@ def placeholder(processor: Any) -> int | None:
 
     words = {"type": "text", "text": "x"}
     added = set(tokenizer.get_added_vocab().values())
-    brought = {t for t in ids([{"type": "image"}, words]) if t in added} - set(ids([words]))
+    try:
+        brought = {t for t in ids([{"type": "image"}, words]) if t in added} - set(ids([words]))
+    except Exception:  # (a template that renders a message's content only as a string: Phi-4's)
+        return None
     if len(brought) > 1:  # (Qwen's <|vision_start|><|image_pad|><|vision_end|>: the one the processor expands)
         brought &= {getattr(processor, "image_token_id", None)}
     return brought.pop() if len(brought) == 1 else None
