@@ -85,6 +85,7 @@ EXPECTED |= {
     # of its own size; its config names no image token
     "minicpmv4_6": "refused",
     "phi4mm": "batched equal",  # one token (-200) an image, its embeddings more: as LLaVA-NeXT's
+    "granite4_vision": "batched equal",  # its deepstack features by the prompt's positions (worker/vision_beside.py)
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 
