@@ -182,7 +182,7 @@ def placeholder(processor: Any) -> int | None:
     """The token a processor's chat template writes for an image (an added token, which only the image brings; of
     several, the processor's image token); None if it is not one such token, or if the template renders no image
     part (mlx-vlm writes the image's placeholder into the text itself: Phi-4's <|image_1|>)."""
-    tokenizer = processor.tokenizer
+    tokenizer = getattr(processor, "tokenizer", processor)  # (a model without a processor of its own: its tokenizer)
 
     def ids(content: list[dict[str, str]]) -> list[int]:
         text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False)
