@@ -86,6 +86,7 @@ EXPECTED |= {
     "minicpmv4_6": "refused",
     "phi4mm": "batched equal",  # one token (-200) an image, its embeddings more: as LLaVA-NeXT's
     "granite4_vision": "batched equal",  # its deepstack features by the prompt's positions (worker/vision_beside.py)
+    "internvl": "batched equal",
     "llava_bunny": "batched equal",  # one token (-200) an image, 729 embeddings; its processor its tokenizer
     "phi4_siglip": "mlx-vlm fails: its processor does not load (its NaFlex image processor needs torch)",
 }
