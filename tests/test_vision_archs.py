@@ -87,7 +87,9 @@ EXPECTED |= {
     "phi4mm": "batched equal",  # one token (-200) an image, its embeddings more: as LLaVA-NeXT's
     "granite4_vision": "batched equal",  # its deepstack features by the prompt's positions (worker/vision_beside.py)
     "internvl": "batched equal",
-    "llava_bunny": "batched equal",  # one token (-200) an image, 729 embeddings; its processor its tokenizer
+    "llava_bunny": "batched equal",
+    "llmjpvl": "mlx-vlm fails: mlx-vlm has no processor for it (the hub's is remote code)",
+    "multi_modality": "batched equal",  # one image token, widened to 576 embeddings by its model  # one token (-200) an image, 729 embeddings; its processor its tokenizer
     "phi4_siglip": "mlx-vlm fails: its processor does not load (its NaFlex image processor needs torch)",
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
