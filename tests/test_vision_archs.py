@@ -87,6 +87,7 @@ EXPECTED |= {
     "phi4mm": "batched equal",  # one token (-200) an image, its embeddings more: as LLaVA-NeXT's
     "granite4_vision": "batched equal",  # its deepstack features by the prompt's positions (worker/vision_beside.py)
     "internvl": "batched equal",
+    "jina_vlm": "refused",  # as Molmo: its features go to the places the processor names (image_input_idx)
     "llava_bunny": "batched equal",
     "llmjpvl": "mlx-vlm fails: mlx-vlm has no processor for it (the hub's is remote code)",
     "multi_modality": "batched equal",  # one image token, widened to 576 embeddings by its model  # one token (-200) an image, 729 embeddings; its processor its tokenizer
