@@ -53,7 +53,7 @@ EXPECTED: dict[str, str] = {
     "lfm2_vl": "batched equal",
     "llama4": "alone equal",  # mlx-lm cannot merge its chunked attention's caches
     "llava_onevision": "batched equal",
-    "molmo": "refused",  # its image features go to the places the processor names, not in place of an image token
+    "molmo": "batched equal",  # its features go where its processor says (image_input_idx): that span named
     "mistral3": "batched equal",
     "moondream2": "mlx-vlm fails: its processor loads its tokenizer from the hub",
     "moondream3": "mlx-vlm fails: its processor loads its tokenizer from the hub",
@@ -87,7 +87,7 @@ EXPECTED |= {
     "phi4mm": "batched equal",  # one token (-200) an image, its embeddings more: as LLaVA-NeXT's
     "granite4_vision": "batched equal",  # its deepstack features by the prompt's positions (worker/vision_beside.py)
     "internvl": "batched equal",
-    "jina_vlm": "refused",  # as Molmo: its features go to the places the processor names (image_input_idx)
+    "jina_vlm": "batched equal",  # as Molmo: its features go where its processor says (image_input_idx)
     "llava_bunny": "batched equal",
     "llmjpvl": "mlx-vlm fails: mlx-vlm has no processor for it (the hub's is remote code)",
     "multi_modality": "batched equal",  # one image token, widened to 576 embeddings by its model  # one token (-200) an image, 729 embeddings; its processor its tokenizer

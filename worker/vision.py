@@ -56,7 +56,10 @@ from worker.vision_reading import (
     expanded,
     for_ids,
     model_ids,
+    placed_at,
+    placed_for,
     prefix_lm,
+    span_at,
     span_of,
     with_extras,
 )
@@ -126,6 +129,9 @@ class VisionEngine(Engine):
 
         super().__init__(TextModel(vlm), tokenizer, name, **options)
         self.vlm, self.processor = vlm, processor
+        # the first id of the images' tags: past the ids its text model draws and those its tokenizer writes (a
+        # model's image tokens may lie past what it draws, in an additional vocabulary: Molmo's, Jina VLM's)
+        self.tags = max(self.vocab, len(getattr(processor, "tokenizer", processor)))
         self.image_token = int(_image_token(vlm.config))
         self.special = bool(should_add_special_tokens(vlm.config.model_type, processor))
         self.marker = placeholder(processor)  # the token the template writes for an image
@@ -134,6 +140,7 @@ class VisionEngine(Engine):
         self._digests: OrderedDict[tuple[int, ...], tuple[str, ...]] = OrderedDict()
         self.by_image = False  # its images read one a step (worker/vision_tower.py): checked as it loads
         self.expands = False  # its embeddings outnumber its prompt's ids (worker/vision_reading.py): found as it loads
+        self.placed = False  # its features go where its processor says (image_input_idx: Molmo): found as it loads
         self.prefix_lm = prefix_lm(vlm)  # it reads an image prompt's prefix both ways, in one pass (PaliGemma)
         self.images_alone = False  # its images come with inputs to every step: its image jobs run alone (probe)
         self.reset()  # (its batch knows it)
@@ -215,7 +222,7 @@ class VisionEngine(Engine):
                 raise VisionUnsupported(
                     f"its positions depend on its images in a way onelane does not follow ({exc})"
                 ) from None
-        self.by_image = not (self.expands or self.images_alone) and by_image_agrees(
+        self.by_image = not (self.expands or self.images_alone or self.placed) and by_image_agrees(
             self.vlm, self.image_token, ids, kept, count
         )
         self.images_read = 0
@@ -225,6 +232,7 @@ class VisionEngine(Engine):
             "one image a step" if self.by_image else "a prompt's images at once",
             "; its image jobs run alone (their images go to every step)" if self.images_alone else "",
             "; its images give more embeddings than their tokens: its prompts hold as many" if self.expands else "",
+            "; its images' features go where its processor says" if self.placed else "",
             "; its image prompts whole, in one pass (a prefix read both ways)" if self.prefix_lm else "",
         )
 
@@ -249,14 +257,15 @@ class VisionEngine(Engine):
             return tokens
         text = self._text(spec)
         written = self.prep.written(self._plain(text), self.marker, digests)
-        if written is not None and (not self.expands or (digests, tuple(written)) in self._lengths):
+        if written is not None and not self.placed and (not self.expands or (digests, tuple(written)) in self._lengths):
             keyed = self._keyed(written, digests)
             if self.prep.arrays(digests) is not None or (  # (a model alone needs its images at every step)
-                reach is not None and not self.images_alone and reach(keyed) > _last_image(keyed, self.vocab)
+                reach is not None and not self.images_alone and reach(keyed) > _last_image(keyed, self.tags)
             ):
                 return keyed
         read = images if callable(images) else lambda: images or {}
-        return self._keyed(list(self.prep.prepare(text, digests, read, wait).ids), digests)
+        prepared = self.prep.prepare(text, digests, read, wait)
+        return self._keyed(list(prepared.ids), digests, placed_at(prepared.arrays, len(prepared.ids)))
 
     def _text(self, spec: JobSpec) -> str:
         """The prompt rendered as mlx-vlm renders a chat (`apply_chat_template`, as its generate and its server do:
@@ -299,7 +308,7 @@ class VisionEngine(Engine):
         """The full digests of a keyed prompt's images, where each starts. A prefix-LM's image prompt is read whole
         (each token's state depends on every other's of its prefix): a mark of its own at its start, which no other
         matches, keeps its cached state from any other prompt (worker/prefix_index.py `within`)."""
-        at = [i for i, t in enumerate(tokens) if t >= self.vocab]
+        at = [i for i, t in enumerate(tokens) if t >= self.tags]
         digests = self._digests.get(tuple(tokens[i] for i in at)) if at else None
         if not digests:
             return ()
@@ -319,24 +328,24 @@ class VisionEngine(Engine):
     def runs_alone(self, prompt: list[int]) -> bool:
         """Whether the prompt is an image prompt of a model whose images go to every step (Llama 3.2 Vision's
         cross-attention states): it runs alone, its text jobs batch."""
-        return self.images_alone and any(t >= self.vocab for t in prompt)
+        return self.images_alone and any(t >= self.tags for t in prompt)
 
     def embeddings(self, prompt: list[int], cached: int) -> tuple[Embeds | None, list[int] | None]:
         """The prompt's input embeddings past its first `cached` tokens, but its last, read when first needed, between
         two of the batch's steps, image by image where the model allows (worker/vision_tower.py); and their ids. A
         model whose images go to every step reads them whatever its cache holds of the prompt."""
-        if not any(t >= self.vocab for t in (prompt if self.runs_alone(prompt) else prompt[cached:-1])):
+        if not any(t >= self.tags for t in (prompt if self.runs_alone(prompt) else prompt[cached:-1])):
             return None, None
         ids, kept, images = self._inputs(prompt)
-        batch_ids = [self.image_token if t >= self.vocab else t for t in prompt]
+        batch_ids = ids if len(ids) == len(prompt) else [self.image_token if t >= self.tags else t for t in prompt]
         return self._reading(ids, kept, cached, images, len(prompt)), batch_ids[cached:]
 
     def positions(self, prompt: list[int]) -> Positions | None:
         """A keyed prompt's own positions where the model's depend on its images (worker/vision_beside.py), from its
         ids and its images' grids (kept by digest: a prompt whose images' arrays are gone still has them)."""
-        if not self.positional or not any(t >= self.vocab for t in prompt):
+        if not self.positional or not any(t >= self.tags for t in prompt):
             return None
-        digests = self._digests.get(_images(prompt, self.vocab))
+        digests = self._digests.get(_images(prompt, self.tags))
         if digests is None:
             raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
         arrays = self.prep.arrays(digests)
@@ -349,20 +358,20 @@ class VisionEngine(Engine):
         grids = [g for d in digests if (g := self._grids.get(d)) is not None]
         if len(grids) < len(digests):
             raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
-        ids = [self.image_token if t >= self.vocab else t for t in prompt]
+        ids = [self.image_token if t >= self.tags else t for t in prompt]
         return rope_positions(self.vlm.language_model, ids, self.image_token, np.stack(grids))
 
     def _inputs(self, prompt: list[int]) -> tuple[list[int], Arrays, int]:
         """A keyed prompt's ids as the model's `get_input_embeddings` reads them, its images' prepared arrays, and
         how many images."""
-        tags = _images(prompt, self.vocab)
+        tags = _images(prompt, self.tags)
         digests, span = self._digests.get(tags), self._spans.get(tags)
         arrays = self.prep.arrays(digests) if digests is not None else None
         if digests is None or arrays is None or (self.expands and span is None):
             raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
         if span is not None:
-            return model_ids(prompt, span, self.vocab), arrays, len(digests)
-        return [self.image_token if t >= self.vocab else t for t in prompt], arrays, len(digests)
+            return model_ids(prompt, span, self.tags), placed_for(arrays, span.start), len(digests)
+        return [self.image_token if t >= self.tags else t for t in prompt], arrays, len(digests)
 
     def _reading(self, ids: list[int], kept: Arrays, cached: int, images: int, length: int) -> Embeds:
         """The vision tower's pass, a part a call (one image, or all at once), then the embeddings past `cached`
@@ -402,11 +411,18 @@ class VisionEngine(Engine):
 
         return step
 
-    def _keyed(self, ids: list[int], digests: tuple[str, ...]) -> list[int]:
+    def _keyed(self, ids: list[int], digests: tuple[str, ...], placed: list[int] | None = None) -> list[int]:
         """The ids with each image's tokens named by the image (ids past the vocabulary, from its digest: two 28-bit
         pieces in turn): the image tokens in order, split evenly among the images (each image is as many tokens).
         Tags that other images' prompts hold already (alike in those 56 bits) are drawn again from a salted digest:
-        the tags find the prompt's images' full digests here (their arrays, and the marks the prefix cache checks)."""
+        the tags find the prompt's images' full digests here (their arrays, and the marks the prefix cache checks).
+        `placed`: where the processor said the images' features go, for a model that reads them so (Molmo): their
+        span, from the first to the last, is named as an expanding model's is."""
+        if placed:
+            self.placed = True
+            if len(digests) > 1:  # (mlx-vlm's Molmo and Jina VLM fail on a second: its places overrun the features)
+                raise InvalidPrompt("the model reads one image a prompt")
+            return self._expanded(ids, digests, span_at(ids, placed))
         if self.expands:
             return self._expanded(ids, digests)
         at = [i for i, t in enumerate(ids) if t == self.image_token]
@@ -418,8 +434,8 @@ class VisionEngine(Engine):
             named = [d if not salt else hashlib.sha256(f"{salt}:{d}".encode()).hexdigest() for d in digests]
             for n, i in enumerate(at):
                 digest, k = named[n // each], n % each
-                keyed[i] = self.vocab + int(digest[7 * (k % 2) : 7 * (k % 2) + 7], 16)
-            tags = _images(keyed, self.vocab)
+                keyed[i] = self.tags + int(digest[7 * (k % 2) : 7 * (k % 2) + 7], 16)
+            tags = _images(keyed, self.tags)
             if self._digests.setdefault(tags, digests) == digests:
                 break
         else:  # (64 collisions of 56 bits in a row: never, unless SHA-256 is broken)
@@ -427,9 +443,24 @@ class VisionEngine(Engine):
         self._kept(tags)
         return keyed
 
-    def _expanded(self, ids: list[int], digests: tuple[str, ...]) -> list[int]:
+    def _expanded(self, ids: list[int], digests: tuple[str, ...], span: Span | None = None) -> list[int]:
         """An expanding model's keyed prompt (worker/vision_reading.py): as many positions as its embeddings, the
-        number read from the shape of mlx-vlm's computation over the images' prepared arrays, once."""
+        number read from the shape of mlx-vlm's computation over the images' prepared arrays, once; or, given the
+        `span` of the images' features, that span named."""
+        if span is None:
+            span = span_of(ids, self.image_token, self._length(ids, digests))
+        for salt in range(64):
+            keyed = expanded(ids, span, self.tags, digests, salt)
+            tags = _images(keyed, self.tags)
+            if self._digests.setdefault(tags, digests) == digests and self._spans.setdefault(tags, span) == span:
+                break
+        else:  # (64 collisions of 56 bits in a row: never, unless SHA-256 is broken)
+            raise InvalidPrompt("an image of the request cannot be told apart from another the worker holds")
+        self._kept(tags)
+        return keyed
+
+    def _length(self, ids: list[int], digests: tuple[str, ...]) -> int:
+        """How many embeddings an expanding model gives for the ids and these images (measured once)."""
         known = (digests, tuple(ids))
         if known not in self._lengths:
             arrays = self.prep.arrays(digests)
@@ -439,16 +470,7 @@ class VisionEngine(Engine):
         self._lengths.move_to_end(known)
         while len(self._lengths) > KEPT * 16:
             self._lengths.popitem(last=False)
-        span = span_of(ids, self.image_token, self._lengths[known])
-        for salt in range(64):
-            keyed = expanded(ids, span, self.vocab, digests, salt)
-            tags = _images(keyed, self.vocab)
-            if self._digests.setdefault(tags, digests) == digests and self._spans.setdefault(tags, span) == span:
-                break
-        else:  # (64 collisions of 56 bits in a row: never, unless SHA-256 is broken)
-            raise InvalidPrompt("an image of the request cannot be told apart from another the worker holds")
-        self._kept(tags)
-        return keyed
+        return self._lengths[known]
 
     def _kept(self, tags: tuple[int, ...]) -> None:
         """The prompt of these tags was keyed last: the oldest others are forgotten."""
@@ -504,11 +526,13 @@ def _image(data: bytes) -> Any:
 
 
 def _image_token(config: Any) -> int:
+    """The token whose embeddings the image's features replace, as the config names it; -1 (no token: never a
+    prompt's) where it names none, as a model whose features go where its processor says (Molmo) need not."""
     for name in ("image_token_index", "image_token_id"):
         value = getattr(config, name, None)
         if isinstance(value, int):
             return value
-    raise ValueError("the model's config names no image token (image_token_index)")
+    return -1
 
 
 def _eos(config: Any, processor: Any) -> list[int] | None:

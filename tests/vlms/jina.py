@@ -5,7 +5,7 @@ additional vocabulary). mlx-vlm's JinaVLMProcessor builds its image processor wi
 folder says: 378x378 crops (up to 12, and the whole image), and the image tokens' ids Qwen's (<im_patch> 151665,
 <im_start>, <im_end>, <im_col> 151668), so the text model's vocabulary is Qwen's size here too (151,665 ids and the
 additional 128; the demo tokenizer's vocabulary is padded to as many with pieces no text tokenizes to, so that
-every id the text model draws decodes). It writes, where the template's <|image|> is, each crop's
+every id the text model draws decodes, and the image tokens added there as Qwen's tokenizer has them). It writes, where the template's <|image|> is, each crop's
 rows of <im_patch> ended by <im_col> between <im_start> and <im_end>, and gives the model the places of the patches'
 features (`image_input_idx`), which `get_input_embeddings` ADDS to those tokens' embeddings: its config's image
 token (<|image|>) is never in the prompt. The template is Qwen's ChatML; <|im_end|> ends an answer. Its config.json
@@ -23,6 +23,7 @@ from typing import Any
 from tests.vlms.folder import DEMO_IDS, END, Family, write_folder
 
 QWEN_IMAGE_IDS = 151665  # the first of the image tokens' ids, constants of mlx-vlm's image processor for it
+IMAGE_TOKENS = ["<im_patch>", "<im_start>", "<im_end>", "<im_col>"]  # (151665 on, as Qwen's tokenizer has them)
 TEXT: dict[str, Any] = dict(
     model_type="jina_vlm", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
     head_dim=16, vocab_size=QWEN_IMAGE_IDS, additional_vocab_size=128, intermediate_size=128, rms_norm_eps=1e-6,
@@ -56,6 +57,10 @@ def build_jina_vlm(folder: Path) -> Path:
     tokenizer = json.loads(path.read_text())
     vocab = tokenizer["model"]["vocab"]
     vocab.update({f"<unused_{i}>": i for i in range(len(vocab), QWEN_IMAGE_IDS)})
+    for token_id, token in enumerate(IMAGE_TOKENS, start=QWEN_IMAGE_IDS):
+        vocab[token] = token_id
+        entry = dict(id=token_id, content=token, single_word=False, lstrip=False, rstrip=False, normalized=False)
+        tokenizer["added_tokens"].append(dict(entry, special=True))
     path.write_text(json.dumps(tokenizer, ensure_ascii=False))
     return built
 
