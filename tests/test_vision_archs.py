@@ -81,9 +81,9 @@ EXPECTED |= {
 EXPECTED |= {
     "gemma3n": "mlx-vlm fails: its MobileNetV5 tower is a constant of the code (~300 M parameters)",
     "llava": "mlx-vlm fails: its LlavaProcessor hands padding=True to transformers 5's CLIP image processor",
-    # its processor names where each image's features go (image_bound) and gives each slice's pixels as an array
-    # of its own size; its config names no image token
-    "minicpmv4_6": "refused",
+    # its features go where its processor says (image_bound: each image's and slice's span); M-RoPE over text positions
+    "minicpmv4_6": "batched equal",
+    "minicpmo": "batched equal",  # as MiniCPM-V 4.6 (an image-only folder: no audio tower, no TTS)
     "phi4mm": "batched equal",  # one token (-200) an image, its embeddings more: as LLaVA-NeXT's
     "granite4_vision": "batched equal",  # its deepstack features by the prompt's positions (worker/vision_beside.py)
     "internvl": "batched equal",

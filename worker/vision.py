@@ -56,6 +56,7 @@ from worker.vision_reading import (
     expanded,
     for_ids,
     model_ids,
+    PLACES,
     placed_at,
     placed_for,
     prefix_lm,
@@ -149,6 +150,7 @@ class VisionEngine(Engine):
         self._lengths: OrderedDict[tuple[tuple[str, ...], tuple[int, ...]], int] = OrderedDict()  # its embeddings'
         self.images_read = 0  # images its vision tower read (a prefix-cache hit reads none)
         self.positional = rope_indexed(vlm.language_model)  # (its TextModel's: M-RoPE)
+        self.gridded = self.positional  # its images' grids move its positions: checked as it loads
         self._grids: OrderedDict[str, np.ndarray] = OrderedDict()  # each image's grid (t, h, w), by its digest
 
     @classmethod
@@ -215,7 +217,9 @@ class VisionEngine(Engine):
         reading = self._reading(ids, kept, 0, count, length)
         while reading() is None:
             pass
-        if self.positional:  # (its positions, as the batch will compute them for each sequence)
+        # (a positional model whose processor gives no grids: its images do not move its positions, MiniCPM-V's)
+        self.gridded = self.positional and "image_grid_thw" in kept
+        if self.gridded:  # (its positions, as the batch will compute them for each sequence)
             try:
                 self.positions(prompt)
             except (InvalidPrompt, ValueError, TypeError) as exc:
@@ -265,7 +269,7 @@ class VisionEngine(Engine):
                 return keyed
         read = images if callable(images) else lambda: images or {}
         prepared = self.prep.prepare(text, digests, read, wait)
-        return self._keyed(list(prepared.ids), digests, placed_at(prepared.arrays, len(prepared.ids)))
+        return self._keyed(list(prepared.ids), digests, prepared.arrays)
 
     def _text(self, spec: JobSpec) -> str:
         """The prompt rendered as mlx-vlm renders a chat (`apply_chat_template`, as its generate and its server do:
@@ -342,8 +346,9 @@ class VisionEngine(Engine):
 
     def positions(self, prompt: list[int]) -> Positions | None:
         """A keyed prompt's own positions where the model's depend on its images (worker/vision_beside.py), from its
-        ids and its images' grids (kept by digest: a prompt whose images' arrays are gone still has them)."""
-        if not self.positional or not any(t >= self.tags for t in prompt):
+        ids and its images' grids (kept by digest: a prompt whose images' arrays are gone still has them); None for
+        text positions (a model whose images have no grids: M-RoPE over text positions, as MiniCPM-V's)."""
+        if not self.gridded or not any(t >= self.tags for t in prompt):
             return None
         digests = self._digests.get(_images(prompt, self.tags))
         if digests is None:
@@ -411,17 +416,18 @@ class VisionEngine(Engine):
 
         return step
 
-    def _keyed(self, ids: list[int], digests: tuple[str, ...], placed: list[int] | None = None) -> list[int]:
+    def _keyed(self, ids: list[int], digests: tuple[str, ...], arrays: Arrays | None = None) -> list[int]:
         """The ids with each image's tokens named by the image (ids past the vocabulary, from its digest: two 28-bit
         pieces in turn): the image tokens in order, split evenly among the images (each image is as many tokens).
         Tags that other images' prompts hold already (alike in those 56 bits) are drawn again from a salted digest:
         the tags find the prompt's images' full digests here (their arrays, and the marks the prefix cache checks).
-        `placed`: where the processor said the images' features go, for a model that reads them so (Molmo): their
-        span, from the first to the last, is named as an expanding model's is."""
+        A model whose features go where its processor says (Molmo, MiniCPM-V: `arrays`, the processor's for these
+        ids) has their span, from the first place to the last, named as an expanding model's is."""
+        placed = placed_at(arrays, len(ids)) if arrays is not None else None
         if placed:
             self.placed = True
-            if len(digests) > 1:  # (mlx-vlm's Molmo and Jina VLM fail on a second: its places overrun the features)
-                raise InvalidPrompt("the model reads one image a prompt")
+            if len(digests) > 1 and arrays is not None and PLACES in arrays:  # (mlx-vlm's Molmo and Jina VLM fail
+                raise InvalidPrompt("the model reads one image a prompt")  # on a second: its places overrun)
             return self._expanded(ids, digests, span_at(ids, placed))
         if self.expands:
             return self._expanded(ids, digests)

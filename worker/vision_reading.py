@@ -14,7 +14,8 @@ measured (MLX computes lazily: nothing of the vision tower runs then); the model
 disagreement fails that job (`Mismatch`), never a wrong answer.
 
 Some put the image's features where their processor says (Molmo's and Jina VLM's `image_input_idx`: the places of
-the patches' tokens, among the crops' start, column and end tokens), whatever the tokens there: their prompt's
+the patches' tokens, among the crops' start, column and end tokens; MiniCPM's `image_bound`: the spans between each
+image's and slice's start and end tokens), whatever the tokens there: their prompt's
 images are named as an expanding model's are, their span from the first such place to the last (one tag an id), and
 the places move with the span when the kept arrays serve a prompt whose text before the images differs.
 """
@@ -96,27 +97,37 @@ def span_at(ids: list[int], at: list[int]) -> Span:
     return Span(start=first, ids=tuple(ids[first : last + 1]), length=last - first + 1)
 
 
+#: the arrays in which a processor says where a model's image features go: each feature's place (-1 for none:
+#: Molmo's, Jina VLM's), or each image's or slice's span of places, [start, end) (MiniCPM-V's, MiniCPM-o's)
+PLACES = "image_input_idx"
+BOUNDS = "image_bound"
+
+
 def placed_at(kept: Arrays, length: int) -> list[int] | None:
     """Where a prompt of `length` ids that its processor just wrote has its images' features, for a model that puts
-    them where its processor says (`image_input_idx`: Molmo, Jina VLM; -1 for none); None for any other model."""
-    if "image_input_idx" not in kept:
+    them where its processor says (`PLACES`, `BOUNDS`); None for any other model."""
+    if PLACES in kept:
+        places = {int(i) for i in np.asarray(kept[PLACES][0]).reshape(-1)}
+    elif BOUNDS in kept:
+        places = {i for a, b in np.asarray(kept[BOUNDS][0]).reshape(-1, 2) for i in range(int(a), int(b))}
+    else:
         return None
-    places = np.asarray(kept["image_input_idx"][0]).reshape(-1)
-    return sorted({int(i) for i in places if 0 <= i < length}) or None
+    return sorted(i for i in places if 0 <= i < length) or None
 
 
 def placed_for(kept: Arrays, start: int) -> Arrays:
     """The prepared arrays of a prompt's images, for a prompt whose images' span starts at `start`: a model's places
-    of their features (`image_input_idx`) moved with it (the arrays are kept by the images: the prompt that made
+    of their features (`PLACES`, `BOUNDS`) moved with it (the arrays are kept by the images: the prompt that made
     them may have had other text before them); any other model's as they are."""
-    if "image_input_idx" not in kept:
+    name = PLACES if PLACES in kept else BOUNDS if BOUNDS in kept else None
+    if name is None:
         return kept
-    places, dtype = kept["image_input_idx"]
+    places, dtype = kept[name]
     inside = places >= 0
     if not inside.any():
         return kept
     moved = np.where(inside, places + (start - int(places[inside].min())), places)
-    return {**kept, "image_input_idx": (moved.astype(places.dtype), dtype)}
+    return {**kept, name: (moved.astype(places.dtype), dtype)}
 
 
 def expanded(ids: list[int], span: Span, vocab: int, digests: tuple[str, ...], salt: int) -> list[int]:
