@@ -91,6 +91,7 @@ EXPECTED |= {
     "llava_bunny": "batched equal",
     "llmjpvl": "mlx-vlm fails: mlx-vlm has no processor for it (the hub's is remote code)",
     "multi_modality": "batched equal",  # one image token, widened to 576 embeddings by its model  # one token (-200) an image, 729 embeddings; its processor its tokenizer
+    "plamo2vl": "batched equal",  # its tokenizer mlx-vlm's own code: its processor's, wrapped as mlx-lm wraps one
     "phi4_siglip": "mlx-vlm fails: its processor does not load (its NaFlex image processor needs torch)",
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}

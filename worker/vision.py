@@ -157,7 +157,9 @@ class VisionEngine(Engine):
     def load(  # type: ignore[override]  # (from a ModelConfig only, not also a path as Engine.load)
         cls, model: ModelConfig, max_batch: int = 1, prefill_step: int = 512, lock: Any = None
     ) -> VisionEngine:
-        """Load a vision-language model's folder (or hub id) with mlx-vlm, and its tokenizer as mlx-lm wraps one."""
+        """Load a vision-language model's folder (or hub id) with mlx-vlm, and its tokenizer as mlx-lm wraps one (its
+        processor's, where transformers cannot load it: a tokenizer of mlx-vlm's own code, as PLaMo 2 VL's)."""
+        from mlx_lm.tokenizer_utils import TokenizerWrapper
         from mlx_lm.tokenizer_utils import load as load_tokenizer
         from mlx_vlm import load as load_vlm
         from mlx_vlm.utils import get_model_path
@@ -166,9 +168,11 @@ class VisionEngine(Engine):
         vlm, processor = load_vlm(model.path, trust_remote_code=model.trust_remote_code, revision=model.revision)
         dtype = with_dtype(vlm, model.dtype)
         folder = Path(getattr(vlm.config, "_name_or_path", "") or model.path)
-        tokenizer = load_tokenizer(
-            folder if folder.is_dir() else _folder_of(model.path), eos_token_ids=_eos(vlm.config, processor)
-        )
+        eos = _eos(vlm.config, processor)
+        try:
+            tokenizer = load_tokenizer(folder if folder.is_dir() else _folder_of(model.path), eos_token_ids=eos)
+        except ValueError:  # (transformers knows no such tokenizer: "Couldn't instantiate the backend tokenizer")
+            tokenizer = TokenizerWrapper(getattr(processor, "tokenizer", processor), eos_token_ids=eos)
         logger.info(
             "model %s loaded from %s in %.2f s (%s; reads images)",
             model.name,
