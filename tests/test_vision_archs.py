@@ -77,22 +77,23 @@ EXPECTED |= {
     "paligemma": "alone equal",  # its image prompt read whole (a prefix read both ways); its decode alone
     "mllama": "alone equal",  # cross-attention states at every step: its image jobs run alone
 }
-# group A (issue 61's second round: tests/vlms/gemma3n.py, llava.py, minicpm.py, ...)
+# group A (issue 61's second round: tests/vlms/gemma3n.py, phi4.py, minicpm.py, jina.py, granite.py, llava.py,
+# bunny.py, internvl.py, deepseek_vl.py, llmjp.py, plamo.py; Florence-2, a task model, is left out)
 EXPECTED |= {
     "gemma3n": "mlx-vlm fails: its MobileNetV5 tower is a constant of the code (~300 M parameters)",
-    "llava": "mlx-vlm fails: its LlavaProcessor hands padding=True to transformers 5's CLIP image processor",
-    # its features go where its processor says (image_bound: each image's and slice's span); M-RoPE over text positions
-    "minicpmv4_6": "batched equal",
-    "minicpmo": "batched equal",  # as MiniCPM-V 4.6 (an image-only folder: no audio tower, no TTS)
-    "phi4mm": "batched equal",  # one token (-200) an image, its embeddings more: as LLaVA-NeXT's
     "granite4_vision": "batched equal",  # its deepstack features by the prompt's positions (worker/vision_beside.py)
     "internvl": "batched equal",
     "jina_vlm": "batched equal",  # as Molmo: its features go where its processor says (image_input_idx)
-    "llava_bunny": "batched equal",
+    "llava": "mlx-vlm fails: its LlavaProcessor hands padding=True to transformers 5's CLIP image processor",
+    "llava_bunny": "batched equal",  # one token (-200) an image, 729 embeddings; its processor its tokenizer
     "llmjpvl": "mlx-vlm fails: mlx-vlm has no processor for it (the hub's is remote code)",
-    "multi_modality": "batched equal",  # one image token, widened to 576 embeddings by its model  # one token (-200) an image, 729 embeddings; its processor its tokenizer
-    "plamo2vl": "batched equal",  # its tokenizer mlx-vlm's own code: its processor's, wrapped as mlx-lm wraps one
+    # its features go where its processor says (image_bound: each image's and slice's span); M-RoPE over text positions
+    "minicpmv4_6": "batched equal",
+    "minicpmo": "batched equal",  # as MiniCPM-V 4.6 (an image-only folder: no audio tower, no TTS)
+    "multi_modality": "batched equal",  # one image token, widened to 576 embeddings by its model
+    "phi4mm": "batched equal",  # one token (-200) an image, its embeddings more: as LLaVA-NeXT's
     "phi4_siglip": "mlx-vlm fails: its processor does not load (its NaFlex image processor needs torch)",
+    "plamo2vl": "batched equal",  # its tokenizer mlx-vlm's own code: its processor's, wrapped as mlx-lm wraps one
 }
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 

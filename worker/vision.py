@@ -49,6 +49,7 @@ from worker.unsupported import Unsupported
 from worker.vision_beside import after, rope_indexed, rope_positions
 from worker.vision_prep import KEPT, PrepareFailed, Preparer, placeholder
 from worker.vision_reading import (
+    PLACES,
     Mismatch,
     Span,
     beside,
@@ -56,7 +57,6 @@ from worker.vision_reading import (
     expanded,
     for_ids,
     model_ids,
-    PLACES,
     placed_at,
     placed_for,
     prefix_lm,
