@@ -77,7 +77,7 @@ EXPECTED |= {
     "paligemma": "alone equal",  # its image prompt read whole (a prefix read both ways); its decode alone
     "mllama": "alone equal",  # cross-attention states at every step: its image jobs run alone
 }
-# group A (issue 61's second round: tests/vlms/gemma3n.py, phi4.py, minicpm.py, jina.py, granite.py, llava.py,
+# group A (issue 61's second round: tests/vlms/gemma3n.py, phi4.py, minicpm.py, jina.py, granite.py, llava15.py,
 # bunny.py, internvl.py, deepseek_vl.py, llmjp.py, plamo.py; Florence-2, a task model, is left out)
 EXPECTED |= {
     "gemma3n": "mlx-vlm fails: its MobileNetV5 tower is a constant of the code (~300 M parameters)",
