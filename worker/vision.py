@@ -265,6 +265,7 @@ class VisionEngine(Engine):
             return tokens
         text = self._text(spec)
         written = self.prep.written(self._plain(text), self.marker, digests)
+        # (a model whose features go where its processor says has its prompts written by the processor: its places)
         if written is not None and not self.placed and (not self.expands or (digests, tuple(written)) in self._lengths):
             keyed = self._keyed(written, digests)
             if self.prep.arrays(digests) is not None or (  # (a model alone needs its images at every step)

@@ -15,9 +15,10 @@ disagreement fails that job (`Mismatch`), never a wrong answer.
 
 Some put the image's features where their processor says (Molmo's and Jina VLM's `image_input_idx`: the places of
 the patches' tokens, among the crops' start, column and end tokens; MiniCPM's `image_bound`: the spans between each
-image's and slice's start and end tokens), whatever the tokens there: their prompt's
-images are named as an expanding model's are, their span from the first such place to the last (one tag an id), and
-the places move with the span when the kept arrays serve a prompt whose text before the images differs.
+image's and slice's start and end tokens), whatever the tokens there: their prompt's images are named as an
+expanding model's are, their span from the first such place to the last (one tag an id), and the places move with
+the span when the kept arrays serve a prompt whose text before the images differs. (Such a prompt is always written
+by the processor: its places are known from its arrays only.)
 """
 
 from __future__ import annotations
