@@ -267,7 +267,8 @@ class Usage(BaseModel):
 
 
 class Timings(BaseModel):
-    """Seconds since the epoch, all read from Redis's clock."""
+    """When it happened (seconds since the epoch, all read from Redis's clock), and how its tokens came: those its
+    steps checked as proposed (speculation, worker/batch/speculation.py) and kept, in its last run."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -275,6 +276,8 @@ class Timings(BaseModel):
     started_at: float | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 class Job(BaseModel):
@@ -322,6 +325,8 @@ class Job(BaseModel):
                 started_at=num("started_at"),
                 first_token_at=num("first_token_at"),
                 finished_at=num("finished_at"),
+                proposed_tokens=int(fields.get("proposed_tokens", 0)),
+                accepted_tokens=int(fields.get("accepted_tokens", 0)),
             ),
             attempts=int(fields.get("attempts", 0)),
             preemptions=int(fields.get("preemptions", 0)),

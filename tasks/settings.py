@@ -88,6 +88,8 @@ ENV_NAMES: dict[str, str] = {
     "batch_share": "ONELANE_BATCH_SHARE",
     "batch_window_s": "ONELANE_BATCH_WINDOW",
     "fast_forward": "ONELANE_FAST_FORWARD",
+    "speculate": "ONELANE_SPECULATE",
+    "speculate_budget": "ONELANE_SPECULATE_BUDGET",
 }
 
 
@@ -244,6 +246,11 @@ class Settings(BaseModel):
     # an answer under a grammar reads this many tokens or more that the grammar forces (a schema's fixed keys) in one
     # prefill, rather than drawing them one step each; 0: never
     fast_forward: int = Field(4, ge=0, le=4096)
+    # a decoding job proposes up to this many tokens a step from its own prompt and answer, checked in the step's one
+    # forward pass (worker/batch/speculation.py; the answer is the same either way); 0: never. A step that checks
+    # proposals reads at most ..._BUDGET tokens over all its jobs (the batch backs off as it fills)
+    speculate: int = Field(4, ge=0, le=64)
+    speculate_budget: int = Field(16, ge=2, le=4096)
 
     @field_validator("image_hosts", mode="before")
     @classmethod

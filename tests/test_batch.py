@@ -71,7 +71,7 @@ def test_a_seeded_job_gives_the_same_output_whatever_shares_its_batch(jobs, stor
 
 
 def test_cancelling_a_job_in_a_full_batch_stops_it_before_the_next_step_and_leaves_the_others_alone(
-    jobs, store, start_worker, engine
+    jobs, store, start_worker, engine, settings
 ):
     texts = prompts(4, seed=3)
     start_worker(max_batch=4)
@@ -84,7 +84,8 @@ def test_cancelling_a_job_in_a_full_batch_stops_it_before_the_next_step_and_leav
 
     cancelled = wait_ended(store, victim)
     heard_at = int(store.redis.hget(keys.job(victim), "stop_seen_at"))
-    assert cancelled["usage"]["completion_tokens"] - heard_at <= 1
+    # (the step under way when it was heard ends: one token, or its kept proposals and one: worker/batch/speculation.py)
+    assert cancelled["usage"]["completion_tokens"] - heard_at <= 1 + settings.speculate
     for job_id, text in zip(ids, texts):
         if job_id != victim:
             d = wait_ended(store, job_id)

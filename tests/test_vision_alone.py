@@ -11,6 +11,10 @@ while three image prompts of different lengths and a text prompt run at once in 
 - `mllama` (Llama 3.2 Vision) reads its image through cross-attention: its states (and, for the prompt, its
   masks) go to every forward pass, the decode steps too. It was refused at load; its image jobs now run alone in
   the lane (the batch drains, the job runs, the batch resumes), their inputs passed at every step.
+- `hunyuan_vl` (HunYuan VL) places its image tokens (XD-RoPE) only in a cache's first pass, by positions its
+  `get_input_embeddings` keeps on its language model: its image prompt is read whole, as mlx-vlm reads it (it was
+  read in chunks, each image token past the first chunk rotated by its index), and a text prompt after it no longer
+  reads the last image prompt's positions.
 - `internvl_chat` is rendered with its processor's own template (`User: …`, `Assistant:`), as mlx-vlm renders it,
   not its tokenizer's (ChatML), a conversation without images too.
 - A conversation without images is rendered and tokenized as mlx-vlm does (its BOS was missing before).
@@ -29,6 +33,7 @@ import pytest
 
 from tasks.errors import InvalidPrompt
 from tests.vision_batch import ASKS, TEXT, Ask, load, png, reference, together
+from tests.vlms.hunyuan import ARCHS as HUNYUAN
 from tests.vlms.internvl import ARCHS as INTERNVL
 from tests.vlms.llava import ARCHS as LLAVA
 from tests.vlms.mllama import ARCHS as MLLAMA
@@ -38,7 +43,7 @@ from worker.vision_reading import Mismatch, span_of
 pytestmark = pytest.mark.timeout(300)
 
 MAX_TOKENS = 10
-ARCHS = {**LLAVA, **PALIGEMMA, **INTERNVL, **MLLAMA}
+ARCHS = {**LLAVA, **PALIGEMMA, **INTERNVL, **MLLAMA, **HUNYUAN}
 IMAGES_ONLY = {"paligemma"}  # (its processor refuses a prompt without an image: mlx-vlm has no text answer)
 # mlx-vlm's Llama 3.2 Vision reads a prompt without an image through its cross-attention layers too, on keys made of
 # the chunk's own queries: its answer depends on how the prompt is chunked (mlx-vlm reads 2,048 tokens a chunk), so
@@ -104,12 +109,14 @@ def test_embeddings_that_cannot_line_up_with_the_prompt_fail_its_job_as_an_inval
         span_of([5, 6], 99, 2)
 
 
-def test_a_prefix_lm_reads_its_image_prompt_whole_and_shares_no_cached_part_of_it(folders: Any) -> None:
+@pytest.mark.parametrize("arch", ["paligemma", "hunyuan_vl"])
+def test_a_model_read_whole_reads_its_image_prompt_so_and_shares_no_cached_part_of_it(arch: str, folders: Any) -> None:
     from tests.vision_batch import spec
 
-    engine = load(folders["paligemma"], "paligemma")
-    assert engine.prefix_lm and engine._batch.whole_prompts
-    job, images = spec("paligemma", ASKS[0], 4)
+    engine = load(folders[arch], arch)
+    assert engine.images == "whole" and engine._batch.whole_prompts
+    assert engine.prefix_lm == (arch == "paligemma")
+    job, images = spec(arch, ASKS[0], 4)
     prompt = engine.prompt_tokens(job, images)
     # its image's mark, and one at its start that no other prompt's matches (its state depends on its whole prefix)
     first, again = engine.marks(prompt), engine.marks(prompt)

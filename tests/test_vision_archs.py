@@ -95,6 +95,47 @@ EXPECTED |= {
     "phi4_siglip": "mlx-vlm fails: its processor does not load (its NaFlex image processor needs torch)",
     "plamo2vl": "batched equal",  # its tokenizer mlx-vlm's own code: its processor's, wrapped as mlx-lm wraps one
 }
+# group B: the MoE Qwen and GLM kin, the OCR models and the other M-RoPE families (tests/vlms/qwen_moe.py, ...)
+EXPECTED |= {
+    "qwen3_5_moe": "batched equal",
+    "glm4v_moe": "batched equal",
+    "glm_ocr": "batched equal",
+    "ernie4_5_moe_vl": "batched equal",  # its positions (B, L, 3), turned from the batch's (3, B, L) as it reads them
+    "dots_ocr": "batched equal",
+    # XD-RoPE only in a cache's first pass: its image prompts read whole; decoding rotates by the batched cache's
+    # shared offset, not each row's (the batching trial finds it 0.29 nats off): its sequences run alone
+    "hunyuan_vl": "alone equal",
+    "deepseekocr": "mlx-vlm fails: its SAM image encoder is SAM ViT-B (12 layers of 768, 1,024-pixel images) "
+    "whatever the config says",
+    "deepseekocr_2": "mlx-vlm fails: its SAM image encoder is SAM ViT-B (12 layers of 768, 1,024-pixel images) "
+    "whatever the config says",
+    # its batched caches fail (mlx-vlm's CacheList.extract over an indexer cache still empty): its sequences run alone
+    "glm5_next": "alone equal",
+    "got": "batched equal",  # its image token named im_patch_token; no chat template (its processor writes the turns)
+    # its batched image rows answer otherwise after a few tokens (alone, and its batching trial's text rows, as
+    # mlx-vlm): its sparse attention's batched cache (mlx-vlm's BatchQSAKVCache) with M-RoPE rows, not followed yet
+    "qwen4_exp": "served differs",
+    "youtu_vl": "mlx-vlm fails: its processor is the hub's own code (YoutuVLProcessor), which mlx-vlm does not ship",
+}
+# group C (issue 61's third batch: tests/vlms/molmo.py, kimi_k.py, mage.py, zaya.py, step.py, minimax.py, muse.py,
+# mimo.py)
+EXPECTED |= {
+    "molmo2": "batched equal",  # features added at its <im_patch> places (its config's image_patch_id)
+    "kimi_k25": "batched equal",
+    "kimi_k3": "batched equal",  # its chat rendered by its processor's Python (no template: no kept rules)
+    "mage_vl": "batched equal",
+    # mlx-vlm's chunked prefill calls its language model with `inputs=`, which it names `input_ids`; onelane's answers
+    # equal mlx-vlm's generate unchunked (prefill_step_size=None), its image tokens' adapters marked chunk by chunk
+    "zaya1_vl": "mlx-vlm fails: its language model takes input_ids, not the inputs= its chunked prefill passes",
+    "step3p7": "batched equal",
+    # its get_rope_index takes image_grid_thw but gives one position a token (no M-RoPE), so onelane passes it M-RoPE's
+    # (3, B, L) positions, which its attention refuses; (read as plain positions, its language model keeps the last
+    # batch's rope deltas, a row each, and fails as the batch's size changes)
+    "minimax_m3_vl": "refused",
+    "muse_glimmer": "batched equal",
+    "mimo_v2": "batched equal",
+    "muse_spark": "mlx-vlm fails: its attention is a Metal kernel (qk_norm_rope) with no CPU path",
+}
 RANK = {"refused": 0, "served fails": 0, "served differs": 1, "alone equal": 2, "batched equal": 3}
 
 

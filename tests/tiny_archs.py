@@ -584,6 +584,7 @@ class Served:
     error: str | None
     started_at: float | None
     finished_at: float | None
+    accepted: int = 0  # proposed tokens its steps kept (speculation, worker/batch/speculation.py)
 
 
 @dataclass(frozen=True)
@@ -649,6 +650,7 @@ class Sweep:
         self.store = Store.connect(self.settings)
         self.fatal: list[str] = []
         self.worker: Any = None
+        self.rows: dict[str, Row] = {}  # the architectures run so far
 
     def start(self) -> Sweep:
         from worker.main import GpuWorker
@@ -672,7 +674,9 @@ class Sweep:
         tokenizer = self.tokenizer
         expected = tuple(alone(model, tokenizer, tokenizer.encode(p), MAX_TOKENS) for p in PROMPTS)
         wrong = tuple(first_difference(e, s.text, tokenizer) for e, s in zip(expected, served))
-        return Row(arch, caches, served, expected, wrong)
+        row = Row(arch, caches, served, expected, wrong)
+        self.rows[arch] = row
+        return row
 
     @cached_property
     def tokenizer(self) -> Any:
@@ -705,4 +709,4 @@ class Sweep:
     def _served(job: Any) -> Served:
         t = job.timings
         error = f"{job.error.type}: {job.error.message}" if job.error else None
-        return Served(job.status.value, job.output, error, t.started_at, t.finished_at)
+        return Served(job.status.value, job.output, error, t.started_at, t.finished_at, t.accepted_tokens)

@@ -274,14 +274,27 @@ def _counters(stats: dict[str, str]) -> Iterator[Metric]:
         "Jobs that ended after starting, by model and status.",
         labels=["model", "status"],
     )
+    proposed = CounterMetricFamily(
+        "onelane_model_tokens_proposed",
+        "Tokens proposed for a step to check (speculation: prompt lookup), by model; of them, "
+        "onelane_model_tokens_accepted were kept.",
+        labels=["model"],
+    )
+    accepted = CounterMetricFamily(
+        "onelane_model_tokens_accepted", "Proposed tokens a step kept (speculation), by model.", labels=["model"]
+    )
+    by_model = {"model_tokens:": tokens, "model_proposed:": proposed, "model_accepted:": accepted}
     for field, value in stats.items():
-        if field.startswith("model_tokens:"):
-            tokens.add_metric([field.removeprefix("model_tokens:")], float(value))
+        prefix = next((p for p in by_model if field.startswith(p)), None)
+        if prefix is not None:
+            by_model[prefix].add_metric([field.removeprefix(prefix)], float(value))
         elif field.startswith("model_finished:"):
             model, _, status = field.removeprefix("model_finished:").rpartition(":")
             ended.add_metric([model, status], float(value))
     yield tokens
     yield ended
+    yield proposed
+    yield accepted
 
 
 def _lua_buckets() -> tuple[str, ...]:

@@ -191,7 +191,7 @@ class ModelPool:
         config = self.settings.model_named(name)
         if config is not None:
             chunk = self._chunks.get(name, self.settings.prefill_step)
-            engine.configure(self._max_batch(config), chunk, self.settings.decode_floor)
+            engine.configure(self._max_batch(config), chunk, self.settings.decode_floor, self._speculation)
             if self.prefix.disk is not None and isinstance(engine, Engine):  # (its entries on disk: these weights')
                 try:
                     self.prefix.disk.serve(config.cache_key(), weights_digest(engine.model))
@@ -200,7 +200,14 @@ class ModelPool:
         self._engines[name] = engine
         self._loaded = tuple(self._engines.items())
         self._bytes[name] = size_in_memory(engine)
-        self.store.model_loaded(name, load_s, self._bytes[name], engine.batching, getattr(engine, "images", None))
+        self.store.model_loaded(
+            name,
+            load_s,
+            self._bytes[name],
+            engine.batching,
+            getattr(engine, "images", None),
+            getattr(engine, "speculation", ""),
+        )
         logger.info(
             "model %s loaded in %.2f s (%.1f MiB; %d model(s), %.1f of %.1f MiB held)",
             name,
@@ -246,7 +253,7 @@ class ModelPool:
                     found.why,
                     found.chunk,
                 )
-        engine.configure(self._max_batch(config), self._chunks[name], self.settings.decode_floor)
+        engine.configure(self._max_batch(config), self._chunks[name], self.settings.decode_floor, self._speculation)
 
     def _probe(self, name: str, engine: Engine) -> None:
         """Time the model's steps before its first job (worker/pace.py; once a process) and report them before it
@@ -293,6 +300,11 @@ class ModelPool:
         mx.clear_cache()
         self.store.model_unloaded(name)
         logger.info("model %s evicted (least recently used; %.1f MiB freed)", name, freed / 2**20)
+
+    @property
+    def _speculation(self) -> tuple[int, int]:
+        """What each engine's sequences propose a step, and a step reads over all (worker/batch/speculation.py)."""
+        return self.settings.speculate, self.settings.speculate_budget
 
     def _max_batch(self, config: ModelConfig) -> int:
         return config.max_batch or self.settings.max_batch

@@ -29,6 +29,8 @@ class Ending:
     cached_tokens: int = 0  # of the prompt's: read from the prefix cache, not prefilled
     history: str = ""  # when the prefix cache kept its KV state: the digest of the conversation it holds
     stop_sequence: str = ""  # the stop string it ended at, if it did
+    proposed_tokens: int = 0  # tokens its steps checked as proposed (worker/batch/speculation.py) ...
+    accepted_tokens: int = 0  # ... and kept
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,6 +122,8 @@ def queue_write(store: WorkerStore, op: Op, pipe: Any) -> None:
             cached_tokens=op.cached_tokens,
             history=op.history,
             stop_sequence=op.stop_sequence,
+            proposed_tokens=op.proposed_tokens,
+            accepted_tokens=op.accepted_tokens,
             pipe=pipe,
         )
     elif isinstance(op, HandBack):

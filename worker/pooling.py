@@ -90,8 +90,10 @@ class Pooler:
         )
         return cls(config.name, model, tokenizer, config.kind, max_length)
 
-    def configure(self, max_batch: int, prefill_step: int, decode_floor: float = 0.0) -> None:
-        """(As an engine's: a pooler's passes are bounded by PASS_TOKENS.)"""
+    def configure(
+        self, max_batch: int, prefill_step: int, decode_floor: float = 0.0, speculation: tuple[int, int] = (0, 0)
+    ) -> None:
+        """(As an engine's: a pooler's passes are bounded by PASS_TOKENS; it generates nothing to speculate on.)"""
 
     def close(self) -> None:
         """(As an engine's: nothing held beyond its weights.)"""

@@ -13,12 +13,12 @@ positions depend on its images (M-RoPE: Qwen-VL, GLM-4V) is given each sequence'
 (worker/vision_beside.py).
 
 What the batch sees of an image is a tag made from its digest: the ids of its tokens are replaced by ids past the
-vocabulary (`_keyed`: two 28-bit pieces of its SHA-256 in turn, every id a 32-bit integer, as the batch's arrays hold
-them; drawn again from a salted digest in the rare case another image's prompt holds the same tags), so that two
-prompts alike but for their image never share a cached prefix. Where cached state could be shared, the full digest
-decides: the prepared arrays are kept by the images' full digests, and every prefix-cache entry carries the full
-digests of its images (`marks`), which a hit must match. A follow-up about the same image, whose prefix is cached,
-reads no pixels again.
+vocabulary and past every id its tokenizer gives (`_keyed`: two 28-bit pieces of its SHA-256 in turn, every id a
+32-bit integer, as the batch's arrays hold them; drawn again from a salted digest in the rare case another image's
+prompt holds the same tags), so that two prompts alike but for their image never share a cached prefix. Where cached
+state could be shared, the full digest decides: the prepared arrays are kept by the images' full digests, and every
+prefix-cache entry carries the full digests of its images (`marks`), which a hit must match. A follow-up about the
+same image, whose prefix is cached, reads no pixels again.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from worker.batch.forward import ContinuousBatch
 from worker.batch.positions import Positions, from_offset
 from worker.batch.rows import Beside, Embeds, Extras
 from worker.unsupported import Unsupported
-from worker.vision_beside import after, rope_indexed, rope_positions
+from worker.vision_beside import after, positions_last, rope_indexed, rope_positions
 from worker.vision_prep import KEPT, PrepareFailed, Preparer, placeholder
 from worker.vision_reading import (
     PLACES,
@@ -55,6 +55,7 @@ from worker.vision_reading import (
     beside,
     embeddings_length,
     expanded,
+    first_pass_positions,
     for_ids,
     model_ids,
     placed_at,
@@ -83,6 +84,8 @@ class TextModel(nn.Module):
     def __init__(self, vlm: nn.Module) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # (mlx's Module.__init__ is unannotated)
         self.vlm = vlm
+        self.last = self.positional and positions_last(vlm.language_model)  # its positions (B, L, 3): ERNIE's
+        self.first_pass = first_pass_positions(vlm)  # its image positions kept for a cache's first pass: HunYuan VL's
 
     @property
     def positional(self) -> bool:
@@ -105,7 +108,9 @@ class TextModel(nn.Module):
             offset = next((c.offset for c in cache or () if hasattr(c, "offset")), 0)  # (a linear layer's has none)
             positions = from_offset(offset, inputs.shape[0], inputs.shape[1])
         if positions is not None:
-            extras["position_ids"] = positions
+            extras["position_ids"] = positions.transpose(1, 2, 0) if self.last else positions
+        if self.first_pass and inputs_embeds is None:  # (not an image prompt's read: the last one's positions go)
+            self.vlm.language_model._position_ids = None
         out = self.vlm.language_model(inputs, inputs_embeds=inputs_embeds, cache=cache, **extras)
         return getattr(out, "logits", out)  # type: ignore[no-any-return]  # (mlx-vlm's language models are untyped)
 
@@ -130,10 +135,8 @@ class VisionEngine(Engine):
 
         super().__init__(TextModel(vlm), tokenizer, name, **options)
         self.vlm, self.processor = vlm, processor
-        # the first id of the images' tags: past the ids its text model draws and those its tokenizer writes (a
-        # model's image tokens may lie past what it draws, in an additional vocabulary: Molmo's, Jina VLM's)
-        self.tags = max(self.vocab, len(getattr(processor, "tokenizer", processor)))
         self.image_token = int(_image_token(vlm.config))
+        self.tags = _first_tag(self.vocab, processor)  # where its images' tags start (past any id it reads)
         self.special = bool(should_add_special_tokens(vlm.config.model_type, processor))
         self.marker = placeholder(processor)  # the token the template writes for an image
         self.prep = Preparer(source[0], source[1], self.image_token, self.special)
@@ -141,8 +144,9 @@ class VisionEngine(Engine):
         self._digests: OrderedDict[tuple[int, ...], tuple[str, ...]] = OrderedDict()
         self.by_image = False  # its images read one a step (worker/vision_tower.py): checked as it loads
         self.expands = False  # its embeddings outnumber its prompt's ids (worker/vision_reading.py): found as it loads
-        self.placed = False  # its features go where its processor says (image_input_idx: Molmo): found as it loads
+        self.placed = False  # its features go where its processor says (Molmo, Jina VLM, MiniCPM-V): found as it loads
         self.prefix_lm = prefix_lm(vlm)  # it reads an image prompt's prefix both ways, in one pass (PaliGemma)
+        self.whole = self.prefix_lm or first_pass_positions(vlm)  # it reads an image prompt in one pass
         self.images_alone = False  # its images come with inputs to every step: its image jobs run alone (probe)
         self.reset()  # (its batch knows it)
         self._whole = 0  # (its image prompts' own marks)
@@ -235,18 +239,21 @@ class VisionEngine(Engine):
         )
         self.images_read = 0
         logger.info(
-            "model %s reads %s%s%s%s",
+            "model %s reads %s%s%s%s%s",
             self.name,
             "one image a step" if self.by_image else "a prompt's images at once",
             "; its image jobs run alone (their images go to every step)" if self.images_alone else "",
             "; its images give more embeddings than their tokens: its prompts hold as many" if self.expands else "",
             "; its images' features go where its processor says" if self.placed else "",
             "; its image prompts whole, in one pass (a prefix read both ways)" if self.prefix_lm else "",
+            "; its image prompts whole, in one pass (its image positions a first pass's)"
+            if self.whole > self.prefix_lm
+            else "",
         )
 
     def _new_batch(self) -> ContinuousBatch:
         batch = super()._new_batch()
-        batch.whole_prompts = getattr(self, "prefix_lm", False)  # (the first batch is made before it is known)
+        batch.whole_prompts = getattr(self, "whole", False)  # (the first batch is made before it is known)
         return batch
 
     def prompt_tokens(
@@ -314,16 +321,17 @@ class VisionEngine(Engine):
         self.prep.close()
 
     def marks(self, tokens: list[int]) -> tuple[tuple[int, str], ...]:
-        """The full digests of a keyed prompt's images, where each starts. A prefix-LM's image prompt is read whole
-        (each token's state depends on every other's of its prefix): a mark of its own at its start, which no other
-        matches, keeps its cached state from any other prompt (worker/prefix_index.py `within`)."""
+        """The full digests of a keyed prompt's images, where each starts. An image prompt read whole (a prefix-LM's:
+        each token's state depends on every other's of its prefix; HunYuan VL's: a later pass would not place its
+        images) has a mark of its own at its start, which no other matches: its cached state goes to no other prompt
+        (worker/prefix_index.py `within`)."""
         at = [i for i, t in enumerate(tokens) if t >= self.tags]
         digests = self._digests.get(tuple(tokens[i] for i in at)) if at else None
         if not digests:
             return ()
         each = len(at) // len(digests)
         marks = tuple((at[n * each], d) for n, d in enumerate(digests))
-        if self.prefix_lm:
+        if self.whole:
             self._whole += 1
             return ((0, f"read whole {self._whole}"), *marks)
         return marks
@@ -331,8 +339,8 @@ class VisionEngine(Engine):
     @property
     def images(self) -> str:
         """How its image prompts run, found as it loads: `alone` (its images go to every step: Llama 3.2 Vision),
-        `whole` (read in one pass, a prefix both ways: PaliGemma), else `batched` (beside the others)."""
-        return "alone" if self.images_alone else "whole" if self.prefix_lm else "batched"
+        `whole` (read in one pass: PaliGemma, HunYuan VL), else `batched` (beside the others)."""
+        return "alone" if self.images_alone else "whole" if self.whole else "batched"
 
     def runs_alone(self, prompt: list[int]) -> bool:
         """Whether the prompt is an image prompt of a model whose images go to every step (Llama 3.2 Vision's
@@ -537,13 +545,23 @@ def _image(data: bytes) -> Any:
 
 
 def _image_token(config: Any) -> int:
-    """The token whose embeddings the image's features replace, as the config names it; -1 (no token: never a
-    prompt's) where it names none, as a model whose features go where its processor says (Molmo) need not."""
-    for name in ("image_token_index", "image_token_id"):
+    """The token whose places the image features take, as the config names it (Molmo 2's `image_patch_id`, whose
+    features are added to its <im_patch> embeddings; GOT-OCR's `im_patch_token`); -1 (no token: never a prompt's)
+    where it names none, as a model whose features go where its processor says (Molmo, Jina VLM) need not."""
+    for name in ("image_token_index", "image_token_id", "image_patch_id", "im_patch_token"):
         value = getattr(config, name, None)
         if isinstance(value, int):
             return value
     return -1
+
+
+def _first_tag(vocab: int, processor: Any) -> int:
+    """The first id of the images' tags: past the vocabulary the model scores, and past every id its tokenizer
+    gives (Molmo's and Jina VLM's image tokens are ids of an additional vocabulary it reads but never draws; a
+    tokenizer's added ids need not follow its others: its largest, not its length)."""
+    tokenizer = getattr(processor, "tokenizer", processor)
+    ids = tokenizer.get_vocab().values() if hasattr(tokenizer, "get_vocab") else ()
+    return max([vocab, *(int(i) + 1 for i in ids)])
 
 
 def _eos(config: Any, processor: Any) -> list[int] | None:

@@ -11,8 +11,8 @@ mlx-vlm's `get_input_embeddings` gives, beside the embeddings (`InputEmbeddingsF
   Granite 4 Vision's are the whole prompt's instead (each layer's (prompt tokens, hidden), zero but at the image's
   tokens), which its language model slices itself at its cache's offset: carried, `ByPosition`, each chunk given
   them up to its end;
-- `per_layer_inputs` (Gemma 3n, Gemma 4: an input per token for each layer): carried, `PerToken`, sliced with each
-  chunk.
+- `per_layer_inputs` (Gemma 3n, Gemma 4: an input per token for each layer), or `visual_pos_masks` alone (ZAYA1-VL:
+  which tokens are the image's, whose own adapters its layers apply): carried, `PerToken`, sliced with each chunk.
 Anything else is unknown: the model fails at load, naming it (worker/vision_tower.py: `Unreadable`).
 
 Upstream, mlx-vlm's batch would take these per row: each row's `rope_deltas` (B, 1) and its own slice of the
@@ -108,6 +108,8 @@ def carried(features: dict[str, Any]) -> Deepstack | ByPosition | PerToken | Non
         return Deepstack(mask, tuple(deepstack))
     if features.get("per_layer_inputs") is not None:
         return PerToken("per_layer_inputs", features["per_layer_inputs"])
+    if masks is not None:
+        return PerToken("visual_pos_masks", masks)
     return None
 
 
@@ -123,11 +125,24 @@ def rope_indexed(language: Any) -> bool:
     return callable(found) and "image_grid_thw" in inspect.signature(found).parameters
 
 
+def positions_last(language: Any) -> bool:
+    """Whether a positional language model takes its positions as (B, L, 3) (ERNIE 4.5 VL's), not (3, B, L) as
+    Qwen-VL's: the shape its `get_rope_index` gives a text of two tokens. (The batch computes them as (3, B, L):
+    worker/batch/positions.py; such a model's are turned as it reads them.)"""
+    try:
+        found, _ = language.get_rope_index(mx.array([[0, 0]]))
+    except Exception:  # (a model that cannot place a text without its images: Qwen-VL's layout)
+        return False
+    return tuple(found.shape) == (1, 2, 3)
+
+
 def rope_positions(language: Any, ids: list[int], image_token: int, grids: np.ndarray) -> Positions:
     """A keyed prompt's positions (its ids as the model knows them; `grids`: its images' (t, h, w), in order), by
     the model's `get_rope_index` over the prompt up to its last image token; past that, each token's index + delta."""
     last = max(i for i, t in enumerate(ids) if t == image_token) + 1
     found, deltas = language.get_rope_index(mx.array([ids[:last]]), image_grid_thw=mx.array(grids))
+    if found.ndim == 3 and found.shape[0] == 1 and found.shape[2] == 3:  # (B, L, 3): ERNIE 4.5 VL's
+        found = found.transpose(2, 0, 1)
     if found.ndim != 3 or found.shape[0] != 3:
         raise ValueError(f"get_rope_index gave positions of shape {found.shape}, not (3, 1, tokens)")
     head = np.asarray(found[:, 0, :]).astype(np.int32)

@@ -11,7 +11,8 @@ A request is `{"path", "options", "text", "image_token", "special", "sizes", "di
 bytes one after the other as its payload (`sizes` their lengths); the answer `{"ids", "rules", "files", "dtypes"}`
 (the prompt's token ids, how each image's tokens are written into the text's own, by digest: worker/vision_prep.py;
 the processor's arrays, each written to an .npy file of `folder`, which the worker maps and removes: tens of MB of
-pixels are not copied through a socket), or `{"error"}`.
+pixels are not copied through a socket), or `{"error"}`, or `{"invalid"}` (a prompt the model cannot read: the job's
+own fault).
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def _prepare(request: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], b
         at += size
     text, special, token = request["text"], bool(request["special"]), int(request["image_token"])
     inputs = prepare_inputs(processor, images=images, prompts=text, image_token_index=token, add_special_tokens=special)
+    if np.asarray(inputs["input_ids"]).shape[0] != 1:  # (Molmo's writes the prompt once an image: its own row each)
+        return {"invalid": "the model reads one image a prompt: send one image a request"}, b""
     plain = prepare_inputs(processor, prompts=text, add_special_tokens=special)
     ids = [int(t) for t in np.asarray(inputs["input_ids"])[0]]
     rules = derive([int(t) for t in np.asarray(plain["input_ids"])[0]], ids, marker, request["digests"])

@@ -156,6 +156,8 @@ class Preparer:
             raise PrepareFailed(f"the image preparer failed: {exc}") from exc
         if "error" in answer:
             raise PrepareFailed(answer["error"])
+        if "invalid" in answer:
+            raise InvalidPrompt(answer["invalid"])
         arrays = {}
         for name, path in answer["files"].items():  # mapped, not read: the device thread reads an image's rows
             arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False), answer["dtypes"][name]
@@ -180,9 +182,12 @@ def _nbytes(kept: OrderedDict[Images, dict[str, tuple[np.ndarray, str]]]) -> int
 
 def placeholder(processor: Any) -> int | None:
     """The token a processor's chat template writes for an image (an added token, which only the image brings; of
-    several, the processor's image token); None if it is not one such token, or if the template renders no image
+    several, the processor's image token); None if it is not one such token, if the tokenizer has no chat template
+    (GOT-OCR's: its processor writes the image's tokens into the words itself), or if the template renders no image
     part (mlx-vlm writes the image's placeholder into the text itself: Phi-4's <|image_1|>)."""
     tokenizer = getattr(processor, "tokenizer", processor)  # (a model without a processor of its own: its tokenizer)
+    if not getattr(tokenizer, "chat_template", None):
+        return None
 
     def ids(content: list[dict[str, str]]) -> list[int]:
         text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False)

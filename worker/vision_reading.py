@@ -159,6 +159,15 @@ def prefix_lm(vlm: Any) -> bool:
     )
 
 
+def first_pass_positions(vlm: Any) -> bool:
+    """Whether the model rotates a prompt's image tokens by their own positions only in a cache's first pass, every
+    later pass by its index (HunYuan VL's XD-RoPE: the positions `get_input_embeddings` computes for the prompt and
+    keeps on its language model). mlx-vlm reads a prompt of up to 2,048 tokens in one pass, so the batch reads such a
+    model's image prompt whole too, on its own cache (worker/batch/prefill.py `_see`), right after its embeddings
+    set those positions; a pass that reads no embeddings drops them (`TextModel`: a text prompt's are its indices)."""
+    return callable(getattr(vlm.language_model, "get_xdrope_input_positions", None))
+
+
 #: what a model may give beside its embeddings that the batch passes to its language model, at each read of the
 #: prompt and at the first decode step (Llama 3.2 Vision's cross-attention states and masks); such a model's image
 #: jobs run alone in the lane (nothing else decodes beside them: the inputs are one sequence's)

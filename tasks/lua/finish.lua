@@ -6,7 +6,8 @@
 --       stop_seen_at (tokens generated when the worker heard it must stop; '' if it did not), cached_tokens,
 --       history ('' or, when the worker's prefix cache kept a chat's KV state: the digest of the conversation it
 --       holds, its messages then its answer, as history_digest in tasks/job.py names it), stop_sequence (the stop
---       string it ended at, or '')
+--       string it ended at, or ''), proposed_tokens and accepted_tokens (of its last run: tokens its steps checked
+--       as proposed, and kept; worker/batch/speculation.py)
 -- That history is recorded against the job's device, so that its follow-up (which resends it) is steered there.
 -- -> FINISHED_ENDED (now or before, so), FINISHED_NOT_HERE if it was not running here, FINISHED_NOT_ASKED if it
 --    says `cancelled` and nobody asked to cancel it
@@ -21,7 +22,8 @@ if status == 'cancelled' and not f[3] then return FINISHED_NOT_ASKED end
 if status == 'cancelled' and err == '' then err = redis.call('HGET', jkey, 'cancel_error') or '' end
 local t = now()
 redis.call('HSET', jkey, 'prompt_tokens', prompt_tokens, 'completion_tokens', completion_tokens,
-  'cached_tokens', ARG.cached_tokens or 0)
+  'cached_tokens', ARG.cached_tokens or 0, 'proposed_tokens', ARG.proposed_tokens or 0,
+  'accepted_tokens', ARG.accepted_tokens or 0)
 if ARG.stop_seen_at ~= '' then redis.call('HSET', jkey, 'stop_seen_at', ARG.stop_seen_at) end
 if ARG.stop_sequence ~= '' and status == 'completed' then redis.call('HSET', jkey, 'stop_sequence', ARG.stop_sequence) end
 local started = tonumber(redis.call('HGET', jkey, 'started_at'))
@@ -30,6 +32,8 @@ local j = redis.call('HMGET', jkey, 'model', 'max_tokens', 'ignore_eos', 'prompt
 local model = j[1]
 if model then -- per model, for /metrics
   stat('model_tokens:' .. model, tonumber(completion_tokens))
+  stat('model_proposed:' .. model, tonumber(ARG.proposed_tokens) or 0)
+  stat('model_accepted:' .. model, tonumber(ARG.accepted_tokens) or 0)
   stat('model_finished:' .. model .. ':' .. status)
 end
 if model and status == 'completed' then -- how long answers of this model are, for ETAs

@@ -250,9 +250,17 @@ class Readings:
     def images(self, names: list[str]) -> dict[str, str | None]:
         """How each vision model's image prompts run, as its last load found (`batched`, `whole`, `alone`; None
         before, or for a text model)."""
+        return self._loaded(names, "images")
+
+    def speculation(self, names: list[str]) -> dict[str, str | None]:
+        """How each model's sequences speculate, as its last load found (`prompt lookup`, or `off: why`; None
+        before, or for a model that generates nothing)."""
+        return self._loaded(names, "speculation")
+
+    def _loaded(self, names: list[str], field: str) -> dict[str, str | None]:
         pipe = self.redis.pipeline(transaction=False)
         for name in names:
-            pipe.hget(keys.model(name), "images")
+            pipe.hget(keys.model(name), field)
         return {name: found or None for name, found in zip(names, pipe.execute())}
 
     def waiting(self) -> int:

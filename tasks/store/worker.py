@@ -202,10 +202,17 @@ class WorkerStore:
         self._model(name, state="loading", worker=self.worker, loading_at=f"{sec + usec / 1e6:.3f}")
 
     def model_loaded(
-        self, name: str, load_s: float, size: int, batching: str = "padded", images: str | None = None
+        self,
+        name: str,
+        load_s: float,
+        size: int,
+        batching: str = "padded",
+        images: str | None = None,
+        speculation: str = "",
     ) -> None:
         """`batching`: how its sequences share the batch (worker/batch/prefill.py's Batching); `images`: how a vision
-        model's image prompts run (worker/vision.py's `images`; None: a text model)."""
+        model's image prompts run (worker/vision.py's `images`; None: a text model); `speculation`: how its
+        sequences speculate (`prompt lookup`, or `off` and why: worker/batch/speculation.py)."""
         self._model(
             name,
             state="loaded",
@@ -216,6 +223,7 @@ class WorkerStore:
             deaths=0,
             batching=batching,
             images=images or "",
+            speculation=speculation,
         )
 
     def model_unloaded(self, name: str) -> None:
@@ -288,6 +296,8 @@ class WorkerStore:
         cached_tokens: int = 0,
         history: str = "",
         stop_sequence: str = "",
+        proposed_tokens: int = 0,
+        accepted_tokens: int = 0,
         pipe: Any = None,
     ) -> Any:
         """End a job this worker runs; false if it was not running there (it has its one terminal state). `history`:
@@ -311,6 +321,8 @@ class WorkerStore:
             cached_tokens=cached_tokens,
             history=history,
             stop_sequence=stop_sequence,
+            proposed_tokens=proposed_tokens,
+            accepted_tokens=accepted_tokens,
         )
 
     def hand_back(self, job_id: str, why: str = "worker_crashed", shared: bool = False, pipe: Any = None) -> Any:

@@ -65,6 +65,8 @@ class Token:
     finish_reason: str | None  # "stop" (EOS), "length" (max_tokens) or None
     kv: KV | None = None
     logprob: str | None = None  # its log probability's entry (tasks/logprobs.py), if its sequence asked for them
+    proposed: int = 0  # (a step's first token of a sequence that proposed) its proposals (worker/batch/speculation.py)
+    accepted: int = 0  # ... and those kept
 
 
 class Engine:
@@ -87,6 +89,7 @@ class Engine:
         self._max_batch = max_batch
         self.prefill_step = prefill_step
         self.decode_floor = 0.0  # tokens/s its decoding sequences keep while prompts are read (0: none; configure)
+        self._speculation = (0, 0)  # tokens a sequence proposes a step, and a step reads over all (0: none; configure)
         self.lock = lock or threading.Lock()  # the device's: every engine of a worker shares one
         self.max_kv_size = max_kv_size  # tokens of KV cache a sequence keeps (None: all of them)
         # tokens a sequence may hold, prompt and answer (tasks/context.py): its config's, when Engine.load reads it
@@ -123,10 +126,14 @@ class Engine:
         """Sequences at once: the configured batch, or one for a model whose sequences run alone."""
         return 1 if self.batching == "alone" else self._max_batch
 
-    def configure(self, max_batch: int, prefill_step: int, decode_floor: float = 0.0) -> None:
-        """Size the batch, and the floor of tokens per second its decoding sequences keep while prompts are read
-        (it starts afresh: call it while nothing runs)."""
+    def configure(
+        self, max_batch: int, prefill_step: int, decode_floor: float = 0.0, speculation: tuple[int, int] = (0, 0)
+    ) -> None:
+        """Size the batch, the floor of tokens per second its decoding sequences keep while prompts are read, and
+        its speculation: the most tokens a sequence proposes a step, and a step reads over all (0: none;
+        worker/batch/speculation.py). It starts afresh: call it while nothing runs."""
         self._max_batch, self.prefill_step, self.decode_floor = max_batch, prefill_step, decode_floor
+        self._speculation = speculation
         self.reset()
 
     def share(self, batching: Batching) -> None:
@@ -142,6 +149,8 @@ class Engine:
             self.max_kv_size,
             self.batching,
             decode_floor=self.decode_floor,
+            speculate=self._speculation[0],
+            budget=self._speculation[1],
         )
 
     def prompt_tokens(
@@ -214,6 +223,12 @@ class Engine:
         """The full digests of the images of a prompt (where each starts), which cached state must match: none in
         a text model's (worker/vision.py)."""
         return ()
+
+    @property
+    def speculation(self) -> str:
+        """How its sequences speculate: `prompt lookup`, or `off` and why (worker/batch/speculation.py)."""
+        why = self._batch.refusal
+        return "prompt lookup" if why is None else why if why == "off" else f"off: {why}"
 
     @property
     def images(self) -> str | None:
@@ -289,6 +304,8 @@ class Engine:
                 finish_reason=r.finish_reason,
                 kv=KV(cache=r.cache, tokens=list(r.tokens)) if r.cache is not None and r.tokens is not None else None,
                 logprob=entries.get(r.uid),
+                proposed=r.proposed,
+                accepted=r.accepted,
             )
             for r in generated
         ]

@@ -30,6 +30,8 @@ the part of the batch it stands on.
 from __future__ import annotations
 
 import copy as _copy
+import dataclasses
+import itertools
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -37,17 +39,31 @@ from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+from mlx_lm.sample_utils import greedy_sampler
 
+from worker.batch.lookup import Lookup
 from worker.batch.positions import Positions
 from worker.batch.prefill import Prefilling
 from worker.batch.rows import MIN_CHUNK, Embeds, Emitted, Processor, Row
-from worker.batch.sampling import Sampler
+from worker.batch.sampling import Sampler, Seeded
+from worker.batch.speculation import BUDGET, Payoff, Proposing, accepted, cut, in_order, refusal, width
 
 
 class ContinuousBatch(Prefilling):
     """The continuous batch (see the module's docstring): sequences join and leave it, and each step reads what the
     decode rows drew, reads a chunk of the joining prompts and draws the decode rows' next tokens."""
+
+    def __init__(self, *args: Any, speculate: int = 0, budget: int = BUDGET, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # the most tokens a decode row proposes a step, and the most a step reads over all rows (0: no speculation,
+        # worker/batch/speculation.py)
+        self.speculate, self.budget = speculate, budget
+        self.refusal = refusal(self.model, self.batching, self.max_kv_size) if speculate else "off"
+        self._proposed: list[list[int]] | None = None  # what each decode row proposed in the step before
+        self.payoff = Payoff()  # whether proposing pays, by batch size (worker/batch/speculation.py)
+        self._cycle: tuple[float, bool] | None = None  # the last step's start, and whether it read prompts
+        self._vocab = 0  # the ids the model scores (its logits' width, once seen): a proposal holds none past them
 
     def close(self) -> None:
         """Give back the wired-memory limit it set (on Metal), once the device is done with its work."""
@@ -119,7 +135,15 @@ class ContinuousBatch(Prefilling):
             return _copy.deepcopy(row.cache or []), list(row.tokens)
         if where == "reading":
             return self._take(self._reading_cache, i, copy=True), list(self._reading[i].tokens)
-        return self._take(self._cache, i, copy=True), list(self._rows[i].tokens)
+        return self._row_cache(i, copy=True), list(self._rows[i].tokens)
+
+    def _row_cache(self, i: int, copy: bool) -> list[Any]:
+        """Decode row `i`'s KV cache, out of the batch, its entries in order, without what a step checking proposals
+        wrote past its tokens (read at the next step)."""
+        cache = in_order(self._take(self._cache, i, copy=copy), self._rows[i].order)
+        if self._proposed is not None:
+            trim_prompt_cache(cache, max(len(p) for p in self._proposed))
+        return cache
 
     def remove(self, uids: Sequence[int], keep: bool = False) -> dict[int, tuple[list[Any], list[int]]]:
         """Take sequences out (a uid not here is passed over); with `keep`, their KV caches and tokens."""
@@ -136,8 +160,10 @@ class ContinuousBatch(Prefilling):
     def _keep_rows(self, stay: list[int]) -> None:
         """Keep only these decode rows (their order kept)."""
         self._rows = [self._rows[i] for i in stay]
+        if self._proposed is not None:
+            self._proposed = [self._proposed[i] for i in stay]
         if not stay:
-            self._cache, self._next = [], None
+            self._cache, self._next, self._proposed = [], None, None
             return
         for c in self._cache:
             c.filter(stay)
@@ -152,9 +178,11 @@ class ContinuousBatch(Prefilling):
         with mx.stream(generation_stream):
             self.work.steps += 1
             began = started = time.perf_counter()
-            decoding = bool(self._rows)
+            decoding, checked, rows = bool(self._rows), self._proposed is not None, len(self._rows)
             emitted = self._read() if decoding else []
             self.work.decode_s += time.perf_counter() - started
+            if decoding and self._cycle is not None and not self._cycle[1]:  # (a step that read prompts: no measure)
+                self.payoff.observe(rows, checked, len(emitted), time.perf_counter() - self._cycle[0])
             started = time.perf_counter()
             cap = self.chunk if decoding and self.decode_floor else self.prefill_step
             read = self._prefill(cap) + self._see(cap)
@@ -163,6 +191,7 @@ class ContinuousBatch(Prefilling):
             if self._rows:
                 self._draw()
             self.work.decode_s += time.perf_counter() - started
+        self._cycle = (began, read > 0)
         if read and decoding and self.decode_floor:
             self._fit_chunk(time.perf_counter() - began)
         return emitted
@@ -177,6 +206,8 @@ class ContinuousBatch(Prefilling):
         """The tokens the decode rows drew in the step before (computed by now): each is emitted; a row whose token
         is a stop token or its max_tokens-th leaves, its KV state (which holds every token but that last one)
         given back, before any forward pass draws it a token nobody reads; the others read theirs in this step's."""
+        if self._proposed is not None:
+            return self._read_checked()
         assert self._next is not None
         drawn = cast(list[int], self._next.tolist())  # (a vector of token ids: tolist is typed for any shape)
         emitted, stay = [], []
@@ -186,20 +217,85 @@ class ContinuousBatch(Prefilling):
             if reason is None:
                 emitted.append(Emitted(row.uid, token))
                 stay.append(i)
+                if row.lookup is not None:
+                    row.lookup.extend([token])
                 continue
-            cache = self._take(self._cache, i, copy=len(self._rows) > 1)
+            cache = self._row_cache(i, copy=len(self._rows) > 1)
             emitted.append(Emitted(row.uid, token, reason, cache, list(row.tokens)))
         self.work.generated_tokens += len(emitted)
         if len(stay) < len(self._rows):
             self._keep_rows(stay)
         return emitted
 
+    def _read_checked(self) -> list[Emitted]:
+        """As `_read`, after a step that checked proposals (worker/batch/speculation.py): each row's kept proposals
+        and its own next draw are emitted (up to a stop token or its max_tokens-th), and what the step wrote past
+        them is cut from the cache."""
+        assert self._next is not None and self._proposed is not None
+        drawn = cast(list[list[int]], self._next.tolist())
+        proposals, self._proposed = self._proposed, None
+        emitted: list[list[Emitted]] = []
+        kept, nexts, stay, ends, counts = [], [], [], {}, []
+        for i, (row, out, proposal) in enumerate(zip(self._rows, drawn, proposals)):
+            right = accepted(proposal, out)
+            counts.append((len(proposal), right))
+            self.work.proposed_tokens += len(proposal)
+            self.work.accepted_tokens += right
+            if row.proposing is not None:
+                row.proposing.kept(len(proposal), right, self.speculate)
+            tokens, reason = self._ended(row, out[: right + 1])
+            kept.append(len(tokens))
+            row.tokens += proposal[: len(tokens) - 1]
+            if isinstance(row.sampler, Seeded):
+                row.sampler.skip(len(tokens))
+            emitted.append([Emitted(row.uid, t) for t in tokens[: -1 if reason else None]])
+            nexts.append(tokens[-1])
+            if reason is None:
+                stay.append(i)
+                if row.lookup is not None:
+                    row.lookup.extend(tokens)
+            else:
+                ends[i] = (tokens[-1], reason)
+        width = len(drawn[0])
+        orders = cut(self._cache, [width - n for n in kept], [r.order for r in self._rows])
+        for row, order in zip(self._rows, orders):
+            row.order = order
+        for i, (token, reason) in ends.items():
+            row = self._rows[i]
+            cache = self._row_cache(i, copy=len(self._rows) > 1)
+            emitted[i].append(Emitted(row.uid, token, reason, cache, list(row.tokens)))
+        for row_emitted, (proposed, right) in zip(emitted, counts):
+            if proposed:
+                row_emitted[0] = dataclasses.replace(row_emitted[0], proposed=proposed, accepted=right)
+        flat = [e for row_emitted in emitted for e in row_emitted]
+        self.work.generated_tokens += len(flat)
+        self._next = mx.array(nexts, dtype=mx.uint32)
+        if len(stay) < len(self._rows):
+            self._keep_rows(stay)
+        return flat
+
+    @staticmethod
+    def _ended(row: Row, tokens: list[int]) -> tuple[list[int], str | None]:
+        """A row's tokens of a step, up to the first that ends it (a stop token, its max_tokens-th), and why."""
+        for n, token in enumerate(tokens, 1):
+            row.generated += 1
+            reason = "stop" if token in row.stops else "length" if row.generated >= row.max_tokens else None
+            if reason is not None:
+                return tokens[:n], reason
+        return tokens, None
+
     def _draw(self) -> None:
         """The decode rows' next tokens, started on the device (not waited for): the forward pass over what each
-        reads (its last draw, or a newcomer's last prompt token), its logits processors, its sampler."""
+        reads (its last draw, or a newcomer's last prompt token), its logits processors, its sampler; with the
+        tokens proposed for after it, where rows propose (worker/batch/speculation.py)."""
         reading = self._next
         assert reading is not None
+        proposals = self._proposals(reading)
+        if proposals:
+            self._draw_checked(reading, proposals)
+            return
         logits = self._forward(reading[:, None], self._cache, self._rows, **self._beside())[:, -1, :]
+        self._vocab = logits.shape[-1]
         if any(r.processors for r in self._rows):
             logits = mx.concatenate([self._processed(i, logits[i : i + 1], reading) for i in range(len(self._rows))])
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -210,9 +306,65 @@ class ContinuousBatch(Prefilling):
             drawn = mx.concatenate([s(logprobs[i : i + 1]) for i, s in enumerate(samplers)])
         mx.async_eval(drawn)
         self._next = drawn
+        self._read_into_rows(reading)
+
+    def _read_into_rows(self, reading: mx.array) -> None:
         read = cast(list[int], reading.tolist())  # (known already: draws read, or prompts' tokens)
         for row, token in zip(self._rows, read):
             row.tokens.append(token)
+
+    def _proposals(self, reading: mx.array) -> list[list[int]] | None:
+        """What each decode row proposes for after the token it reads now, cut to the step's width; None where
+        none does (or the batch cannot check proposals: its caches cannot be cut a row at a time)."""
+        if self.refusal is not None or not self._vocab or self._beside() or not self.payoff.allows(len(self._rows)):
+            return None
+        proposals: list[list[int]] = []
+        read: list[int] | None = None
+        for i, row in enumerate(self._rows):
+            if row.proposing is None and _proposes(row):
+                read = read or cast(list[int], reading.tolist())
+                row.lookup, row.proposing = Lookup([*row.tokens, read[i]]), Proposing(self.speculate)
+            proposing = row.proposing is not None and row.lookup is not None
+            proposal = row.lookup.propose(row.proposing.wants()) if proposing else []  # type: ignore[union-attr]
+            # (an image's tags, ids past the vocabulary, are no token to read: worker/vision.py)
+            proposals.append(list(itertools.takewhile(lambda t: t < self._vocab, proposal)))
+        most = width(proposals, self.budget) - 1
+        if most <= 0:
+            return None
+        return [p[:most] for p in proposals]
+
+    def _draw_checked(self, reading: mx.array, proposals: list[list[int]]) -> None:
+        """As `_draw`, each row reading its proposals after its token: what it draws at every place, to be checked
+        against them as the next step reads them."""
+        wide = 1 + max(len(p) for p in proposals)
+        after = mx.array([p + [0] * (wide - 1 - len(p)) for p in proposals], dtype=reading.dtype)
+        block = mx.concatenate([reading[:, None], after], axis=1)
+        logits = self._forward(block, self._cache, self._rows, **self._beside())
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        drawn = mx.stack(
+            [self._drawn_at(i, logits, logprobs, reading, len(p) + 1, wide) for i, p in enumerate(proposals)]
+        )
+        mx.async_eval(drawn)
+        self._next, self._proposed = drawn, proposals
+        self._read_into_rows(reading)
+
+    def _drawn_at(
+        self, i: int, logits: mx.array, logprobs: mx.array, reading: mx.array, places: int, wide: int
+    ) -> mx.array:
+        """Row `i`'s draws at its first `places` places of the block (padded to `wide`): a row that proposes draws
+        at each as it would token by token; any other only at its first, as in a plain step."""
+        row = self._rows[i]
+        if row.processors:
+            processed = self._processed(i, logits[i, :1], reading)
+            drawn = row.sampler(processed - mx.logsumexp(processed, axis=-1, keepdims=True))
+        elif row.sampler is greedy_sampler:
+            drawn = mx.argmax(logprobs[i, :places], axis=-1)
+        elif isinstance(row.sampler, Seeded):
+            drawn = row.sampler.ahead(logprobs[i, :places])
+        else:
+            drawn = row.sampler(logprobs[i, :1])
+        drawn = drawn.reshape(-1).astype(mx.uint32)
+        return mx.concatenate([drawn, mx.zeros((wide - drawn.shape[0],), dtype=mx.uint32)])
 
     def _processed(self, i: int, logits: mx.array, reading: mx.array) -> mx.array:
         row = self._rows[i]
@@ -222,3 +374,10 @@ class ContinuousBatch(Prefilling):
         for processor in row.processors:
             logits = processor(context, logits)
         return logits
+
+
+def _proposes(row: Row) -> bool:
+    """Whether a decode row may propose tokens: it draws greedily or with a seed of its own, with no logits
+    processors (penalties, a grammar, recorded log probabilities), and not alone in the batch."""
+    plain = row.sampler is greedy_sampler or isinstance(row.sampler, Seeded)
+    return plain and not row.processors and not row.alone and row.beside is None

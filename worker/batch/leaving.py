@@ -60,6 +60,8 @@ class Leaving(Joining):
                 completion_tokens=r.tokens,
                 stop_seen_at=r.stop_seen_at,
                 cached_tokens=r.cached,
+                proposed_tokens=r.proposed,
+                accepted_tokens=r.accepted,
                 history=r.history() if kept else "",
                 stop_sequence=(r.stops.matched or "") if status is JobStatus.COMPLETED else "",
             )

@@ -58,7 +58,8 @@ class Prefilling:
         self.decode_floor = decode_floor  # tokens/s the decode rows keep while prompts are read (0: no floor)
         self.chunk = prefill_step  # a reader's chunk while rows decode (fitted to the floor after each such step)
         self.prefill_batch = 1 if batching == "alone" else prefill_batch
-        self.whole_prompts = False  # an image prompt reads in one pass, its last token too (a prefix-LM: PaliGemma)
+        # an image prompt reads in one pass (a prefix-LM: PaliGemma, its last token too; HunYuan VL: its positions)
+        self.whole_prompts = False
         self.work = Counters()
         self.padded_prefill = 0  # the last step's prompt tokens, padded to its longest chunk
         self._uids = 0
@@ -133,13 +134,13 @@ class Prefilling:
         beside = row.beside.prompt if row.beside is not None else {}
         n = len(row.unread) - 1 if self.whole_prompts else min(cap, len(row.unread) - 1)
         if n > 0:
-            read = n + 1 if self.whole_prompts else n
+            read = n + 1 if self.whole_prompts and row.embeds.shape[0] > n else n  # (a prefix-LM's: its last too)
             extras = row.extras.take(row.seen, read) if row.extras is not None else {}
             self._forward(
                 mx.array([row.ids[:read]]), row.cache, [row], inputs_embeds=row.embeds[None, :read], **beside, **extras
             )
             row.seen += n
-            if self.whole_prompts:  # (its last token's KV goes: its decode row reads it again, seeing the same prefix)
+            if read > n:  # (its last token's KV goes: its decode row reads it again, seeing the same prefix)
                 trim_prompt_cache(row.cache, 1)
             mx.eval([c.state for c in row.cache])
             mx.clear_cache()

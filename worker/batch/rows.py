@@ -11,8 +11,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
+from worker.batch.lookup import Lookup
 from worker.batch.positions import Positions
 from worker.batch.sampling import Sampler
+from worker.batch.speculation import Proposing
 
 MIN_CHUNK = 16  # the fewest prompt tokens a reader reads in a step, however far its step runs past the floor
 Processor = Callable[[mx.array, mx.array], mx.array]
@@ -71,6 +73,11 @@ class Row:
     seen: int = 0  # of its embeddings, those read already (where `extras` are taken from)
     beside: Beside | None = None  # what its passes take beside its embeddings, once read
     alone: bool = False  # it decodes with nothing beside it (the batch drains first; none joins until it leaves)
+    # speculation (worker/batch/speculation.py): its n-gram index and how it proposes (None: it does not), and
+    # where its first cached entries belong once entries were moved within the batch's cache (None: in order)
+    lookup: Lookup | None = None
+    proposing: Proposing | None = None
+    order: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,8 @@ class Emitted:
     finish_reason: str | None = None
     cache: list[Any] | None = None
     tokens: list[int] | None = None
+    proposed: int = 0  # (on a sequence's first token of a step that checked proposals) the tokens it proposed
+    accepted: int = 0  # ... and those kept
 
 
 @dataclass
@@ -93,6 +102,8 @@ class Counters:
     prompt_tokens: int = 0
     decode_s: float = 0.0
     prefill_s: float = 0.0
+    proposed_tokens: int = 0  # tokens proposed for the decode rows to check (worker/batch/speculation.py)
+    accepted_tokens: int = 0  # ... and kept
 
     def __add__(self, other: Counters) -> Counters:
         return Counters(
@@ -101,4 +112,6 @@ class Counters:
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             decode_s=self.decode_s + other.decode_s,
             prefill_s=self.prefill_s + other.prefill_s,
+            proposed_tokens=self.proposed_tokens + other.proposed_tokens,
+            accepted_tokens=self.accepted_tokens + other.accepted_tokens,
         )

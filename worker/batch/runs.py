@@ -31,6 +31,8 @@ class Running:
     stop_seen_at: int | None = None
     progressed_at: float = field(default_factory=time.monotonic)  # when it last made a token, or told it progressed
     cached: int = 0  # prompt tokens read from the prefix cache
+    proposed: int = 0  # tokens it proposed for its steps to check (worker/batch/speculation.py) ...
+    accepted: int = 0  # ... and those kept
     cache_key: tuple[str, str] = ("", "")  # where its KV state goes in the prefix cache once it ends as meant
     constraint: GrammarMatcher | None = None  # its grammar's matcher, when its answer must follow one
     answer: list[str] = field(default_factory=list)  # its output's text as Redis holds it: earlier runs', then its own

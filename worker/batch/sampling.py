@@ -26,25 +26,58 @@ def make_sampler(params: SamplingParams, drawn: int = 0) -> Sampler:
     run's tokens), so its key is where that run's was."""
     if params.temperature == 0:
         return greedy_sampler
-    temp, top_p, top_k = params.temperature, params.top_p, params.top_k
-    key = mx.random.key(params.seed) if params.seed is not None else None
-    if key is not None and drawn:
-        for _ in range(drawn):
-            key, _ = mx.random.split(key)
-        mx.eval(key)
+    if params.seed is None:
+        return Unseeded(params)
+    return Seeded(params, drawn)
 
-    def sample(logprobs: mx.array) -> mx.array:
-        nonlocal key
-        if 0 < top_k < logprobs.shape[-1]:
-            logprobs = apply_top_k(logprobs, top_k)
-        if top_p < 1.0:
-            logprobs = apply_top_p(logprobs, top_p)
-        if key is None:
-            return mx.random.categorical(logprobs * (1 / temp))
-        key, draw = mx.random.split(key)
-        return mx.random.categorical(logprobs * (1 / temp), key=draw)
 
-    return sample
+class Unseeded:
+    """A sampled sequence without a seed of its own: the global random state draws (never a job's: `sampling`)."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.temp, self.top_p, self.top_k = params.temperature, params.top_p, params.top_k
+
+    def _filtered(self, logprobs: mx.array) -> mx.array:
+        if 0 < self.top_k < logprobs.shape[-1]:
+            logprobs = apply_top_k(logprobs, self.top_k)
+        if self.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, self.top_p)
+        return logprobs * (1 / self.temp)
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        return mx.random.categorical(self._filtered(logprobs))
+
+
+class Seeded(Unseeded):
+    """A seeded sampled sequence: its n-th token is drawn with the n-th key of its seed's chain (each split from the
+    one before), whatever else the step reads; so that several places may be drawn at once (`ahead`: a step that
+    checks proposed tokens, worker/batch/speculation.py) and their keys taken only for the tokens kept (`skip`),
+    giving the very tokens a token-a-step run draws."""
+
+    def __init__(self, params: SamplingParams, drawn: int = 0) -> None:
+        super().__init__(params)
+        assert params.seed is not None
+        self.key = mx.random.key(params.seed)
+        if drawn:
+            self.skip(drawn)
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        self.key, draw = mx.random.split(self.key)
+        return mx.random.categorical(self._filtered(logprobs), key=draw)
+
+    def ahead(self, logprobs: mx.array) -> mx.array:
+        """The tokens drawn from each row of `logprobs` (this place and the next ones'), its key unmoved."""
+        key, drawn = self.key, []
+        for i in range(logprobs.shape[0]):
+            key, draw = mx.random.split(key)
+            drawn.append(mx.random.categorical(self._filtered(logprobs[i : i + 1]), key=draw))
+        return mx.concatenate(drawn)
+
+    def skip(self, n: int) -> None:
+        """Its key moves past `n` draws (tokens kept)."""
+        for _ in range(n):
+            self.key, _ = mx.random.split(self.key)
+        mx.eval(self.key)
 
 
 def sampling(job: Job) -> SamplingParams:

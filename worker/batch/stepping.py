@@ -45,8 +45,14 @@ class Stepping(Leaving):
         timeline.stepped(began, len(tokens), self.engine.padded_prefill, lambda: self._job_ids(tokens))
         self._last_step = (self.active, len(tokens), self.engine.padded_prefill, self._last_step[3])
         result = StepResult()
+        ended: set[int] = set()  # (a step may bring a sequence several tokens: none is read past its end)
         for token in tokens:
+            if token.uid in ended:
+                continue
+            before = len(result.finished)
             self._advance(token, result)
+            if len(result.finished) > before:
+                ended.add(token.uid)
         self._read_prompts({t.uid for t in tokens if t.finish_reason is None})
         self._fast_forward(tokens, result)
         self._progress(result, {token.uid for token in tokens})
@@ -75,6 +81,8 @@ class Stepping(Leaving):
         if r is None:  # dropped meanwhile
             return
         r.tokens += 1
+        r.proposed += token.proposed
+        r.accepted += token.accepted
         r.ids.append(token.token)
         r.proven = True
         if r.constraint is not None and r.constraint.error:  # (never, unless its mask was not applied)

@@ -36,6 +36,13 @@ class Model(Answer):
         "ways: PaliGemma), `alone` (one at a time, as its images go to every step: Llama 3.2 Vision; its text "
         "prompts batch as its `batching` says); null for a text model, or before it ever loaded (docs/models.md)",
     )
+    speculation: str | None = Field(
+        None,
+        description="onelane's: how its answers speculate, as its last load found: `prompt lookup` (each job proposes "
+        "its next tokens from its own prompt and answer, and a step checks them: the answer is the same), or `off` "
+        "and why (`off: its caches (MambaCache) cannot be cut a sequence at a time`; `off` when ONELANE_SPECULATE "
+        "is 0); null for a model that generates nothing, or before it ever loaded (docs/performance.md)",
+    )
 
 
 class ModelList(Answer):

@@ -77,6 +77,7 @@ def models() -> Response:
     catalog = services().settings.catalog  # in the order the models file names them
     batching = services().store.readings.batching([m.name for m in catalog])
     images = services().store.readings.images([m.name for m in catalog])
+    speculation = services().store.readings.speculation([m.name for m in catalog])
     data = [
         {
             "id": m.name,
@@ -87,6 +88,7 @@ def models() -> Response:
             "vision": m.vision,  # reads images in its prompts
             "batching": batching[m.name] if m.kind == "generate" else None,
             "images": images[m.name] if m.vision else None,
+            "speculation": speculation[m.name] if m.kind == "generate" else None,
         }
         for m in catalog
     ]

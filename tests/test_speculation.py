@@ -1,0 +1,188 @@
+"""Speculation inside the continuous batch (worker/batch/speculation.py, worker/batch/lookup.py): each decode row
+proposes its next tokens from its own prompt and answer, one forward pass checks every row's proposals, and the
+answers are the very ones a token-a-step batch gives, greedy or seeded; only the steps are fewer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from tasks.job import JobSpec, SamplingParams
+from worker.batch.forward import ContinuousBatch
+from worker.batch.lookup import Lookup
+from worker.batch.sampling import make_sampler
+from worker.batch.speculation import PAUSE, PLAIN_EVERY, SAMPLES, Payoff
+
+pytestmark = pytest.mark.default_model  # SmolLM2-135M-Instruct: a real model that copies what it is shown
+
+CODE = "\n".join(f"def f{i}(x):\n    return x * {i} + {i * 7}\n" for i in range(8))
+QUESTIONS = (
+    f"Repeat this code exactly, nothing else:\n{CODE}",
+    "Tell me about the sea.",  # free text: little to copy
+    "Copy this line five times: the cat sat on the mat.",
+)
+
+
+def chat(engine: Any, text: str) -> list[int]:
+    return engine.prompt_tokens(JobSpec(owner="t", model="m", messages=[{"role": "user", "content": text}]))
+
+
+class Always(Payoff):
+    """Proposing always allowed, whatever it costs this machine (the stories check what it gives, not its speed)."""
+
+    def allows(self, rows: int) -> bool:
+        return True
+
+
+def speculating(engine: Any, speculate: int = 4) -> ContinuousBatch:
+    batch = ContinuousBatch(engine.model, 512, 4, None, speculate=speculate)
+    batch.payoff = Always()
+    return batch
+
+
+def answer_all(engine: Any, prompts: list[list[int]], params: SamplingParams, speculate: int) -> dict[str, Any]:
+    """Every prompt's tokens, answered at once in one batch with speculation `speculate` (0: off), each sequence's
+    KV cache as it left, and the batch's work."""
+    batch = speculating(engine, speculate)
+    eos = frozenset(engine.tokenizer.eos_token_ids)
+    uids = [batch.insert(p, params.max_tokens, make_sampler(params), stops=eos) for p in prompts]
+    out: dict[int, list[int]] = {u: [] for u in uids}
+    kv: dict[int, Any] = {}
+    while len(batch):
+        for e in batch.step():
+            out[e.uid].append(e.token)
+            if e.finish_reason is not None:
+                kv[e.uid] = (e.cache, e.tokens)
+    return {"answers": [out[u] for u in uids], "kv": [kv[u] for u in uids], "work": batch.work}
+
+
+@pytest.fixture(scope="module")
+def greedy(smollm2_engine: Any) -> dict[str, dict[str, Any]]:
+    """The three questions answered at once, greedy, with speculation off and on."""
+    prompts = [chat(smollm2_engine, q) for q in QUESTIONS]
+    params = SamplingParams(temperature=0, max_tokens=80)
+    return {
+        "off": answer_all(smollm2_engine, prompts, params, speculate=0),
+        "on": answer_all(smollm2_engine, prompts, params, speculate=4),
+    }
+
+
+def test_greedy_answers_with_speculation_are_token_for_token_those_without_in_fewer_steps(greedy):
+    # Given three questions, one asking to copy code it is shown, answered at once with speculation off, then on
+    on, off = greedy["on"], greedy["off"]
+
+    # Then every answer is the same, token for token
+    assert on["answers"] == off["answers"]
+    # and the batch checked proposals and kept most of those of the copying answer: fewer steps for as many tokens
+    assert on["work"].accepted_tokens > 20
+    assert on["work"].generated_tokens == off["work"].generated_tokens
+    assert on["work"].steps < off["work"].steps
+
+
+def test_each_sequences_kv_cache_leaves_the_batch_as_without_speculation(greedy):
+    # Given the three answers with speculation on and off (entries moved within the batch's cache as rows are cut)
+    on, off = greedy["on"], greedy["off"]
+
+    # Then each sequence's KV cache, as it leaves (for the prefix cache), holds the same tokens in the same order
+    for (cache_on, tokens_on), (cache_off, tokens_off) in zip(on["kv"], off["kv"]):
+        assert tokens_on == tokens_off
+        for layer_on, layer_off in zip(cache_on, cache_off):
+            assert layer_on.offset == layer_off.offset
+            keys_on, keys_off = layer_on.state[0], layer_off.state[0]
+            assert keys_on.shape[2] >= len(tokens_on)
+            assert mx.allclose(keys_on[..., : len(tokens_on), :], keys_off[..., : len(tokens_off), :], atol=1e-4)
+
+
+def test_a_seeded_sampled_answer_is_the_same_with_speculation_on_and_off(engine):
+    # Given seeded sampled requests (one copying), answered together
+    prompts = [chat(engine, q) for q in QUESTIONS]
+    params = SamplingParams(temperature=0.7, top_p=0.95, seed=11, max_tokens=60)
+
+    # When answered with speculation off and on
+    off = answer_all(engine, prompts, params, speculate=0)
+    on = answer_all(engine, prompts, params, speculate=4)
+
+    # Then each text is the same: every token drawn with its own place's key, kept or not
+    assert on["answers"] == off["answers"]
+    assert on["work"].accepted_tokens > 0
+
+
+def test_a_row_proposes_the_tokens_that_followed_the_longest_ngram_ending_its_sequence():
+    lookup = Lookup([1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 7, 1, 2])
+    assert lookup.propose(3) == [3, 5, 6]  # "1 2" last occurred before at 5: then 3 5 6
+    lookup.extend([3])
+    assert lookup.propose(2) == [5, 6]  # "1 2 3" last at 5..7: then 5 6
+    assert Lookup([1, 2, 3]).propose(4) == []  # nothing occurred before
+    assert lookup.propose(0) == []
+
+
+def test_a_jobs_timings_and_the_metrics_show_what_was_proposed_and_kept(jobs, store, start_worker):
+    from tests.helpers import wait_ended
+    from tests.test_health import scrape
+
+    # Given the default model served, speculating as it does by default
+    start_worker()
+    model = jobs.client.get("/v1/models").get_json()["data"][0]
+    assert model["speculation"] == "prompt lookup"
+
+    # When a job asks it to copy code it is shown
+    job = jobs.submit(messages=[{"role": "user", "content": QUESTIONS[0]}], max_tokens=60, temperature=0)
+    done = wait_ended(store, job["id"], timeout_s=120)
+
+    # Then its timings say how many tokens its steps checked as proposed, and kept; and /metrics counts them by model
+    timings = jobs.get(job["id"])["timings"]
+    assert done["status"] == "completed"
+    assert 0 < timings["accepted_tokens"] <= timings["proposed_tokens"]
+    metrics = scrape(jobs.client)
+    assert metrics[f"onelane_model_tokens_accepted_total{{model={model['id']}}}"] == timings["accepted_tokens"]
+    assert metrics[f"onelane_model_tokens_proposed_total{{model={model['id']}}}"] == timings["proposed_tokens"]
+
+
+def test_a_sequences_kv_cache_taken_mid_answer_holds_its_tokens_in_order_and_nothing_proposed(engine):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    # Given the copying question and a free one answered together, speculating, several steps in (entries moved
+    # within the batch's cache, and the last step's proposals written past each sequence's tokens)
+    prompts = [chat(engine, QUESTIONS[0]), chat(engine, QUESTIONS[1])]
+    batch = speculating(engine)
+    uids = [batch.insert(p, 100, make_sampler(SamplingParams(temperature=0))) for p in prompts]
+    while batch.work.accepted_tokens < 10 or batch._proposed is None or not any(r.order for r in batch._rows):
+        batch.step()
+
+    # When a copy of each one's cache is taken (as a group's leader's is for its followers)
+    for uid in uids:
+        cache, tokens = batch.extract(uid)
+
+        # Then it holds exactly its tokens, in order: as the model reading them afresh writes them
+        fresh = make_prompt_cache(engine.model)
+        engine.model(mx.array([tokens]), cache=fresh)
+        for taken, read in zip(cache, fresh):
+            assert taken.offset == read.offset == len(tokens)
+            assert mx.allclose(taken.state[0][..., : len(tokens), :], read.state[0][..., : len(tokens), :], atol=1e-3)
+
+
+def test_proposing_stops_for_a_while_at_a_batch_size_where_it_gives_fewer_tokens_a_second():
+    payoff = Payoff()
+
+    def live(rows: int, plain: float, checked: float, steps: int) -> list[bool]:
+        """`steps` steps of `rows` rows: plain ones give `plain` tokens/s, those that check proposals `checked`."""
+        allowed = []
+        for _ in range(steps):
+            allows = payoff.allows(rows)
+            allowed.append(allows)
+            payoff.observe(rows, allows, int(checked if allows else plain), 1.0)
+        return allowed
+
+    # Given a batch of 2 rows where proposing pays, and of 8 where it does not
+    paying = live(2, plain=10, checked=18, steps=SAMPLES * PLAIN_EVERY + 10)
+    costly = live(8, plain=40, checked=30, steps=SAMPLES * PLAIN_EVERY + 10)
+
+    # Then at 2 rows it goes on proposing (but one step in PLAIN_EVERY, which keeps the plain speed known)
+    assert paying[-PLAIN_EVERY:].count(False) == 1
+    # and at 8 rows it stops, for PAUSE steps, once both speeds are known
+    assert costly[-5:] == [False] * 5
+    assert live(2, plain=10, checked=18, steps=1) == [True]  # (each size on its own)
+    later = live(8, plain=40, checked=30, steps=PAUSE)
+    assert True in later  # tried again once the pause is over
