@@ -53,7 +53,7 @@ EXPECTED: dict[str, str] = {
     "lfm2_vl": "batched equal",
     "llama4": "alone equal",  # mlx-lm cannot merge its chunked attention's caches
     "llava_onevision": "batched equal",
-    "molmo": "batched equal",  # features added at its <im_patch> places; its image tokens past the scored vocabulary
+    "molmo": "batched equal",  # its features go where its processor says (image_input_idx): that span named
     "mistral3": "batched equal",
     "moondream2": "mlx-vlm fails: its processor loads its tokenizer from the hub",
     "moondream3": "mlx-vlm fails: its processor loads its tokenizer from the hub",
@@ -76,6 +76,24 @@ EXPECTED |= {
     "internvl_chat": "batched equal",  # rendered with its processor's own template, as mlx-vlm renders it
     "paligemma": "alone equal",  # its image prompt read whole (a prefix read both ways); its decode alone
     "mllama": "alone equal",  # cross-attention states at every step: its image jobs run alone
+}
+# group A (issue 61's second round: tests/vlms/gemma3n.py, phi4.py, minicpm.py, jina.py, granite.py, llava15.py,
+# bunny.py, internvl.py, deepseek_vl.py, llmjp.py, plamo.py; Florence-2, a task model, is left out)
+EXPECTED |= {
+    "gemma3n": "mlx-vlm fails: its MobileNetV5 tower is a constant of the code (~300 M parameters)",
+    "granite4_vision": "batched equal",  # its deepstack features by the prompt's positions (worker/vision_beside.py)
+    "internvl": "batched equal",
+    "jina_vlm": "batched equal",  # as Molmo: its features go where its processor says (image_input_idx)
+    "llava": "mlx-vlm fails: its LlavaProcessor hands padding=True to transformers 5's CLIP image processor",
+    "llava_bunny": "batched equal",  # one token (-200) an image, 729 embeddings; its processor its tokenizer
+    "llmjpvl": "mlx-vlm fails: mlx-vlm has no processor for it (the hub's is remote code)",
+    # its features go where its processor says (image_bound: each image's and slice's span); M-RoPE over text positions
+    "minicpmv4_6": "batched equal",
+    "minicpmo": "batched equal",  # as MiniCPM-V 4.6 (an image-only folder: no audio tower, no TTS)
+    "multi_modality": "batched equal",  # one image token, widened to 576 embeddings by its model
+    "phi4mm": "batched equal",  # one token (-200) an image, its embeddings more: as LLaVA-NeXT's
+    "phi4_siglip": "mlx-vlm fails: its processor does not load (its NaFlex image processor needs torch)",
+    "plamo2vl": "batched equal",  # its tokenizer mlx-vlm's own code: its processor's, wrapped as mlx-lm wraps one
 }
 # group B: the MoE Qwen and GLM kin, the OCR models and the other M-RoPE families (tests/vlms/qwen_moe.py, ...)
 EXPECTED |= {

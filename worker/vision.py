@@ -15,10 +15,10 @@ positions depend on its images (M-RoPE: Qwen-VL, GLM-4V) is given each sequence'
 What the batch sees of an image is a tag made from its digest: the ids of its tokens are replaced by ids past the
 vocabulary and past every id its tokenizer gives (`_keyed`: two 28-bit pieces of its SHA-256 in turn, every id a
 32-bit integer, as the batch's arrays hold them; drawn again from a salted digest in the rare case another image's
-prompt holds the same tags), so that two prompts alike but for their image never share a cached prefix. Where cached state could be shared, the full digest
-decides: the prepared arrays are kept by the images' full digests, and every prefix-cache entry carries the full
-digests of its images (`marks`), which a hit must match. A follow-up about the same image, whose prefix is cached,
-reads no pixels again.
+prompt holds the same tags), so that two prompts alike but for their image never share a cached prefix. Where cached
+state could be shared, the full digest decides: the prepared arrays are kept by the images' full digests, and every
+prefix-cache entry carries the full digests of its images (`marks`), which a hit must match. A follow-up about the
+same image, whose prefix is cached, reads no pixels again.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from worker.unsupported import Unsupported
 from worker.vision_beside import after, counts_itself, positions_last, rope_indexed, rope_positions
 from worker.vision_prep import KEPT, PrepareFailed, Preparer, placeholder
 from worker.vision_reading import (
+    PLACES,
     Mismatch,
     Span,
     beside,
@@ -57,7 +58,10 @@ from worker.vision_reading import (
     first_pass_positions,
     for_ids,
     model_ids,
+    placed_at,
+    placed_for,
     prefix_lm,
+    span_at,
     span_of,
     with_extras,
 )
@@ -133,7 +137,7 @@ class VisionEngine(Engine):
 
         super().__init__(TextModel(vlm), tokenizer, name, **options)
         self.vlm, self.processor = vlm, processor
-        self.image_token = int(_image_token(vlm, processor))
+        self.image_token = int(_image_token(vlm))
         self.tags = _first_tag(self.vocab, processor)  # where its images' tags start (past any id it reads)
         self.special = bool(should_add_special_tokens(vlm.config.model_type, processor))
         self.marker = placeholder(processor)  # the token the template writes for an image
@@ -142,6 +146,7 @@ class VisionEngine(Engine):
         self._digests: OrderedDict[tuple[int, ...], tuple[str, ...]] = OrderedDict()
         self.by_image = False  # its images read one a step (worker/vision_tower.py): checked as it loads
         self.expands = False  # its embeddings outnumber its prompt's ids (worker/vision_reading.py): found as it loads
+        self.placed = False  # its features go where its processor says (Molmo, Jina VLM, MiniCPM-V): found as it loads
         self.prefix_lm = prefix_lm(vlm)  # it reads an image prompt's prefix both ways, in one pass (PaliGemma)
         self.whole = self.prefix_lm or first_pass_positions(vlm)  # it reads an image prompt in one pass
         self.images_alone = False  # its images come with inputs to every step: its image jobs run alone (probe)
@@ -151,13 +156,16 @@ class VisionEngine(Engine):
         self._lengths: OrderedDict[tuple[tuple[str, ...], tuple[int, ...]], int] = OrderedDict()  # its embeddings'
         self.images_read = 0  # images its vision tower read (a prefix-cache hit reads none)
         self.positional = rope_indexed(vlm.language_model)  # (its TextModel's: M-RoPE)
+        self.gridded = self.positional  # its images' grids move its positions: checked as it loads
         self._grids: OrderedDict[str, np.ndarray] = OrderedDict()  # each image's grid (t, h, w), by its digest
 
     @classmethod
     def load(  # type: ignore[override]  # (from a ModelConfig only, not also a path as Engine.load)
         cls, model: ModelConfig, max_batch: int = 1, prefill_step: int = 512, lock: Any = None
     ) -> VisionEngine:
-        """Load a vision-language model's folder (or hub id) with mlx-vlm, and its tokenizer as mlx-lm wraps one."""
+        """Load a vision-language model's folder (or hub id) with mlx-vlm, and its tokenizer as mlx-lm wraps one (its
+        processor's, where transformers cannot load it: a tokenizer of mlx-vlm's own code, as PLaMo 2 VL's)."""
+        from mlx_lm.tokenizer_utils import TokenizerWrapper
         from mlx_lm.tokenizer_utils import load as load_tokenizer
         from mlx_vlm import load as load_vlm
         from mlx_vlm.utils import get_model_path
@@ -166,9 +174,11 @@ class VisionEngine(Engine):
         vlm, processor = load_vlm(model.path, trust_remote_code=model.trust_remote_code, revision=model.revision)
         dtype = with_dtype(vlm, model.dtype)
         folder = Path(getattr(vlm.config, "_name_or_path", "") or model.path)
-        tokenizer = load_tokenizer(
-            folder if folder.is_dir() else _folder_of(model.path), eos_token_ids=_eos(vlm.config, processor)
-        )
+        eos = _eos(vlm.config, processor)
+        try:
+            tokenizer = load_tokenizer(folder if folder.is_dir() else _folder_of(model.path), eos_token_ids=eos)
+        except ValueError:  # (transformers knows no such tokenizer: "Couldn't instantiate the backend tokenizer")
+            tokenizer = TokenizerWrapper(getattr(processor, "tokenizer", processor), eos_token_ids=eos)
         logger.info(
             "model %s loaded from %s in %.2f s (%s; reads images)",
             model.name,
@@ -217,14 +227,16 @@ class VisionEngine(Engine):
         reading = self._reading(ids, kept, 0, count, length)
         while reading() is None:
             pass
-        if self.positional:  # (its positions, as the batch will compute them for each sequence)
+        # (a positional model whose processor gives no grids: its images do not move its positions, MiniCPM-V's)
+        self.gridded = self.positional and "image_grid_thw" in kept
+        if self.gridded:  # (its positions, as the batch will compute them for each sequence)
             try:
                 self.positions(prompt)
             except (InvalidPrompt, ValueError, TypeError) as exc:
                 raise VisionUnsupported(
                     f"its positions depend on its images in a way onelane does not follow ({exc})"
                 ) from None
-        self.by_image = not (self.expands or self.images_alone) and by_image_agrees(
+        self.by_image = not (self.expands or self.images_alone or self.placed) and by_image_agrees(
             self.vlm, self.image_token, ids, kept, count
         )
         self.images_read = 0
@@ -234,6 +246,7 @@ class VisionEngine(Engine):
             "one image a step" if self.by_image else "a prompt's images at once",
             "; its image jobs run alone (their images go to every step)" if self.images_alone else "",
             "; its images give more embeddings than their tokens: its prompts hold as many" if self.expands else "",
+            "; its images' features go where its processor says" if self.placed else "",
             "; its image prompts whole, in one pass (a prefix read both ways)" if self.prefix_lm else "",
             "; its image prompts whole, in one pass (its image positions a first pass's)"
             if self.whole > self.prefix_lm
@@ -261,14 +274,16 @@ class VisionEngine(Engine):
             return tokens
         text = self._text(spec)
         written = self.prep.written(self._plain(text), self.marker, digests)
-        if written is not None and (not self.expands or (digests, tuple(written)) in self._lengths):
+        # (a model whose features go where its processor says has its prompts written by the processor: its places)
+        if written is not None and not self.placed and (not self.expands or (digests, tuple(written)) in self._lengths):
             keyed = self._keyed(written, digests)
             if self.prep.arrays(digests) is not None or (  # (a model alone needs its images at every step)
                 reach is not None and not self.images_alone and reach(keyed) > _last_image(keyed, self.tags)
             ):
                 return keyed
         read = images if callable(images) else lambda: images or {}
-        return self._keyed(list(self.prep.prepare(text, digests, read, wait).ids), digests)
+        prepared = self.prep.prepare(text, digests, read, wait)
+        return self._keyed(list(prepared.ids), digests, prepared.arrays)
 
     def _text(self, spec: JobSpec) -> str:
         """The prompt rendered as mlx-vlm renders a chat (`apply_chat_template`, as its generate and its server do:
@@ -341,13 +356,14 @@ class VisionEngine(Engine):
         if not any(t >= self.tags for t in (prompt if self.runs_alone(prompt) else prompt[cached:-1])):
             return None, None
         ids, kept, images = self._inputs(prompt)
-        batch_ids = [self.image_token if t >= self.tags else t for t in prompt]
+        batch_ids = ids if len(ids) == len(prompt) else [self.image_token if t >= self.tags else t for t in prompt]
         return self._reading(ids, kept, cached, images, len(prompt)), batch_ids[cached:]
 
     def positions(self, prompt: list[int]) -> Positions | None:
         """A keyed prompt's own positions where the model's depend on its images (worker/vision_beside.py), from its
-        ids and its images' grids (kept by digest: a prompt whose images' arrays are gone still has them)."""
-        if not self.positional or not any(t >= self.tags for t in prompt):
+        ids and its images' grids (kept by digest: a prompt whose images' arrays are gone still has them); None for
+        text positions (a model whose images have no grids: M-RoPE over text positions, as MiniCPM-V's)."""
+        if not self.gridded or not any(t >= self.tags for t in prompt):
             return None
         digests = self._digests.get(_images(prompt, self.tags))
         if digests is None:
@@ -374,7 +390,7 @@ class VisionEngine(Engine):
         if digests is None or arrays is None or (self.expands and span is None):
             raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
         if span is not None:
-            return model_ids(prompt, span, self.tags), arrays, len(digests)
+            return model_ids(prompt, span, self.tags), placed_for(arrays, span.start), len(digests)
         return [self.image_token if t >= self.tags else t for t in prompt], arrays, len(digests)
 
     def _reading(self, ids: list[int], kept: Arrays, cached: int, images: int, length: int) -> Embeds:
@@ -415,11 +431,19 @@ class VisionEngine(Engine):
 
         return step
 
-    def _keyed(self, ids: list[int], digests: tuple[str, ...]) -> list[int]:
+    def _keyed(self, ids: list[int], digests: tuple[str, ...], arrays: Arrays | None = None) -> list[int]:
         """The ids with each image's tokens named by the image (ids past the vocabulary, from its digest: two 28-bit
         pieces in turn): the image tokens in order, split evenly among the images (each image is as many tokens).
         Tags that other images' prompts hold already (alike in those 56 bits) are drawn again from a salted digest:
-        the tags find the prompt's images' full digests here (their arrays, and the marks the prefix cache checks)."""
+        the tags find the prompt's images' full digests here (their arrays, and the marks the prefix cache checks).
+        A model whose features go where its processor says (Molmo, MiniCPM-V: `arrays`, the processor's for these
+        ids) has their span, from the first place to the last, named as an expanding model's is."""
+        placed = placed_at(arrays, len(ids)) if arrays is not None else None
+        if placed:
+            self.placed = True
+            if len(digests) > 1 and arrays is not None and PLACES in arrays:  # (mlx-vlm's Molmo and Jina VLM fail
+                raise InvalidPrompt("the model reads one image a prompt")  # on a second: its places overrun)
+            return self._expanded(ids, digests, span_at(ids, placed))
         if self.expands:
             return self._expanded(ids, digests)
         at = [i for i, t in enumerate(ids) if t == self.image_token]
@@ -440,19 +464,12 @@ class VisionEngine(Engine):
         self._kept(tags)
         return keyed
 
-    def _expanded(self, ids: list[int], digests: tuple[str, ...]) -> list[int]:
+    def _expanded(self, ids: list[int], digests: tuple[str, ...], span: Span | None = None) -> list[int]:
         """An expanding model's keyed prompt (worker/vision_reading.py): as many positions as its embeddings, the
-        number read from the shape of mlx-vlm's computation over the images' prepared arrays, once."""
-        known = (digests, tuple(ids))
-        if known not in self._lengths:
-            arrays = self.prep.arrays(digests)
-            if arrays is None:
-                raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
-            self._lengths[known] = embeddings_length(self.vlm, ids, arrays)
-        self._lengths.move_to_end(known)
-        while len(self._lengths) > KEPT * 16:
-            self._lengths.popitem(last=False)
-        span = span_of(ids, self.image_token, self._lengths[known])
+        number read from the shape of mlx-vlm's computation over the images' prepared arrays, once; or, given the
+        `span` of the images' features, that span named."""
+        if span is None:
+            span = span_of(ids, self.image_token, self._length(ids, digests))
         for salt in range(64):
             keyed = expanded(ids, span, self.tags, digests, salt)
             tags = _images(keyed, self.tags)
@@ -462,6 +479,19 @@ class VisionEngine(Engine):
             raise InvalidPrompt("an image of the request cannot be told apart from another the worker holds")
         self._kept(tags)
         return keyed
+
+    def _length(self, ids: list[int], digests: tuple[str, ...]) -> int:
+        """How many embeddings an expanding model gives for the ids and these images (measured once)."""
+        known = (digests, tuple(ids))
+        if known not in self._lengths:
+            arrays = self.prep.arrays(digests)
+            if arrays is None:
+                raise InvalidPrompt("the prompt's images are no longer held by the worker: send the request again")
+            self._lengths[known] = embeddings_length(self.vlm, ids, arrays)
+        self._lengths.move_to_end(known)
+        while len(self._lengths) > KEPT * 16:
+            self._lengths.popitem(last=False)
+        return self._lengths[known]
 
     def _kept(self, tags: tuple[int, ...]) -> None:
         """The prompt of these tags was keyed last: the oldest others are forgotten."""
@@ -516,26 +546,23 @@ def _image(data: bytes) -> Any:
     return image.convert("RGB")
 
 
-def _image_token(vlm: nn.Module, processor: Any) -> int:
-    """The token whose places the image features take: the model's config's, or the one its language model was
-    built with (Qwen3-Omni's thinker's: its config nests the thinker's), else the processor's (Molmo's, which names
-    the patches' token, <im_patch>, and adds each feature to its embedding there, as Molmo 2's does at its config's
-    `image_patch_id`; GOT-OCR's config names it `im_patch_token`)."""
+def _image_token(vlm: nn.Module) -> int:
+    """The token whose places the image features take, as the model's config names it, or the config its language
+    model was built with (Qwen3-Omni's thinker's: its config nests the thinker's) (Molmo 2's `image_patch_id`, whose
+    features are added to its <im_patch> embeddings; GOT-OCR's `im_patch_token`); -1 (no token: never a prompt's)
+    where none names it, as a model whose features go where its processor says (Molmo, Jina VLM) need not."""
     for config in (vlm.config, getattr(vlm.language_model, "config", None)):
         for name in ("image_token_index", "image_token_id", "image_patch_id", "im_patch_token"):
             value = getattr(config, name, None)
             if isinstance(value, int):
                 return value
-    token = getattr(processor, "image_patch_token", None)
-    value = processor.tokenizer.convert_tokens_to_ids(token) if isinstance(token, str) else None
-    if isinstance(value, int) and value >= 0:
-        return value
-    raise ValueError("the model's config names no image token (image_token_index)")
+    return -1
 
 
 def _first_tag(vocab: int, processor: Any) -> int:
     """The first id of the images' tags: past the vocabulary the model scores, and past every id its tokenizer
-    gives (Molmo's image tokens are ids of an additional vocabulary it reads but never writes)."""
+    gives (Molmo's and Jina VLM's image tokens are ids of an additional vocabulary it reads but never draws; a
+    tokenizer's added ids need not follow its others: its largest, not its length)."""
     tokenizer = getattr(processor, "tokenizer", processor)
     ids = tokenizer.get_vocab().values() if hasattr(tokenizer, "get_vocab") else ()
     return max([vocab, *(int(i) + 1 for i in ids)])

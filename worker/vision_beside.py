@@ -9,7 +9,9 @@ mlx-vlm's `get_input_embeddings` gives, beside the embeddings (`InputEmbeddingsF
   features of some of its layers, added to the first text layers' hidden states at the image's tokens): carried to
   the prompt's read, `Deepstack`, chunk by chunk, each chunk given the features of the image tokens it holds
   (Qwen3-Omni's come placed at the prompt's tokens already, (1, tokens, layers, hidden), zero at the others': sliced
-  with each chunk, as `PerToken`);
+  with each chunk, as `PerToken`); Granite 4 Vision's are the whole prompt's instead (each layer's (prompt tokens,
+  hidden), zero but at the image's tokens), which its language model slices itself at its cache's offset: carried,
+  `ByPosition`, each chunk given them up to its end;
 - `per_layer_inputs` (Gemma 3n, Gemma 4: an input per token for each layer), or `visual_pos_masks` alone (ZAYA1-VL:
   which tokens are the image's, whose own adapters its layers apply): carried, `PerToken`, sliced with each chunk.
 Anything else is unknown: the model fails at load, naming it (worker/vision_tower.py: `Unreadable`).
@@ -61,6 +63,27 @@ class Deepstack:
 
 
 @dataclass(frozen=True)
+class ByPosition:
+    """Deepstack features laid out by the prompt's positions (Granite 4 Vision's: `mask` (1, prompt tokens), each of
+    `embeds` (prompt tokens, hidden)), from `start` on. Its language model reads a chunk's own from them at its
+    cache's offset, which, as a prompt with images is read on its own cache, is where the chunk starts in the prompt:
+    each chunk is given them up to its end (a chunk without image tokens, none)."""
+
+    mask: mx.array
+    embeds: mx.array
+    start: int = 0
+
+    def take(self, start: int, length: int) -> dict[str, Any]:
+        end = self.start + start + length
+        if not bool(self.mask[:, self.start + start : end].any().item()):
+            return {}
+        return {"visual_pos_masks": self.mask[:, :end], "deepstack_visual_embeds": self.embeds[:, :end]}
+
+    def after(self, start: int) -> ByPosition:
+        return ByPosition(self.mask, self.embeds, self.start + start)
+
+
+@dataclass(frozen=True)
 class PerToken:
     """Inputs per token beside the embeddings (Gemma 3n's per-layer inputs: (1, tokens, ...)), from `start` on."""
 
@@ -76,14 +99,18 @@ class PerToken:
         return PerToken(self.name, self.values, self.start + start)
 
 
-def carried(features: dict[str, Any]) -> Deepstack | PerToken | None:
-    """What of the embeddings' companions the prompt's read carries (see the module's docstring)."""
+def carried(features: dict[str, Any]) -> Deepstack | ByPosition | PerToken | None:
+    """What of the embeddings' companions the prompt's read carries (see the module's docstring): deepstack features
+    as long as the prompt, and more of them than its image tokens, are laid out by its positions."""
     deepstack, masks = features.get("deepstack_visual_embeds"), features.get("visual_pos_masks")
     deepstack = getattr(deepstack, "embeddings", deepstack)  # (Cohere Compass's: the features beside their mask)
     if isinstance(deepstack, mx.array) and deepstack.ndim == 4:  # already placed at its tokens: Qwen3-Omni's
         return PerToken("deepstack_visual_embeds", deepstack)
     if deepstack is not None and masks is not None:
-        return Deepstack(np.asarray(masks[0]).astype(bool), tuple(deepstack))
+        mask = np.asarray(masks[0]).astype(bool)
+        if isinstance(deepstack, mx.array) and deepstack.ndim == 3 and deepstack.shape[1] == mask.size > mask.sum():
+            return ByPosition(masks, deepstack)
+        return Deepstack(mask, tuple(deepstack))
     if features.get("per_layer_inputs") is not None:
         return PerToken("per_layer_inputs", features["per_layer_inputs"])
     if masks is not None:
@@ -93,7 +120,7 @@ def carried(features: dict[str, Any]) -> Deepstack | PerToken | None:
 
 def after(extras: Extras | None, start: int) -> Extras | None:
     """The extras of a prompt's tokens from `start` on (its cached tokens are not read)."""
-    return extras.after(start) if isinstance(extras, Deepstack | PerToken) else None
+    return extras.after(start) if isinstance(extras, Deepstack | ByPosition | PerToken) else None
 
 
 def rope_indexed(language: Any) -> bool:

@@ -182,9 +182,10 @@ def _nbytes(kept: OrderedDict[Images, dict[str, tuple[np.ndarray, str]]]) -> int
 
 def placeholder(processor: Any) -> int | None:
     """The token a processor's chat template writes for an image (an added token, which only the image brings; of
-    several, the processor's image token); None if it is not one such token, or the tokenizer has no chat template
-    (GOT-OCR's: its processor writes the image's tokens into the words itself)."""
-    tokenizer = processor.tokenizer
+    several, the processor's image token); None if it is not one such token, if the tokenizer has no chat template
+    (GOT-OCR's: its processor writes the image's tokens into the words itself), or if the template renders no image
+    part (mlx-vlm writes the image's placeholder into the text itself: Phi-4's <|image_1|>)."""
+    tokenizer = getattr(processor, "tokenizer", processor)  # (a model without a processor of its own: its tokenizer)
     if not getattr(tokenizer, "chat_template", None):
         return None
 
@@ -196,7 +197,7 @@ def placeholder(processor: Any) -> int | None:
     added = set(tokenizer.get_added_vocab().values())
     try:
         brought = {t for t in ids([{"type": "image"}, words]) if t in added} - set(ids([words]))
-    except ValueError:  # (a tokenizer without a template: the processor renders its chat itself, as Kimi K3's)
+    except Exception:  # (a template that renders a message's content only as a string: Phi-4's)
         return None
     if len(brought) > 1:  # (Qwen's <|vision_start|><|image_pad|><|vision_end|>: the one the processor expands)
         brought &= {getattr(processor, "image_token_id", None)}

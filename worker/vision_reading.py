@@ -1,4 +1,5 @@
-"""How a vision-language model's image prompt is read when its embeddings are not one per prompt id.
+"""How a vision-language model's image prompt is read when its embeddings are not one per prompt id, or not in place
+of its image tokens.
 
 Most of mlx-vlm's models put their image features in place of the image tokens the processor wrote: one embedding
 per id. Some write fewer image tokens than they give embeddings (LLaVA-NeXT's `get_input_embeddings` puts each
@@ -11,6 +12,13 @@ sequence's own. The number of embeddings is read from the shape of mlx-vlm's com
 measured (MLX computes lazily: nothing of the vision tower runs then); the model's own ids are kept by the tags
 (`Span`), and the embeddings, read when the batch first reads the prompt, are checked against that length: any
 disagreement fails that job (`Mismatch`), never a wrong answer.
+
+Some put the image's features where their processor says (Molmo's and Jina VLM's `image_input_idx`: the places of
+the patches' tokens, among the crops' start, column and end tokens; MiniCPM's `image_bound`: the spans between each
+image's and slice's start and end tokens), whatever the tokens there: their prompt's images are named as an
+expanding model's are, their span from the first such place to the last (one tag an id), and the places move with
+the span when the kept arrays serve a prompt whose text before the images differs. (Such a prompt is always written
+by the processor: its places are known from its arrays only.)
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from tasks.errors import InvalidPrompt
 from worker.batch.rows import Beside
@@ -80,6 +89,46 @@ def span_of(ids: list[int], image_token: int, length: int) -> Span:
             "onelane cannot read this prompt with its images"
         )
     return Span(start=first, ids=tuple(ids[first : last + 1]), length=inside)
+
+
+def span_at(ids: list[int], at: list[int]) -> Span:
+    """The span of the images in a prompt of `ids` whose features go to the places `at` (in order): from the first
+    to the last, one embedding an id."""
+    first, last = at[0], at[-1]
+    return Span(start=first, ids=tuple(ids[first : last + 1]), length=last - first + 1)
+
+
+#: the arrays in which a processor says where a model's image features go: each feature's place (-1 for none:
+#: Molmo's, Jina VLM's), or each image's or slice's span of places, [start, end) (MiniCPM-V's, MiniCPM-o's)
+PLACES = "image_input_idx"
+BOUNDS = "image_bound"
+
+
+def placed_at(kept: Arrays, length: int) -> list[int] | None:
+    """Where a prompt of `length` ids that its processor just wrote has its images' features, for a model that puts
+    them where its processor says (`PLACES`, `BOUNDS`); None for any other model."""
+    if PLACES in kept:
+        places = {int(i) for i in np.asarray(kept[PLACES][0]).reshape(-1)}
+    elif BOUNDS in kept:
+        places = {i for a, b in np.asarray(kept[BOUNDS][0]).reshape(-1, 2) for i in range(int(a), int(b))}
+    else:
+        return None
+    return sorted(i for i in places if 0 <= i < length) or None
+
+
+def placed_for(kept: Arrays, start: int) -> Arrays:
+    """The prepared arrays of a prompt's images, for a prompt whose images' span starts at `start`: a model's places
+    of their features (`PLACES`, `BOUNDS`) moved with it (the arrays are kept by the images: the prompt that made
+    them may have had other text before them); any other model's as they are."""
+    name = PLACES if PLACES in kept else BOUNDS if BOUNDS in kept else None
+    if name is None:
+        return kept
+    places, dtype = kept[name]
+    inside = places >= 0
+    if not inside.any():
+        return kept
+    moved = np.where(inside, places + (start - int(places[inside].min())), places)
+    return {**kept, name: (moved.astype(places.dtype), dtype)}
 
 
 def expanded(ids: list[int], span: Span, vocab: int, digests: tuple[str, ...], salt: int) -> list[int]:

@@ -6,7 +6,17 @@ prompt's last token). The processor is mlx-vlm's GraniteVisionProcessor over tra
 the best of the 32x32 to 64x64 pinpoints for the image's shape, then the 32x32 base image), which writes as many
 <image> tokens as its unpadded features. Added tokens: <|start_of_role|> 2048, <|end_of_role|>, <|end_of_text|> (its
 answers' end), <image>. Keys as the hub's: `language_model.model.*`, `vision_tower.vision_model.*`,
-`multi_modal_projector.*`, `image_newline`, no lm_head (tied)."""
+`multi_modal_projector.*`, `image_newline`, no lm_head (tied).
+
+Granite 4 Vision (`granite4_vision`, as ibm-granite/granite-4.0-3b-vision ships it) is the same anyres tiling (64x64
+tiles of 8x8 patches, pinpoints to 128x128) over a SigLIP tower of hidden 64 (its QFormer projectors take a head per
+64 of it), 2 layers; its window-QFormer projectors ("4/8": each 8x8 window of patches read by 4x4 queries) give a
+tile 16 tokens: one projector's features replace the <image> tokens' embeddings, and each projector's (a deepstack
+one and four spatial ones, each a corner of every 2x2 patches) are added to the hidden states of the text layer
+`deepstack_layer_map` / `spatial_target_layers` names, at the image's tokens (`deepstack_visual_embeds`, the whole
+prompt long, and `visual_pos_masks`). Its text model is Granite's (hidden 64, 2 layers, tied). Keys as the hub's:
+`model.language_model.*`, `model.vision_tower.*`, `model.layerwise_projectors.*`, `model.spatial_projectors.*`,
+`model.image_newline`."""
 
 from __future__ import annotations
 
@@ -77,4 +87,48 @@ def build_granite_vision(folder: Path) -> Path:
     )
 
 
-ARCHS: dict[str, Callable[[Path], Path]] = {"granite_vision": build_granite_vision}
+G4_TILE = 64
+G4_PINPOINTS = [[64, 64], [64, 128], [128, 64], [128, 128]]
+G4_CONFIG: dict[str, Any] = dict(
+    CONFIG, architectures=["Granite4VisionForConditionalGeneration"], model_type="granite4_vision",
+    text_config=dict(TEXT, model_type="granitemoehybrid"),
+    vision_config=dict(CONFIG["vision_config"], hidden_size=64, intermediate_size=128, image_size=G4_TILE),
+    image_grid_pinpoints=G4_PINPOINTS, downsample_rate="4/8", deepstack_layer_map=[[-1, 0]],
+    use_spatial_sampling=True, spatial_stride=2, spatial_vision_layer=-1, spatial_target_layers=[1],
+    use_image_newline_parameter=True,
+)  # fmt: skip
+G4_IMAGE_PROCESSOR: dict[str, Any] = dict(
+    IMAGE_PROCESSOR, crop_size=dict(height=G4_TILE, width=G4_TILE), size=dict(shortest_edge=G4_TILE),
+    image_grid_pinpoints=G4_PINPOINTS, processor_class="Granite4VisionProcessor",
+)  # fmt: skip
+
+
+def _granite4_hub_key(name: str) -> str | None:
+    if name == "language_model.lm_head.weight":
+        return None
+    return "model." + name.replace("language_model.model.", "language_model.")
+
+
+def build_granite4_vision(folder: Path) -> Path:
+    """A tiny Granite 4 Vision (granite-4.0-3b-vision's layout)."""
+    return write_folder(
+        folder,
+        Family(
+            module="granite4_vision",
+            config=G4_CONFIG,
+            tokens=TOKENS,
+            template=TEMPLATE,
+            eos=EOS,
+            tokenizer=dict(eos_token="<|end_of_text|>", processor_class="Granite4VisionProcessor"),
+            processor=dict(PROCESSOR, processor_class="Granite4VisionProcessor", downsample_rate="4/8"),
+            image_processor=G4_IMAGE_PROCESSOR,
+            prepend_bos=False,
+            hub_key=_granite4_hub_key,
+        ),
+    )
+
+
+ARCHS: dict[str, Callable[[Path], Path]] = {
+    "granite_vision": build_granite_vision,
+    "granite4_vision": build_granite4_vision,
+}

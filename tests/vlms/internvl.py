@@ -8,6 +8,12 @@ aspect ratio, plus a thumbnail when it has more than one (so a wide and a square
 and writes each image as <img>, 4 <IMG_CONTEXT> a tile, </img>. It renders with ITS OWN chat template (`User: …`,
 `Assistant:`), not its tokenizer's (ChatML here, as the hub's): mlx-vlm's `get_chat_template` prefers the
 processor's. Added tokens: <img> 2048, </img> 2049, <IMG_CONTEXT> 2050 (image_token_index).
+
+`internvl` is the transformers-native layout (OpenGVLab/InternVL3_5-1B-HF's: `InternVLForConditionalGeneration`): its
+InternVL vision tower (56x56 tiles, 14x14 patches, hidden 32, 2 layers, layer scale), the pixel shuffle and
+projector, and a Qwen3 text model (hidden 64, 2 layers, q/k norms). mlx-vlm's InternVLProcessor tiles as InternVL
+chat's and writes the same <img>, 4 <IMG_CONTEXT> a tile, </img>; the template is ChatML, an image part written
+`<IMG_CONTEXT>\n` as the hub's. Keys as mlx-vlm's own (its sanitize maps only those of its converted checkpoints).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from tests.tiny_vision import (
     _write_generation_config,
     _write_tokenizer,
 )
+from tests.vlms.folder import Family, write_folder
 
 TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>"]
 IDS = _added_ids(TOKENS)
@@ -75,4 +82,39 @@ def build_internvl_chat(folder: Path) -> None:
     write_json(folder / "processor_config.json", dict(processor_class="InternVLChatProcessor"))
 
 
-ARCHS: dict[str, Callable[[Path], None]] = {"internvl_chat": build_internvl_chat}
+HF_TEXT: dict[str, Any] = dict(
+    TEXT, model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=16, attention_bias=False,
+    tie_word_embeddings=False,
+)  # fmt: skip
+HF_CONFIG: dict[str, Any] = dict(
+    architectures=["InternVLForConditionalGeneration"], model_type="internvl", text_config=HF_TEXT,
+    vision_config=dict(
+        model_type="internvl_vision", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, image_size=[SIZE, SIZE], patch_size=[PATCH, PATCH], layer_norm_eps=1e-6,
+        layer_scale_init_value=0.1, norm_type="layer_norm", attention_bias=True, use_qk_norm=False,
+    ),
+    downsample_ratio=0.5, image_token_id=IDS["<IMG_CONTEXT>"], max_dynamic_patch=2, min_dynamic_patch=1,
+    use_thumbnail=True, eos_token_id=DEMO_IDS[END], pad_token_id=DEMO_IDS[PAD], torch_dtype="float32",
+)  # fmt: skip
+#: the HF InternVL template's turns (ChatML), an image part as <IMG_CONTEXT>
+HF_TEMPLATE = CHATML.replace("'<image>\n'", "'<IMG_CONTEXT>\n'")
+
+
+def build_internvl(folder: Path) -> Path:
+    """A tiny transformers-native InternVL (see the module's docstring)."""
+    return write_folder(
+        folder,
+        Family(
+            module="internvl",
+            config=HF_CONFIG,
+            tokens=TOKENS,
+            template=HF_TEMPLATE,
+            eos=DEMO_IDS[END],
+            tokenizer=dict(processor_class="InternVLProcessor"),
+            processor=dict(processor_class="InternVLProcessor", image_seq_length=4),
+            prepend_bos=False,
+        ),
+    )
+
+
+ARCHS: dict[str, Callable[[Path], Path | None]] = {"internvl_chat": build_internvl_chat, "internvl": build_internvl}

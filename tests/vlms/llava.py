@@ -10,8 +10,7 @@ tokens: its embeddings are longer than the prompt's ids (an "expanding" model, w
 tokens: <image> 2048 (image_token_index), <s>-less: the template is Mistral's `[INST] … [/INST]` over the demo
 tokenizer (BOS <|im_start|> prepended).
 
-Plain `llava` is not built: mlx-vlm 0.7.10's LlavaProcessor hands `padding=True` to transformers 5's CLIP image
-processor, which rejects it (tests/tiny_vision.py).
+Plain `llava` is built by tests/vlms/llava15.py.
 """
 
 from __future__ import annotations

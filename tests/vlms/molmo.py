@@ -4,8 +4,9 @@ projector, and its Qwen-2-like text model (hidden 64, 2 layers; the image tokens
 the 2,048 of the demo tokenizer). mlx-vlm's MolmoProcessor places an image's tokens BEFORE the prompt's text
 (<im_start>, rows of <im_patch> each ended by <im_col>, <im_end>, for the whole image and its overlapping crops), and
 gives the model the patches' places (`image_input_idx`), where the features are added to the tokens' embeddings:
-its config names no image token (onelane keys the processor's <im_patch>), its image tokens are ids past the 2,048 it
-scores, and the prompt is written once an image (one image a prompt). The template is Molmo's " User: … Assistant:" (an image part renders nothing). Added tokens:
+its config names no image token (onelane names the span of those places: worker/vision_reading.py), its image tokens
+are ids past the 2,048 it scores, and the prompt is written once an image (one image a prompt). The template is
+Molmo's " User: … Assistant:" (an image part renders nothing). Added tokens:
 <im_start> 2048, <im_end>, <im_patch>, <im_col>, <|image|>; <|endoftext|> ends an answer, as Qwen's. Keys as the
 hub's: `model.transformer.*`, `model.vision_backbone.*`."""
 
@@ -76,11 +77,12 @@ def build_molmo(folder: Path) -> Path:
 
 
 #: Molmo 2 (`molmo2`, as allenai/Molmo2-8B ships it): a SigLIP-like tower (378x378 crops in 14x14 patches, as mlx-vlm's
-#: image processor makes them whatever its config says; hidden 32, 2 layers, features of its last two layers), attention pooling of 2x2 patches and the SwiGLU projector, and a Qwen-3-
-#: like text model (hidden 64, 2 layers, QK norm); its image tokens are ids of its additional vocabulary, past the 2,048
-#: it scores. Its processor expands the template's <|image|> into the low-resolution crop's rows (<low_res_im_start>,
-#: rows of <im_patch> each ended by <im_col>, <im_end>) then the overlapping crops'; the features are added to the
-#: <im_patch> embeddings in order. The template is ChatML's, an image part rendering <|image|>.
+#: image processor makes them whatever its config says; hidden 32, 2 layers, features of its last two layers),
+#: attention pooling of 2x2 patches and the SwiGLU projector, and a Qwen-3-like text model (hidden 64, 2 layers, QK
+#: norm); its image tokens are ids of its additional vocabulary, past the 2,048 it scores. Its processor expands the
+#: template's <|image|> into the low-resolution crop's rows (<low_res_im_start>, rows of <im_patch> each ended by
+#: <im_col>, <im_end>) then the overlapping crops'; the features are added to the <im_patch> embeddings in order (its
+#: config's `image_patch_id`, onelane's image token). The template is ChatML's, an image part rendering <|image|>.
 TOKENS2 = [
     "<im_start>", "<im_end>", "<im_patch>", "<im_col>", "<low_res_im_start>", "<im_low>", "<frame_start>",
     "<frame_end>", "<|image|>",
