@@ -64,7 +64,7 @@ def shim_library(var_dir: Path) -> str | None:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         built = subprocess.run(
-            [compiler, "-O2", "-shared", "-fPIC", "-o", str(building), str(SHIM_SOURCE), "-ldl", "-lpthread"],
+            [compiler, "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-o", str(building), str(SHIM_SOURCE), "-ldl", "-lpthread"],
             capture_output=True,
             text=True,
             timeout=120,
