@@ -14,20 +14,25 @@
  *    decode step copied every weight matrix before reading it), and its matrix-vector routine, one call a row, reads
  *    every weight matrix again for each row: a step of W tokens of one sequence cost about W steps of one token,
  *    which makes verifying several proposed tokens at once (speculative decoding) pay nothing. A row-major product
- *    of at most onelane_gemv_max_rows rows comes here instead (0: none; the worker sets 0 when ONELANE_GEMV is
+ *    of at most onelane_gemv_max_rows rows (64) comes here instead (0: none; the worker sets 0 when ONELANE_GEMV is
  *    false), with B stored either way (a Linear's x W^T: B transposed, n x k; attention's scores V: k x n) and A
- *    either way (a transposed A is copied into rows first: it is small). The kernel takes a panel of a few rows of
- *    W (or columns of B) and multiplies all the rows of A by it while it is in the cache, holding a tile of outputs
- *    in AVX2 registers so that each load feeds several FMAs; the panels are shared between the calling thread and
- *    one helper thread of ours (both cores), handed out one by one, so a core slowed by another process takes fewer.
+ *    either way (a transposed A is copied into rows first: it is small). The kernel takes a few rows of W (5 with
+ *    AVX-512, 3 with AVX2; columns of B when it is not transposed) and multiplies all the rows of A by them while they
+ *    are in the cache, holding a tile of outputs in registers (4 x 5 with AVX-512) so that each load feeds several
+ *    FMAs: W is read from memory once whatever the rows. The outputs are cut into panels (30 rows of W, 64 columns of
+ *    B) that the calling thread and one helper thread of ours take one by one (both cores; a core slowed by another
+ *    process takes fewer); a small product (under 65,536 multiply-adds) stays on the calling thread. The helper
+ *    waits awake 200 us for the next product (a forward pass sends them one after another), then sleeps on a futex;
+ *    a fork() finds no product under way, and the child starts a helper of its own.
  *
  *    Each output element is summed the same way whatever the number of rows, the tile or the thread that computes it,
  *    so that a sequence's logits are the same bits whether its row is multiplied alone or beside others:
  *    - B transposed (dot products along k): 16 partial sums, lane l taking k = l, l + 16, ... with an FMA each, up to
  *      the last multiple of 16; then lanes l + 8 added to lanes l, then + 4, + 2, + 1; then the last k % 16 terms one
- *      by one with an FMA. The AVX2 kernel holds the 16 lanes in two registers; without AVX2 and FMA (checked at run
- *      time) a portable C kernel sums the same lanes with a multiply and an add instead (other bits, the same
- *      whatever the rows).
+ *      by one with an FMA. AVX-512 holds the 16 lanes in a register, AVX2 in two (lanes 0-7 and 8-15): the same
+ *      bits. Without AVX2 and FMA (checked at run time) a portable C kernel sums the same lanes with a multiply and an
+ *      add instead (other bits, the same whatever the rows). ONELANE_SHIM_KERNEL=avx2 or c picks a narrower kernel
+ *      (the tests compare them).
  *    - B not transposed: each element sums its k terms in order, one FMA each (the C kernel: multiply and add).
  *    Then alpha and beta as cblas applies them (beta 0: C is not read). OpenBLAS sums in other orders: results differ
  *    from its sgemm and sgemv in the last bits of a float32. Everything else (column-major) goes to OpenBLAS.
@@ -37,9 +42,11 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #if defined(__x86_64__)
@@ -58,7 +65,7 @@ typedef void (*cgemm_fn)(int, int, int, int, int, int, const void *, const void 
 static sgemm_fn next_sgemm;
 static dgemm_fn next_dgemm;
 static cgemm_fn next_cgemm;
-int onelane_gemv_max_rows = 16; /* measured on the default model's shapes: see docs/performance.md */
+int onelane_gemv_max_rows = 64; /* more rows go to OpenBLAS (a prompt): measured, see docs/performance.md */
 long onelane_gemv_rows;         /* the rows multiplied by the shim's kernel so far (the tests read it) */
 long onelane_forks_held;        /* the forks that waited for products to finish (the tests read it) */
 int onelane_threads = 2;        /* threads a product is shared between: the caller and one helper (1: the caller) */
@@ -79,7 +86,7 @@ static void begin(void) {
 }
 static void end(void) { pthread_rwlock_unlock(&products); }
 
-static int use_avx2;
+static int use_avx2, use_avx512;
 
 __attribute__((constructor)) static void find_blas(void) {
     next_sgemm = (sgemm_fn)dlsym(RTLD_NEXT, "cblas_sgemm");
@@ -88,10 +95,13 @@ __attribute__((constructor)) static void find_blas(void) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
     use_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    use_avx512 = use_avx2 && __builtin_cpu_supports("avx512f");
 #endif
-    const char *kernel = getenv("ONELANE_SHIM_KERNEL"); /* "c": the portable kernel (the tests compare them) */
+    const char *kernel = getenv("ONELANE_SHIM_KERNEL"); /* "avx2", "c": a narrower kernel (the tests compare them) */
+    if (kernel != 0 && strcmp(kernel, "avx2") == 0)
+        use_avx512 = 0;
     if (kernel != 0 && strcmp(kernel, "c") == 0)
-        use_avx2 = 0;
+        use_avx2 = use_avx512 = 0;
 }
 
 /* ---- the product ---------------------------------------------------------------------------------------------- */
@@ -107,7 +117,7 @@ typedef struct {
 } product;
 
 #define LANES 16
-#define PANEL_T 24 /* B transposed: rows of W a unit covers (a multiple of the tiles' 6 and 3) */
+#define PANEL_T 30 /* B transposed: rows of W a unit covers (a multiple of the tiles' 6, 5 and 3) */
 #define PANEL_N 64 /* B not transposed: columns of B a unit covers (8 registers of 8) */
 
 static inline void put(const product *p, int i, int j, float dot) {
@@ -218,6 +228,74 @@ AVX2 static void unit_t_avx2(const product *p, int j0, int j1) {
     }
 }
 
+#define AVX512 __attribute__((target("avx512f,avx2,fma")))
+
+/* The same for a CPU with AVX-512 (32 registers of 16 lanes): a register an element, the same lanes, the same sums. */
+AVX512 static INLINE void tile_t512(const product *p, int i0, int j0, const int MB, const int NB) {
+    __m512 acc[4][5], xr[4];
+    const float *x[4], *w[5];
+#pragma GCC unroll 4
+    for (int r = 0; r < MB; r++)
+        x[r] = p->a + (i0 + r) * p->lda;
+#pragma GCC unroll 5
+    for (int c = 0; c < NB; c++)
+        w[c] = p->b + (j0 + c) * p->ldb;
+#pragma GCC unroll 4
+    for (int r = 0; r < MB; r++)
+#pragma GCC unroll 5
+        for (int c = 0; c < NB; c++)
+            acc[r][c] = _mm512_setzero_ps();
+    int k = p->k, k16 = k - k % LANES;
+    for (int t = 0; t < k16; t += LANES) {
+#pragma GCC unroll 4
+        for (int r = 0; r < MB; r++)
+            xr[r] = _mm512_loadu_ps(x[r] + t);
+#pragma GCC unroll 5
+        for (int c = 0; c < NB; c++) {
+            __m512 wc = _mm512_loadu_ps(w[c] + t);
+#pragma GCC unroll 4
+            for (int r = 0; r < MB; r++)
+                acc[r][c] = _mm512_fmadd_ps(xr[r], wc, acc[r][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < MB; r++)
+#pragma GCC unroll 5
+        for (int c = 0; c < NB; c++) {
+            __m256 lo = _mm512_castps512_ps256(acc[r][c]);
+            __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r][c]), 1));
+            put(p, i0 + r, j0 + c, finish(lo, hi, x[r], w[c], k16, k));
+        }
+}
+
+#define TILES_512(MB)                                                                                                  \
+    switch (nb) {                                                                                                      \
+    case 5: tile_t512(p, i, j, MB, 5); break;                                                                          \
+    case 4: tile_t512(p, i, j, MB, 4); break;                                                                          \
+    case 3: tile_t512(p, i, j, MB, 3); break;                                                                          \
+    case 2: tile_t512(p, i, j, MB, 2); break;                                                                          \
+    default: tile_t512(p, i, j, MB, 1);                                                                                \
+    }
+
+/* Rows j0 .. j1 of W five at a time (while they are in the cache) by all the rows of A, four at a time. */
+AVX512 static void unit_t_avx512(const product *p, int j0, int j1) {
+    for (int j = j0, nb; j < j1; j += nb) {
+        nb = j1 - j < 5 ? j1 - j : 5;
+        for (int i = 0, mb; i < p->m; i += mb) {
+            mb = p->m - i < 4 ? p->m - i : 4;
+            if (mb == 4) {
+                TILES_512(4)
+            } else if (mb == 3) {
+                TILES_512(3)
+            } else if (mb == 2) {
+                TILES_512(2)
+            } else {
+                TILES_512(1)
+            }
+        }
+    }
+}
+
 /* C[i0 .. i0+MB, j0 .. j0+8 NV] for B not transposed: each element's k terms in order, one FMA each. */
 AVX2 static INLINE void tile_n(const product *p, int i0, int j0, const int MB, const int NV) {
     __m256 acc[2][8];
@@ -277,7 +355,9 @@ static void run_unit(const product *p, int unit) {
     int j0 = unit * p->panel, j1 = j0 + p->panel < p->n ? j0 + p->panel : p->n;
 #if defined(__x86_64__)
     if (use_avx2) {
-        if (p->trans_b)
+        if (p->trans_b && use_avx512)
+            unit_t_avx512(p, j0, j1);
+        else if (p->trans_b)
             unit_t_avx2(p, j0, j1);
         else
             unit_n_avx2(p, j0, j1);
@@ -299,6 +379,7 @@ static pthread_mutex_t sharing = PTHREAD_MUTEX_INITIALIZER;
 static const product *shared;
 static int next_unit, state, posted, sleeping, helper_started, helper_failed;
 static pthread_once_t helper_forks = PTHREAD_ONCE_INIT;
+long onelane_helper_spin_us = 200; /* how long the helper waits awake for the next product */
 
 static void futex(int *word, int op, int value) { syscall(SYS_futex, word, op, value, 0, 0, 0); }
 
@@ -313,20 +394,35 @@ static void take_units(const product *p) {
         run_unit(p, u);
 }
 
+static long microseconds(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return now.tv_sec * 1000000L + now.tv_nsec / 1000;
+}
+
+/* Waits a little for `*word` to leave `value`, spinning; then gives the core to another thread each time round. */
+static void await_change(const int *word, int value, long spin_us) {
+    long until = microseconds() + spin_us;
+    for (int round = 1; __atomic_load_n(word, __ATOMIC_ACQUIRE) == value; round++) {
+        relax();
+        if (round % 64 == 0 && microseconds() > until)
+            sched_yield();
+    }
+}
+
 static void *helper(void *unused) {
     (void)unused;
     int seen = __atomic_load_n(&posted, __ATOMIC_ACQUIRE);
     for (;;) {
-        for (int spin = 0; __atomic_load_n(&posted, __ATOMIC_ACQUIRE) == seen; spin++) {
-            if (spin < 20000) {
-                relax();
+        long until = microseconds() + onelane_helper_spin_us;
+        for (int round = 1; __atomic_load_n(&posted, __ATOMIC_ACQUIRE) == seen; round++) {
+            relax();
+            if (round % 64 != 0 || microseconds() < until)
                 continue;
-            }
             __atomic_store_n(&sleeping, 1, __ATOMIC_SEQ_CST);
             if (__atomic_load_n(&posted, __ATOMIC_SEQ_CST) == seen)
                 futex(&posted, FUTEX_WAIT_PRIVATE, seen);
             __atomic_store_n(&sleeping, 0, __ATOMIC_RELAXED);
-            spin = 0;
         }
         seen = __atomic_load_n(&posted, __ATOMIC_ACQUIRE);
         int expected = POSTED;
@@ -383,8 +479,7 @@ static void multiply(const product *p) {
     take_units(p);
     int expected = POSTED;
     if (!__atomic_compare_exchange_n(&state, &expected, IDLE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-        while (__atomic_load_n(&state, __ATOMIC_ACQUIRE) != DONE)
-            relax();
+        await_change(&state, TAKEN, 50); /* the helper's last unit */
     __atomic_store_n(&state, IDLE, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&sharing);
 }
