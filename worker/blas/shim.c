@@ -6,7 +6,9 @@
  *    MLX stream thread spinning in exec_blas_async; tests/test_blas.py forks under a running product). Every
  *    product here holds `products` for reading, and a fork holds it for writing: it waits for the products under
  *    way, and new ones wait for it. Our handler is registered after OpenBLAS's (on the first product, long after
- *    OpenBLAS's constructor), so it runs before OpenBLAS's at a fork.
+ *    OpenBLAS's constructor), so it runs before OpenBLAS's at a fork. The child starts with the lock as new: unlocking
+ *    there the parent's write lock, glibc (which tells a writer by its thread id, another in the child) took it for
+ *    a reader's unlock, and the child's first product waited for ever.
  *
  * 2. Products of a few rows by a kernel of our own, which reads the weights once for all the rows. MLX's CPU
  *    backend sends every matrix product to cblas_sgemm, with as many rows as tokens in the step (sequences x the
@@ -78,7 +80,11 @@ static void before_fork(void) {
     __atomic_add_fetch(&onelane_forks_held, 1, __ATOMIC_RELAXED);
 }
 static void after_fork(void) { pthread_rwlock_unlock(&products); }
-static void guard_forks(void) { pthread_atfork(before_fork, after_fork, after_fork); }
+static void after_fork_child(void) { /* the lock as new: glibc would take the parent's unlock for a reader's here */
+    pthread_rwlock_t fresh = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP;
+    memcpy(&products, &fresh, sizeof fresh);
+}
+static void guard_forks(void) { pthread_atfork(before_fork, after_fork, after_fork_child); }
 
 static void begin(void) {
     pthread_once(&fork_guard, guard_forks);
