@@ -67,7 +67,7 @@ typedef void (*cgemm_fn)(int, int, int, int, int, int, const void *, const void 
 static sgemm_fn next_sgemm;
 static dgemm_fn next_dgemm;
 static cgemm_fn next_cgemm;
-int onelane_gemv_max_rows = 64; /* more rows go to OpenBLAS (a prompt): measured, see docs/performance.md */
+int onelane_gemv_max_rows = 64; /* more (a prompt) to OpenBLAS, though the kernel led its sgemm to 256 rows here */
 long onelane_gemv_rows;         /* the rows multiplied by the shim's kernel so far (the tests read it) */
 long onelane_forks_held;        /* the forks that waited for products to finish (the tests read it) */
 int onelane_threads = 2;        /* threads a product is shared between: the caller and one helper (1: the caller) */
