@@ -581,8 +581,8 @@ def blas_lines(ol: dict[str, Any], peers: dict[str, dict[str, Any]]) -> list[str
         lines.append(f"  bare engine (this process): {ol['engine_blas']}")
     if any(peer["asked"] == "shim" for peer in peers.values()) and not Settings.from_env().gemv:
         lines.append(
-            "  WARNING: ONELANE_GEMV=false: onelane's worker sends no product to sgemv, mlx_lm.server's shim does "
-            "(its built-in default, products of 1 to 4 rows)"
+            "  WARNING: ONELANE_GEMV=false: onelane's worker sends no product to the shim's kernel, mlx_lm.server's "
+            "shim does (its built-in default, products of 1 to 64 rows)"
         )
     return lines
 

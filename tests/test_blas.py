@@ -1,7 +1,8 @@
 """The worker's BLAS: OpenBLAS preloaded, and ahead of it worker/blas/shim.c, which keeps a fork from stopping
-OpenBLAS's threads under a product, and sends products of 1 to 4 rows (a decode step of 1 to 4 sequences) to
-OpenBLAS's matrix-vector routine. Each story runs MLX in a process started with the worker's environment, as the
-worker runs, and checks every product against numpy in float64."""
+OpenBLAS's threads under a product, and multiplies products of 1 to 64 rows (a decode step, or a step verifying a few
+tokens of each sequence) with a kernel of its own that reads the weights once for all the rows and sums each element
+the same way whatever the rows. Each story runs MLX in a process started with the worker's environment, as the worker
+runs, and checks every product against numpy in float64."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ shim = [p for p in os.environ["LD_PRELOAD"].split() if SHIM_PREFIX in p]
 rows_sent = (lambda: ctypes.c_long.in_dll(ctypes.CDLL(shim[0]), "onelane_gemv_rows").value) if shim else (lambda: 0)
 rng = np.random.default_rng(7)
 report = []
-for m in (1, 2, 3, 4, 5, 8):
+for m in (1, 2, 3, 4, 5, 8, 64, 65):
     for a_t in (False, True):
         for b_t in (False, True):
             a = rng.standard_normal((m, 96)).astype(np.float32)
@@ -103,19 +104,66 @@ def test_a_fork_while_openblas_multiplies_waits_for_the_product_and_neither_hang
     assert int(done.stdout) == 200  # every fork went through the shim's handler
 
 
-def test_products_of_up_to_four_rows_go_to_the_matrix_vector_routine_and_are_right(clean_env, tmp_path):
-    env = worker_env(clean_env)  # on by default
+@pytest.mark.parametrize("kernel", ["", "avx2", "c"])  # the widest the CPU has, and the narrower ones
+def test_products_of_up_to_64_rows_go_to_the_shims_kernel_and_are_right(clean_env, tmp_path, kernel):
+    env = worker_env({**clean_env, "ONELANE_SHIM_KERNEL": kernel})  # on by default
     shim = shim_library(tmp_path)
     assert shim is not None and env["LD_PRELOAD"].split() == [shim, openblas_path()]  # ./dev.sh installs a compiler
     for m, a_t, b_t, error, rows in products(env):
         assert error < 1e-4, (m, a_t, b_t, error)  # float32 sums of 96 terms of order 1
-        assert rows == (m if m <= 4 else 0), (m, a_t, b_t, rows)  # 5 rows and more: OpenBLAS's own sgemm
+        assert rows == (m if m <= 64 else 0), (m, a_t, b_t, rows)  # 65 rows and more: OpenBLAS's own sgemm
 
 
 def test_onelane_gemv_off_leaves_every_product_to_sgemm_with_the_same_results(clean_env, tmp_path):
     env = worker_env({**clean_env, "ONELANE_GEMV": "false"})
     assert env["LD_PRELOAD"].split() == [shim_library(tmp_path), openblas_path()]  # the shim still guards forks
     assert all(error < 1e-4 and rows == 0 for _, _, _, error, rows in products(env))
+
+
+ROWS = r"""
+import ctypes, json, os, sys
+from worker.blas import SHIM_PREFIX, preload_openblas
+preload_openblas()
+import mlx.core as mx
+import numpy as np
+
+rng = np.random.default_rng(11)
+bits = {}
+# a Linear (x W^T: B transposed) with k a multiple of 16 and not, and attention's scores V (B not transposed)
+for name, (k, n, b_t) in {"linear": (576, 1536, True), "odd": (303, 200, True), "scores_v": (303, 64, False)}.items():
+    a = mx.array(rng.standard_normal((7, k)).astype(np.float32))
+    b = mx.array(rng.standard_normal((n, k) if b_t else (k, n)).astype(np.float32))
+    product = (lambda x: x @ b.T) if b_t else (lambda x: x @ b)
+    seven = np.array(product(a))
+    alone = [np.array(product(a[i : i + 1]))[0] for i in range(7)]
+    assert all(np.array_equal(seven[i], alone[i]) for i in range(7)), name  # bit for bit
+    bits[name] = seven.tobytes().hex()
+shim = ctypes.CDLL([p for p in os.environ["LD_PRELOAD"].split() if SHIM_PREFIX in p][0])
+child = os.fork()
+if child == 0:  # no helper thread in the child (nor MLX's threads): its products start a helper of their own
+    a = rng.standard_normal((7, 576)).astype(np.float32)
+    w = rng.standard_normal((1536, 576)).astype(np.float32)
+    c = np.zeros((7, 1536), np.float32)
+    f, p, i = ctypes.c_float, ctypes.c_void_p, ctypes.c_int
+    shim.cblas_sgemm.argtypes = [i, i, i, i, i, i, f, p, i, p, i, f, p, i]
+    shim.cblas_sgemm(101, 111, 112, 7, 1536, 576, 1.0, a.ctypes.data, 576, w.ctypes.data, 576, 0.0, c.ctypes.data, 1536)
+    os._exit(0 if np.abs(c - a.astype(np.float64) @ w.astype(np.float64).T).max() < 1e-3 else 1)
+assert os.waitpid(child, 0)[1] == 0
+print(json.dumps(bits))
+"""
+
+
+def rows_bits(env: dict[str, str]) -> dict[str, str]:
+    done = subprocess.run([sys.executable, "-c", ROWS], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+def test_a_row_multiplied_alone_or_beside_six_others_gives_the_same_bits(clean_env):
+    widest = rows_bits(worker_env(clean_env))
+    avx2 = rows_bits(worker_env({**clean_env, "ONELANE_SHIM_KERNEL": "avx2"}))
+    assert avx2 == widest  # AVX-512 and AVX2 sum the same lanes in the same order (the C kernel: other bits)
+    rows_bits(worker_env({**clean_env, "ONELANE_SHIM_KERNEL": "c"}))
 
 
 def test_the_shim_is_built_once_per_version_of_its_source(clean_env, tmp_path):

@@ -5,9 +5,11 @@ ONELANE_OPENBLAS=false turns it off (bench/blas.py measures the effect).
 
 Ahead of OpenBLAS goes worker/blas/shim.c, built here with the system's C compiler into ONELANE_VAR_DIR/lib on
 first use. It keeps a fork() from stopping OpenBLAS's threads under a product that is under way (which leaves the
-product waiting for ever), and it sends products of 1 to 4 rows (a decode step of 1 to 4 sequences) to OpenBLAS's
-matrix-vector routine, which this OpenBLAS's sgemm does not do; ONELANE_GEMV=false leaves the products to sgemm. See
-the C file. Without a compiler the worker goes without the shim, and says so.
+product waiting for ever), and it multiplies products of 1 to 64 rows (a decode step, or a step verifying a few tokens
+of each sequence) with a kernel of its own, which reads each weight once for all the rows (this OpenBLAS's sgemm
+copies every weight matrix first, and its matrix-vector routine reads it again for every row) and sums each element
+the same way whatever the rows; ONELANE_GEMV=false leaves the products to sgemm. See the C file. Without a compiler
+the worker goes without the shim, and says so.
 """
 
 from __future__ import annotations
@@ -63,8 +65,19 @@ def shim_library(var_dir: Path) -> str | None:
     building = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        built = subprocess.run(
-            [compiler, "-O2", "-shared", "-fPIC", "-o", str(building), str(SHIM_SOURCE), "-ldl", "-lpthread"],
+        built = subprocess.run(  # no contraction into FMAs: the kernel's sums are to be the same in every copy of it
+            [
+                compiler,
+                "-O2",
+                "-ffp-contract=off",
+                "-shared",
+                "-fPIC",
+                "-o",
+                str(building),
+                str(SHIM_SOURCE),
+                "-ldl",
+                "-lpthread",
+            ],
             capture_output=True,
             text=True,
             timeout=120,
@@ -100,8 +113,8 @@ def worker_env(env: Mapping[str, str], shim: bool = True) -> dict[str, str]:
 
 def preload_openblas(settings: Settings | None = None) -> None:
     """Start this same command again with OpenBLAS preloaded, when worker_env would preload it and it is not yet;
-    then tell the shim, when it is loaded, whether to send products of a few rows to sgemv (`settings.gemv`, of the
-    environment when not given)."""
+    then tell the shim, when it is loaded, whether to multiply products of a few rows itself (`settings.gemv`, of
+    the environment when not given)."""
     env = worker_env(os.environ)
     if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)  # the same command, again
