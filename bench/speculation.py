@@ -516,11 +516,7 @@ def first_difference(a: str, b: str) -> str:
 
 def peers_lines(args: argparse.Namespace) -> list[str]:
     """What else could have been measured, and why it was not."""
-    missing = [
-        name
-        for name, module in (("vllm-mlx", "vllm_mlx"), ("Rapid-MLX", "rapid_mlx"))
-        if not importlib.util.find_spec(module)
-    ]
+    missing = [module for module in ("vllm_mlx", "rapid_mlx") if not importlib.util.find_spec(module)]
     draft = (
         "mlx_lm.server --draft-model: no such peer: no draft model of SmolLM2's tokenizer smaller than the target "
         "exists offline (the only model with it here is SmolLM2-135M-Instruct, the target itself)"
@@ -565,8 +561,8 @@ def report(sides: list[Side], args: argparse.Namespace, load: float, skipped: li
             print(f"  {'':<5} {'':<4} {OFF}: {counts_line(off, (workload, c))}")
     print(
         "\nper workload x level, medians over the rounds (min-max); on/off and on/mlx: tokens/s ratios round by round; "
-        "accepted %: accepted/proposed; seq tok/step: generated/(generated-accepted); batch tok/step: generated/batch "
-        "steps"
+        "accepted %: accepted/proposed; seq tok/step: generated/(generated-accepted); batch tok/step: generated over "
+        "onelane_batch_steps_total's delta (which counts prefill steps too: off can fall below 1)"
     )
     print("\n".join(table(sides, args)))
     jobs = [j for j in records[0].values() if j.get("timings")]
