@@ -339,9 +339,10 @@ def onelane_pair(settings: Settings, name: str, log: str, **extra: str) -> Itera
 
 
 def warm_up(side: Side) -> None:
+    """Two short requests: the first batches pay for first-time allocations, not in a level."""
     for n in range(2):
-        warm = post_chat(side.url, {"messages": [{"role": "user", "content": f"Say hello ({n})."}], "max_tokens": 8,
-                                    "temperature": 0.0, **side.extra}, START_S)  # fmt: skip
+        request = {"messages": [{"role": "user", "content": f"Say hello ({n})."}], "max_tokens": 8, "temperature": 0.0}
+        warm = post_chat(side.url, {**request, **side.extra}, START_S)
         if not warm.ok:
             raise RuntimeError(f"{side.name}: warm-up request failed: {warm.error}")
 
