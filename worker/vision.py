@@ -63,6 +63,7 @@ from worker.vision_reading import (
     prefix_lm,
     span_at,
     span_of,
+    unchunked,
     with_extras,
 )
 from worker.vision_tower import Arrays, Unreadable, by_image, by_image_agrees, splits, whole
@@ -222,6 +223,12 @@ class VisionEngine(Engine):
         except Unreadable as exc:
             raise _unsupported(exc) from None
         self.images_alone = bool(extras)
+        if unchunked(self.vlm, ids) and not self.whole:
+            raise VisionUnsupported(
+                "mlx-vlm reads its image prompt in one pass, its last token too, and answers from that pass (its image "
+                "blocks read both ways: DeepSeek-V4's); onelane's batch reads a prompt's last token in a step of its "
+                "own, which such a model reads otherwise: it does not read its images yet"
+            )
         length = int(embeds.shape[0])
         self.expands = length != len(ids)
         reading = self._reading(ids, kept, 0, count, length)

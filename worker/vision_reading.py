@@ -99,18 +99,23 @@ def span_at(ids: list[int], at: list[int]) -> Span:
 
 
 #: the arrays in which a processor says where a model's image features go: each feature's place (-1 for none:
-#: Molmo's, Jina VLM's), or each image's or slice's span of places, [start, end) (MiniCPM-V's, MiniCPM-o's)
+#: Molmo's, Jina VLM's), or each image's or slice's span of places, [start, end) (MiniCPM-V's, MiniCPM-o's), or where
+#: each image's block starts, its length the difference of its `LENGTHS` (DeepSeek-V4's: the block's own ids)
 PLACES = "image_input_idx"
 BOUNDS = "image_bound"
+OFFSETS, LENGTHS = "image_offsets", "image_type_offsets"
 
 
 def placed_at(kept: Arrays, length: int) -> list[int] | None:
     """Where a prompt of `length` ids that its processor just wrote has its images' features, for a model that puts
-    them where its processor says (`PLACES`, `BOUNDS`); None for any other model."""
+    them where its processor says (`PLACES`, `BOUNDS`, `OFFSETS`); None for any other model."""
     if PLACES in kept:
         places = {int(i) for i in np.asarray(kept[PLACES][0]).reshape(-1)}
     elif BOUNDS in kept:
         places = {i for a, b in np.asarray(kept[BOUNDS][0]).reshape(-1, 2) for i in range(int(a), int(b))}
+    elif OFFSETS in kept and LENGTHS in kept:
+        ends = np.diff(np.asarray(kept[LENGTHS][0]).reshape(-1))
+        places = {i for a, n in zip(np.asarray(kept[OFFSETS][0]).reshape(-1), ends) for i in range(int(a), int(a + n))}
     else:
         return None
     return sorted(i for i in places if 0 <= i < length) or None
@@ -118,9 +123,9 @@ def placed_at(kept: Arrays, length: int) -> list[int] | None:
 
 def placed_for(kept: Arrays, start: int) -> Arrays:
     """The prepared arrays of a prompt's images, for a prompt whose images' span starts at `start`: a model's places
-    of their features (`PLACES`, `BOUNDS`) moved with it (the arrays are kept by the images: the prompt that made
+    of their features (`PLACES`, `BOUNDS`, `OFFSETS`) moved with it (the arrays are kept by the images: the prompt that made
     them may have had other text before them); any other model's as they are."""
-    name = PLACES if PLACES in kept else BOUNDS if BOUNDS in kept else None
+    name = next((n for n in (PLACES, BOUNDS, OFFSETS) if n in kept), None)
     if name is None:
         return kept
     places, dtype = kept[name]
@@ -157,6 +162,24 @@ def prefix_lm(vlm: Any) -> bool:
     return not policy(
         input_ids=None, inputs_embeds=None, prompt_cache=None, draft_model=None, draft_kind=None, prefill_kwargs=None
     )
+
+
+def unchunked(vlm: Any, ids: list[int]) -> bool:
+    """Whether mlx-vlm reads an image prompt of these ids in one pass, its last token too: its model's (or else its
+    language model's) `chunked_prefill_policy`, asked of the ids as mlx-vlm's generate asks it (DeepSeek-V4's: its
+    image blocks, read both ways, come in one pass on a fresh cache, and its answer's first token from that pass)."""
+    for model in (vlm, getattr(vlm, "language_model", None)):
+        policy = getattr(model, "chunked_prefill_policy", None)
+        if callable(policy):
+            return not policy(
+                input_ids=mx.array([ids]),
+                inputs_embeds=None,
+                prompt_cache=None,
+                draft_model=None,
+                draft_kind=None,
+                prefill_kwargs={},
+            )
+    return False
 
 
 def first_pass_positions(vlm: Any) -> bool:

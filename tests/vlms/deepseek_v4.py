@@ -50,13 +50,20 @@ CONFIG41: dict[str, Any] = dict(
 
 def _drawn(weights: dict[str, Any]) -> None:
     """Every weight mlx-vlm initialises to zeros (its head, its gates, its hyper-connections' mixers, the image's
-    start, end and newline embeddings), biases aside, drawn from a seeded normal: else every answer is token 0."""
+    start, end and newline embeddings), biases aside, drawn from a seeded normal: else every answer is token 0. Its
+    hash layer's table of each token's experts (`tid2eid`, integers) is drawn as experts: a token's `top_k` in turn
+    from a seeded first (an expert out of range would read memory past the experts' weights)."""
     import mlx.core as mx
 
     zeros = [k for k, v in sorted(weights.items()) if not k.endswith(("bias", "bias_vl", "base")) and not v.any()]
+    experts = int(max(v.shape[0] for k, v in weights.items() if k.endswith("switch_mlp.gate_proj.weight")))
     for n, name in enumerate(zeros):
-        shape = weights[name].shape
-        weights[name] = mx.random.normal(shape, key=mx.random.key(n)) * shape[-1] ** -0.5
+        shape, key = weights[name].shape, mx.random.key(n)
+        if name.endswith("tid2eid"):
+            first = mx.random.randint(0, experts, (shape[0], 1), key=key)
+            weights[name] = ((first + mx.arange(shape[1])) % experts).astype(mx.int32)
+        else:
+            weights[name] = mx.random.normal(shape, key=key) * shape[-1] ** -0.5
 
 
 def _build(module: str, config: dict[str, Any]) -> Callable[[Path], Path]:
