@@ -60,6 +60,7 @@ class Seeded(Unseeded):
         self.key = mx.random.key(params.seed)
         if drawn:
             self.skip(drawn)
+            mx.eval(self.key)  # (a resumed run's: its chain of splits computed once, not carried into every draw)
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         self.key, draw = mx.random.split(self.key)
@@ -74,10 +75,9 @@ class Seeded(Unseeded):
         return mx.concatenate(drawn)
 
     def skip(self, n: int) -> None:
-        """Its key moves past `n` draws (tokens kept)."""
+        """Its key moves past `n` draws (tokens kept): computed with the next draw, not waited for between steps."""
         for _ in range(n):
             self.key, _ = mx.random.split(self.key)
-        mx.eval(self.key)
 
 
 def sampling(job: Job) -> SamplingParams:
