@@ -13,7 +13,7 @@ from tasks.job import JobSpec, SamplingParams
 from worker.batch.forward import ContinuousBatch
 from worker.batch.lookup import Lookup
 from worker.batch.sampling import make_sampler
-from worker.batch.speculation import PAUSE, PLAIN_EVERY, SAMPLES, Payoff, Speculation
+from worker.batch.speculation import BUDGET, REFRESH, STALE, Payoff, Speculation
 
 pytestmark = pytest.mark.default_model  # SmolLM2-135M-Instruct: a real model that copies what it is shown
 
@@ -156,26 +156,44 @@ def test_a_sequences_kv_cache_taken_mid_answer_holds_its_tokens_in_order_and_not
             assert mx.allclose(taken.state[0][..., : len(tokens), :], read.state[0][..., : len(tokens), :], atol=1e-3)
 
 
-def test_proposing_stops_for_a_while_at_a_batch_size_where_it_gives_fewer_tokens_a_second():
+def live(payoff: Payoff, rows: int, proposals: list[tuple[int, float]], fixed: float, each: float, steps: int):
+    """`steps` steps of `rows` rows proposing (length, kept rate) each, on a machine where a step reading n tokens
+    takes `fixed` + `each` x n seconds; the widths chosen."""
+    widths = []
+    for _ in range(steps):
+        wide = payoff.width(rows, proposals, BUDGET)
+        widths.append(wide)
+        payoff.observe(rows * wide, fixed + each * rows * wide)
+    return widths
+
+
+def test_a_step_reads_as_wide_as_pays_where_reading_more_tokens_costs_little():
+    # Given one sequence whose proposals are mostly kept, where a token more costs a tenth of a step
     payoff = Payoff()
+    widths = live(payoff, 1, [(4, 0.9)], fixed=0.05, each=0.005, steps=100)
 
-    def live(rows: int, plain: float, checked: float, steps: int) -> list[bool]:
-        """`steps` steps of `rows` rows: plain ones give `plain` tokens/s, those that check proposals `checked`."""
-        allowed = []
-        for _ in range(steps):
-            allows = payoff.allows(rows)
-            allowed.append(allows)
-            payoff.observe(rows, allows, int(checked if allows else plain), 1.0)
-        return allowed
+    # Then, once each width is tried, the step reads the row's token and all 4 proposals
+    assert widths[-20:].count(5) >= 19
+    # but for one plain step every REFRESH steps, which keeps a plain step's time known
+    assert widths[-REFRESH:].count(1) == 1
 
-    # Given a batch of 2 rows where proposing pays, and of 8 where it does not
-    paying = live(2, plain=10, checked=18, steps=SAMPLES * PLAIN_EVERY + 10)
-    costly = live(8, plain=40, checked=30, steps=SAMPLES * PLAIN_EVERY + 10)
 
-    # Then at 2 rows it goes on proposing (but one step in PLAIN_EVERY, which keeps the plain speed known)
-    assert paying[-PLAIN_EVERY:].count(False) == 1
-    # and at 8 rows it stops, for PAUSE steps, once both speeds are known
-    assert costly[-5:] == [False] * 5
-    assert live(2, plain=10, checked=18, steps=1) == [True]  # (each size on its own)
-    later = live(8, plain=40, checked=30, steps=PAUSE)
-    assert True in later  # tried again once the pause is over
+def test_a_full_batch_on_a_compute_bound_machine_backs_off():
+    # Given 32 rows whose proposals are kept as often, where every token read costs the same (nothing is fixed)
+    payoff = Payoff()
+    widths = live(payoff, 32, [(4, 0.9)] * 32, fixed=0.0, each=0.003, steps=100)
+
+    # Then after trying a second token a row once, it reads one (it gives 1.9 tokens a row for twice the time)
+    assert widths[:3] == [1, 2, 1]
+    assert set(widths[3:]) == {1}
+
+
+def test_little_kept_proposes_nothing_and_a_step_size_not_seen_for_long_is_tried_again():
+    # Given 8 rows whose proposals are seldom kept, where a token more costs half as much as one a row
+    payoff = Payoff()
+    widths = live(payoff, 8, [(2, 0.1)] * 8, fixed=0.04, each=0.005, steps=STALE + 20)
+
+    # Then each width is tried, then none is read again until what it cost is forgotten
+    assert widths[:3] == [1, 2, 1]
+    assert widths[3:STALE].count(2) == 0
+    assert widths[STALE:].count(2) == 1

@@ -57,7 +57,6 @@ from worker.batch.speculation import (
     cut,
     in_order,
     refusal,
-    width,
 )
 
 
@@ -74,7 +73,8 @@ class ContinuousBatch(Prefilling):
         self._proposed: list[list[int]] | None = None  # what each decode row proposed in the step before
         # whether proposing pays, by batch size (worker/batch/speculation.py)
         self.payoff: Payoff | Always = Payoff() if speculation.measured else Always()
-        self._cycle: tuple[float, bool] | None = None  # the last step's start, and whether it read prompts
+        # the last step's start, whether it read prompts, and the tokens its decode rows read (rows x width)
+        self._cycle: tuple[float, bool, int] | None = None
         self._vocab = 0  # the ids the model scores (its logits' width, once seen): a proposal holds none past them
 
     def close(self) -> None:
@@ -190,20 +190,19 @@ class ContinuousBatch(Prefilling):
         with mx.stream(generation_stream):
             self.work.steps += 1
             began = started = time.perf_counter()
-            decoding, checked, rows = bool(self._rows), self._proposed is not None, len(self._rows)
+            decoding = bool(self._rows)
             emitted = self._read() if decoding else []
             self.work.decode_s += time.perf_counter() - started
             if decoding and self._cycle is not None and not self._cycle[1]:  # (a step that read prompts: no measure)
-                self.payoff.observe(rows, checked, len(emitted), time.perf_counter() - self._cycle[0])
+                self.payoff.observe(self._cycle[2], time.perf_counter() - self._cycle[0])
             started = time.perf_counter()
             cap = self.chunk if decoding and self.decode_floor else self.prefill_step
             read = self._prefill(cap) + self._see(cap)
             self.work.prefill_s += time.perf_counter() - started
             started = time.perf_counter()
-            if self._rows:
-                self._draw()
+            wide = self._draw() if self._rows else 0
             self.work.decode_s += time.perf_counter() - started
-        self._cycle = (began, read > 0)
+        self._cycle = (began, read > 0, len(self._rows) * wide)
         if read and decoding and self.decode_floor:
             self._fit_chunk(time.perf_counter() - began)
         return emitted
@@ -296,16 +295,16 @@ class ContinuousBatch(Prefilling):
                 return tokens[:n], reason
         return tokens, None
 
-    def _draw(self) -> None:
+    def _draw(self) -> int:
         """The decode rows' next tokens, started on the device (not waited for): the forward pass over what each
         reads (its last draw, or a newcomer's last prompt token), its logits processors, its sampler; with the
-        tokens proposed for after it, where rows propose (worker/batch/speculation.py)."""
+        tokens proposed for after it, where rows propose (worker/batch/speculation.py). Returns the tokens each row
+        read (1, or the block's width)."""
         reading = self._next
         assert reading is not None
         proposals = self._proposals(reading)
         if proposals:
-            self._draw_checked(reading, proposals)
-            return
+            return self._draw_checked(reading, proposals)
         logits = self._forward(reading[:, None], self._cache, self._rows, **self._beside())[:, -1, :]
         self._vocab = logits.shape[-1]
         if any(r.processors for r in self._rows):
@@ -319,6 +318,7 @@ class ContinuousBatch(Prefilling):
         mx.async_eval(drawn)
         self._next = drawn
         self._read_into_rows(reading)
+        return 1
 
     def _read_into_rows(self, reading: mx.array) -> None:
         read = cast(list[int], reading.tolist())  # (known already: draws read, or prompts' tokens)
@@ -328,7 +328,7 @@ class ContinuousBatch(Prefilling):
     def _proposals(self, reading: mx.array) -> list[list[int]] | None:
         """What each decode row proposes for after the token it reads now, cut to the step's width; None where
         none does (or the batch cannot check proposals: its caches cannot be cut a row at a time)."""
-        if self.refusal is not None or not self._vocab or self._beside() or not self.payoff.allows(len(self._rows)):
+        if self.refusal is not None or not self._vocab or self._beside():
             return None
         proposals: list[list[int]] = []
         read: list[int] | None = None
@@ -340,14 +340,17 @@ class ContinuousBatch(Prefilling):
             proposal = row.lookup.propose(row.proposing.wants()) if proposing else []  # type: ignore[union-attr]
             # (an image's tags, ids past the vocabulary, are no token to read: worker/vision.py)
             proposals.append(list(itertools.takewhile(lambda t: t < self._vocab, proposal)))
-        most = width(proposals, self.budget) - 1
+        rates = [r.proposing.rate if r.proposing is not None else 0.0 for r in self._rows]
+        most = (
+            self.payoff.width(len(self._rows), [(len(p), rate) for p, rate in zip(proposals, rates)], self.budget) - 1
+        )
         if most <= 0:
             return None
         return [p[:most] for p in proposals]
 
-    def _draw_checked(self, reading: mx.array, proposals: list[list[int]]) -> None:
+    def _draw_checked(self, reading: mx.array, proposals: list[list[int]]) -> int:
         """As `_draw`, each row reading its proposals after its token: what it draws at every place, to be checked
-        against them as the next step reads them."""
+        against them as the next step reads them. Returns the block's width."""
         wide = 1 + max(len(p) for p in proposals)
         after = mx.array([p + [0] * (wide - 1 - len(p)) for p in proposals], dtype=reading.dtype)
         block = mx.concatenate([reading[:, None], after], axis=1)
@@ -359,6 +362,7 @@ class ContinuousBatch(Prefilling):
         mx.async_eval(drawn)
         self._next, self._proposed = drawn, proposals
         self._read_into_rows(reading)
+        return wide
 
     def _drawn_at(
         self, i: int, logits: mx.array, logprobs: mx.array, reading: mx.array, places: int, wide: int

@@ -19,9 +19,9 @@ past them (more left padding). Only a few entries a row move, not the row's cach
 Which rows propose, and how much (`Proposals`): a row that samples with logits processors (penalties, a grammar,
 recorded log probabilities) or alone in the batch does not; every other row proposes up to its own length, which
 grows by one after a step that kept all it proposed and falls to what was kept plus one otherwise; a row whose
-proposals have been kept at a rate below `MIN_RATE` proposes again only every `PROBE` steps. The block's width is
-capped so that rows x width stays within `budget` (the forward pass's tokens where it still costs about one step:
-the batch backs off as it fills).
+proposals have been kept at a rate below `MIN_RATE` proposes again only every `PROBE` steps. How wide the block is
+(`Payoff`) follows what it costs, measured on the batch's own steps, against what the rows are expected to keep:
+the batch backs off as it fills, or where little is kept; rows x width stays within `budget` whatever it measures.
 """
 
 from __future__ import annotations
@@ -33,14 +33,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-BUDGET = 16  # the most tokens a step that checks proposals reads over all rows (ONELANE_SPECULATE_BUDGET's default)
-PLAIN_EVERY = 16  # every this many steps, one proposes nothing: the tokens/s of plain steps stays known
-PAUSE = 256  # steps that propose nothing at a batch size where proposing was seen to be slower
-SAMPLES = 4  # steps of each kind seen at a batch size before the two are compared
-MARGIN = 0.02  # proposing must make tokens/s at least this much better, or it stops for a while
+BUDGET = 64  # the most tokens a step that checks proposals reads over all rows (ONELANE_SPECULATE_BUDGET's default)
 MIN_RATE = 0.2  # a row whose proposals are kept less often than this proposes only now and then
 PROBE = 8  # ... every this many steps
-RATE_WEIGHT = 0.3  # how much a step's outcome moves a row's rate
+RATE_WEIGHT = 0.3  # how much a step's outcome moves a row's rate, and a step's time the time of its size
+REFRESH = 32  # a plain step (one token a row) whose time is older than this many steps is measured again
+STALE = 256  # a step size not measured for this many steps is forgotten (tried afresh if it may pay)
+MARGIN = 0.03  # a wider step must promise this much more tokens/s than the best narrower one to be chosen
 
 
 @dataclass(frozen=True)
@@ -57,12 +56,13 @@ OFF = Speculation()  # no proposals
 
 
 class Always:
-    """Proposing allowed whatever it costs (ONELANE_SPECULATE_ALWAYS: to measure what it keeps, or test it)."""
+    """Proposals read whatever they cost (ONELANE_SPECULATE_ALWAYS: to measure what they keep, or test them): a
+    step is as wide as its longest proposal, within the budget."""
 
-    def allows(self, rows: int) -> bool:
-        return True
+    def width(self, rows: int, proposals: list[tuple[int, float]], budget: int) -> int:
+        return 1 + min(max(0, budget // rows - 1), max((n for n, _ in proposals), default=0))
 
-    def observe(self, rows: int, checked: bool, tokens: int, seconds: float) -> None:
+    def observe(self, tokens: int, seconds: float) -> None:
         """(Nothing measured.)"""
 
 
@@ -96,49 +96,77 @@ class Proposing:
         self.length = min(most, self.length + 1) if accepted == proposed else max(1, accepted + 1)
 
 
+def expected(rate: float, proposed: int) -> float:
+    """The tokens a row is expected to keep of `proposed`, each kept (after the one before it) at `rate`."""
+    return sum(rate**i for i in range(1, proposed + 1))
+
+
 @dataclass
-class Speed:
-    """Tokens per second of a kind of step at one batch size (a moving average), and the steps seen."""
+class Timed:
+    """The seconds a step of one size took (a moving average), and the step it was last seen at."""
 
-    rate: float = 0.0
-    seen: int = 0
-
-    def add(self, rate: float) -> None:
-        self.seen += 1
-        self.rate = rate if self.seen == 1 else self.rate + RATE_WEIGHT * (rate - self.rate)
+    seconds: float
+    at: int
 
 
 class Payoff:
-    """Whether proposing pays, as the batch lives it: the tokens per second of its steps that checked proposals and
-    of plain ones (one step in PLAIN_EVERY proposes nothing, so both stay known), by batch size; where proposing
-    gives fewer (less than MARGIN better), the batch proposes nothing at that size for PAUSE steps, then tries
-    again. The forward pass's cost per token read differs from one machine and model to the next (a GPU reads
-    several tokens a row for about one's cost; a CPU's matrix products may not): this measures it rather than
-    assume it."""
+    """How wide a step reads, as the batch lives it. A step that checks proposals reads rows x width tokens; what
+    that costs differs from one machine and model to the next (a GPU reads several tokens a row for about one's
+    cost; a CPU's matrix products may not, and the fuller the batch the more each token costs), so it is measured,
+    not assumed: the seconds of the batch's own steps, by the tokens they read (a moving average a size, forgotten
+    after STALE steps). Each step, the width with the most expected tokens per second is chosen: the rows' tokens
+    plus what each is expected to keep of its proposals (`expected`, at its kept rate), over the step's time at
+    that size (measured; between two sizes measured, interpolated; past the largest, not known: tried once,
+    then known). Where no wider step pays (the batch is full, or little is kept), the step is plain; a plain step's
+    time is measured again when older than REFRESH steps, so the comparison follows the machine's load."""
 
     def __init__(self) -> None:
         self.steps = 0
-        self._speeds: dict[tuple[int, bool], Speed] = {}
-        self._paused: dict[int, int] = {}  # batch size -> the step it may propose again
+        self._times: dict[int, Timed] = {}  # tokens a step read -> its time
 
-    def allows(self, rows: int) -> bool:
-        """Whether a step of `rows` decode rows may propose (counts the step)."""
+    def width(self, rows: int, proposals: list[tuple[int, float]], budget: int) -> int:
+        """How wide this step's block is (1: plain), for `rows` decode rows proposing (length, kept rate) each."""
         self.steps += 1
-        if self.steps % PLAIN_EVERY == 0 or self._paused.get(rows, 0) > self.steps:
-            return False
-        plain, checked = self._speeds.get((rows, False)), self._speeds.get((rows, True))
-        if plain is None or checked is None or min(plain.seen, checked.seen) < SAMPLES:
-            return True
-        if checked.rate >= plain.rate * (1 + MARGIN):
-            return True
-        self._paused[rows] = self.steps + PAUSE
-        del self._speeds[(rows, True)]  # (tried afresh after the pause)
-        return False
+        for size in [n for n, t in self._times.items() if self.steps - t.at > STALE]:
+            del self._times[size]
+        longest = max((n for n, _ in proposals), default=0)
+        plain = self._times.get(rows)
+        if not longest or plain is None or self.steps - plain.at > REFRESH:
+            return 1
+        best, best_speed = 1, rows / plain.seconds
+        for wide in range(2, longest + 2):
+            if rows * wide > budget:
+                break
+            seconds = self._seconds(rows * wide)
+            if seconds is None:  # past the largest size measured: tried if each narrower width paid more than the last
+                return wide if best == wide - 1 else best
+            speed = (rows + sum(expected(rate, min(n, wide - 1)) for n, rate in proposals)) / seconds
+            if speed > best_speed * (1 + MARGIN):
+                best, best_speed = wide, speed
+        return best
 
-    def observe(self, rows: int, checked: bool, tokens: int, seconds: float) -> None:
-        """A step of `rows` decode rows (that checked proposals, or not) gave `tokens` in `seconds`."""
-        if rows and seconds > 0:
-            self._speeds.setdefault((rows, checked), Speed()).add(tokens / seconds)
+    def _seconds(self, size: int) -> float | None:
+        """A step's time at `size` tokens: measured, or between the two nearest measured around it; None past the
+        largest measured."""
+        if size in self._times:
+            return self._times[size].seconds
+        below = max((n for n in self._times if n < size), default=None)
+        above = min((n for n in self._times if n > size), default=None)
+        if below is None or above is None:
+            return None
+        low, high = self._times[below].seconds, self._times[above].seconds
+        return low + (high - low) * (size - below) / (above - below)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """A decode step that read `tokens` tokens (rows x width) took `seconds`, as the loop lived it."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        timed = self._times.get(tokens)
+        if timed is None:
+            self._times[tokens] = Timed(seconds, self.steps)
+        else:
+            timed.seconds += RATE_WEIGHT * (seconds - timed.seconds)
+            timed.at = self.steps
 
 
 def refusal(model: nn.Module, batching: str, max_kv_size: int | None) -> str | None:
@@ -164,12 +192,6 @@ def accepted(proposed: list[int], drawn: list[int]) -> int:
     return n
 
 
-def width(proposals: list[list[int]], budget: int) -> int:
-    """The block's width: one, plus the longest proposal, within `budget` tokens over all rows."""
-    most = max(0, budget // max(1, len(proposals)) - 1)
-    return 1 + min(most, max((len(p) for p in proposals), default=0))
-
-
 def cut(cache: list[Any], discarded: list[int], orders: list[list[int] | None]) -> list[list[int] | None]:
     """Drop each row's last `discarded` entries from a batched KV cache (one `BatchKVCache` per layer), as the
     module's docstring says; returns each row's order of cached entries afterwards (None: in order)."""
@@ -182,24 +204,34 @@ def cut(cache: list[Any], discarded: list[int], orders: list[list[int] | None]) 
         return orders
     end = cache[0]._idx
     starts = [int(s) for s in cache[0].left_padding.tolist()]
-    moves: list[tuple[int, int, int, int]] = []  # (row, from, to, count)
+    rows: list[int] = []  # every moved entry's row, where it is, and where it goes
+    sources: list[int] = []
+    targets: list[int] = []
     orders = list(orders)
     for row, (hole, start) in enumerate(zip(holes, starts)):
         if not hole:
             continue
         held = end - hole - start
         count = min(held, hole)
-        moves.append((row, start, end - count, count))
+        rows += [row] * count
+        sources += range(start, start + count)
+        targets += range(end - count, end)
         order = orders[row] or []
         order = order + list(range(len(order), held))  # (entries past a row's order are in order)
         orders[row] = order[count:] + order[:count]
     shift = mx.array(holes)
+    if rows:
+        # the moved entries are read out first (all layers at once), so that writing them back finds each layer's
+        # keys and values held by nothing else and writes in place, rather than copying a whole layer per move
+        # (all three axes indexed by arrays, broadcast to (entries, heads): MLX writes no other mix of them)
+        heads = mx.arange(cache[0].keys.shape[1])[None, :]
+        at, source, target = mx.array(rows)[:, None], mx.array(sources)[:, None], mx.array(targets)[:, None]
+        moved = [(c.keys[at, heads, source], c.values[at, heads, source]) for c in cache]
+        mx.eval(moved)
+        for c, (keys, values) in zip(cache, moved):
+            c.keys[at, heads, target] = keys
+            c.values[at, heads, target] = values
     for c in cache:
-        for row, source, target, count in moves:
-            c.keys[row : row + 1, :, target : target + count, :] = c.keys[row : row + 1, :, source : source + count, :]
-            c.values[row : row + 1, :, target : target + count, :] = c.values[
-                row : row + 1, :, source : source + count, :
-            ]
         c.left_padding = c.left_padding + shift
         c.offset = c.offset - shift
     return orders
