@@ -393,9 +393,12 @@ def generate(engine: Any, spec: JobSpec) -> Iterator[Chunk]:
         detokenizer, n = engine.detokenizer(), 0
         try:
             while True:
-                for t in engine.step():
+                tokens = engine.step()
+                for t in tokens:
                     n += 1
-                    reason = "stop" if constraint is not None and constraint.done else t.finish_reason
+                    # (its grammar has taken the step's tokens: complete, if at all, at the last of them)
+                    done = t is tokens[-1] and constraint is not None and constraint.done
+                    reason = "stop" if done else t.finish_reason
                     if t.finish_reason != "stop":
                         detokenizer.add_token(t.token)
                     if reason:

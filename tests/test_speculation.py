@@ -4,12 +4,15 @@ answers are the very ones a token-a-step batch gives, greedy or seeded; only the
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import jsonschema
 import mlx.core as mx
 import pytest
 
 from tasks.job import JobSpec, SamplingParams
+from tasks.structured import json_constraint
 from worker.batch.forward import ContinuousBatch
 from worker.batch.lookup import Lookup
 from worker.batch.sampling import make_sampler
@@ -100,6 +103,83 @@ def test_a_seeded_sampled_answer_is_the_same_with_speculation_on_and_off(engine)
     # Then each text is the same: every token drawn with its own place's key, kept or not
     assert on["answers"] == off["answers"]
     assert on["work"].accepted_tokens > 0
+
+
+RECORD = {"id": 48213, "name": "quiet ledger", "owner": "Ada Brennan", "town": "Dunmere", "tags": ["fresh", "plain"]}
+RECORD_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        **{key: {"type": "string"} for key in ("name", "owner", "town")},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": list(RECORD),
+    "additionalProperties": False,
+}
+
+
+def test_a_constrained_answer_checks_its_proposals_against_its_grammar_and_writes_the_same(engine):
+    # Given a request to copy a JSON record under its schema (written as the grammar writes it: no spaces), beside a
+    # free question, greedy
+    prompts = [
+        chat(engine, f"Repeat this JSON exactly:\n{json.dumps(RECORD, separators=(',', ':'))}"),
+        chat(engine, QUESTIONS[1]),
+    ]
+    grammar = json_constraint(RECORD_SCHEMA, "response_format").grammar
+    eos = frozenset(engine.tokenizer.eos_token_ids)
+
+    def answer(speculate: int) -> tuple[list[int], int, int]:
+        batch = speculating(engine, speculate)
+        constraint = engine.grammars.constrain(grammar)
+        greedy = make_sampler(SamplingParams(temperature=0))
+        uid = batch.insert(prompts[0], 120, greedy, [constraint], stops=eos)
+        batch.insert(prompts[1], 60, greedy, stops=eos)
+        tokens, proposed, kept = [], 0, 0
+        while len(batch):
+            for e in batch.step():
+                if e.uid == uid:
+                    tokens.append(e.token)
+                    proposed, kept = proposed + e.proposed, kept + e.accepted
+        return tokens, proposed, kept
+
+    # When answered with speculation off, then on
+    off, _, _ = answer(0)
+    on, proposed, kept = answer(4)
+
+    # Then the answer is the same, token for token, and valid; and the constrained row proposed (each proposal
+    # checked against the grammar, each place masked as the grammar stood there), most of it kept
+    assert on == off
+    jsonschema.validate(json.loads(engine.tokenizer.decode(on[:-1])), RECORD_SCHEMA)
+    assert kept > 10 and kept >= proposed / 2, (proposed, kept, engine.tokenizer.decode(on))
+
+
+def test_a_constrained_job_speculating_in_the_worker_writes_what_it_writes_a_token_a_step(jobs, store, start_worker):
+    from tests.helpers import wait_ended
+
+    # Given a job copying a JSON record under its schema, answered by a worker that does not speculate
+    record = json.dumps(RECORD, separators=(",", ":"))
+    body = {
+        "messages": [{"role": "user", "content": f"Repeat this JSON exactly:\n{record}"}],
+        "max_tokens": 120,
+        "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "record", "schema": RECORD_SCHEMA}},
+    }
+    worker = start_worker(speculate=0)
+    plain = jobs.submit(**body)
+    wait_ended(store, plain["id"], timeout_s=120)
+    worker.stop()
+
+    # When the same job runs on a worker that speculates (always), its forced keys fast-forwarded as ever
+    start_worker(speculate_always=True)
+    job = jobs.submit(**body)
+    assert wait_ended(store, job["id"], timeout_s=120)["status"] == "completed"
+
+    # Then it writes the same text, valid, and ends where its grammar does; its steps kept proposals
+    answer, before = jobs.get(job["id"]), jobs.get(plain["id"])
+    assert answer["output"] == before["output"]
+    jsonschema.validate(json.loads(answer["output"]), RECORD_SCHEMA)
+    assert answer["finish_reason"] == "stop"
+    assert answer["timings"]["accepted_tokens"] > 0
 
 
 def test_a_row_proposes_the_tokens_that_followed_the_longest_ngram_ending_its_sequence():

@@ -128,6 +128,15 @@ class GrammarMatcher:
         # the step's forward pass starts now, on the device, while the mask is computed here: it needs the token
         # drawn last, and so does the mask (else the device would wait for the mask, every step)
         mx.async_eval(logits)
+        started = self._take_read(context)
+        masked = mx.where(mx.array(self._allowed(logits.shape[-1])), logits, -mx.inf)
+        self.times.masks += 1
+        self.times.mask_s += time.perf_counter() - started
+        return masked
+
+    def _take_read(self, context: mx.array) -> float:
+        """The token read now (the context's last) taken, unless the sequence has drawn nothing since its prompt
+        or its fast-forward; returns when the mask's time starts."""
         if self._started:  # (reading the token waits for the step that drew it: not the mask's time)
             token = int(context[-1].item())  # type: ignore[arg-type]  # (item() of an integer array: never complex)
             started = time.perf_counter()
@@ -135,15 +144,48 @@ class GrammarMatcher:
         else:
             started = time.perf_counter()
         self._started = True
+        return started
+
+    def _allowed(self, width: int) -> np.ndarray:
+        """The tokens the grammar allows next, as a row of `width` booleans (the model's rows past the tokenizer's
+        vocabulary: never allowed)."""
         fill_next_token_bitmask(self.matcher, self._bits)
-        width = logits.shape[-1]
-        allowed = np.zeros(width, dtype=np.bool_)  # the model's rows past the tokenizer's vocabulary: never allowed
+        allowed = np.zeros(width, dtype=np.bool_)
         bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: min(self.vocab, width)]
         allowed[: bits.shape[0]] = bits
-        masked = mx.where(mx.array(allowed), logits, -mx.inf)
-        self.times.masks += 1
+        return allowed
+
+    # --- speculation (worker/batch/speculation.py): a proposal is checked against the grammar ------------------
+
+    def valid(self, read: int, proposal: list[int]) -> int:
+        """How many of `proposal`'s first tokens the grammar allows after the token read now (`read`)."""
+        if not proposal:
+            return 0
+        if self._started:
+            return max(0, self.matcher.validate_tokens([read, *proposal]) - 1)
+        return self.matcher.validate_tokens(proposal)
+
+    def ahead(self, context: mx.array, logits: mx.array, proposal: list[int]) -> mx.array:
+        """The logits of a step that reads `proposal` after the context's last token (one row a place), each place
+        masked as the grammar stands after the proposals before it: the matcher takes them to compute its masks,
+        then is rolled back (the read token stays taken, as in `__call__`); `keep` takes those the row keeps."""
+        mx.async_eval(logits)
+        started = self._take_read(context)
+        width = logits.shape[-1]
+        masks = [self._allowed(width)]
+        for token in proposal:
+            self.matcher.consume_token(token)
+            masks.append(self._allowed(width))
+        if proposal:
+            self.matcher.rollback(len(proposal))
+        self.times.masks += len(masks)
         self.times.mask_s += time.perf_counter() - started
-        return masked
+        return mx.where(mx.array(np.stack(masks)), logits, -mx.inf)
+
+    def keep(self, tokens: list[int]) -> None:
+        """The proposals the row kept: taken (its own draw after them is taken as the next step reads it)."""
+        if tokens:
+            self.matcher.consume_tokens(tokens)
 
     def forced(self, limit: int) -> list[int]:
         """The tokens the grammar forces next (a schema's fixed keys and punctuation), up to `limit`."""

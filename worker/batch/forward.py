@@ -45,7 +45,7 @@ from mlx_lm.sample_utils import greedy_sampler
 from worker.batch.lookup import Lookup
 from worker.batch.positions import Positions
 from worker.batch.prefill import Prefilling
-from worker.batch.rows import MIN_CHUNK, Embeds, Emitted, Processor, Row
+from worker.batch.rows import MIN_CHUNK, Checking, Embeds, Emitted, Processor, Row
 from worker.batch.sampling import Sampler, Seeded
 from worker.batch.speculation import (
     OFF,
@@ -257,6 +257,8 @@ class ContinuousBatch(Prefilling):
             tokens, reason = self._ended(row, out[: right + 1])
             kept.append(len(tokens))
             row.tokens += proposal[: len(tokens) - 1]
+            for processor in row.processors if proposal else ():  # (those of a row that proposes check proposals)
+                cast(Checking, processor).keep(proposal[: len(tokens) - 1])
             if isinstance(row.sampler, Seeded):
                 row.sampler.skip(len(tokens))
             emitted.append([Emitted(row.uid, t) for t in tokens[: -1 if reason else None]])
@@ -339,7 +341,11 @@ class ContinuousBatch(Prefilling):
             proposing = row.proposing is not None and row.lookup is not None
             proposal = row.lookup.propose(row.proposing.wants()) if proposing else []  # type: ignore[union-attr]
             # (an image's tags, ids past the vocabulary, are no token to read: worker/vision.py)
-            proposals.append(list(itertools.takewhile(lambda t: t < self._vocab, proposal)))
+            proposal = list(itertools.takewhile(lambda t: t < self._vocab, proposal))
+            for processor in row.processors if proposal else ():  # (a grammar: what it allows after the read token)
+                read = read or cast(list[int], reading.tolist())
+                proposal = proposal[: cast(Checking, processor).valid(read[i], proposal)]
+            proposals.append(proposal)
         rates = [r.proposing.rate if r.proposing is not None else 0.0 for r in self._rows]
         most = (
             self.payoff.width(len(self._rows), [(len(p), rate) for p, rate in zip(proposals, rates)], self.budget) - 1
@@ -356,29 +362,37 @@ class ContinuousBatch(Prefilling):
         block = mx.concatenate([reading[:, None], after], axis=1)
         logits = self._forward(block, self._cache, self._rows, **self._beside())
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        drawn = mx.stack(
-            [self._drawn_at(i, logits, logprobs, reading, len(p) + 1, wide) for i, p in enumerate(proposals)]
-        )
+        drawn = mx.stack([self._drawn_at(i, logits, logprobs, reading, p, wide) for i, p in enumerate(proposals)])
         mx.async_eval(drawn)
         self._next, self._proposed = drawn, proposals
         self._read_into_rows(reading)
         return wide
 
     def _drawn_at(
-        self, i: int, logits: mx.array, logprobs: mx.array, reading: mx.array, places: int, wide: int
+        self, i: int, logits: mx.array, logprobs: mx.array, reading: mx.array, proposal: list[int], wide: int
     ) -> mx.array:
-        """Row `i`'s draws at its first `places` places of the block (padded to `wide`): a row that proposes draws
-        at each as it would token by token; any other only at its first, as in a plain step."""
+        """Row `i`'s draws at the places of the block it proposed for (its token's, then each proposal's; padded to
+        `wide`): a row that proposes draws at each as it would token by token (its processors, a grammar, masking
+        each place as it stands after the proposals before it); any other only at its first, as in a plain step."""
         row = self._rows[i]
+        places = len(proposal) + 1
         if row.processors:
-            processed = self._processed(i, logits[i, :1], reading)
-            drawn = row.sampler(processed - mx.logsumexp(processed, axis=-1, keepdims=True))
-        elif row.sampler is greedy_sampler:
-            drawn = mx.argmax(logprobs[i, :places], axis=-1)
-        elif isinstance(row.sampler, Seeded):
-            drawn = row.sampler.ahead(logprobs[i, :places])
+            if proposal:
+                context = mx.concatenate([mx.array(row.tokens, dtype=reading.dtype), reading[i : i + 1]])
+                processed = logits[i, :places]
+                for processor in row.processors:
+                    processed = cast(Checking, processor).ahead(context, processed, proposal)
+            else:
+                processed = self._processed(i, logits[i, :1], reading)
+            row_logprobs = processed - mx.logsumexp(processed, axis=-1, keepdims=True)
         else:
-            drawn = row.sampler(logprobs[i, :1])
+            row_logprobs = logprobs[i, :places]
+        if row.sampler is greedy_sampler:
+            drawn = mx.argmax(row_logprobs, axis=-1)
+        elif isinstance(row.sampler, Seeded):
+            drawn = row.sampler.ahead(row_logprobs)
+        else:
+            drawn = row.sampler(row_logprobs[:1])
         drawn = drawn.reshape(-1).astype(mx.uint32)
         return mx.concatenate([drawn, mx.zeros((wide - drawn.shape[0],), dtype=mx.uint32)])
 
@@ -393,7 +407,9 @@ class ContinuousBatch(Prefilling):
 
 
 def _proposes(row: Row) -> bool:
-    """Whether a decode row may propose tokens: it draws greedily or with a seed of its own, with no logits
-    processors (penalties, a grammar, recorded log probabilities), and not alone in the batch."""
+    """Whether a decode row may propose tokens: it draws greedily or with a seed of its own (not through penalties,
+    biases or recorded log probabilities: worker/logits.py), its logits processors check proposals (a grammar's),
+    and it is not alone in the batch."""
     plain = row.sampler is greedy_sampler or isinstance(row.sampler, Seeded)
-    return plain and not row.processors and not row.alone and row.beside is None
+    checked = all(isinstance(p, Checking) for p in row.processors)
+    return plain and checked and not row.alone and row.beside is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -19,6 +19,26 @@ from worker.batch.speculation import Proposing
 MIN_CHUNK = 16  # the fewest prompt tokens a reader reads in a step, however far its step runs past the floor
 Processor = Callable[[mx.array, mx.array], mx.array]
 Batching = Literal["padded", "unpadded", "alone"]
+
+
+@runtime_checkable
+class Checking(Protocol):
+    """A logits processor that lets its sequence propose (worker/batch/speculation.py): a grammar's matcher
+    (worker/grammar.py), which checks proposals against the grammar and masks each place of a step's block."""
+
+    def __call__(self, context: mx.array, logits: mx.array) -> mx.array: ...
+
+    def valid(self, read: int, proposal: list[int]) -> int:
+        """How many of the proposal's first tokens it allows after the token read now."""
+        ...
+
+    def ahead(self, context: mx.array, logits: mx.array, proposal: list[int]) -> mx.array:
+        """The block's logits (a row a place: the read token's, then each proposal's), processed place by place."""
+        ...
+
+    def keep(self, tokens: list[int]) -> None:
+        """The proposals kept, after the step that checked them."""
+        ...
 
 
 class Extras(Protocol):

@@ -46,11 +46,12 @@ class Stepping(Leaving):
         self._last_step = (self.active, len(tokens), self.engine.padded_prefill, self._last_step[3])
         result = StepResult()
         ended: set[int] = set()  # (a step may bring a sequence several tokens: none is read past its end)
-        for token in tokens:
+        last = {token.uid: n for n, token in enumerate(tokens)}
+        for n, token in enumerate(tokens):
             if token.uid in ended:
                 continue
             before = len(result.finished)
-            self._advance(token, result)
+            self._advance(token, result, final=last[token.uid] == n)
             if len(result.finished) > before:
                 ended.add(token.uid)
         self._read_prompts({t.uid for t in tokens if t.finish_reason is None})
@@ -75,8 +76,9 @@ class Stepping(Leaving):
             self.pace.observe(model, n, prefill, now - started)
         self._last_step = (self.active, 0, 0, now)
 
-    def _advance(self, token: Token, result: StepResult) -> None:
-        """One job's token: its text (up to a stop string, if one is hit), and whether it ended."""
+    def _advance(self, token: Token, result: StepResult, final: bool = True) -> None:
+        """One job's token: its text (up to a stop string, if one is hit), and whether it ended. (`final`: its last
+        token of the step: its grammar, taken up to the step's last token, is complete only there.)"""
         r = self.batch.by_uid.get(token.uid)
         if r is None:  # dropped meanwhile
             return
@@ -90,7 +92,7 @@ class Stepping(Leaving):
             self._end(r, None, error=generation_error(r.job.id))
             return
         # its grammar complete: nothing may follow (the engine already drew the end; it is not waited for)
-        ends = "stop" if r.constraint is not None and r.constraint.done else token.finish_reason
+        ends = "stop" if final and r.constraint is not None and r.constraint.done else token.finish_reason
         if token.finish_reason != "stop":  # the EOS token itself is not text
             r.detokenizer.add_token(token.token)
         if ends:
