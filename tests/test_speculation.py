@@ -182,6 +182,38 @@ def test_a_constrained_job_speculating_in_the_worker_writes_what_it_writes_a_tok
     assert answer["timings"]["accepted_tokens"] > 0
 
 
+def test_n_3_seeded_choices_are_the_same_with_speculation_on_and_off(live_server, settings, start_worker, jobs):
+    import requests
+
+    from tests.test_health import scrape
+
+    # Given a request for 3 seeded sampled choices of an answer copying code it is shown
+    body = {
+        "model": settings.model_name,
+        "messages": [{"role": "user", "content": QUESTIONS[0]}],
+        "n": 3,
+        "seed": 7,
+        "temperature": 0.6,
+        "max_tokens": 60,
+    }
+
+    def choices() -> list[str]:
+        answer = requests.post(f"{live_server}/v1/chat/completions", json=body, timeout=300).json()
+        return [c["message"]["content"] for c in sorted(answer["choices"], key=lambda c: c["index"])]
+
+    # When a worker that does not speculate answers it, then one that always does
+    worker = start_worker(speculate=0)
+    plain = choices()
+    worker.stop()
+    start_worker(speculate_always=True)
+    speculated = choices()
+
+    # Then each choice is the same text (the three share their prompt's KV state, and draw with keys of their own)
+    assert speculated == plain
+    assert len(set(plain)) > 1
+    assert scrape(jobs.client)[f"onelane_model_tokens_accepted_total{{model={settings.model_name}}}"] > 0
+
+
 def test_a_row_proposes_the_tokens_that_followed_the_longest_ngram_ending_its_sequence():
     lookup = Lookup([1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 7, 1, 2])
     assert lookup.propose(3) == [3, 5, 6]  # "1 2" last occurred before at 5: then 3 5 6
