@@ -55,6 +55,7 @@ from worker.batch.speculation import (
     Speculation,
     accepted,
     cut,
+    expected,
     in_order,
     refusal,
 )
@@ -76,6 +77,7 @@ class ContinuousBatch(Prefilling):
         # the last step's start, whether it read prompts, and the tokens its decode rows read (rows x width)
         self._cycle: tuple[float, bool, int] | None = None
         self._vocab = 0  # the ids the model scores (its logits' width, once seen): a proposal holds none past them
+        self._expected = 1.0  # the tokens a row is expected to get of the last step that checked proposals
 
     def close(self) -> None:
         """Give back the wired-memory limit it set (on Metal), once the device is done with its work."""
@@ -204,13 +206,14 @@ class ContinuousBatch(Prefilling):
             self.work.decode_s += time.perf_counter() - started
         self._cycle = (began, read > 0, len(self._rows) * wide)
         if read and decoding and self.decode_floor:
-            self._fit_chunk(time.perf_counter() - began)
+            self._fit_chunk(time.perf_counter() - began, self._expected if wide > 1 else 1.0)
         return emitted
 
-    def _fit_chunk(self, step_s: float) -> None:
+    def _fit_chunk(self, step_s: float, per_row: float) -> None:
         """After a step that read prompts while rows decoded: the next such step's chunks, in proportion to how far
-        this one was from the floor's bound (1 / decode_floor s), at most doubling, within MIN_CHUNK..prefill_step."""
-        scaled = int(self.chunk * min(2.0, 1 / (self.decode_floor * max(step_s, 1e-6))))
+        this one was from the floor's bound (`per_row` / decode_floor s: the tokens a row is expected to get of the
+        step, one, or more where it checks proposals), at most doubling, within MIN_CHUNK..prefill_step."""
+        scaled = int(self.chunk * min(2.0, per_row / (self.decode_floor * max(step_s, 1e-6))))
         self.chunk = max(MIN_CHUNK, min(self.prefill_step, scaled))
 
     def _read(self) -> list[Emitted]:
@@ -352,7 +355,9 @@ class ContinuousBatch(Prefilling):
         )
         if most <= 0:
             return None
-        return [p[:most] for p in proposals]
+        cut_to = [p[:most] for p in proposals]
+        self._expected = 1 + sum(expected(rate, len(p)) for p, rate in zip(cut_to, rates)) / len(cut_to)
+        return cut_to
 
     def _draw_checked(self, reading: mx.array, proposals: list[list[int]]) -> int:
         """As `_draw`, each row reading its proposals after its token: what it draws at every place, to be checked
