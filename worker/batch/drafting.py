@@ -25,6 +25,7 @@ from worker.batch.proposers import Follower
 from worker.unsupported import Unsupported
 
 CHUNK = 512  # the most tokens of a row the draft reads in one forward pass (a prompt, the first time)
+BESIDE = 8  # the most unread tokens a row reads beside the others (more: all but these first, alone)
 
 
 class Draft:
@@ -40,9 +41,10 @@ class Draft:
         """Tokens added to the row."""
         self.tokens += tokens
 
-    def unread(self) -> list[int]:
-        """The row's tokens the draft has still to read, at least its last (whose logits give the first proposal):
-        its cache trimmed back to the longest prefix it shares with the row's tokens."""
+    def unread(self, model: nn.Module) -> list[int]:
+        """The row's tokens the draft has still to read, at least its last (whose logits give the first proposal),
+        at most BESIDE: its cache trimmed back to the longest prefix it shares with the row's tokens, and, past
+        BESIDE, all but the last BESIDE read now, alone."""
         shared = 0
         for mine, theirs in zip(self.held, self.tokens):
             if mine != theirs:
@@ -50,12 +52,19 @@ class Draft:
             shared += 1
         shared = min(shared, len(self.tokens) - 1)
         trim_prompt_cache(self.cache, len(self.held) - shared)
-        self.held = self.held[:shared]
+        ahead = len(self.tokens) - BESIDE
+        for start in range(shared, ahead, CHUNK):
+            model(mx.array([self.tokens[start : min(start + CHUNK, ahead)]]), cache=self.cache)
+            mx.eval([c.state for c in self.cache])
+        shared = max(shared, ahead)
+        self.held = self.tokens[:shared]
         return self.tokens[shared:]
 
 
 class Drafter:
-    """A draft model proposing for a batch's rows (worker/batch/proposers.py's `Proposer`)."""
+    """A draft model proposing for a batch's rows (worker/batch/proposers.py's `Proposer`): its KV caches merged
+    into one batched cache a layer (mlx-lm's `BatchKVCache`, the rows left-padded to the longest), one forward pass
+    a proposed token over all rows, and each row's cache taken out of it again."""
 
     costly = True
 
@@ -66,20 +75,40 @@ class Drafter:
         return Draft(self.model, tokens)
 
     def propose(self, followers: Sequence[Follower | None], wants: list[int]) -> list[list[int]]:
-        return [self._propose(f, k) if isinstance(f, Draft) and k > 0 else [] for f, k in zip(followers, wants)]
+        proposing = [i for i, (f, k) in enumerate(zip(followers, wants)) if isinstance(f, Draft) and k > 0]
+        proposals: list[list[int]] = [[] for _ in followers]
+        if not proposing:
+            return proposals
+        drafts = [cast(Draft, followers[i]) for i in proposing]
+        drawn = self._drafted(drafts, max(wants[i] for i in proposing))
+        for i, draft, tokens in zip(proposing, drafts, drawn):
+            draft.held = draft.tokens + tokens[:-1]
+            proposals[i] = tokens[: wants[i]]
+        return proposals
 
-    def _propose(self, draft: Draft, k: int) -> list[int]:
-        """A row's `k` next tokens, as the draft continues it greedily."""
-        unread = draft.unread()
-        for start in range(0, len(unread) - 1, CHUNK):
-            self.model(mx.array([unread[start : min(start + CHUNK, len(unread) - 1)]]), cache=draft.cache)
-        logits = self.model(mx.array([unread[-1:]]), cache=draft.cache)
-        drawn = [mx.argmax(logits[:, -1, :], axis=-1)]
+    def _drafted(self, drafts: list[Draft], k: int) -> list[list[int]]:
+        """Each row's `k` next tokens, as the draft continues it greedily: each reads what it has not read yet
+        (right-padded to the longest, as worker/batch/prefill.py reads prompts), then the tokens drawn, together."""
+        unread = [d.unread(self.model) for d in drafts]
+        lengths = [len(u) for u in unread]
+        padding = [max(lengths) - n for n in lengths]
+        layers = zip(*(d.cache for d in drafts))  # (each layer's caches, a row each)
+        cache = drafts[0].cache if len(drafts) == 1 else [layer[0].merge(list(layer)) for layer in layers]
+        if max(padding):
+            for c in cache:
+                c.prepare(lengths=lengths, right_padding=padding)
+        logits = self.model(mx.array([u + [0] * p for u, p in zip(unread, padding)]), cache=cache)
+        if max(padding):
+            for c in cache:
+                c.finalize()
+        drawn = [mx.argmax(logits[mx.arange(len(drafts)), mx.array(lengths) - 1], axis=-1)]
         for _ in range(k - 1):
-            drawn.append(mx.argmax(self.model(drawn[-1][:, None], cache=draft.cache)[:, -1, :], axis=-1))
-        proposal = cast(list[int], mx.concatenate(drawn).tolist())  # (a vector of ids: tolist is typed for any shape)
-        draft.held = draft.tokens + proposal[:-1]
-        return proposal
+            drawn.append(mx.argmax(self.model(drawn[-1][:, None], cache=cache)[:, -1, :], axis=-1))
+        tokens = cast(list[list[int]], mx.stack(drawn, axis=1).tolist())  # (ids, rows x k: tolist is typed for any)
+        if len(drafts) > 1:
+            for j, draft in enumerate(drafts):
+                draft.cache = [c.extract(j) for c in cache]
+        return tokens
 
 
 def load_drafter(path: str, dtype: str, served: str, tokenizer: TokenizerWrapper) -> Drafter:
