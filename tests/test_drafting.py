@@ -15,6 +15,9 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from tasks.catalogue import DEMO_MODEL, SHIPPED_DEMO_MODEL, ModelConfig, read_models_file
 from tasks.job import JobSpec, SamplingParams
+from tasks.settings import Settings
+from tests.helpers import wait_ended
+from tests.test_hostile_models import serve
 from tests.tiny_archs import TOKENIZER_FILES
 from worker.batch.drafting import Draft, Drafter, load_drafter
 from worker.batch.engine import Engine
@@ -235,6 +238,46 @@ def test_the_models_list_says_a_model_speculates_with_its_draft(self_drafted, tm
         assert self_drafted.speculation == "draft model demo"
     finally:
         self_drafted.configure(1, 512)
+
+
+@pytest.fixture
+def settings(settings: Settings, tmp_path: Path) -> Settings:
+    """The demo model served twice from one models file: with its first layer as its draft, and with a draft of
+    another tokenizer."""
+    from worker.demo_build.model import make_demo_model
+
+    tables = {
+        "drafted": {"path": str(SHIPPED_DEMO_MODEL), "draft": str(shallow_demo(tmp_path / "shallow-draft"))},
+        "misdrafted": {"path": str(SHIPPED_DEMO_MODEL), "draft": str(make_demo_model(tmp_path / "other-draft"))},
+    }
+    return serve(settings, tmp_path, **tables)[0]
+
+
+def test_a_served_model_drafts_and_one_whose_draft_does_not_fit_fails_naming_both(
+    settings, jobs, store, start_worker, tmp_path
+):
+    # Given a worker serving the models file, speculating (always: whatever it costs this machine)
+    start_worker(settings, speculate_always=True)
+
+    # When a job asks the model with a fitting draft
+    job = jobs.submit(messages=[{"role": "user", "content": QUESTIONS[2]}], max_tokens=40, temperature=0)
+    done = wait_ended(store, job["id"], timeout_s=120)
+
+    # Then it completes, its steps checked the draft's proposals and kept some; the models list says it drafts
+    timings = jobs.get(job["id"])["timings"]
+    assert done["status"] == "completed"
+    assert 0 < timings["accepted_tokens"] < timings["proposed_tokens"]
+    listed = {m["id"]: m for m in jobs.client.get("/v1/models").get_json()["data"]}
+    assert listed["drafted"]["speculation"] == "draft model shallow-draft"
+
+    # When a job asks the model whose draft has another tokenizer
+    failed = wait_ended(store, jobs.submit("hi", model="misdrafted", max_tokens=4)["id"], timeout_s=120)
+
+    # Then it fails: the model is unavailable, and why names both models (and no server path)
+    assert (failed["status"], failed["error"]["type"]) == ("failed", "model_unavailable")
+    message = failed["error"]["message"]
+    assert "the draft model other-draft cannot draft for misdrafted: its tokenizer's vocabulary" in message, message
+    assert str(tmp_path) not in message
 
 
 def greedy(model: Any, tokens: list[int], n: int) -> list[int]:
