@@ -13,6 +13,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
+from tasks import keys
 from tasks.catalogue import DEMO_MODEL, SHIPPED_DEMO_MODEL, ModelConfig, read_models_file
 from tasks.job import JobSpec, SamplingParams
 from tasks.settings import Settings
@@ -160,6 +161,25 @@ def test_another_draft_changes_no_answer_of_rows_joining_and_leaving(self_drafte
     assert on.work.accepted_tokens < on.work.proposed_tokens
 
 
+def test_a_step_the_batch_keeps_plain_drafts_nothing(self_drafted, shallow_draft):
+    # Given a batch that proposes only where it measures that it pays (it knows no step's time yet)
+    batch = ContinuousBatch(self_drafted.model, 512, 4, None, speculation=Speculation(4), proposer=shallow_draft)
+    batch.insert(chat(self_drafted, QUESTIONS[0]), 40, make_sampler(GREEDY))
+
+    # When its first decode steps are plain (a plain step's time measured first)
+    batch.step()
+    batch.step()
+
+    # Then the draft follows the row but has read nothing: drafting costs a forward pass a token, so the step's
+    # width is chosen before the draft runs
+    follower = batch._rows[0].lookup
+    assert isinstance(follower, Draft) and follower.held == [] and batch.work.proposed_tokens == 0
+    # and once a wider step is tried, it drafts
+    while batch.work.proposed_tokens == 0 and len(batch):
+        batch.step()
+    assert batch.work.proposed_tokens > 0
+
+
 def test_the_draft_proposes_its_greedy_continuation_and_follows_the_row_where_it_was_wrong(random_draft):
     # Given a row the draft follows
     model = random_draft.model
@@ -269,6 +289,9 @@ def test_a_served_model_drafts_and_one_whose_draft_does_not_fit_fails_naming_bot
     assert 0 < timings["accepted_tokens"] < timings["proposed_tokens"]
     listed = {m["id"]: m for m in jobs.client.get("/v1/models").get_json()["data"]}
     assert listed["drafted"]["speculation"] == "draft model shallow-draft"
+    # and the memory it holds counts its draft's weights beside its own (float32 on the CPU)
+    index = json.loads((SHIPPED_DEMO_MODEL / "model.safetensors.index.json").read_text())
+    assert int(store.redis.hget(keys.model("drafted"), "bytes")) > 4 * index["metadata"]["total_parameters"]
 
     # When a job asks the model whose draft has another tokenizer
     failed = wait_ended(store, jobs.submit("hi", model="misdrafted", max_tokens=4)["id"], timeout_s=120)
