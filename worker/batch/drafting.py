@@ -36,6 +36,7 @@ class Draft:
         self.tokens = list(tokens)
         self.cache: list[Any] = make_prompt_cache(model)
         self.held: list[int] = []
+        self.known = 0  # of `held`, the first that are the row's tokens (a row's tokens only grow: no need to look)
 
     def extend(self, tokens: Iterable[int]) -> None:
         """Tokens added to the row."""
@@ -45,8 +46,8 @@ class Draft:
         """The row's tokens the draft has still to read, at least its last (whose logits give the first proposal),
         at most BESIDE: its cache trimmed back to the longest prefix it shares with the row's tokens, and, past
         BESIDE, all but the last BESIDE read now, alone."""
-        shared = 0
-        for mine, theirs in zip(self.held, self.tokens):
+        shared = self.known
+        for mine, theirs in zip(self.held[shared:], self.tokens[shared:]):
             if mine != theirs:
                 break
             shared += 1
@@ -57,7 +58,7 @@ class Draft:
             model(mx.array([self.tokens[start : min(start + CHUNK, ahead)]]), cache=self.cache)
             mx.eval([c.state for c in self.cache])
         shared = max(shared, ahead)
-        self.held = self.tokens[:shared]
+        self.held, self.known = self.tokens[:shared], shared
         return self.tokens[shared:]
 
 
@@ -82,7 +83,7 @@ class Drafter:
         drafts = [cast(Draft, followers[i]) for i in proposing]
         drawn = self._drafted(drafts, max(wants[i] for i in proposing))
         for i, draft, tokens in zip(proposing, drafts, drawn):
-            draft.held = draft.tokens + tokens[:-1]
+            draft.held, draft.known = draft.tokens + tokens[:-1], len(draft.tokens)
             proposals[i] = tokens[: wants[i]]
         return proposals
 
