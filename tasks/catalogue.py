@@ -59,6 +59,9 @@ class ModelConfig(BaseModel):
     kind_: Kind | None = Field(None, alias="kind")
     # a generator that reads images in its prompts (loaded with mlx-vlm): found from its folder's config when not said
     vision_: bool | None = Field(None, alias="vision")
+    # a smaller model with the same tokenizer (a folder, or what mlx_lm.load takes) whose greedy continuations are
+    # proposed for this one's sequences to check (worker/batch/drafting.py), instead of prompt lookup's
+    draft: str | None = Field(None, min_length=1)
 
     @property
     def kind(self) -> Kind:
@@ -105,7 +108,7 @@ def read_models_file(path: str) -> list[dict[str, object]]:
     folder = Path(path).resolve().parent
     entries = []
     for name, entry in table.items():
-        for key in ("path", "gguf"):
+        for key in ("path", "gguf", "draft"):
             where = entry.get(key)
             if isinstance(where, str) and where.startswith(("./", "../", "~")):  # a local one, relative to the file
                 entry = {**entry, key: str((folder / Path(where).expanduser()).resolve())}

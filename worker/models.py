@@ -37,21 +37,25 @@ from worker.prefix_cache import PrefixCache
 from worker.prefix_disk import DiskTier
 from worker.prefix_file import weights_digest
 from worker.preflight import unknown_architecture
+from worker.unsupported import Unsupported
 
 logger = logging.getLogger(__name__)
 
 
 def size_on_disk(config: ModelConfig) -> int:
-    """The weights' size before loading, from a local folder's safetensors (0 when unknown: a hub id not fetched yet)."""
-    folder = Path(config.path)
-    return sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder.is_dir() else 0
+    """The weights' size before loading, its draft's too, from local folders' safetensors (0 when unknown: a hub id
+    not fetched yet)."""
+    folders = [Path(p) for p in (config.path, config.draft) if p is not None]
+    return sum(f.stat().st_size for folder in folders if folder.is_dir() for f in folder.glob("*.safetensors"))
 
 
 def size_in_memory(engine: Engine) -> int:
-    """The weights' size once loaded."""
+    """The weights' size once loaded, its draft's too (loaded and freed with it)."""
+    drafter = getattr(engine, "drafter", None)  # (an embedding model's stand-in has none)
+    models = [engine.model] + ([drafter.model] if drafter is not None else [])
     # (a list: mlx types tree_flatten's result as a list or a dict)
-    parameters = cast(list[tuple[str, mx.array]], tree_flatten(engine.model.parameters()))
-    return sum(a.nbytes for _, a in parameters)
+    parameters = [cast(list[tuple[str, mx.array]], tree_flatten(m.parameters())) for m in models]
+    return sum(a.nbytes for weights in parameters for _, a in weights)
 
 
 class ModelPool:
@@ -155,6 +159,11 @@ class ModelPool:
         """A served model read from its folder (a GGUF imported into it the first time), by the library of its
         kind."""
         prepare(config)
+        if config.draft is not None and (config.kind != "generate" or config.vision):
+            raise Unsupported(
+                f"{config.name} cannot have a draft model: a draft proposes tokens for a model that generates text "
+                "alone (not an embedding model, a reranker or a model that reads images)"
+            )
         if config.kind == "generate" and config.vision:  # a vision-language model: mlx-vlm loads it
             from worker.vision import VisionEngine
 

@@ -212,7 +212,7 @@ class WorkerStore:
     ) -> None:
         """`batching`: how its sequences share the batch (worker/batch/prefill.py's Batching); `images`: how a vision
         model's image prompts run (worker/vision.py's `images`; None: a text model); `speculation`: how its
-        sequences speculate (`prompt lookup`, or `off` and why: worker/batch/speculation.py)."""
+        sequences speculate (`prompt lookup`, `draft model NAME`, or `off` and why: worker/batch/speculation.py)."""
         self._model(
             name,
             state="loaded",

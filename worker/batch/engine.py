@@ -32,6 +32,7 @@ from tasks.context import context_of
 from tasks.errors import InvalidPrompt
 from tasks.job import JobSpec, SamplingParams
 from tasks.settings import PREFILL_BATCH
+from worker.batch.drafting import Drafter, load_drafter
 from worker.batch.dtypes import with_dtype
 from worker.batch.forward import ContinuousBatch
 from worker.batch.logprobs import Logprobs
@@ -83,8 +84,10 @@ class Engine:
         prefill_step: int = 512,
         lock: threading.Lock | None = None,
         max_kv_size: int | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
         self.model = model
+        self.drafter = drafter  # a draft model proposing its sequences' tokens (None: prompt lookup)
         self.tokenizer = tokenizer
         self.name = name
         self._max_batch = max_batch
@@ -116,10 +119,16 @@ class Engine:
         started = time.perf_counter()
         loaded, tokenizer = load(config.path, **config.load_options())[:2]
         dtype = with_dtype(loaded, config.dtype)
+        drafter = load_drafter(config.draft, config.dtype, config.name, tokenizer) if config.draft else None
         logger.info(
-            "model %s loaded from %s in %.2f s (%s)", config.name, config.path, time.perf_counter() - started, dtype
+            "model %s loaded from %s in %.2f s (%s%s)",
+            config.name,
+            config.path,
+            time.perf_counter() - started,
+            dtype,
+            f"; draft model {drafter.name}" if drafter is not None else "",
         )
-        engine = cls(loaded, tokenizer, config.name, max_batch, prefill_step, lock, config.max_kv_size)
+        engine = cls(loaded, tokenizer, config.name, max_batch, prefill_step, lock, config.max_kv_size, drafter)
         engine.context = context_of(config.path) or engine.context
         return engine
 
@@ -152,6 +161,7 @@ class Engine:
             self.batching,
             decode_floor=self.decode_floor,
             speculation=self._speculation,
+            proposer=self.drafter,
         )
 
     def prompt_tokens(
@@ -227,9 +237,12 @@ class Engine:
 
     @property
     def speculation(self) -> str:
-        """How its sequences speculate: `prompt lookup`, or `off` and why (worker/batch/speculation.py)."""
+        """How its sequences speculate: `prompt lookup`, `draft model NAME`, or `off` and why
+        (worker/batch/speculation.py)."""
         why = self._batch.refusal
-        return "prompt lookup" if why is None else why if why == "off" else f"off: {why}"
+        if why is None:
+            return f"draft model {self.drafter.name}" if self.drafter is not None else "prompt lookup"
+        return why if why == "off" else f"off: {why}"
 
     @property
     def images(self) -> str | None:

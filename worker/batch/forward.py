@@ -42,9 +42,9 @@ from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 
-from worker.batch.lookup import Lookup
 from worker.batch.positions import Positions
 from worker.batch.prefill import Prefilling
+from worker.batch.proposers import PromptLookup, Proposer
 from worker.batch.rows import MIN_CHUNK, Checking, Embeds, Emitted, Processor, Row
 from worker.batch.sampling import Sampler, Seeded
 from worker.batch.speculation import (
@@ -65,8 +65,11 @@ class ContinuousBatch(Prefilling):
     """The continuous batch (see the module's docstring): sequences join and leave it, and each step reads what the
     decode rows drew, reads a chunk of the joining prompts and draws the decode rows' next tokens."""
 
-    def __init__(self, *args: Any, speculation: Speculation = OFF, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, speculation: Speculation = OFF, proposer: Proposer | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.proposer = proposer or PromptLookup()  # where proposals come from (worker/batch/proposers.py)
         # the most tokens a decode row proposes a step, and the most a step reads over all rows (0: no speculation,
         # worker/batch/speculation.py)
         self.speculate, self.budget = speculation.tokens, speculation.budget
@@ -335,29 +338,37 @@ class ContinuousBatch(Prefilling):
         none does (or the batch cannot check proposals: its caches cannot be cut a row at a time)."""
         if self.refusal is not None or not self._vocab or self._beside():
             return None
-        proposals: list[list[int]] = []
+        wants: list[int] = []
         read: list[int] | None = None
         for i, row in enumerate(self._rows):
             if row.proposing is None and _proposes(row):
                 read = read or cast(list[int], reading.tolist())
-                row.lookup, row.proposing = Lookup([*row.tokens, read[i]]), Proposing(self.speculate)
+                row.lookup, row.proposing = self.proposer.follow([*row.tokens, read[i]]), Proposing(self.speculate)
             proposing = row.proposing is not None and row.lookup is not None
-            proposal = row.lookup.propose(row.proposing.wants()) if proposing else []  # type: ignore[union-attr]
-            # (an image's tags, ids past the vocabulary, are no token to read: worker/vision.py)
-            proposal = list(itertools.takewhile(lambda t: t < self._vocab, proposal))
-            for processor in row.processors if proposal else ():  # (a grammar: what it allows after the read token)
-                read = read or cast(list[int], reading.tolist())
-                proposal = proposal[: cast(Checking, processor).valid(read[i], proposal)]
-            proposals.append(proposal)
+            wants.append(row.proposing.wants() if proposing else 0)  # type: ignore[union-attr]
         rates = [r.proposing.rate if r.proposing is not None else 0.0 for r in self._rows]
-        most = (
-            self.payoff.width(len(self._rows), [(len(p), rate) for p, rate in zip(proposals, rates)], self.budget) - 1
-        )
+        if self.proposer.costly:  # (a draft's: as many as each wants, a forward pass a token: the width first)
+            most = self._most(wants, rates)
+            if most <= 0:
+                return None
+            wants = [min(n, most) for n in wants]
+        proposals = self.proposer.propose([r.lookup for r in self._rows], wants)
+        # (an image's tags, ids past the vocabulary, are no token to read: worker/vision.py)
+        proposals = [list(itertools.takewhile(lambda t: t < self._vocab, p)) for p in proposals]
+        if any(p and row.processors for p, row in zip(proposals, self._rows)):
+            read = read or cast(list[int], reading.tolist())
+            proposals = [_allowed(row, token, p) for row, token, p in zip(self._rows, read, proposals)]
+        if not self.proposer.costly:
+            most = self._most([len(p) for p in proposals], rates)
         if most <= 0:
             return None
         cut_to = [p[:most] for p in proposals]
         self._expected = 1 + sum(expected(rate, len(p)) for p, rate in zip(cut_to, rates)) / len(cut_to)
         return cut_to
+
+    def _most(self, lengths: list[int], rates: list[float]) -> int:
+        """The most tokens a row proposes this step (`Payoff`), for rows proposing `lengths` at their kept `rates`."""
+        return self.payoff.width(len(self._rows), list(zip(lengths, rates)), self.budget) - 1
 
     def _draw_checked(self, reading: mx.array, proposals: list[list[int]]) -> int:
         """As `_draw`, each row reading its proposals after its token: what it draws at every place, to be checked
@@ -409,6 +420,13 @@ class ContinuousBatch(Prefilling):
         for processor in row.processors:
             logits = processor(context, logits)
         return logits
+
+
+def _allowed(row: Row, read: int, proposal: list[int]) -> list[int]:
+    """A row's proposal cut to what its processors (a grammar) allow after the token it reads now."""
+    for processor in row.processors if proposal else ():
+        proposal = proposal[: cast(Checking, processor).valid(read, proposal)]
+    return proposal
 
 
 def _proposes(row: Row) -> bool:

@@ -11,8 +11,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-from worker.batch.lookup import Lookup
 from worker.batch.positions import Positions
+from worker.batch.proposers import Follower
 from worker.batch.sampling import Sampler
 from worker.batch.speculation import Proposing
 
@@ -103,9 +103,10 @@ class Row:
     seen: int = 0  # of its embeddings, those read already (where `extras` are taken from)
     beside: Beside | None = None  # what its passes take beside its embeddings, once read
     alone: bool = False  # it decodes with nothing beside it (the batch drains first; none joins until it leaves)
-    # speculation (worker/batch/speculation.py): its n-gram index and how it proposes (None: it does not), and
-    # where its first cached entries belong once entries were moved within the batch's cache (None: in order)
-    lookup: Lookup | None = None
+    # speculation (worker/batch/speculation.py): its proposer's state (an n-gram index, or a draft model's KV cache:
+    # worker/batch/proposers.py) and how it proposes (None: it does not), and where its first cached entries belong
+    # once entries were moved within the batch's cache (None: in order)
+    lookup: Follower | None = None
     proposing: Proposing | None = None
     order: list[int] | None = None
 
