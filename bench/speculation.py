@@ -33,12 +33,13 @@ the folder every server loads.
    - json: a JSON document of ~40 lines, "return it with the field F changed to V, nothing else";
    - chat: open questions, little to copy.
 3. For each of `--rounds` rounds, each workload and each level (`--levels` closed-loop clients, each sending
-   `--requests` requests back to back, one of them streamed for its time to first content chunk): every server in
+   `--requests` requests back to back, `--streamed` of them (all but one by default) streamed for their time to
+   first content chunk and their decode rate, tokens after the first over the time after it): every server in
    turn, the order rotating, so a disturbance of this shared machine falls on all alike. After each level the server
    is let settle (onelane: its queue empty, then one lease period so that its step counter is in /metrics).
-4. Per server x workload x level: completion tokens/s over the level's wall time, streamed TTFT p50; for the two
-   onelane pairs the /metrics deltas over the level: tokens proposed and accepted (acceptance = accepted/proposed),
-   tokens generated and batch steps. Tokens per step: a sequence's (generated / (generated - accepted): every step
+4. Per server x workload x level: completion tokens/s over the level's wall time (prompts read included), streamed
+   TTFT p50 and decode rate (median); for the two onelane pairs the /metrics deltas over the level: tokens proposed
+   and accepted (acceptance = accepted/proposed), tokens generated and batch steps. Tokens per step: a sequence's (generated / (generated - accepted): every step
    gives a sequence one token plus what it kept) and the batch's (generated / batch steps, every row's tokens).
    Then per workload x level the medians over the rounds with min-max, and the ratios on/off and on/mlx_lm.server
    round by round (median, min-max).
@@ -61,6 +62,7 @@ import json
 import os
 import random
 import re
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -380,7 +382,7 @@ def servers(settings: Settings, blas: str) -> Iterator[list[Side]]:
 def run_level(side: Side, workload: str, clients: int, r: int, args: argparse.Namespace) -> None:
     """One level of one round on one server: every client at once, each sending its requests back to back."""
     ask = workload_prompts(workload, clients, r, args.requests)
-    at = streamed_at(args.requests - 1, 1)
+    at = streamed_at(args.requests - args.streamed, args.streamed)
     before = metrics(side.url) if side.onelane else None
     level = http_level(side.name, ask, at, sender(side, args.max_tokens))
     if not side.settle():
@@ -424,6 +426,17 @@ def seq_per_step(c: dict[str, float]) -> float | None:
     return c["generated"] / steps if steps > 0 else None
 
 
+def decode_rate(level: MixLevel) -> float | None:
+    """The median over the level's streamed answers of their decode rate: tokens after the first over the time
+    after the first (what a reader sees once the answer has started, its prompt read)."""
+    rates = [
+        (s.completion_tokens - 1) / (s.latency - s.ttft)
+        for s in level.ok
+        if s.streamed and s.ttft is not None and s.completion_tokens > 1 and s.latency > s.ttft
+    ]
+    return statistics.median(rates) if rates else None
+
+
 def batch_per_step(c: dict[str, float]) -> float | None:
     return c["generated"] / c["steps"] if c["steps"] else None
 
@@ -458,6 +471,9 @@ TABLE = (
     "on/off",
     "on/mlx",
     "TTFT p50 ms on | off | mlx",
+    "decode tok/s on | off | mlx",
+    "on/off",
+    "on/mlx",
     "accepted %",
     "seq tok/step",
     "batch tok/step on | off",
@@ -488,6 +504,9 @@ def table(sides: list[Side], args: argparse.Namespace) -> list[str]:
                     span(Row.ratios(a, b, tps), "{:.2f}") + "x",
                     span(Row.ratios(a, p, tps), "{:.2f}") + "x",
                     f"{ttfts(a)} | {ttfts(b)} | {ttfts(p)}",
+                    " | ".join(span(Row.each(levels, decode_rate), "{:.1f}") for levels in (a, b, p)),
+                    span(Row.ratios(a, b, decode_rate), "{:.2f}") + "x",
+                    span(Row.ratios(a, p, decode_rate), "{:.2f}") + "x",
                     span([x * 100 for cc in on.counts.get(key, []) if (x := acceptance(cc)) is not None], "{:.0f}"),
                     span([x for cc in on.counts.get(key, []) if (x := seq_per_step(cc)) is not None], "{:.2f}"),
                     " | ".join(
@@ -542,8 +561,8 @@ def report(sides: list[Side], args: argparse.Namespace, load: float, skipped: li
     print()
     print(
         f"speculation: model {args.model}, workloads {','.join(args.workloads)}, levels {args.levels}, {args.rounds} "
-        f"rounds, each client {args.requests} requests back to back (request {min(streamed_at(args.requests - 1, 1)) + 1} "
-        f"streamed), max_tokens {args.max_tokens}, temperature 0, natural stops; {os.cpu_count()} CPUs, load average "
+        f"rounds, each client {args.requests} requests back to back (requests "
+        f"{sorted(n + 1 for n in streamed_at(args.requests - args.streamed, args.streamed))} streamed), max_tokens {args.max_tokens}, temperature 0, natural stops; {os.cpu_count()} CPUs, load average "
         f"{load:.2f} before, {os.getloadavg()[0]:.2f} after"
     )
     spec = Settings.model_fields
@@ -610,7 +629,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"of {','.join(WORKLOADS)}")
-    parser.add_argument("--requests", type=int, default=REQUESTS, help="per client per level (one streamed; >= 2)")
+    parser.add_argument("--requests", type=int, default=REQUESTS, help="per client per level (>= 2)")
+    parser.add_argument(
+        "--streamed", type=int, default=None, help="of them streamed (their TTFT and decode rate; default: all but one)"
+    )
     parser.add_argument("--peer-blas", default="shim", choices=BLAS_CHOICES, help="mlx_lm.server's BLAS")
     parser.add_argument("--budget-s", type=float, default=4 * 3600.0, help="no level starts after this many seconds")
     args = parser.parse_args()
@@ -619,6 +641,9 @@ def parse_args() -> argparse.Namespace:
     unknown = set(args.workloads) - set(WORKLOADS)
     if unknown or args.requests < 2:
         parser.error(f"unknown workloads {sorted(unknown)}" if unknown else "--requests must be at least 2")
+    args.streamed = args.requests - 1 if args.streamed is None else args.streamed
+    if not 1 <= args.streamed < args.requests:
+        parser.error("--streamed must be at least 1 and leave one request plain")
     return args
 
 
