@@ -319,3 +319,21 @@ def assert_holds(draft: Draft, model: Any) -> None:
         assert mine.offset == read.offset == len(draft.held)
         n = len(draft.held)
         assert mx.allclose(mine.state[0][..., :n, :], read.state[0][..., :n, :], atol=1e-4)
+
+
+def test_a_checkpoints_multi_token_prediction_heads_are_said_to_be_unused(tmp_path):
+    # Given a checkpoint whose config says it carries a multi-token-prediction head (as DeepSeek V3's and GLM-4.5's
+    # do), which mlx-lm drops as it loads
+    folder = tiny_llama(tmp_path / "mtp")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+
+    # When it is loaded and speculates
+    engine = Engine.load(str(folder))
+    engine.configure(2, 512, speculation=Speculation(4))
+
+    # Then the models list says it proposes by prompt lookup, its head unused, and why
+    assert engine.speculation == (
+        "prompt lookup; its 1 multi-token-prediction head(s) unused: mlx-lm drops them as it loads"
+    )
+    assert Engine.load(str(tiny_llama(tmp_path / "plain"))).dropped_heads == 0

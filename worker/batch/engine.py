@@ -39,7 +39,7 @@ from worker.batch.logprobs import Logprobs
 from worker.batch.positions import Positions
 from worker.batch.rows import Batching, Counters, Embeds, unchecked, unmergeable
 from worker.batch.sampling import Sampler, Scorer, make_sampler
-from worker.batch.speculation import OFF, Speculation
+from worker.batch.speculation import OFF, Speculation, dropped_heads
 from worker.grammar import GrammarMatcher, Grammars
 from worker.logits import Draw
 from worker.token_bytes import TokenBytes
@@ -88,6 +88,7 @@ class Engine:
     ) -> None:
         self.model = model
         self.drafter = drafter  # a draft model proposing its sequences' tokens (None: prompt lookup)
+        self.dropped_heads = 0  # multi-token-prediction heads its checkpoint carries, dropped by mlx-lm as it loads
         self.tokenizer = tokenizer
         self.name = name
         self._max_batch = max_batch
@@ -130,6 +131,7 @@ class Engine:
         )
         engine = cls(loaded, tokenizer, config.name, max_batch, prefill_step, lock, config.max_kv_size, drafter)
         engine.context = context_of(config.path) or engine.context
+        engine.dropped_heads = dropped_heads(config.path)
         return engine
 
     @property
@@ -241,8 +243,12 @@ class Engine:
         (worker/batch/speculation.py)."""
         why = self._batch.refusal
         if why is None:
-            return f"draft model {self.drafter.name}" if self.drafter is not None else "prompt lookup"
-        return why if why == "off" else f"off: {why}"
+            said = f"draft model {self.drafter.name}" if self.drafter is not None else "prompt lookup"
+        else:
+            said = why if why == "off" else f"off: {why}"
+        if self.dropped_heads:
+            said += f"; its {self.dropped_heads} multi-token-prediction head(s) unused: mlx-lm drops them as it loads"
+        return said
 
     @property
     def images(self) -> str | None:

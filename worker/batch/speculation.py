@@ -26,7 +26,9 @@ the batch backs off as it fills, or where little is kept; rows x width stays wit
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -182,6 +184,25 @@ def refusal(model: nn.Module, batching: str, max_kv_size: int | None) -> str | N
     if kinds:
         return f"its caches ({', '.join(kinds)}) cannot be cut a sequence at a time"
     return None
+
+
+MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers", "mtp_num_layers")
+
+
+def dropped_heads(folder: str) -> int:
+    """How many multi-token-prediction heads the checkpoint in `folder` carries (its config.json, or its text
+    model's), none of which speculation uses: every mlx-lm architecture that has them drops their weights as it
+    loads (DeepSeek V3/V4, GLM-4.5, MiMo, Qwen3-Next, Qwen 3.5, ERNIE 4.5, ...), so they cannot propose here."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    for part in (config, config.get("text_config") if isinstance(config, dict) else None):
+        for key in MTP_KEYS if isinstance(part, dict) else ():
+            value = part.get(key)  # type: ignore[union-attr]
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return 0
 
 
 def accepted(proposed: list[int], drawn: list[int]) -> int:
