@@ -55,7 +55,6 @@ from worker.batch.speculation import (
     Speculation,
     accepted,
     cut,
-    expected,
     in_order,
     refusal,
 )
@@ -80,7 +79,6 @@ class ContinuousBatch(Prefilling):
         # the last step's start, whether it read prompts, and the tokens its decode rows read (rows x width)
         self._cycle: tuple[float, bool, int] | None = None
         self._vocab = 0  # the ids the model scores (its logits' width, once seen): a proposal holds none past them
-        self._expected = 1.0  # the tokens a row is expected to get of the last step that checked proposals
 
     def close(self) -> None:
         """Give back the wired-memory limit it set (on Metal), once the device is done with its work."""
@@ -205,18 +203,19 @@ class ContinuousBatch(Prefilling):
             read = self._prefill(cap) + self._see(cap)
             self.work.prefill_s += time.perf_counter() - started
             started = time.perf_counter()
-            wide = self._draw() if self._rows else 0
+            # (a step that reads prompts checks no proposals: the prompts read as fast as without speculation, and
+            # their first tokens come as soon)
+            wide = self._draw(checks=not read) if self._rows else 0
             self.work.decode_s += time.perf_counter() - started
         self._cycle = (began, read > 0, len(self._rows) * wide)
         if read and decoding and self.decode_floor:
-            self._fit_chunk(time.perf_counter() - began, self._expected if wide > 1 else 1.0)
+            self._fit_chunk(time.perf_counter() - began)
         return emitted
 
-    def _fit_chunk(self, step_s: float, per_row: float) -> None:
+    def _fit_chunk(self, step_s: float) -> None:
         """After a step that read prompts while rows decoded: the next such step's chunks, in proportion to how far
-        this one was from the floor's bound (`per_row` / decode_floor s: the tokens a row is expected to get of the
-        step, one, or more where it checks proposals), at most doubling, within MIN_CHUNK..prefill_step."""
-        scaled = int(self.chunk * min(2.0, per_row / (self.decode_floor * max(step_s, 1e-6))))
+        this one was from the floor's bound (1 / decode_floor s), at most doubling, within MIN_CHUNK..prefill_step."""
+        scaled = int(self.chunk * min(2.0, 1 / (self.decode_floor * max(step_s, 1e-6))))
         self.chunk = max(MIN_CHUNK, min(self.prefill_step, scaled))
 
     def _read(self) -> list[Emitted]:
@@ -303,14 +302,14 @@ class ContinuousBatch(Prefilling):
                 return tokens[:n], reason
         return tokens, None
 
-    def _draw(self) -> int:
+    def _draw(self, checks: bool = True) -> int:
         """The decode rows' next tokens, started on the device (not waited for): the forward pass over what each
         reads (its last draw, or a newcomer's last prompt token), its logits processors, its sampler; with the
         tokens proposed for after it, where rows propose (worker/batch/speculation.py). Returns the tokens each row
         read (1, or the block's width)."""
         reading = self._next
         assert reading is not None
-        proposals = self._proposals(reading)
+        proposals = self._proposals(reading) if checks else None
         if proposals:
             return self._draw_checked(reading, proposals)
         logits = self._forward(reading[:, None], self._cache, self._rows, **self._beside())[:, -1, :]
@@ -362,9 +361,7 @@ class ContinuousBatch(Prefilling):
             most = self._most([len(p) for p in proposals], rates)
         if most <= 0:
             return None
-        cut_to = [p[:most] for p in proposals]
-        self._expected = 1 + sum(expected(rate, len(p)) for p, rate in zip(cut_to, rates)) / len(cut_to)
-        return cut_to
+        return [p[:most] for p in proposals]
 
     def _most(self, lengths: list[int], rates: list[float]) -> int:
         """The most tokens a row proposes this step (`Payoff`), for rows proposing `lengths` at their kept `rates`."""
