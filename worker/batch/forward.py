@@ -193,7 +193,7 @@ class ContinuousBatch(Prefilling):
         with mx.stream(generation_stream):
             self.work.steps += 1
             began = started = time.perf_counter()
-            decoding = bool(self._rows)
+            decoding, after_checked = bool(self._rows), self._proposed is not None
             emitted = self._read() if decoding else []
             self.work.decode_s += time.perf_counter() - started
             if decoding and self._cycle is not None and not self._cycle[1]:  # (a step that read prompts: no measure)
@@ -208,7 +208,9 @@ class ContinuousBatch(Prefilling):
             wide = self._draw(checks=not read) if self._rows else 0
             self.work.decode_s += time.perf_counter() - started
         self._cycle = (began, read > 0, len(self._rows) * wide)
-        if read and decoding and self.decode_floor:
+        # (the step's time includes the wait for the step before's draws: after one that checked proposals, wider
+        # than a plain one, it would shrink the chunks for a cost that is not theirs)
+        if read and decoding and self.decode_floor and not after_checked:
             self._fit_chunk(time.perf_counter() - began)
         return emitted
 
