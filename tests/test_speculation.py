@@ -284,7 +284,8 @@ def test_a_step_reads_as_wide_as_pays_where_reading_more_tokens_costs_little():
     payoff = Payoff()
     widths = live(payoff, 1, [(4, 0.9)], fixed=0.05, each=0.005, steps=100)
 
-    # Then, once each width is tried, the step reads the row's token and all 4 proposals
+    # Then, once two sizes are measured (the line through them says a token more costs little), the step reads the
+    # row's token and all 4 proposals
     assert widths[-20:].count(5) >= 19
     # but for one plain step every REFRESH steps, which keeps a plain step's time known
     assert widths[-REFRESH:].count(1) == 1
@@ -300,12 +301,28 @@ def test_a_full_batch_on_a_compute_bound_machine_backs_off():
     assert set(widths[3:]) == {1}
 
 
+def test_one_slow_step_does_not_make_a_wider_step_look_cheaper():
+    # Given a batch that measured its steps at 8, 16 and 24 tokens many times (a token more costs 4.5 ms on 95 ms)
+    payoff = Payoff()
+    for _ in range(20):
+        for size in (8, 16, 24):
+            payoff.observe(size, 0.095 + 0.0045 * size)
+    # and once, at 7 rows, a slow plain step (a row had just left: the batch's caches were filtered)
+    payoff.observe(7, 0.21)
+
+    # When 7 rows propose, one of them often kept, the others seldom
+    wide = payoff.width(7, [(4, 0.6)] + [(1, 0.1)] * 6, BUDGET)
+
+    # Then the step is plain: by the line through every size, reading 14 tokens costs more than it gives
+    assert wide == 1
+
+
 def test_little_kept_proposes_nothing_and_a_step_size_not_seen_for_long_is_tried_again():
     # Given 8 rows whose proposals are seldom kept, where a token more costs half as much as one a row
     payoff = Payoff()
     widths = live(payoff, 8, [(2, 0.1)] * 8, fixed=0.04, each=0.005, steps=STALE + 20)
 
-    # Then each width is tried, then none is read again until what it cost is forgotten
+    # Then a second size is tried (to draw the line), then none is read again until what it cost is forgotten
     assert widths[:3] == [1, 2, 1]
     assert widths[3:STALE].count(2) == 0
     assert widths[STALE:].count(2) == 1

@@ -42,6 +42,7 @@ RATE_WEIGHT = 0.3  # how much a step's outcome moves a row's rate, and a step's 
 REFRESH = 32  # a plain step (one token a row) whose time is older than this many steps is measured again
 STALE = 256  # a step size not measured for this many steps is forgotten (tried afresh if it may pay)
 MARGIN = 0.03  # a wider step must promise this much more tokens/s than the best narrower one to be chosen
+WEIGHT_CAP = 16  # the most a size's steps seen weigh in the line through the measured sizes
 
 
 @dataclass(frozen=True)
@@ -105,22 +106,25 @@ def expected(rate: float, proposed: int) -> float:
 
 @dataclass
 class Timed:
-    """The seconds a step of one size took (a moving average), and the step it was last seen at."""
+    """The seconds a step of one size took (a moving average), the step it was last seen at, and how many seen."""
 
     seconds: float
     at: int
+    seen: int = 1
 
 
 class Payoff:
     """How wide a step reads, as the batch lives it. A step that checks proposals reads rows x width tokens; what
     that costs differs from one machine and model to the next (a GPU reads several tokens a row for about one's
     cost; a CPU's matrix products may not, and the fuller the batch the more each token costs), so it is measured,
-    not assumed: the seconds of the batch's own steps, by the tokens they read (a moving average a size, forgotten
-    after STALE steps). Each step, the width with the most expected tokens per second is chosen: the rows' tokens
-    plus what each is expected to keep of its proposals (`expected`, at its kept rate), over the step's time at
-    that size (measured; between two sizes measured, interpolated; past the largest, not known: tried once,
-    then known). Where no wider step pays (the batch is full, or little is kept), the step is plain; a plain step's
-    time is measured again when older than REFRESH steps, so the comparison follows the machine's load."""
+    not assumed: the batch times its own steps by the tokens they read (a moving average a size, forgotten after
+    STALE steps) and fits a line through them (seconds = fixed + each x tokens, least squares, each size weighed by
+    its steps seen up to WEIGHT_CAP: one slow step, a row leaving, does not make its size look slower than a larger
+    one). Each step, the width with the most expected tokens per second is chosen: the rows' tokens plus what each
+    is expected to keep of its proposals (`expected`, at its kept rate), over the line's time at that size. Until
+    two sizes are known, a step of two tokens a row is tried; where no wider step pays (the batch is full, or
+    little is kept), the step is plain, and a plain step's time is measured again when older than REFRESH steps,
+    so the line follows the machine's load."""
 
     def __init__(self) -> None:
         self.steps = 0
@@ -131,33 +135,35 @@ class Payoff:
         self.steps += 1
         for size in [n for n, t in self._times.items() if self.steps - t.at > STALE]:
             del self._times[size]
-        longest = max((n for n, _ in proposals), default=0)
+        longest = min(max((n for n, _ in proposals), default=0), budget // rows - 1)
         plain = self._times.get(rows)
-        if not longest or plain is None or self.steps - plain.at > REFRESH:
+        if longest <= 0 or plain is None or self.steps - plain.at > REFRESH:
             return 1
-        best, best_speed = 1, rows / plain.seconds
+        line = self.line()
+        if line is None:
+            return 2  # (a second size, to draw the line through)
+        fixed, each = line
+        best, best_speed = 1, rows / (fixed + each * rows)
         for wide in range(2, longest + 2):
-            if rows * wide > budget:
-                break
-            seconds = self._seconds(rows * wide)
-            if seconds is None:  # past the largest size measured: tried if each narrower width paid more than the last
-                return wide if best == wide - 1 else best
-            speed = (rows + sum(expected(rate, min(n, wide - 1)) for n, rate in proposals)) / seconds
+            gain = sum(expected(rate, min(n, wide - 1)) for n, rate in proposals)
+            speed = (rows + gain) / (fixed + each * rows * wide)
             if speed > best_speed * (1 + MARGIN):
                 best, best_speed = wide, speed
         return best
 
-    def _seconds(self, size: int) -> float | None:
-        """A step's time at `size` tokens: measured, or between the two nearest measured around it; None past the
-        largest measured."""
-        if size in self._times:
-            return self._times[size].seconds
-        below = max((n for n in self._times if n < size), default=None)
-        above = min((n for n in self._times if n > size), default=None)
-        if below is None or above is None:
+    def line(self) -> tuple[float, float] | None:
+        """The measured steps' seconds as fixed + each x tokens (least squares, each size weighed by its steps seen
+        up to WEIGHT_CAP; neither below zero); None until two sizes are measured."""
+        if len(self._times) < 2:
             return None
-        low, high = self._times[below].seconds, self._times[above].seconds
-        return low + (high - low) * (size - below) / (above - below)
+        points = [(n, t.seconds, min(t.seen, WEIGHT_CAP)) for n, t in self._times.items()]
+        total = sum(w for _, _, w in points)
+        mean_n = sum(w * n for n, _, w in points) / total
+        mean_t = sum(w * t for _, t, w in points) / total
+        spread = sum(w * (n - mean_n) ** 2 for n, _, w in points)
+        each = max(0.0, sum(w * (n - mean_n) * (t - mean_t) for n, t, w in points) / spread)
+        fixed = max(1e-6, mean_t - each * mean_n)
+        return fixed, each
 
     def observe(self, tokens: int, seconds: float) -> None:
         """A decode step that read `tokens` tokens (rows x width) took `seconds`, as the loop lived it."""
@@ -168,7 +174,7 @@ class Payoff:
             self._times[tokens] = Timed(seconds, self.steps)
         else:
             timed.seconds += RATE_WEIGHT * (seconds - timed.seconds)
-            timed.at = self.steps
+            timed.at, timed.seen = self.steps, timed.seen + 1
 
 
 def refusal(model: nn.Module, batching: str, max_kv_size: int | None) -> str | None:
