@@ -1,7 +1,8 @@
 """When each waiting job should start: a forecast from what the device is really doing.
 
 The device's batch is played forward from now, as the worker will run it: every running job has its expected
-tokens left, generated one a step at the step time its batch size gives (measured on the device: worker/pace.py);
+tokens left, generated one a step (or as many as its sequences got a step, where they keep proposals) at the step
+time its batch size gives (measured on the device: worker/pace.py);
 a job ends, its slot frees, and the next waiting job in fair order joins, if the KV budget holds it, paying its
 prefill (the part of its prompt a prefix cache does not hold); a job of another model waits for the batch to drain
 (jobs of the running model may go ahead of it for ONELANE_MODEL_SWITCH_WAIT_S, as claim.lua lets them) and for its
@@ -42,21 +43,29 @@ class Speed:
     step_s: float
     per_sequence_s: float
     per_prompt_token_s: float
+    tokens_per_step: float = 1.0  # a sequence's tokens a step: more than one where it keeps proposals (speculation)
 
     @classmethod
     def parse(cls, raw: Any) -> Speed | None:
         try:
-            a, b, p = (float(x) for x in (json.loads(raw) if isinstance(raw, str) else raw))
+            figures = [float(x) for x in (json.loads(raw) if isinstance(raw, str) else raw)]
         except (TypeError, ValueError):
             return None
-        return cls(a, b, p)
+        if len(figures) not in (3, 4) or (len(figures) == 4 and figures[3] < 1):
+            return None
+        return cls(*figures)
 
     def step(self, sequences: int) -> float:
         return self.step_s + self.per_sequence_s * sequences
 
     def as_list(self) -> list[float]:
         """As a worker reports it (worker/pace.py), and `parse` reads it back."""
-        return [round(self.step_s, 6), round(self.per_sequence_s, 6), round(self.per_prompt_token_s, 7)]
+        return [
+            round(self.step_s, 6),
+            round(self.per_sequence_s, 6),
+            round(self.per_prompt_token_s, 7),
+            round(self.tokens_per_step, 3),
+        ]
 
 
 @dataclass(frozen=True)
@@ -483,10 +492,16 @@ class _Forecast:
         prompt = self._prompt_tokens(job) - job.done
         device.runs.append(_Run(left, job.model, prompt + job.done + job.max_tokens, job, prompt, float(job.done)))
 
+    def _per_token(self, device: _Device) -> float:
+        """The seconds a token of each running job takes on `device`: a step at its batch size, over the tokens a
+        sequence gets a step (more than one where it keeps proposals)."""
+        speed = self.speed(device, device.model)
+        return speed.step(len(device.runs)) / speed.tokens_per_step
+
     def _advance(self) -> bool:
         """Play time on to the next job's end (on any device); False if nothing runs."""
         ends = [
-            device.busy_s + min(r.left for r in device.runs) * self.speed(device, device.model).step(len(device.runs))
+            device.busy_s + min(r.left for r in device.runs) * self._per_token(device)
             for device in self.devices.values()
             if device.runs
         ]
@@ -498,10 +513,10 @@ class _Forecast:
                 continue
             owed = min(device.busy_s, dt)
             device.busy_s -= owed
-            steps = (dt - owed) / self.speed(device, device.model).step(len(device.runs))
+            tokens = (dt - owed) / self._per_token(device)
             for r in device.runs:
-                r.left -= steps
-                r.done += steps
+                r.left -= tokens
+                r.done += tokens
             device.runs = [r for r in device.runs if r.left > 1e-6]
         self.t += dt
         return True

@@ -238,7 +238,7 @@ def test_a_fresh_worker_tells_its_models_pace_before_its_first_job(settings, sto
     assert told is not None, "no pace before the first job: the first ETAs would be a guess"
     assert json.loads(told) == worker.runner.pace.speeds()[model].as_list()
     assert json.loads(store.redis.hget(keys.device(settings.device), "pace"))[model] == json.loads(told)
-    step_s, per_sequence_s, per_prompt_token_s = json.loads(told)
+    step_s, per_sequence_s, per_prompt_token_s, _ = json.loads(told)
     assert step_s + per_sequence_s > 0 and per_prompt_token_s > 0
 
 
@@ -253,9 +253,9 @@ def test_a_waiting_stream_is_told_its_eta_again_as_the_batch_runs(jobs, store, s
     start_worker()
     warm = jobs.submit("warm", max_tokens=BUSY, ignore_eos=True)
     wait_event(store, warm["id"], lambda e: e.type == "token")
-    step_s, per_sequence_s, _ = measured_pace(store)
+    step_s, per_sequence_s, _, per_step = measured_pace(store)  # (per_step: tokens a sequence gets a step)
     jobs.cancel(warm["id"])
-    busy = jobs.submit("busy", max_tokens=int(40 / (step_s + per_sequence_s)), ignore_eos=True)
+    busy = jobs.submit("busy", max_tokens=int(40 * per_step / (step_s + per_sequence_s)), ignore_eos=True)
     wait_event(store, busy["id"], lambda e: e.type == "token")
     waiting = jobs.submit("next", max_tokens=4)
     stream = EventStream(live_server, waiting["id"])

@@ -137,7 +137,7 @@ def test_eta_counts_the_running_jobs_tokens_left_at_the_measured_pace(jobs, stor
 
     etas = [jobs.get(j["id"])["eta_s"] for j in (second, third)]
     left = running_job_left_s(store, running["id"])
-    step_s, per_sequence_s, _ = pace
+    step_s, per_sequence_s, _, per_step = pace  # (per_step: tokens a sequence gets a step, keeping proposals)
     jobs.cancel(running["id"])
 
     # the long job ended: second runs next, then third (the worker claims the next job the moment one ends,
@@ -146,7 +146,7 @@ def test_eta_counts_the_running_jobs_tokens_left_at_the_measured_pace(jobs, stor
     assert started[0] < started[1]
     assert etas[0] == pytest.approx(left, rel=0.3)  # second runs when the long job's 3000 tokens are done
     # third once second's 4 tokens are (and its prompt read: a token or so)
-    assert etas[1] - etas[0] == pytest.approx(4 * (step_s + per_sequence_s), abs=0.05 * etas[0])
+    assert etas[1] - etas[0] == pytest.approx(4 * (step_s + per_sequence_s) / per_step, abs=0.05 * etas[0])
 
 
 def test_watched_job_whose_stream_closed_is_skipped_before_generation(jobs, store, start_worker, live_server):

@@ -143,7 +143,7 @@ def test_claim_judges_the_deadline_by_redis_clock(store, jobs):
     assert jobs.get(job["id"])["status"] == "expired"
 
 
-def test_cancelling_a_running_job_stops_it_within_a_step_keeping_partial_output(jobs, store, start_worker):
+def test_cancelling_a_running_job_stops_it_within_a_step_keeping_partial_output(jobs, store, start_worker, settings):
     start_worker()
     job = jobs.submit("long", max_tokens=BUSY, ignore_eos=True)
     wait_event(store, job["id"], lambda e: e.type == "token")
@@ -158,8 +158,9 @@ def test_cancelling_a_running_job_stops_it_within_a_step_keeping_partial_output(
     tokens = done["usage"]["completion_tokens"]
     heard_at = int(store.redis.hget(keys.job(job["id"]), "stop_seen_at"))
     assert 0 < heard_at <= tokens < BUSY
-    # the worker heard the cancel at once and generated at most one more token
-    assert tokens - heard_at <= 1, (heard_at, tokens)
+    # the worker heard the cancel at once and generated at most one more step's tokens (its draw, and the proposals
+    # it kept: worker/batch/speculation.py)
+    assert tokens - heard_at <= 1 + settings.speculate, (heard_at, tokens)
 
 
 def test_a_duplicated_message_generates_once(jobs, store, start_worker, settings):

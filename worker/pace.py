@@ -14,6 +14,7 @@ worker gives come from its device as it is, not from a guess; the loop's own ste
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 
@@ -27,6 +28,7 @@ from worker.batch.forward import ContinuousBatch
 from worker.batch.rows import Batching
 
 WINDOW = 1024  # steps per model
+TOKENS_WINDOW = 256  # the loop's last steps whose tokens a sequence got a step are counted (it follows the work)
 REFIT = 64  # steps between two fits of a model's pace for the loop's own use (worker/step_watch.py)
 PRIOR_STEPS = 4.0  # the weight of the prior, in steps
 FIXED_SHARE = 8.0  # the prior: a step's fixed cost is this many sequences' worth ...
@@ -48,14 +50,21 @@ class Pace:
 
     def __init__(self) -> None:
         self._steps: dict[str, deque[Step]] = {}
+        # per model, each step's sequences and tokens (more than one a sequence where it kept proposals)
+        self._tokens: dict[str, deque[tuple[int, int]]] = {}
         self._observed: dict[str, int] = {}  # steps seen per model, ever
         self._fitted: dict[str, tuple[int, Speed]] = {}  # per model: its fit, and how many steps it had seen
 
-    def observe(self, model: str, sequences: int, prompt_tokens: int, seconds: float) -> None:
-        """One step of `model`'s batch: `sequences` generated a token, `prompt_tokens` were read, in `seconds`."""
+    def observe(
+        self, model: str, sequences: int, prompt_tokens: int, seconds: float, tokens: int | None = None
+    ) -> None:
+        """One step of `model`'s batch: `sequences` generated `tokens` (one each, unless they kept proposals:
+        worker/batch/speculation.py), `prompt_tokens` were read, in `seconds`."""
         if sequences or prompt_tokens:
             self._steps.setdefault(model, deque(maxlen=WINDOW)).append((sequences, prompt_tokens, seconds))
             self._observed[model] = self._observed.get(model, 0) + 1
+        if sequences and tokens is not None:  # (the loop's steps: a probe's never propose)
+            self._tokens.setdefault(model, deque(maxlen=TOKENS_WINDOW)).append((sequences, tokens))
 
     def knows(self, model: str) -> bool:
         return bool(self._steps.get(model))
@@ -68,13 +77,20 @@ class Pace:
         count, known = self._fitted.get(model, (-REFIT, None))
         seen = self._observed.get(model, 0)
         if known is None or seen - count >= REFIT:
-            known = fit(list(steps))
+            known = self._fit(model, list(steps))
             self._fitted[model] = (seen, known)
         return known
 
     def speeds(self) -> dict[str, Speed]:
         """Each measured model's fitted pace (the window is copied first: the loop appends meanwhile)."""
-        return {model: fit(list(steps)) for model, steps in list(self._steps.items()) if steps}
+        return {model: self._fit(model, list(steps)) for model, steps in list(self._steps.items()) if steps}
+
+    def _fit(self, model: str, steps: list[Step]) -> Speed:
+        """`fit`, with the tokens a sequence got a step over the window (1: none kept proposals)."""
+        counts = list(self._tokens.get(model, ()))
+        sequences = sum(n for n, _ in counts)
+        per_step = sum(t for _, t in counts) / sequences if sequences else 1.0
+        return dataclasses.replace(fit(steps), tokens_per_step=max(1.0, per_step))
 
 
 def fit(steps: list[Step]) -> Speed:

@@ -23,7 +23,7 @@ from worker.step_watch import StepWatch
 
 logger = logging.getLogger(__name__)
 
-NO_STEP = ("", 0, 0, 0.0)
+NO_STEP = ("", 0, 0, 0.0, 0)
 
 
 class RunnerState:
@@ -47,7 +47,7 @@ class RunnerState:
         self.scoring: dict[str, tuple[Running, Scorer, SamplingParams]] = {}  # runs reading their prompt to score it
         self.pace = models.pace  # how fast each model's steps go here (the heartbeat reports it, for ETAs)
         self.watch = StepWatch()  # the step on the device, and how long it may run (the heartbeat reports it)
-        self._last_step = NO_STEP  # the step before: its model, sequences, prompt tokens, when it started
+        self._last_step = NO_STEP  # the step before: its model, sequences, prompt tokens, when it started, tokens
         self._deferred: list[list[Running]] = []  # suspects of a failed step kept out of the engine (see _step_failed)
         self.side = SideWork()  # pooled jobs (embeddings, rerank) claimed: read a pass at a time between steps
         self._side_stops: queue.SimpleQueue[str] = queue.SimpleQueue()  # pooled jobs that must stop

@@ -43,7 +43,9 @@ class Stepping(Leaving):
         finally:
             self.watch.stop()
         timeline.stepped(began, len(tokens), self.engine.padded_prefill, lambda: self._job_ids(tokens))
-        self._last_step = (self.active, len(tokens), self.engine.padded_prefill, self._last_step[3])
+        # (its sequences, and its tokens: a sequence's step brings several where it kept proposals)
+        sequences = len({t.uid for t in tokens})
+        self._last_step = (self.active, sequences, self.engine.padded_prefill, self._last_step[3], len(tokens))
         result = StepResult()
         ended: set[int] = set()  # (a step may bring a sequence several tokens: none is read past its end)
         last = {token.uid: n for n, token in enumerate(tokens)}
@@ -71,10 +73,10 @@ class Stepping(Leaving):
     def _timed_step(self, now: float) -> None:
         """The step before this one, timed as the loop lives it: from its start to this one's (its output, the
         jobs that joined or left between the two). A step after a pause (nothing ran) starts the clock afresh."""
-        model, n, prefill, started = self._last_step
+        model, n, prefill, started, tokens = self._last_step
         if model == self.active and 0 < now - started < PAUSE_S:
-            self.pace.observe(model, n, prefill, now - started)
-        self._last_step = (self.active, 0, 0, now)
+            self.pace.observe(model, n, prefill, now - started, tokens)
+        self._last_step = (self.active, 0, 0, now, 0)
 
     def _advance(self, token: Token, result: StepResult, final: bool = True) -> None:
         """One job's token: its text (up to a stop string, if one is hit), and whether it ended. (`final`: its last
