@@ -65,5 +65,7 @@ def test_the_answers_above_were_given_speculating(sweep: Sweep) -> None:
     assert sweep.rows, "run with the architectures' tests"
     # Then most models' answers kept proposed tokens (their tiny answers repeat themselves): the equality above holds
     # with speculation at work, not beside it
-    speculated = [arch for arch, row in sweep.rows.items() if any(s.accepted for s in row.served)]
-    assert len(speculated) >= len(sweep.rows) // 2, f"only {speculated} of {sorted(sweep.rows)} kept proposals"
+    # (of the models whose caches can be cut a row at a time: a recurrent state or a rotating window cannot)
+    cuttable = {arch for arch, row in sweep.rows.items() if set(row.caches) == {"KVCache"}}
+    speculated = [arch for arch in cuttable if any(s.accepted for s in sweep.rows[arch].served)]
+    assert len(speculated) >= len(cuttable) // 2, f"only {sorted(speculated)} of {sorted(cuttable)} kept proposals"
