@@ -74,7 +74,7 @@ class ContinuousBatch(Prefilling):
         self.speculate, self.budget = speculation.tokens, speculation.budget
         self.refusal = refusal(self.model, self.batching, self.max_kv_size) if self.speculate else "off"
         self._proposed: list[list[int]] | None = None  # what each decode row proposed in the step before
-        # whether proposing pays, by batch size (worker/batch/speculation.py)
+        # how wide a step reads, by what it costs as measured on the batch's steps (worker/batch/speculation.py)
         self.payoff: Payoff | Always = Payoff() if speculation.measured else Always()
         # the last step's start, whether it read prompts, and the tokens its decode rows read (rows x width)
         self._cycle: tuple[float, bool, int] | None = None
