@@ -268,24 +268,33 @@ def test_a_sequences_kv_cache_taken_mid_answer_holds_its_tokens_in_order_and_not
             assert mx.allclose(taken.state[0][..., : len(tokens), :], read.state[0][..., : len(tokens), :], atol=1e-3)
 
 
-def live(payoff: Payoff, rows: int, proposals: list[tuple[int, float]], fixed: float, each: float, steps: int):
-    """`steps` steps of `rows` rows proposing (length, kept rate) each, on a machine where a step reading n tokens
-    takes `fixed` + `each` x n seconds; the widths chosen."""
+def live(
+    payoff: Payoff,
+    rows: int,
+    proposals: list[tuple[int, float]],
+    steps: int,
+    fixed: float,
+    row: float,
+    proposal: float | None = None,
+):
+    """`steps` steps of `rows` rows proposing (length, kept rate) each, on a machine where a step costs `fixed`,
+    plus `row` a row and `proposal` a proposal read (by default as much as a row); the widths chosen."""
     widths = []
     for _ in range(steps):
         wide = payoff.width(rows, proposals, BUDGET)
         widths.append(wide)
-        payoff.observe(rows * wide, fixed + each * rows * wide)
+        payoff.observe(rows, wide, fixed + row * rows + (row if proposal is None else proposal) * rows * (wide - 1))
     return widths
 
 
 def test_a_step_reads_as_wide_as_pays_where_reading_more_tokens_costs_little():
     # Given one sequence whose proposals are mostly kept, where a token more costs a tenth of a step
     payoff = Payoff()
-    widths = live(payoff, 1, [(4, 0.9)], fixed=0.05, each=0.005, steps=100)
+    widths = live(payoff, 1, [(4, 0.9)], steps=100, fixed=0.05, row=0.005)
 
-    # Then, once two sizes are measured (the line through them says a token more costs little), the step reads the
+    # Then, once a step that checks proposals is measured (it says a token more costs little), the step reads the
     # row's token and all 4 proposals
+    assert widths[:3] == [1, 2, 5]
     assert widths[-20:].count(5) >= 19
     # but for one plain step every REFRESH steps, which keeps a plain step's time known
     assert widths[-REFRESH:].count(1) == 1
@@ -294,35 +303,52 @@ def test_a_step_reads_as_wide_as_pays_where_reading_more_tokens_costs_little():
 def test_a_full_batch_on_a_compute_bound_machine_backs_off():
     # Given 32 rows whose proposals are kept as often, where every token read costs the same (nothing is fixed)
     payoff = Payoff()
-    widths = live(payoff, 32, [(4, 0.9)] * 32, fixed=0.0, each=0.003, steps=100)
+    widths = live(payoff, 32, [(4, 0.9)] * 32, steps=100, fixed=0.0, row=0.003)
 
     # Then after trying a second token a row once, it reads one (it gives 1.9 tokens a row for twice the time)
     assert widths[:3] == [1, 2, 1]
     assert set(widths[3:]) == {1}
 
 
+def test_a_batch_whose_rows_cost_much_still_checks_proposals_that_cost_little():
+    # Given a batch that filled a row at a time, each row costing 12 ms (its cache, its draw) on 40 ms, but a
+    # proposal read only 2 ms (its place in the matrix products)
+    payoff = Payoff()
+    for rows in range(1, 9):
+        live(payoff, rows, [], steps=4, fixed=0.04, row=0.012, proposal=0.002)
+
+    # When its 8 rows propose 3 tokens each, kept at 0.8
+    widths = live(payoff, 8, [(3, 0.8)] * 8, steps=20, fixed=0.04, row=0.012, proposal=0.002)
+
+    # Then, once one step that checks proposals is measured, every step reads all of them: a row's cost does not
+    # price a proposal
+    assert widths[:2] == [2, 4]
+    assert set(widths[1:]) == {4}
+
+
 def test_one_slow_step_does_not_make_a_wider_step_look_cheaper():
-    # Given a batch that measured its steps at 8, 16 and 24 tokens many times (a token more costs 4.5 ms on 95 ms)
+    # Given a batch that measured its steps of 8 rows at 1, 2 and 3 tokens a row many times (a token more costs
+    # 4.5 ms on 95 ms)
     payoff = Payoff()
     for _ in range(20):
-        for size in (8, 16, 24):
-            payoff.observe(size, 0.095 + 0.0045 * size)
+        for wide in (1, 2, 3):
+            payoff.observe(8, wide, 0.095 + 0.0045 * 8 * wide)
     # and once, at 7 rows, a slow plain step (a row had just left: the batch's caches were filtered)
-    payoff.observe(7, 0.21)
+    payoff.observe(7, 1, 0.21)
 
     # When 7 rows propose, one of them often kept, the others seldom
     wide = payoff.width(7, [(4, 0.6)] + [(1, 0.1)] * 6, BUDGET)
 
-    # Then the step is plain: by the line through every size, reading 14 tokens costs more than it gives
+    # Then the step is plain: by the fit through every size, reading 14 tokens costs more than it gives
     assert wide == 1
 
 
 def test_little_kept_proposes_nothing_and_a_step_size_not_seen_for_long_is_tried_again():
-    # Given 8 rows whose proposals are seldom kept, where a token more costs half as much as one a row
+    # Given 8 rows whose proposals are seldom kept, where a token more a row costs half a step
     payoff = Payoff()
-    widths = live(payoff, 8, [(2, 0.1)] * 8, fixed=0.04, each=0.005, steps=STALE + 20)
+    widths = live(payoff, 8, [(2, 0.1)] * 8, steps=STALE + 20, fixed=0.04, row=0.005)
 
-    # Then a second size is tried (to draw the line), then none is read again until what it cost is forgotten
+    # Then a step of two tokens a row is tried (to price a proposal), then none is read again until what it cost is forgotten
     assert widths[:3] == [1, 2, 1]
     assert widths[3:STALE].count(2) == 0
     assert widths[STALE:].count(2) == 1

@@ -77,7 +77,7 @@ class ContinuousBatch(Prefilling):
         # how wide a step reads, by what it costs as measured on the batch's steps (worker/batch/speculation.py)
         self.payoff: Payoff | Always = Payoff() if speculation.measured else Always()
         # the last step's start, whether it read prompts, and the tokens its decode rows read (rows x width)
-        self._cycle: tuple[float, bool, int] | None = None
+        self._cycle: tuple[float, bool, int, int] | None = None  # (began, read prompts, rows, width)
         self._vocab = 0  # the ids the model scores (its logits' width, once seen): a proposal holds none past them
 
     def close(self) -> None:
@@ -197,7 +197,7 @@ class ContinuousBatch(Prefilling):
             emitted = self._read() if decoding else []
             self.work.decode_s += time.perf_counter() - started
             if decoding and self._cycle is not None and not self._cycle[1]:  # (a step that read prompts: no measure)
-                self.payoff.observe(self._cycle[2], time.perf_counter() - self._cycle[0])
+                self.payoff.observe(self._cycle[2], self._cycle[3], time.perf_counter() - self._cycle[0])
             started = time.perf_counter()
             cap = self.chunk if decoding and self.decode_floor else self.prefill_step
             read = self._prefill(cap) + self._see(cap)
@@ -207,7 +207,7 @@ class ContinuousBatch(Prefilling):
             # their first tokens come as soon)
             wide = self._draw(checks=not read) if self._rows else 0
             self.work.decode_s += time.perf_counter() - started
-        self._cycle = (began, read > 0, len(self._rows) * wide)
+        self._cycle = (began, read > 0, len(self._rows), wide)
         # (the step's time includes the wait for the step before's draws: after one that checked proposals, wider
         # than a plain one, it would shrink the chunks for a cost that is not theirs)
         if read and decoding and self.decode_floor and not after_checked:

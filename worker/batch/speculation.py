@@ -34,6 +34,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
 BUDGET = 64  # the most tokens a step that checks proposals reads over all rows (ONELANE_SPECULATE_BUDGET's default)
@@ -66,7 +67,7 @@ class Always:
     def width(self, rows: int, proposals: list[tuple[int, float]], budget: int) -> int:
         return 1 + min(max(0, budget // rows - 1), max((n for n, _ in proposals), default=0))
 
-    def observe(self, tokens: int, seconds: float) -> None:
+    def observe(self, rows: int, wide: int, seconds: float) -> None:
         """(Nothing measured.)"""
 
 
@@ -115,67 +116,88 @@ class Timed:
 
 
 class Payoff:
-    """How wide a step reads, as the batch lives it. A step that checks proposals reads rows x width tokens; what
-    that costs differs from one machine and model to the next (a GPU reads several tokens a row for about one's
-    cost; a CPU's matrix products may not, and the fuller the batch the more each token costs), so it is measured,
-    not assumed: the batch times its own steps by the tokens they read (a moving average a size, forgotten after
-    STALE steps) and fits a line through them (seconds = fixed + each x tokens, least squares, each size weighed by
-    its steps seen up to WEIGHT_CAP: one slow step, a row leaving, does not make its size look slower than a larger
-    one). Each step, the width with the most expected tokens per second is chosen: the rows' tokens plus what each
-    is expected to keep of its proposals (`expected`, at its kept rate), over the line's time at that size. Until
-    two sizes are known, a step of two tokens a row is tried; where no wider step pays (the batch is full, or
-    little is kept), the step is plain, and a plain step's time is measured again when older than REFRESH steps,
-    so the line follows the machine's load."""
+    """How wide a step reads, as the batch lives it. What a step costs differs from one machine and model to the
+    next (a GPU reads several tokens a row for about one's cost; a CPU's matrix products may not, and the fuller
+    the batch the more each token costs), so it is measured, not assumed: the batch times its own steps by their
+    rows and width (a moving average a size, forgotten after STALE steps) and fits seconds = fixed + a row's cost x
+    rows + a proposal's cost x rows x (width - 1) through them (least squares, no term below zero, each size weighed
+    by its steps seen up to WEIGHT_CAP: one slow step, a row leaving, does not make its size look slower than a
+    larger one). A row and a proposal are priced apart: a row brings its own cache, draw and bookkeeping, a proposal
+    only its place in the matrix products, so a batch whose plain steps grow steeply with its rows may still check
+    proposals cheaply. Each step, the width with the most expected tokens per second is chosen: the rows' tokens
+    plus what each is expected to keep of its proposals (`expected`, at its kept rate), over the fit's time. While
+    no step that checked proposals is measured, one of two tokens a row is tried; where no wider step pays (the
+    batch is full, or little is kept), the step is plain, and a plain step's time is measured again when older than
+    REFRESH steps, so the fit follows the machine's load."""
 
     def __init__(self) -> None:
         self.steps = 0
-        self._times: dict[int, Timed] = {}  # tokens a step read -> its time
+        self._times: dict[tuple[int, int], Timed] = {}  # (rows, width) -> its time
 
     def width(self, rows: int, proposals: list[tuple[int, float]], budget: int) -> int:
         """How wide this step's block is (1: plain), for `rows` decode rows proposing (length, kept rate) each."""
         self.steps += 1
-        for size in [n for n, t in self._times.items() if self.steps - t.at > STALE]:
+        for size in [k for k, t in self._times.items() if self.steps - t.at > STALE]:
             del self._times[size]
         longest = min(max((n for n, _ in proposals), default=0), budget // rows - 1)
-        plain = self._times.get(rows)
+        plain = self._times.get((rows, 1))
         if longest <= 0 or plain is None or self.steps - plain.at > REFRESH:
             return 1
-        line = self.line()
-        if line is None:
-            return 2  # (a second size, to draw the line through)
-        fixed, each = line
-        best, best_speed = 1, rows / (fixed + each * rows)
+        fit = self.fit()
+        if fit is None:
+            return 2  # (a step that checks proposals, to price one)
+        best, best_speed = 1, rows / self.seconds(fit, rows, 1)
         for wide in range(2, longest + 2):
             gain = sum(expected(rate, min(n, wide - 1)) for n, rate in proposals)
-            speed = (rows + gain) / (fixed + each * rows * wide)
+            speed = (rows + gain) / self.seconds(fit, rows, wide)
             if speed > best_speed * (1 + MARGIN):
                 best, best_speed = wide, speed
         return best
 
-    def line(self) -> tuple[float, float] | None:
-        """The measured steps' seconds as fixed + each x tokens (least squares, each size weighed by its steps seen
-        up to WEIGHT_CAP; neither below zero); None until two sizes are measured."""
-        if len(self._times) < 2:
-            return None
-        points = [(n, t.seconds, min(t.seen, WEIGHT_CAP)) for n, t in self._times.items()]
-        total = sum(w for _, _, w in points)
-        mean_n = sum(w * n for n, _, w in points) / total
-        mean_t = sum(w * t for _, t, w in points) / total
-        spread = sum(w * (n - mean_n) ** 2 for n, _, w in points)
-        each = max(0.0, sum(w * (n - mean_n) * (t - mean_t) for n, t, w in points) / spread)
-        fixed = max(1e-6, mean_t - each * mean_n)
-        return fixed, each
+    @staticmethod
+    def seconds(fit: tuple[float, float, float], rows: int, wide: int) -> float:
+        """A step's time by the fit: fixed + a row's cost x rows + a proposal's cost x rows x (width - 1)."""
+        fixed, row, proposal = fit
+        return max(1e-6, fixed + row * rows + proposal * rows * (wide - 1))
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        """A decode step that read `tokens` tokens (rows x width) took `seconds`, as the loop lived it."""
-        if tokens <= 0 or seconds <= 0:
+    def fit(self) -> tuple[float, float, float] | None:
+        """(fixed, a row's cost, a proposal's cost) through the measured sizes, as the class says; None until a
+        step that checked proposals is measured."""
+        if all(wide == 1 for _, wide in self._times):
+            return None
+        points = [(rows, wide, t.seconds, min(t.seen, WEIGHT_CAP)) for (rows, wide), t in self._times.items()]
+        weight = np.sqrt([w for *_, w in points])
+        terms = np.array([[1.0, rows, rows * (wide - 1)] for rows, wide, *_ in points]) * weight[:, None]
+        seconds = np.array([t for _, _, t, _ in points]) * weight
+        best: tuple[float, list[float]] | None = None
+        for kept in TERMS:  # (every choice of terms held; the closest fit with none below zero)
+            found = np.linalg.lstsq(terms[:, kept], seconds, rcond=None)[0]
+            if (found < 0).any():
+                continue
+            miss = float(np.sum((terms[:, kept] @ found - seconds) ** 2))
+            if best is None or miss < best[0] - 1e-15:
+                full = [0.0, 0.0, 0.0]
+                for i, value in zip(kept, found):
+                    full[i] = float(value)
+                best = (miss, full)
+        if best is None:
+            return None
+        fixed, row, proposal = best[1]
+        return fixed, row, proposal
+
+    def observe(self, rows: int, wide: int, seconds: float) -> None:
+        """A decode step of `rows` rows, `wide` tokens each, took `seconds`, as the loop lived it."""
+        if rows <= 0 or wide <= 0 or seconds <= 0:
             return
-        timed = self._times.get(tokens)
+        timed = self._times.get((rows, wide))
         if timed is None:
-            self._times[tokens] = Timed(seconds, self.steps)
+            self._times[rows, wide] = Timed(seconds, self.steps)
         else:
             timed.seconds += RATE_WEIGHT * (seconds - timed.seconds)
             timed.at, timed.seen = self.steps, timed.seen + 1
+
+
+TERMS = ([0, 1, 2], [0, 2], [1, 2], [0, 1], [2], [0], [1])  # the terms a fit may hold, the fullest first
 
 
 def refusal(model: nn.Module, batching: str, max_kv_size: int | None) -> str | None:
