@@ -250,7 +250,7 @@ class Settings(BaseModel):
     # a decoding job proposes up to this many tokens a step from its own prompt and answer, checked in the step's one
     # forward pass (worker/batch/speculation.py; the answer is the same either way); 0: never. A step that checks
     # proposals reads at most ..._BUDGET tokens over all its jobs (the batch backs off as it fills)
-    speculate: int = Field(4, ge=0, le=64)
+    speculate: int = Field(8, ge=0, le=64)
     speculate_budget: int = Field(64, ge=2, le=4096)
     # propose even where the batch measures that it gives fewer tokens/s (to measure what proposals keep)
     speculate_always: bool = False
