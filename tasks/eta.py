@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import Any
 
+from tasks.scheduling import LOOK_AHEAD, fits, set_aside
 from tasks.settings import PREFILL_BATCH
 
 LIMIT = 1000  # waiting jobs played forward; the start of one further back is extrapolated from theirs
-LOOK = 64  # how far into the fair order a claim looks for a job that goes ahead of the head (claim.lua)
 # a pace before any step of the model was measured (a worker times a model's steps as it loads it: so, of a model
 # never loaded yet): step s, per sequence, per token
 FALLBACK = (0.05, 0.005, 0.0005)
@@ -415,19 +416,16 @@ class _Forecast:
             self.blocked, self.blocked_since = head.id, self.t
         if self.t - self.blocked_since >= self.rules.switch_wait_s:
             return None
-        for place, (_, job) in enumerate(list(self.waiting)[1:64], start=1):
-            if job.model == device.model:
+        for place, (_, job) in enumerate(islice(self.waiting, 1, None), start=1):  # (wherever it stands: claim.lua
+            if job.model == device.model:  # takes the batch's model's next job from that model's own queue)
                 return place if self._fits(device, job) else None
         return None
 
     def _urgent(self, device: _Device) -> tuple[int, list[_Run]] | None:
         """When no job may join the device's batch as it is: the first interactive job of its model within the
-        first LOOK waiting, and the batch-class runs it sets aside to make room (the cheapest first, as few as it
+        first LOOK_AHEAD waiting, and the batch-class runs it sets aside to make room (the cheapest first, as few as it
         takes; none if it fits as it is), if the batch holds any that may be (worker/batch/preemption.py, claim.lua)."""
-        victims = sorted(
-            (r for r in device.runs if r.job.batch and r.job.preemptions < self.rules.preempt_limit),
-            key=lambda r: r.tokens,
-        )
+        victims = [r for r in device.runs if r.job.batch and r.job.preemptions < self.rules.preempt_limit]
         if not victims:
             return None
         _, head = self.waiting[0]
@@ -439,7 +437,7 @@ class _Forecast:
         place = next(
             (
                 p
-                for p, (_, job) in enumerate(islice(self.waiting, LOOK))
+                for p, (_, job) in enumerate(islice(self.waiting, LOOK_AHEAD))
                 if job.interactive and job.model == device.model
             ),
             None,
@@ -447,17 +445,16 @@ class _Forecast:
         if place is None:
             return None
         job, cap = self.waiting[place][1], self._cap(device, device.model)
-        for n in range(len(victims) + 1):
-            if len(device.runs) - n < cap and self._fits(device, job, victims[:n]):
-                return place, victims[:n]
-        return None
+        chosen = set_aside(
+            victims,
+            held=lambda r: r.tokens,
+            room=lambda out: len(device.runs) - len(out) < cap and self._fits(device, job, out),
+        )
+        return None if chosen is None else (place, chosen)
 
-    def _fits(self, device: _Device, job: Waiting, without: list[_Run] | None = None) -> bool:
-        runs = [r for r in device.runs if r not in (without or ())]
-        if not runs:
-            return True
-        cost = self._prompt_tokens(job) + job.max_tokens
-        return (len(runs) + 1) * max(cost, *(r.kv for r in runs)) <= self.rules.kv_budget
+    def _fits(self, device: _Device, job: Waiting, without: Sequence[_Run] = ()) -> bool:
+        costs = [r.kv for r in device.runs if r not in without]
+        return fits(self._prompt_tokens(job) + job.max_tokens, costs, self.rules.kv_budget)
 
     def _prompt_tokens(self, job: Waiting) -> int:
         return (job.prompt_tokens or max(int(job.prompt_chars / self.lengths(job.model).chars_per_token), 1)) + job.done

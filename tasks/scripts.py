@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from tasks import keys
+from tasks import keys, scheduling
 from tasks.broker import Doorbell
 
 BELL = ("bell_queue", "bell_messages", "bell_id", "bell")  # a job's dramatiq message: see tasks/broker.py Doorbell
@@ -69,10 +69,11 @@ class FinishReply(IntEnum):
 
 
 #: The facts the scripts share with Python: every key name and prefix, and the bounds kept with them (tasks/keys.py),
-#: and the scripts' replies by name (APPENDED_STOP, FINISHED_ENDED, ...).
+#: the scheduling rules' constants (tasks/scheduling.py), and the scripts' replies by name (APPENDED_STOP, ...).
 REPLIES: dict[str, type[IntEnum]] = {"APPENDED": AppendReply, "FINISHED": FinishReply}
 CONSTANTS: dict[str, str | int] = {
     **keys.LUA_NAMES,
+    "LOOK_AHEAD": scheduling.LOOK_AHEAD,
     **{f"{prefix}_{r.name}": int(r) for prefix, reply in REPLIES.items() for r in reply},
 }
 

@@ -14,11 +14,14 @@ import pytest
 from bench.harness import generate
 from tasks import keys
 from tasks.catalogue import ModelConfig
+from tasks.eta import Rules, forecast
 from tasks.job import JobSpec, JobStatus, SamplingParams
+from tasks.scheduling import LOOK_AHEAD
 from tasks.settings import Settings
-from tasks.store import BatchReport, Store, Switch
+from tasks.store import BatchReport, Claim, Store, Switch
 from tasks.users import User
 from tests.helpers import wait_ended
+from tests.test_eta import BATCH, snapshot
 
 
 @pytest.fixture(scope="session")
@@ -212,6 +215,34 @@ def test_a_loaded_models_jobs_go_ahead_of_the_head_only_within_the_switch_wait(s
     assert not isinstance(ahead, Switch) and ahead.job.id == behind  # within the bound: tiny goes ahead
     assert patient.for_worker("w").claim_next(want="*", active="", loaded=("tiny",)) == Switch(head, "mini", load=True)
     assert patient.for_worker("w").claim_next(want="*", active="", loaded=("tiny", "mini")).job.id == head  # type: ignore[union-attr]
+
+
+def test_the_claim_and_the_eta_agree_how_far_a_job_may_go_ahead_of_the_head(served, store):
+    patient = Store(store.redis, served.model_copy(update={"model_switch_wait_s": 600, "max_queue": 1000}))
+    worker = patient.for_worker("w")
+    worker.take_device()
+
+    # Given a head of mini with LOOK_AHEAD more mini jobs behind it, then a tiny job, while tiny runs
+    for n in range(LOOK_AHEAD + 1):
+        admit(patient, f"m{n}", "mini")
+    tiny = admit(patient, "t", "tiny")
+    # Then the tiny job goes ahead of the head, wherever it stands (the batch's model's own queue)
+    claim = worker.claim_next(active="tiny", loaded=("tiny",))
+    assert isinstance(claim, Claim) and claim.job.id == tiny
+    # and the ETA plays it so
+    running = [{"max_tokens": 20}]
+    waiting = [{"model": "other"}] * (LOOK_AHEAD + 1) + [{}]
+    assert forecast(snapshot(running=running, waiting=waiting, slots=4), Rules(4, 65536, 600))[-1] == pytest.approx(0)
+
+    # Given a full batch holding batch-class work, an interactive job takes a batch job's slot only from within
+    # LOOK_AHEAD places of the fair order, in the ETA's play as in claim.lua (which reads the same constant)
+    def starts(place: int) -> float:
+        held = [{"max_tokens": 20, **BATCH}]
+        waiting = [BATCH] * (place - 1) + [{}]
+        return forecast(snapshot(running=held, waiting=waiting), Rules(1, 65536, 600, preempt_limit=1))[-1]
+
+    assert starts(LOOK_AHEAD) == pytest.approx(0.0, abs=0.01)
+    assert starts(LOOK_AHEAD + 1) > 1.0
 
 
 def test_a_head_job_passed_over_waits_no_longer_than_the_bound(served, store):

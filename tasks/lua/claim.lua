@@ -98,9 +98,10 @@ local function ready(id)
   return f[1] == 'queued' and t < tonumber(f[2]) and (not f[3] or tonumber(redis.call('ZSCORE', WATCHED, id) or '0') > t)
 end
 
--- The first job among the first 64 of the fair order that may run now and that `fits` (a bounded look).
+-- The first job among the first LOOK_AHEAD of the fair order that may run now and that `fits` (a bounded look:
+-- tasks/scheduling.py).
 local function first_ready(fits)
-  for _, id in ipairs(redis.call('ZRANGE', QUEUE, 0, 63)) do
+  for _, id in ipairs(redis.call('ZRANGE', QUEUE, 0, LOOK_AHEAD - 1)) do
     if ready(id) and fits(id) then return id end
   end
   return nil

@@ -12,6 +12,7 @@ from tasks.context import Window
 from tasks.errors import ContextLengthExceeded, InvalidPrompt
 from tasks.job import Job, JobStatus, SamplingParams
 from tasks.model_kind import NAMES
+from tasks.scheduling import fits
 from tasks.store import Claim
 from worker import timeline
 from worker.batch.engine import Engine
@@ -89,7 +90,7 @@ class Joining(RunnerState):
             return True
         assert self.engine is not None  # (a batch with jobs in it has its model's engine)
         room = len(self.batch) < self.engine.max_batch and not self.batch.solo
-        return room and not head.solo and self.batch.kv_tokens_with(head.cost) <= self.budget
+        return room and not head.solo and fits(head.cost, self.batch.costs(), self.budget)
 
     def _join(self, claim: Claim) -> None:
         """A started job joins the batch (measured as the head, or now: claimed into an empty batch), or fails at

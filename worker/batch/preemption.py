@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 from tasks.job import Job
+from tasks.scheduling import fits, set_aside
 from worker.batch.joining import Joining
 from worker.batch.runs import Head, Running
 
@@ -16,13 +17,12 @@ class Preemption(Joining):
     """Which batch-class runs may be set aside, and setting them aside."""
 
     def _victims(self) -> list[Running]:
-        """The batch-class runs that may be set aside, the cheapest first (the fewest KV tokens to keep and read
-        again): in the engine, not stopping, not one of several answers, set aside fewer than ONELANE_PREEMPT_LIMIT
-        times."""
+        """The batch-class runs that may be set aside: in the engine, not stopping, not one of several answers, set
+        aside fewer than ONELANE_PREEMPT_LIMIT times."""
         limit = self.store.settings.preempt_limit
         if not limit or self.batch.solo or self._deferred:
             return []
-        runs = [
+        return [
             r
             for r in self.batch.by_uid.values()
             if r.job.spec.priority == "batch"
@@ -33,7 +33,6 @@ class Preemption(Joining):
             and r.job.id not in self.scoring
             and r.job.id not in self._set_aside
         ]
-        return sorted(runs, key=lambda r: r.prompt_tokens + r.tokens)
 
     def _urgent(self) -> bool:
         """Whether the batch has no room and holds batch-class work to set aside for an interactive job: the claim
@@ -51,13 +50,13 @@ class Preemption(Joining):
         if job.spec.priority == "batch" or head.solo or head.side or head.invalid is not None or not self.batch:
             return False
         assert self.engine is not None
-        chosen: list[Running] = []
-        for r in self._victims():
-            chosen.append(r)
-            left = len(self.batch) - len(chosen)
-            if left < self.engine.max_batch and self.batch.kv_tokens_with(head.cost, tuple(chosen)) <= self.budget:
-                break
-        else:
+        slots, batch = self.engine.max_batch, self.batch
+        chosen = set_aside(
+            self._victims(),
+            held=lambda r: r.prompt_tokens + r.tokens,
+            room=lambda out: len(batch) - len(out) < slots and fits(head.cost, batch.costs(out), self.budget),
+        )
+        if not chosen:  # (none would make room; none needed is _fits's)
             return False
         for r in chosen:
             self._preempt(r, head.id)

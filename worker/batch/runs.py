@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,11 +112,9 @@ class Batch:
     def drop(self, r: Running) -> None:
         del self.by_uid[r.uid], self.by_job[r.job.id]
 
-    def kv_tokens_with(self, cost: int, without: tuple[Running, ...] = ()) -> int:
-        """The KV cache the batch may come to hold, in tokens, with one more job of `cost` tokens in it (0: none),
-        and without the runs `without`."""
-        costs = [r.cost for r in self.by_uid.values() if r not in without]
-        return (len(costs) + (1 if cost else 0)) * max([cost, *costs])
+    def costs(self, without: Sequence[Running] = ()) -> list[int]:
+        """The KV tokens each run may come to hold (prompt + max_tokens), but those `without`."""
+        return [r.cost for r in self.by_uid.values() if r not in without]
 
     @property
     def solo(self) -> bool:
