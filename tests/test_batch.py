@@ -11,6 +11,7 @@ import pytest
 from bench.harness import generate
 from tasks import keys
 from tasks.job import JobSpec, SamplingParams
+from tasks.scheduling import kv_tokens
 from tests.helpers import wait_ended, wait_event
 from tests.test_recovery import wait_for_worker
 
@@ -171,7 +172,7 @@ def watch_batch(worker, engine, monkeypatch) -> list[tuple[set[str], int]]:  # t
     step = engine.step
 
     def watched_step():  # type: ignore[no-untyped-def]
-        held.append((set(worker.runner.batch.by_job), worker.runner.batch.kv_tokens_with(0)))
+        held.append((set(worker.runner.batch.by_job), int(kv_tokens(worker.runner.batch.costs()))))
         return step()
 
     monkeypatch.setattr(engine, "step", watched_step)

@@ -144,7 +144,7 @@ def test_a_constrained_answer_checks_its_proposals_against_its_grammar_and_write
 
     # When answered with speculation off, then on
     off, _, _ = answer(0)
-    on, proposed, kept = answer(4)
+    on, proposed, kept = answer(8)
 
     # Then the answer is the same, token for token, and valid; and the constrained row proposed (each proposal
     # checked against the grammar, each place masked as the grammar stood there), most of it kept
@@ -169,8 +169,9 @@ def test_a_constrained_job_speculating_in_the_worker_writes_what_it_writes_a_tok
     wait_ended(store, plain["id"], timeout_s=120)
     worker.stop()
 
-    # When the same job runs on a worker that speculates (always), its forced keys fast-forwarded as ever
-    start_worker(speculate_always=True)
+    # When the same job runs on a worker that speculates (always, 8 tokens: a proposal runs to the record's end and
+    # its grammar's), its forced keys fast-forwarded as ever
+    start_worker(speculate_always=True, speculate=8)
     job = jobs.submit(**body)
     assert wait_ended(store, job["id"], timeout_s=120)["status"] == "completed"
 

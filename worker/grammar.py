@@ -146,10 +146,10 @@ class GrammarMatcher:
         self._started = True
         return started
 
-    def _allowed(self, width: int) -> np.ndarray:
-        """The tokens the grammar allows next, as a row of `width` booleans (the model's rows past the tokenizer's
-        vocabulary: never allowed)."""
-        fill_next_token_bitmask(self.matcher, self._bits)
+    def _allowed(self, width: int, matcher: llguidance.LLMatcher | None = None) -> np.ndarray:
+        """The tokens the grammar (as `matcher` stands: by default this sequence's) allows next, as a row of `width`
+        booleans (the model's rows past the tokenizer's vocabulary: never allowed)."""
+        fill_next_token_bitmask(matcher or self.matcher, self._bits)
         allowed = np.zeros(width, dtype=np.bool_)
         bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: min(self.vocab, width)]
         allowed[: bits.shape[0]] = bits
@@ -167,17 +167,18 @@ class GrammarMatcher:
 
     def ahead(self, context: mx.array, logits: mx.array, proposal: list[int]) -> mx.array:
         """The logits of a step that reads `proposal` after the context's last token (one row a place), each place
-        masked as the grammar stands after the proposals before it: the matcher takes them to compute its masks,
-        then is rolled back (the read token stays taken, as in `__call__`); `keep` takes those the row keeps."""
+        masked as the grammar stands after the proposals before it: a copy of the matcher takes them to compute its
+        masks (the read token is taken, as in `__call__`); `keep` takes those the row keeps."""
         mx.async_eval(logits)
         started = self._take_read(context)
         width = logits.shape[-1]
         masks = [self._allowed(width)]
+        # (on a copy, not the matcher rolled back: after a proposal that ran to the grammar's end, the rolled-back
+        # matcher refused the very tokens it had taken)
+        probe = self.matcher.deep_copy() if proposal else self.matcher
         for token in proposal:
-            self.matcher.consume_token(token)
-            masks.append(self._allowed(width))
-        if proposal:
-            self.matcher.rollback(len(proposal))
+            probe.consume_token(token)
+            masks.append(self._allowed(width, probe))
         self.times.masks += len(masks)
         self.times.mask_s += time.perf_counter() - started
         return mx.where(mx.array(np.stack(masks)), logits, -mx.inf)
