@@ -103,16 +103,19 @@ def test_readyz_counts_each_workers_jobs_and_never_names_them(settings, make_app
     # Given API keys, and alice's job running on a worker that stopped making progress
     from tasks.users import User
 
-    keyed = settings.model_copy(update={"users": (User(name="alice", key="ka"),), "stall_s": 0.3})
+    keyed = settings.model_copy(update={"users": (User(name="alice", key="ka"),), "stall_s": 1.0})
     client = make_app(keyed).test_client()
     job = client.post("/v1/jobs", json={"prompt": "a", "max_tokens": 4}, headers={"Authorization": "Bearer ka"})
     job_id = job.get_json()["id"]
     assert store.for_worker("w1").take_device() == "ok" and claim_now(store, "w1").id == job_id
 
-    # When anybody asks /readyz, ready and then stalled
+    # When anybody asks /readyz, ready and then once the worker has stalled (asked again until it tells so)
     ready = client.get("/readyz")
-    time.sleep(0.4)
+    deadline = time.monotonic() + 30
     stalled = client.get("/readyz")
+    while stalled.status_code == 200 and time.monotonic() < deadline:
+        time.sleep(0.05)  # a poll: a stall is the absence of progress, announced nowhere
+        stalled = client.get("/readyz")
 
     # Then each worker shows how many jobs it runs, never which
     assert ready.status_code == 200 and ready.get_json()["workers"][0]["running"] == 1
