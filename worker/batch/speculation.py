@@ -169,21 +169,15 @@ class Payoff:
         weight = np.sqrt([w for *_, w in points])
         terms = np.array([[1.0, rows, rows * (wide - 1)] for rows, wide, *_ in points]) * weight[:, None]
         seconds = np.array([t for _, _, t, _ in points]) * weight
-        best: tuple[float, list[float]] | None = None
+        best: tuple[float, tuple[float, float, float]] | None = None
         for kept in TERMS:  # (every choice of terms held; the closest fit with none below zero)
             found = np.linalg.lstsq(terms[:, kept], seconds, rcond=None)[0]
-            if (found < 0).any():
-                continue
             miss = float(np.sum((terms[:, kept] @ found - seconds) ** 2))
-            if best is None or miss < best[0] - 1e-15:
-                full = [0.0, 0.0, 0.0]
-                for i, value in zip(kept, found):
-                    full[i] = float(value)
-                best = (miss, full)
-        if best is None:
-            return None
-        fixed, row, proposal = best[1]
-        return fixed, row, proposal
+            if (found >= 0).all() and (best is None or miss < best[0] - 1e-15):
+                full = np.zeros(3)
+                full[kept] = found
+                best = (miss, (float(full[0]), float(full[1]), float(full[2])))
+        return None if best is None else best[1]
 
     def observe(self, rows: int, wide: int, seconds: float) -> None:
         """A decode step of `rows` rows, `wide` tokens each, took `seconds`, as the loop lived it."""
