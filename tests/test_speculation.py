@@ -327,6 +327,27 @@ def test_a_batch_whose_rows_cost_much_still_checks_proposals_that_cost_little():
     assert set(widths[1:]) == {4}
 
 
+def test_a_batch_that_fills_until_its_steps_turn_compute_bound_stops_checking_proposals_there():
+    # Given a machine whose step costs 10 ms plus 2 ms a token read, but never less than 24 tokens' worth (a few
+    # tokens cost what their weights' reading costs; many, what their products cost), and a batch that fills a row
+    # at a time, 6 steps a size, its rows proposing 4 tokens kept at 0.8
+    def step_s(rows: int, wide: int) -> float:
+        return 0.01 + 0.002 * max(rows * wide, 24)
+
+    payoff = Payoff()
+    widths: dict[int, list[int]] = {}
+    for rows in [r for r in range(1, 33) for _ in range(6)] + [32] * 300:
+        wide = payoff.width(rows, [(4, 0.8)] * rows, BUDGET)
+        payoff.observe(rows, wide, step_s(rows, wide))
+        widths.setdefault(rows, []).append(wide)
+
+    # Then the few rows read all their proposals, and the full batch (2 tokens a row: 1.8 kept for twice the
+    # time) reads one a row, once what a checked step of 32 rows costs is measured: the line through the smaller
+    # sizes prices it below that
+    assert widths[4][-1] == 5
+    assert widths[32][-300:].count(1) >= 299
+
+
 def test_one_slow_step_does_not_make_a_wider_step_look_cheaper():
     # Given a batch that measured its steps of 8 rows at 1, 2 and 3 tokens a row many times (a token more costs
     # 4.5 ms on 95 ms)

@@ -125,10 +125,11 @@ class Payoff:
     larger one). A row and a proposal are priced apart: a row brings its own cache, draw and bookkeeping, a proposal
     only its place in the matrix products, so a batch whose plain steps grow steeply with its rows may still check
     proposals cheaply. Each step, the width with the most expected tokens per second is chosen: the rows' tokens
-    plus what each is expected to keep of its proposals (`expected`, at its kept rate), over the fit's time. While
-    no step that checked proposals is measured, one of two tokens a row is tried; where no wider step pays (the
-    batch is full, or little is kept), the step is plain, and a plain step's time is measured again when older than
-    REFRESH steps, so the fit follows the machine's load."""
+    plus what each is expected to keep of its proposals (`expected`, at its kept rate), over its time by the fit,
+    or by its own measure where that says a wider step pays less (`_priced`). While no step that checked proposals
+    is measured, one of two tokens a row is tried; where no wider step pays (the batch is full, or little is kept),
+    the step is plain, and a plain step's time is measured again when older than REFRESH steps, so the fit follows
+    the machine's load."""
 
     def __init__(self) -> None:
         self.steps = 0
@@ -146,13 +147,25 @@ class Payoff:
         fit = self.fit()
         if fit is None:
             return 2  # (a step that checks proposals, to price one)
-        best, best_speed = 1, rows / self.seconds(fit, rows, 1)
+        best, best_speed = 1, rows / self._priced(fit, rows, 1)
         for wide in range(2, longest + 2):
             gain = sum(expected(rate, min(n, wide - 1)) for n, rate in proposals)
-            speed = (rows + gain) / self.seconds(fit, rows, wide)
+            speed = (rows + gain) / self._priced(fit, rows, wide)
             if speed > best_speed * (1 + MARGIN):
                 best, best_speed = wide, speed
         return best
+
+    def _priced(self, fit: tuple[float, float, float], rows: int, wide: int) -> float:
+        """A step's time, priced against speculation: a plain step at the lower of its measure and the fit, a
+        checked one at the higher. A line through sizes where a step's cost bends (a CPU whose products turn
+        compute-bound as a step's tokens grow) prices a full batch's checked step below what it costs, and its one
+        measure corrects that until forgotten (STALE); one slow plain step (a row had just left) does not make a
+        wider one look cheaper."""
+        fitted = self.seconds(fit, rows, wide)
+        timed = self._times.get((rows, wide))
+        if timed is None:
+            return fitted
+        return max(fitted, timed.seconds) if wide > 1 else min(fitted, timed.seconds)
 
     @staticmethod
     def seconds(fit: tuple[float, float, float], rows: int, wide: int) -> float:
