@@ -14,8 +14,9 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 
 from tasks.events import Event, EventType
-from tasks.job import Job, JobSpec
+from tasks.job import Job, JobSpec, new_job_id
 from web import sse
+from web.admission import admit_followed, cancel_all, run_one
 from web.anthropic import answers
 from web.anthropic.body import MessageBody
 from web.anthropic.schemas import CountRequest, MessagesRequest
@@ -23,8 +24,7 @@ from web.apidoc import JSON, SSE, Reply, documented, reply
 from web.auth import current_owner
 from web.errors import anthropic_error, job_error, shown_message, shown_status, status_for
 from web.follow import CLIENT_GONE, Gone, Ping, Queued, follow
-from web.openai.choices import admit_all, cancel_all, run_one
-from web.openai.schemas import REQUEST_ERRORS, parse_openai
+from web.requests import REQUEST_ERRORS, parse_strict
 from web.schemas import json_body
 from web.services import services
 
@@ -68,7 +68,7 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {}
 )
 def create_message() -> Response:
     owner = current_owner()
-    req: MessagesRequest = parse_openai(MessagesRequest, json_body(request), NEUTRAL)
+    req: MessagesRequest = parse_strict(MessagesRequest, json_body(request), NEUTRAL)
     admission = req.admission(owner, services().settings)
     cached, kept = req.marks_cache(), services().settings.prefix_cache_bytes > 0
     if req.stream:
@@ -93,7 +93,7 @@ def create_message() -> Response:
 )
 def count_tokens() -> Response:
     owner = current_owner()
-    req: CountRequest = parse_openai(CountRequest, json_body(request), NEUTRAL)
+    req: CountRequest = parse_strict(CountRequest, json_body(request), NEUTRAL)
     spec, ttl_s = req.admission(owner, services().settings)
     job = run_one((spec, ttl_s), "messages")
     return jsonify({"input_tokens": job.usage.prompt_tokens})
@@ -101,7 +101,8 @@ def count_tokens() -> Response:
 
 def _stream(admission: tuple[JobSpec, float], cached: bool, kept: bool) -> Response:
     svc = services()
-    (job,), (feed,) = admit_all(svc.store, svc.hub, *admission, count=1, param="messages")
+    spec, ttl_s = admission
+    (job,), (feed,) = admit_followed(svc.store, svc.hub, [(new_job_id(), spec)], ttl_s, "messages")
     story = follow(svc.store, svc.hub, job, ping_s=svc.settings.sse_ping_s, environ=request.environ, feed=feed)
     return sse.response(_events(job, MessageBody(job, cached, kept), story), {"x-onelane-job-id": job.id}, feed.close)
 

@@ -1,7 +1,7 @@
 """A Messages API request, as Anthropic documents it, and the job it asks for.
 
 A conversation's content blocks become the job's messages (web/anthropic/blocks.py). `tools` and `tool_choice`
-become the answer's grammar, as the OpenAI endpoints' (web/openai/schemas.py `structure`): `auto` (words or calls),
+become the answer's grammar, as the OpenAI endpoints' (web/requests.py `structure`): `auto` (words or calls),
 `any` (calls), `tool` (that one), `none`. Any field onelane does not honor (`thinking` that must think,
 `mcp_servers`, `container` …) is a 400 naming it.
 
@@ -24,7 +24,7 @@ from tasks.job import JobSpec, Message, SamplingParams
 from tasks.settings import Settings
 from tasks.structured import Tool, json_constraint
 from web.anthropic.blocks import STRICT, CacheControl, MessageParam, TextBlock, turns
-from web.openai.schemas import structure
+from web.requests import structure
 from web.schemas import make_spec
 
 

@@ -14,19 +14,13 @@ import math
 import queue
 import threading
 from collections.abc import Generator
-from contextlib import closing
 
-from flask import request
-
-from tasks.events import Event, EventType
 from tasks.job import Choice, Job, JobSpec, new_job_id
 from tasks.logprobs import read_entries
 from tasks.store import Store
-from web.admission import admit_all as admit_jobs
-from web.errors import ClientGone, job_error
+from web.admission import admit_followed
 from web.feed import Feed, Hub
-from web.follow import CLIENT_GONE, Gone, Story, cancel_quietly, follow
-from web.services import services
+from web.follow import Story
 
 ANOTHER_FAILED = ("choice_failed", "another answer of the same request did not complete")
 
@@ -55,26 +49,13 @@ def specs_of(spec: JobSpec, count: int, ids: list[str]) -> list[JobSpec]:
     ]
 
 
-def admit_all(
+def admit_choices(
     store: Store, hub: Hub, spec: JobSpec, ttl_s: float, count: int, param: str = "n"
 ) -> tuple[list[Job], list[Feed]]:
-    """Admit the request's `count` jobs, each with its feed subscribed before it exists (nothing is missed), all or
-    none in one step (a refusal leaves nothing behind); more than the caller may ever have waiting is refused
-    naming `param`, the field that asked for them."""
+    """Admit the request's `count` jobs, all or none in one step, followed (web/admission.py); more than the
+    caller may ever have waiting is refused naming `param`, the field that asked for them."""
     ids = [new_job_id() for _ in range(count)]
-    feeds = [Feed(store, hub, job_id, replay=False) for job_id in ids]
-    try:
-        return admit_jobs(list(zip(ids, specs_of(spec, count, ids))), ttl_s, param), feeds
-    except BaseException:
-        for feed in feeds:
-            feed.close()
-        raise
-
-
-def cancel_all(store: Store, jobs: list[Job], why: tuple[str, str]) -> None:
-    """Cancel every one of the request's jobs that has not ended."""
-    for job in jobs:
-        cancel_quietly(store, job, why)
+    return admit_followed(store, hub, list(zip(ids, specs_of(spec, count, ids))), ttl_s, param)
 
 
 def merged(stories: list[Generator[Story, None, None]]) -> Generator[tuple[int, Story], None, None]:
@@ -129,22 +110,3 @@ def best_of(jobs: list[Job], n: int) -> list[Job]:
     with the highest log probability per token, as OpenAI defines it: the mean of their tokens' log probabilities
     (the sampler's distribution, tasks/job.py's SamplingParams). Best first; a tie keeps the order generated."""
     return sorted(jobs, key=mean_logprob, reverse=True)[:n]
-
-
-def run_one(admission: tuple[JobSpec, float], param: str) -> Job:
-    """Admit the job, follow it to its end (the connection watches it), and return it completed, read back whole;
-    or raise what its other ending means to the caller."""
-    svc = services()
-    (job,), (feed,) = admit_all(svc.store, svc.hub, *admission, count=1, param=param)
-    with closing(feed):
-        story = follow(svc.store, svc.hub, job, ping_s=svc.settings.sse_ping_s, environ=request.environ, feed=feed)
-        for item in story:
-            match item:
-                case Gone():
-                    cancel_all(svc.store, [job], CLIENT_GONE)
-                    raise ClientGone()
-                case Event(type=EventType.COMPLETED):
-                    break
-                case Event() if item.terminal:
-                    raise job_error(svc.store.get(job.id), svc.settings.model_retry_s)
-    return svc.store.read([job.id])[job.id]

@@ -27,7 +27,8 @@ from tasks.settings import Settings
 from web.openai.chat.schemas import ChatRequest, CompletionRequest
 from web.openai.pooling.routes import EmbeddingRequest
 from web.openai.responses.schemas import RESPONSE_NEUTRAL, ResponseRequest
-from web.openai.schemas import NEUTRAL, parse_openai
+from web.openai.schemas import NEUTRAL
+from web.requests import parse_strict
 from web.schemas import loads_checked
 
 #: For each endpoint a batch may address (tasks/batches.py ENDPOINTS), the request model its lines' bodies are, and
@@ -165,7 +166,7 @@ def _line(
         return LineError(index, custom_id, "invalid_body", "a batch's requests are not streamed: leave out stream")
     model, neutral = REQUESTS[endpoint]
     try:
-        req = parse_openai(model, dict(body), neutral)
+        req = parse_strict(model, dict(body), neutral)
         spec, ttl_s = req.admission(owner, settings, batch=True)
     except OnelaneError as exc:
         where = f" ({exc.param})" if exc.param else ""

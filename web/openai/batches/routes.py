@@ -39,7 +39,8 @@ from web.openai.batches.answers import Batch, BatchList
 from web.openai.batches.input import NotJsonl, TooManyLines, read_lines
 from web.openai.batches.runner import batch_runner, refused_line
 from web.openai.body import list_page
-from web.openai.schemas import STRICT, bounded_metadata, parse_openai
+from web.openai.schemas import NEUTRAL, STRICT, bounded_metadata
+from web.requests import parse_strict
 from web.schemas import json_body
 from web.services import services
 
@@ -98,7 +99,7 @@ class BatchRequest(BaseModel):
 )
 def create() -> Response:
     owner = current_owner()
-    req: BatchRequest = parse_openai(BatchRequest, json_body(request))
+    req: BatchRequest = parse_strict(BatchRequest, json_body(request), NEUTRAL)
     svc = services()
     settings = svc.settings
     try:

@@ -17,6 +17,7 @@ from tasks.errors import Unauthorized, Unavailable
 from tasks.events import Event, EventType
 from tasks.job import Job, JobSpec, Usage
 from web import responses, sse
+from web.admission import cancel_all
 from web.apidoc import JSON, SSE, Reply, Schema, documented, reply
 from web.auth import current_owner
 from web.errors import job_error, openai_error
@@ -25,8 +26,9 @@ from web.openai.chat import answers
 from web.openai.chat.body import ChatBody, CompletionBody, total_usage, usage_object
 from web.openai.chat.sampling import Sampling
 from web.openai.chat.schemas import ChatRequest, CompletionRequest
-from web.openai.choices import ANOTHER_FAILED, admit_all, best_of, cancel_all, merged
-from web.openai.schemas import REQUEST_ERRORS, parse_openai
+from web.openai.choices import ANOTHER_FAILED, admit_choices, best_of, merged
+from web.openai.schemas import NEUTRAL
+from web.requests import REQUEST_ERRORS, parse_strict
 from web.schemas import json_body
 from web.services import services
 
@@ -113,7 +115,7 @@ def models() -> Response:
 )
 def chat_completions() -> Response:
     owner = current_owner()  # who is asking (and may they), before what they ask
-    req: ChatRequest = parse_openai(ChatRequest, json_body(request))
+    req: ChatRequest = parse_strict(ChatRequest, json_body(request), NEUTRAL)
     spec = req.admission(owner, services().settings)
     return _admit_and_respond(spec, ChatBody, req)
 
@@ -133,7 +135,7 @@ def chat_completions() -> Response:
 )
 def completions() -> Response:
     owner = current_owner()
-    req: CompletionRequest = parse_openai(CompletionRequest, json_body(request))
+    req: CompletionRequest = parse_strict(CompletionRequest, json_body(request), NEUTRAL)
     spec = req.admission(owner, services().settings)
     return _admit_and_respond(spec, CompletionBody, req)
 
@@ -152,7 +154,7 @@ def _admit_and_respond(admission: tuple[JobSpec, float], view_class: type[ChatBo
     subscribes first, so that, once admitted, its events all arrive live and nothing is read back before the first
     token."""
     svc = services()
-    jobs, feeds = admit_all(svc.store, svc.hub, *admission, count=req.count(), param=req.count_field())
+    jobs, feeds = admit_choices(svc.store, svc.hub, *admission, count=req.count(), param=req.count_field())
     stories = [
         follow(svc.store, svc.hub, job, ping_s=svc.settings.sse_ping_s, environ=request.environ, feed=feed)
         for job, feed in zip(jobs, feeds)

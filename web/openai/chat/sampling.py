@@ -14,7 +14,8 @@ from tasks.errors import InvalidRequest
 from tasks.job import LOGIT_BIAS_MOST, JobSpec, Message, Priority, SamplingParams
 from tasks.settings import Settings
 from tasks.structured import Constraint, Tool
-from web.openai.schemas import STRICT, TIERS, structure
+from web.openai.schemas import STRICT, TIERS
+from web.requests import structure
 from web.schemas import ResponseFormat, int_is_a_float, make_spec, stops_schema
 
 CHOICES_MOST = 16  # answers one request may ask for (`n`, `best_of`): each is a job, and counts as one

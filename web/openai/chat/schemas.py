@@ -13,7 +13,8 @@ from tasks.settings import Settings
 from tasks.structured import Constraint, Tool, ToolCall
 from web.content import Content, read_content
 from web.openai.chat.sampling import CHOICES_MOST, Sampling
-from web.openai.schemas import STRICT, FunctionDefinition, structure
+from web.openai.schemas import STRICT, FunctionDefinition
+from web.requests import structure
 
 
 class ToolCallFunction(BaseModel):

@@ -19,10 +19,11 @@ from tasks.errors import InvalidRequest
 from tasks.job import Job, JobSpec, Pooled
 from tasks.pooled import embeddings_of, floats, scores_of
 from tasks.settings import Settings
+from web.admission import run_one
 from web.apidoc import View, documented, reply
 from web.auth import current_owner
-from web.openai.choices import run_one
-from web.openai.schemas import REQUEST_ERRORS, STRICT, parse_openai
+from web.openai.schemas import NEUTRAL, STRICT
+from web.requests import REQUEST_ERRORS, parse_strict
 from web.responses import Answer
 from web.schemas import json_body, make_pooled_spec
 from web.services import services
@@ -151,7 +152,7 @@ class RerankList(Answer):
 )
 def embeddings() -> Response:
     owner = current_owner()
-    req: EmbeddingRequest = parse_openai(EmbeddingRequest, json_body(request))
+    req: EmbeddingRequest = parse_strict(EmbeddingRequest, json_body(request), NEUTRAL)
     job = run_one(req.admission(owner, services().settings), "input")
     return _answer(job, embeddings_body(job))
 
@@ -195,7 +196,7 @@ def rerank_v2() -> Response:
 
 def _rerank() -> Response:
     owner = current_owner()
-    req: RerankRequest = parse_openai(RerankRequest, json_body(request))
+    req: RerankRequest = parse_strict(RerankRequest, json_body(request), NEUTRAL)
     pooled = Pooled(kind="rerank", texts=req.texts(), query=req.query)
     job = run_one(make_pooled_spec(owner, services().settings, pooled, req.model), "documents")
     scores = scores_of(job.output)

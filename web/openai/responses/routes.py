@@ -49,7 +49,7 @@ from web.openai.responses.body import PREFIX, items_of, snapshot, status_of
 from web.openai.responses.input import conversation_of, input_of
 from web.openai.responses.schemas import RESPONSE_NEUTRAL, ResponseRequest
 from web.openai.responses.stream import ResponseStream
-from web.openai.schemas import REQUEST_ERRORS, parse_openai
+from web.requests import REQUEST_ERRORS, parse_strict
 from web.schemas import json_body
 from web.services import services
 
@@ -104,7 +104,7 @@ def _own(rid: str) -> Job:
 )
 def create() -> Response:
     owner = current_owner()
-    req: ResponseRequest = parse_openai(ResponseRequest, json_body(request), RESPONSE_NEUTRAL)
+    req: ResponseRequest = parse_strict(ResponseRequest, json_body(request), RESPONSE_NEUTRAL)
     before = _continued(req.previous_response_id) if req.previous_response_id is not None else ()
     spec, ttl_s = req.admission(owner, services().settings, before=before)
     if req.background and not req.stream:

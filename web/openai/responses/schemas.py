@@ -12,7 +12,8 @@ from tasks.job import TOP_LOGPROBS_MOST, JobSpec, Message, Priority, ResponseFie
 from tasks.settings import Settings
 from tasks.structured import Constraint, Tool, json_constraint
 from web.openai.responses.input import InputItem, turns_of
-from web.openai.schemas import STRICT, TIERS, FunctionDefinition, bounded_metadata, structure
+from web.openai.schemas import STRICT, TIERS, FunctionDefinition, bounded_metadata
+from web.requests import structure
 from web.schemas import int_is_a_float, make_spec
 
 
