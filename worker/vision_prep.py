@@ -3,9 +3,9 @@
 Decoding an image and running the model's processor on it (resizing, normalising: into pixel_values and the like)
 take seconds of CPU on a real model's images. The device thread must not spend them: every other stream would stall
 (ONELANE_DECODE_FLOOR). So the image preparer, a child process (worker/vision_child.py, run by tasks/children.py)
-shared by every vision model the worker loads, does them, and a thread of this process waits for its answer; the device thread only asks whether it is ready (a
-job whose images are being prepared waits, unclaimed, while the batch steps), and later runs the vision tower on the
-prepared arrays.
+shared by every vision model the worker loads, does them, and a thread of this process waits for its answer; the
+device thread only asks whether it is ready (a job whose images are being prepared waits, unclaimed, while the batch
+steps), and later runs the vision tower on the prepared arrays.
 
 What was prepared is kept by the images' full digests (SHA-256: an image's identity, never a prefix of it):
 
