@@ -36,7 +36,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine(folder: Path) -> Iterator[Any]:
     engine = load(folder, "qwen2_5_vl")
     yield engine
-    engine.close()  # (its image preparer, a child process)
+    engine.close()
 
 
 def test_an_image_is_63_tokens_and_answers_equal_mlx_vlm_alone(folder: Path, engine: Any) -> None:

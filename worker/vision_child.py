@@ -21,6 +21,7 @@ import io
 import json
 import os
 import uuid
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,9 @@ MEMORY_BYTES = 16 * 1024**3  # address space (MLX's import alone reserves a few 
 CPU_S = 120  # one request's CPU time, at most
 NICE = 10  # below the worker: the device thread's Python comes first
 
-_processors: dict[str, tuple[Any, int | None]] = {}
+PROCESSORS = 4  # models' processors kept (the worker's vision models share this process), the least recent go first
+
+_processors: OrderedDict[str, tuple[Any, int | None]] = OrderedDict()
 
 
 def main() -> None:
@@ -94,9 +97,12 @@ def _float32() -> Any:
 
 
 def _processor(path: str, options: dict[str, Any]) -> tuple[Any, int | None]:
-    """The model's processor, loaded as mlx-vlm's `load` loads it, and its image placeholder token (once a path)."""
+    """The model's processor, loaded as mlx-vlm's `load` loads it, and its image placeholder token (once a path,
+    while it is among the PROCESSORS last asked for)."""
     key = json.dumps([path, options], sort_keys=True)
-    if key not in _processors:
+    if key in _processors:
+        _processors.move_to_end(key)
+    else:
         from mlx_vlm.utils import load_image_processor, load_processor
 
         image_processor = load_image_processor(path, **options)
@@ -104,6 +110,8 @@ def _processor(path: str, options: dict[str, Any]) -> tuple[Any, int | None]:
         if image_processor is not None:
             processor.image_processor = image_processor
         _processors[key] = processor, placeholder(processor)
+        while len(_processors) > PROCESSORS:
+            _processors.popitem(last=False)
     return _processors[key]
 
 

@@ -2,10 +2,10 @@
 
 Decoding an image and running the model's processor on it (resizing, normalising: into pixel_values and the like)
 take seconds of CPU on a real model's images. The device thread must not spend them: every other stream would stall
-(ONELANE_DECODE_FLOOR). So the image preparer, a child process (worker/vision_child.py, run by tasks/children.py),
-does them, and a thread of this process waits for its answer; the device thread only asks whether it is ready (a
-job whose images are being prepared waits, unclaimed, while the batch steps), and later runs the vision tower on the
-prepared arrays.
+(ONELANE_DECODE_FLOOR). So the image preparer, a child process (worker/vision_child.py, run by tasks/children.py)
+shared by every vision model the worker loads, does them, and a thread of this process waits for its answer; the
+device thread only asks whether it is ready (a job whose images are being prepared waits, unclaimed, while the batch
+steps), and later runs the vision tower on the prepared arrays.
 
 What was prepared is kept by the images' full digests (SHA-256: an image's identity, never a prefix of it):
 
@@ -50,6 +50,10 @@ PREPARE_S = 120.0  # one prompt's images, at most (the door brought each down to
 PREPARER = ChildKind(
     module="worker.vision_child", name="image preparer", size=PREPARERS, answer_s=PREPARE_S, wait_s=3600.0
 )  # (asked from this module's threads only, one each: a free one is never far)
+# the process's image preparers, shared by every vision model it loads (each request names its model's folder, and
+# the child keeps the processors of the last few: worker/vision_child.py): a model loaded again, or another vision
+# model, finds one started, not seconds of imports away
+_PREPARERS = Children(PREPARER)
 
 Edit = tuple[int, tuple[int, ...], tuple[int, ...]]  # at (from the placeholder), the ids there, the ids they become
 Rule = tuple[Edit, ...]
@@ -81,7 +85,8 @@ class Preparer:
 
     def __init__(self, path: str, options: dict[str, Any], image_token: int, special: bool) -> None:
         self.request = {"path": path, "options": options, "image_token": image_token, "special": special}
-        self.children = Children(PREPARER)
+        self.children = _PREPARERS
+        self.asked = 0  # requests of this model that went to the image preparer (each decodes its images)
         self._pool = ThreadPoolExecutor(max_workers=PREPARERS, thread_name_prefix="image-prep")
         self._lock = threading.Lock()
         self._arrays: OrderedDict[Images, dict[str, tuple[np.ndarray, str]]] = OrderedDict()
@@ -92,18 +97,12 @@ class Preparer:
         atexit.register(shutil.rmtree, self._folder, True)
 
     def close(self) -> None:
-        """Stop the image preparer and forget what it prepared (a request under way ends with its socket)."""
+        """Forget what it prepared, and ask nothing more (a request under way ends; the preparer, shared, stays)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self.children.close()
         with self._lock:
             self._arrays.clear()
             self._rules.clear()
         shutil.rmtree(self._folder, ignore_errors=True)
-
-    @property
-    def asked(self) -> int:
-        """Requests that went to the image preparer (each decodes its images)."""
-        return self.children.asked
 
     def written(self, plain: list[int], marker: int | None, digests: Images) -> list[int] | None:
         """The prompt's ids as the processor would write them, from its text's ids and its images' kept rules;
@@ -150,6 +149,7 @@ class Preparer:
             "sizes": [len(i) for i in images],
             "folder": self._folder,
         }
+        self.asked += 1
         try:
             answer, payload = self.children.ask(header, b"".join(images))
         except Exception as exc:
