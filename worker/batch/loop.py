@@ -13,7 +13,6 @@ so a stopped job gets no token from the step after the one in which its stop was
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -32,8 +31,6 @@ from worker.models import ModelPool
 from worker.output import OutputWriter
 from worker.pooling import SideWork
 from worker.step_watch import StepWatch
-
-logger = logging.getLogger(__name__)
 
 SETTLE_S = 0.05  # how long a step waits for the endings before it to be recorded, before it claims
 SETTLE_IDLE_S = 1.0  # ... with nothing in the batch
