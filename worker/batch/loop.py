@@ -13,31 +13,83 @@ so a stopped job gets no token from the step after the one in which its stop was
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
+from collections.abc import Callable
 
-import redis
-
-from tasks.errors import LeaseLost
-from tasks.store import Claim, Switch
+from tasks.store import Claim, Switch, WorkerStore
+from worker.batch.claiming import Claiming
+from worker.batch.engine import Engine
+from worker.batch.joining import Joining
+from worker.batch.leaving import Leaving
+from worker.batch.members import Members
 from worker.batch.pooled import SideJobs
 from worker.batch.preemption import Preemption
-from worker.batch.state import NO_STEP
+from worker.batch.runs import Batch
 from worker.batch.stepping import Stepping
-
-logger = logging.getLogger(__name__)
+from worker.models import ModelPool
+from worker.output import OutputWriter
+from worker.pooling import SideWork
+from worker.step_watch import StepWatch
 
 SETTLE_S = 0.05  # how long a step waits for the endings before it to be recorded, before it claims
 SETTLE_IDLE_S = 1.0  # ... with nothing in the batch
 
 
-class Runner(Stepping, Preemption, SideJobs):
+class Runner:
     """Runs jobs for one worker process, through its verbs of the store (bound to its id: the device's lease holder).
 
     One thread runs the loop (`run_waiting`) and owns everything here; other threads only call `request_stop`, set
-    `queue_moved`, and read `batch`, `engine`, `active` and `pace` for the heartbeat's report. Its parts: see
-    worker/batch/__init__.py."""
+    `queue_moved`, and read `batch`, `engine`, `active` and `pace` for the heartbeat's report. Its parts, each
+    given the batch's members (worker/batch/__init__.py lists them): `claiming` (with `preemption`), `joining`,
+    `stepping`, `leaving`, `side_jobs`.
+
+    The loop looks at the queue again when it moved, or when one of its parts made room since its last look: the
+    batch lost a run or started afresh (`Members.freed`), a failed step's suspects were let back in
+    (`Leaving.released`), pooled work or a count was answered (`SideJobs.ended`)."""
+
+    def __init__(self, store: WorkerStore, models: ModelPool, on_fatal: Callable[[str], None]) -> None:
+        self.store = store
+        self.models = models
+        self.on_fatal = on_fatal
+        self.queue_moved = threading.Event()  # set by the worker's listener: jobs may wait to be claimed
+        self.writer = OutputWriter(store, on_stop=self.request_stop, on_fatal=on_fatal)
+        self.pace = models.pace  # how fast each model's steps go here (the heartbeat reports it, for ETAs)
+        self.watch = StepWatch()  # the step on the device, and how long it may run (the heartbeat reports it)
+        self.members = Members(store, models, self.writer)
+        self.preemption = Preemption(store.settings, models, self.members, self.writer)
+        self.claiming = Claiming(store, models, self.members, self.preemption, self.queue_moved, on_fatal)
+        self.joining = Joining(store, self.members, self.writer)
+        self.leaving = Leaving(store.settings, models, self.members, self.writer)
+        self.stepping = Stepping(store.settings, self.members, self.leaving, self.writer, self.pace, self.watch)
+        self.side_jobs = SideJobs(store, models, self.members, self.writer, self.queue_moved)
+        self._seen: tuple[int, int, int] | None = None  # what the parts had done at the last look (None: look)
+
+    @property
+    def batch(self) -> Batch:
+        return self.members.batch
+
+    @property
+    def engine(self) -> Engine | None:
+        return self.members.engine
+
+    @property
+    def active(self) -> str:
+        return self.members.active
+
+    @property
+    def side(self) -> SideWork:
+        return self.side_jobs.work
+
+    def request_stop(self, job_id: str) -> None:
+        """Stop a job's run in the batch before the next step (from the cancel listener, or the writer: any
+        thread). The request is for the run going on now: once that run has ended, it is void (the job may have
+        been handed back and be running again). A job not in the batch yet hears it from its first output write."""
+        r = self.batch.by_job.get(job_id)
+        if r is None:
+            self.side_jobs.request_stop(job_id)
+            return
+        self.leaving.request_stop(r)
 
     def run_waiting(self, stopping: threading.Event) -> int:
         """Run the batch until nothing runs and nothing that can run waits; returns how many jobs started.
@@ -50,7 +102,7 @@ class Runner(Stepping, Preemption, SideJobs):
         started = 0
         drain_until: float | None = None
         with self.models.lock:
-            self._look = True
+            self._seen = None
             while True:
                 if stopping.is_set() and (self.batch or self.side):
                     drain_until = drain_until or time.monotonic() + self.store.settings.drain_s
@@ -59,23 +111,31 @@ class Runner(Stepping, Preemption, SideJobs):
                         return started
                 if self.queue_moved.is_set():
                     self.queue_moved.clear()
-                    self._look = True
-                if self._look and not stopping.is_set():
+                    self._seen = None
+                if self._look() and not stopping.is_set():
                     started += self._fill()
-                self._drop_stopped()
-                self._drop_side_stopped()
-                if self._counting:
-                    self._counted()
+                self.leaving.drop_stopped()
+                self.side_jobs.drop_stopped()
+                self.side_jobs.counted()
                 if self.side:  # a pass of pooled work, then the batch's step: each waits one of the other at most
-                    self._side_step()
+                    self.side_jobs.step()
+                    self.stepping.pause()  # (the pass is no part of the batch's step it comes before)
                 if self.batch:
                     self._step()
                     continue
                 if self.side:
                     continue
-                self._last_step = NO_STEP  # (the next step's clock starts with it)
-                if not self._look or stopping.is_set():  # nothing runs, and none may join (else: look again)
+                self.stepping.pause()  # (the next step's clock starts with it)
+                if not self._look() or stopping.is_set():  # nothing runs, and none may join (else: look again)
                     return started
+
+    def _look(self) -> bool:
+        """Whether the queue may hold a job that can join now: it moved, or room was made since the last look."""
+        return self._seen != self._done()
+
+    def _done(self) -> tuple[int, int, int]:
+        """What the parts did that may let a job join, each counted by the part that does it."""
+        return self.members.freed, self.leaving.released, self.side_jobs.ended
 
     def _fill(self) -> int:
         """Claim jobs in fair order while one can join; returns how many started. The queue is not looked at
@@ -85,85 +145,39 @@ class Runner(Stepping, Preemption, SideJobs):
         # away (the batch goes on meanwhile, and the queue is looked at again after the next step)
         if not self.writer.settle(SETTLE_S if self.batch else SETTLE_IDLE_S):
             return 0
-        while self._has_slot():
-            claim = self._claim()
+        while not self.leaving.holding_out:  # (a failed step's cause is being looked for: no newcomer muddles it)
+            claim = self.claiming.claim()
             if claim is None:
                 break
             if isinstance(claim, Switch):
-                go_on = self._on_switch(claim)
+                go_on = self.claiming.switch(claim)
             elif claim.started:
                 self._start(claim)
                 started += 1
                 go_on = bool(claim.behind)  # nothing else waits: no need to ask again until the queue moves
             else:
-                go_on = self._on_head(claim)
+                go_on = self.claiming.consider(claim)
             if not go_on:
                 break
-        for job_id in self._set_aside:  # (after the claim: it comes before them in the queue, whatever their scores)
-            self.writer.hand_back(job_id, "preempted")
-        self._set_aside.clear()
-        self._look = False
+        self.preemption.hand_back()  # (after the claim: it comes before them in the queue, whatever their scores)
+        self._seen = self._done()
         return started
 
     def _start(self, claim: Claim) -> None:
         """A started job: pooled work and token counts beside the batch (worker/batch/pooled.py), the rest into it."""
-        job = claim.job
-        if not job.spec.side:
-            self._join(claim)
+        if not claim.job.spec.side:
+            self.joining.join(claim, self.claiming.take(claim))
             return
-        self._head = None  # (as a job that joins: the head is measured again)
-        self._count(job) if job.spec.count else self._take_pooled(job)
+        self.claiming.forget_head()  # (as a job that joins: the head is measured again)
+        self.side_jobs.take(claim.job)
 
-    def _has_slot(self) -> bool:
-        """Whether a job may be claimed: any job into an empty batch; else the head, if it fits (_fits)."""
-        return not self._deferred  # a failed step's cause is being looked for: no newcomer muddles it
+    def _step(self) -> None:
+        """One step of the batch (worker/batch/stepping.py); one that raised with no run in it failed on the device,
+        not on a job: every job goes back to the queue."""
+        if not self.stepping.step():
+            self._hand_back_all("generation_error")
 
-    def _claim(self) -> Claim | Switch | None:
-        """The next claim: any job into an empty batch; else the measured head, named if it fits now. None when
-        nothing waits, or Redis does not answer (the batch goes on; housekeeping rings again once Redis answers)."""
-        if not self.batch:
-            want: str | None = "*"  # any job fits an empty batch: claim it in one round trip
-        else:
-            want = self._head.id if self._head and self._fits(self._head) else None
-        try:
-            claim = self.store.claim_next(
-                want=want,
-                active=self.active if self.batch else "",
-                loaded=self.models.names(),
-                urgent=self._urgent(),
-            )
-        except redis.RedisError as exc:
-            logger.warning("cannot claim: %s", exc)
-            return None
-        except LeaseLost as exc:  # the lease lapsed, or another worker holds it: this batch is no longer ours
-            self.on_fatal(exc.message)
-            return None
-        if claim is None:
-            self._head = None
-        return claim
-
-    def _on_switch(self, switch: Switch) -> bool:
-        """The next job needs another model: with the batch empty, load it and claim again (a failed load fails
-        the model's jobs: the claim moves on); else the batch drains first (a job leaving it looks again)."""
-        if switch.load and switch.side:  # a pooled job's model loads beside the batch, which stays
-            logger.info("job %s needs model %s: loading it beside the batch", switch.head, switch.model)
-            if not self.batch:
-                self.engine = None  # held here, an evicted model's weights could not be freed
-            self.models.load(switch.model, keep=self.active if self.batch else "")
-            return True
-        if switch.load and not self.batch:
-            logger.info("job %s needs model %s: loading it", switch.head, switch.model)
-            self.engine = None  # held here, an evicted model's weights could not be freed
-            self.models.load(switch.model)
-            return True
-        self._head = None
-        return False
-
-    def _on_head(self, claim: Claim) -> bool:
-        """The head, not claimed: measure it (once), and claim it by name if it fits now, or once batch-class work
-        is set aside for it (an interactive job); else it waits until a job leaves the batch."""
-        if self._head is None or self._head.id != claim.job.id or self._head.preparing:
-            self._head = self._measure(claim)
-        if self._head.preparing:  # it is claimed once its images are prepared (the queue moves then)
-            return False
-        return self._fits(self._head) or self._preempt_for(claim.job, self._head)
+    def _hand_back_all(self, why: str) -> None:
+        """Every job, in the batch and beside it, back to the front of the queue; the batch starts afresh."""
+        self.leaving.hand_back_all(why)
+        self.side_jobs.hand_back_all(why)

@@ -140,3 +140,8 @@ class StepResult:
 
     texts: list[Text] = field(default_factory=list)
     finished: list[Finished] = field(default_factory=list)
+
+
+def generation_error(job_id: str) -> tuple[str, str]:
+    """The error of a job whose generation failed: the details are for the operator's log, not for the client."""
+    return "generation_error", f"generation failed; the worker logged the error for job {job_id}"

@@ -7,47 +7,86 @@ import logging
 import time
 
 from tasks.logprobs import TokenLogprob
-from tasks.settings import PREFILL_BATCH
+from tasks.settings import PREFILL_BATCH, Settings
 from worker import timeline
-from worker.batch.engine import KV, Token
+from worker.batch.engine import Token
 from worker.batch.leaving import Leaving
-from worker.batch.runs import Finished, Running, StepResult
-from worker.batch.sampling import sampling
-from worker.batch.state import generation_error
+from worker.batch.members import Members
+from worker.batch.runs import Finished, Running, StepResult, generation_error
+from worker.output import OutputWriter
+from worker.pace import Pace
 from worker.prefix_cache import Hit
+from worker.step_watch import StepWatch
 
 logger = logging.getLogger(__name__)
 
 PROGRESS_S = 1.0  # how often a job that makes no token (its prompt is read) tells it progresses (at most)
 PAUSE_S = 5.0  # a gap this long between two steps is a pause (the batch was empty), not a slow step
+NO_STEP = ("", 0, 0, 0.0, 0)  # no step before: its model, sequences, prompt tokens, when it started, tokens
 
 
-class Stepping(Leaving):
-    """The batch's step, and its tokens' way to text and endings."""
+class Stepping:
+    """The batch's step, and its tokens' way to text and endings (recorded by `leaving`). It times each step as the
+    loop lives it, for the model's pace (`pace`, which the heartbeat reports with `watch`)."""
 
-    def _step(self) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        members: Members,
+        leaving: Leaving,
+        writer: OutputWriter,
+        pace: Pace,
+        watch: StepWatch,
+    ) -> None:
+        self.settings = settings
+        self.members = members
+        self.leaving = leaving
+        self.writer = writer
+        self.pace = pace
+        self.watch = watch
+        self._last_step = NO_STEP  # the step before: its model, sequences, prompt tokens, when it started, tokens
+
+    def pause(self) -> None:
+        """What comes next is no part of a step before: pooled work read between two steps, or no work at all (the
+        next step's clock starts with it)."""
+        self._last_step = NO_STEP
+
+    def step(self) -> bool:
         """One step of the batch: every job's new text in one hand-over, then the endings of the jobs that ended
-        (after their last text), then those over their time limit."""
-        assert self.engine is not None
+        (after their last text), then those over their time limit. A step that raised has its cause looked for
+        (Leaving.step_failed); False if no run was in it: the device failed (the caller hands every job back)."""
+        engine, batch = self.members.engine, self.members.batch
+        assert engine is not None
         self._timed_step(time.perf_counter())
         began = timeline.clock()
         self._score()
-        n = len(self.batch)
-        self.watch.start(self.pace.speed(self.active), n, self.engine.prefill_step * min(n, PREFILL_BATCH))
+        n = len(batch)
+        self.watch.start(self.pace.speed(self.members.active), n, engine.prefill_step * min(n, PREFILL_BATCH))
         try:
-            tokens = self.engine.step()
+            tokens = engine.step()
         except Exception:  # the batch's state cannot be trusted: start it afresh, and find the cause
-            logger.exception("a batch step failed with %d job(s) in the batch", len(self.batch))
-            self._step_failed()
-            return
+            logger.exception("a batch step failed with %d job(s) in the batch", len(batch))
+            return self.leaving.step_failed()
         finally:
             self.watch.stop()
-        timeline.stepped(began, len(tokens), self.engine.padded_prefill, lambda: self._job_ids(tokens))
+        timeline.stepped(began, len(tokens), engine.padded_prefill, lambda: self._job_ids(tokens))
         # (its sequences, and its tokens: a sequence's step brings several where it kept proposals)
         sequences = len({t.uid for t in tokens})
-        self._last_step = (self.active, sequences, self.engine.padded_prefill, self._last_step[3], len(tokens))
+        self._last_step = (self.members.active, sequences, engine.padded_prefill, self._last_step[3], len(tokens))
+        result = self._read(tokens)
+        self.writer.put_many(result.texts)
+        for f in result.finished:
+            self.leaving.end(f.run, f.reason, in_engine=f.in_engine, kv=f.kv)
+        self.leaving.end_overdue()
+        self.leaving.release_deferred()
+        timeline.step_ended()
+        return True
+
+    def _read(self, tokens: list[Token]) -> StepResult:
+        """What a step's tokens bring: each job's text, and the jobs that ended (a step may bring a sequence several
+        tokens: none is read past its end); the prompts of several answers read, forced tokens taken, progress."""
         result = StepResult()
-        ended: set[int] = set()  # (a step may bring a sequence several tokens: none is read past its end)
+        ended: set[int] = set()
         last = {token.uid: n for n, token in enumerate(tokens)}
         for n, token in enumerate(tokens):
             if token.uid in ended:
@@ -56,32 +95,27 @@ class Stepping(Leaving):
             self._advance(token, result, final=last[token.uid] == n)
             if len(result.finished) > before:
                 ended.add(token.uid)
-        self._read_prompts({t.uid for t in tokens if t.finish_reason is None})
+        self.members.read_prompts({t.uid for t in tokens if t.finish_reason is None})
         self._fast_forward(tokens, result)
         self._progress(result, {token.uid for token in tokens})
-        self.writer.put_many(result.texts)
-        for f in result.finished:
-            self._end(f.run, f.reason, in_engine=f.in_engine, kv=f.kv)
-        self._end_overdue()
-        self._release_deferred()
-        timeline.step_ended()
+        return result
 
     def _job_ids(self, tokens: list[Token]) -> list[str]:
         """The jobs of a step's tokens (for a benchmark's timeline: worker/timeline.py)."""
-        return [r.job.id for t in tokens if (r := self.batch.by_uid.get(t.uid)) is not None]
+        return [r.job.id for t in tokens if (r := self.members.batch.by_uid.get(t.uid)) is not None]
 
     def _timed_step(self, now: float) -> None:
         """The step before this one, timed as the loop lives it: from its start to this one's (its output, the
         jobs that joined or left between the two). A step after a pause (nothing ran) starts the clock afresh."""
         model, n, prefill, started, tokens = self._last_step
-        if model == self.active and 0 < now - started < PAUSE_S:
+        if model == self.members.active and 0 < now - started < PAUSE_S:
             self.pace.observe(model, n, prefill, now - started, tokens)
-        self._last_step = (self.active, 0, 0, now, 0)
+        self._last_step = (self.members.active, 0, 0, now, 0)
 
     def _advance(self, token: Token, result: StepResult, final: bool = True) -> None:
         """One job's token: its text (up to a stop string, if one is hit), and whether it ended. (`final`: its last
         token of the step: its grammar, taken up to the step's last token, is complete only there.)"""
-        r = self.batch.by_uid.get(token.uid)
+        r = self.members.batch.by_uid.get(token.uid)
         if r is None:  # dropped meanwhile
             return
         r.tokens += 1
@@ -91,7 +125,7 @@ class Stepping(Leaving):
         r.proven = True
         if r.constraint is not None and r.constraint.error:  # (never, unless its mask was not applied)
             logger.error("job %s: its answer left its grammar: %s", r.job.id, r.constraint.error)
-            self._end(r, None, error=generation_error(r.job.id))
+            self.leaving.end(r, None, error=generation_error(r.job.id))
             return
         # its grammar complete: nothing may follow (the engine already drew the end; it is not waited for)
         ends = "stop" if final and r.constraint is not None and r.constraint.done else token.finish_reason
@@ -112,19 +146,19 @@ class Stepping(Leaving):
         """An answer whose grammar now forces several tokens (a schema's fixed keys and punctuation) takes them at
         once: they are its output as if drawn, and it goes on with them read as prompt, in one prefill chunk
         rather than a step each. (Its sampler's key moves past them, as past any token: a resumed run agrees.)"""
-        least = self.store.settings.fast_forward
+        least = self.settings.fast_forward
         if not least:
             return
         ending = {f.run.uid for f in result.finished}
         for token in tokens:
-            r = self.batch.by_uid.get(token.uid)
+            r = self.members.batch.by_uid.get(token.uid)
             if r is None or r.constraint is None or token.uid in ending:
                 continue
             forced = r.constraint.forced(r.job.spec.params.max_tokens - r.tokens)
             if len(forced) < least:
                 continue
-            assert self.engine is not None
-            kv = self.engine.remove([r.uid], keep=True)[r.uid]
+            assert self.members.engine is not None
+            kv = self.members.engine.remove([r.uid], keep=True)[r.uid]
             before, limit = len(result.finished), r.job.spec.params.max_tokens
             for t in forced:  # one by one: the grammar is complete (done) at the last of them, not before
                 r.constraint.take([t])
@@ -134,32 +168,22 @@ class Stepping(Leaving):
                 if len(result.finished) > before:  # it ended on them (its grammar, a stop string, max_tokens)
                     break
             else:
-                self._rejoin(r, kv, tuple(forced))
+                self.members.reinsert(r, kv, tuple(forced))
 
     def _forced_entry(self, r: Running, token: int) -> str | None:
         """A forced token's log probability's entry: under its grammar's mask it was the only token allowed (0)."""
         params = r.job.spec.params
         if not params.logprobs:
             return None
-        assert self.engine is not None
-        raw = self.engine.token_bytes[token]
+        assert self.members.engine is not None
+        raw = self.members.engine.token_bytes[token]
         return TokenLogprob(raw, 0.0, ((raw, 0.0),) if params.top_logprobs else ()).encode()
-
-    def _rejoin(self, r: Running, kv: KV, forced: tuple[int, ...]) -> None:
-        """A fast-forwarded run joins the batch again under a new uid, its KV state and forced tokens as prompt."""
-        assert self.engine is not None
-        prompt, generated = kv.tokens[: r.prompt_tokens], tuple(kv.tokens[r.prompt_tokens :])
-        self.batch.drop(r)
-        r.uid = self.engine.insert(
-            prompt, sampling(r.job), kv.cache, len(kv.tokens), generated=generated + forced, constraint=r.constraint
-        )
-        self.batch.add(r)
 
     def _progress(self, result: StepResult, advanced: set[int]) -> None:
         """The jobs that made no token in this step (their prompts are being read, a chunk a step) tell that they
         progress, now and then: a long prefill is not a stall."""
-        now, every_s = time.monotonic(), min(PROGRESS_S, self.store.settings.stall_s / 4)
-        for r in self.batch.by_uid.values():
+        now, every_s = time.monotonic(), min(PROGRESS_S, self.settings.stall_s / 4)
+        for r in self.members.batch.by_uid.values():
             if r.uid in advanced:
                 r.progressed_at = now
             elif now - r.progressed_at >= every_s:
@@ -169,21 +193,21 @@ class Stepping(Leaving):
     def _score(self) -> None:
         """Read a chunk of the prompt of the first job that scores its prompt (echo); once read, its log
         probabilities are written, and it ends (max_tokens 0) or goes on to generate, its prompt's KV state read."""
-        if not self.scoring:
+        scoring = self.members.scoring
+        if not scoring:
             return
-        job_id, (run, scorer, params) = next(iter(self.scoring.items()))
+        job_id, (run, scorer, params) = next(iter(scoring.items()))
         try:
             scorer.advance()
         except Exception:  # read outside the batch, with a KV cache of its own: its failure is its own alone
             logger.exception("job %s: reading its prompt to score it failed", job_id)
-            self._end(run, None, error=generation_error(job_id))
+            self.leaving.end(run, None, error=generation_error(job_id))
             return
         if not scorer.done:
             return
-        del self.scoring[job_id]
+        del scoring[job_id]
         self.writer.put_many([run.text("", prompt_logprobs=scorer.entries)])
         if params.max_tokens == 0:
-            self._end(run, "length")
+            self.leaving.end(run, "length")
             return
-        self.batch.drop(run)
-        self._place(run, scorer.prompt, params, Hit(scorer.cache, len(scorer.prompt) - 1), ())
+        self.members.place(run, scorer.prompt, params, Hit(scorer.cache, len(scorer.prompt) - 1), ())
