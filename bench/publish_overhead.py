@@ -16,8 +16,8 @@ from tasks.events import EventType
 from tasks.job import JobSpec, SamplingParams, new_job_id
 from tasks.store import Store
 from worker.batch.engine import Engine
-from worker.batch.loop import Runner
 from worker.models import ModelPool
+from worker.runner.loop import Runner
 
 
 def measure(engine: Engine, store: Store, spec: JobSpec, runs: int) -> tuple[list[float], list[float], list[int]]:

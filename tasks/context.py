@@ -3,7 +3,7 @@
 
 A prompt fits when it leaves room for at least one token of answer in the context, and its tokens alone are within
 the budget; one that does not is refused (ContextLengthExceeded) before it runs: at admission, where the web counts
-it (tasks/token_count.py), and as it joins the batch, where the worker does (worker/batch/joining.py). An answer may
+it (tasks/token_count.py), and as it joins the batch, where the worker does (worker/runner/joining.py). An answer may
 not run past the context: a `max_tokens` beyond what the prompt leaves of it is clipped to that, not refused (as
 mlx_lm.server and Ollama refuse none), so that a client that asks for 32,000 tokens by default (Claude Code) is
 served by a model of 8,192. (A job whose prompt and answer pass a budget smaller than the context still runs alone, as before.)

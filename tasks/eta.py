@@ -7,7 +7,7 @@ a job ends, its slot frees, and the next waiting job in fair order joins, if the
 prefill (the part of its prompt a prefix cache does not hold); a job of another model waits for the batch to drain
 (jobs of the running model may go ahead of it for ONELANE_MODEL_SWITCH_WAIT_S, as claim.lua lets them) and for its
 model to load. A job's expected length is what recent answers of its model suggest: answers stop by themselves
-before max_tokens more often than not. Interactive work does not wait behind batch work (worker/batch/preemption.py): when a
+before max_tokens more often than not. Interactive work does not wait behind batch work (worker/runner/preemption.py): when a
 batch is full and holds a batch-class job set aside fewer than ONELANE_PREEMPT_LIMIT times, the first interactive
 job of its model within the first 64 waiting takes its slot between two steps, and the batch-class job goes back to
 the front of the line, keeping its tokens.
@@ -146,7 +146,7 @@ class _Run:
 
     @property
     def tokens(self) -> float:
-        """What setting it aside costs: the KV state it holds, to keep and to read again (worker/batch/preemption.py)."""
+        """What setting it aside costs: the KV state it holds, to keep and to read again (worker/runner/preemption.py)."""
         return self.prompt + self.done
 
 
@@ -424,7 +424,7 @@ class _Forecast:
     def _urgent(self, device: _Device) -> tuple[int, list[_Run]] | None:
         """When no job may join the device's batch as it is: the first interactive job of its model within the
         first LOOK_AHEAD waiting, and the batch-class runs it sets aside to make room (the cheapest first, as few as it
-        takes; none if it fits as it is), if the batch holds any that may be (worker/batch/preemption.py, claim.lua)."""
+        takes; none if it fits as it is), if the batch holds any that may be (worker/runner/preemption.py, claim.lua)."""
         victims = [r for r in device.runs if r.job.batch and r.job.preemptions < self.rules.preempt_limit]
         if not victims:
             return None

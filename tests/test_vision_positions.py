@@ -230,7 +230,7 @@ def test_the_second_choice_from_the_first_ones_prompt_cache_answers_as_mlx_vlm(s
     stepped = Stepped(engine)
     stepped.until(lambda: bool(stepped.tokens[uids[0]]))
 
-    # When the second choice joins from a copy of its prompt's cache (worker/choices.py)
+    # When the second choice joins from a copy of its prompt's cache (worker/runner/choices.py)
     cache = engine.extract(uids[0], len(prompt) - 1)  # (None where it cannot be cut: Qwen 3.5's linear layers')
     cached = len(prompt) - 1 if cache is not None else 0
     second = engine.insert(prompt, SamplingParams(max_tokens=MAX_TOKENS), cache, cached)
@@ -251,7 +251,7 @@ def test_a_row_preempted_and_put_back_goes_on_as_mlx_vlm(served: Served) -> None
     stepped.until(lambda: len(stepped.tokens[uids[1]]) >= 3)
 
     # When an image row is taken out, its KV state kept in the prefix cache, and put back from there, its tokens so
-    # far read as prompt (worker/batch/preemption.py)
+    # far read as prompt (worker/runner/preemption.py)
     kv = engine.remove([uids[1]], keep=True)[uids[1]]
     cache = PrefixCache(1 << 30)
     cache.insert(("m", ""), kv.tokens, kv.cache, engine.marks(kv.tokens))

@@ -244,8 +244,8 @@ def test_a_job_past_the_time_limit_fails_and_the_next_one_still_runs(jobs, store
 
 def test_one_doorbell_runs_every_waiting_job_back_to_back(jobs, store, engine):
     # Given three jobs waiting, and this test playing the worker's one thread with one message in hand
-    from worker.batch.loop import Runner
     from worker.models import ModelPool
+    from worker.runner.loop import Runner
 
     ids = [jobs.submit(f"job {n}", max_tokens=4, ignore_eos=True)["id"] for n in range(3)]
     assert store.for_worker("w").take_device() == "ok"
@@ -263,8 +263,8 @@ def test_one_doorbell_runs_every_waiting_job_back_to_back(jobs, store, engine):
 
 
 def test_a_stopping_worker_claims_no_more_jobs(jobs, store, engine):
-    from worker.batch.loop import Runner
     from worker.models import ModelPool
+    from worker.runner.loop import Runner
 
     job_id = jobs.submit("left for the next worker", max_tokens=4)["id"]
     assert store.for_worker("w").take_device() == "ok"

@@ -8,7 +8,7 @@ import threading
 import dramatiq
 
 from tasks.broker import ACTOR_NAME, QUEUE_NAME
-from worker.batch.loop import Runner
+from worker.runner.loop import Runner
 
 logger = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ import redis
 from tasks.settings import Settings
 from tasks.store import BatchReport, WorkerStore
 from worker.batch.engine import Engine
-from worker.batch.loop import Runner
 from worker.keeper_link import KeeperLink
 from worker.models import ModelPool
 from worker.prefix_cache import CacheCounters
+from worker.runner.loop import Runner
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import redis
 
 from tasks import keys
 from tasks.store import WorkerStore
-from worker.batch.loop import Runner
+from worker.runner.loop import Runner
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The worker process: take the device's lease, load the default model, then consume the GPU queue (other models
 load on demand: worker/models.py).
 
-One dramatiq worker thread with prefetch 1 runs the batch (worker/batch/loop.py): the only thread that touches MLX
+One dramatiq worker thread with prefetch 1 runs the batch (worker/runner/loop.py): the only thread that touches MLX
 while jobs run (a default model that failed to load is tried again, when due, by worker/default_retry.py's thread,
 only while no batch holds the models' lock). A heartbeat thread renews the device lease and reports the batch
 (worker/heartbeat.py), beside a lease keeper process (worker/keeper.py); a listener hears cancels, streams opened
@@ -37,12 +37,12 @@ from tasks.settings import LOG_FORMAT, Settings, physical_memory
 from tasks.store import Store
 from worker import actors
 from worker.batch.engine import Engine
-from worker.batch.loop import Runner
 from worker.blas import preload_openblas
 from worker.default_retry import retry_default
 from worker.heartbeat import Heartbeat
 from worker.listener import listen
 from worker.models import ModelPool
+from worker.runner.loop import Runner
 
 logger = logging.getLogger(__name__)
 

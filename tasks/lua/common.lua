@@ -268,7 +268,7 @@ end
 -- fair order, what is known of each of their models (measured pace, last load time, how long a load going on has run,
 -- the lengths of recent answers),
 -- and the head that jobs of a ready model are passing over (claim.lua), since when. For preemption (claim.lua's
--- first_interactive, worker/batch/preemption.py): a batch-class job (running or waiting) says `batch` and, once set aside,
+-- first_interactive, worker/runner/preemption.py): a batch-class job (running or waiting) says `batch` and, once set aside,
 -- its `preemptions`; a waiting job that may take a batch-class job's slot says nothing, one that may not (a batch,
 -- side or solo job) `interactive = false` (each written only when so: the common case costs no bytes).
 local function eta_snapshot(t, upto)

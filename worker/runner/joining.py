@@ -10,14 +10,14 @@ from dataclasses import replace
 
 from tasks.job import Job, JobStatus, SamplingParams
 from tasks.store import Claim, WorkerStore
-from worker.batch.members import Members
-from worker.batch.runs import Head, Running
 from worker.batch.sampling import sampling
 from worker.grammar import GrammarError
 from worker.logits import vocabulary
 from worker.output import OutputWriter
 from worker.output_records import Ending, Text
 from worker.resume import Resumption, fresh, resume
+from worker.runner.members import Members
+from worker.runner.runs import Head, Running
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class Joining:
         self.writer = writer
 
     def join(self, claim: Claim, head: Head) -> None:
-        """A started job joins the batch, as measured (`head`: worker/batch/claiming.py), or fails at once if it
+        """A started job joins the batch, as measured (`head`: worker/runner/claiming.py), or fails at once if it
         cannot be generated from."""
         job = claim.job
         if head.invalid is None and not job.spec.side and head.max_tokens < job.spec.params.max_tokens:

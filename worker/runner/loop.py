@@ -18,18 +18,18 @@ import time
 from collections.abc import Callable
 
 from tasks.store import Claim, Switch, WorkerStore
-from worker.batch.claiming import Claiming
 from worker.batch.engine import Engine
-from worker.batch.joining import Joining
-from worker.batch.leaving import Leaving
-from worker.batch.members import Members
-from worker.batch.pooled import SideJobs
-from worker.batch.preemption import Preemption
-from worker.batch.runs import Batch
-from worker.batch.stepping import Stepping
 from worker.models import ModelPool
 from worker.output import OutputWriter
 from worker.pooling import SideWork
+from worker.runner.claiming import Claiming
+from worker.runner.joining import Joining
+from worker.runner.leaving import Leaving
+from worker.runner.members import Members
+from worker.runner.pooled import SideJobs
+from worker.runner.preemption import Preemption
+from worker.runner.runs import Batch
+from worker.runner.stepping import Stepping
 from worker.step_watch import StepWatch
 
 SETTLE_S = 0.05  # how long a step waits for the endings before it to be recorded, before it claims
@@ -164,7 +164,7 @@ class Runner:
         return started
 
     def _start(self, claim: Claim) -> None:
-        """A started job: pooled work and token counts beside the batch (worker/batch/pooled.py), the rest into it."""
+        """A started job: pooled work and token counts beside the batch (worker/runner/pooled.py), the rest into it."""
         if not claim.job.spec.side:
             self.joining.join(claim, self.claiming.take(claim))
             return
@@ -172,7 +172,7 @@ class Runner:
         self.side_jobs.take(claim.job)
 
     def _step(self) -> None:
-        """One step of the batch (worker/batch/stepping.py); one that raised with no run in it failed on the device,
+        """One step of the batch (worker/runner/stepping.py); one that raised with no run in it failed on the device,
         not on a job: every job goes back to the queue."""
         if not self.stepping.step():
             self._hand_back_all("generation_error")

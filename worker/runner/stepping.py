@@ -10,12 +10,12 @@ from tasks.logprobs import TokenLogprob
 from tasks.settings import PREFILL_BATCH, Settings
 from worker import timeline
 from worker.batch.engine import Token
-from worker.batch.leaving import Leaving
-from worker.batch.members import Members
-from worker.batch.runs import Finished, Running, StepResult, generation_error
 from worker.output import OutputWriter
 from worker.pace import Pace
 from worker.prefix_cache import Hit
+from worker.runner.leaving import Leaving
+from worker.runner.members import Members
+from worker.runner.runs import Finished, Running, StepResult, generation_error
 from worker.step_watch import StepWatch
 
 logger = logging.getLogger(__name__)

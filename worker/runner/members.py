@@ -3,8 +3,8 @@ only one that puts a run into the batch or takes it out, so it alone can tell wh
 
 A run is in the batch from the moment it joins until it leaves for good; meanwhile it may be in the engine (a
 sequence of the model's batch) or held beside it under a negative uid: reading its prompt to score it, waiting
-for another answer of its request to read their common prompt (worker/choices.py), or kept out after a failed
-step (worker/batch/leaving.py)."""
+for another answer of its request to read their common prompt (worker/runner/choices.py), or kept out after a failed
+step (worker/runner/leaving.py)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from tasks.job import Job, JobStatus, SamplingParams
 from tasks.store import WorkerStore
 from worker import timeline
 from worker.batch.engine import KV, Engine
-from worker.batch.runs import Batch, Running
 from worker.batch.sampling import Scorer, sampling
-from worker.choices import Groups, Held
 from worker.grammar import GrammarMatcher
 from worker.models import ModelPool
 from worker.output import OutputWriter
 from worker.output_records import Ending
 from worker.prefix_cache import Hit
+from worker.runner.choices import Groups, Held
+from worker.runner.runs import Batch, Running
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class Members:
         self.engine: Engine | None = None  # the active model's: the one the batch runs
         self.active = ""
         self.batch = Batch()
-        self.groups = Groups()  # the requests of several answers with a run in the batch (worker/choices.py)
+        self.groups = Groups()  # the requests of several answers with a run in the batch (worker/runner/choices.py)
         self.scoring: dict[str, tuple[Running, Scorer, SamplingParams]] = {}  # runs reading their prompt to score it
         self.freed = 0
 
@@ -78,7 +78,7 @@ class Members:
 
     def place(self, run: Running, prompt: list[int], params: SamplingParams, hit: Hit, done: tuple[int, ...]) -> bool:
         """Put a run (anew, if it is in the batch already) into the engine, from what of its prompt is read already
-        (`hit`), or hold it until another answer of its request has read their common prompt (worker/choices.py).
+        (`hit`), or hold it until another answer of its request has read their common prompt (worker/runner/choices.py).
         False if its prompt cannot be read (its images' embeddings could not be made: it failed, and left)."""
         assert self.engine is not None
         if self.batch.by_job.get(run.job.id) is run:
@@ -113,7 +113,7 @@ class Members:
 
     def reinsert(self, run: Running, kv: KV, forced: tuple[int, ...]) -> None:
         """A run taken out of the engine with its KV state goes back in under a new uid, `forced` tokens read as
-        prompt after what it generated (worker/batch/stepping.py's fast-forward)."""
+        prompt after what it generated (worker/runner/stepping.py's fast-forward)."""
         assert self.engine is not None
         prompt, generated = kv.tokens[: run.prompt_tokens], tuple(kv.tokens[run.prompt_tokens :])
         self.batch.drop(run)

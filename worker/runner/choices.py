@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.job import SamplingParams
-from worker.batch.runs import Running
 from worker.prefix_disk import compute_state
+from worker.runner.runs import Running
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The next job claimed, in fair order (tasks/lua/claim.lua): into an empty batch, any job; else the queue's head,
 measured (its prompt's tokens, its KV cost) and checked against what this model can do, named in the claim once
-it fits the batch, or once batch work is set aside for it (worker/batch/preemption.py). A job of another model
+it fits the batch, or once batch work is set aside for it (worker/runner/preemption.py). A job of another model
 waits for the batch to drain and its model to load."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from tasks.model_kind import NAMES
 from tasks.scheduling import fits
 from tasks.store import Claim, Switch, WorkerStore
 from worker.batch.engine import Engine
-from worker.batch.members import Members
-from worker.batch.preemption import Preemption
-from worker.batch.runs import Head, generation_error
 from worker.models import ModelPool
 from worker.pooling import Pooler
+from worker.runner.members import Members
+from worker.runner.preemption import Preemption
+from worker.runner.runs import Head, generation_error
 from worker.vision_prep import Preparing
 
 logger = logging.getLogger(__name__)

@@ -13,12 +13,12 @@ from tasks.errors import InvalidPrompt, InvalidRequest
 from tasks.job import Job, JobStatus
 from tasks.store import WorkerStore
 from worker.batch.engine import Engine
-from worker.batch.members import Members
-from worker.batch.runs import generation_error
 from worker.models import ModelPool
 from worker.output import OutputWriter
 from worker.output_records import Ending, Text
 from worker.pooling import Pooler, SideWork
+from worker.runner.members import Members
+from worker.runner.runs import generation_error
 from worker.vision_prep import Preparing
 
 logger = logging.getLogger(__name__)

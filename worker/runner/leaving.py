@@ -12,13 +12,13 @@ import time
 from tasks.job import JobStatus
 from tasks.settings import Settings
 from worker.batch.engine import KV
-from worker.batch.members import Members
-from worker.batch.runs import Running, generation_error
 from worker.batch.sampling import sampling
 from worker.grammar import GrammarError
 from worker.models import ModelPool
 from worker.output import OutputWriter
 from worker.output_records import Ending
+from worker.runner.members import Members
+from worker.runner.runs import Running, generation_error
 
 logger = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ import logging
 from tasks.job import Job
 from tasks.scheduling import fits, set_aside
 from tasks.settings import Settings
-from worker.batch.members import Members
-from worker.batch.runs import Head, Running
 from worker.models import ModelPool
 from worker.output import OutputWriter
+from worker.runner.members import Members
+from worker.runner.runs import Head, Running
 
 logger = logging.getLogger(__name__)
 
