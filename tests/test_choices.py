@@ -203,7 +203,7 @@ def test_a_worker_killed_mid_answer_keeps_one_log_probability_per_token(store, w
 
 @pytest.mark.parametrize("width", [49152, 151936, 1000, 300])
 def test_the_top_alternatives_are_exactly_the_largest(width):
-    from worker.logits import top_k
+    from worker.batch.logits import top_k
 
     rows = mx.random.normal((4, width), key=mx.random.key(width))
     rows = mx.where(mx.arange(width) % 3 == 0, -mx.inf, rows)  # a grammar's mask rules out a third of them

@@ -35,13 +35,13 @@ from tasks.settings import PREFILL_BATCH
 from worker.batch.drafting import Drafter, load_drafter
 from worker.batch.dtypes import with_dtype
 from worker.batch.forward import ContinuousBatch
+from worker.batch.logits import Draw
 from worker.batch.logprobs import Logprobs
 from worker.batch.positions import Positions
 from worker.batch.rows import Batching, Counters, Embeds, unchecked, unmergeable
 from worker.batch.sampling import Sampler, Scorer, make_sampler
 from worker.batch.speculation import OFF, Speculation, dropped_heads
 from worker.grammar import GrammarMatcher, Grammars
-from worker.logits import Draw
 from worker.token_bytes import TokenBytes
 
 logger = logging.getLogger(__name__)

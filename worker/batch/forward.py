@@ -430,7 +430,7 @@ def _allowed(row: Row, read: int, proposal: list[int]) -> list[int]:
 
 def _proposes(row: Row) -> bool:
     """Whether a decode row may propose tokens: it draws greedily or with a seed of its own (not through penalties,
-    biases or recorded log probabilities: worker/logits.py), its logits processors check proposals (a grammar's),
+    biases or recorded log probabilities: worker/batch/logits.py), its logits processors check proposals (a grammar's),
     and it is not alone in the batch."""
     plain = row.sampler is greedy_sampler or isinstance(row.sampler, Seeded)
     checked = all(isinstance(p, Checking) for p in row.processors)

@@ -1,5 +1,5 @@
 """The log probabilities of what the batch draws, for the sequences that ask for them (`Logprobs`, an engine's):
-each one's sampler (worker/logits.py's Draw) keeps what it drew, a step's draws are recorded together right after
+each one's sampler (worker/batch/logits.py's Draw) keeps what it drew, a step's draws are recorded together right after
 its forward pass, and each token's entry (tasks/logprobs.py) is made from them a step later, as the token is read."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import mlx.core as mx
 
 from tasks.logprobs import TokenLogprob
-from worker.logits import Draw, Recorded
+from worker.batch.logits import Draw, Recorded
 from worker.token_bytes import TokenBytes
 
 

@@ -17,7 +17,7 @@ past them (more left padding). Only a few entries a row move, not the row's cach
 (`Row.order`) and put back when its cache leaves the batch (a copy taken for the prefix cache is cut from its end).
 
 Which rows propose, and how much (`Proposing`): a row drawn through penalties, biases or recorded log probabilities
-(worker/logits.py), or alone in the batch, does not; a row under a grammar does, its proposals checked against it
+(worker/batch/logits.py), or alone in the batch, does not; a row under a grammar does, its proposals checked against it
 (worker/grammar.py); every other row proposes up to its own length, which
 grows by one after a step that kept all it proposed and falls to what was kept plus one otherwise; a row whose
 proposals have been kept at a rate below `MIN_RATE` proposes again only every `PROBE` steps. How wide the block is

@@ -10,9 +10,9 @@ from dataclasses import replace
 
 from tasks.job import Job, JobStatus, SamplingParams
 from tasks.store import Claim, WorkerStore
+from worker.batch.logits import vocabulary
 from worker.batch.sampling import sampling
 from worker.grammar import GrammarError
-from worker.logits import vocabulary
 from worker.output import OutputWriter
 from worker.output_records import Ending, Text
 from worker.resume import Resumption, fresh, resume
