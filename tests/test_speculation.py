@@ -10,6 +10,7 @@ from typing import Any
 import jsonschema
 import mlx.core as mx
 import pytest
+from mlx_lm.sample_utils import greedy_sampler
 
 from tasks.job import JobSpec, SamplingParams
 from tasks.structured import json_constraint
@@ -103,6 +104,48 @@ def test_a_seeded_sampled_answer_is_the_same_with_speculation_on_and_off(engine)
     # Then each text is the same: every token drawn with its own place's key, kept or not
     assert on["answers"] == off["answers"]
     assert on["work"].accepted_tokens > 0
+
+
+def copy_beside_a_long_prompt(engine: Any, speculate: int) -> dict[str, Any]:
+    """A stream copying code while a long prompt reads beside it, under a floor no step meets (its chunks the
+    least): the stream's answer, its tokens in each step that read the prompt, and the fewest tokens the last such
+    step's draw was expected to give a row."""
+    batch = ContinuousBatch(
+        engine.model, 128, 4, None, decode_floor=1000, speculation=Speculation(speculate, measured=False)
+    )
+    eos = frozenset(engine.tokenizer.eos_token_ids)
+    stream = batch.insert(chat(engine, QUESTIONS[0]), 120, greedy_sampler, stops=eos)
+    answer: list[int] = []
+    while len(answer) < 24:  # it copies by now: what it proposes is kept
+        answer += [e.token for e in batch.step() if e.uid == stream]
+    long = batch.insert(chat(engine, "Summarise: " + CODE * 4), 1, greedy_sampler)
+    per_step, least = [], 1.0
+    while batch.find(long) is not None and batch.find(long)[0] != "decoding":  # type: ignore[index]
+        emitted = batch.step()
+        per_step.append(sum(e.uid == stream for e in emitted))
+        answer += [e.token for e in emitted if e.uid == stream]
+        least = max(least, batch._least)
+    while batch.find(stream) is not None:
+        answer += [e.token for e in batch.step() if e.uid == stream]
+    return {"answer": answer, "per_step": per_step, "least": least}
+
+
+def test_a_stream_checks_its_proposals_in_the_steps_that_read_a_long_prompt_beside_it(smollm2_engine):
+    # Given a stream copying code, and a long prompt arriving while it does (past the prefill step of 128 tokens:
+    # read in chunks of the least, 16 tokens)
+    on = copy_beside_a_long_prompt(smollm2_engine, speculate=4)
+    off = copy_beside_a_long_prompt(smollm2_engine, speculate=0)
+
+    # Then while the prompt reads, the stream still checks its proposals: several tokens in some steps, at least
+    # one in each (its answer the same as a token a step)
+    assert on["answer"] == off["answer"]
+    assert len(on["per_step"]) >= 8
+    assert all(n >= 1 for n in on["per_step"][:-2]), on["per_step"]
+    assert sum(on["per_step"]) > len(on["per_step"]) + 4, on["per_step"]
+    assert all(n <= 1 for n in off["per_step"])
+    # and the floor's bound for such a step is as long as the tokens it expects the stream to keep (the chunks grow
+    # by as much): more than a plain step's
+    assert on["least"] > 1.5 and off["least"] == 1.0
 
 
 RECORD = {"id": 48213, "name": "quiet ledger", "owner": "Ada Brennan", "town": "Dunmere", "tags": ["fresh", "plain"]}

@@ -55,6 +55,7 @@ from worker.batch.speculation import (
     Speculation,
     accepted,
     cut,
+    expected,
     in_order,
     refusal,
 )
@@ -79,6 +80,7 @@ class ContinuousBatch(Prefilling):
         # the last step's start, whether it read prompts, and the tokens its decode rows read (rows x width)
         self._cycle: tuple[float, bool, int, int] | None = None  # (began, read prompts, rows, width)
         self._vocab = 0  # the ids the model scores (its logits' width, once seen): a proposal holds none past them
+        self._least = 1.0  # the tokens the last draw is expected to give the decode row it gives the fewest
 
     def close(self) -> None:
         """Give back the wired-memory limit it set (on Metal), once the device is done with its work."""
@@ -203,21 +205,21 @@ class ContinuousBatch(Prefilling):
             read = self._prefill(cap) + self._see(cap)
             self.work.prefill_s += time.perf_counter() - started
             started = time.perf_counter()
-            # (a step that reads prompts checks no proposals: the prompts read as fast as without speculation, and
-            # their first tokens come as soon)
-            wide = self._draw(checks=not read) if self._rows else 0
+            wide = self._draw() if self._rows else 0
             self.work.decode_s += time.perf_counter() - started
         self._cycle = (began, read > 0, len(self._rows), wide)
-        # (the step's time includes the wait for the step before's draws: after one that checked proposals, wider
-        # than a plain one, it would shrink the chunks for a cost that is not theirs)
-        if read and decoding and self.decode_floor and not after_checked:
+        # (the step's time includes the wait for the step before's draws: a plain step after one that checked
+        # proposals, wider, would shrink the chunks for a cost that is not theirs)
+        if read and decoding and self.decode_floor and (wide > 1 or not after_checked):
             self._fit_chunk(time.perf_counter() - began)
         return emitted
 
     def _fit_chunk(self, step_s: float) -> None:
         """After a step that read prompts while rows decoded: the next such step's chunks, in proportion to how far
-        this one was from the floor's bound (1 / decode_floor s), at most doubling, within MIN_CHUNK..prefill_step."""
-        scaled = int(self.chunk * min(2.0, 1 / (self.decode_floor * max(step_s, 1e-6))))
+        this one was from the floor's bound, at most doubling, within MIN_CHUNK..prefill_step. The bound is the time
+        in which the decode row expected to get the fewest tokens from this step gets them at the floor's rate:
+        1 / decode_floor s for a plain step, longer for one that checks every row's proposals (`_least`)."""
+        scaled = int(self.chunk * min(2.0, self._least / (self.decode_floor * max(step_s, 1e-6))))
         self.chunk = max(MIN_CHUNK, min(self.prefill_step, scaled))
 
     def _read(self) -> list[Emitted]:
@@ -304,16 +306,17 @@ class ContinuousBatch(Prefilling):
                 return tokens[:n], reason
         return tokens, None
 
-    def _draw(self, checks: bool = True) -> int:
+    def _draw(self) -> int:
         """The decode rows' next tokens, started on the device (not waited for): the forward pass over what each
         reads (its last draw, or a newcomer's last prompt token), its logits processors, its sampler; with the
         tokens proposed for after it, where rows propose (worker/batch/speculation.py). Returns the tokens each row
         read (1, or the block's width)."""
         reading = self._next
         assert reading is not None
-        proposals = self._proposals(reading) if checks else None
+        proposals = self._proposals(reading)
         if proposals:
             return self._draw_checked(reading, proposals)
+        self._least = 1.0
         logits = self._forward(reading[:, None], self._cache, self._rows, **self._beside())[:, -1, :]
         self._vocab = logits.shape[-1]
         if any(r.processors for r in self._rows):
@@ -380,6 +383,8 @@ class ContinuousBatch(Prefilling):
         drawn = mx.stack([self._drawn_at(i, logits, logprobs, reading, p, wide) for i, p in enumerate(proposals)])
         mx.async_eval(drawn)
         self._next, self._proposed = drawn, proposals
+        rates = [r.proposing.rate if r.proposing is not None else 0.0 for r in self._rows]
+        self._least = min(1 + expected(rate, len(p)) for rate, p in zip(rates, proposals))
         self._read_into_rows(reading)
         return wide
 
