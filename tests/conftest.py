@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -28,12 +29,23 @@ def pytest_configure(config: pytest.Config) -> None:
     """The stories' in-process workers multiply matrices on OpenBLAS, as every real worker does (worker/blas/):
     the same results, several times faster. The test run starts itself again with it preloaded, its output given
     back first (the worker processes the stories start get an environment without it, and preload it themselves)."""
+    if hasattr(config.option, "loadscopereorder"):  # (pytest-xdist's: the files run in the order collected, below)
+        config.option.loadscopereorder = False
     capture = config.pluginmanager.getplugin("capturemanager")
     if capture is not None:
         capture.suspend_global_capture(in_=True)
     preload_openblas()  # (returns only if it is preloaded already, or cannot be)
     if capture is not None:
         capture.resume_global_capture()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files marked `slow_file` first, then the others, the files of more tests first. ./dev.sh test hands whole
+    files to its 2 processes, the next one to whichever is free: a file of minutes handed out last keeps one process
+    busy that long while the other has nothing left. (pytest-xdist's own order, by count of tests alone, put the
+    slowest files, of few long stories, at the very end: it is turned off in pytest_configure.)"""
+    tests = collections.Counter(item.path for item in items)
+    items.sort(key=lambda item: (item.get_closest_marker("slow_file") is None, -tests[item.path]))
 
 
 def free_port() -> int:

@@ -20,7 +20,8 @@ from tests.helpers import wait_ended
 from tests.test_hostile_models import serve
 from tests.tiny_archs import TOKENIZER_FILES, alone
 
-pytestmark = pytest.mark.timeout(600)  # (its load, the chunk first, then the trial and the step timing: 15 s at load 3)
+# (its load, the chunk first, then the trial and the step timing: 15 s at load 3)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow_file]
 
 #: mlx-lm's own test config of Jamba (its tests/test_models.py), with the demo tokenizer's vocabulary
 CONFIG = {

@@ -42,10 +42,14 @@ def test_an_overloaded_queue_is_a_529_the_sdk_retries_after_retry_after(start_wo
         assert reply.status_code == 202, reply.text
         return dict(reply.json())
 
-    # Given a queue that holds one waiting job, and holds one (the worker busy with another, for a few seconds)
+    # Given a queue that holds one waiting job, and holds one (the worker busy with another, for a few seconds: long
+    # enough that bob asks before it ends, on a loaded machine too; the demo model makes ~800 tokens/s here alone)
     start_worker()
-    busy = post("/v1/jobs", "ka", prompt="keep the GPU busy", max_tokens=600, ignore_eos=True)
-    wait_event(store, busy["id"], lambda e: e.type == "token")
+    busy = post("/v1/jobs", "ka", prompt="keep the GPU busy", max_tokens=3000, ignore_eos=True)
+    store.follow_live(store.get(busy["id"]))  # (its tokens counted as they come, not once a second)
+    # its pace measured from its tokens so far: so the waiting job's ETA, and the retry-after, is when it ends (not a
+    # guess at a model never timed, 55 ms a token, which would tell the SDK to wait minutes)
+    wait_event(store, busy["id"], lambda e: e.type == "token" and store.get(busy["id"]).usage.completion_tokens >= 100)
     waiting = post("/v1/jobs", "ka", prompt="wait", max_tokens=4)
     # When bob asks through the SDK, which retries
     seen: list[Any] = []  # (the SDK's own httpx's responses)

@@ -22,7 +22,7 @@ from tests.test_hostile_models import serve
 from tests.test_recovery import wait_for_worker
 from tests.tiny_archs import alone, build
 
-pytestmark = pytest.mark.timeout(300)  # (a worker start, a kill and a restart, per story)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow_file]  # (a worker start, a kill and a restart, per story)
 
 ARCHS = {"gemma4": "batched", "llama4": "alone", "jamba": "batched"}
 PROMPT = "a job waits, starts, streams its tokens, then ends. the queue keeps the gpu busy"

@@ -19,7 +19,8 @@ from worker.batch.lookup import Lookup
 from worker.batch.sampling import make_sampler
 from worker.batch.speculation import BUDGET, REFRESH, STALE, Payoff, Speculation
 
-pytestmark = pytest.mark.default_model  # SmolLM2-135M-Instruct: a real model that copies what it is shown
+# SmolLM2-135M-Instruct: a real model that copies what it is shown
+pytestmark = [pytest.mark.default_model, pytest.mark.slow_file]
 
 CODE = "\n".join(f"def f{i}(x):\n    return x * {i} + {i * 7}\n" for i in range(8))
 QUESTIONS = (

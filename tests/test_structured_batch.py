@@ -19,7 +19,8 @@ from tasks.structured import json_constraint
 from tests.helpers import wait_ended, wait_event
 from tests.test_recovery import wait_for_worker
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.default_model]  # the stories run on SmolLM2 (conftest.py)
+# the stories run on SmolLM2 (conftest.py)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.default_model, pytest.mark.slow_file]
 
 ORDER = {
     "type": "object",

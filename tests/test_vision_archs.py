@@ -31,7 +31,7 @@ from tests import vlms
 from tests.test_hostile_models import serve
 from tests.vlms.folder import Unbuildable
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow_file]
 
 MAX_TOKENS = 12
 PREFILL_STEP = 8  # small, so an image prompt is read in several chunks beside the others' steps

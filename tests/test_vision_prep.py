@@ -33,7 +33,7 @@ from tests.helpers import openai_chunks
 from tests.test_hostile_models import serve
 from tests.tiny_vision import build_gemma3
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow_file]
 
 IMAGES = 32
 SIZE = 448  # the tower's (the door keeps an image up to twice it as sent)

@@ -21,7 +21,7 @@ from tests.test_hostile_models import serve
 from tests.vision_stories import Reference, cancel_story, image_part, kill_story, png
 from tests.vlms.qwen import ARCHS
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow_file]
 
 MAX_TOKENS = 12
 
