@@ -30,7 +30,8 @@ from tests.test_recovery import wait_for_worker
 
 # Each story starts the worker (or the whole stack) three times and waits on each: on a CI machine running other
 # work beside it, that took over the suite's 120 s, and a third run's ~1,000 tokens over 90 s (the small model made
-# ~20 tokens/s there, against ~45 alone on this 2-core machine). Every wait inside is bounded on its own, and fails first if something hangs.
+# ~20 tokens/s there, against ~45 alone on this 2-core machine). Every wait inside is bounded on its own, and fails
+# first if something hangs.
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow_file]
 
 DRAIN = {"ONELANE_DRAIN_S": "4", "ONELANE_LEASE_S": "3"}
