@@ -372,3 +372,33 @@ def test_an_unreadable_message_on_a_job_channel_does_not_silence_the_process_fee
         assert event is not None and event.type == "started" and event.queued_s == 0.5
     finally:
         feed.close()
+
+
+def test_a_hub_nobody_follows_lets_go_of_its_subscription_and_the_next_stream_subscribes_again(
+    store, settings, monkeypatch
+):
+    from web import feed as feeds
+
+    # Given a web process's hub whose one stream closed, and a short idle time
+    monkeypatch.setattr(feeds, "IDLE_S", 0.2)
+    hub = feeds.Hub(store, settings.effective_redis_url)
+    first = feeds.Feed(store, hub, "job_first")
+    reader = hub._reader
+    assert reader is not None and hub._pubsub.connection is not None
+    first.close()
+
+    # Then its reader ends and its subscription goes: no thread, no connection, for a process nobody follows
+    reader.join(timeout=10)
+    assert not reader.is_alive()
+    assert hub._reader is None and hub._pubsub.connection is None
+
+    # and the next stream subscribes again and gets its job's events
+    second = feeds.Feed(store, hub, "job_second")
+    try:
+        store.redis.publish(keys.channel("job_second"), '{"i":0,"e":{"type":"started","queued_s":0.5}}')
+        deadline = time.monotonic() + 10
+        while (event := second.get(timeout_s=0.5)) is None and time.monotonic() < deadline:
+            pass
+        assert event is not None and event.type == "started"
+    finally:
+        second.close()

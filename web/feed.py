@@ -2,8 +2,10 @@
 
 A connection per stream would cost each stream a Redis connection (and its handshake before the first
 event), and every "queue moved" message would cross the socket once per waiting stream, each stream then
-asking Redis for its own position. The hub subscribes once, for the process's life, to every job's channel
-(a pattern) and to the queue's moves: one GPU produces few events, so each web process takes them all and
+asking Redis for its own position. The hub subscribes once, while the process has streams open, to every job's
+channel (a pattern) and to the queue's moves (once no stream has followed a job for IDLE_S, its reader lets go of
+the connection and ends: a web process nobody follows holds no subscription and no thread, and does not keep
+trying to reach a Redis that went away; the next stream subscribes again): one GPU produces few events, so each web process takes them all and
 hands each to the feeds of its job; opening or closing a stream costs Redis nothing. When the queue moves, and
 every REFRESH_S meanwhile (an ETA moves with the batch, not only with the queue), the hub looks up the standings
 of all the process's waiting feeds in one call.
@@ -11,6 +13,7 @@ of all the process's waiting feeds in one call.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -28,6 +31,7 @@ from tasks.store import Standing, Store
 logger = logging.getLogger(__name__)
 
 RECONNECT_WAIT_S = 0.5
+IDLE_S = 30.0  # how long the hub stays subscribed with no stream open (a user's next request finds it ready)
 REFRESH_S = 2.0  # how often waiting jobs' standings are looked up again, the queue moving or not
 JOB_CHANNELS = keys.CHANNEL_PREFIX + "*"
 
@@ -60,6 +64,7 @@ class Hub:
         self._ready = threading.Event()  # Redis confirmed the subscriptions (again, after an outage)
         self._reader: threading.Thread | None = None
         self._looked_at = 0.0  # when the standings were last looked up
+        self._unfollowed: float | None = None  # since when no feed has followed a job (None: one does)
 
     def join(self, job_id: str, inbox: Inbox) -> threading.Event:
         """Deliver `job_id`'s events into `inbox`, and its Standing whenever the queue moves (position None once
@@ -72,6 +77,7 @@ class Hub:
                 self._reader = threading.Thread(target=self._read, name="pubsub-hub", daemon=True)
                 self._reader.start()
             self._inboxes.setdefault(job_id, set()).add(inbox)
+            self._unfollowed = None
         return self._ready
 
     def leave(self, job_id: str, inbox: Inbox) -> None:
@@ -80,10 +86,12 @@ class Hub:
             inboxes.discard(inbox)
             if not inboxes:
                 self._inboxes.pop(job_id, None)
+            if not self._inboxes:
+                self._unfollowed = time.monotonic()
 
     def _read(self) -> None:
         down = moved = outage = False
-        while True:
+        while not self._retired():
             if down:
                 time.sleep(RECONNECT_WAIT_S)
                 down = not self._reconnect()
@@ -120,6 +128,18 @@ class Hub:
                 if outage:  # what was published meanwhile is only in the logs, and the queue may have moved
                     outage, moved = False, True
                     self._tell_lost()
+
+    def _retired(self) -> bool:
+        """Whether the reader ends now: no feed has followed a job for IDLE_S. It lets go of its connection; the next
+        feed to join subscribes again and starts another reader."""
+        with self._lock:
+            if self._inboxes or self._unfollowed is None or time.monotonic() - self._unfollowed < IDLE_S:
+                return False
+            self._reader, self._unfollowed = None, None
+            self._ready.clear()
+            with contextlib.suppress(redis.RedisError, OSError):  # (its connection is closed either way)
+                self._pubsub.reset()
+        return True
 
     def _tell_lost(self) -> None:
         """After a reconnection, tell every feed to read its log: what was published meanwhile is only there."""
