@@ -109,8 +109,8 @@ def test_a_seeded_sampled_answer_is_the_same_with_speculation_on_and_off(engine)
 
 def copy_beside_a_long_prompt(engine: Any, speculate: int) -> dict[str, Any]:
     """A stream copying code while a long prompt reads beside it, under a floor no step meets (its chunks the
-    least): the stream's answer, its tokens in each step that read the prompt, and the fewest tokens the last such
-    step's draw was expected to give a row."""
+    least): the stream's answer, its tokens in each step that read the prompt, and the most tokens any such step's
+    draw was expected to give the row it gives the fewest (the floor's bound, in a plain step's)."""
     batch = ContinuousBatch(
         engine.model, 128, 4, None, decode_floor=1000, speculation=Speculation(speculate, measured=False)
     )

@@ -3,12 +3,12 @@
 A connection per stream would cost each stream a Redis connection (and its handshake before the first
 event), and every "queue moved" message would cross the socket once per waiting stream, each stream then
 asking Redis for its own position. The hub subscribes once, while the process has streams open, to every job's
-channel (a pattern) and to the queue's moves (once no stream has followed a job for IDLE_S, its reader lets go of
-the connection and ends: a web process nobody follows holds no subscription and no thread, and does not keep
-trying to reach a Redis that went away; the next stream subscribes again): one GPU produces few events, so each web process takes them all and
+channel (a pattern) and to the queue's moves: one GPU produces few events, so each web process takes them all and
 hands each to the feeds of its job; opening or closing a stream costs Redis nothing. When the queue moves, and
 every REFRESH_S meanwhile (an ETA moves with the batch, not only with the queue), the hub looks up the standings
-of all the process's waiting feeds in one call.
+of all the process's waiting feeds in one call. Once no stream has followed a job for IDLE_S, its reader lets go
+of the connection and ends (a web process nobody follows holds no subscription and no thread, and does not keep
+trying to reach a Redis that went away); the next stream subscribes again.
 """
 
 from __future__ import annotations

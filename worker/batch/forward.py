@@ -383,8 +383,10 @@ class ContinuousBatch(Prefilling):
         drawn = mx.stack([self._drawn_at(i, logits, logprobs, reading, p, wide) for i, p in enumerate(proposals)])
         mx.async_eval(drawn)
         self._next, self._proposed = drawn, proposals
-        rates = [r.proposing.rate if r.proposing is not None else 0.0 for r in self._rows]
-        self._least = min(1 + expected(rate, len(p)) for rate, p in zip(rates, proposals))
+        self._least = min(
+            1 + expected(r.proposing.rate, len(p)) if r.proposing is not None else 1.0
+            for r, p in zip(self._rows, proposals)
+        )
         self._read_into_rows(reading)
         return wide
 

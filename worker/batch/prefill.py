@@ -6,11 +6,10 @@ A step's prefill: the sequences reading their prompts (at most `prefill_batch` a
 their next chunk of at most `prefill_step` tokens each, side by side (padded to the longest chunk); those with only
 their last token left join the decode rows. While rows decode, with a `decode_floor` (tokens per second), the
 chunks of long prompts are sized so that a step takes at most 1 / decode_floor (a step whose every decode row
-checks proposals, as many times that as the tokens the row expected to keep the fewest gets: worker/batch/forward.py,
-`_fit_chunk`): after each such step they grow or
-shrink by the ratio of that bound to the step's time (at most doubling; 16 tokens at least, so that a prompt always
-progresses), so long prompts read beside the streams slow them to the floor at worst, however many arrive. A
-prompt of one chunk (`prefill_step` tokens or fewer: a question) reads whole in one step: a crowd of questions
+checks proposals: as many times that as the tokens the row expected to gain least gets, worker/batch/forward.py
+`_fit_chunk`): after each such step they grow or shrink by the ratio of that bound to the step's time (at most
+doubling; 16 tokens at least, so that a prompt always progresses), so long prompts read beside the streams slow
+them to the floor at worst, however many arrive. A prompt of one chunk (`prefill_step` tokens or fewer: a question) reads whole in one step: a crowd of questions
 arriving may slow the streams for the steps that read them, not longer. A prompt with images reads beside them,
 one at a time, in chunks of its input embeddings (its images as the vision model sees them, computed as its first
 chunk is read): the others go on decoding while it reads, and it joins the decode rows as any other.
