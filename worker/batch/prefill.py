@@ -11,8 +11,9 @@ checks proposals: as many times that as the tokens the row expected to gain leas
 doubling; 16 tokens at least, so that a prompt always progresses), so long prompts read beside the streams slow
 them to the floor at worst, however many arrive. A prompt of one chunk (`prefill_step` tokens or fewer: a
 question) reads whole in one step: a crowd of questions arriving may slow the streams for the steps that read them,
-not longer. A prompt with images reads beside them, one at a time, in chunks of its input embeddings (its images as the vision model sees them, computed as its first
-chunk is read): the others go on decoding while it reads, and it joins the decode rows as any other.
+not longer. A prompt with images reads beside them, one at a time, in chunks of its input embeddings (its images
+as the vision model sees them, computed as its first chunk is read): the others go on decoding while it reads, and
+it joins the decode rows as any other.
 
 How a model's sequences share the batch (`Batching`, decided as the model loads: worker/batch/sharing.py):
 - `padded`: as above; prompts read side by side are padded to the longest chunk (the caches mask the padding);
