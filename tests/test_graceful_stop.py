@@ -276,3 +276,33 @@ def test_ctrl_c_while_a_worker_process_still_imports_ends_it_quietly(settings, t
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+
+
+def test_a_stop_that_never_ends_ends_the_process_after_its_time():
+    """An orphaned worker whose stop hangs (a step stuck on the device holds the models' lock, or Redis went away in
+    the middle of a hand-back) must not live on for nobody: past its time, the process exits."""
+    from worker.main import EXIT_STUCK, stop_within
+
+    # Given a worker whose stop never returns, and one whose stop ends
+    class Worker:
+        def __init__(self, ends: bool) -> None:
+            self.ends = ends
+            self.stopping, self.stuck = threading.Event(), threading.Event()
+
+        def stop(self, release: bool) -> None:
+            self.stopping.set()  # (its watch has started)
+            if not self.ends:
+                self.stuck.wait()
+
+    exits: list[int] = []
+    stuck, orderly = Worker(ends=False), Worker(ends=True)
+
+    # When each stops with 0.2 s to do it
+    threading.Thread(target=stop_within, args=(stuck, 0.2, True, exits.append), daemon=True).start()
+    assert stuck.stopping.wait(30)
+    stop_within(orderly, 0.2, True, lambda code: exits.append(-code))
+
+    # Then the stuck one's process exits, saying it was stuck; the orderly one's is left to end by itself
+    for watch in [thread for thread in threading.enumerate() if thread.name == "stop-watch"]:
+        watch.join(timeout=30)
+    assert exits == [EXIT_STUCK]

@@ -48,6 +48,10 @@ logger = logging.getLogger(__name__)
 
 TAKEOVER_POLL_S = 0.1  # how often a standby worker tries to take a free device
 SIGNAL_CHECK_S = 0.1  # how soon the main thread runs a signal's handler that another thread received
+STOP_GRACE_S = 90.0  # how long a stop may take past the batch's drain (its hand-backs and last writes wait 30 s at
+#                     most each) before the process exits anyway: a hung step or a Redis gone must not leave an
+#                     orphaned worker alive for nobody; its jobs are recovered once its lease lapses
+EXIT_STUCK = 70  # (EX_SOFTWARE) the exit of a stop that did not end within its time
 IDLE_WAIT_MS = 500  # an idle consumer blocks this long on its wake-up list before looking again (and a stopping
 #                    worker's threads notice within it)
 
@@ -259,8 +263,25 @@ def run(settings: Settings, supervisor: int | None = None) -> None:
         while not worker.stopping.wait(SIGNAL_CHECK_S):
             pass
     logger.info("worker stopping: its batch has %g s to end", settings.drain_s)
-    worker.stop(release=supervisor is None or os.getppid() != supervisor)
+    stop_within(worker, settings.drain_s + STOP_GRACE_S, release=supervisor is None or os.getppid() != supervisor)
     logger.info("worker stopped")
+
+
+def stop_within(worker: GpuWorker, limit_s: float, release: bool, exit: Callable[[int], object] = os._exit) -> None:
+    """GpuWorker.stop, bounded: should it not end within `limit_s` (a step hung on the device holds the models' lock;
+    Redis went away mid-hand-back), the process exits with EXIT_STUCK rather than live on for nobody."""
+    done = threading.Event()
+
+    def watch() -> None:
+        if not done.wait(limit_s):
+            logger.error(
+                "worker: its stop did not end within %g s; exiting (its jobs return once its lease lapses)", limit_s
+            )
+            exit(EXIT_STUCK)
+
+    threading.Thread(target=watch, name="stop-watch", daemon=True).start()
+    worker.stop(release)
+    done.set()
 
 
 def _orphan_watch(worker: GpuWorker, supervisor: int) -> None:
