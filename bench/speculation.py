@@ -39,8 +39,10 @@ the folder every server loads.
    is let settle (onelane: its queue empty, then one lease period so that its step counter is in /metrics).
 4. Per server x workload x level: completion tokens/s over the level's wall time (prompts read included), streamed
    TTFT p50 and decode rate (median); for the two onelane pairs the /metrics deltas over the level: tokens proposed
-   and accepted (acceptance = accepted/proposed), tokens generated and batch steps. Tokens per step: a sequence's (generated / (generated - accepted): every step
-   gives a sequence one token plus what it kept) and the batch's (generated / batch steps, every row's tokens).
+   and accepted (acceptance = accepted/proposed), tokens generated and batch steps, the worker's seconds reading
+   prompts and drawing tokens (the prompts' share is what speculation cannot shorten). Tokens per step: a
+   sequence's (generated / (generated - accepted): every step gives a sequence one token plus what it kept) and the
+   batch's (generated / batch steps, every row's tokens).
    Then per workload x level the medians over the rounds with min-max, and the ratios on/off and on/mlx_lm.server
    round by round (median, min-max).
 5. Answers: every prompt went to both onelane pairs; greedy, speculation must not change a token. The plain
@@ -109,6 +111,8 @@ METRICS = {
     "accepted": "onelane_model_tokens_accepted_total",
     "generated": "onelane_tokens_generated_total",
     "steps": "onelane_batch_steps_total",
+    "prefill_s": "onelane_prefill_seconds_total",  # the worker's time reading prompts ...
+    "decode_s": "onelane_decode_seconds_total",  # ... and drawing tokens (with prefill: its step time)
 }
 
 
@@ -458,7 +462,8 @@ def counts_line(side: Side, key: tuple[str, int]) -> str:
     return (
         f"proposed {span([c['proposed'] for c in each])}, accepted {span([c['accepted'] for c in each])} "
         f"({span([a * 100 for a in accepted])} %), generated {span([c['generated'] for c in each])} in "
-        f"{span([c['steps'] for c in each])} batch steps"
+        f"{span([c['steps'] for c in each])} batch steps; prompts read in "
+        f"{span([c['prefill_s'] / max(c['prefill_s'] + c['decode_s'], 1e-9) * 100 for c in each])} % of its step time"
     )
 
 
