@@ -104,40 +104,31 @@ def assert_completed_once(store: Store, job_id: str, stops: int, logs: list[Path
     assert [e.attempt for e in store.events(job_id) if e.type == "requeued"] == [0] * stops
 
 
-def test_stopping_the_worker_service_twice_never_costs_the_job_an_attempt(jobs, store, worker_process, tmp_path):
-    """compose-style: SIGTERM to `onelane worker` (the supervisor), as `docker compose stop` sends it."""
-    job = jobs.submit("deploy", **LONG)
-    for stop in (1, 2):
-        service = worker_process(**DRAIN)
-        wait_generating(store, job["id"], stop)
-        service.send_signal(signal.SIGTERM)
-        assert service.wait(timeout=60) == 0
-        assert_handed_back(store, job["id"], stop)
-
-    worker_process(**DRAIN)
-    assert_completed_once(store, job["id"], stops=2, logs=sorted(tmp_path.glob("worker-*.log")))
-
-
-def test_stopping_the_active_worker_process_alone_hands_over_to_the_standby(jobs, store, worker_process, tmp_path):
+def test_a_job_stopped_by_its_worker_process_then_by_the_service_never_costs_an_attempt(
+    jobs, store, worker_process, tmp_path
+):
     """SIGTERM to the worker process holding the device: it drains and exits; its supervisor neither kills it as
-    frozen nor counts a crash; the standby takes over at once."""
+    frozen nor counts a crash; the standby takes over at once. Then SIGTERM to `onelane worker` (the supervisor), as
+    `docker compose stop` sends it: the job is handed back again. Neither stop costs the job an attempt."""
     service = worker_process(**DRAIN)
     job = jobs.submit("restart", **LONG)
-    stopped = []
-    for stop in (1, 2):
-        wait_generating(store, job["id"], stop)
-        active = wait_for_worker(store)
-        assert active.pid not in stopped
-        os.kill(active.pid, signal.SIGTERM)
-        stopped.append(active.pid)
+    wait_generating(store, job["id"], 1)
+    active = wait_for_worker(store)
+    os.kill(active.pid, signal.SIGTERM)
 
-    assert_completed_once(store, job["id"], stops=2, logs=[tmp_path / "worker-0.log"])
-    assert service.poll() is None
+    wait_generating(store, job["id"], 2)
+    assert wait_for_worker(store).pid != active.pid
+    service.send_signal(signal.SIGTERM)
+    assert service.wait(timeout=60) == 0
+    assert_handed_back(store, job["id"], 2)
     log = (tmp_path / "worker-0.log").read_text()
     # (every kill of the supervisor's says "killing"; "frozen" may be a stack's `<frozen runpy>`, if a heartbeat
     # ran late on this shared machine and the worker wrote its threads' stacks)
     assert "killing" not in log, log
-    assert log.count("exited (0)") == 2, log
+    assert log.count("exited (0)") == 1, log
+
+    worker_process(**DRAIN)
+    assert_completed_once(store, job["id"], stops=2, logs=sorted(tmp_path.glob("worker-*.log")))
 
 
 def up_env(settings: Settings, var: Path, port: int) -> dict[str, str]:
@@ -191,32 +182,29 @@ def test_ctrl_c_on_onelane_up_while_someone_follows_hands_the_job_back(settings,
     port, var = free_port(), tmp_path / "var"
     base, env, log = f"http://127.0.0.1:{port}", up_env(settings, var, port), tmp_path / "up.log"
     store = Store.connect(settings.model_copy(update={"redis_url": EmbeddedRedis(var / "redis").url}))
-    job_id = ""
     try:
-        for stop in (1, 2):
-            up = start_up(env, log)
-            try:
-                wait_answering(f"{base}/readyz", up, timeout_s=90)
-                if not job_id:
-                    response = requests.post(f"{base}/v1/jobs", json={"prompt": "ctrl-c", **LONG}, timeout=10)
-                    assert response.status_code == 202, response.text
-                    job_id = response.json()["id"]
-                wait_generating(store, job_id, stop)
-                follow(EventStream(base, job_id))
-            finally:
-                ctrl_c(up, log)
-            # Redis stopped last, with the job back in it (AOF): read it as the next start will
-            redis_server = EmbeddedRedis(var / "redis").start()
-            try:
-                store.redis.connection_pool.reset()
-                assert_handed_back(store, job_id, stop)
-            finally:
-                redis_server.stop()
+        up = start_up(env, log)
+        try:
+            wait_answering(f"{base}/readyz", up, timeout_s=90)
+            response = requests.post(f"{base}/v1/jobs", json={"prompt": "ctrl-c", **LONG}, timeout=10)
+            assert response.status_code == 202, response.text
+            job_id = response.json()["id"]
+            wait_generating(store, job_id, 1)
+            follow(EventStream(base, job_id))
+        finally:
+            ctrl_c(up, log)
+        # Redis stopped last, with the job back in it (AOF): read it as the next start will
+        redis_server = EmbeddedRedis(var / "redis").start()
+        try:
+            store.redis.connection_pool.reset()
+            assert_handed_back(store, job_id, 1)
+        finally:
+            redis_server.stop()
         up = start_up(env, log)
         try:
             wait_answering(f"{base}/readyz", up, timeout_s=90)
             store.redis.connection_pool.reset()
-            assert_completed_once(store, job_id, stops=2, logs=[log])
+            assert_completed_once(store, job_id, stops=1, logs=[log])
         finally:
             ctrl_c(up, log)
     finally:
