@@ -293,4 +293,5 @@ def test_a_stop_that_never_ends_ends_the_process_after_its_time():
     # Then the stuck one's process exits, saying it was stuck; the orderly one's is left to end by itself
     for watch in [thread for thread in threading.enumerate() if thread.name == "stop-watch"]:
         watch.join(timeout=30)
+    stuck.stuck.set()  # (its thread ends: nothing of the story outlives it)
     assert exits == [EXIT_STUCK]
