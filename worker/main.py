@@ -162,7 +162,7 @@ class GpuWorker:
         (so the two are never seen holding the device together)."""
         self.stopping.set()
         self.housekeeper.stop()
-        self.worker.stop(timeout=int((self.settings.drain_s + 60) * 1000))
+        self.worker.stop(timeout=int((self.settings.drain_s + STOP_GRACE_S) * 1000))
         with self.models.lock:  # the runner is out of its loop: the batch drained, or was handed back
             self.runner.writer.wait_idle()
             self.runner.writer.close()
