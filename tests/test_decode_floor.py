@@ -5,10 +5,12 @@ whole chunks of ONELANE_PREFILL_STEP."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from mlx_lm.sample_utils import make_sampler
 
 from worker.batch.forward import ContinuousBatch
-from worker.batch.rows import MIN_CHUNK
+from worker.batch.rows import MIN_CHUNK, Batching
 
 greedy = make_sampler(0.0)
 STEP = 128
@@ -65,3 +67,30 @@ def test_a_question_beside_a_stream_reads_whole_in_one_step_whatever_the_floor(d
     question = batch.insert(list(range(1, STEP)), 1, greedy)  # a prompt of one chunk
     steps = next(n for n in range(1, 100) if any(e.uid == question for e in batch.step()))
     assert steps <= 3  # read in one step, its last token decoded with the stream's in the next
+
+
+def answers(model: Any, prompts: list[list[int]], step: int, floor: float, batching: Batching) -> list[list[int]]:
+    """Each prompt's 6 greedy tokens, the first decoding before the others join."""
+    batch = ContinuousBatch(model, step, 8, None, batching, decode_floor=floor)
+    first = batch.insert(prompts[0], 6, greedy)
+    out: dict[int, list[int]] = {first: []}
+    while not out[first]:
+        out[first] += [e.token for e in batch.step()]
+    out.update({batch.insert(p, 6, greedy): [] for p in prompts[1:]})
+    while any(batch.find(uid) is not None for uid in out):
+        for e in batch.step():
+            out[e.uid].append(e.token)
+    return list(out.values())
+
+
+def test_a_model_that_reads_two_prompt_tokens_a_step_reads_every_prompt_whole_beside_a_stream(demo_engine):
+    # Given a model whose prompts read best a few tokens a step (worker/batch/chunking.py chose 2: it happens to a
+    # model timed on a busy machine), and prompts joining while a stream decodes under the floor, whose chunks
+    # are fitted in steps of 16 tokens and more
+    prompts = [[1, 2], [(5 * n) % 300 + 1 for n in range(18)], [(3 * n) % 400 + 1 for n in range(96)]]
+    batchings: tuple[Batching, ...] = ("padded", "unpadded")
+    for batching in batchings:
+        # Then every prompt is read up to its last token, never past it, and answered as with no floor
+        assert answers(demo_engine.model, prompts, 2, 1000, batching) == answers(
+            demo_engine.model, prompts, 2, 0, batching
+        ), batching

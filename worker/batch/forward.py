@@ -220,7 +220,7 @@ class ContinuousBatch(Prefilling):
         in which the decode row expected to get the fewest tokens from this step gets them at the floor's rate:
         1 / decode_floor s for a plain step, longer for one that checks every row's proposals (`_least`)."""
         scaled = int(self.chunk * min(2.0, self._least / (self.decode_floor * max(step_s, 1e-6))))
-        self.chunk = max(MIN_CHUNK, min(self.prefill_step, scaled))
+        self.chunk = max(min(MIN_CHUNK, self.prefill_step), min(self.prefill_step, scaled))
 
     def _read(self) -> list[Emitted]:
         """The tokens the decode rows drew in the step before (computed by now): each is emitted; a row whose token

@@ -8,9 +8,10 @@ their last token left join the decode rows. While rows decode, with a `decode_fl
 chunks of long prompts are sized so that a step takes at most 1 / decode_floor (a step whose every decode row
 checks proposals: as many times that as the tokens the row expected to gain least gets, worker/batch/forward.py
 `_fit_chunk`): after each such step they grow or shrink by the ratio of that bound to the step's time (at most
-doubling; 16 tokens at least, so that a prompt always progresses), so long prompts read beside the streams slow
-them to the floor at worst, however many arrive. A prompt of one chunk (`prefill_step` tokens or fewer: a
-question) reads whole in one step: a crowd of questions arriving may slow the streams for the steps that read them,
+doubling, never past the prefill step; 16 tokens at least, so that a prompt always progresses, or the prefill step
+where that is less), so long prompts read beside the streams slow them to the floor at worst, however many arrive.
+A prompt of one chunk (`prefill_step` tokens or fewer: a question) reads whole in one step: a crowd of questions
+arriving may slow the streams for the steps that read them,
 not longer. A prompt with images reads beside them, one at a time, in chunks of its input embeddings (its images
 as the vision model sees them, computed as its first chunk is read): the others go on decoding while it reads, and
 it joins the decode rows as any other.
@@ -86,9 +87,7 @@ class Prefilling:
         # beside such, a long prompt reads as many tokens as their padding costs anyway
         whole = [len(r.unread) - 1 for r in self._reading if len(r.unread) - 1 <= self.prefill_step]
         cap = max([cap, *whole]) if self.batching == "padded" else cap
-        chunks = [
-            r.unread[: len(r.unread) - 1 if len(r.unread) - 1 <= self.prefill_step else cap] for r in self._reading
-        ]
+        chunks = [r.unread[: self._chunk(len(r.unread) - 1, cap)] for r in self._reading]
         if self.batching == "unpadded":
             shortest = min(len(c) for c in chunks)
             chunks = [c[:shortest] for c in chunks]
@@ -115,6 +114,12 @@ class Prefilling:
         self.padded_prefill = len(chunks) * longest
         self._to_decode([i for i, r in enumerate(self._reading) if len(r.unread) == 1])
         return self.padded_prefill
+
+    def _chunk(self, left: int, cap: int) -> int:
+        """How much a prompt with `left` tokens to read before its last reads this step: all of them within the
+        prefill step, else `cap`; never its last token (its decode row reads that), though `cap`, fitted to the
+        decode floor, may pass the prefill step of a model that reads only a few tokens a step."""
+        return left if left <= self.prefill_step else min(cap, left)
 
     def _see(self, cap: int) -> int:
         """The first prompt with images reads its next chunk (at most `cap` tokens), on its own cache, from its input
