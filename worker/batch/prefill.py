@@ -87,7 +87,9 @@ class Prefilling:
         # beside such, a long prompt reads as many tokens as their padding costs anyway
         whole = [len(r.unread) - 1 for r in self._reading if len(r.unread) - 1 <= self.prefill_step]
         cap = max([cap, *whole]) if self.batching == "padded" else cap
-        chunks = [r.unread[: self._chunk(len(r.unread) - 1, cap)] for r in self._reading]
+        chunks = [
+            r.unread[: len(r.unread) - 1 if len(r.unread) - 1 <= self.prefill_step else cap] for r in self._reading
+        ]
         if self.batching == "unpadded":
             shortest = min(len(c) for c in chunks)
             chunks = [c[:shortest] for c in chunks]
@@ -114,12 +116,6 @@ class Prefilling:
         self.padded_prefill = len(chunks) * longest
         self._to_decode([i for i, r in enumerate(self._reading) if len(r.unread) == 1])
         return self.padded_prefill
-
-    def _chunk(self, left: int, cap: int) -> int:
-        """How much a prompt with `left` tokens to read before its last reads this step: all of them within the
-        prefill step, else `cap`; never its last token (its decode row reads that), though `cap`, fitted to the
-        decode floor, may pass the prefill step of a model that reads only a few tokens a step."""
-        return left if left <= self.prefill_step else min(cap, left)
 
     def _see(self, cap: int) -> int:
         """The first prompt with images reads its next chunk (at most `cap` tokens), on its own cache, from its input
