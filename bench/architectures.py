@@ -2,12 +2,14 @@
 served by the real worker (in this process, from one catalog), three prompts of different lengths at once, greedy,
 12 tokens past EOS, each answer compared with mlx-lm's own greedy answer to that prompt alone.
 
-    ./dev.sh bench architectures [ARCH ...]
+    ./dev.sh bench architectures [--chunk N] [ARCH ...]
 
 Prints one row per architecture: its cache types (the classes of make_prompt_cache), what onelane did with its jobs
 (batched: they ran together; alone: one after another; refused: none ran), and whether every answer was mlx-lm's
 (else where it departed); then the architectures skipped, and why. It writes nothing else (its models, Redis and
 worker live in a temporary folder). tests/test_architectures.py asserts the same, one test per architecture.
+With `--chunk N`, every model reads prompts N tokens a step, as worker/batch/chunking.py has a model do whose longer
+reads cost more (or any model timed on a busy machine: 2 was seen), its batching trial tried at that chunk too.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ STALL_S = 20.0  # (as the test's: a first run may spend seconds compiling its ke
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("archs", nargs="*", help="architectures to run (default: every one that builds)")
+    parser.add_argument("--chunk", type=int, default=0, help="prompt tokens every model reads a step (default: timed)")
     args = parser.parse_args()
     preload_openblas()
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # (its warnings about tiny configs are not ours)
@@ -34,13 +37,19 @@ def main() -> None:
     from tests.tiny_archs import MAX_TOKENS, PROMPTS, SKIPPED, Sweep, architectures, build_all
 
     archs = args.archs or architectures()
+    if args.chunk:  # (in place of the timing worker/models.py does as a model loads)
+        import worker.models
+        from worker.batch.chunking import Chunking
+
+        worker.models.choose_chunk = lambda model, step, vocab: Chunking(args.chunk, ())  # type: ignore[assignment]
     started = time.perf_counter()
     with private_redis() as (folder, url):
         folders = build_all(folder / "models", archs)
         settings = Settings(redis_url=url, var_dir=folder, max_batch=4, lease_s=6)
         sweep = Sweep(settings, folders, STALL_S).start()
         words = " / ".join(str(len(p.split())) for p in PROMPTS)
-        print(f"{len(archs)} architectures; prompts of {words} words at once, greedy, {MAX_TOKENS} tokens each")
+        read = f"{args.chunk} token(s) a step" if args.chunk else "in timed chunks"
+        print(f"{len(archs)} architectures; prompts of {words} words at once, read {read}, greedy, {MAX_TOKENS} tokens")
         print(f"{'architecture':<22}{'cache types':<38}{'onelane':<9}equal to mlx-lm alone")
         modes: dict[str, int] = {}
         equal = 0

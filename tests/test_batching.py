@@ -36,6 +36,31 @@ def test_a_state_space_model_batches_with_prompts_read_unpadded(tiny, arch: str)
     assert verdict.why.startswith("padded: ") and "nats from its logits alone" in verdict.why
 
 
+@pytest.mark.parametrize(("arch", "way"), [("mamba", "unpadded"), ("falcon_mamba", "unpadded"), ("afm7", "alone")])
+def test_a_model_that_reads_two_prompt_tokens_a_step_is_tried_with_padding_and_side_by_side(tiny, arch, way) -> None:
+    # Given a model whose prompts read best 2 tokens a step (worker/batch/chunking.py chooses so on a busy machine),
+    # tried with chunks of 2: a Mamba's state is wrong with padding read through it; AFM's layers that reuse the
+    # last layer's keys place their queries by the batch's longest row
+    model = tiny(arch)
+    verdict = choose(model, 2048, chunk=2)
+    # Then the trial reads padding beside a real read, and decodes the two side by side: it sees both wrong
+    assert verdict.batching == way, verdict.why
+    # And so a one-word prompt beside longer ones gets mlx-lm's own answer alone
+    from mlx_lm.utils import load_tokenizer
+
+    from tasks.catalogue import SHIPPED_DEMO_MODEL
+    from tests.tiny_archs import MAX_TOKENS, PROMPTS, alone
+
+    tokenizer = load_tokenizer(SHIPPED_DEMO_MODEL, eos_token_ids=2)
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    batch = ContinuousBatch(model, 2, 4, None, verdict.batching)
+    out: dict[int, list[int]] = {batch.insert(p, MAX_TOKENS, greedy): [] for p in prompts}
+    while len(batch):
+        for e in batch.step():
+            out[e.uid].append(e.token)
+    assert [tuple(o) for o in out.values()] == [alone(model, tokenizer, p, MAX_TOKENS).tokens for p in prompts]
+
+
 def test_a_model_whose_caches_cannot_merge_runs_alone(tiny) -> None:
     verdict = choose(tiny("llama4"), 2048)
     assert (verdict.batching, verdict.why) == ("alone", "mlx-lm cannot merge its caches (ChunkedKVCache)")

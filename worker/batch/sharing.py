@@ -2,8 +2,9 @@
 `Batching`): the architecture's batched forward pass is tried against its own forward pass alone, and the first way
 that gives each sequence the logits it has alone is kept.
 
-Two prompts of different lengths (chunked small, so that chunks of different lengths are read side by side and a
-prompt goes on reading after the other joined the decode rows) each read alone, then together, `padded` first, then
+Two prompts of different lengths (chunked small, so that chunks of different lengths are read side by side, a
+prompt goes on reading after the other joined the decode rows, and the two then decode side by side: `_shapes`, at
+whatever chunk the model reads prompts in) each read alone, then together, `padded` first, then
 `unpadded`; each sequence is fed the same scripted tokens in every run (so a near tie cannot send two runs apart),
 and its log-probabilities at every draw are compared with its own alone, over the tokens the alone run finds
 likely. A batched run that raises, or strays past the tolerance, is not used; `padded` is kept if within it (unless
@@ -32,10 +33,10 @@ from worker.batch.rows import Batching, unchecked, unmergeable
 
 logger = logging.getLogger(__name__)
 
-LENGTHS = (3, 10)  # the trial's prompts, in tokens
+LENGTHS = (3, 10)  # the trial's prompts, in tokens (the shorter at most the chunk: see _shapes)
 CHUNK = 8  # its prefill step: chunks of 2 and 8 tokens read side by side, then the longer's last one while the other
 #            decodes (each forward pass of a real model costs ~a decode step: the trial keeps to a dozen of them)
-DRAWS = 3  # draws compared per sequence
+DRAWS = 3  # draws compared per sequence (the shorter's more: see _shapes)
 LIKELY = 10.0  # compared: the tokens within this many nats of the alone run's likeliest
 # How far apart a sequence's log-probabilities may be, alone and batched, in nats: float32's own rounding (a batch
 # changes the shapes of the sums) stays near 1e-6 in the tiny models and 7e-5 through SmolLM2's 30 layers;
@@ -80,8 +81,9 @@ def choose(model: nn.Module, vocab: int, max_kv_size: int | None = None, chunk: 
         why = f"its caches pick keys by an indexer only past more keys than the trial reads ({', '.join(kinds)})"
         return Trial(batching="alone", why=why, seconds=time.perf_counter() - started)
     rng = np.random.default_rng(0)
-    prompts = [[int(t) for t in rng.integers(1, vocab, n)] for n in LENGTHS]
-    scripts = [[int(t) for t in rng.integers(1, vocab, DRAWS)] for _ in LENGTHS]
+    shapes = _shapes(chunk)
+    prompts = [[int(t) for t in rng.integers(1, vocab, n)] for n, _ in shapes]
+    scripts = [[int(t) for t in rng.integers(1, vocab, draws)] for _, draws in shapes]
     runs = [_run(model, [p], [s], "alone", max_kv_size, chunk) for p, s in zip(prompts, scripts)]
     alone = [seen[0] for seen, _ in runs]
     tolerance = TOLERANCE.get(runs[0][1], LOW_PRECISION_TOLERANCE)
@@ -104,6 +106,18 @@ def choose(model: nn.Module, vocab: int, max_kv_size: int | None = None, chunk: 
     return Trial(batching=batching, why="; ".join(seen), seconds=time.perf_counter() - started)
 
 
+def _shapes(chunk: int) -> tuple[tuple[int, int], ...]:
+    """The trial's prompts for a prefill step of `chunk`, each as (its length, its draws). The shorter one's read (all
+    of it but its last token) is shorter than the longer one's first chunk, so that padding goes through the model
+    beside a real read; and it draws on until the longer one has read its prompt and drawn beside it, so that the two
+    decode side by side (their caches merged, the shorter's padded). (A short prompt of 3 beside chunks of 2 read 2
+    tokens as the long one did, and ended before the long one decoded: no padding tried, and Mamba's padded reads and
+    AFM's shared keys, wrong in a batch, were kept.)"""
+    short, long = LENGTHS
+    reading = -(-(long - 1) // chunk)  # the longer prompt's steps before it decodes
+    return ((min(short, chunk), DRAWS + reading), (long, DRAWS))
+
+
 def _run(
     model: nn.Module,
     prompts: list[list[int]],
@@ -118,8 +132,8 @@ def _run(
     samplers = [_Scripted(s) for s in scripts]
     try:
         for prompt, sampler in zip(prompts, samplers):
-            batch.insert(prompt, DRAWS, sampler)
-        for _ in range(4 * (max(LENGTHS) // chunk + DRAWS + 2) * len(prompts)):
+            batch.insert(prompt, len(sampler.script), sampler)
+        for _ in range(4 * (max(LENGTHS) // chunk + max(len(s) for s in scripts) + 2) * len(prompts)):
             if not len(batch):
                 break
             batch.step()
