@@ -23,6 +23,7 @@ from cli import url
 from cli.startup import check_mlx, read_settings
 from tasks.errors import OnelaneError
 from tasks.settings import ENV_NAMES
+from tasks.stop_signals import stop_on_signals
 
 logger = logging.getLogger("onelane")
 
@@ -55,8 +56,7 @@ def up(host: str | None, port: int | None) -> None:
     # From here on a Ctrl-C or SIGTERM stops what has started, in good order: Redis runs in a session of its own (the
     # terminal's Ctrl-C does not reach it), so an interrupt while it starts must not leave it behind.
     stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop_on_signals(stop)
     embedded = None
     children: list[subprocess.Popen[bytes]] = []
     record = settings.var_dir / url.RECORD
@@ -187,8 +187,7 @@ def redis() -> None:
         raise click.ClickException(exc.message) from None
     click.echo(f"REDIS_URL={server.url}")
     stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop_on_signals(stop)
     try:
         assert server.process is not None
         while not stop.wait(0.5) and server.process.poll() is None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -34,6 +33,7 @@ from tasks.broker import QUEUE_NAME, make_broker
 from tasks.errors import SettingsError
 from tasks.housekeeping import Housekeeper
 from tasks.settings import LOG_FORMAT, Settings, physical_memory
+from tasks.stop_signals import stop_on_signals
 from tasks.store import Store
 from worker import actors
 from worker.batch.engine import Engine
@@ -47,7 +47,6 @@ from worker.runner.loop import Runner
 logger = logging.getLogger(__name__)
 
 TAKEOVER_POLL_S = 0.1  # how often a standby worker tries to take a free device
-SIGNAL_CHECK_S = 0.1  # how soon the main thread runs a signal's handler that another thread received
 STOP_GRACE_S = 90.0  # how long a stop may take past the batch's drain (its hand-backs and last writes wait 30 s at
 #                     most each) before the process exits anyway: a hung step or a Redis gone must not leave an
 #                     orphaned worker alive for nobody; its jobs are recovered once its lease lapses
@@ -252,16 +251,12 @@ def run(settings: Settings, supervisor: int | None = None) -> None:
     device for nobody, and frees the device itself."""
     started = time.perf_counter()
     worker = GpuWorker(settings)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: worker.stopping.set())
+    stop_on_signals(worker.stopping)
     if supervisor is not None:
         threading.Thread(target=_orphan_watch, args=(worker, supervisor), name="orphan-watch", daemon=True).start()
     if worker.start():
         logger.info("worker ready in %.2f s", time.perf_counter() - started)
-        # Python runs a signal's handler in the main thread, and a signal that lands on another thread (the runner's,
-        # BLAS's) does not interrupt a wait here: wait in short spans, so the handler runs at once whichever got it
-        while not worker.stopping.wait(SIGNAL_CHECK_S):
-            pass
+        worker.stopping.wait()
     logger.info("worker stopping: its batch has %g s to end", settings.drain_s)
     stop_within(worker, settings.drain_s + STOP_GRACE_S, release=supervisor is None or os.getppid() != supervisor)
     logger.info("worker stopped")

@@ -29,6 +29,7 @@ from typing import Literal, TypeVar
 import redis
 
 from tasks.settings import ENV_NAMES, Settings
+from tasks.stop_signals import stop_on_signals
 from tasks.store import Store
 from worker.blas import worker_env
 
@@ -186,6 +187,5 @@ class Supervisor:
 
 def run(settings: Settings) -> None:
     supervisor = Supervisor(settings)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: supervisor.stopping.set())
+    stop_on_signals(supervisor.stopping)
     supervisor.run()
