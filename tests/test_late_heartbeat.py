@@ -159,4 +159,8 @@ def test_a_worker_that_dies_while_its_supervisor_is_starved_counts_once_it_is_re
     # Then once the supervisor reaps it, its run counts: the job completes with both its runs counted
     done = wait_ended(store, job_id, timeout_s=120)
     assert (done["status"], done["attempts"], done["usage"]["completion_tokens"]) == ("completed", 2, 600), done
-    assert requeued(store, job_id) == [0]
+    # and the dead worker's requeue counted nothing when it came (attempt 0). On a loaded machine the next worker's
+    # heartbeat can come late as well (2 s leases, beside two busy processes: seen): a requeue more, which counts
+    # nothing either (the job's attempts are 2 all the same)
+    again = requeued(store, job_id)
+    assert again[0] == 0 and again == sorted(again) and max(again) <= 1, again
