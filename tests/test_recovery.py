@@ -185,7 +185,7 @@ def test_an_openai_stream_goes_on_where_it_was_when_its_worker_dies(store, worke
         "model": store.settings.model_name,
         "messages": [{"role": "user", "content": "tell me"}],
         "stream": True,
-        "max_tokens": 3000,
+        "max_tokens": 1500,
         "temperature": 0.9,
         "ignore_eos": True,
     }  # sampled, unseeded: its run is still its own
@@ -201,7 +201,7 @@ def test_an_openai_stream_goes_on_where_it_was_when_its_worker_dies(store, worke
 
     done = store.get(job_id)
     assert (done.status.value, done.attempts, finish) == ("completed", 2, "length")
-    assert content == done.output and done.usage.completion_tokens == 3000
+    assert content == done.output and done.usage.completion_tokens == 1500
 
 
 def test_a_background_response_stream_goes_on_numbered_alike_when_its_worker_dies(store, worker_process, live_server):
@@ -215,7 +215,7 @@ def test_a_background_response_stream_goes_on_numbered_alike_when_its_worker_die
         "input": "tell me",
         "stream": True,
         "background": True,
-        "max_output_tokens": 3000,
+        "max_output_tokens": 1500,
         "temperature": 0.9,
         "ignore_eos": True,
     }

@@ -360,7 +360,7 @@ def test_a_worker_killed_while_it_answers_about_an_image_loses_nothing(
     first = wait_for_worker(store)
     image = picture(data_url(png("red")), 0, "messages")
     message = Message(role="user", content=QUESTION, images=(image,))
-    params = SamplingParams(max_tokens=3000, temperature=0, ignore_eos=True)  # seconds of work
+    params = SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True)  # seconds of work: killed at once
     spec = JobSpec(owner="u", model="gemma", messages=(message,), params=params)
     alone = store.admit(new_job_id(), spec, 300)  # the answer with nothing cut
     alone_done = wait_ended(store, alone.id, timeout_s=240)  # (its answer stops at the model's context)
