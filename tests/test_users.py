@@ -112,6 +112,7 @@ def test_retry_after_follows_the_eta(jobs, store, start_worker, settings):
     assert retry_after == pytest.approx(first["eta_s"], abs=1.5)
     assert left / 3 - 1 <= retry_after <= 3 * left + 1
     assert retry_after > 2 * mean
+    assert c.delete(f"/v1/jobs/{long}", headers=auth("carol")).status_code == 200  # (the worker stops without a drain)
 
 
 def test_a_user_quota_from_the_keys_file_applies(jobs, tmp_path, settings, make_app):
