@@ -363,7 +363,7 @@ def test_a_worker_killed_while_it_answers_about_an_image_loses_nothing(
     params = SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True)  # seconds of work: killed at once
     spec = JobSpec(owner="u", model="gemma", messages=(message,), params=params)
     alone = store.admit(new_job_id(), spec, 300)  # the answer with nothing cut
-    alone_done = wait_ended(store, alone.id, timeout_s=240)  # (its answer stops at the model's context)
+    alone_done = wait_ended(store, alone.id, timeout_s=240)
     alone_output, length = alone_done["output"], alone_done["usage"]["completion_tokens"]
     job_id = new_job_id()
     store.admit(job_id, spec, 300)
