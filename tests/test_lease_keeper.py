@@ -83,3 +83,23 @@ def test_a_stopped_worker_loses_its_lease_within_it(store, worker_process):
         os.kill(active.pid, signal.SIGCONT)
     print(f"the stopped worker lost its lease {lost_after:.2f} s after SIGSTOP")  # (bench figures: pytest -s)
     assert lost_after < 2 + 1.0, f"the stopped worker kept its lease {lost_after:.1f} s"
+
+
+def test_a_keeper_is_raised_by_its_worker_as_soon_as_it_starts():
+    import subprocess
+
+    from worker.keeper import PRIORITY_BOOST, boost
+
+    # Given a process the worker has just started, as it starts its keeper (one that does nothing itself: on a
+    # starved machine the keeper's own start took seconds, before it could raise itself)
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        # When the worker raises it
+        boost(child.pid)
+        # Then it runs at the worker's priority and PRIORITY_BOOST more (where the system allows it: as root)
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        expected = own - PRIORITY_BOOST if os.geteuid() == 0 else own
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == expected
+    finally:
+        child.kill()
+        child.wait()

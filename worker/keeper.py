@@ -115,9 +115,12 @@ def why_not(lease: Lease, life: Life) -> str | None:
 
 
 def keep(lease: Lease, client: redis.Redis) -> str:
-    """Renew the lease while the fencing rule allows; why it ended."""
+    """Renew the lease while the fencing rule allows; why it ended. A renewal that fails (Redis slow or away) is
+    tried again the next round; the first of a run of them is told, and so is a lease that lapsed meanwhile: the
+    worker's log is where an operator reads why a worker lost its device."""
     renew, every = client.register_script(lease.script), lease.lease_ms / 3000
     life, due, told = Life(time.monotonic(), lease.lease_ms / 1000), 0.0, None
+    renewed, failing = time.monotonic(), False
     while True:
         if select.select([0], [], [], max(due - time.monotonic(), 0))[0]:
             if not os.read(0, 4096):
@@ -136,10 +139,24 @@ def keep(lease: Lease, client: redis.Redis) -> str:
         try:
             reply = renew(keys=[], args=[lease.device, lease.worker, lease.lease_ms])
         except redis.RedisError as exc:  # the next round tries again; the heartbeat tells the worker's log
-            logger.debug("keeper: renewal failed: %s", exc)
+            if not failing:
+                logger.warning("keeper of worker %s: renewal failed (trying again): %s", lease.worker, exc)
+            failing = True
             continue
         if reply != b"ok":
+            late = time.monotonic() - renewed
+            logger.warning("keeper of worker %s: the lease lapsed, its last renewal %.1f s ago", lease.worker, late)
             return "the lease lapsed"
+        renewed, failing = time.monotonic(), False
+
+
+def boost(pid: int) -> None:
+    """Give the keeper `pid` its worker's priority and PRIORITY_BOOST more, where the system allows it (else it
+    keeps the worker's): set by the worker as soon as it starts it, so that its interpreter's start and imports run
+    boosted too, and by the keeper itself (the same value: a worker not allowed to leaves it to no one)."""
+    with contextlib.suppress(OSError):
+        worker = os.getppid() if pid == os.getpid() else os.getpid()
+        os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, worker) - PRIORITY_BOOST)
 
 
 def main() -> None:
@@ -147,8 +164,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     lease = Lease(**json.loads(sys.stdin.buffer.readline()))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    with contextlib.suppress(OSError):  # not allowed: the worker's own priority
-        os.nice(-PRIORITY_BOOST)
+    boost(os.getpid())
     timeout = lease.lease_ms / 3000
     client = redis.Redis.from_url(lease.url, socket_timeout=timeout, socket_connect_timeout=timeout)
     logger.debug("keeper of worker %s: %s", lease.worker, keep(lease, client))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tasks.scripts import source
 from tasks.settings import Settings
+from worker.keeper import boost
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class KeeperLink:
             "script": source("keep_lease"),
         }
         process = subprocess.Popen([sys.executable, "-I", str(KEEPER)], stdin=subprocess.PIPE)
+        boost(process.pid)  # (at once: on a starved machine its start alone took seconds, the lease held by nobody)
         assert process.stdin is not None
         process.stdin.write(json.dumps(lease).encode() + b"\n")  # (within a pipe's buffer: it does not wait)
         process.stdin.flush()
