@@ -120,7 +120,8 @@ def keep(lease: Lease, client: redis.Redis) -> str:
     worker's log is where an operator reads why a worker lost its device."""
     renew, every = client.register_script(lease.script), lease.lease_ms / 3000
     life, due, told = Life(time.monotonic(), lease.lease_ms / 1000), 0.0, None
-    renewed, failing = time.monotonic(), False
+    renewed: float | None = None  # when it last renewed the lease (None: not yet)
+    failing = False
     while True:
         if select.select([0], [], [], max(due - time.monotonic(), 0))[0]:
             if not os.read(0, 4096):
@@ -144,8 +145,8 @@ def keep(lease: Lease, client: redis.Redis) -> str:
             failing = True
             continue
         if reply != b"ok":
-            late = time.monotonic() - renewed
-            logger.warning("keeper of worker %s: the lease lapsed, its last renewal %.1f s ago", lease.worker, late)
+            last = "before its first renewal" if renewed is None else f"{time.monotonic() - renewed:.1f} s after it"
+            logger.warning("keeper of worker %s: the lease lapsed %s", lease.worker, last)
             return "the lease lapsed"
         renewed, failing = time.monotonic(), False
 

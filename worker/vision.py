@@ -248,7 +248,7 @@ class VisionEngine(Engine):
         )
         self.images_read = 0
         logger.info(
-            "model %s reads %s%s%s%s%s",
+            "model %s reads %s%s%s%s%s%s",
             self.name,
             "one image a step" if self.by_image else "a prompt's images at once",
             "; its image jobs run alone (their images go to every step)" if self.images_alone else "",
