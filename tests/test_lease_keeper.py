@@ -88,7 +88,7 @@ def test_a_stopped_worker_loses_its_lease_within_it(store, worker_process):
 def test_a_keeper_is_raised_by_its_worker_as_soon_as_it_starts():
     import subprocess
 
-    from worker.keeper import PRIORITY_BOOST, boost
+    from worker.keeper_link import PRIORITY_BOOST, boost
 
     # Given a process the worker has just started, as it starts its keeper (one that does nothing itself: on a
     # starved machine the keeper's own start took seconds, before it could raise itself)

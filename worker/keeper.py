@@ -34,7 +34,6 @@ import redis
 
 logger = logging.getLogger("worker.keeper")
 
-PRIORITY_BOOST = 5  # niceness taken off, where the system allows it (root, or CAP_SYS_NICE)
 STOPPED = frozenset("TtZXx")  # /proc/PID/stat states: stopped, traced, zombie, dead
 BUSY_SHARE = 0.05  # a thread using this share of a core, or more, computes (one waiting for the interpreter: ~0.5 %)
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
@@ -139,7 +138,7 @@ def keep(lease: Lease, client: redis.Redis) -> str:
             continue
         try:
             reply = renew(keys=[], args=[lease.device, lease.worker, lease.lease_ms])
-        except redis.RedisError as exc:  # the next round tries again; the heartbeat tells the worker's log
+        except redis.RedisError as exc:  # the next round tries again
             if not failing:
                 logger.warning("keeper of worker %s: renewal failed (trying again): %s", lease.worker, exc)
             failing = True
@@ -151,21 +150,11 @@ def keep(lease: Lease, client: redis.Redis) -> str:
         renewed, failing = time.monotonic(), False
 
 
-def boost(pid: int) -> None:
-    """Give the keeper `pid` its worker's priority and PRIORITY_BOOST more, where the system allows it (else it
-    keeps the worker's): set by the worker as soon as it starts it, so that its interpreter's start and imports run
-    boosted too, and by the keeper itself (the same value: a worker not allowed to leaves it to no one)."""
-    with contextlib.suppress(OSError):
-        worker = os.getppid() if pid == os.getpid() else os.getpid()
-        os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, worker) - PRIORITY_BOOST)
-
-
 def main() -> None:
     # a terminal's Ctrl-C reaches the whole process group: the keeper ends when its worker does (its end closes)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     lease = Lease(**json.loads(sys.stdin.buffer.readline()))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    boost(os.getpid())
     timeout = lease.lease_ms / 3000
     client = redis.Redis.from_url(lease.url, socket_timeout=timeout, socket_connect_timeout=timeout)
     logger.debug("keeper of worker %s: %s", lease.worker, keep(lease, client))

@@ -13,12 +13,12 @@ from pathlib import Path
 
 from tasks.scripts import source
 from tasks.settings import Settings
-from worker.keeper import boost
 
 logger = logging.getLogger(__name__)
 
 KEEPER = Path(__file__).with_name("keeper.py")
 STOP_S = 5.0  # how long a keeper told to end may take before it is killed
+PRIORITY_BOOST = 5  # niceness taken off the keeper, where the system allows it (root, or CAP_SYS_NICE)
 
 
 class KeeperLink:
@@ -41,7 +41,7 @@ class KeeperLink:
             "script": source("keep_lease"),
         }
         process = subprocess.Popen([sys.executable, "-I", str(KEEPER)], stdin=subprocess.PIPE)
-        boost(process.pid)  # (at once: on a starved machine its start alone took seconds, the lease held by nobody)
+        boost(process.pid)  # at once: on a starved machine its start alone took seconds, the heartbeat alone renewing
         assert process.stdin is not None
         process.stdin.write(json.dumps(lease).encode() + b"\n")  # (within a pipe's buffer: it does not wait)
         process.stdin.flush()
@@ -74,3 +74,10 @@ class KeeperLink:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def boost(keeper: int) -> None:
+    """Run the process `keeper` at this (its worker's) priority and PRIORITY_BOOST more, where the system allows it;
+    else it keeps the worker's."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, keeper, os.getpriority(os.PRIO_PROCESS, 0) - PRIORITY_BOOST)
