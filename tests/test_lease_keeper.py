@@ -103,3 +103,35 @@ def test_a_keeper_is_raised_by_its_worker_as_soon_as_it_starts():
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_standbys_keeper_waits_ready_and_keeps_the_lease_from_the_moment_the_device_is_taken(settings, store):
+    from worker.keeper_link import KeeperLink
+
+    # Given a standby's keeper (lease 1 s), started while another worker holds the device
+    device = keys.device(settings.device)
+    store.redis.hset(device, "worker", "other")
+    keeper = KeeperLink(settings.model_copy(update={"lease_s": 1.0}), "standby")
+    keeper.start()
+    try:
+        # When it is ready: its start is paid now, while the standby waits; and it waits as long as the standby
+        # does, ending on nobody's lease (watched for a lease: nothing to await, it must do nothing)
+        assert keeper.ready(), "the keeper never said it could renew"
+        time.sleep(1.0)
+        assert keeper.process is not None and keeper.process.poll() is None, "the standby's keeper ended"
+        assert holder(store) == "other"
+
+        # And the standby then takes the device (a lease far longer than its own, so a renewal shows)
+        store.redis.hset(device, "worker", "standby")
+        store.redis.pexpire(device, 600_000)
+        keeper.hold()
+
+        # Then its keeper renews it at once, with nothing from the worker's heartbeat: the lease is its 1 s
+        deadline = time.monotonic() + 30
+        while not 0 < store.redis.pttl(device) <= 1000:
+            assert time.monotonic() < deadline, "the keeper never renewed the lease it was told to hold"
+            time.sleep(0.01)  # a poll: a renewal is announced nowhere
+        assert keeper.process.poll() is None
+    finally:
+        keeper.stop()
+        store.redis.delete(device)

@@ -3,7 +3,7 @@ of the batch (its size, the engine's work since the last report, the models held
 step on the device), which the web reads for ETAs, /health and /metrics. A worker that lost the lease stops at once.
 Beside it, the lease keeper (worker/keeper.py), a process of its own, renews the lease too, while this thread keeps
 telling it the worker's interpreter runs: a heartbeat kept waiting by a busy machine or a native call costs a late
-report, not the lease.
+report, not the lease. (The worker starts the keeper before it takes the device; this thread ends it.)
 
 Apart from the worker process (worker/main.py), which starts it and reports through it at once when it must (the
 models changed, the default model loaded).
@@ -66,7 +66,6 @@ class Heartbeat:
         tells where the worker was; and once the renewal comes, a warning tells how late it was."""
         every, answered, renewed = self.settings.lease_s / 3, True, time.monotonic()
         _dump_stacks_after(2 * every)
-        self.keeper.start()
         try:
             while not self.down.wait(every):
                 self.keeper.alive()

@@ -2,10 +2,14 @@
 worker can keep it from doing so (a native call holding the interpreter, a machine so busy that the heartbeat thread
 waits seconds for it), and stops renewing it as soon as the worker is gone, stopped, or hung.
 
-Started by the worker (worker/keeper_link.py) at a higher priority where the system allows it, never a lower one.
-It imports Redis's client and the standard library only, and reads what it needs on its standard input: one line of
-JSON (the Redis URL, the device, the worker's id and pid, the lease, how long the worker may show no life, the
-script tasks/lua/keep_lease.lua as Redis runs it), then a byte each time the worker's heartbeat thread runs.
+Started by the worker (worker/keeper_link.py) at a higher priority where the system allows it, never a lower one,
+before the worker takes the device: its start (an interpreter, `import redis`) takes seconds on a starved machine,
+and is paid while the worker waits, not while the lease rests on the worker's heartbeat alone. It imports Redis's
+client and the standard library only, and reads what it needs on its standard input: one line of JSON (the Redis
+URL, the device, the worker's id and pid, the lease, how long the worker may show no life, the script
+tasks/lua/keep_lease.lua as Redis runs it), then HOLD once the worker holds the device (it renews at once, and from
+then on), and a byte each time the worker's heartbeat thread runs. It writes READY on its standard output once it
+can renew (started, connected, the script loaded), and nothing else there.
 
 The fencing rule, at each renewal (every third of the lease): the lease is renewed only if it is still this worker's
 (never taken back once lapsed), the worker's process is alive and not stopped or traced (/proc/PID/stat), and it
@@ -37,6 +41,8 @@ logger = logging.getLogger("worker.keeper")
 STOPPED = frozenset("TtZXx")  # /proc/PID/stat states: stopped, traced, zombie, dead
 BUSY_SHARE = 0.05  # a thread using this share of a core, or more, computes (one waiting for the interpreter: ~0.5 %)
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+READY = b"r"  # (keeper -> worker) it can renew the lease
+HOLD = b"h"  # (worker -> keeper) the worker holds the device: keep its lease from now on
 
 
 @dataclass(frozen=True)
@@ -113,18 +119,22 @@ def why_not(lease: Lease, life: Life) -> str | None:
     return None
 
 
-def keep(lease: Lease, client: redis.Redis) -> str:
-    """Renew the lease while the fencing rule allows; why it ended. A renewal that fails (Redis slow or away) is
-    tried again the next round; the first of a run of them is told, and so is a lease that lapsed meanwhile: the
-    worker's log is where an operator reads why a worker lost its device."""
+def keep(lease: Lease, client: redis.Redis, held: bool = False) -> str:
+    """Renew the lease once the worker holds it, while the fencing rule allows; why it ended. A renewal that fails
+    (Redis slow or away) is tried again the next round; the first of a run of them is told, and so is a lease that
+    lapsed meanwhile: the worker's log is where an operator reads why a worker lost its device."""
     renew, every = client.register_script(lease.script), lease.lease_ms / 3000
     life, due, told = Life(time.monotonic(), lease.lease_ms / 1000), 0.0, None
+    # `held`: the worker holds the device (told by HOLD): until then there is nothing to renew
     renewed: float | None = None  # when it last renewed the lease (None: not yet)
     failing = False
     while True:
-        if select.select([0], [], [], max(due - time.monotonic(), 0))[0]:
-            if not os.read(0, 4096):
+        if select.select([0], [], [], max(due - time.monotonic(), 0) if held else None)[0]:
+            told_now = os.read(0, 4096)
+            if not told_now:
                 return "the worker closed its end"
+            if not held and HOLD in told_now:  # renew at once; its life is watched from now on
+                held, due, life = True, 0.0, Life(time.monotonic(), lease.lease_ms / 1000)
             life.alive_at = time.monotonic()
             continue
         due = time.monotonic() + every
@@ -153,11 +163,28 @@ def keep(lease: Lease, client: redis.Redis) -> str:
 def main() -> None:
     # a terminal's Ctrl-C reaches the whole process group: the keeper ends when its worker does (its end closes)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    lease = Lease(**json.loads(sys.stdin.buffer.readline()))
+    lease, after = read_lease()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     timeout = lease.lease_ms / 3000
     client = redis.Redis.from_url(lease.url, socket_timeout=timeout, socket_connect_timeout=timeout)
-    logger.debug("keeper of worker %s: %s", lease.worker, keep(lease, client))
+    with contextlib.suppress(redis.RedisError):  # connected, the script loaded (else its first renewal does it)
+        client.script_load(lease.script)
+    with contextlib.suppress(OSError):  # (a worker gone meanwhile: its end closes, and the keeper ends)
+        os.write(1, READY)
+    logger.debug("keeper of worker %s: %s", lease.worker, keep(lease, client, held=HOLD in after))
+
+
+def read_lease() -> tuple[Lease, bytes]:
+    """The lease's line from standard input, and what came after it (HOLD, when a keeper is started again for a
+    worker that holds the device), read unbuffered: what follows is read with os.read."""
+    line = b""
+    while b"\n" not in line:
+        chunk = os.read(0, 65536)
+        if not chunk:
+            sys.exit(0)  # the worker ended before it told its lease
+        line += chunk
+    head, _, after = line.partition(b"\n")
+    return Lease(**json.loads(head)), after
 
 
 if __name__ == "__main__":

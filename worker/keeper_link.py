@@ -1,5 +1,6 @@
-"""The worker's end of its lease keeper (worker/keeper.py): start it with what it needs to know, tell it the worker
-lives each time the heartbeat thread runs, start it again if it died, and end it when the worker stops."""
+"""The worker's end of its lease keeper (worker/keeper.py): start it with what it needs to know before the worker
+takes the device and wait until it can renew, tell it when the worker holds the device, tell it the worker lives each
+time the heartbeat thread runs, start it again if it died, and end it when the worker stops."""
 
 from __future__ import annotations
 
@@ -7,18 +8,21 @@ import contextlib
 import json
 import logging
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
 
 from tasks.scripts import source
 from tasks.settings import Settings
+from worker.keeper import HOLD, READY
 
 logger = logging.getLogger(__name__)
 
 KEEPER = Path(__file__).with_name("keeper.py")
 STOP_S = 5.0  # how long a keeper told to end may take before it is killed
 PRIORITY_BOOST = 5  # niceness taken off the keeper, where the system allows it (root, or CAP_SYS_NICE)
+READY_S = 30.0  # how long the worker waits for its keeper to start before it takes the device without it
 
 
 class KeeperLink:
@@ -27,9 +31,11 @@ class KeeperLink:
     def __init__(self, settings: Settings, worker: str) -> None:
         self.settings, self.worker = settings, worker
         self.process: subprocess.Popen[bytes] | None = None
+        self.holding = False  # the worker holds the device (its keeper was told)
 
     def start(self) -> None:
-        """Start the keeper (isolated: it imports nothing of onelane's, whatever the working folder)."""
+        """Start the keeper (isolated: it imports nothing of onelane's, whatever the working folder); one started
+        again for a worker that holds the device renews at once."""
         s = self.settings
         lease = {
             "url": s.effective_redis_url,
@@ -40,13 +46,31 @@ class KeeperLink:
             "hung_s": s.lease_hung_s,
             "script": source("keep_lease"),
         }
-        process = subprocess.Popen([sys.executable, "-I", str(KEEPER)], stdin=subprocess.PIPE)
-        boost(process.pid)  # at once: on a starved machine its start alone took seconds, the heartbeat alone renewing
+        process = subprocess.Popen([sys.executable, "-I", str(KEEPER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        boost(process.pid)  # at once: on a starved machine its start alone takes seconds
         assert process.stdin is not None
-        process.stdin.write(json.dumps(lease).encode() + b"\n")  # (within a pipe's buffer: it does not wait)
+        told = json.dumps(lease).encode() + b"\n" + (HOLD if self.holding else b"")
+        process.stdin.write(told)  # (within a pipe's buffer: it does not wait)
         process.stdin.flush()
         os.set_blocking(process.stdin.fileno(), False)  # a keeper that does not read never holds the heartbeat up
         self.process = process
+
+    def ready(self, within: float = READY_S) -> bool:
+        """Wait, `within` seconds at most, until the keeper can renew the lease (started, connected); False if it
+        did not (it may still: the heartbeat renews meanwhile)."""
+        process = self.process
+        if process is None or process.stdout is None:
+            return False
+        readable = select.select([process.stdout], [], [], within)[0]
+        return bool(readable) and os.read(process.stdout.fileno(), 1) == READY
+
+    def hold(self) -> None:
+        """Tell the keeper the worker holds the device now: it renews the lease at once, and from then on."""
+        self.holding = True
+        process = self.process
+        if process is not None and process.stdin is not None:
+            with contextlib.suppress(BlockingIOError, BrokenPipeError):  # (one that died is started again, told)
+                os.write(process.stdin.fileno(), HOLD)
 
     def alive(self) -> None:
         """Tell the keeper the worker's interpreter runs; start it again if it crashed (one that ended because the
@@ -67,8 +91,9 @@ class KeeperLink:
         process, self.process = self.process, None
         if process is None:
             return
-        with contextlib.suppress(OSError):
-            process.stdin.close()  # type: ignore[union-attr]
+        for end in (process.stdin, process.stdout):
+            with contextlib.suppress(OSError, AttributeError):
+                end.close()  # type: ignore[union-attr]
         try:
             process.wait(timeout=STOP_S)
         except subprocess.TimeoutExpired:

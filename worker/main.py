@@ -40,6 +40,7 @@ from worker.batch.engine import Engine
 from worker.blas import preload_openblas
 from worker.default_retry import retry_default
 from worker.heartbeat import Heartbeat
+from worker.keeper_link import READY_S
 from worker.listener import listen
 from worker.models import ModelPool
 from worker.runner.loop import Runner
@@ -126,11 +127,17 @@ class GpuWorker:
         """Wait for the device's lease, load the default model, recover what a dead worker left, then consume.
 
         Returns False if stopped first. Models load only once the device is ours, so a standby worker (imports
-        done, waiting for the lease) holds no second copy of the weights. A default model that fails to load fails
+        done, its lease keeper started, waiting for the lease) holds no second copy of the weights. A default model that fails to load fails
         its own jobs; the worker serves the others.
         """
+        keeper = self.heartbeat.keeper  # started first, so it renews the lease from the moment the device is taken
+        keeper.start()
+        if not keeper.ready():
+            logger.warning("the lease keeper did not start within %g s: taking the device without it", READY_S)
         if not self._take_device():
+            keeper.stop()
             return False
+        keeper.hold()
         self._threads[0].start()  # heartbeat: keep the lease while the model loads
         s = self.settings
         ensure_model(s)
