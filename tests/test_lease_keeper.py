@@ -114,9 +114,12 @@ def test_a_standbys_keeper_waits_ready_and_keeps_the_lease_from_the_moment_the_d
     keeper = KeeperLink(settings.model_copy(update={"lease_s": 1.0}), "standby")
     keeper.start()
     try:
+        # (in a process group of its own: a terminal's Ctrl-C to the worker's group must not end it mid-start)
+        assert os.getpgid(keeper.process.pid) != os.getpgrp()
+
         # When it is ready: its start is paid now, while the standby waits; and it waits as long as the standby
         # does, ending on nobody's lease (watched for a lease: nothing to await, it must do nothing)
-        assert keeper.ready(), "the keeper never said it could renew"
+        assert keeper.ready() is None, "the keeper never said it could renew"
         time.sleep(1.0)
         assert keeper.process is not None and keeper.process.poll() is None, "the standby's keeper ended"
         assert holder(store) == "other"

@@ -161,7 +161,8 @@ def keep(lease: Lease, client: redis.Redis, held: bool = False) -> str:
 
 
 def main() -> None:
-    # a terminal's Ctrl-C reaches the whole process group: the keeper ends when its worker does (its end closes)
+    # (in a process group of its own, it hears no terminal's Ctrl-C; should one reach it all the same, it ends when
+    # its worker does: its end closes)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     lease, after = read_lease()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

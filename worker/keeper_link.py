@@ -46,7 +46,11 @@ class KeeperLink:
             "hung_s": s.lease_hung_s,
             "script": source("keep_lease"),
         }
-        process = subprocess.Popen([sys.executable, "-I", str(KEEPER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        # a process group of its own: a terminal's Ctrl-C, sent to the worker's group, would end it mid-import (a
+        # traceback in the worker's log) while the worker stops in good order; it ends when the worker's end closes
+        process = subprocess.Popen(
+            [sys.executable, "-I", str(KEEPER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, process_group=0
+        )
         boost(process.pid)  # at once: on a starved machine its start alone takes seconds
         assert process.stdin is not None
         told = json.dumps(lease).encode() + b"\n" + (HOLD if self.holding else b"")
@@ -55,14 +59,17 @@ class KeeperLink:
         os.set_blocking(process.stdin.fileno(), False)  # a keeper that does not read never holds the heartbeat up
         self.process = process
 
-    def ready(self, within: float = READY_S) -> bool:
-        """Wait, `within` seconds at most, until the keeper can renew the lease (started, connected); False if it
-        did not (it may still: the heartbeat renews meanwhile)."""
+    def ready(self, within: float = READY_S) -> str | None:
+        """Wait, `within` seconds at most, until the keeper can renew the lease (started, connected): None once it
+        can, else why not (it may still, or be started again by the heartbeat, which renews meanwhile)."""
         process = self.process
         if process is None or process.stdout is None:
-            return False
-        readable = select.select([process.stdout], [], [], within)[0]
-        return bool(readable) and os.read(process.stdout.fileno(), 1) == READY
+            return "it was not started"
+        if not select.select([process.stdout], [], [], within)[0]:
+            return f"it did not start within {within:g} s"
+        if os.read(process.stdout.fileno(), 1) != READY:
+            return f"it ended as it started (exit {process.poll()})"
+        return None
 
     def hold(self) -> None:
         """Tell the keeper the worker holds the device now: it renews the lease at once, and from then on."""

@@ -40,7 +40,6 @@ from worker.batch.engine import Engine
 from worker.blas import preload_openblas
 from worker.default_retry import retry_default
 from worker.heartbeat import Heartbeat
-from worker.keeper_link import READY_S
 from worker.listener import listen
 from worker.models import ModelPool
 from worker.runner.loop import Runner
@@ -132,8 +131,8 @@ class GpuWorker:
         """
         keeper = self.heartbeat.keeper  # started first, so it renews the lease from the moment the device is taken
         keeper.start()
-        if not keeper.ready():
-            logger.warning("the lease keeper did not start within %g s: taking the device without it", READY_S)
+        if (why := keeper.ready()) is not None:
+            logger.warning("the lease keeper is not ready (%s): taking the device without it", why)
         if not self._take_device():
             keeper.stop()
             return False
