@@ -126,8 +126,8 @@ class GpuWorker:
         """Wait for the device's lease, load the default model, recover what a dead worker left, then consume.
 
         Returns False if stopped first. Models load only once the device is ours, so a standby worker (imports
-        done, its lease keeper started, waiting for the lease) holds no second copy of the weights. A default model that fails to load fails
-        its own jobs; the worker serves the others.
+        done, its lease keeper started, waiting for the lease) holds no second copy of the weights. A default model
+        that fails to load fails its own jobs; the worker serves the others.
         """
         keeper = self.heartbeat.keeper  # started first, so it renews the lease from the moment the device is taken
         keeper.start()
