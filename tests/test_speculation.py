@@ -60,7 +60,7 @@ def answer_all(engine: Any, prompts: list[list[int]], params: SamplingParams, sp
 def greedy(smollm2_engine: Any) -> dict[str, dict[str, Any]]:
     """The three questions answered at once, greedy, with speculation off and on."""
     prompts = [chat(smollm2_engine, q) for q in QUESTIONS]
-    params = SamplingParams(temperature=0, max_tokens=80)
+    params = SamplingParams(temperature=0, max_tokens=48)
     return {
         "off": answer_all(smollm2_engine, prompts, params, speculate=0),
         "on": answer_all(smollm2_engine, prompts, params, speculate=4),
@@ -96,7 +96,7 @@ def test_each_sequences_kv_cache_leaves_the_batch_as_without_speculation(greedy)
 def test_a_seeded_sampled_answer_is_the_same_with_speculation_on_and_off(engine):
     # Given seeded sampled requests (one copying), answered together
     prompts = [chat(engine, q) for q in QUESTIONS]
-    params = SamplingParams(temperature=0.7, top_p=0.95, seed=11, max_tokens=60)
+    params = SamplingParams(temperature=0.7, top_p=0.95, seed=11, max_tokens=40)
 
     # When answered with speculation off and on
     off = answer_all(engine, prompts, params, speculate=0)

@@ -161,7 +161,10 @@ def count(server: str, images: list[str]) -> int:
 
 
 def test_a_stream_keeps_the_floor_beside_a_chat_about_32_images(worker, live_server):
-    chat(live_server, [openai_turn(photos(99)[:1])])  # (the image readers and the preparer started)
+    # (the image readers and the preparer started, and a first prompt of 32 images read: in the first quiet run of a
+    # fresh machine, its files not yet in memory, the first two tries stalled the stream 0.55 and 1.14 s, the third
+    # 0.02 s; a warm machine's tries are 0.05-0.15 s, beside a busy process too)
+    chat(live_server, [openai_turn(photos(99))])
     stalls = [stall(live_server, lambda s=s: chat(live_server, [openai_turn(photos(s))])) for s in range(TRIES)]
     print("chat stalls", stalls)
     assert statistics.median(stalls) < FLOOR_S + MARGIN_S, stalls
@@ -169,7 +172,7 @@ def test_a_stream_keeps_the_floor_beside_a_chat_about_32_images(worker, live_ser
 
 def test_a_stream_keeps_the_floor_beside_count_tokens_of_32_images(worker, live_server):
     counted: list[int] = []
-    count(live_server, photos(99)[:1])  # (the image readers and the preparer started)
+    count(live_server, photos(99))  # (the image readers and the preparer started, and 32 images read: as above)
     stalls = [stall(live_server, lambda s=s: counted.append(count(live_server, photos(100 + s)))) for s in range(TRIES)]
     print("count_tokens stalls", stalls)
     assert statistics.median(stalls) < FLOOR_S + MARGIN_S, stalls
