@@ -62,7 +62,7 @@ def test_two_workers_on_one_device_never_overlap_and_the_second_takes_over(jobs,
     holder = wait_for_worker(store)
     worker_process(supervise=False)  # waits for the device
     ids = [
-        jobs.submit(f"j{n}", max_tokens=6000 if n == 3 else 30 if n < 3 else 600, ignore_eos=True)["id"]
+        jobs.submit(f"j{n}", max_tokens=2500 if n == 3 else 30 if n < 3 else 600, ignore_eos=True)["id"]
         for n in range(6)
     ]
     for job_id in ids[:3]:
@@ -297,7 +297,7 @@ def test_a_batch_through_a_worker_kill_and_a_web_restart_ends_every_line_exactly
             "body": {
                 "model": settings.model_name,
                 "messages": [{"role": "user", "content": f"line {n}"}],
-                "max_tokens": 6000 if n == 3 else 20,
+                "max_tokens": 2500 if n == 3 else 20,
                 "ignore_eos": True,
             },
         }
