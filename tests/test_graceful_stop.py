@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow_file]
 DRAIN = {"ONELANE_DRAIN_S": "2.5", "ONELANE_LEASE_S": "2"}
 # Long enough to outlast two drains. The stories run a bigger random model than the demo one ("small": 8 layers of
 # 512), which alone on the worker makes about 45 tokens/s here (its load times a step at ~23 ms), so a run stopped at
-# its first token keeps ~120 tokens (its drain and the signal's way: 196 and 188 measured quiet with a 4 s drain);
+# its first token keeps ~120 tokens (estimated: 196 and 188 were measured quiet with a 4 s drain, not yet with this one);
 # two such runs must leave work for a third, with room for a machine twice as fast (~500 for the two) and for a story
 # that sees the first token late. Not more: every token the two stops leave is one the third run makes while the
 # story waits (1,200 tokens and 4 s drains made this file 111 s of the suite's time on 2026-12-06).

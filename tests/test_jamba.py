@@ -2,8 +2,8 @@
 that grows with the chunk's square (mlx-lm's `ssm_step` copies its state for each token), so that the worker, timing
 its steps on a 64-token prompt as it loaded, held the device for minutes after the batching trial while its jobs
 waited, silently. Now the load finds the chunk the model reads cheapest (worker/batch/chunking.py), and three
-prompts sent at once are answered, token for token, as mlx-lm alone answers them. (Its Mamba layers are 16 times as
-wide as its hidden size, not 128 as in mlx-lm's config: the same growing cost, the story 7.7 s alone, not 40 s.)"""
+prompts sent at once are answered, token for token, as mlx-lm alone answers them. (Its Mamba layers are narrower than in
+mlx-lm's config: see CONFIG.)"""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow_file]
 #: mlx-lm's own test config of Jamba (its tests/test_models.py), with the demo tokenizer's vocabulary, and
 #: `mamba_expand` 16, not 128: the state each Mamba layer copies for each token of a chunk is still big enough that a
 #: chunk of 2 tokens costs more than twice one of 1 (its load says so: 0.05 s against 0.00 s), at an eighth of the copy
+#: (the story 7.7 s alone, not 40 s)
 CONFIG = {
     "model_type": "jamba", "hidden_size": 128, "intermediate_size": 128, "num_hidden_layers": 8,
     "num_attention_heads": 4, "num_key_value_heads": 2, "attn_layer_offset": 1, "attn_layer_period": 2,
