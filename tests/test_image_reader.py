@@ -128,9 +128,11 @@ def healthz_alone(base: str, seconds: float = 3.0) -> float:
 
 
 def bound(base: str) -> float:
-    """What /healthz must answer within while images are read: 0.5 s, or on a machine so loaded that it takes longer
-    alone, twice its longest wait alone (the review's images held it 1.4-93 s)."""
-    return max(0.5, 2 * healthz_alone(base))
+    """What /healthz must answer within while images are read: 1 s, or on a machine so loaded that it takes longer
+    alone, twice its longest wait alone. (The review's images, read in the web's loop, held it 1.4-93 s. Read in a
+    child, a quiet run of the suite once saw 0.59 s as a scan bomb reached the web, its other waits 2-12 ms: that
+    other test's load, not the loop's work, which takes 21-31 ms alone.)"""
+    return max(1.0, 2 * healthz_alone(base))
 
 
 def healthz_while(base: str, busy: threading.Thread) -> list[float]:
@@ -165,7 +167,7 @@ def test_a_scan_bomb_beside_another_users_stream_costs_its_own_request_a_400_and
     answers: list[requests.Response] = []
     sender = threading.Thread(target=lambda: answers.append(submit(base, parts((bomb, "image/jpeg")))))
     sender.start()
-    # Then /healthz answers within 0.5 s throughout (in the web's loop, the bomb held it 57-93 s, and gunicorn
+    # Then /healthz answers within 1 s throughout (in the web's loop, the bomb held it 57-93 s, and gunicorn
     # killed the process at 60 s)
     waits = healthz_while(base, sender)
     assert max(waits) < limit, (limit, waits)
@@ -190,7 +192,7 @@ def test_four_4096_pixel_pngs_in_one_request_leave_healthz_answering(eyes, web_p
     content = parts(*((p, "image/png") for p in pngs))
     limit = bound(base)
     sender = threading.Thread(target=lambda: answers.append(submit(base, content, ttl_s=5)))
-    # When it is read, Then /healthz answers within 0.5 s throughout, and at once at the median
+    # When it is read, Then /healthz answers within 1 s throughout, and at once at the median
     sender.start()
     waits = healthz_while(base, sender)
     assert answers[0].status_code == 202, answers[0].text
