@@ -5,7 +5,11 @@ they copy whole for each token (mlx-lm's `ssm_step`: a chunk of n tokens costs a
 device for minutes). Found as the model loads, before its steps are timed (worker/pace.py): chunks of 1, 2, 4, ...
 tokens are read on a cache of their own, each timed, until a chunk costs more per token than the cheapest so far by
 RISE, twice (the model reads prompts in chunks of that cheapest size), or takes LONGEST_S, or reaches the prefill
-step (it reads prompts in chunks of the prefill step).
+step (it reads prompts in chunks of the prefill step). A chunk past the first that took LONGEST_S while it costs more
+per token than the cheapest by SETTLE, twice, does not end the search: on a busy machine a 1-token read's fixed cost
+grows and hides part of a rise (a Mamba 16 wide: 2 tokens cost 1.5-3 times what 1 does there, and the search had
+stopped at 4 tokens and chosen the whole prefill step in 1 of 4 tries). The search goes on while the cost per token
+keeps rising that way, and a chunk that took CEILING_S so ends it with the cheapest chunk.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from mlx_lm.models.cache import make_prompt_cache
 
 RISE = 2.0  # a chunk costing this many times the cheapest per token: reading more at once costs more
 LONGEST_S = 0.2  # a chunk that took this long ends the search (its size is as far as the timings need to go)
+SETTLE = 1.25  # a chunk past LONGEST_S costing this many times the cheapest per token: the search goes on
+CEILING_S = 1.0  # ... until a chunk takes this long (the cheapest is chosen) or rises by RISE
 NOISE_S = 0.05  # chunks quicker than this are not judged (a busy machine's noise)
-RETIMES = 3  # a rise is timed again this many times, both chunks, the quickest kept: a busy machine's stalls are not
-#              the model's cost
+RETIMES = 4  # a rise is timed again this many times, both chunks in turns, the quickest kept: a busy machine's
+#              stalls are not the model's cost
 
 
 @dataclass(frozen=True)
@@ -43,22 +49,24 @@ def choose_chunk(model: nn.Module, prefill_step: int, vocab: int) -> Chunking:
     n, best = 1, 1
     while n <= prefill_step:
         timed[n] = _read(model, n, vocab)
-        if _rises(timed, n, best):  # timed again, both: a busy machine's stall is not the model's cost
-            timed[n] = min([timed[n], *(_read(model, n, vocab) for _ in range(RETIMES))])
-            timed[best] = min([timed[best], *(_read(model, best, vocab) for _ in range(RETIMES))])
-            if _rises(timed, n, best):
-                return Chunking(best, tuple(timed.items()))
+        long = n > 1 and timed[n] >= LONGEST_S
+        if _rises(timed, n, best, SETTLE if long else RISE):  # timed again, both, in turns: a busy machine's
+            for k in (n, best) * RETIMES:  # stalls are not the model's cost
+                timed[k] = min(timed[k], _read(model, k, vocab))
+        rising = _rises(timed, n, best, SETTLE)
+        if _rises(timed, n, best, RISE) or (rising and timed[n] >= CEILING_S):
+            return Chunking(best, tuple(timed.items()))
+        if long and not rising:
+            break
         if timed[n] / n <= timed[best] / best:
             best = n
-        if timed[n] >= LONGEST_S:
-            break
         n *= 2
     return Chunking(prefill_step, tuple(timed.items()))
 
 
-def _rises(timed: dict[int, float], n: int, best: int) -> bool:
-    """Reading n tokens at once costs more per token, by RISE, than the cheapest chunk so far."""
-    return timed[n] >= NOISE_S and timed[n] / n > RISE * timed[best] / best
+def _rises(timed: dict[int, float], n: int, best: int, bar: float) -> bool:
+    """Reading n tokens at once costs more per token, by `bar`, than the cheapest chunk so far."""
+    return timed[n] >= NOISE_S and timed[n] / n > bar * timed[best] / best
 
 
 def _read(model: nn.Module, n: int, vocab: int) -> float:
