@@ -22,6 +22,7 @@ import click
 from cli import url
 from cli.startup import check_mlx, read_settings
 from tasks.errors import OnelaneError
+from tasks.quiet_start import start_service
 from tasks.settings import ENV_NAMES
 from tasks.stop_signals import stop_on_signals
 
@@ -69,8 +70,8 @@ def up(host: str | None, port: int | None) -> None:
             env["REDIS_URL"] = embedded.url
         if stop.is_set():
             return
-        web = subprocess.Popen(_onelane("web", "--host", host, "--port", str(port)), env=env)
-        children = [subprocess.Popen(_onelane("worker"), env=env), web]
+        web = start_service(_onelane("web", "--host", host, "--port", str(port)), env=env)
+        children = [start_service(_onelane("worker"), env=env), web]
         url.record(record, host, port)
         logger.info("onelane up: the web on %s:%s (recorded in %s for the terminal client)", host, port, record)
         while not stop.wait(0.5):

@@ -270,6 +270,34 @@ def test_ctrl_c_while_a_worker_process_still_imports_ends_it_quietly(settings, t
                 process.wait()
 
 
+def test_ctrl_c_as_a_service_interpreter_starts_ends_it_quietly(settings, tmp_path):
+    """`onelane up` starts the web and the worker, the supervisor its workers, in the terminal's group: a Ctrl-C can
+    land before any of their code runs, while Python itself starts. It waits for their quiet handler, then ends
+    them with 0 and no traceback (it killed them by the signal, or printed "Fatal Python error" and a traceback)."""
+    from cli.serve import _onelane
+    from tasks.quiet_start import start_service
+    from worker.supervisor import Supervisor
+
+    env = {**os.environ, "REDIS_URL": settings.effective_redis_url, "ONELANE_VAR_DIR": str(tmp_path)}
+    supervised = Supervisor(settings, env=env)
+    commands = [_onelane("web", "--port", str(free_port())), _onelane("worker"), supervised.command]
+    for command in commands:
+        # Given a service just started as its parent starts it (its exec done, its interpreter not yet running)
+        process = start_service(command, env=supervised.env, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            # When the terminal's Ctrl-C reaches it at once
+            os.kill(process.pid, signal.SIGINT)
+            # Then it exits by itself, with 0, quietly
+            _, err = process.communicate(timeout=60)
+            assert process.returncode == 0 and not err, (command, process.returncode, err.decode())
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    # And its parent still takes a Ctrl-C of its own
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+
 def test_a_stop_that_never_ends_ends_the_process_after_its_time():
     """An orphaned worker whose stop hangs (a step stuck on the device holds the models' lock, or Redis went away in
     the middle of a hand-back) must not live on for nobody: past its time, the process exits."""

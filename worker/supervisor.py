@@ -28,6 +28,7 @@ from typing import Literal, TypeVar
 
 import redis
 
+from tasks.quiet_start import start_service
 from tasks.settings import ENV_NAMES, Settings
 from tasks.stop_signals import stop_on_signals
 from tasks.store import Store
@@ -96,7 +97,7 @@ class Supervisor:
             self._redis(lambda dead=pid: self.store.upkeep.drop_device(dead))
 
     def _spawn(self) -> None:
-        child = subprocess.Popen(self.command, env=self.env)
+        child = start_service(self.command, env=self.env)
         self.children[child.pid] = child
         self.spawned_at[child.pid] = time.monotonic()
         logger.info("worker process %d started", child.pid)
