@@ -19,7 +19,7 @@ from tasks.store import Store
 from tasks.structured import json_constraint
 from tests.helpers import chat_line, wait_batch, wait_ended
 from tests.test_client import job_id_in, onelane
-from tests.test_openapi import CHECKS
+from tests.test_openapi import CHECKS, STREAM_S
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.default_model]  # the stories run on SmolLM2 (conftest.py)
 
@@ -228,11 +228,12 @@ def test_answers_with_tool_calls_and_json_keep_the_documents_promises(app, start
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": RESIDENT}}
     chat = {"model": model, "messages": [{"role": "user", "content": ASK}], "max_tokens": 60, "temperature": 0}
     chat |= {"tools": [weather], "tool_choice": "required", "parallel_tool_calls": False}
+    asked = document["/v1/chat/completions"]["POST"]
     for body in (chat, {**chat, "stream": True, "stream_options": {"include_usage": True}}):
-        answer = document["/v1/chat/completions"]["POST"].Case(body=body).call_and_validate(checks=CHECKS)
-        assert answer.status_code == 200 and "tool_calls" in answer.text, answer.text
+        answer = asked.Case(body=body).call_and_validate(checks=CHECKS, timeout=STREAM_S)
+        assert answer.status_code == 200 and "tool_calls" in answer.text and not answer.stream_cut_short, answer.text
     words = {**chat, "tool_choice": "auto", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 3}
-    assert document["/v1/chat/completions"]["POST"].Case(body=words).call_and_validate(checks=CHECKS).status_code == 200
+    assert asked.Case(body=words).call_and_validate(checks=CHECKS).status_code == 200
 
     job = {"prompt": INVENT, "max_tokens": 30, "response_format": json_schema(RESIDENT)}
     submitted = document["/v1/jobs"]["POST"].Case(body=job).call_and_validate(checks=CHECKS)
