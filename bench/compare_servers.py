@@ -582,7 +582,7 @@ def blas_lines(ol: dict[str, Any], peers: dict[str, dict[str, Any]]) -> list[str
     if any(peer["asked"] == "shim" for peer in peers.values()) and not Settings.from_env().gemv:
         lines.append(
             "  WARNING: ONELANE_GEMV=false: onelane's worker sends no product to the shim's kernel, mlx_lm.server's "
-            "shim does (its built-in default, products of 1 to 64 rows)"
+            "shim does (its built-in default, every product)"
         )
     return lines
 

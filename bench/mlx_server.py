@@ -68,8 +68,8 @@ def mlx_server(
     in this environment applies to it too). `blas`: "stock" (the default) preloads OpenBLAS alone; "shim" puts
     onelane's shim (worker/blas/shim.c, built into `var_dir`/lib, the log's folder unless given: the same file as a
     worker's whose ONELANE_VAR_DIR that is) ahead of it, exactly the preload onelane's worker gets, so that a
-    comparison measures the servers and not the shim. The shim then runs at its built-in default, products of 1 to
-    64 rows through its own kernel, which is what the worker does with ONELANE_GEMV on (the default);
+    comparison measures the servers and not the shim. The shim then runs at its built-in default, every product
+    through its own kernel, which is what the worker does with ONELANE_GEMV on (the default);
     mlx_lm.server cannot be told ONELANE_GEMV=false.
     """
     if blas not in BLAS_CHOICES:

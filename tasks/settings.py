@@ -220,8 +220,8 @@ class Settings(BaseModel):
     port: int = Field(8000, ge=1, le=65535)
     log_level: LogLevel = "INFO"  # of every onelane process; `onelane --log-level` overrides it
     openblas: bool = True  # a Linux worker preloads OpenBLAS when installed (worker/blas/); false: MLX's own BLAS
-    # with OpenBLAS preloaded, products of 1 to 4 rows (decoding 1 to 4 sequences) go to its matrix-vector routine
-    # (worker/blas/shim.c, built with the system's C compiler on first start); false: to its matrix product
+    # with OpenBLAS preloaded, every float product goes to the kernel of worker/blas/shim.c (built with the system's C
+    # compiler on first start); false: to OpenBLAS's matrix product
     gemv: bool = True
     # the worker's prefix cache (worker/prefix_cache.py): KV states kept for prompts that start the same way; 0: off
     prefix_cache_bytes: int = Field(default_factory=lambda: physical_memory() // 10, ge=0, le=2**50)

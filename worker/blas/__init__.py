@@ -5,11 +5,12 @@ ONELANE_OPENBLAS=false turns it off (bench/blas.py measures the effect).
 
 Ahead of OpenBLAS goes worker/blas/shim.c, built here with the system's C compiler into ONELANE_VAR_DIR/lib on
 first use. It keeps a fork() from stopping OpenBLAS's threads under a product that is under way (which leaves the
-product waiting for ever), and it multiplies products of 1 to 64 rows (a decode step, or a step verifying a few tokens
-of each sequence) with a kernel of its own, which reads each weight once for all the rows (this OpenBLAS's sgemm
-copies every weight matrix first, and its matrix-vector routine reads it again for every row) and sums each element
-the same way whatever the rows; ONELANE_GEMV=false leaves the products to sgemm. See the C file. Without a compiler
-the worker goes without the shim, and says so.
+product waiting for ever), and it multiplies every product (a decode step, a step verifying a few tokens of each
+sequence, a prompt's chunk) with a kernel of its own, which reads each weight once for up to 64 rows (this OpenBLAS's
+sgemm copies every weight matrix first, and its matrix-vector routine reads it again for every row), shares the work
+between both cores as it goes (OpenBLAS's fixed shares stall beside other busy processes: a prompt took up to 18 times
+as long, bench/busy_cpu.py) and sums each element the same way whatever the rows; ONELANE_GEMV=false leaves the products to OpenBLAS. See
+the C file. Without a compiler the worker goes without the shim, and says so.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def worker_env(env: Mapping[str, str], shim: bool = True) -> dict[str, str]:
 
 def preload_openblas(settings: Settings | None = None) -> None:
     """Start this same command again with OpenBLAS preloaded, when worker_env would preload it and it is not yet;
-    then tell the shim, when it is loaded, whether to multiply products of a few rows itself (`settings.gemv`, of
+    then tell the shim, when it is loaded, whether to multiply products itself (`settings.gemv`, of
     the environment when not given)."""
     env = worker_env(os.environ)
     if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):

@@ -10,22 +10,25 @@
  *    there the parent's write lock, glibc (which tells a writer by its thread id, another in the child) took it for
  *    a reader's unlock, and the child's first product waited for ever.
  *
- * 2. Products of a few rows by a kernel of our own, which reads the weights once for all the rows. MLX's CPU
- *    backend sends every matrix product to cblas_sgemm, with as many rows as tokens in the step (sequences x the
- *    tokens each verifies). OpenBLAS before 0.3.27 packs the whole of B for it even when A has a single row (a
- *    decode step copied every weight matrix before reading it), and its matrix-vector routine, one call a row, reads
- *    every weight matrix again for each row: a step of W tokens of one sequence cost about W steps of one token,
- *    which makes verifying several proposed tokens at once (speculative decoding) pay nothing. A row-major product
- *    of at most onelane_gemv_max_rows rows (64) comes here instead (0: none; the worker sets 0 when ONELANE_GEMV is
+ * 2. Products by a kernel of our own, which reads the weights once for up to 64 rows and shares its work as it goes.
+ *    MLX's CPU backend sends every matrix product to cblas_sgemm, with as many rows as tokens in the step (sequences
+ *    x the tokens each verifies, or a prompt's chunk). OpenBLAS before 0.3.27 packs the whole of B for it even when
+ *    A has a single row (a decode step copied every weight matrix before reading it), and its matrix-vector routine,
+ *    one call a row, reads every weight matrix again for each row: a step of W tokens of one sequence cost about W
+ *    steps of one token, which makes verifying several proposed tokens at once (speculative decoding) pay nothing.
+ *    And it shares a product between its threads in fixed parts: beside other busy processes, each product waits for the part of a
+ *    thread the system had set aside (a 604-token prompt read in chunks of 128 rows took 6-99 s there, 4.7-5.7 s
+ *    through this kernel; bench/busy_cpu.py). Every row-major product comes here instead (onelane_gemv_max_rows: all; 0 when ONELANE_GEMV is
  *    false), with B stored either way (a Linear's x W^T: B transposed, n x k; attention's scores V: k x n) and A
- *    either way (a transposed A is copied into rows first: it is small). The kernel takes a few rows of W (5 with
- *    AVX-512, 3 with AVX2; columns of B when it is not transposed) and multiplies all the rows of A by them while they
+ *    either way (a transposed A is copied into rows first). The kernel takes a few rows of W (5 with AVX-512, 3 with
+ *    AVX2; columns of B when it is not transposed) and multiplies a block of up to 64 rows of A by them while they
  *    are in the cache, holding a tile of outputs in registers (4 x 5 with AVX-512) so that each load feeds several
- *    FMAs: W is read from memory once whatever the rows. The outputs are cut into panels (30 rows of W, 64 columns of
- *    B) that the calling thread and one helper thread of ours take one by one (both cores; a core slowed by another
- *    process takes fewer); a small product (under 65,536 multiply-adds) stays on the calling thread. The helper
- *    waits awake 200 us for the next product (a forward pass sends them one after another), then sleeps on a futex;
- *    a fork() finds no product under way, and the child starts a helper of its own.
+ *    FMAs: W is read from memory once for the block whatever its rows (a prompt's chunk: once a block). The outputs
+ *    are cut into panels (30 rows of W, 64 columns of B) that the calling thread and one helper thread of ours take
+ *    one by one (both cores; a core slowed by another process takes fewer, and a product waits for at most one
+ *    panel of it); a small product (under 65,536 multiply-adds) stays on the calling thread. The helper waits awake
+ *    200 us for the next product (a forward pass sends them one after another), then sleeps on a futex; a fork()
+ *    finds no product under way, and the child starts a helper of its own.
  *
  *    Each output element is summed the same way whatever the number of rows, the tile or the thread that computes it,
  *    so that a sequence's logits are the same bits whether its row is multiplied alone or beside others:
@@ -37,7 +40,7 @@
  *      (the tests compare them).
  *    - B not transposed: each element sums its k terms in order, one FMA each (the C kernel: multiply and add).
  *    Then alpha and beta as cblas applies them (beta 0: C is not read). OpenBLAS sums in other orders: results differ
- *    from its sgemm and sgemv in the last bits of a float32. Everything else (column-major) goes to OpenBLAS.
+ *    from its sgemm and sgemv in the last bits of a float32. Everything else (column-major, double) goes to OpenBLAS.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -67,7 +70,7 @@ typedef void (*cgemm_fn)(int, int, int, int, int, int, const void *, const void 
 static sgemm_fn next_sgemm;
 static dgemm_fn next_dgemm;
 static cgemm_fn next_cgemm;
-int onelane_gemv_max_rows = 64; /* more (a prompt) to OpenBLAS, though the kernel led its sgemm to 256 rows here */
+int onelane_gemv_max_rows = INT_MAX; /* rows a product may have to come here (0: none, ONELANE_GEMV=false) */
 long onelane_gemv_rows;         /* the rows multiplied by the shim's kernel so far (the tests read it) */
 long onelane_forks_held;        /* the forks that waited for products to finish (the tests read it) */
 int onelane_threads = 2;        /* threads a product is shared between: the caller and one helper (1: the caller) */
@@ -125,6 +128,7 @@ typedef struct {
 #define LANES 16
 #define PANEL_T 30 /* B transposed: rows of W a unit covers (a multiple of the tiles' 6, 5 and 3) */
 #define PANEL_N 64 /* B not transposed: columns of B a unit covers (8 registers of 8) */
+#define BLOCK_ROWS 64 /* rows of A multiplied by one pass over W (a longer product: one pass per block) */
 
 static inline void put(const product *p, int i, int j, float dot) {
     float r = p->alpha == 1.0f ? dot : p->alpha * dot;
@@ -490,7 +494,7 @@ static void multiply(const product *p) {
     pthread_mutex_unlock(&sharing);
 }
 
-/* op(A) op(B) for a row-major product of a few rows; 0 when this kernel does not take it (then OpenBLAS does). */
+/* op(A) op(B) for a row-major product; 0 when this kernel does not take it (then OpenBLAS does). */
 static int own_product(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
                        const float *b, int ldb, float beta, float *c, int ldc) {
     if (m < 1 || m > onelane_gemv_max_rows || n < 1 || k < 1 || (trans_a != NO_TRANS && trans_a != TRANS) ||
@@ -507,10 +511,13 @@ static int own_product(int trans_a, int trans_b, int m, int n, int k, float alph
         a = rows;
         lda = k;
     }
-    product p = {.m = m, .n = n, .k = k, .trans_b = trans_b == TRANS, .alpha = alpha, .beta = beta, .a = a, .b = b,
-                 .lda = lda, .ldb = ldb, .ldc = ldc, .c = c, .panel = trans_b == TRANS ? PANEL_T : PANEL_N};
-    p.units = (n + p.panel - 1) / p.panel;
-    multiply(&p);
+    for (int i = 0; i < m; i += BLOCK_ROWS) { /* rows of A a block at a time: each block's rows stay in the cache */
+        product p = {.m = m - i < BLOCK_ROWS ? m - i : BLOCK_ROWS, .n = n, .k = k, .trans_b = trans_b == TRANS,
+                     .alpha = alpha, .beta = beta, .a = a + (long)i * lda, .b = b, .lda = lda, .ldb = ldb, .ldc = ldc,
+                     .c = c + (long)i * ldc, .panel = trans_b == TRANS ? PANEL_T : PANEL_N};
+        p.units = (n + p.panel - 1) / p.panel;
+        multiply(&p);
+    }
     free(rows);
     __atomic_add_fetch(&onelane_gemv_rows, m, __ATOMIC_RELAXED);
     return 1;
