@@ -5,7 +5,7 @@ kernel (as shipped) against sending only products of up to 64 rows there and a p
     ./dev.sh bench busy_cpu [--model smollm2|demo|PATH] [--rounds 3] [--repeat 2] [--prompt-tokens 512]
                             [--max-tokens 32] [--busy 0,2]
 
-For each count of busy processes (`yes > /dev/null`, started here and stopped after), --rounds rounds; each round
+For each count of busy processes (bench/harness.py cpu_hogs, started here and stopped after), --rounds rounds; each round
 starts a fresh process per configuration, the order rotating round by round. Each process loads the model as the
 worker does (worker/blas: OpenBLAS and the shim preloaded; the engine with the worker's default prefill step, so a
 prompt is read in chunks of that many rows), answers a short warm-up, then --repeat chat jobs of a prompt of about
@@ -25,11 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from bench.harness import add_model_option, model_folder
+from bench.harness import add_model_option, cpu_hogs, model_folder
 from bench.report import median, spread
 from tasks.settings import Settings
 from worker.blas import SHIM_PREFIX, openblas_path, worker_env
@@ -91,18 +89,6 @@ def run_child(model: str, rows: int | None, args: argparse.Namespace) -> dict[st
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-@contextmanager
-def busy(count: int) -> Iterator[None]:
-    """`count` processes that keep a core busy each, for as long as the block runs."""
-    hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(count)]
-    try:
-        yield
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     add_model_option(parser)
@@ -124,7 +110,7 @@ def main() -> None:
         print(f"model {args.model}, prefill step {Settings().prefill_step}, {os.cpu_count()} cores", flush=True)
         for count in (int(c) for c in args.busy.split(",")):
             got: dict[str, list[dict[str, object]]] = {name: [] for name in CONFIGS}
-            with busy(count):
+            with cpu_hogs(count):
                 for r in range(args.rounds):
                     names = list(CONFIGS)[r % 2 :] + list(CONFIGS)[: r % 2]
                     for name in names:
