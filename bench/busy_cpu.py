@@ -5,8 +5,8 @@ kernel (as shipped) against sending only products of up to 64 rows there and a p
     ./dev.sh bench busy_cpu [--model smollm2|demo|PATH] [--rounds 3] [--repeat 2] [--prompt-tokens 512]
                             [--max-tokens 32] [--busy 0,2]
 
-For each count of busy processes (bench/harness.py cpu_hogs, started here and stopped after), --rounds rounds; each round
-starts a fresh process per configuration, the order rotating round by round. Each process loads the model as the
+For each count of busy processes (bench/harness.py cpu_hogs, started here and stopped after), --rounds rounds; each
+round starts a fresh process per configuration, the order rotating round by round. Each process loads the model as the
 worker does (worker/blas: OpenBLAS and the shim preloaded; the engine with the worker's default prefill step, so a
 prompt is read in chunks of that many rows), answers a short warm-up, then --repeat chat jobs of a prompt of about
 --prompt-tokens tokens (each different, greedy, ignore_eos, --max-tokens tokens), one at a time, as one job alone on
@@ -49,6 +49,8 @@ def probe(model: str, rows: int | None, prompt_tokens: int, max_tokens: int, rep
     from worker.batch.engine import Engine
 
     shims = [p for p in os.environ.get("LD_PRELOAD", "").split() if Path(p).name.startswith(SHIM_PREFIX)]
+    if not shims:
+        sys.exit("the shim is not preloaded (no C compiler, or ONELANE_OPENBLAS=false): nothing to compare")
     if rows is not None:
         ctypes.c_int.in_dll(ctypes.CDLL(shims[0]), "onelane_gemv_max_rows").value = rows
     engine = Engine.load(model, 1, Settings().prefill_step)
@@ -75,7 +77,7 @@ def probe(model: str, rows: int | None, prompt_tokens: int, max_tokens: int, rep
         ttft.append(first - started)
         decode.append((max_tokens - 1) / (time.perf_counter() - first))
         texts.append("".join(text))
-    return {"ttft_s": ttft, "decode_tok_s": decode, "prompt_tokens": prompts, "texts": texts, "shim": bool(shims)}
+    return {"ttft_s": ttft, "decode_tok_s": decode, "prompt_tokens": prompts, "texts": texts}
 
 
 def run_child(model: str, rows: int | None, args: argparse.Namespace) -> dict[str, object]:

@@ -1,8 +1,8 @@
 """The worker's BLAS: OpenBLAS preloaded, and ahead of it worker/blas/shim.c, which keeps a fork from stopping
 OpenBLAS's threads under a product, and multiplies every product (a decode step, a step verifying a few tokens of each
 sequence, a prompt's chunk) with a kernel of its own that reads the weights once for up to 64 rows, shares the work
-between both cores as it goes, and sums each element the same way whatever the rows. Each story runs MLX in a process started with the worker's environment, as the worker
-runs, and checks every product against numpy in float64."""
+between both cores as it goes, and sums each element the same way whatever the rows. Each story runs MLX in a process
+started with the worker's environment, as the worker runs, and checks every product against numpy in float64."""
 
 from __future__ import annotations
 

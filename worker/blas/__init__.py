@@ -9,8 +9,8 @@ product waiting for ever), and it multiplies every product (a decode step, a ste
 sequence, a prompt's chunk) with a kernel of its own, which reads each weight once for up to 64 rows (this OpenBLAS's
 sgemm copies every weight matrix first, and its matrix-vector routine reads it again for every row), shares the work
 between both cores as it goes (OpenBLAS's fixed shares stall beside other busy processes: a prompt took up to 18 times
-as long, bench/busy_cpu.py) and sums each element the same way whatever the rows; ONELANE_GEMV=false leaves the products to OpenBLAS. See
-the C file. Without a compiler the worker goes without the shim, and says so.
+as long, bench/busy_cpu.py) and sums each element the same way whatever the rows; ONELANE_GEMV=false leaves the
+products to OpenBLAS. See the C file. Without a compiler the worker goes without the shim, and says so.
 """
 
 from __future__ import annotations
@@ -114,8 +114,8 @@ def worker_env(env: Mapping[str, str], shim: bool = True) -> dict[str, str]:
 
 def preload_openblas(settings: Settings | None = None) -> None:
     """Start this same command again with OpenBLAS preloaded, when worker_env would preload it and it is not yet;
-    then tell the shim, when it is loaded, whether to multiply products itself (`settings.gemv`, of
-    the environment when not given)."""
+    then tell the shim, when it is loaded, whether to multiply products itself (`settings.gemv`, of the environment
+    when not given)."""
     env = worker_env(os.environ)
     if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)  # the same command, again
