@@ -4,10 +4,10 @@ A round (one script, see tasks/lua/housekeep.lua) ends waiting jobs that must no
 their watcher gone), puts back the jobs of a worker whose lease ended, and rings the worker's doorbell if jobs wait
 and no message is pending. A lease that lapsed may have lapsed under a dead worker or under a late one (a starved
 host): only a death counts as an attempt against its jobs, at once when its supervisor saw it die, else once it is
-clear that the worker never woke. Then a model whose load killed ONELANE_MAX_ATTEMPTS workers in a row fails, with its
-waiting jobs (tasks/lua/failed_models.lua), so that a load that kills the worker does not hold them until they
-expire (after fewer deaths, the next worker loads it again). Because
-the web runs it too, a job expires on time while no worker holds the device (a crash loop, a model loading, the
+clear that the worker never woke. Then a model whose load killed (or hung) ONELANE_MAX_ATTEMPTS workers in a row
+fails, with its waiting jobs (tasks/lua/failed_models.lua), so that a load that kills the worker does not hold them
+until they expire (after fewer deaths, the next worker loads it again; a worker late in its load is not counted).
+Because the web runs it too, a job expires on time while no worker holds the device (a crash loop, a model loading, the
 worker stopped); running it in several processes at once is harmless, as each round is atomic.
 """
 
@@ -40,8 +40,15 @@ def log_release(job_id: str, verdict: str) -> None:
     logger.warning("job %s: %s; %s", job_id, WHY.get(was, "its worker died"), outcome)
 
 
+LOAD_LAPSES = {
+    "retry": "a worker died or hung while loading it",
+    "late": "a worker's lease lapsed while it loaded it, and it woke (late, not dead: not counted)",
+    "lapsed": "a worker's lease lapsed while it loaded it (counted once it is clear it never woke)",
+}
+
+
 def log_death(model: ModelCheck) -> None:
-    """Say what a model's check found of a worker that died while loading it."""
+    """Say what a model's check found of a worker that left its load unfinished."""
     if model.verdict == "died":
         logger.warning(
             "model %s: its load killed ONELANE_MAX_ATTEMPTS workers in a row; failed, with %d waiting job(s) "
@@ -49,10 +56,11 @@ def log_death(model: ModelCheck) -> None:
             model.name,
             model.n,
         )
-    elif model.verdict == "retry":
+    elif model.verdict in LOAD_LAPSES:
         logger.warning(
-            "model %s: a worker died while loading it (%d in a row); the next worker loads it again",
+            "model %s: %s (%d in a row); the next worker loads it again",
             model.name,
+            LOAD_LAPSES[model.verdict],
             model.n,
         )
 

@@ -22,7 +22,9 @@ USER_JOBS_PREFIX = NS + "jobs:"  # sorted set: one user's recent job ids by admi
 
 MODEL_QUEUE_PREFIX = NS + "mq:"  # sorted set: one model's waiting job ids, by the same score as QUEUE
 MODEL_PREFIX = NS + "model:"  # hash: a model's load outcome (state, load_s, bytes, error, retry_at, worker, deaths:
-#                               the workers its load killed in a row) and its measured pace (worker/pace.py), kept MODEL_RECORD_TTL_S
+#                               the workers its load killed in a row, lapsed: the worker whose lease lapsed in its
+#                               load, not known dead yet) and its measured pace (worker/pace.py), kept
+#                               MODEL_RECORD_TTL_S
 LENGTHS_PREFIX = NS + "lengths:"  # list: the newest LENGTHS_KEPT completed answers of one model, each
 #                                   "completion,max_tokens,how,prompt_chars,prompt_tokens" (how: s ended by itself,
 #                                   l at max_tokens, i ignore_eos), for ETAs; kept MODEL_RECORD_TTL_S
@@ -73,8 +75,9 @@ QUEUE_MOVED = NS + "queue-moved"  # pub/sub: "the queue changed, recompute your 
 IN_PROGRESS = NS + "in-progress"  # sorted set: running job ids by started_at
 DEVICE_PREFIX = NS + "device:"  # hash with a short TTL: the lease of the worker that owns a device
 WORKER_PREFIX = NS + "worker:"  # hash, kept WORKER_RECORD_TTL_S: what became of a worker process whose lease ended
-#                                 (dead: its supervisor reaped it; woke: it renewed after it lapsed; lost: the jobs its
-#                                 lapse handed back uncounted), for housekeep.lua to tell a late worker from a dead one
+#                                 (dead: its supervisor reaped it; woke: it renewed after it lapsed; hung: its keeper
+#                                 stopped renewing it as hung; lost: the jobs its lapse handed back uncounted), for
+#                                 housekeep.lua and failed_models.lua to tell a late worker from a dead one
 HOLDERS_PREFIX = NS + "holders:"  # list, kept WORKER_RECORD_TTL_S: the last HOLDERS_KEPT workers to take a device's
 #                                   lease ("pid worker"), for a supervisor to name one dead after its lease lapsed
 DEVICES = NS + "devices"  # set: device names seen, for health checks

@@ -38,7 +38,7 @@ ARGS: dict[str, tuple[str, ...]] = {
                "worker", "stop_seen_at", "cached_tokens", "history", "stop_sequence",
                "proposed_tokens", "accepted_tokens"),
     "housekeep": ("max_attempts", "ttl_s", "result_ttl_s", "limit", *BELL),
-    "keep_lease": ("device", "worker", "lease_ms"),
+    "keep_lease": ("device", "worker", "lease_ms", "hung"),
     "live": ("id",),
     "lease": ("device", "worker", "pid", "lease_ms", "mode", "batch", "slots", "tok_s", "steps", "decode_s",
               "prefill_s", "prefill_tokens", "models", "active", "loading", "cache_lookups", "cache_hits",

@@ -3,7 +3,7 @@ jobs go on elsewhere from their tokens at once, and its supervisor kills it as s
 device (two processes never work on one GPU), which is not counted as a death: a lapsed run is counted only at the
 job's next hand-back, so one late heartbeat costs a job one resumption and no attempt, and a job fails
 worker_crashed only when its workers die or hang again and again. A death counts once the supervisor reaps the
-process, even after its lease lapsed."""
+process, even after its lease lapsed. A worker merely starved (runnable, but given next to no CPU) keeps its lease."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ import contextlib
 import os
 import select
 import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,6 +80,81 @@ def freeze_until_handed_back(store, job_id: str, n: int) -> int:  # type: ignore
     wait_for_worker(store, other_than=frozen)
     wait_gone(frozen)  # (still stopped: its supervisor kills it once another holds the device, never lets it go on)
     return frozen
+
+
+CGROUPS = Path("/sys/fs/cgroup")
+
+
+def cpu_cgroup() -> tuple[Path, str]:
+    """Where a process's CPU weight is set on this machine: cgroup v1's cpu hierarchy, or cgroup v2's root with the cpu
+    controller; and the file that sets it ('cpu.shares', least 2, or 'cpu.weight', least 1)."""
+    if (CGROUPS / "cpu" / "cpu.shares").exists():
+        return CGROUPS / "cpu", "cpu.shares"
+    controllers = CGROUPS / "cgroup.controllers"
+    assert controllers.exists() and "cpu" in controllers.read_text().split(), "no cgroup here sets a CPU weight"
+    (CGROUPS / "cgroup.subtree_control").write_text("+cpu")
+    return CGROUPS, "cpu.weight"
+
+
+@contextlib.contextmanager
+def starved(pid: int) -> Iterator[None]:
+    """The process `pid` on CPU 0 only, at the least CPU weight there is (a cgroup of its own), beside a busy process
+    there: its threads stay runnable and get next to no CPU, as on a machine far busier than it can bear. (Its keeper,
+    another process, is not starved.)"""
+    root, weight = cpu_cgroup()
+    group = root / f"onelane-starved-{pid}"
+    group.mkdir()
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(busy.pid, {0})
+        (group / weight).write_text("2" if weight == "cpu.shares" else "1")
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(int(tid), {0})
+        (group / "cgroup.procs").write_text(str(pid))
+        yield
+    finally:
+        busy.kill()
+        busy.wait()
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                os.sched_setaffinity(int(tid), os.sched_getaffinity(0))
+        deadline = time.monotonic() + 30
+        while True:  # (its processes back where they were; one that ended leaves once it is reaped)
+            for left in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    (root / "cgroup.procs").write_text(left)
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"{group} would not go"
+                time.sleep(0.05)  # a poll: nothing announces a reap
+
+
+def cpu_s(pid: int) -> float:
+    """The CPU time the process `pid` has used, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_worker_starved_for_four_leases_under_a_job_keeps_its_lease_and_its_job(jobs, store):
+    # Given a supervised worker (lease 2 s) generating a job
+    job_id = jobs.submit(**GREEDY)["id"]
+    wait_event(store, job_id, lambda e: e.type == "token")
+    active = wait_for_worker(store)
+    # When the machine gives it next to no CPU for four leases: its heartbeat cannot run, and none of its threads
+    # computes; they wait for a CPU
+    with starved(active.pid):
+        before = cpu_s(active.pid)
+        time.sleep(8)  # (what is shown is that nothing happens meanwhile: no event to await)
+        used = cpu_s(active.pid) - before
+    # Then its keeper kept its lease: the same worker holds the device, and the job ends in its one run
+    assert used < 0.4, f"the worker was not starved: it used {used:.2f} s of CPU in 8 s"
+    assert wait_for_worker(store).worker == active.worker
+    done = wait_ended(store, job_id, timeout_s=120)
+    assert (done["status"], done["attempts"], runs(store, job_id)) == ("completed", 1, 1), done
+    assert requeued(store, job_id) == []
 
 
 def test_a_worker_frozen_past_its_lease_twice_under_a_job_costs_it_resumptions_not_its_answer(jobs, store, tmp_path):

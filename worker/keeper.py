@@ -13,12 +13,17 @@ can renew (started, connected, the script loaded), and nothing else there.
 
 The fencing rule, at each renewal (every third of the lease): the lease is renewed only if it is still this worker's
 (never taken back once lapsed), the worker's process is alive and not stopped or traced (/proc/PID/stat), and it
-shows life: its heartbeat thread ran within a lease, or it is at work (one of its threads used BUSY_SHARE of a core
-through the last lease: a native call computing with the interpreter held, a starved machine) and its heartbeat ran
-within `hung_s`. So a worker killed, or whose
+shows life: its heartbeat thread ran within a lease, or it is at work and its heartbeat ran within `hung_s`. At work:
+through the last lease one of its threads computed (used BUSY_SHARE of a core: a native call computing with the
+interpreter held) or wanted to (it was runnable at each look, or its CPU time and its wait for a CPU,
+/proc/PID/task/TID/schedstat, came to WANTING_SHARE of a core: a machine so busy that the worker gets next to no
+CPU). A keeper that was itself held a
+whole lease (a machine that froze everyone) saw nothing it can judge by, and renews. So a worker killed, or whose
 standard input closed, loses its lease within the lease; one stopped (SIGSTOP), or blocked with its interpreter held
-(a read that never returns, a native deadlock: no CPU time), within two leases; one that computes with its
-interpreter held for ever within hung_s + lease; a merely busy or starved one keeps it.
+(a read that never returns, a native deadlock: no CPU time, none wanted), within two leases; one that computes with
+its interpreter held for ever within hung_s + lease; a merely busy or starved one keeps it. A keeper that stops
+renewing for a hung worker says so on the worker's record (`hung`), for tasks/lua/failed_models.lua: a load that
+hung its worker is the model's doing, a lease lost while the worker was late or stopped is not.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ logger = logging.getLogger("worker.keeper")
 
 STOPPED = frozenset("TtZXx")  # /proc/PID/stat states: stopped, traced, zombie, dead
 BUSY_SHARE = 0.05  # a thread using this share of a core, or more, computes (one waiting for the interpreter: ~0.5 %)
+WANTING_SHARE = 0.5  # a thread on a CPU or waiting for one this share of the time wants to compute (one waiting for
+#                      the interpreter beside three busy processes: ~1.5 %; a starved one: ~95 %)
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 READY = b"r"  # (keeper -> worker) it can renew the lease
 HOLD = b"h"  # (worker -> keeper) the worker holds the device: keep its lease from now on
@@ -67,40 +74,69 @@ def process_state(pid: int) -> str | None:
         return None
 
 
-def thread_ticks(pid: int) -> dict[int, int]:
-    """The CPU time each thread of the process `pid` has used (clock ticks: user + system)."""
-    ticks = {}
+@dataclass(frozen=True)
+class Thread:
+    """One thread of the worker, as the keeper samples it."""
+
+    ran_s: float  # the CPU time it used
+    waited_s: float  # the time it waited for a CPU while runnable, counted as it gets one (0 where not kept)
+    runnable: bool  # it runs or waits for a CPU now (state R)
+
+
+def threads(pid: int) -> dict[int, Thread]:
+    """Each thread of the process `pid` (/proc/PID/task/TID/stat, and .../schedstat where the kernel keeps it)."""
+    found = {}
     with contextlib.suppress(OSError):
         for task in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(OSError, IndexError, ValueError):
-                with open(f"/proc/{pid}/task/{task}/stat", "rb") as stat:
-                    fields = stat.read().rsplit(b")", 1)[1].split()
-                ticks[int(task)] = int(fields[11]) + int(fields[12])
-    return ticks
+                found[int(task)] = _thread(f"/proc/{pid}/task/{task}")
+    return found
+
+
+def _thread(task: str) -> Thread:
+    with open(f"{task}/stat", "rb") as stat:
+        fields = stat.read().rsplit(b")", 1)[1].split()
+    ran, waited = (int(fields[11]) + int(fields[12])) / TICKS_PER_S, 0.0
+    with contextlib.suppress(FileNotFoundError):
+        with open(f"{task}/schedstat", "rb") as schedstat:
+            ran_ns, waited_ns = schedstat.read().split()[:2]
+        ran, waited = int(ran_ns) / 1e9, int(waited_ns) / 1e9
+    return Thread(ran, waited, fields[0] == b"R")
 
 
 @dataclass
 class Life:
-    """What the keeper has seen of its worker: when its heartbeat last ran, and its threads' CPU time over the last
-    lease (sampled each round)."""
+    """What the keeper has seen of its worker: when its heartbeat last ran, and its threads over the last lease
+    (sampled each round)."""
 
     alive_at: float
     window_s: float
-    samples: deque[tuple[float, dict[int, int]]] = field(default_factory=deque)
+    samples: deque[tuple[float, dict[int, Thread]]] = field(default_factory=deque)
 
     def at_work(self, pid: int) -> bool:
-        """Whether one of the worker's threads computed through the last lease: used at least BUSY_SHARE of a core
-        (a native call computing with the interpreter held; a starved machine still gives it that much). Threads
-        that only wait for the interpreter use next to nothing; nor does one blocked in a call that never returns."""
-        now, ticks = time.monotonic(), thread_ticks(pid)
-        self.samples.append((now, ticks))
+        """Whether one of the worker's threads computed through the last lease (used BUSY_SHARE of a core: a native
+        call computing with the interpreter held), or wanted to (a starved machine: it was runnable at every look,
+        or on a CPU or waiting for one WANTING_SHARE of the time), or the keeper cannot tell (it was itself held a
+        whole lease: a machine that froze everyone). A thread that only waits for the interpreter, or one blocked in
+        a call that never returns, uses and wants next to nothing, and sleeps at nearly every look."""
+        now, seen = time.monotonic(), threads(pid)
+        away = not self.samples or now - self.samples[-1][0] >= self.window_s
+        self.samples.append((now, seen))
         while len(self.samples) > 1 and self.samples[1][0] <= now - self.window_s:
             self.samples.popleft()
         then, before = self.samples[0]
-        if now - then < self.window_s:  # (not watched for a lease yet: as at work)
+        if away or now - then < self.window_s:  # (not watched for a whole lease: as at work)
             return True
-        most = max((t - before.get(tid, t) for tid, t in ticks.items()), default=0)
-        return most >= BUSY_SHARE * (now - then) * TICKS_PER_S
+        window = now - then
+        for tid, thread in seen.items():
+            if tid not in before:
+                continue
+            ran = thread.ran_s - before[tid].ran_s
+            wanted = ran + thread.waited_s - before[tid].waited_s
+            always_runnable = all(tid in looked and looked[tid].runnable for _, looked in self.samples)
+            if ran >= BUSY_SHARE * window or wanted >= WANTING_SHARE * window or always_runnable:
+                return True
+        return False
 
 
 def why_not(lease: Lease, life: Life) -> str | None:
@@ -115,7 +151,7 @@ def why_not(lease: Lease, life: Life) -> str | None:
     if quiet > lease.hung_s:
         return f"hung: its heartbeat has not run for {quiet:.0f} s"
     if quiet > life.window_s and not at_work:
-        return f"hung: its heartbeat has not run for {quiet:.1f} s, and none of its threads computes"
+        return f"hung: its heartbeat has not run for {quiet:.1f} s, and none of its threads computes or waits to"
     return None
 
 
@@ -127,7 +163,7 @@ def keep(lease: Lease, client: redis.Redis, held: bool = False) -> str:
     life, due, told = Life(time.monotonic(), lease.lease_ms / 1000), 0.0, None
     # `held`: the worker holds the device (told by HOLD): until then there is nothing to renew
     renewed: float | None = None  # when it last renewed the lease (None: not yet)
-    failing = False
+    failing = marked = False  # (marked: the worker's record says it hung, since this keeper last renewed)
     while True:
         if select.select([0], [], [], max(due - time.monotonic(), 0) if held else None)[0]:
             told_now = os.read(0, 4096)
@@ -144,20 +180,23 @@ def keep(lease: Lease, client: redis.Redis, held: bool = False) -> str:
         if reason != told and reason is not None:
             logger.warning("keeper of worker %s: not renewing its lease: the worker is %s", lease.worker, reason)
         told = reason
-        if reason is not None:
+        if reason is not None and (marked or not reason.startswith("hung")):
             continue
-        try:
-            reply = renew(keys=[], args=[lease.device, lease.worker, lease.lease_ms])
+        try:  # renew it, or record the worker hung (once)
+            reply = renew(keys=[], args=[lease.device, lease.worker, lease.lease_ms, reason or ""])
         except redis.RedisError as exc:  # the next round tries again
             if not failing:
                 logger.warning("keeper of worker %s: renewal failed (trying again): %s", lease.worker, exc)
             failing = True
             continue
+        failing, marked = False, reply == b"hung"
+        if marked:
+            continue
         if reply != b"ok":
             last = "before its first renewal" if renewed is None else f"{time.monotonic() - renewed:.1f} s after it"
             logger.warning("keeper of worker %s: the lease lapsed %s", lease.worker, last)
             return "the lease lapsed"
-        renewed, failing = time.monotonic(), False
+        renewed = time.monotonic()
 
 
 def main() -> None:

@@ -382,12 +382,23 @@ local function drop(id, status, finish_reason, error_json_, result_ttl, t)
   finish(id, status, finish_reason, error_json_, result_ttl, t)
 end
 
+-- What became of a worker whose lease ended (its record, WORKER): 'died' (its supervisor saw it die holding the
+-- device: drop_lease.lua), 'late' (it renewed after its lease lapsed: lease.lua; a worker that woke was not dead,
+-- even if its supervisor reaped it afterwards), 'hung' (its keeper stopped renewing it as hung: no heartbeat, and no
+-- thread computed or wanted to: worker/keeper.py), or 'lapsed' (none of these, yet). A worker that names nobody
+-- (an older job) died, as it always did.
+local function fate(worker)
+  if worker == '' then return 'died' end
+  local f = redis.call('HMGET', WORKER .. worker, 'dead', 'woke', 'hung')
+  return f[2] and 'late' or f[1] and 'died' or f[3] and 'hung' or 'lapsed'
+end
+
 -- A model failed to load: record why, and end every job of it that waits `failed` (model_unavailable), at once;
 -- admission refuses its new jobs until `retry` s have passed, when the next job of it makes a worker try again.
 -- Returns how many jobs it failed.
 local function fail_model(model, message, retry, result_ttl, t)
   redis.call('HSET', MODEL .. model, 'state', 'failed', 'error', message, 'retry_at', fmt(t + retry), 'at', fmt(t))
-  redis.call('HDEL', MODEL .. model, 'deaths') -- once it may be tried again, its loads start a new count
+  redis.call('HDEL', MODEL .. model, 'deaths', 'lapsed') -- once it may be tried again, its loads start a new count
   redis.call('EXPIRE', MODEL .. model, MODEL_RECORD_TTL)
   stat('model_load_failures')
   local err, n = error_json('model_unavailable', message), 0

@@ -5,7 +5,8 @@
 -- none is pending (a message lost with a worker, or jobs requeued).
 -- ARG: max_attempts, ttl_s, result_ttl_s, limit, message queue key, message hash key, message id, message
 -- -> {waiting, id, verdict, id, verdict, ...}; a verdict is release()'s and what its worker was, as
---    'requeued died', 'failed late', ...: died (known dead), late (it woke), lapsed (not known yet)
+--    'requeued died', 'failed late', ...: died (known dead), late (it woke), lapsed (not known yet: fate() in
+--    common.lua)
 local max_attempts, ttl, result_ttl, limit = tonumber(ARG.max_attempts), tonumber(ARG.ttl_s), tonumber(ARG.result_ttl_s),
   tonumber(ARG.limit)
 local t = now()
@@ -29,15 +30,6 @@ for _, id in ipairs(redis.call('ZRANGE', IN_PROGRESS, 0, -1)) do
     with[worker] = (with[worker] or 0) + 1
   end
 end
--- What became of a worker whose lease ended (its record, WORKER): 'died' (its supervisor saw it die holding the
--- device: drop_lease.lua), 'late' (it renewed after its lease lapsed: lease.lua), or 'lapsed' (neither, yet). A job
--- that names no worker is counted, as it always was.
-local function fate(worker)
-  if worker == '' then return 'died' end
-  local f = redis.call('HMGET', WORKER .. worker, 'dead', 'woke')
-  return f[2] and 'late' or f[1] and 'died' or 'lapsed'
-end
-
 -- A lease lapses under a worker that died, or under one whose heartbeat came late (a starved host). Only a death
 -- counts as an attempt: a late worker's run is handed back as a stopping worker's is (it goes on from its tokens).
 -- Which it was is often not known yet when the job goes back: that run is not counted then, but the job keeps its
@@ -48,6 +40,7 @@ local function hand_back(id, worker, shared)
   local jkey = JOB .. id
   local f = redis.call('HMGET', jkey, 'status', 'cancel_requested', 'attempts', 'lapsed')
   local was = fate(worker)
+  if was == 'hung' then was = 'lapsed' end -- (a hang, as any lapse, is counted at the next hand-back)
   if f[1] ~= 'in_progress' or f[2] then -- (it ended, or ends cancelled: nothing to count)
     return release(id, max_attempts, ttl, result_ttl, 'worker_crashed', shared), was
   end

@@ -16,17 +16,18 @@ from tasks.settings import Settings
 
 @dataclass(frozen=True)
 class ModelCheck:
-    """What a look at a model's load found: it failed to load and may not be tried yet (`blocked`), or its load
-    killed a worker just now and the next worker tries again."""
+    """What a look at a model's load found: it failed to load and may not be tried yet (`blocked`), or a worker left
+    its load unfinished just now and the next worker tries again (tasks/lua/failed_models.lua)."""
 
     name: str
     verdict: str  # 'failed' (earlier), 'died' (its load killed its max_attempts-th worker in a row: failed just now,
-    #               with its waiting jobs), 'retry' (its load killed a worker just now, fewer in a row: tried again)
-    n: int  # 'died': its waiting jobs failed just now; 'retry': the workers its load killed in a row
+    #               with its waiting jobs); or tried again: 'retry' (its load killed a worker just now, fewer in a row),
+    #               'late' (its worker lost its lease while loading, and woke: not counted), 'lapsed' (not known yet)
+    n: int  # 'died': its waiting jobs failed just now; else the workers its load killed in a row
 
     @property
     def blocked(self) -> bool:
-        return self.verdict != "retry"
+        return self.verdict in ("failed", "died")
 
 
 class Upkeep:
@@ -52,9 +53,9 @@ class Upkeep:
 
     def check_models(self, names: Iterable[str] | None = None) -> list[ModelCheck]:
         """Those of `names` (default: every model served) that failed to load and may not be tried yet, and those
-        whose worker died while loading them just now. Such a death is counted: the load that killed
-        ONELANE_MAX_ATTEMPTS workers in a row is recorded failed, and the model's waiting jobs fail
-        (model_unavailable); after fewer, the next worker tries again (tasks/lua/failed_models.lua)."""
+        whose worker left their load unfinished just now. A death there is counted (a lapse once its worker never
+        woke): the load that killed ONELANE_MAX_ATTEMPTS workers in a row is recorded failed, and the model's waiting
+        jobs fail (model_unavailable); after fewer, the next worker tries again (tasks/lua/failed_models.lua)."""
         s = self.settings
         names = [m.name for m in s.catalog] if names is None else list(names)
         flat = self.scripts.run(

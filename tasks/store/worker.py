@@ -221,6 +221,7 @@ class WorkerStore:
             bytes=size,
             error="",
             deaths=0,
+            lapsed="",
             batching=batching,
             images=images or "",
             speculation=speculation,
