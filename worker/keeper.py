@@ -46,7 +46,8 @@ logger = logging.getLogger("worker.keeper")
 STOPPED = frozenset("TtZXx")  # /proc/PID/stat states: stopped, traced, zombie, dead
 BUSY_SHARE = 0.05  # a thread using this share of a core, or more, computes (one waiting for the interpreter: ~0.5 %)
 WANTING_SHARE = 0.5  # a thread on a CPU or waiting for one this share of the time wants to compute (one waiting for
-#                      the interpreter beside three busy processes: ~1.5 %; a starved one: ~95 %)
+#                      the interpreter: under 1 % beside three busy processes; a starved one at SCHED_IDLE: ~46 %, and
+#                      one given no CPU at all shows no wait, only that it is runnable at each look)
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 READY = b"r"  # (keeper -> worker) it can renew the lease
 HOLD = b"h"  # (worker -> keeper) the worker holds the device: keep its lease from now on
