@@ -96,12 +96,22 @@ def cpu_cgroup() -> tuple[Path, str]:
     return CGROUPS, "cpu.weight"
 
 
+def own_cgroup(pid: int, v1: bool) -> str:
+    """The cgroup the process `pid` is in, in the hierarchy that sets CPU weights (/proc/PID/cgroup)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if ("cpu" in controllers.split(",")) if v1 else controllers == "":
+            return path
+    raise AssertionError(f"process {pid} is in no cgroup that sets a CPU weight")
+
+
 @contextlib.contextmanager
 def starved(pid: int) -> Iterator[None]:
     """The process `pid` on CPU 0 only, at the least CPU weight there is (a cgroup of its own), beside a busy process
     there: its threads stay runnable and get next to no CPU, as on a machine far busier than it can bear. (Its keeper,
     another process, is not starved.)"""
     root, weight = cpu_cgroup()
+    home = root / own_cgroup(pid, v1=weight == "cpu.shares").lstrip("/")
     group = root / f"onelane-starved-{pid}"
     group.mkdir()
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -123,7 +133,7 @@ def starved(pid: int) -> Iterator[None]:
         while True:  # (its processes back where they were; one that ended leaves once it is reaped)
             for left in (group / "cgroup.procs").read_text().split():
                 with contextlib.suppress(OSError):
-                    (root / "cgroup.procs").write_text(left)
+                    (home / "cgroup.procs").write_text(left)
             try:
                 group.rmdir()
                 break

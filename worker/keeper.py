@@ -12,18 +12,17 @@ then on), and a byte each time the worker's heartbeat thread runs. It writes REA
 can renew (started, connected, the script loaded), and nothing else there.
 
 The fencing rule, at each renewal (every third of the lease): the lease is renewed only if it is still this worker's
-(never taken back once lapsed), the worker's process is alive and not stopped or traced (/proc/PID/stat), and it
-shows life: its heartbeat thread ran within a lease, or it is at work and its heartbeat ran within `hung_s`. At work:
-through the last lease one of its threads computed (used BUSY_SHARE of a core: a native call computing with the
-interpreter held) or wanted to (it was runnable at each look, or its CPU time and its wait for a CPU,
-/proc/PID/task/TID/schedstat, came to WANTING_SHARE of a core: a machine so busy that the worker gets next to no
-CPU). A keeper that was itself held a
+(never taken back once lapsed), the worker's process is alive and not stopped or traced (/proc/PID/stat), and it shows
+life: its heartbeat thread ran within a lease, or it is at work and its heartbeat ran within `hung_s`. At work: through
+the last lease one of its threads computed (used BUSY_SHARE of a core: a native call computing with the interpreter
+held) or wanted to (it was runnable at each look, or its CPU time and its wait for a CPU, /proc/PID/task/TID/schedstat,
+came to WANTING_SHARE of a core: a machine so busy that the worker gets next to no CPU). A keeper that was itself held a
 whole lease (a machine that froze everyone) saw nothing it can judge by, and renews. So a worker killed, or whose
-standard input closed, loses its lease within the lease; one stopped (SIGSTOP), or blocked with its interpreter held
-(a read that never returns, a native deadlock: no CPU time, none wanted), within two leases; one that computes with
-its interpreter held for ever within hung_s + lease; a merely busy or starved one keeps it. A keeper that stops
-renewing for a hung worker says so on the worker's record (`hung`), for tasks/lua/failed_models.lua: a load that
-hung its worker is the model's doing, a lease lost while the worker was late or stopped is not.
+standard input closed, loses its lease within the lease; one stopped (SIGSTOP), or blocked with its interpreter held (a
+read that never returns, a native deadlock: no CPU time, none wanted), within two leases; one that computes with its
+interpreter held for ever within hung_s + lease; a merely busy or starved one keeps it. A keeper that stops renewing for
+a hung worker says so on the worker's record (`hung`), for tasks/lua/failed_models.lua: a load that hung its worker is
+the model's doing, a lease lost while the worker was late or stopped is not.
 """
 
 from __future__ import annotations

@@ -36,16 +36,16 @@ for _, model in ipairs(ARG.models) do
   local m = redis.call('HMGET', key, 'state', 'worker', 'deaths', 'lapsed')
   if m[1] == 'loading' and m[2] and not holds_a_device(m[2]) then
     local deaths, was = tonumber(m[3]) or 0, fate(m[2])
+    local died = was == 'died' or was == 'hung'
     if m[4] and m[4] ~= '' and fate(m[4]) ~= 'late' then deaths = deaths + 1 end -- an earlier lapse, never woke
-    if was == 'died' or was == 'hung' then deaths = deaths + 1 end
+    if died then deaths = deaths + 1 end
     redis.call('HSET', key, 'deaths', deaths, 'lapsed', was == 'lapsed' and m[2] or '')
     if deaths >= max_deaths then
       local n = fail_model(model, DIED, retry, result_ttl, t)
       for _, v in ipairs({model, 'died', n}) do table.insert(out, v) end
     else
       redis.call('HSET', key, 'state', 'unloaded')
-      local verdict = (was == 'died' or was == 'hung') and 'retry' or was
-      for _, v in ipairs({model, verdict, deaths}) do table.insert(out, v) end
+      for _, v in ipairs({model, died and 'retry' or was, deaths}) do table.insert(out, v) end
     end
   elseif model_failure(model, t) then
     for _, v in ipairs({model, 'failed', 0}) do table.insert(out, v) end

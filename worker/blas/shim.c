@@ -16,19 +16,19 @@
  *    A has a single row (a decode step copied every weight matrix before reading it), and its matrix-vector routine,
  *    one call a row, reads every weight matrix again for each row: a step of W tokens of one sequence cost about W
  *    steps of one token, which makes verifying several proposed tokens at once (speculative decoding) pay nothing.
- *    And it shares a product between its threads in fixed parts: beside other busy processes, each product waits
- *    for the part of a thread the system had set aside (a 604-token prompt read in chunks of 128 rows took 6-99 s
- *    there, 4.7-5.7 s through this kernel; bench/busy_cpu.py). Every row-major product comes here instead
+ *    And it shares a product between its threads in fixed parts: beside other busy processes, each product waits for
+ *    the part of a thread the system had set aside (a 604-token prompt read in chunks of 128 rows took 6-99 s there,
+ *    4.7-5.7 s through this kernel; bench/busy_cpu.py). Every row-major product comes here instead
  *    (onelane_gemv_max_rows: all; 0 when ONELANE_GEMV is false), with B stored either way (a Linear's x W^T: B
- *    transposed, n x k; attention's scores V: k x n) and A either way (a transposed A is copied into rows first).
- *    The kernel takes a few rows of W (5 with AVX-512, 3 with AVX2; columns of B when it is not transposed) and
- *    multiplies a block of up to 64 rows of A by them while they are in the cache, holding a tile of outputs in
- *    registers (4 x 5 with AVX-512) so that each load feeds several FMAs: W is read from memory once for the block whatever its rows (a prompt's chunk: once a block). The outputs
- *    are cut into panels (30 rows of W, 64 columns of B) that the calling thread and one helper thread of ours take
- *    one by one (both cores; a core slowed by another process takes fewer, and a product waits for at most one
- *    panel of it); a small product (under 65,536 multiply-adds) stays on the calling thread. The helper waits awake
- *    200 us for the next product (a forward pass sends them one after another), then sleeps on a futex; a fork()
- *    finds no product under way, and the child starts a helper of its own.
+ *    transposed, n x k; attention's scores V: k x n) and A either way (a transposed A is copied into rows first). The
+ *    kernel takes a few rows of W (5 with AVX-512, 3 with AVX2; columns of B when it is not transposed) and multiplies
+ *    a block of up to 64 rows of A by them while they are in the cache, holding a tile of outputs in registers (4 x 5
+ *    with AVX-512) so that each load feeds several FMAs: W is read from memory once for the block whatever its rows (a
+ *    prompt's chunk: once a block). The outputs are cut into panels (30 rows of W, 64 columns of B) that the calling
+ *    thread and one helper thread of ours take one by one (both cores; a core slowed by another process takes fewer,
+ *    and a product waits for at most one panel of it); a small product (under 65,536 multiply-adds) stays on the
+ *    calling thread. The helper waits awake 200 us for the next product (a forward pass sends them one after another),
+ *    then sleeps on a futex; a fork() finds no product under way, and the child starts a helper of its own.
  *
  *    Each output element is summed the same way whatever the number of rows, the tile or the thread that computes it,
  *    so that a sequence's logits are the same bits whether its row is multiplied alone or beside others:
