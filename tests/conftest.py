@@ -146,7 +146,7 @@ def settings(redis_server: EmbeddedRedis, demo_model: Path, tmp_path: Path, requ
         max_batch=8 if request.node.get_closest_marker("default_model") else 1,
         max_tokens_limit=BUSY,
         # An in-process worker's lease outlasts a stall of a few seconds: this shared VM has frozen every process of
-        # a run for over 2 s (the stacks its heartbeat wrote then: every thread waiting on Redis's answer), which
+        # a run for over 2 s (a worker's threads' stacks, written then, showed each waiting on Redis's answer), which
         # lapsed the default 3 s lease of a healthy worker. (Stories of lapsing leases set their own.)
         lease_s=6,
     )

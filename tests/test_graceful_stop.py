@@ -124,8 +124,8 @@ def test_a_job_stopped_by_its_worker_process_then_by_the_service_never_costs_an_
     assert service.wait(timeout=60) == 0
     assert_handed_back(store, job["id"], 2)
     log = (tmp_path / "worker-0.log").read_text()
-    # (every kill of the supervisor's says "killing"; "frozen" may be a stack's `<frozen runpy>`, if a heartbeat
-    # ran late on this shared machine and the worker wrote its threads' stacks)
+    # (every kill of the supervisor's says "killing"; "frozen" may be a stack's `<frozen runpy>`, if the worker's
+    # keeper found it hung on this shared machine and it wrote its threads' stacks)
     assert "killing" not in log, log
     assert log.count("exited (0)") == 1, log
 

@@ -189,7 +189,7 @@ def test_a_model_whose_load_killed_one_worker_is_loaded_again_by_the_next_and_se
 
 
 def test_a_default_model_whose_load_froze_the_worker_is_not_loaded_again_and_the_other_model_serves(
-    settings, store, make_app, worker_process, demo_model, stuck_folder
+    settings, store, make_app, worker_process, demo_model, stuck_folder, tmp_path
 ):
     # Given a models file whose default model, "stuck", freezes the worker that loads it, beside "healthy"; a job of
     # each waits before any worker runs
@@ -215,4 +215,7 @@ def test_a_default_model_whose_load_froze_the_worker_is_not_loaded_again_and_the
     )
     assert wait_ended(store, healthy, timeout_s=60)["status"] == "completed"
     assert restarts(store) <= 2 and took < 20, (restarts(store), took)
+    # and each frozen worker, found hung by its keeper, wrote where it was: its threads' stacks, the load in them
+    log = (tmp_path / "worker-0.log").read_text()
+    assert log.count("Current thread") >= 2 and "in load_model" in log, log
     print(f"\nthe stuck model's job failed {took:.2f} s after its worker froze; worker restarts: {restarts(store)}")

@@ -42,7 +42,9 @@ def test_a_worker_whose_interpreter_is_held_for_four_leases_keeps_its_lease_and_
 
 
 @pytest.mark.parametrize("hold", ["computing", "blocked"])
-def test_a_worker_whose_interpreter_stays_held_past_the_hung_bound_loses_its_lease(hold, settings, engine, store):
+def test_a_worker_whose_interpreter_stays_held_past_the_hung_bound_loses_its_lease_and_says_where(
+    hold, settings, engine, store, capfd
+):
     # Given a worker whose lease is 1 s, taken as hung after 3 s without its heartbeat (at once if it uses no CPU)
     told: list[str] = []
     worker = GpuWorker(settings.model_copy(update={"lease_s": 1.0, "lease_hung_s": 3.0}), engine, told.append, 50)
@@ -52,7 +54,8 @@ def test_a_worker_whose_interpreter_stays_held_past_the_hung_bound_loses_its_lea
 
         # When its interpreter is held for 6 s (past 3 s + the lease), computing or blocked (a native call that
         # waits for ever: a read, a deadlock)
-        (compute_holding_the_interpreter if hold == "computing" else hold_the_interpreter)(6)
+        holding = compute_holding_the_interpreter if hold == "computing" else hold_the_interpreter
+        holding(6)
 
         # Then the lease lapsed meanwhile: nobody holds it, and the worker is told so as its heartbeat runs again
         assert holder(store) is None
@@ -61,6 +64,10 @@ def test_a_worker_whose_interpreter_stays_held_past_the_hung_bound_loses_its_lea
             assert time.monotonic() < deadline, "the worker was never told its lease lapsed"
             time.sleep(0.05)  # a poll: the heartbeat's next round tells
         assert "the lease lapsed" in told[0]
+        # and its keeper had it write every thread's stack as it found it hung: the holding call in it
+        stacks = capfd.readouterr().err
+        assert "most recent call first" in stacks and f"in {holding.__name__}" in stacks, stacks
+        assert "worker/heartbeat.py" in stacks  # (the heartbeat, waiting for the interpreter)
     finally:
         worker.stop()
 

@@ -14,6 +14,7 @@ from tasks import keys
 from tasks.broker import QUEUE_NAME, run_next_message
 from tasks.store import Store
 from tests.helpers import BUSY, claim_now, wait_ended, wait_event
+from worker.keeper import SAY_WHERE
 
 
 def test_submitted_job_completes_with_output_and_usage(jobs, store, start_worker):
@@ -436,10 +437,16 @@ def test_a_long_prefill_is_progress_not_a_stall(jobs, store, start_worker):
 
 def hold_the_interpreter(seconds: float) -> None:
     """A native call that keeps the interpreter throughout (ctypes' PyDLL does not let it go), as a stuck extension
-    would: no other Python thread of this process runs until it returns."""
+    would: no other Python thread of this process runs until it returns. No signal ends it (a sleep would end at the
+    keeper's SAY_WHERE, where a stuck read or lock restarts): the signal goes to another thread."""
     import ctypes
+    import signal
 
-    ctypes.PyDLL(None).usleep(int(seconds * 1_000_000))
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {SAY_WHERE})
+    try:
+        ctypes.PyDLL(None).usleep(int(seconds * 1_000_000))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def compute_holding_the_interpreter(seconds: float) -> None:
@@ -479,26 +486,24 @@ class Heard(logging.Handler):
             self.event.set()
 
 
-def test_a_stalled_worker_writes_every_threads_stack_and_says_how_late_its_lease_was_renewed(
-    start_worker, store, capfd
-):
-    # Given a worker whose heartbeat renews its 6 s lease every 2 s (the stacks are due 4 s into a round), just after
-    # a renewal
+def test_a_stalled_worker_says_how_late_its_lease_was_renewed_and_carries_on_untouched(start_worker, store, capfd):
+    # Given a worker whose heartbeat renews its 6 s lease every 2 s, just after a renewal
     warned = Heard("to renew the device lease")
     logging.getLogger("worker.heartbeat").addHandler(warned)
     start_worker(lease_s=6)
     lease_renewed(store)
 
-    # When something keeps the interpreter for 5 s (two renewals missed, the lease not yet lapsed)
+    # When something keeps the interpreter for 5 s (two renewals missed, the lease not yet lapsed; not hung)
     hold_the_interpreter(5)
 
-    # Then every thread's stack was written while it stalled, the stalling call in it
+    # Then once its heartbeat runs again, a warning says how late the renewal came
     try:
         assert warned.event.wait(10), "no warning of the late renewal"
     finally:
         logging.getLogger("worker.heartbeat").removeHandler(warned)
-    stacks = capfd.readouterr().err
-    assert "most recent call first" in stacks and "in hold_the_interpreter" in stacks, stacks
-    assert "worker/heartbeat.py" in stacks  # (the heartbeat, waiting for the interpreter)
+    # and nothing walked its threads' stacks while they could start again (a dump from a thread of its own, walking
+    # frames as a starved worker's threads ran again, crashed one: only a worker found hung writes them)
+    stderr = capfd.readouterr().err
+    assert "most recent call first" not in stderr, stderr
     # and the lease held: the worker carries on (the fixture fails a worker that lost it)
     assert store.readings.snapshot().workers != []

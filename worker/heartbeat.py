@@ -11,11 +11,8 @@ models changed, the default model loaded).
 
 from __future__ import annotations
 
-import contextlib
-import faulthandler
 import json
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -61,11 +58,9 @@ class Heartbeat:
         """Renew the device lease, reporting the batch; a worker that lost it (presumed dead) must stop at once.
 
         A renewal a whole interval late means the process stalled: a native call that kept the interpreter from
-        this thread, or a starved machine (the keeper held the lease meanwhile). Past that, while it is still
-        stalled, every thread's stack goes to stderr (faulthandler's own thread needs no interpreter), so the log
-        tells where the worker was; and once the renewal comes, a warning tells how late it was."""
-        every, answered, renewed = self.settings.lease_s / 3, True, time.monotonic()
-        _dump_stacks_after(2 * every)
+        this thread, or a starved machine (the keeper held the lease meanwhile); once the renewal comes, a warning
+        tells how late it was. (A worker its keeper found hung writes every thread's stack: worker/keeper.py.)"""
+        every, renewed = self.settings.lease_s / 3, time.monotonic()
         try:
             while not self.down.wait(every):
                 self.keeper.alive()
@@ -74,32 +69,23 @@ class Heartbeat:
                 except Exception:  # a report that cannot be made must not stop the lease's renewal
                     logger.exception("heartbeat: the report failed; renewing the lease without it")
                     report = None
-                # armed before the renewal, so it runs whenever the next one is two intervals late; once, while Redis
-                # does not answer at all (not every round)
-                if answered:
-                    _dump_stacks_after(2 * every)
-                else:
-                    faulthandler.cancel_dump_traceback_later()
                 try:
                     if not self.renew(report):
                         return
                 except redis.RedisError as exc:
                     logger.warning("heartbeat failed: %s", exc)
-                    answered = False
                     continue
-                answered, now = True, time.monotonic()
+                now = time.monotonic()
                 if now - renewed > 2 * every:
                     logger.warning(
                         "the heartbeat took %.1f s to renew the device lease (it renews every %.1f s; its keeper "
-                        "kept it, up to %.0f s): this process stalled, or Redis was slow; the threads' stacks are "
-                        "in stderr",
+                        "kept it, up to %.0f s): this process stalled, or Redis was slow",
                         now - renewed,
                         every,
                         self.settings.lease_hung_s,
                     )
                 renewed = now
         finally:
-            faulthandler.cancel_dump_traceback_later()
             self.keeper.stop()
 
     def renew(self, report: BatchReport | None) -> bool:
@@ -154,10 +140,3 @@ class Heartbeat:
             step_s=step_s,
             step_limit_s=step_limit_s,
         )
-
-
-def _dump_stacks_after(seconds: float) -> None:
-    """Every thread's stack to stderr in `seconds`, unless called again first (faulthandler's timer: its thread runs
-    while the interpreter is held)."""
-    with contextlib.suppress(AttributeError, ValueError, OSError):  # no stderr to write to: no stacks
-        faulthandler.dump_traceback_later(seconds, exit=False, file=sys.__stderr__)  # type: ignore[arg-type]  # (None: AttributeError, suppressed)

@@ -22,7 +22,10 @@ standard input closed, loses its lease within the lease; one stopped (SIGSTOP), 
 read that never returns, a native deadlock: no CPU time, none wanted), within two leases; one that computes with its
 interpreter held for ever within hung_s + lease; a merely busy or starved one keeps it. A keeper that stops renewing for
 a hung worker says so on the worker's record (`hung`), for tasks/lua/failed_models.lua: a load that hung its worker is
-the model's doing, a lease lost while the worker was late or stopped is not.
+the model's doing, a lease lost while the worker was late or stopped is not; and it signals the worker (SAY_WHERE),
+whose faulthandler writes every thread's stack to its stderr: no Python code of it runs (a call holds its interpreter,
+or it is blocked), so its frames hold still while they are read (a dump while its threads run again, as a starved
+worker's do, can crash it).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ WANTING_SHARE = 0.5  # a thread on a CPU or waiting for one this share of the ti
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 READY = b"r"  # (keeper -> worker) it can renew the lease
 HOLD = b"h"  # (worker -> keeper) the worker holds the device: keep its lease from now on
+SAY_WHERE = signal.SIGUSR1  # (keeper -> worker) it was found hung: write every thread's stack
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,12 @@ def keep(lease: Lease, client: redis.Redis, held: bool = False) -> str:
         if reason == "gone":
             return "the worker is gone"
         if reason != told and reason is not None:
-            logger.warning("keeper of worker %s: not renewing its lease: the worker is %s", lease.worker, reason)
+            logger.warning(
+                "keeper of worker %s: not renewing its lease: the worker is %s%s",
+                lease.worker,
+                reason,
+                " (its threads' stacks: its stderr)" if reason.startswith("hung") and not marked else "",
+            )
         told = reason
         if reason is not None and (marked or not reason.startswith("hung")):
             continue
@@ -191,6 +200,8 @@ def keep(lease: Lease, client: redis.Redis, held: bool = False) -> str:
             continue
         failing, marked = False, reply == b"hung"
         if marked:
+            with contextlib.suppress(OSError):  # (gone meanwhile: nothing to say)
+                os.kill(lease.pid, SAY_WHERE)
             continue
         if reply != b"ok":
             last = "before its first renewal" if renewed is None else f"{time.monotonic() - renewed:.1f} s after it"

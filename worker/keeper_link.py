@@ -5,6 +5,8 @@ time the heartbeat thread runs, start it again if it died, and end it when the w
 from __future__ import annotations
 
 import contextlib
+import faulthandler
+import functools
 import json
 import logging
 import os
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from tasks.scripts import source
 from tasks.settings import Settings
-from worker.keeper import HOLD, READY
+from worker.keeper import HOLD, READY, SAY_WHERE
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +38,7 @@ class KeeperLink:
     def start(self) -> None:
         """Start the keeper (isolated: it imports nothing of onelane's, whatever the working folder); one started
         again for a worker that holds the device renews at once."""
+        say_where_when_hung()  # before the keeper can signal it: the signal's default would end the worker
         s = self.settings
         lease = {
             "url": s.effective_redis_url,
@@ -106,6 +109,17 @@ class KeeperLink:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@functools.cache
+def say_where_when_hung() -> None:
+    """Write every thread's stack to stderr when the keeper signals that it found this worker hung (faulthandler's
+    handler, which needs no interpreter; it restarts a system call it interrupts). Nowhere to write them: to nowhere,
+    so the signal never ends the worker."""
+    try:
+        faulthandler.register(SAY_WHERE, file=sys.__stderr__, all_threads=True)  # type: ignore[arg-type]  # (None: AttributeError)
+    except (AttributeError, ValueError, OSError):  # no stderr, or not a file with a descriptor
+        faulthandler.register(SAY_WHERE, file=open(os.devnull, "w"), all_threads=True)  # noqa: SIM115  # (for good)
 
 
 def boost(keeper: int) -> None:
