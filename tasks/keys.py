@@ -24,7 +24,7 @@ MODEL_QUEUE_PREFIX = NS + "mq:"  # sorted set: one model's waiting job ids, by t
 MODEL_PREFIX = NS + "model:"  # hash: a model's load outcome (state, load_s, bytes, error, retry_at, worker, deaths:
 #                               the workers its load killed in a row, lapsed: the worker whose lease lapsed in its
 #                               load, not known dead yet) and its measured pace (worker/pace.py), kept
-#                               MODEL_RECORD_TTL_S
+#                               MODEL_RECORD_TTL_S; its load's fields written by the device's holder only
 LENGTHS_PREFIX = NS + "lengths:"  # list: the newest LENGTHS_KEPT completed answers of one model, each
 #                                   "completion,max_tokens,how,prompt_chars,prompt_tokens" (how: s ended by itself,
 #                                   l at max_tokens, i ignore_eos), for ETAs; kept MODEL_RECORD_TTL_S

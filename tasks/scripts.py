@@ -44,6 +44,7 @@ ARGS: dict[str, tuple[str, ...]] = {
               "prefill_s", "prefill_tokens", "models", "active", "loading", "cache_lookups", "cache_hits",
               "cache_tokens", "cache_disk_hits", "cache_disk_tokens", "cache_bytes", "cache_entries", "pace", "step_s", "step_limit_s"),
     "model_failed": ("model", "message", "retry_s", "result_ttl_s", "worker"),
+    "model_state": ("model", "device", "worker", "*fields"),
     "position": ("limit", "*ids"),
     "recover": ("max_attempts", "ttl_s", "result_ttl_s", "id", "worker", "why", "shared"),
     "ring": BELL,

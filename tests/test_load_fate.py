@@ -1,7 +1,8 @@
 """A load left unfinished is blamed on the model only when its worker died or hung there (tasks/lua/failed_models.lua):
 a worker whose lease lapsed while it loaded, on a machine that starved it, wakes and stops, and costs the model
-nothing, however often it happens; one that never wakes is counted at the model's next unfinished load; one its keeper
-found hung is counted at once. Stories on the store's verbs, as the worker, its keeper and housekeeping run them."""
+nothing, however often it happens; one that never wakes is counted at the model's next unfinished load; one its
+keeper found hung is counted at once; a late worker that finishes its load writes nothing. Stories on the store's
+verbs, as the worker, its keeper and housekeeping run them."""
 
 from __future__ import annotations
 
@@ -105,3 +106,21 @@ def test_a_keeper_that_renews_again_takes_back_its_hung_verdict(store):
     loading(store, "b")
     lapse(store)
     assert check(store) == [("lapsed", 0)]
+
+
+def test_a_late_worker_that_finishes_its_load_after_the_next_began_it_writes_nothing(store):
+    # Given a worker whose lease lapsed while it loaded the model, and the next worker loading it again
+    late = loading(store, "a")
+    lapse(store)
+    assert check(store) == [("lapsed", 0)]
+    after = loading(store, "b")
+    # When the late worker finishes its load (before its next renewal tells it the lease lapsed)
+    assert late.model_loaded(MODEL, 1.0, 1) is False
+    assert late.renew_device() == "b"  # (told another holds the device, it stops)
+    # Then the record still says the next worker's load is under way; so when that worker dies in it (its
+    # supervisor reaps it), its death is counted
+    record = store.redis.hgetall(keys.model(MODEL))
+    assert (record["state"], record["worker"]) == ("loading", "b"), record
+    assert store.upkeep.drop_device(os.getpid(), died=True) is True
+    assert store.redis.hget(keys.WORKER_PREFIX + after.worker, "dead")
+    assert check(store) == [("retry", 1)]

@@ -327,9 +327,9 @@ def test_a_user_of_weight_two_gets_two_turns_to_one(settings, store, start_worke
 def test_position_and_eta_count_a_pending_model_load(served, store):
     fair = Store(store.redis, served)
     worker = fair.for_worker("w")
-    worker.model_loaded("mini", load_s=5.0, size=1)  # its last load took 5 s
     worker.take_device(BatchReport(batch=0, slots=4, tokens_per_s=0, steps=0, decode_s=0, prefill_s=0,
                                    prefill_tokens=0, models=("tiny",)))  # fmt: skip
+    worker.model_loaded("mini", load_s=5.0, size=1)  # its last load took 5 s
 
     tiny, mini = (fair.admit(f"job_{m}", JobSpec(owner=m, model=m, prompt="x"), 60) for m in ("tiny", "mini"))
     waits_for_load = fair.standing(mini).eta_s

@@ -199,7 +199,7 @@ class WorkerStore:
     def model_loading(self, name: str) -> None:
         """A load of the model begins on this worker, now (Redis's clock: ETAs and /readyz count from it)."""
         sec, usec = self.redis.time()
-        self._model(name, state="loading", worker=self.worker, loading_at=f"{sec + usec / 1e6:.3f}")
+        self._model(name, state="loading", loading_at=f"{sec + usec / 1e6:.3f}")
 
     def model_loaded(
         self,
@@ -209,14 +209,14 @@ class WorkerStore:
         batching: str = "padded",
         images: str | None = None,
         speculation: str = "",
-    ) -> None:
+    ) -> bool:
         """`batching`: how its sequences share the batch (worker/batch/prefill.py's Batching); `images`: how a vision
         model's image prompts run (worker/vision.py's `images`; None: a text model); `speculation`: how its
-        sequences speculate (`prompt lookup`, `draft model NAME`, or `off` and why: worker/batch/speculation.py)."""
-        self._model(
+        sequences speculate (`prompt lookup`, `draft model NAME`, or `off` and why: worker/batch/speculation.py).
+        False: this worker no longer holds the device (its lease lapsed as it loaded), and nothing was written."""
+        return self._model(
             name,
             state="loaded",
-            worker=self.worker,
             load_s=f"{load_s:.3f}",
             bytes=size,
             error="",
@@ -228,7 +228,7 @@ class WorkerStore:
         )
 
     def model_unloaded(self, name: str) -> None:
-        self._model(name, state="unloaded", worker=self.worker)
+        self._model(name, state="unloaded")
 
     def model_failed(self, name: str, message: str) -> int:
         """Record that `name` failed to load and fail its waiting jobs (model_unavailable); returns how many."""
@@ -244,11 +244,13 @@ class WorkerStore:
             )
         )
 
-    def _model(self, name: str, **fields: object) -> None:
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(keys.model(name), mapping=fields)  # type: ignore[arg-type]  # (its values are str, int or float; `object` is wider)
-        pipe.expire(keys.model(name), keys.MODEL_RECORD_TTL_S)
-        pipe.execute()
+    def _model(self, name: str, **fields: object) -> bool:
+        """Write the model's record as this worker's, if it holds the device (a late loader writes nothing:
+        tasks/lua/model_state.lua); whether it did."""
+        pairs = [str(part) for field in fields.items() for part in field]
+        return bool(
+            self.scripts.run("model_state", model=name, device=self.settings.device, worker=self.worker, fields=pairs)
+        )
 
     def append(
         self,
