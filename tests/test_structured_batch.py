@@ -151,7 +151,8 @@ def test_a_worker_killed_mid_answer_leaves_a_valid_answer_and_a_stream_without_g
     }
     with requests.post(f"{live_server}/v1/chat/completions", json=body, stream=True, timeout=120) as response:
         job_id = response.headers["x-onelane-job-id"]
-        wait_event(store, job_id, lambda e: e.type == "token" and e.index >= 10, timeout_s=60)
+        # (the worker's start and its model's load come first: a whole minute beside two busy processes once)
+        wait_event(store, job_id, lambda e: e.type == "token" and e.index >= 10, timeout_s=150)
         os.kill(wait_for_worker(store).pid, signal.SIGKILL)
         lines = [ln.removeprefix("data: ") for ln in response.iter_lines(decode_unicode=True) if ln.startswith("data")]
 

@@ -81,8 +81,10 @@ class ModelPool:
         self._bytes: dict[str, int] = {}
         self._retired = Counters()  # the work of evicted engines
         self.loading = ""
+        self._unrecorded: set[str] = set()  # adopted before the device was this worker's: recorded at its load
         if engine is not None:  # already loaded (tests): it serves the default model
-            self._adopt(self.settings.model_name, engine, 0.0)
+            self._adopt(self.settings.model_name, engine, 0.0, record=False)
+            self._unrecorded.add(self.settings.model_name)
 
     def names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self._loaded)
@@ -126,6 +128,9 @@ class ModelPool:
         is not tried again until then."""
         engine = self.get(name)
         if engine is not None:
+            if name in self._unrecorded:  # (only the device's holder writes a model's record)
+                self._unrecorded.discard(name)
+                self._record(name, 0.0)
             return engine
         config = self.settings.model_named(name)
         if config is None:  # admission checks the name; a job admitted under an older models file
@@ -197,7 +202,7 @@ class ModelPool:
         logger.warning("model %s: %d waiting job(s) failed (model_unavailable)", name, failed)
         self.on_change()
 
-    def _adopt(self, name: str, engine: Engine, load_s: float) -> None:
+    def _adopt(self, name: str, engine: Engine, load_s: float, record: bool = True) -> None:
         config = self.settings.model_named(name)
         if config is not None:
             chunk = self._chunks.get(name, self.settings.prefill_step)
@@ -210,14 +215,8 @@ class ModelPool:
         self._engines[name] = engine
         self._loaded = tuple(self._engines.items())
         self._bytes[name] = size_in_memory(engine)
-        self.store.model_loaded(
-            name,
-            load_s,
-            self._bytes[name],
-            engine.batching,
-            getattr(engine, "images", None),
-            getattr(engine, "speculation", ""),
-        )
+        if record:
+            self._record(name, load_s)
         logger.info(
             "model %s loaded in %.2f s (%.1f MiB; %d model(s), %.1f of %.1f MiB held)",
             name,
@@ -226,6 +225,18 @@ class ModelPool:
             len(self._engines),
             self.held_bytes / 2**20,
             self.settings.models_memory / 2**20,
+        )
+
+    def _record(self, name: str, load_s: float) -> None:
+        """Record the loaded model, how it batches, shows images and speculates (for /v1/models, ETAs, /readyz)."""
+        engine = self._engines[name]
+        self.store.model_loaded(
+            name,
+            load_s,
+            self._bytes[name],
+            engine.batching,
+            getattr(engine, "images", None),
+            getattr(engine, "speculation", ""),
         )
 
     def _try_batching(self, name: str, engine: Engine) -> None:
