@@ -83,8 +83,8 @@ class ModelPool:
         self.loading = ""
         self._unrecorded: set[str] = set()  # adopted before the device was this worker's: recorded at its load
         if engine is not None:  # already loaded (tests): it serves the default model
-            self._adopt(self.settings.model_name, engine, 0.0, record=False)
             self._unrecorded.add(self.settings.model_name)
+            self._adopt(self.settings.model_name, engine, 0.0)
 
     def names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self._loaded)
@@ -202,7 +202,7 @@ class ModelPool:
         logger.warning("model %s: %d waiting job(s) failed (model_unavailable)", name, failed)
         self.on_change()
 
-    def _adopt(self, name: str, engine: Engine, load_s: float, record: bool = True) -> None:
+    def _adopt(self, name: str, engine: Engine, load_s: float) -> None:
         config = self.settings.model_named(name)
         if config is not None:
             chunk = self._chunks.get(name, self.settings.prefill_step)
@@ -215,7 +215,7 @@ class ModelPool:
         self._engines[name] = engine
         self._loaded = tuple(self._engines.items())
         self._bytes[name] = size_in_memory(engine)
-        if record:
+        if name not in self._unrecorded:
             self._record(name, load_s)
         logger.info(
             "model %s loaded in %.2f s (%.1f MiB; %d model(s), %.1f of %.1f MiB held)",
