@@ -102,7 +102,9 @@ class Lengths:
 
 
 @dataclass(frozen=True)
-class Model:
+class ModelFacts:
+    """What a forecast knows of a model: its pace, its load time, its jobs' lengths, whether they run alone."""
+
     pace: Speed | None
     load_s: float
     lengths: Lengths
@@ -176,7 +178,7 @@ class Snapshot:
     devices: list[dict[str, Any]]
     running: list[dict[str, Any]]
     waiting: list[Waiting]
-    models: dict[str, Model]
+    models: dict[str, ModelFacts]
     blocked: str = ""  # the waiting job that jobs of a ready model pass over
     blocked_s: float = 0.0  # ... since how long
 
@@ -184,7 +186,7 @@ class Snapshot:
     def parse(cls, raw: str) -> Snapshot:
         data = json.loads(raw)
         models = {
-            name: Model(
+            name: ModelFacts(
                 Speed.parse(m.get("pace") or ""),
                 float(m.get("load_s") or 0),
                 Lengths.parse(_list(m, "lengths")),

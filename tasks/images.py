@@ -47,7 +47,7 @@ _DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(?:;[\w.+-]
 
 
 @dataclass(frozen=True)
-class Rules:
+class ImageRules:
     """What the door takes of a prompt's images (the server's settings, and the model's processor's size)."""
 
     max_bytes: int = 8 * 2**20
@@ -95,7 +95,7 @@ def assemble(parts: list[tuple[str, str]], param: str) -> tuple[str, tuple[Pictu
     return text, tuple(pictures)
 
 
-def checked(messages: tuple[Message, ...], rules: Rules, param: str) -> tuple[Message, ...]:
+def checked(messages: tuple[Message, ...], rules: ImageRules, param: str) -> tuple[Message, ...]:
     """The messages, each image they bring fetched, read, checked and made what the model reads (see the module's
     docstring), its format and size recorded; InvalidRequest (or PromptTooLarge for one too large) naming `param`
     otherwise. An image of the history a conversation resends from the server's own record comes without its bytes
@@ -121,7 +121,7 @@ def allowed(host: str, hosts: tuple[str, ...]) -> bool:
     return any(host == h or (h.startswith(".") and host.endswith(h)) for h in hosts)
 
 
-def _fetched(p: Picture, rules: Rules, param: str) -> Picture:
+def _fetched(p: Picture, rules: ImageRules, param: str) -> Picture:
     """An image named by an http(s) URL, fetched if its host is allowed; InvalidRequest otherwise."""
     if p.url is None:
         return p
@@ -137,7 +137,7 @@ def _fetched(p: Picture, rules: Rules, param: str) -> Picture:
     return Picture(digest=hashlib.sha256(data).hexdigest(), at=p.at, data=data)
 
 
-def _read(p: Picture, rules: Rules, param: str) -> Picture:
+def _read(p: Picture, rules: ImageRules, param: str) -> Picture:
     """The image read by an image reader: as it came, or as the reader made it (a digest of the bytes kept)."""
     if p.data is None:  # (resent from the server's record: read when first sent)
         return p

@@ -319,7 +319,7 @@ def test_what_a_hostile_client_sends_is_refused_at_the_door_by_name(settings, li
 
 def test_an_image_is_bounded_by_its_bytes_and_a_still_gif_is_read(settings, live_server):
     from tasks.errors import PromptTooLarge
-    from tasks.images import Rules, checked, picture
+    from tasks.images import ImageRules, checked, picture
     from tasks.job import Message
 
     noise = Image.frombytes("RGB", (300, 300), random.Random(0).randbytes(300 * 300 * 3))
@@ -334,7 +334,7 @@ def test_an_image_is_bounded_by_its_bytes_and_a_still_gif_is_read(settings, live
 
     def read(data: bytes, max_bytes: int = 8 * 2**20, mime: str = "image/png") -> Any:
         message = Message(role="user", content="q", images=(picture(data_url(data, mime), 0, "messages"),))
-        return checked((message,), Rules(max_bytes=max_bytes), "messages")[0].images[0]
+        return checked((message,), ImageRules(max_bytes=max_bytes), "messages")[0].images[0]
 
     with pytest.raises(PromptTooLarge, match="at most 100000"):
         read(big, max_bytes=100_000)

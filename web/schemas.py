@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tasks.context import window_of
 from tasks.errors import Forbidden, InvalidJSON, InvalidRequest, ModelNotFound, PromptTooLarge
 from tasks.image_fit import fit_of
-from tasks.images import Rules, checked
+from tasks.images import ImageRules, checked
 from tasks.job import NAME_PATTERN, JobSpec, Message, Pooled, Priority, ResponseFields, SamplingParams
 from tasks.model_kind import NAMES, Kind
 from tasks.settings import Settings
@@ -400,7 +400,7 @@ def _read_images(settings: Settings, model: str, messages: tuple[Message, ...], 
             + (f"models that read images: {seeing}" if seeing else "this server serves no model that reads images"),
             param=param,
         )
-    rules = Rules(
+    rules = ImageRules(
         max_bytes=settings.image_max_bytes,
         max_pixels=settings.image_max_pixels,
         max_images=settings.max_images,

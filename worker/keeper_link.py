@@ -102,8 +102,9 @@ class KeeperLink:
         if process is None:
             return
         for end in (process.stdin, process.stdout):
-            with contextlib.suppress(OSError, AttributeError):
-                end.close()  # type: ignore[union-attr]
+            if end is not None:
+                with contextlib.suppress(OSError):
+                    end.close()
         try:
             process.wait(timeout=STOP_S)
         except subprocess.TimeoutExpired:

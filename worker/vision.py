@@ -205,18 +205,7 @@ class VisionEngine(Engine):
         """Two images read as it loads (one, for a model whose processor takes one image a prompt, as PaliGemma's): a
         model whose images the batch cannot read fails its load, saying why; one whose images read alone give the
         embeddings they give together is read one image a step; one whose embeddings outnumber its ids expands."""
-        from PIL import Image
-
-        images = {}
-        for n, color in enumerate(("gray", "teal")):
-            out = io.BytesIO()
-            Image.new("RGB", (32, 32), color).save(out, "PNG")
-            images[str(n) * 64] = out.getvalue()
-        try:
-            prompt = self.prompt_tokens(_asking(self.name, images), images)
-        except (PrepareFailed, InvalidPrompt):  # (a model that takes one image a prompt)
-            one = dict(list(images.items())[:1])
-            prompt = self.prompt_tokens(_asking(self.name, one), one)
+        prompt = self._probe_prompt()
         ids, kept, count = self._inputs(prompt)
         try:
             embeds, extras = with_extras(self.vlm, ids, for_ids(kept, ids, self.image_token))
@@ -247,6 +236,24 @@ class VisionEngine(Engine):
             self.vlm, self.image_token, ids, kept, count
         )
         self.images_read = 0
+        self._say_how_it_reads()
+
+    def _probe_prompt(self) -> list[int]:
+        """The probe's prompt: two small images (one, for a model that takes one image a prompt) and a question."""
+        from PIL import Image
+
+        images = {}
+        for n, color in enumerate(("gray", "teal")):
+            out = io.BytesIO()
+            Image.new("RGB", (32, 32), color).save(out, "PNG")
+            images[str(n) * 64] = out.getvalue()
+        try:
+            return self.prompt_tokens(_asking(self.name, images), images)
+        except (PrepareFailed, InvalidPrompt):  # (a model that takes one image a prompt)
+            one = dict(list(images.items())[:1])
+            return self.prompt_tokens(_asking(self.name, one), one)
+
+    def _say_how_it_reads(self) -> None:
         logger.info(
             "model %s reads %s%s%s%s%s%s",
             self.name,

@@ -348,8 +348,7 @@ class ContinuousBatch(Prefilling):
             if row.proposing is None and _proposes(row):
                 read = read or cast(list[int], reading.tolist())
                 row.lookup, row.proposing = self.proposer.follow([*row.tokens, read[i]]), Proposing(self.speculate)
-            proposing = row.proposing is not None and row.lookup is not None
-            wants.append(row.proposing.wants() if proposing else 0)  # type: ignore[union-attr]
+            wants.append(row.proposing.wants() if row.proposing is not None and row.lookup is not None else 0)
         rates = [r.proposing.rate if r.proposing is not None else 0.0 for r in self._rows]
         if self.proposer.costly:  # (a draft's: as many as each wants, a forward pass a token: the width first)
             most = self._most(wants, rates)

@@ -233,9 +233,10 @@ def dropped_heads(folder: str) -> int:
         config = json.loads((Path(folder) / "config.json").read_text())
     except (OSError, ValueError):
         return 0
-    for part in (config, config.get("text_config") if isinstance(config, dict) else None):
-        for key in MTP_KEYS if isinstance(part, dict) else ():
-            value = part.get(key)  # type: ignore[union-attr]
+    parts = [config, config.get("text_config")] if isinstance(config, dict) else []
+    for part in (p for p in parts if isinstance(p, dict)):
+        for key in MTP_KEYS:
+            value = part.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
     return 0

@@ -126,7 +126,7 @@ def train_demo_model(
     flat = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
     parameters = sum(p.size for _, p in flat)
     logger.info("training %.2f M parameters on %d tokens for %d steps", parameters / 1e6, len(data), steps)
-    fit = Fit(steps=steps, batch=batch, seed=seed, learning_rate=learning_rate, compiled=compiled, started=started)
+    fit = Training(steps=steps, batch=batch, seed=seed, learning_rate=learning_rate, compiled=compiled, started=started)
     losses = _fit(model, data, weights, fit)
     model.set_dtype(mx.bfloat16)
     save(path, model, tokenizer, {**config, "torch_dtype": "bfloat16"})
@@ -139,7 +139,7 @@ def train_demo_model(
 
 
 @dataclass(frozen=True, kw_only=True)
-class Fit:
+class Training:
     """How the model is trained: steps of `batch` windows drawn with `seed`, at `learning_rate`."""
 
     steps: int
@@ -150,7 +150,7 @@ class Fit:
     started: float  # (perf_counter: the training's start, for its log)
 
 
-def _fit(model: nn.Module, data: np.ndarray, weights: np.ndarray, fit: Fit) -> list[float]:
+def _fit(model: nn.Module, data: np.ndarray, weights: np.ndarray, fit: Training) -> list[float]:
     """Train `model` on windows of the token stream `data`, each token's loss weighted by `weights`; the losses."""
     import mlx.core as mx
     import mlx.nn as nn

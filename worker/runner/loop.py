@@ -28,7 +28,7 @@ from worker.runner.leaving import Leaving
 from worker.runner.members import Members
 from worker.runner.pooled import SideJobs
 from worker.runner.preemption import Preemption
-from worker.runner.runs import Batch
+from worker.runner.runs import Roster
 from worker.runner.stepping import Stepping
 from worker.step_watch import StepWatch
 
@@ -66,7 +66,7 @@ class Runner:
         self._seen: tuple[int, int, int] | None = None  # what the parts had done at the last look (None: look)
 
     @property
-    def batch(self) -> Batch:
+    def batch(self) -> Roster:
         return self.members.batch
 
     @property

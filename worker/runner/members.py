@@ -22,7 +22,7 @@ from worker.output import OutputWriter
 from worker.output_records import Ending
 from worker.prefix_cache import Hit
 from worker.runner.choices import Groups, Held
-from worker.runner.runs import Batch, Running
+from worker.runner.runs import Roster, Running
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class Members:
         self.writer = writer
         self.engine: Engine | None = None  # the active model's: the one the batch runs
         self.active = ""
-        self.batch = Batch()
+        self.batch = Roster()
         self.groups = Groups()  # the requests of several answers with a run in the batch (worker/runner/choices.py)
         self.scoring: dict[str, tuple[Running, Scorer, SamplingParams]] = {}  # runs reading their prompt to score it
         self.freed = 0
@@ -152,7 +152,7 @@ class Members:
         """An empty batch, and an engine with nothing in it."""
         assert self.engine is not None
         self.engine.reset()
-        self.batch = Batch()
+        self.batch = Roster()
         self.groups.clear()
         self.scoring.clear()
         self.freed += 1

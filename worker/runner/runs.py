@@ -90,8 +90,8 @@ class Head:
 
 
 @dataclass
-class Batch:
-    """The jobs in the batch by their engine uid, and what they hold of the KV budget.
+class Roster:
+    """The continuous batch's roster: its jobs by their engine uid, and what they hold of the KV budget.
 
     mlx-lm keeps a batch's KV cache as one array, every sequence padded to the longest: a batch of n jobs may come
     to hold n times the largest job's prompt plus max_tokens, however small the others are.
