@@ -12,6 +12,7 @@ import pytest
 from tasks.catalogue import ModelConfig
 from tasks.users import User
 from tests.helpers import BUSY, JobsClient, claim_now, finished, wait_ended, wait_event
+from tests.test_recovery import wait_for_worker
 
 SYSTEM = "You answer questions about queues, GPUs and the people who wait for them, briefly and kindly. " * 12
 GREEDY = {"max_tokens": 24, "ignore_eos": True}
@@ -248,10 +249,7 @@ def test_with_two_devices_a_follow_up_goes_to_the_one_that_holds_its_history(aff
             supervise=False, ONELANE_DEVICE=device, ONELANE_MAX_BATCH="4", ONELANE_CACHE_AFFINITY_S=affinity_s
         )
     # (both up before the first question: beside busy processes their start outlasts an answer's wait)
-    deadline = time.monotonic() + 150
-    while len(store.readings.snapshot().workers) < 2:
-        assert time.monotonic() < deadline, "the two workers never held their devices"
-        time.sleep(0.05)  # a poll: a worker's start is announced nowhere
+    wait_for_worker(store, other_than=wait_for_worker(store, timeout_s=150).pid, timeout_s=150)
     chats = [conversation_on_two_devices(jobs, store, 3, q) for q in ("Où est la file d’attente ?", "Why a queue?")]
 
     devices = [[store.redis.hget(keys.job(turn["id"]), "device") for turn in chat] for chat in chats]
