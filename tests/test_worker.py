@@ -6,6 +6,7 @@ import json
 import logging
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -486,18 +487,36 @@ class Heard(logging.Handler):
             self.event.set()
 
 
+def stall_next_call(obj: Any, name: str, seconds: float) -> threading.Event:
+    """Make the next call of `obj.name` first keep the interpreter `seconds` (hold_the_interpreter) in its caller's
+    thread; the event is set as the stall ends. The stall falls at a known point of the caller's round, where one from
+    another thread would fall anywhere in it (and on a loaded machine, between a renewal and its bookkeeping)."""
+    real, over = getattr(obj, name), threading.Event()
+
+    def stalled(*args: Any, **kwargs: Any) -> Any:
+        vars(obj).pop(name)  # (once: the next call is the real one's)
+        hold_the_interpreter(seconds)
+        over.set()
+        return real(*args, **kwargs)
+
+    setattr(obj, name, stalled)
+    return over
+
+
 def test_a_stalled_worker_says_how_late_its_lease_was_renewed_and_carries_on_untouched(start_worker, store, capfd):
-    # Given a worker whose heartbeat renews its 6 s lease every 2 s, just after a renewal
+    # Given a worker whose heartbeat renews its 12 s lease every 4 s
     warned = Heard("to renew the device lease")
     logging.getLogger("worker.heartbeat").addHandler(warned)
-    start_worker(lease_s=6)
-    lease_renewed(store)
+    worker = start_worker(lease_s=12)
 
-    # When something keeps the interpreter for 5 s (two renewals missed, the lease not yet lapsed; not hung)
-    hold_the_interpreter(5)
+    # When a native call keeps the interpreter 5 s in a heartbeat's round, between telling its keeper it is alive and
+    # renewing: that renewal comes 9 s after the last (over two rounds of 4 s: late), and the heartbeat tells its
+    # keeper again 9 s after it last did (within the 12 s lease: not hung, with 3 s to spare on a loaded machine)
+    stall = stall_next_call(worker.heartbeat, "report", 5)
 
     # Then once its heartbeat runs again, a warning says how late the renewal came
     try:
+        assert stall.wait(30), "no heartbeat round in 30 s"
         assert warned.event.wait(10), "no warning of the late renewal"
     finally:
         logging.getLogger("worker.heartbeat").removeHandler(warned)
