@@ -498,16 +498,18 @@ class Heard(logging.Handler):
             self.event.set()
 
 
-def stall_next_call(obj: Any, name: str, seconds: float) -> threading.Event:
-    """Make the next call of `obj.name` first keep the interpreter `seconds` (hold_the_interpreter) in its caller's
-    thread; the event is set as the stall ends. The stall falls at a known point of the caller's round, where one from
-    another thread would fall anywhere in it (and on a loaded machine, between a renewal and its bookkeeping)."""
+def stall_next_call(obj: Any, name: str, seconds: float, thread: str) -> threading.Event:
+    """Make the next call of `obj.name` from the thread named `thread` first keep the interpreter `seconds`
+    (hold_the_interpreter); the event is set as the stall ends. The stall falls at a known point of that thread's
+    round, where one from another thread would fall anywhere in it (and on a loaded machine, between a renewal and
+    its bookkeeping)."""
     real, over = getattr(obj, name), threading.Event()
 
     def stalled(*args: Any, **kwargs: Any) -> Any:
-        vars(obj).pop(name)  # (once: the next call is the real one's)
-        hold_the_interpreter(seconds)
-        over.set()
+        if threading.current_thread().name == thread:
+            vars(obj).pop(name)  # (once: the next call is the real one's)
+            hold_the_interpreter(seconds)
+            over.set()
         return real(*args, **kwargs)
 
     setattr(obj, name, stalled)
@@ -523,7 +525,7 @@ def test_a_stalled_worker_says_how_late_its_lease_was_renewed_and_carries_on_unt
     # When a native call keeps the interpreter 5 s in a heartbeat's round, between telling its keeper it is alive and
     # renewing: that renewal comes 9 s after the last (over two rounds of 4 s: late), and the heartbeat tells its
     # keeper again 9 s after it last did (within the 12 s lease: not hung, with 3 s to spare on a loaded machine)
-    stall = stall_next_call(worker.heartbeat, "report", 5)
+    stall = stall_next_call(worker.heartbeat, "report", 5, thread="heartbeat")
 
     # Then once its heartbeat runs again, a warning says how late the renewal came
     try:
