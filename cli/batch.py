@@ -12,18 +12,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cli.terminal import EXIT_INTERRUPTED, Status, connect, reported
+from tasks.endpoints import ENDPOINTS
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from cli.client import Client
 
-BATCH_ENDPOINTS = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/responses",
-    "/v1/embeddings",
-)  # tasks/batches.py's (it imports redis)
 BATCH_POLL_S = 1.0  # how often a followed batch is asked for
 
 
@@ -134,8 +129,8 @@ def _report_batch(
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path))
 @click.option(
     "--endpoint",
-    type=click.Choice(BATCH_ENDPOINTS),
-    default=BATCH_ENDPOINTS[0],
+    type=click.Choice(ENDPOINTS),
+    default=ENDPOINTS[0],
     show_default=True,
     help="The endpoint of every line (each line's `url` names it).",
 )

@@ -18,20 +18,17 @@ import json
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, cast
 
 import redis
 from pydantic import BaseModel, ConfigDict
 
 from tasks import keys
+from tasks.endpoints import Endpoint
 from tasks.errors import BatchNotFound
 from tasks.settings import Settings
 from tasks.store.memory import MemoryGuard
 
-Endpoint = Literal[
-    "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"
-]  # what a batch's lines may address
-ENDPOINTS: tuple[str, ...] = get_args(Endpoint)
 Status = Literal["validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"]
 ENDED = ("completed", "failed", "expired", "cancelled")
 STOPPING = {"cancelling": "cancelled"}  # a status on its way to an end, and that end

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tasks.endpoints import ENDPOINTS
 from web.openai.batches.input import NotJsonl, read_lines
 
 CHAT = "/v1/chat/completions"
@@ -92,9 +93,28 @@ def test_a_file_with_no_json_object_is_refused_whole(settings, data):
         read_lines(data, CHAT, "u", settings)
 
 
-def test_every_endpoint_a_batch_may_address_has_its_request_model_and_the_client_offers_each() -> None:
-    from cli.batch import BATCH_ENDPOINTS
-    from tasks.batches import ENDPOINTS
-    from web.openai.batches.input import REQUESTS
+#: a body each endpoint of a batch answers (tasks/endpoints.py), to the model it takes
+BODIES = {
+    "/v1/chat/completions": {"model": "onelane-demo", "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/completions": {"model": "onelane-demo", "prompt": "hi"},
+    "/v1/responses": {"model": "onelane-demo", "input": "hi"},
+    "/v1/embeddings": {"model": "embedder", "input": "hi"},
+}
 
-    assert set(REQUESTS) == set(ENDPOINTS) == set(BATCH_ENDPOINTS)
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_a_line_to_each_endpoint_a_batch_may_address_is_read_as_its_job(settings, demo_model, tmp_path, endpoint):
+    from tests.test_hostile_models import serve
+    from tests.tiny_kinds import build_embedding
+
+    # Given a text generator and an embedding model
+    embedder = build_embedding(tmp_path / "embed")
+    served = serve(
+        settings, tmp_path, **{"onelane-demo": {"path": str(demo_model)}, "embedder": {"path": str(embedder)}}
+    )
+
+    # When a batch of that endpoint reads a line addressed to it
+    lines, errors = read_lines(line("a", BODIES[endpoint], url=endpoint).encode(), endpoint, "u", served[0])
+
+    # Then the line is a job of the batch
+    assert (errors, [x.custom_id for x in lines]) == ([], ["a"])

@@ -6,7 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from tasks.batches import BatchRecord, Endpoint, Status
+from tasks.batches import BatchRecord, Status
+from tasks.endpoints import Endpoint
 from tasks.files import FileRecord
 from web.responses import Answer
 

@@ -31,8 +31,8 @@ from web.openai.schemas import NEUTRAL
 from web.requests import parse_strict
 from web.schemas import loads_checked
 
-#: For each endpoint a batch may address (tasks/batches.py ENDPOINTS), the request model its lines' bodies are, and
-#: its neutral fields.
+#: For each endpoint a batch may address (tasks/endpoints.py), the request model its lines' bodies are, and its
+#: neutral fields.
 REQUESTS: dict[str, tuple[type[BaseModel], dict[str, tuple[Any, ...]]]] = {
     "/v1/chat/completions": (ChatRequest, NEUTRAL),
     "/v1/completions": (CompletionRequest, NEUTRAL),

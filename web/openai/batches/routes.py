@@ -21,7 +21,8 @@ from typing import Literal
 from flask import Blueprint, Response, jsonify, request
 from pydantic import BaseModel, Field, field_validator
 
-from tasks.batches import BatchRecord, Endpoint, PendingLine, new_batch_id
+from tasks.batches import BatchRecord, PendingLine, new_batch_id
+from tasks.endpoints import Endpoint
 from tasks.errors import (
     BatchNotFound,
     FileNotFound,
