@@ -20,7 +20,7 @@ from tasks.embedded_redis import EmbeddedRedis, RedisUnavailable, redis_binary
 from tasks.settings import Settings
 from tasks.store import Store
 from tests.helpers import BUSY, JobsClient, sdk
-from worker.blas import SHIM_PREFIX, preload_openblas
+from worker.blas import loaded_shim, preload_openblas
 
 IN_CI = bool(os.environ.get("CI"))
 
@@ -48,9 +48,9 @@ def one_thread_a_product() -> None:
     their products between both threads, as every worker does."""
     import ctypes
 
-    for library in os.environ.get("LD_PRELOAD", "").split():
-        if Path(library).name.startswith(SHIM_PREFIX):
-            ctypes.c_int.in_dll(ctypes.CDLL(library), "onelane_threads").value = 1
+    shim = loaded_shim()
+    if shim is not None:
+        ctypes.c_int.in_dll(shim, "onelane_threads").value = 1
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

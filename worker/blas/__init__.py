@@ -119,6 +119,12 @@ def preload_openblas(settings: Settings | None = None) -> None:
     env = worker_env(os.environ)
     if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)  # the same command, again
+    shim = loaded_shim()
+    if shim is not None and not (settings or Settings.from_env()).gemv:
+        ctypes.c_int.in_dll(shim, "onelane_gemv_max_rows").value = 0
+
+
+def loaded_shim() -> ctypes.CDLL | None:
+    """The shim preloaded into this process (to set its knobs), or None."""
     shims = [p for p in os.environ.get("LD_PRELOAD", "").split() if Path(p).name.startswith(SHIM_PREFIX)]
-    if shims and not (settings or Settings.from_env()).gemv:
-        ctypes.c_int.in_dll(ctypes.CDLL(shims[0]), "onelane_gemv_max_rows").value = 0
+    return ctypes.CDLL(shims[0]) if shims else None
