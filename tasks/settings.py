@@ -75,6 +75,7 @@ ENV_NAMES: dict[str, str] = {
     "log_level": "ONELANE_LOG_LEVEL",
     "openblas": "ONELANE_OPENBLAS",
     "gemv": "ONELANE_GEMV",
+    "gemv_threads": "ONELANE_GEMV_THREADS",
     "prefix_cache_bytes": "ONELANE_PREFIX_CACHE",
     "prefix_cache_disk_bytes": "ONELANE_PREFIX_CACHE_DISK",
     "prefix_cache_disk_owner_bytes": "ONELANE_PREFIX_CACHE_DISK_OWNER",
@@ -223,6 +224,10 @@ class Settings(BaseModel):
     # with OpenBLAS preloaded, every float product goes to the kernel of worker/blas/shim.c (built with the system's C
     # compiler on first start); false: to OpenBLAS's matrix product
     gemv: bool = True
+    # the threads the shim's kernel shares each product between: 2, the worker's thread and one helper (a decode step
+    # on both cores); 1, the worker's thread alone (a worker beside other busy work on a small machine: the helper
+    # would mostly wait awake for its share)
+    gemv_threads: int = Field(2, ge=1, le=2)
     # the worker's prefix cache (worker/prefix_cache.py): KV states kept for prompts that start the same way; 0: off
     prefix_cache_bytes: int = Field(default_factory=lambda: physical_memory() // 10, ge=0, le=2**50)
     # its disk tier (worker/prefix_disk.py): every entry also written to a folder as it is made, read back after a

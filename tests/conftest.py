@@ -20,37 +20,30 @@ from tasks.embedded_redis import EmbeddedRedis, RedisUnavailable, redis_binary
 from tasks.settings import Settings
 from tasks.store import Store
 from tests.helpers import BUSY, JobsClient, sdk
-from worker.blas import loaded_shim, preload_openblas
+from worker.blas import preload_openblas
 
 IN_CI = bool(os.environ.get("CI"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The stories' in-process workers multiply matrices on OpenBLAS, as every real worker does (worker/blas/):
-    the same results, several times faster. The test run starts itself again with it preloaded, its output given
-    back first (the worker processes the stories start get an environment without it, and preload it themselves)."""
+    """The stories' workers multiply matrices on OpenBLAS and the shim, as every real worker does (worker/blas/):
+    the same results, several times faster. The test run starts itself again with them preloaded, its output given
+    back first (the worker processes the stories start get an environment without them, and preload them themselves).
+
+    The two test processes share the machine's two cores, beside the worker processes their stories start: every
+    worker of the run, in a test process or in its own, multiplies on its own thread (ONELANE_GEMV_THREADS=1, unless
+    the environment says otherwise), not with the shim's helper, which beside the other busy processes mostly waits
+    awake for its share (the speculation stories beside one busy process: the same time, 16 % less CPU). The results
+    are the same bits whatever the threads (tests/test_blas.py, whose stories run on the default of two)."""
     if hasattr(config.option, "loadscopereorder"):  # (pytest-xdist's: the files run in the order collected, below)
         config.option.loadscopereorder = False
+    os.environ.setdefault("ONELANE_GEMV_THREADS", "1")
     capture = config.pluginmanager.getplugin("capturemanager")
     if capture is not None:
         capture.suspend_global_capture(in_=True)
-    preload_openblas()  # (returns only if it is preloaded already, or cannot be)
+    preload_openblas()  # (returns only if it is preloaded already, or cannot be; then tells the shim its threads)
     if capture is not None:
         capture.resume_global_capture()
-    one_thread_a_product()
-
-
-def one_thread_a_product() -> None:
-    """The two test processes share the machine's two cores: each multiplies its in-process products on its own
-    thread, not with the shim's helper, which beside the other process mostly waits awake for its next product (the
-    speculation stories beside one busy process: the same time, 16 % less CPU). The results are the same whatever the
-    threads (the shim sums each element one way, tests/test_blas.py); the worker processes the stories start share
-    their products between both threads, as every worker does."""
-    import ctypes
-
-    shim = loaded_shim()
-    if shim is not None:
-        ctypes.c_int.in_dll(shim, "onelane_threads").value = 1
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -168,6 +168,35 @@ def test_a_row_multiplied_alone_or_beside_others_or_in_a_prompts_chunk_gives_the
     rows_bits(worker_env({**clean_env, "ONELANE_SHIM_KERNEL": "c"}))
 
 
+THREADS = r"""
+import ctypes, hashlib, json
+from worker.blas import loaded_shim, preload_openblas
+preload_openblas()  # as the worker starts: the shim told ONELANE_GEMV_THREADS
+import mlx.core as mx
+import numpy as np
+
+x, w = mx.random.normal((4, 1024), key=mx.random.key(3)), mx.random.normal((2048, 1024), key=mx.random.key(4))
+for _ in range(20):  # a decode step's product for four sequences, twenty times
+    y = x @ w.T
+    mx.eval(y)
+shared = ctypes.c_long.in_dll(loaded_shim(), "onelane_products_shared").value
+print(json.dumps([shared, hashlib.sha256(np.array(y).tobytes()).hexdigest()]))
+"""
+
+
+def test_one_gemv_thread_multiplies_each_product_on_the_workers_thread_alone_with_the_same_bits(clean_env):
+    def run(threads: str) -> tuple[int, str]:
+        env = worker_env({**clean_env, "ONELANE_GEMV_THREADS": threads})
+        done = subprocess.run([sys.executable, "-c", THREADS], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        shared, bits = json.loads(done.stdout)
+        return shared, bits
+
+    (two, bits_two), (one, bits_one) = run("2"), run("1")
+    assert two >= 20 and one == 0  # by default each step's product is shared with the helper; with 1, never
+    assert bits_one == bits_two
+
+
 def test_the_shim_is_built_once_per_version_of_its_source(clean_env, tmp_path):
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / f"{SHIM_PREFIX}0123456789ab.so").write_bytes(b"an earlier version's")

@@ -39,6 +39,8 @@ def test_defaults_are_safe():
         ({"ONELANE_LOG_LEVEL": "loud"}, "ONELANE_LOG_LEVEL"),
         ({"ONELANE_OPENBLAS": "maybe"}, "ONELANE_OPENBLAS"),
         ({"ONELANE_GEMV": "maybe"}, "ONELANE_GEMV"),
+        ({"ONELANE_GEMV_THREADS": "0"}, "ONELANE_GEMV_THREADS"),
+        ({"ONELANE_GEMV_THREADS": "3"}, "ONELANE_GEMV_THREADS"),
         ({"ONELANE_MODEL": "x", "ONELANE_MODELS_FILE": "/nonexistent.toml"}, "ONELANE_MODELS_FILE"),
         ({"ONELANE_MODELS_MEMORY": "12 parsecs"}, "ONELANE_MODELS_MEMORY"),
         ({"ONELANE_MODELS_MEMORY": "150%"}, "ONELANE_MODELS_MEMORY"),

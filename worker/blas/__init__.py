@@ -114,14 +114,18 @@ def worker_env(env: Mapping[str, str], shim: bool = True) -> dict[str, str]:
 
 def preload_openblas(settings: Settings | None = None) -> None:
     """Start this same command again with OpenBLAS preloaded, when worker_env would preload it and it is not yet;
-    then tell the shim, when it is loaded, whether to multiply products itself (`settings.gemv`, of the environment
-    when not given)."""
+    then tell the shim, when it is loaded, whether to multiply products itself (`settings.gemv`) and between how many
+    threads (`settings.gemv_threads`), of the environment's settings when none are given."""
     env = worker_env(os.environ)
     if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)  # the same command, again
     shim = loaded_shim()
-    if shim is not None and not (settings or Settings.from_env()).gemv:
+    if shim is None:
+        return
+    settings = settings or Settings.from_env()
+    if not settings.gemv:
         ctypes.c_int.in_dll(shim, "onelane_gemv_max_rows").value = 0
+    ctypes.c_int.in_dll(shim, "onelane_threads").value = settings.gemv_threads
 
 
 def loaded_shim() -> ctypes.CDLL | None:

@@ -73,7 +73,9 @@ static cgemm_fn next_cgemm;
 int onelane_gemv_max_rows = INT_MAX; /* rows a product may have to come here (0: none, ONELANE_GEMV=false) */
 long onelane_gemv_rows;         /* the rows multiplied by the shim's kernel so far (the tests read it) */
 long onelane_forks_held;        /* the forks that waited for products to finish (the tests read it) */
-int onelane_threads = 2;        /* threads a product is shared between: the caller and one helper (1: the caller) */
+int onelane_threads = 2;        /* threads a product is shared between: the caller and one helper (1: the caller;
+                                   ONELANE_GEMV_THREADS) */
+long onelane_products_shared;   /* the products shared with the helper so far (the tests read it) */
 
 static pthread_rwlock_t products = PTHREAD_RWLOCK_WRITER_NONRECURSIVE_INITIALIZER_NP; /* a fork is not starved */
 static pthread_once_t fork_guard = PTHREAD_ONCE_INIT;
@@ -481,6 +483,7 @@ static void multiply(const product *p) {
         return;
     }
     shared = p;
+    __atomic_add_fetch(&onelane_products_shared, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&next_unit, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&state, POSTED, __ATOMIC_RELEASE);
     __atomic_add_fetch(&posted, 1, __ATOMIC_SEQ_CST);
