@@ -250,27 +250,31 @@ def test_a_job_whose_batch_keeps_dying_fails_alone_and_its_companions_complete(j
 
 
 def test_position_and_eta_count_the_slots(jobs, store, start_worker):
-    from tests.test_stream import running_job_left_s
+    from tests.test_stream import at_one_pace
 
     start_worker(max_batch=2)
     running = [
-        jobs.submit("short", max_tokens=1500, ignore_eos=True),
-        jobs.submit("long", max_tokens=3000, ignore_eos=True),
+        jobs.submit("short", max_tokens=5000, ignore_eos=True),
+        jobs.submit("long", max_tokens=10000, ignore_eos=True),
     ]
     for r in running:
         store.follow_live(store.get(r["id"]))  # followed as they run (else their counts are written once a second)
     for r in running:
         wait_event(store, r["id"], lambda e: e.type == "token" and store.get(r["id"]).usage.completion_tokens >= 200)
-    waiting = [jobs.submit(f"w{n}", max_tokens=4, ignore_eos=True) for n in range(3)]
+    waiting_ids = [jobs.submit(f"w{n}", max_tokens=4, ignore_eos=True)["id"] for n in range(3)]
 
-    got = store.standings([w["id"] for w in waiting])  # (one forecast for all three: one instant)
-    short, long = (running_job_left_s(store, r["id"]) for r in running)
+    # (one forecast for all three: one instant)
+    pace, before, got, after = at_one_pace(store, [r["id"] for r in running], lambda: store.standings(waiting_ids))
     for r in running:
         jobs.cancel(r["id"])
 
     assert [g.position for g in got] == [1, 2, 3]
     etas = [g.eta_s for g in got]
-    assert etas[0] == pytest.approx(short, rel=0.3)  # the first slot to free
+    step_s, per_sequence_s, _, per_step = pace
+    per_token = (step_s + 2 * per_sequence_s) / per_step  # (a step of both running jobs)
+    short, long = ((m - done) * per_token for m, done in zip((5000, 10000), after, strict=True))
+    # the first slot to free: the short job's, at the measured pace (the ETA is in ms)
+    assert short - 0.001 <= etas[0] <= (5000 - before[0]) * per_token + 0.001
     # then each short job takes that slot in turn, a few steps each: none waits for the long job's slot
     assert etas[0] < etas[1] < etas[2] < etas[0] + 0.2 * (long - short)
 

@@ -121,6 +121,20 @@ def measured_pace(store, timeout_s: float = 10.0) -> list[float]:  # type: ignor
     return list(json.loads(pace))
 
 
+def at_one_pace(store, running: list[str], read):  # type: ignore[no-untyped-def]
+    """`read()` at one measured pace, between two counts of each running job's tokens: (pace, counts before, what
+    was read, counts after). The worker reports its pace again at each lease renewal: read again if it did between."""
+
+    def counts() -> list[int]:
+        return [store.get(job_id).usage.completion_tokens for job_id in running]
+
+    while True:
+        pace, before = measured_pace(store), counts()
+        value, after = read(), counts()
+        if measured_pace(store) == pace:
+            return pace, before, value, after
+
+
 def test_eta_counts_the_running_jobs_tokens_left_at_the_measured_pace(jobs, store, start_worker):
     start_worker()
     running = jobs.submit("a", max_tokens=3000, ignore_eos=True)
@@ -131,20 +145,22 @@ def test_eta_counts_the_running_jobs_tokens_left_at_the_measured_pace(jobs, stor
         running["id"],
         lambda e: e.type == "token" and jobs.get(running["id"])["usage"]["completion_tokens"] >= 300,
     )
-    pace = measured_pace(store)
     second = jobs.submit("b", max_tokens=4, ignore_eos=True)
     third = jobs.submit("c", max_tokens=4, ignore_eos=True)
 
-    etas = [jobs.get(j["id"])["eta_s"] for j in (second, third)]
-    left = running_job_left_s(store, running["id"])
-    step_s, per_sequence_s, _, per_step = pace  # (per_step: tokens a sequence gets a step, keeping proposals)
+    pace, [before], etas, [after] = at_one_pace(
+        store, [running["id"]], lambda: [jobs.get(j["id"])["eta_s"] for j in (second, third)]
+    )
     jobs.cancel(running["id"])
+    step_s, per_sequence_s, _, per_step = pace  # (per_step: tokens a sequence gets a step, keeping proposals)
+    per_token = (step_s + per_sequence_s) / per_step
 
     # the long job ended: second runs next, then third (the worker claims the next job the moment one ends,
     # so reading third's position here would race with second's start)
     started = [wait_ended(store, j["id"])["timings"]["started_at"] for j in (second, third)]
     assert started[0] < started[1]
-    assert etas[0] == pytest.approx(left, rel=0.3)  # second runs when the long job's 3000 tokens are done
+    # second runs when the long job's 3000 tokens are done, at the measured pace (the ETA is in ms)
+    assert (3000 - after) * per_token - 0.001 <= etas[0] <= (3000 - before) * per_token + 0.001
     # third once second's 4 tokens are (and its prompt read: a token or so)
     assert etas[1] - etas[0] == pytest.approx(4 * (step_s + per_sequence_s) / per_step, abs=0.05 * etas[0])
 
