@@ -54,12 +54,19 @@ openblas() {  # MLX's Linux CPU build bundles a slow BLAS; the worker preloads D
     command -v cc >/dev/null 2>&1 || apt_install gcc libc6-dev || true  # builds worker/blas/shim.c (worker/blas/)
 }
 
+bytecode() {  # onelane's modules compiled once (only those changed since), for every process that starts after
+    # Python writes no bytecode where PYTHONDONTWRITEBYTECODE is set (as in some containers): each process would
+    # compile onelane's modules again as it imports them, about a CPU-second for a worker or a web process
+    .venv/bin/python -m compileall -q -j 0 tasks web worker cli bench tests >/dev/null
+}
+
 command="${1:-}"
 [ $# -gt 0 ] && shift
 case "$command" in
     up)
         venv "[kinds${MLX:+,$MLX}]"
         openblas
+        bytecode
         exec .venv/bin/onelane up "$@"
         ;;
     test)
@@ -79,6 +86,7 @@ case "$command" in
         .venv/bin/ruff format --no-cache --check .
         # then the type checker (pyproject.toml [tool.mypy]): half a minute cold, a second or two with .mypy_cache/
         .venv/bin/mypy
+        bytecode
         # two processes, a test file each (pytest-xdist); `./dev.sh test -n 0` runs them in this one
         exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
         ;;
@@ -86,6 +94,7 @@ case "$command" in
         venv "[test,bench,kinds${MLX:+,$MLX}]"
         openblas
         command -v wrk >/dev/null 2>&1 || apt_install wrk || true  # the admission benchmark's load generator
+        bytecode
         name="$1"; shift
         exec .venv/bin/python -m "bench.$name" "$@"
         ;;
