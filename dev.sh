@@ -56,7 +56,7 @@ openblas() {  # MLX's Linux CPU build bundles a slow BLAS; the worker preloads D
 
 bytecode() {  # onelane's modules compiled once (only those changed since), for every process that starts after
     # Python writes no bytecode where PYTHONDONTWRITEBYTECODE is set (as in some containers): each process would
-    # compile onelane's modules again as it imports them, about a CPU-second for a worker or a web process
+    # compile onelane's modules again as it imports them (about 0.1 s of CPU for a worker or a web process)
     .venv/bin/python -m compileall -q -j 0 tasks web worker cli bench tests >/dev/null
 }
 

@@ -162,7 +162,7 @@ def test_eta_counts_the_running_jobs_tokens_left_at_the_measured_pace(jobs, stor
     # second runs when the long job's 3000 tokens are done, at the measured pace (the ETA is in ms)
     assert (3000 - after) * per_token - 0.001 <= etas[0] <= (3000 - before) * per_token + 0.001
     # third once second's 4 tokens are (and its prompt read: a token or so)
-    assert etas[1] - etas[0] == pytest.approx(4 * (step_s + per_sequence_s) / per_step, abs=0.05 * etas[0])
+    assert etas[1] - etas[0] == pytest.approx(4 * per_token, abs=0.05 * etas[0])
 
 
 def test_watched_job_whose_stream_closed_is_skipped_before_generation(jobs, store, start_worker, live_server):
