@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
+import functools
 import json
 import os
+import shutil
 import socket
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +24,7 @@ from tasks.embedded_redis import EmbeddedRedis, RedisUnavailable, redis_binary
 from tasks.settings import Settings
 from tasks.store import Store
 from tests.helpers import BUSY, JobsClient, sdk
-from worker.blas import preload_openblas
+from worker.blas import preload_openblas, shim_library
 
 IN_CI = bool(os.environ.get("CI"))
 
@@ -130,6 +134,27 @@ def model(settings: Settings) -> str:
     return settings.model_name
 
 
+@functools.cache
+def blas_shim() -> Path | None:
+    """worker/blas/shim.c built once in this test process (None where it cannot be: the workers go without it)."""
+    folder = Path(tempfile.mkdtemp(prefix="onelane-shim-"))
+    atexit.register(shutil.rmtree, folder, True)
+    built = shim_library(folder)
+    return None if built is None else Path(built)
+
+
+def with_shim(var_dir: Path) -> Path:
+    """`var_dir` holding this process's build of the shim where a worker started on it finds it (worker/blas
+    `shim_library`), linked: the story's worker processes preload it rather than build it again, 2-3 CPU-seconds of
+    the C compiler for each story (tests/test_blas.py builds it in folders of its own)."""
+    shim = blas_shim()
+    if shim is not None:
+        (var_dir / "lib").mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.link(shim, var_dir / "lib" / shim.name)
+    return var_dir
+
+
 @pytest.fixture
 def settings(redis_server: EmbeddedRedis, demo_model: Path, tmp_path: Path, request: pytest.FixtureRequest) -> Settings:
     # short pings and a short watch grace keep the stories quick (not under 3 s: this shared machine has stalled every
@@ -145,7 +170,7 @@ def settings(redis_server: EmbeddedRedis, demo_model: Path, tmp_path: Path, requ
     return Settings(
         redis_url=redis_server.url,
         model=model,
-        var_dir=tmp_path,
+        var_dir=with_shim(tmp_path),
         sse_ping_s=0.25,
         # (a browser's story keeps the default grace: on a loaded machine chromium has taken over 3 s from a job's page
         # to its live feed, and the page's job was cancelled as abandoned; no browser story times the grace)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import with_shim
 from worker.blas import SHIM_PREFIX, openblas_path, shim_library, worker_env
 
 PRODUCTS = r"""
@@ -55,7 +56,7 @@ def clean_env(tmp_path: Path) -> dict[str, str]:
         assert not (sys.platform.startswith("linux") and os.environ.get("CI")), "./dev.sh installs OpenBLAS on Linux"
         pytest.skip("no OpenBLAS on this machine")
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ONELANE_") and k != "LD_PRELOAD"}
-    return {**environ, "ONELANE_VAR_DIR": str(tmp_path)}
+    return {**environ, "ONELANE_VAR_DIR": str(with_shim(tmp_path))}  # (built once a test process: see the last story)
 
 
 FORKS = r"""
@@ -198,10 +199,11 @@ def test_one_gemv_thread_multiplies_each_product_on_the_workers_thread_alone_wit
 
 
 def test_the_shim_is_built_once_per_version_of_its_source(clean_env, tmp_path):
-    (tmp_path / "lib").mkdir()
-    (tmp_path / "lib" / f"{SHIM_PREFIX}0123456789ab.so").write_bytes(b"an earlier version's")
-    first = shim_library(tmp_path)
-    assert first is not None and Path(first).parent == tmp_path.resolve() / "lib"
+    var = tmp_path / "var"  # (not the other stories' folder, which holds the test process's build)
+    (var / "lib").mkdir(parents=True)
+    (var / "lib" / f"{SHIM_PREFIX}0123456789ab.so").write_bytes(b"an earlier version's")
+    first = shim_library(var)
+    assert first is not None and Path(first).parent == var.resolve() / "lib"
     built = Path(first).stat().st_mtime_ns
-    assert shim_library(tmp_path) == first and Path(first).stat().st_mtime_ns == built
-    assert [p.name for p in (tmp_path / "lib").iterdir()] == [Path(first).name]  # no earlier or half-built one
+    assert shim_library(var) == first and Path(first).stat().st_mtime_ns == built
+    assert [p.name for p in (var / "lib").iterdir()] == [Path(first).name]  # no earlier or half-built one

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from tasks.settings import Settings
+from tests.conftest import with_shim
 from tests.helpers import wait_ended
 
 
@@ -116,7 +117,7 @@ def test_redis_worker_and_web_started_apart_find_each_other(tmp_path, demo_model
     # Given only ONELANE_VAR_DIR shared, and no REDIS_URL anywhere
     env = {
         **{k: v for k, v in os.environ.items() if k != "REDIS_URL"},
-        "ONELANE_VAR_DIR": str(tmp_path / "var"),
+        "ONELANE_VAR_DIR": str(with_shim(tmp_path / "var")),
         "ONELANE_MODEL": str(demo_model),
     }
     redis_server = subprocess.Popen(

@@ -26,7 +26,7 @@ import requests
 from tasks.events import Event
 from tasks.settings import Settings
 from tasks.store import Store
-from tests.conftest import free_port
+from tests.conftest import free_port, with_shim
 from tests.helpers import EventStream, wait_answering, wait_ended, wait_event
 from tests.test_recovery import wait_for_worker
 
@@ -139,7 +139,7 @@ def up_env(settings: Settings, var: Path, port: int) -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # `up` runs its own Redis
     return {
         **environ,
-        "ONELANE_VAR_DIR": str(var),
+        "ONELANE_VAR_DIR": str(with_shim(var)),
         "ONELANE_MODEL": settings.model_path,
         "ONELANE_PORT": str(port),
         "ONELANE_MAX_TOKENS_LIMIT": str(LONG["max_tokens"]),

@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from tasks.job import JobStatus
-from tests.conftest import free_port
+from tests.conftest import free_port, with_shim
 from tests.helpers import EventStream, wait_answering
 from tests.test_graceful_stop import ctrl_c, start_up
 
@@ -57,7 +57,7 @@ class Onelane:
 
 
 def start(var: Path, model: Path, port: int, log: Path) -> Onelane:
-    running = Onelane(start_up(up_env(var, model, port), log), f"http://127.0.0.1:{port}", var, log)
+    running = Onelane(start_up(up_env(with_shim(var), model, port), log), f"http://127.0.0.1:{port}", var, log)
     try:
         wait_answering(f"{running.base}/readyz", running.up, timeout_s=90)
     except BaseException:
@@ -233,7 +233,7 @@ def test_up_names_the_port_when_it_is_taken_between_its_check_and_the_webs_bind(
 
         # When onelane up starts, Then it stops everything, naming the port and how to pick another
         log = tmp_path / "up.log"
-        up = start_up(up_env(var, demo_model, port), log)
+        up = start_up(up_env(with_shim(var), demo_model, port), log)
         try:
             assert up.wait(timeout=90) == 1, log.read_text()
         finally:
@@ -284,7 +284,7 @@ def test_an_up_killed_outright_leaves_nothing_that_stops_the_next(tmp_path, demo
 def test_ctrl_c_while_up_starts_its_redis_leaves_nothing_behind(tmp_path, demo_model):
     # Given onelane up starting, its redis-server (in a session of its own) just spawned and not yet answering
     var, log = tmp_path / "var", tmp_path / "up.log"
-    up = start_up(up_env(var, demo_model, free_port()), log)
+    up = start_up(up_env(with_shim(var), demo_model, free_port()), log)
     try:
         deadline = time.monotonic() + 60
         while not redis_servers(var):
