@@ -120,16 +120,26 @@ def test_a_job_skipped_because_its_page_was_left_says_so(page, store):
     expect(page.locator("#cancel")).to_have_count(0)
 
 
-def test_the_cancel_button_stops_a_running_job_and_keeps_its_output(page, store, start_worker):
+CANCEL_BOX = "() => JSON.stringify(document.getElementById('cancel').getBoundingClientRect())"
+
+
+def test_the_cancel_button_holds_still_as_the_answer_streams_and_stops_the_job_keeping_its_output(
+    page, store, start_worker
+):
     from playwright.sync_api import expect
 
     start_worker()
     job_id = submit_form(page, "go on and on", max_tokens="4000", ignore_eos=True)
+    # the answer grows by lines below the question (a chat's answer is its turn of the thread): a button below it
+    # would move as the user reaches for it, and a click could land on the text instead (measured as the page opens,
+    # its output a few lines at most, far from its most height)
+    box, height = page.evaluate(CANCEL_BOX), page.locator("#output").evaluate("e => e.offsetHeight")
     page.wait_for_function(  # a function, not a string: the page's CSP forbids eval
         "() => document.getElementById('status').dataset.status === 'in_progress'"
-        " && document.getElementById('output').textContent.length > 0",
+        f" && document.getElementById('output').offsetHeight > {height} + 60",
         timeout=STREAM_TIMEOUT_MS,
     )
+    assert page.evaluate(CANCEL_BOX) == box
 
     page.click("#cancel")
 
