@@ -315,12 +315,45 @@ def test_in_the_browser_an_admin_cancels_another_users_job_and_a_user_sees_only_
     assert SECRET not in seen and "carol" not in seen and secret not in seen and own in seen
 
     admin_rows.first.get_by_role("button", name="Cancel").click()
+    page.mouse.move(0, 0)  # (the rows hold still while the pointer is on them: the next story)
 
     expect(admin_rows).to_have_count(3)
     assert store.get(secret).status is JobStatus.CANCELLED
     expect(user_rows).to_have_count(1)  # bob's page follows by itself: one other user left, with 2 jobs
     expect(second_page.locator("#waiting-others")).to_have_text("1 other user: 2 jobs", timeout=STREAM_TIMEOUT_MS)
     assert page.dialogs == []
+
+
+def test_in_the_browser_the_rows_hold_still_under_the_pointer_and_a_cancel_ends_the_job_it_was_aimed_at(
+    strict_page, jobs, store
+):
+    from playwright.sync_api import expect
+
+    page = strict_page
+    c = jobs.client
+    above = submit(c, "alice", "alice's prompt")
+    aimed = submit(c, "carol", "carol's prompt")
+    sign_in(page, "kr")
+    page.goto("/queue")
+    rows = page.locator("#waiting tbody tr")
+    expect(rows).to_have_count(2)
+    button = rows.nth(1).get_by_role("button", name="Cancel")
+    button.hover()
+    box = button.bounding_box()
+    assert box is not None
+
+    # the job above ends; drawn again, the aimed-at job's row would move up under the pointer, the next one's in
+    assert c.delete(f"/v1/jobs/{above}", headers=auth("alice")).status_code == 200
+    expect(page.locator("#updated")).to_contain_text("Held while you point at a job", timeout=STREAM_TIMEOUT_MS)
+    expect(rows).to_have_count(2)
+    assert button.bounding_box() == box
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)  # where the user aimed
+
+    expect(button).to_have_text("Cancelled")
+    assert store.get(aimed).status is JobStatus.CANCELLED
+    page.mouse.move(0, 0)
+    expect(page.locator("#waiting")).to_have_text("Nothing waits.")
+    expect(page.locator("#updated")).to_contain_text("Live")
 
 
 def test_in_the_browser_the_running_batch_workers_and_plots_show_live(strict_page, jobs, store, start_worker):
@@ -351,6 +384,7 @@ def test_in_the_browser_the_running_batch_workers_and_plots_show_live(strict_pag
     expect(tokens).not_to_have_text(before, timeout=STREAM_TIMEOUT_MS)
 
     running.get_by_role("button", name="Cancel").click()
+    page.mouse.move(0, 0)  # (its row holds still until the pointer leaves)
 
     expect(page.locator("#running")).to_contain_text("Nothing runs.", timeout=STREAM_TIMEOUT_MS)
     assert wait_ended(store, long)["status"] == "cancelled"

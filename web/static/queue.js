@@ -132,6 +132,17 @@ class Dashboard {
       const button = e.target.closest("button[data-cancel]");
       if (button) this.cancel(button);
     });
+    // While the pointer is on a table of jobs its rows hold still: a redraw would move the Cancel buttons under it
+    // (a job above ended) and a click could land on another job's. The newest board is drawn when it leaves.
+    this.pointing = false;
+    this.held = null;
+    for (const id of ["running", "waiting"]) {
+      this.$(id).addEventListener("pointerenter", () => { this.pointing = true; });
+      this.$(id).addEventListener("pointerleave", () => {
+        this.pointing = false;
+        if (this.held) this.render(this.held);
+      });
+    }
     window.addEventListener("resize", () => this.plots());
     this.render(board);
     this.schedule();
@@ -146,7 +157,9 @@ class Dashboard {
     try {
       const response = await fetch(this.url, { headers: { Accept: "application/json" } });
       if (!response.ok) throw new Error((await response.json()).error.message);
-      this.render(await response.json());
+      const board = await response.json();
+      if (this.pointing) this.hold(board);
+      else this.render(board);
     } catch (err) {
       this.$("updated").textContent = `Lost contact with the server (${err.message}); retrying…`;
     }
@@ -160,7 +173,10 @@ class Dashboard {
       method: "POST", headers: { Accept: "application/json", "X-CSRF-Token": this.root.dataset.csrf },
     }).catch(() => null);
     const notice = this.$("notice");
-    notice.hidden = Boolean(response && response.ok);
+    const ok = Boolean(response && response.ok);
+    button.textContent = ok ? "Cancelled" : "Cancel"; // (its row goes at the next redraw the rows do not hold)
+    button.disabled = ok;
+    notice.hidden = ok;
     if (!notice.hidden) {
       const body = response && (await response.json().catch(() => null));
       notice.textContent = `Could not cancel: ${body ? body.error.message : "the server could not be reached"}.`;
@@ -168,8 +184,16 @@ class Dashboard {
     this.refresh();
   }
 
+  /** A newer board while the rows hold still: kept for when the pointer leaves, and said. */
+  hold(b) {
+    this.held = b;
+    const at = new Date(b.now * 1000).toLocaleTimeString();
+    this.$("updated").textContent = `Held while you point at a job · newer data from ${at} shows when you move away`;
+  }
+
   render(b) {
     this.board = b;
+    this.held = null;
     const admin = b.viewer.admin;
     this.$("updated").textContent = `Live · updated ${new Date(b.now * 1000).toLocaleTimeString()}`;
     this.$("viewer").textContent = admin
