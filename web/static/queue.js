@@ -177,7 +177,7 @@ class Dashboard {
     button.textContent = ok ? "Cancelled" : "Cancel"; // (its row goes at the next redraw the rows do not hold)
     button.disabled = ok;
     notice.hidden = ok;
-    if (!notice.hidden) {
+    if (!ok) {
       const body = response && (await response.json().catch(() => null));
       notice.textContent = `Could not cancel: ${body ? body.error.message : "the server could not be reached"}.`;
     }
